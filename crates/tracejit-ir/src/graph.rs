@@ -1,0 +1,289 @@
+//! The graph: an arena of nodes addressed by typed ids, the function library
+//! that `Call` nodes refer to, and the variables that stateful nodes use.
+//!
+//! Invariants (checked by the verifier): every input of a node refers to an
+//! earlier node (the arena order is a topological order), every node's output
+//! types are what shape inference gives for its op and inputs, `params[i]` is
+//! a `Parameter { index: i }` node.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::panic::Location;
+use std::sync::Arc;
+
+use cranelift_entity::{entity_impl, PrimaryMap};
+use smallvec::SmallVec;
+use tracejit_tensor::{DType, Storage};
+
+use crate::{infer, Op, OpError, TensorType};
+
+/// A node of a graph.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(u32);
+entity_impl!(NodeId, "n");
+
+/// A function in a [`FunctionLibrary`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FuncId(u32);
+entity_impl!(FuncId, "f");
+
+/// A variable used by a graph's stateful nodes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VarId(u32);
+entity_impl!(VarId, "var");
+
+/// One output of one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId {
+    /// The producing node.
+    pub node: NodeId,
+    /// Which of its outputs.
+    pub index: u32,
+}
+
+impl ValueId {
+    /// Output `index` of `node`.
+    pub fn new(node: NodeId, index: u32) -> ValueId {
+        ValueId { node, index }
+    }
+}
+
+impl From<NodeId> for ValueId {
+    fn from(node: NodeId) -> ValueId {
+        ValueId { node, index: 0 }
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.index == 0 {
+            write!(f, "%{}", self.node.as_u32())
+        } else {
+            write!(f, "%{}.{}", self.node.as_u32(), self.index)
+        }
+    }
+}
+
+/// A node: an op, its data inputs, its control inputs (nodes that must run
+/// before it), and the type of each output.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// What it computes.
+    pub op: Op,
+    /// Data inputs.
+    pub inputs: SmallVec<[ValueId; 2]>,
+    /// Nodes that must run first (automatic control dependencies).
+    pub control_inputs: SmallVec<[NodeId; 1]>,
+    /// The type of each output.
+    pub outputs: SmallVec<[TensorType; 1]>,
+    /// The user's source line that created the node, when known.
+    pub location: Option<&'static Location<'static>>,
+}
+
+/// A shared, mutable tensor that graphs read and write by reference. The
+/// trace crate's `Variable` implements it; the IR only needs these methods.
+pub trait VariableResource: Send + Sync + fmt::Debug {
+    /// The variable's name, for listings and errors.
+    fn name(&self) -> String;
+    /// Fixed at creation.
+    fn dtype(&self) -> DType;
+    /// Fixed at creation.
+    fn shape(&self) -> Vec<usize>;
+    /// The current value (an O(1) snapshot).
+    fn read(&self) -> Storage;
+    /// Replaces the value (same dtype and shape, checked by the caller).
+    fn write(&self, value: Storage);
+    /// A stable identity, so two handles to one variable compare equal.
+    fn id(&self) -> u64;
+}
+
+/// A value of a function attribute.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum AttrValue {
+    /// A string, e.g. the `implements` name.
+    Str(String),
+    /// An integer.
+    Int(i64),
+    /// A flag.
+    Bool(bool),
+}
+
+/// A function of a library: a graph plus attributes.
+#[derive(Clone, Debug)]
+pub struct LibraryFunction {
+    /// Name for listings.
+    pub name: String,
+    /// Attributes; `implements` names a composite op.
+    pub attrs: BTreeMap<String, AttrValue>,
+    /// The body.
+    pub graph: Arc<Graph>,
+}
+
+impl LibraryFunction {
+    /// The `implements` attribute, if any.
+    pub fn implements(&self) -> Option<&str> {
+        match self.attrs.get("implements") {
+            Some(AttrValue::Str(s)) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// The functions a graph's `Call` nodes refer to.
+#[derive(Clone, Debug, Default)]
+pub struct FunctionLibrary {
+    funcs: PrimaryMap<FuncId, LibraryFunction>,
+}
+
+impl FunctionLibrary {
+    /// Adds a function and returns its id.
+    pub fn add(&mut self, f: LibraryFunction) -> FuncId {
+        self.funcs.push(f)
+    }
+
+    /// The function with id `id`.
+    pub fn get(&self, id: FuncId) -> &LibraryFunction {
+        &self.funcs[id]
+    }
+
+    /// All functions with their ids.
+    pub fn iter(&self) -> impl Iterator<Item = (FuncId, &LibraryFunction)> {
+        self.funcs.iter()
+    }
+
+    /// Number of functions.
+    pub fn len(&self) -> usize {
+        self.funcs.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.funcs.is_empty()
+    }
+}
+
+/// A dataflow graph in topological arena order.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    /// Name for listings (the traced function's name).
+    pub name: String,
+    nodes: PrimaryMap<NodeId, Node>,
+    /// The `Parameter` nodes, in input order.
+    pub params: Vec<NodeId>,
+    /// The results, in order.
+    pub outputs: Vec<ValueId>,
+    /// Functions called by `Call` nodes.
+    pub library: FunctionLibrary,
+    /// Variables used by stateful nodes.
+    pub variables: PrimaryMap<VarId, Arc<dyn VariableResource>>,
+}
+
+impl Graph {
+    /// An empty graph.
+    pub fn new(name: impl Into<String>) -> Graph {
+        Graph { name: name.into(), ..Graph::default() }
+    }
+
+    /// Adds a parameter of type `ty` as the next input.
+    pub fn add_param(&mut self, ty: TensorType) -> ValueId {
+        let index = self.params.len();
+        let id = self.nodes.push(Node {
+            op: Op::Parameter { index },
+            inputs: SmallVec::new(),
+            control_inputs: SmallVec::new(),
+            outputs: smallvec::smallvec![ty],
+            location: None,
+        });
+        self.params.push(id);
+        ValueId::new(id, 0)
+    }
+
+    /// Adds a node after inferring its output types; the error names the op
+    /// and the input types it could not accept.
+    pub fn add_node(
+        &mut self,
+        op: Op,
+        inputs: &[ValueId],
+        control_inputs: &[NodeId],
+        location: Option<&'static Location<'static>>,
+    ) -> Result<NodeId, OpError> {
+        let input_types: SmallVec<[TensorType; 2]> = inputs.iter().map(|v| self.value_type(*v).clone()).collect();
+        let outputs = infer(&op, &input_types, Some(self))?;
+        Ok(self.push_node(Node {
+            op,
+            inputs: inputs.iter().copied().collect(),
+            control_inputs: control_inputs.iter().copied().collect(),
+            outputs,
+            location,
+        }))
+    }
+
+    /// Adds a node whose output types the caller already knows (passes that
+    /// rebuild graphs). The verifier re-checks them.
+    pub fn push_node(&mut self, node: Node) -> NodeId {
+        self.nodes.push(node)
+    }
+
+    /// Adds a constant node.
+    pub fn add_constant(&mut self, value: Storage) -> ValueId {
+        let ty = TensorType::known(value.dtype(), value.shape());
+        ValueId::new(
+            self.nodes.push(Node {
+                op: Op::Constant { value },
+                inputs: SmallVec::new(),
+                control_inputs: SmallVec::new(),
+                outputs: smallvec::smallvec![ty],
+                location: None,
+            }),
+            0,
+        )
+    }
+
+    /// Registers a variable; the same variable (by `id()`) is registered once.
+    pub fn add_variable(&mut self, var: Arc<dyn VariableResource>) -> VarId {
+        if let Some((id, _)) = self.variables.iter().find(|(_, v)| v.id() == var.id()) {
+            return id;
+        }
+        self.variables.push(var)
+    }
+
+    /// The node with id `id`.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id]
+    }
+
+    /// Mutable access to a node (passes).
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.nodes[id]
+    }
+
+    /// All nodes in topological (arena) order.
+    pub fn nodes(&self) -> impl Iterator<Item = (NodeId, &Node)> {
+        self.nodes.iter()
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True when there are no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The type of a value.
+    pub fn value_type(&self, v: ValueId) -> &TensorType {
+        &self.nodes[v.node].outputs[v.index as usize]
+    }
+
+    /// The types of the graph's inputs.
+    pub fn param_types(&self) -> Vec<TensorType> {
+        self.params.iter().map(|&p| self.nodes[p].outputs[0].clone()).collect()
+    }
+
+    /// The types of the graph's outputs.
+    pub fn output_types(&self) -> Vec<TensorType> {
+        self.outputs.iter().map(|&v| self.value_type(v).clone()).collect()
+    }
+}

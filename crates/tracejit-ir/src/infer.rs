@@ -1,0 +1,474 @@
+//! Shape and dtype inference: the single statement of what every op accepts
+//! and what it returns, for partially known shapes. Eager mode calls it
+//! before running a kernel, so its error messages are the ones users see.
+//!
+//! Unknown dimensions (`None`) are accepted wherever a known size could be
+//! valid; the check then happens at run time (the interpreter re-runs
+//! inference on the concrete types). Inference never guesses: an output
+//! dimension is known only when every value the inputs can take agrees on it.
+//! Messages have the form `{op}: {what}` and name the dtypes and shapes
+//! involved (`add: cannot broadcast f32[3, 4] with f32[5]`).
+
+use smallvec::{smallvec, SmallVec};
+use tracejit_tensor::{DType, ReduceOp};
+
+use crate::{Dim, Dims, FuncId, Graph, Op, OpError, TensorType};
+
+/// The output types of one node.
+type Outputs = SmallVec<[TensorType; 1]>;
+
+/// The output types of `op` applied to inputs of types `inputs`. `graph` is
+/// needed for `Call` (the library) and variable ops; eager callers pass `None`.
+pub fn infer(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<SmallVec<[TensorType; 1]>, OpError> {
+    let name = op.name();
+    let err = |message: String| OpError::new(name, message);
+    if let Some(n) = op.num_inputs() {
+        if inputs.len() != n {
+            return Err(err(format!("expected {}, got {}", count(n, "input"), inputs.len())));
+        }
+    }
+    let one = |t: TensorType| -> Result<Outputs, OpError> { Ok(smallvec![t]) };
+
+    match op {
+        Op::Parameter { .. } => Err(err("parameters are created by Graph::add_param, not inferred".into())),
+        Op::Constant { value } => one(TensorType::known(value.dtype(), value.shape())),
+
+        // ---- elementwise ----
+        Op::Unary(u) => {
+            let x = &inputs[0];
+            match u.result_dtype(x.dtype) {
+                Some(dtype) => one(TensorType { dtype, dims: x.dims.clone() }),
+                None => Err(err(format!(
+                    "expected {} tensor, got {x} (cast it first)",
+                    with_article(accepted_kind(|d| u.result_dtype(d).is_some()))
+                ))),
+            }
+        }
+        Op::Binary(b) => {
+            let (x, y) = (&inputs[0], &inputs[1]);
+            if x.dtype != y.dtype {
+                return Err(err(format!(
+                    "operands have different dtypes {x} and {y}; tracejit never promotes implicitly — cast one of them"
+                )));
+            }
+            let Some(dtype) = b.result_dtype(x.dtype) else {
+                return Err(err(format!(
+                    "expected {} operands, got {x} and {y} (cast them first)",
+                    accepted_kind(|d| b.result_dtype(d).is_some())
+                )));
+            };
+            let dims = broadcast_dims(&x.dims, &y.dims).ok_or_else(|| err(format!("cannot broadcast {x} with {y}")))?;
+            one(TensorType { dtype, dims })
+        }
+        Op::Select => {
+            let (c, a, b) = (&inputs[0], &inputs[1], &inputs[2]);
+            if c.dtype != DType::Bool {
+                return Err(err(format!("the condition must be bool, got {c}")));
+            }
+            if a.dtype != b.dtype {
+                return Err(err(format!(
+                    "branches have different dtypes {a} and {b}; tracejit never promotes implicitly — cast one of them"
+                )));
+            }
+            let dims = broadcast_dims(&c.dims, &a.dims)
+                .and_then(|d| broadcast_dims(&d, &b.dims))
+                .ok_or_else(|| err(format!("cannot broadcast condition {c} with branches {a} and {b}")))?;
+            one(TensorType { dtype: a.dtype, dims })
+        }
+        Op::Cast { to } => one(TensorType { dtype: *to, dims: inputs[0].dims.clone() }),
+        Op::Clamp { min, max } => {
+            let x = &inputs[0];
+            if !x.dtype.is_numeric() {
+                return Err(err(format!("expected a numeric tensor, got {x} (cast it first)")));
+            }
+            // NaN bounds are rejected too.
+            if min.is_nan() || max.is_nan() || min > max {
+                return Err(err(format!("min {min:?} must not be greater than max {max:?} (clamping {x})")));
+            }
+            one(x.clone())
+        }
+
+        // ---- reductions ----
+        Op::Reduce { op: r, axes, keepdims } => {
+            let x = &inputs[0];
+            let Some(dtype) = r.result_dtype(x.dtype) else {
+                return Err(err(format!(
+                    "expected {} tensor, got {x} (cast it first)",
+                    with_article(accepted_kind(|d| r.result_dtype(d).is_some()))
+                )));
+            };
+            check_axes(axes, x).map_err(err)?;
+            if matches!(r, ReduceOp::Max | ReduceOp::Min) {
+                if let Some(&a) = axes.iter().find(|&&a| x.dims[a] == Some(0)) {
+                    return Err(err(format!(
+                        "cannot reduce an empty axis: axis {a} of {x} has size 0 and {name} has no identity"
+                    )));
+                }
+            }
+            let dims = x
+                .dims
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &d)| match axes.contains(&i) {
+                    false => Some(d),
+                    true if *keepdims => Some(Some(1)),
+                    true => None,
+                })
+                .collect();
+            one(TensorType { dtype, dims })
+        }
+        Op::ArgReduce { axis, keepdims, .. } => {
+            let x = &inputs[0];
+            if !x.dtype.is_numeric() {
+                return Err(err(format!("expected a numeric tensor, got {x} (cast it first)")));
+            }
+            check_axis(*axis, x).map_err(err)?;
+            if x.dims[*axis] == Some(0) {
+                return Err(err(format!("cannot reduce an empty axis: axis {axis} of {x} has size 0")));
+            }
+            let mut dims = x.dims.clone();
+            if *keepdims {
+                dims[*axis] = Some(1);
+            } else {
+                dims.remove(*axis);
+            }
+            one(TensorType { dtype: DType::I64, dims })
+        }
+
+        // ---- linear algebra ----
+        Op::MatMul => {
+            let (a, b) = (&inputs[0], &inputs[1]);
+            if a.rank() < 2 || b.rank() < 2 {
+                return Err(err(format!("expected operands of rank >= 2, got {a} @ {b}")));
+            }
+            if a.dtype != b.dtype {
+                return Err(err(format!(
+                    "operands have different dtypes {a} and {b}; tracejit never promotes implicitly — cast one of them"
+                )));
+            }
+            if !a.dtype.is_numeric() {
+                return Err(err(format!("expected numeric operands, got {a} @ {b} (cast them first)")));
+            }
+            let (ra, rb) = (a.rank(), b.rank());
+            if let (Some(k1), Some(k2)) = (a.dims[ra - 1], b.dims[rb - 2]) {
+                if k1 != k2 {
+                    return Err(err(format!("inner dimensions differ: {a} @ {b}")));
+                }
+            }
+            let mut dims = broadcast_dims(&a.dims[..ra - 2], &b.dims[..rb - 2])
+                .ok_or_else(|| err(format!("cannot broadcast the batch dimensions of {a} @ {b}")))?;
+            dims.push(a.dims[ra - 2]);
+            dims.push(b.dims[rb - 1]);
+            one(TensorType { dtype: a.dtype, dims })
+        }
+
+        // ---- shape ops ----
+        Op::Reshape { shape } => {
+            let x = &inputs[0];
+            let dims = match x.num_elements() {
+                Some(n) => resolve_reshape(shape, n)
+                    .map_err(|m| err(format!("{m} (reshaping {x})")))?
+                    .into_iter()
+                    .map(Some)
+                    .collect(),
+                None => {
+                    check_reshape_target(shape).map_err(err)?;
+                    shape.iter().map(|&d| usize::try_from(d).ok()).collect()
+                }
+            };
+            one(TensorType { dtype: x.dtype, dims })
+        }
+        Op::Transpose { perm } => {
+            let x = &inputs[0];
+            if !is_permutation(perm, x.rank()) {
+                return Err(err(format!("{perm:?} is not a permutation of the axes of {x}")));
+            }
+            one(TensorType { dtype: x.dtype, dims: perm.iter().map(|&p| x.dims[p]).collect() })
+        }
+        Op::BroadcastTo { shape } => {
+            let x = &inputs[0];
+            let fits = x.rank() <= shape.len()
+                && x.dims.iter().rev().zip(shape.iter().rev()).all(|(&d, &t)| d.is_none_or(|d| d == 1 || d == t));
+            if !fits {
+                return Err(err(format!("cannot broadcast {x} to {shape:?}")));
+            }
+            one(TensorType::known(x.dtype, shape))
+        }
+        Op::ExpandDims { axis } => {
+            let x = &inputs[0];
+            if *axis > x.rank() {
+                return Err(err(format!("axis {axis} is out of range for {x} (at most {})", x.rank())));
+            }
+            let mut dims = x.dims.clone();
+            dims.insert(*axis, Some(1));
+            one(TensorType { dtype: x.dtype, dims })
+        }
+        Op::Squeeze { axes } => {
+            let x = &inputs[0];
+            check_axes(axes, x).map_err(err)?;
+            for &a in axes {
+                if let Some(size) = x.dims[a].filter(|&d| d != 1) {
+                    return Err(err(format!("axis {a} of {x} has size {size}, not 1")));
+                }
+            }
+            let dims = x.dims.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect();
+            one(TensorType { dtype: x.dtype, dims })
+        }
+        Op::Concat { axis } => {
+            let first = inputs.first().ok_or_else(|| err("needs at least one input".into()))?;
+            check_axis(*axis, first).map_err(err)?;
+            let mut dims = first.dims.clone();
+            for x in &inputs[1..] {
+                check_same_dtype_rank(first, x).map_err(err)?;
+                for (i, d) in dims.iter_mut().enumerate() {
+                    if i == *axis {
+                        *d = match (*d, x.dims[i]) {
+                            (Some(p), Some(q)) => Some(p + q),
+                            _ => None,
+                        };
+                    } else {
+                        *d = merge_dim(*d, x.dims[i])
+                            .ok_or_else(|| err(format!("dimension {i} differs between {first} and {x}")))?;
+                    }
+                }
+            }
+            one(TensorType { dtype: first.dtype, dims })
+        }
+        Op::Stack { axis } => {
+            let first = inputs.first().ok_or_else(|| err("needs at least one input".into()))?;
+            if *axis > first.rank() {
+                return Err(err(format!(
+                    "axis {axis} is out of range for stacking {first} (at most {})",
+                    first.rank()
+                )));
+            }
+            let mut dims = first.dims.clone();
+            for x in &inputs[1..] {
+                check_same_dtype_rank(first, x).map_err(err)?;
+                for (i, d) in dims.iter_mut().enumerate() {
+                    *d = merge_dim(*d, x.dims[i])
+                        .ok_or_else(|| err(format!("inputs have different shapes {first} and {x}")))?;
+                }
+            }
+            dims.insert(*axis, Some(inputs.len()));
+            one(TensorType { dtype: first.dtype, dims })
+        }
+        Op::Slice { specs } => {
+            let x = &inputs[0];
+            if specs.len() != x.rank() {
+                return Err(err(format!("expected one spec per axis of {x}, got {}", specs.len())));
+            }
+            let mut dims = Dims::new();
+            for (i, (spec, &d)) in specs.iter().zip(&x.dims).enumerate() {
+                if spec.step == 0 {
+                    return Err(err(format!("the step of axis {i} is 0 (slicing {x})")));
+                }
+                dims.push(d.map(|len| spec.resolve(len).1));
+            }
+            one(TensorType { dtype: x.dtype, dims })
+        }
+        Op::Gather { axis } => {
+            let (params, indices) = (&inputs[0], &inputs[1]);
+            if !indices.dtype.is_int() {
+                return Err(err(format!("indices must be i32 or i64, got {indices}")));
+            }
+            check_axis(*axis, params).map_err(err)?;
+            let mut dims: Dims = params.dims[..*axis].iter().copied().collect();
+            dims.extend(indices.dims.iter().copied());
+            dims.extend(params.dims[*axis + 1..].iter().copied());
+            one(TensorType { dtype: params.dtype, dims })
+        }
+        Op::OneHot { depth, dtype } => {
+            let indices = &inputs[0];
+            if !indices.dtype.is_int() {
+                return Err(err(format!("indices must be i32 or i64, got {indices}")));
+            }
+            let mut dims = indices.dims.clone();
+            dims.push(Some(*depth));
+            one(TensorType { dtype: *dtype, dims })
+        }
+
+        // ---- functions and state ----
+        Op::Call { func } => {
+            let graph = graph.ok_or_else(|| err("needs the calling graph (its function library)".into()))?;
+            infer_call(*func, inputs, graph).map_err(err)
+        }
+        Op::ReadVariable { var } => {
+            let graph = graph.ok_or_else(|| err("needs the graph that holds the variable".into()))?;
+            let v = graph.variables.get(*var).ok_or_else(|| err(format!("unknown variable {var}")))?;
+            one(TensorType::known(v.dtype(), &v.shape()))
+        }
+        Op::AssignVariable { var, kind } => {
+            let graph = graph.ok_or_else(|| err("needs the graph that holds the variable".into()))?;
+            let v = graph.variables.get(*var).ok_or_else(|| err(format!("unknown variable {var}")))?;
+            let ty = TensorType::known(v.dtype(), &v.shape());
+            let x = &inputs[0];
+            if !dims_compatible(&ty, x) {
+                return Err(err(format!(
+                    "cannot {} a value of type {x} to variable {var} \"{}\" of type {ty}",
+                    kind.name(),
+                    v.name()
+                )));
+            }
+            if !matches!(kind, crate::AssignKind::Assign) && !ty.dtype.is_numeric() {
+                return Err(err(format!("cannot {} to the bool variable {var} \"{}\"", kind.name(), v.name())));
+            }
+            Ok(SmallVec::new())
+        }
+    }
+}
+
+/// numpy broadcasting of two partially known shapes: right-aligned, each pair
+/// of dims equal or one of them 1. An unknown dim meeting a 1 stays unknown;
+/// meeting a known `n != 1` it becomes `n` (the only size that can work).
+/// `None` if the shapes can never broadcast.
+pub fn broadcast_dims(a: &[Dim], b: &[Dim]) -> Option<Dims> {
+    let rank = a.len().max(b.len());
+    let at = |s: &[Dim], i: usize| if i < rank - s.len() { Some(1) } else { s[i - (rank - s.len())] };
+    (0..rank)
+        .map(|i| match (at(a, i), at(b, i)) {
+            (Some(x), Some(y)) if x == y || y == 1 => Some(Some(x)),
+            (Some(1), Some(y)) => Some(Some(y)),
+            (Some(_), Some(_)) => None,
+            (None, Some(1)) | (Some(1), None) | (None, None) => Some(None),
+            (None, Some(n)) | (Some(n), None) => Some(Some(n)),
+        })
+        .collect()
+}
+
+/// Resolves a reshape target (at most one `-1`, no other negative) against a
+/// known element count; the error says what does not fit.
+pub(crate) fn resolve_reshape(target: &[i64], count: usize) -> Result<Vec<usize>, String> {
+    check_reshape_target(target)?;
+    let known: usize = target.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+    let hole = target.iter().position(|&d| d == -1);
+    let fill = match hole {
+        Some(_) if known == 0 => {
+            return Err(format!("cannot infer the -1 in {target:?} from {count} elements: the other dims hold 0"))
+        }
+        Some(_) if count % known != 0 => {
+            return Err(format!(
+                "cannot reshape {count} elements into {target:?}: {count} is not a multiple of {known}"
+            ))
+        }
+        Some(_) => count / known,
+        None if known != count => {
+            return Err(format!("cannot reshape {count} elements into {target:?} ({known} elements)"))
+        }
+        None => 0,
+    };
+    Ok(target.iter().map(|&d| if d == -1 { fill } else { d as usize }).collect())
+}
+
+/// At most one `-1` and no other negative dim.
+fn check_reshape_target(target: &[i64]) -> Result<(), String> {
+    if let Some(d) = target.iter().find(|&&d| d < -1) {
+        return Err(format!("invalid dimension {d} in the target shape {target:?}"));
+    }
+    if target.iter().filter(|&&d| d == -1).count() > 1 {
+        return Err(format!("the target shape {target:?} has more than one -1"));
+    }
+    Ok(())
+}
+
+/// Types the call of library function `func` on arguments of types `inputs`.
+fn infer_call(func: FuncId, inputs: &[TensorType], graph: &Graph) -> Result<Outputs, String> {
+    if func.as_u32() as usize >= graph.library.len() {
+        return Err(format!("unknown function {func}"));
+    }
+    let f = graph.library.get(func);
+    let params = f.graph.param_types();
+    if params.len() != inputs.len() {
+        return Err(format!(
+            "function {func} \"{}\" takes {}, got {}",
+            f.name,
+            count(params.len(), "argument"),
+            inputs.len()
+        ));
+    }
+    for (i, (p, x)) in params.iter().zip(inputs).enumerate() {
+        if !dims_compatible(p, x) {
+            return Err(format!("argument {i} of {func} \"{}\" has type {x}, but the function takes {p}", f.name));
+        }
+    }
+    Ok(f.graph.output_types().into_iter().collect())
+}
+
+/// Same dtype and rank, and each pair of dims equal or one unknown: some
+/// value fits both types.
+fn dims_compatible(a: &TensorType, b: &TensorType) -> bool {
+    a.dtype == b.dtype && a.rank() == b.rank() && a.dims.iter().zip(&b.dims).all(|(&x, &y)| merge_dim(x, y).is_some())
+}
+
+/// The common value of two dims that must be equal (unknown takes the known
+/// one); `None` when they are known and differ.
+fn merge_dim(a: Dim, b: Dim) -> Option<Dim> {
+    match (a, b) {
+        (Some(x), Some(y)) if x != y => None,
+        (Some(x), _) | (_, Some(x)) => Some(Some(x)),
+        (None, None) => Some(None),
+    }
+}
+
+/// Inputs of a variadic op (concat, stack) must agree on dtype and rank.
+fn check_same_dtype_rank(first: &TensorType, x: &TensorType) -> Result<(), String> {
+    if x.dtype != first.dtype {
+        return Err(format!("inputs have different dtypes {first} and {x}"));
+    }
+    if x.rank() != first.rank() {
+        return Err(format!("inputs have different ranks {first} and {x}"));
+    }
+    Ok(())
+}
+
+fn check_axis(axis: usize, x: &TensorType) -> Result<(), String> {
+    if axis >= x.rank() {
+        return Err(format!("axis {axis} is out of range for {x}"));
+    }
+    Ok(())
+}
+
+/// Axes sorted, unique and in range.
+fn check_axes(axes: &[usize], x: &TensorType) -> Result<(), String> {
+    for &a in axes {
+        check_axis(a, x)?;
+    }
+    if axes.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!("axes {axes:?} must be sorted and unique (for {x})"));
+    }
+    Ok(())
+}
+
+fn is_permutation(perm: &[usize], rank: usize) -> bool {
+    let mut seen = vec![false; rank];
+    perm.len() == rank && perm.iter().all(|&p| p < rank && !std::mem::replace(&mut seen[p], true))
+}
+
+/// Describes the dtypes an op accepts: `float`, `numeric`, `bool` or a list.
+fn accepted_kind(accepts: impl Fn(DType) -> bool) -> String {
+    let ok: Vec<DType> = DType::ALL.into_iter().filter(|&d| accepts(d)).collect();
+    if ok == [DType::F32, DType::F64] {
+        "float".into()
+    } else if ok == [DType::F32, DType::F64, DType::I32, DType::I64] {
+        "numeric".into()
+    } else if ok == [DType::I32, DType::I64] {
+        "integer".into()
+    } else {
+        ok.iter().map(|d| d.name()).collect::<Vec<_>>().join("/")
+    }
+}
+
+/// `a float`, `an integer`.
+fn with_article(kind: String) -> String {
+    let article = if kind.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" };
+    format!("{article} {kind}")
+}
+
+/// `1 input`, `2 inputs`.
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}

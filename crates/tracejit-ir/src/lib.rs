@@ -1,0 +1,32 @@
+//! The graph IR of tracejit.
+//!
+//! A [`Graph`] is an arena of [`Node`]s addressed by [`NodeId`]; each node has
+//! an [`Op`] (a closed enum), data inputs ([`ValueId`]: node + output index),
+//! control inputs, and the inferred [`TensorType`] of each output (dtype plus
+//! a shape whose dims may be unknown). Functions called by `Call` nodes live
+//! in the graph's [`FunctionLibrary`]; variables used by stateful nodes are
+//! [`VariableResource`] handles. [`infer`] states every op's type rule,
+//! [`verify`] checks a graph's invariants, [`interpret`] runs a graph with the
+//! reference kernels of `tracejit-tensor`, and `Display` / [`Graph::to_dot`]
+//! print it.
+
+mod error;
+mod graph;
+mod infer;
+mod interp;
+mod op;
+mod printer;
+mod types;
+mod verifier;
+
+pub use error::{IrError, OpError};
+pub use graph::{
+    AttrValue, FuncId, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,
+};
+pub use infer::{broadcast_dims, infer};
+pub use interp::{eval_primitive, interpret};
+pub use op::{AssignKind, Op};
+pub use types::{Dim, Dims, DimsDisplay, TensorType};
+pub use verifier::verify;
+
+pub use tracejit_tensor as tensor;

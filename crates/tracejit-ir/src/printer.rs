@@ -1,0 +1,261 @@
+//! The text listing of a graph (its `Display`), one line per node like a
+//! jaxpr, and the Graphviz form (`Graph::to_dot`).
+//!
+//! The listing is deterministic (arena order, library in id order, attributes
+//! in key order), so tests can compare it as text:
+//!
+//! ```text
+//! graph gelu(%0: f32[?, 784]) -> (%7) {
+//!   %1 = constant f32[] 0.5
+//!   %2 = mul %0, %1 : f32[?, 784]
+//!   %3 = reduce_sum[axes=[1], keepdims=false] %2 : f32[?]
+//!   %4 = call @f0 "inner" %2 : f32[?, 784]
+//!   assign_variable[var=var0 "w", kind=assign_add] %3 ctrl(%2)
+//! }
+//! function f0 "inner" implements="tracejit.nn.gelu":
+//!   graph inner(%0: f32[?, 784]) -> (%1) {
+//!     ...
+//!   }
+//! ```
+//!
+//! Parameters appear only in the header. Printing never panics, even on a
+//! graph the verifier rejects (a missing function or variable prints as
+//! `<missing>`), because listings are how such graphs get debugged.
+
+use std::fmt::{self, Write as _};
+
+use cranelift_entity::EntityRef;
+use tracejit_tensor::{with_array, SliceSpec, Storage};
+
+use crate::{Graph, Node, NodeId, Op, ValueId};
+
+/// Constants print at most this many values, then `...`.
+const MAX_CONSTANT_VALUES: usize = 8;
+
+impl fmt::Display for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::new();
+        write_graph(&mut s, self, "")?;
+        f.write_str(&s)
+    }
+}
+
+impl Graph {
+    /// The graph in Graphviz DOT form: one box per node labelled with its op,
+    /// attributes and output types; solid edges for data inputs, dashed ones
+    /// for control inputs; parameters drawn as inputs and an extra node per
+    /// graph output. Library functions are not expanded.
+    pub fn to_dot(&self) -> String {
+        let mut s = String::new();
+        let _ = write_dot(&mut s, self);
+        s
+    }
+}
+
+/// Writes the listing of `g`, each line prefixed by `indent`.
+fn write_graph(s: &mut String, g: &Graph, indent: &str) -> fmt::Result {
+    let params: Vec<String> = g
+        .params
+        .iter()
+        .map(|&p| match node_of(g, p).and_then(|n| n.outputs.first()) {
+            Some(ty) => format!("{}: {ty}", ValueId::from(p)),
+            None => format!("{}: <missing>", ValueId::from(p)),
+        })
+        .collect();
+    let outputs: Vec<String> = g.outputs.iter().map(|v| v.to_string()).collect();
+    writeln!(s, "{indent}graph {}({}) -> ({}) {{", g.name, params.join(", "), outputs.join(", "))?;
+    for (id, node) in g.nodes() {
+        if matches!(node.op, Op::Parameter { .. }) && g.params.get(param_index(node)) == Some(&id) {
+            continue;
+        }
+        write!(s, "{indent}  ")?;
+        write_node(s, g, id, node)?;
+        s.push('\n');
+    }
+    writeln!(s, "{indent}}}")?;
+    for (fid, func) in g.library.iter() {
+        write!(s, "{indent}function {fid} {:?}", func.name)?;
+        for (key, value) in &func.attrs {
+            match value {
+                crate::AttrValue::Str(v) => write!(s, " {key}={v:?}")?,
+                crate::AttrValue::Int(v) => write!(s, " {key}={v}")?,
+                crate::AttrValue::Bool(v) => write!(s, " {key}={v}")?,
+            }
+        }
+        s.push_str(":\n");
+        write_graph(s, &func.graph, &format!("{indent}  "))?;
+    }
+    Ok(())
+}
+
+fn param_index(node: &Node) -> usize {
+    match node.op {
+        Op::Parameter { index } => index,
+        _ => usize::MAX,
+    }
+}
+
+/// One line, without indentation or newline: `%2 = mul %0, %1 : f32[?, 784]`.
+fn write_node(s: &mut String, g: &Graph, id: NodeId, node: &Node) -> fmt::Result {
+    let results: Vec<String> = (0..node.outputs.len()).map(|i| ValueId::new(id, i as u32).to_string()).collect();
+    if !results.is_empty() {
+        write!(s, "{} = ", results.join(", "))?;
+    }
+    write_op(s, g, &node.op)?;
+    if let Op::Constant { value } = &node.op {
+        // The type is part of the op text; the inputs are empty.
+        write!(s, " {}", crate::TensorType::known(value.dtype(), value.shape()))?;
+        write!(s, " {}", constant_values(value))?;
+    } else {
+        let inputs: Vec<String> = node.inputs.iter().map(|v| v.to_string()).collect();
+        if !inputs.is_empty() {
+            write!(s, " {}", inputs.join(", "))?;
+        }
+        if !node.outputs.is_empty() {
+            let types: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
+            write!(s, " : {}", types.join(", "))?;
+        }
+    }
+    if !node.control_inputs.is_empty() {
+        let ctrl: Vec<String> = node.control_inputs.iter().map(|&c| ValueId::from(c).to_string()).collect();
+        write!(s, " ctrl({})", ctrl.join(", "))?;
+    }
+    Ok(())
+}
+
+/// The op's name as listed: reductions read `reduce_sum` so they stand out
+/// from elementwise ops (errors use the short `sum`).
+fn listing_name(op: &Op) -> String {
+    match op {
+        Op::Reduce { op, .. } => format!("reduce_{}", op.name()),
+        _ => op.name().to_string(),
+    }
+}
+
+/// The op with its attributes: `reduce_sum[axes=[1], keepdims=false]`,
+/// `call @f0 "inner"`.
+fn write_op(s: &mut String, g: &Graph, op: &Op) -> fmt::Result {
+    s.push_str(&listing_name(op));
+    let var = |v: crate::VarId| match g.variables.get(v) {
+        Some(r) => format!("{v} {:?}", r.name()),
+        None => format!("{v} <missing>"),
+    };
+    match op {
+        Op::Parameter { index } => write!(s, "[index={index}]"),
+        Op::Constant { .. } | Op::Unary(_) | Op::Binary(_) | Op::Select | Op::MatMul => Ok(()),
+        Op::Cast { to } => write!(s, "[to={to}]"),
+        Op::Clamp { min, max } => write!(s, "[min={min:?}, max={max:?}]"),
+        Op::Reduce { axes, keepdims, .. } => write!(s, "[axes={axes:?}, keepdims={keepdims}]"),
+        Op::ArgReduce { axis, keepdims, .. } => write!(s, "[axis={axis}, keepdims={keepdims}]"),
+        Op::Reshape { shape } => write!(s, "[shape={shape:?}]"),
+        Op::Transpose { perm } => write!(s, "[perm={perm:?}]"),
+        Op::BroadcastTo { shape } => write!(s, "[shape={shape:?}]"),
+        Op::ExpandDims { axis } => write!(s, "[axis={axis}]"),
+        Op::Squeeze { axes } => write!(s, "[axes={axes:?}]"),
+        Op::Concat { axis } | Op::Stack { axis } | Op::Gather { axis } => write!(s, "[axis={axis}]"),
+        Op::Slice { specs } => {
+            let specs: Vec<String> = specs.iter().map(slice_spec_text).collect();
+            write!(s, "[{}]", specs.join(", "))
+        }
+        Op::OneHot { depth, dtype } => write!(s, "[depth={depth}, dtype={dtype}]"),
+        Op::Call { func } => {
+            if func.index() < g.library.len() {
+                write!(s, " @{func} {:?}", g.library.get(*func).name)
+            } else {
+                write!(s, " @{func} <missing>")
+            }
+        }
+        Op::ReadVariable { var: v } => write!(s, "[var={}]", var(*v)),
+        Op::AssignVariable { var: v, kind } => write!(s, "[var={}, kind={}]", var(*v), kind.name()),
+    }
+}
+
+/// A slice spec as numpy writes it: `1:3`, `::-1`, `:`.
+fn slice_spec_text(s: &SliceSpec) -> String {
+    let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_default();
+    if s.step == 1 {
+        format!("{}:{}", opt(s.start), opt(s.stop))
+    } else {
+        format!("{}:{}:{}", opt(s.start), opt(s.stop), s.step)
+    }
+}
+
+/// `0.5` for a scalar, `[1, 2, 3]` otherwise, at most
+/// [`MAX_CONSTANT_VALUES`] values then `...`. Floats keep a decimal point.
+fn constant_values(value: &Storage) -> String {
+    let mut items: Vec<String> =
+        with_array!(value, a => a.iter().take(MAX_CONSTANT_VALUES).map(|x| format!("{x:?}")).collect());
+    if value.rank() == 0 {
+        return items.pop().unwrap_or_default();
+    }
+    if value.len() > MAX_CONSTANT_VALUES {
+        items.push("...".into());
+    }
+    format!("[{}]", items.join(", "))
+}
+
+/// Writes the DOT form of `g`.
+fn write_dot(s: &mut String, g: &Graph) -> fmt::Result {
+    writeln!(s, "digraph {} {{", dot_string(&g.name))?;
+    writeln!(s, "  rankdir=TB;")?;
+    writeln!(s, "  node [shape=box, fontname=\"monospace\"];")?;
+    for (id, node) in g.nodes() {
+        let mut label = String::new();
+        write_op(&mut label, g, &node.op)?;
+        if let Op::Constant { value } = &node.op {
+            write!(label, " {}", constant_values(value))?;
+        }
+        let head = match node.outputs.len() {
+            0 => String::new(),
+            _ => format!("{} = ", ValueId::from(id)),
+        };
+        let types: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
+        let full = format!("{head}{label}\n{}", types.join(", "));
+        let style = match node.op {
+            Op::Parameter { .. } => ", shape=invhouse, style=filled, fillcolor=\"#cfe2ff\"",
+            Op::Constant { .. } => ", style=filled, fillcolor=\"#eeeeee\"",
+            Op::ReadVariable { .. } | Op::AssignVariable { .. } => ", style=filled, fillcolor=\"#ffe5b4\"",
+            Op::Call { .. } => ", shape=box3d",
+            _ => "",
+        };
+        writeln!(s, "  n{} [label={}{style}];", id.index(), dot_string(&full))?;
+    }
+    for (id, node) in g.nodes() {
+        for v in &node.inputs {
+            let attrs = if v.index == 0 { String::new() } else { format!(" [taillabel=\"{}\"]", v.index) };
+            writeln!(s, "  n{} -> n{}{attrs};", v.node.index(), id.index())?;
+        }
+        for c in &node.control_inputs {
+            writeln!(s, "  n{} -> n{} [style=dashed, color=gray40];", c.index(), id.index())?;
+        }
+    }
+    for (i, v) in g.outputs.iter().enumerate() {
+        writeln!(
+            s,
+            "  out{i} [label=\"output {i}\", shape=house, style=filled, fillcolor=\"#d1e7dd\"];\n  n{} -> out{i};",
+            v.node.index()
+        )?;
+    }
+    writeln!(s, "}}")
+}
+
+/// A quoted DOT string with `"` and `\` escaped and newlines as `\n`.
+fn dot_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The node `id` if it exists.
+fn node_of(g: &Graph, id: NodeId) -> Option<&Node> {
+    (id.index() < g.len()).then(|| g.node(id))
+}

@@ -1,0 +1,13 @@
+//! Tests of the public surface of `tracejit-ir`, one module per concern,
+//! compiled as a single test binary to keep link times down.
+//!
+//! Tests that run kernels compare the interpreter with calling
+//! `tracejit_tensor::kernels` directly; inference, verifier and printer tests
+//! need no kernels.
+
+mod common;
+mod infer;
+mod interp;
+mod printer;
+mod props;
+mod verifier;

@@ -1,0 +1,378 @@
+//! Binary elementwise kernels and their relatives: `binary` (arithmetic,
+//! comparisons, logical ops) with numpy broadcasting, the three-operand
+//! `select`, the dtype conversion `cast`, and `clamp`. Every broadcasting op
+//! goes through [`zip_map`], which broadcasts both operands to the common
+//! shape and maps an element function over them.
+
+use ndarray::{ArcArray, ArrayD, IxDyn, Zip};
+
+use super::num::{Cast, Num};
+use super::shape::broadcast_shapes;
+use crate::{BinaryOp, DType, Element, Storage, StorageElement};
+
+/// Broadcasts `a` and `b` to their common shape and maps `f` over the pairs.
+pub(crate) fn zip_map<A: Element, B: Element, R>(
+    name: &str,
+    a: &ArcArray<A, IxDyn>,
+    b: &ArcArray<B, IxDyn>,
+    f: impl Fn(A, B) -> R,
+) -> ArrayD<R> {
+    let shape = broadcast_shapes(a.shape(), b.shape())
+        .unwrap_or_else(|| panic!("{name}: shapes {:?} and {:?} cannot be broadcast together", a.shape(), b.shape()));
+    let av = a.broadcast(IxDyn(&shape)).expect("broadcast shape checked");
+    let bv = b.broadcast(IxDyn(&shape)).expect("broadcast shape checked");
+    Zip::from(av).and(bv).map_collect(|&x, &y| f(x, y))
+}
+
+pub(crate) fn binary(op: BinaryOp, a: &Storage, b: &Storage) -> Storage {
+    if a.dtype() != b.dtype() {
+        panic!("{}: operands have different dtypes ({} and {})", op.name(), a.dtype(), b.dtype());
+    }
+    if op.result_dtype(a.dtype()).is_none() {
+        panic!("{}: dtype {} is not accepted", op.name(), a.dtype());
+    }
+    match (a, b) {
+        (Storage::F32(x), Storage::F32(y)) => binary_num(op, x, y),
+        (Storage::F64(x), Storage::F64(y)) => binary_num(op, x, y),
+        (Storage::I32(x), Storage::I32(y)) => binary_num(op, x, y),
+        (Storage::I64(x), Storage::I64(y)) => binary_num(op, x, y),
+        (Storage::Bool(x), Storage::Bool(y)) => binary_bool(op, x, y),
+        _ => unreachable!("dtypes checked above"),
+    }
+}
+
+fn binary_num<T: Num>(op: BinaryOp, a: &ArcArray<T, IxDyn>, b: &ArcArray<T, IxDyn>) -> Storage {
+    use BinaryOp::*;
+    let name = op.name();
+    let f: fn(T, T) -> T = match op {
+        Add => T::plus,
+        Sub => T::minus,
+        Mul => T::times,
+        Div => T::divide,
+        Pow => T::power,
+        Maximum => T::nan_max,
+        Minimum => T::nan_min,
+        Rem => T::modulo,
+        Eq => return compare(name, a, b, |x, y| x == y),
+        Ne => return compare(name, a, b, |x, y| x != y),
+        Lt => return compare(name, a, b, |x, y| x < y),
+        Le => return compare(name, a, b, |x, y| x <= y),
+        Gt => return compare(name, a, b, |x, y| x > y),
+        Ge => return compare(name, a, b, |x, y| x >= y),
+        LogicalAnd | LogicalOr => unreachable!("result_dtype rejects {name} on numbers"),
+    };
+    Storage::from_array(zip_map(name, a, b, f))
+}
+
+fn compare<T: Element>(name: &str, a: &ArcArray<T, IxDyn>, b: &ArcArray<T, IxDyn>, f: fn(T, T) -> bool) -> Storage {
+    Storage::from_array(zip_map(name, a, b, f))
+}
+
+fn binary_bool(op: BinaryOp, a: &ArcArray<bool, IxDyn>, b: &ArcArray<bool, IxDyn>) -> Storage {
+    use BinaryOp::*;
+    let f: fn(bool, bool) -> bool = match op {
+        Eq => |x, y| x == y,
+        Ne => |x, y| x != y,
+        LogicalAnd => |x, y| x && y,
+        LogicalOr => |x, y| x || y,
+        _ => unreachable!("result_dtype rejects {} on bool", op.name()),
+    };
+    Storage::from_array(zip_map(op.name(), a, b, f))
+}
+
+pub(crate) fn select(cond: &Storage, a: &Storage, b: &Storage) -> Storage {
+    let Storage::Bool(c) = cond else {
+        panic!("select: the condition must be bool, not {}", cond.dtype());
+    };
+    same_dtype!("select", a, b, |x, y| select_t(c, x, y))
+}
+
+fn select_t<T: StorageElement>(c: &ArcArray<bool, IxDyn>, a: &ArcArray<T, IxDyn>, b: &ArcArray<T, IxDyn>) -> Storage {
+    let incompatible = || -> ! {
+        panic!("select: shapes {:?}, {:?} and {:?} cannot be broadcast together", c.shape(), a.shape(), b.shape())
+    };
+    let ab = broadcast_shapes(a.shape(), b.shape()).unwrap_or_else(|| incompatible());
+    let shape = broadcast_shapes(c.shape(), &ab).unwrap_or_else(|| incompatible());
+    let cv = c.broadcast(IxDyn(&shape)).expect("checked");
+    let av = a.broadcast(IxDyn(&shape)).expect("checked");
+    let bv = b.broadcast(IxDyn(&shape)).expect("checked");
+    let out = Zip::from(cv).and(av).and(bv).map_collect(|&c, &x, &y| if c { x } else { y });
+    Storage::from_array(out)
+}
+
+pub(crate) fn cast(x: &Storage, to: DType) -> Storage {
+    if x.dtype() == to {
+        return x.clone();
+    }
+    crate::with_array!(x, a => cast_t(a, to))
+}
+
+fn cast_t<T: Cast>(a: &ArcArray<T, IxDyn>, to: DType) -> Storage {
+    match to {
+        DType::F32 => Storage::from_array(a.mapv(T::cast_f32)),
+        DType::F64 => Storage::from_array(a.mapv(T::cast_f64)),
+        DType::I32 => Storage::from_array(a.mapv(T::cast_i32)),
+        DType::I64 => Storage::from_array(a.mapv(T::cast_i64)),
+        DType::Bool => Storage::from_array(a.mapv(T::cast_bool)),
+    }
+}
+
+pub(crate) fn clamp(x: &Storage, min: f64, max: f64) -> Storage {
+    match x {
+        Storage::F32(a) => clamp_t(a, min, max),
+        Storage::F64(a) => clamp_t(a, min, max),
+        Storage::I32(a) => clamp_t(a, min, max),
+        Storage::I64(a) => clamp_t(a, min, max),
+        Storage::Bool(_) => panic!("clamp: dtype bool is not accepted"),
+    }
+}
+
+fn clamp_t<T: Num>(a: &ArcArray<T, IxDyn>, min: f64, max: f64) -> Storage {
+    let lo = T::from_f64(min);
+    let hi = T::from_f64(max);
+    Storage::from_array(a.mapv(|v| v.nan_max(lo).nan_min(hi)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{check_f64, t, v};
+    use super::*;
+    use proptest::prelude::*;
+
+    const NAN: f64 = f64::NAN;
+    const INF: f64 = f64::INFINITY;
+
+    fn bin64(op: BinaryOp, a: &[f64], b: &[f64]) -> Vec<f64> {
+        v::<f64>(&binary(op, &t(a.to_vec(), &[a.len()]), &t(b.to_vec(), &[b.len()])))
+    }
+
+    fn bin32(op: BinaryOp, a: &[i32], b: &[i32]) -> Vec<i32> {
+        v::<i32>(&binary(op, &t(a.to_vec(), &[a.len()]), &t(b.to_vec(), &[b.len()])))
+    }
+
+    fn cmp64(op: BinaryOp, a: &[f64], b: &[f64]) -> Vec<bool> {
+        v::<bool>(&binary(op, &t(a.to_vec(), &[a.len()]), &t(b.to_vec(), &[b.len()])))
+    }
+
+    #[test]
+    fn float_arithmetic() {
+        use BinaryOp::*;
+        assert_eq!(bin64(Add, &[1.0, 2.0], &[0.5, -3.0]), vec![1.5, -1.0]);
+        assert_eq!(bin64(Sub, &[1.0, 2.0], &[0.5, -3.0]), vec![0.5, 5.0]);
+        assert_eq!(bin64(Mul, &[1.5, 2.0], &[2.0, -3.0]), vec![3.0, -6.0]);
+        assert_eq!(bin64(Div, &[1.0, -1.0, 0.0, 3.0], &[0.0, 0.0, 2.0, 2.0])[..2], [INF, -INF]);
+        assert!(bin64(Div, &[0.0], &[0.0])[0].is_nan());
+        assert_eq!(bin64(Pow, &[2.0, 4.0, NAN, 2.0], &[10.0, 0.5, 0.0, -1.0]), vec![1024.0, 2.0, 1.0, 0.5]);
+        assert_eq!(
+            bin64(Rem, &[7.0, -7.0, 7.0, -7.0, 5.5], &[3.0, 3.0, -3.0, -3.0, 2.0]),
+            vec![1.0, 2.0, -2.0, -1.0, 1.5]
+        );
+        assert!(bin64(Rem, &[1.0], &[0.0])[0].is_nan());
+        let r32 = v::<f32>(&binary(Rem, &t(vec![-1.0f32], &[1]), &t(vec![3.0f32], &[1])));
+        assert_eq!(r32, vec![2.0]);
+    }
+
+    #[test]
+    fn maximum_minimum_propagate_nan() {
+        use BinaryOp::*;
+        let mx = bin64(Maximum, &[NAN, 1.0, 1.0, -INF], &[1.0, NAN, 2.0, -1.0]);
+        assert!(mx[0].is_nan() && mx[1].is_nan());
+        assert_eq!(mx[2..], [2.0, -1.0]);
+        let mn = bin64(Minimum, &[NAN, 1.0, 1.0, INF], &[1.0, NAN, 2.0, 3.0]);
+        assert!(mn[0].is_nan() && mn[1].is_nan());
+        assert_eq!(mn[2..], [1.0, 3.0]);
+        assert_eq!(bin32(Maximum, &[1, -5], &[0, -2]), vec![1, -2]);
+        assert_eq!(bin32(Minimum, &[1, -5], &[0, -2]), vec![0, -5]);
+    }
+
+    #[test]
+    fn comparisons_ieee() {
+        use BinaryOp::*;
+        let a = [1.0, NAN, 2.0, NAN];
+        let b = [1.0, 1.0, 3.0, NAN];
+        assert_eq!(cmp64(Eq, &a, &b), vec![true, false, false, false]);
+        assert_eq!(cmp64(Ne, &a, &b), vec![false, true, true, true]);
+        assert_eq!(cmp64(Lt, &a, &b), vec![false, false, true, false]);
+        assert_eq!(cmp64(Le, &a, &b), vec![true, false, true, false]);
+        assert_eq!(cmp64(Gt, &a, &b), vec![false, false, false, false]);
+        assert_eq!(cmp64(Ge, &a, &b), vec![true, false, false, false]);
+        let r = binary(Lt, &t(vec![1i64, 5], &[2]), &t(vec![2i64], &[1]));
+        assert_eq!(v::<bool>(&r), vec![true, false]);
+    }
+
+    #[test]
+    fn bool_ops() {
+        use BinaryOp::*;
+        let a = t(vec![true, true, false, false], &[4]);
+        let b = t(vec![true, false, true, false], &[4]);
+        assert_eq!(v::<bool>(&binary(LogicalAnd, &a, &b)), vec![true, false, false, false]);
+        assert_eq!(v::<bool>(&binary(LogicalOr, &a, &b)), vec![true, true, true, false]);
+        assert_eq!(v::<bool>(&binary(Eq, &a, &b)), vec![true, false, false, true]);
+        assert_eq!(v::<bool>(&binary(Ne, &a, &b)), vec![false, true, true, false]);
+    }
+
+    #[test]
+    fn int_arithmetic_wraps() {
+        use BinaryOp::*;
+        assert_eq!(bin32(Add, &[i32::MAX], &[1]), vec![i32::MIN]);
+        assert_eq!(bin32(Sub, &[i32::MIN], &[1]), vec![i32::MAX]);
+        assert_eq!(bin32(Mul, &[i32::MAX], &[2]), vec![-2]);
+    }
+
+    #[test]
+    fn int_div_rem_by_zero_and_signs() {
+        use BinaryOp::*;
+        let a = [7, -7, 7, -7, 5, i32::MIN, 0];
+        let b = [2, 2, -2, -2, 0, -1, 3];
+        assert_eq!(bin32(Div, &a, &b), vec![3, -3, -3, 3, 0, i32::MIN, 0]);
+        assert_eq!(bin32(Rem, &a, &b), vec![1, 1, -1, -1, 0, 0, 0]);
+        let a = [-7, 7, -6, 1];
+        let b = [3, -3, 3, -5];
+        assert_eq!(bin32(Rem, &a, &b), vec![2, -2, 0, -4]);
+        let r = binary(Div, &t(vec![-9i64, 9], &[2]), &t(vec![4i64, 0], &[2]));
+        assert_eq!(v::<i64>(&r), vec![-2, 0]);
+    }
+
+    #[test]
+    fn int_pow() {
+        let r = bin32(BinaryOp::Pow, &[2, -3, 0, 5, 1, -1, -1, 2, 0], &[10, 3, 0, -1, -7, -2, -3, 31, 2]);
+        assert_eq!(r, vec![1024, -27, 1, 0, 1, 1, -1, i32::MIN, 0]);
+        let r = binary(BinaryOp::Pow, &t(vec![3i64], &[1]), &t(vec![39i64], &[1]));
+        assert_eq!(v::<i64>(&r), vec![4_052_555_153_018_976_267]);
+    }
+
+    #[test]
+    fn broadcasting_size1_and_rank0() {
+        let a = t(vec![1.0f32, 2.0, 3.0], &[3, 1]);
+        let b = t(vec![10.0f32, 20.0], &[1, 2]);
+        let r = binary(BinaryOp::Add, &a, &b);
+        check_f64(&r, &[3, 2], &[11.0, 21.0, 12.0, 22.0, 13.0, 23.0]);
+        let s = Storage::scalar(2.0f32);
+        let r = binary(BinaryOp::Mul, &s, &a);
+        check_f64(&r, &[3, 1], &[2.0, 4.0, 6.0]);
+        let r = binary(BinaryOp::Sub, &s, &Storage::scalar(0.5f32));
+        check_f64(&r, &[], &[1.5]);
+        // Empty broadcast against size 1.
+        let e = Storage::full(&[0, 1], DType::I32, 0.0);
+        let one = t(vec![1i32, 2, 3], &[3]);
+        let r = binary(BinaryOp::Add, &e, &one);
+        assert_eq!(r.shape(), &[0, 3]);
+        let r = binary(BinaryOp::Lt, &e, &one);
+        assert_eq!((r.dtype(), r.shape()), (DType::Bool, &[0usize, 3][..]));
+    }
+
+    #[test]
+    #[should_panic(expected = "add: shapes [2] and [3] cannot be broadcast together")]
+    fn incompatible_shapes_panic() {
+        binary(BinaryOp::Add, &t(vec![1.0f32, 2.0], &[2]), &t(vec![1.0f32; 3], &[3]));
+    }
+
+    #[test]
+    #[should_panic(expected = "different dtypes")]
+    fn mixed_dtypes_panic() {
+        binary(BinaryOp::Add, &t(vec![1.0f32], &[1]), &t(vec![1.0f64], &[1]));
+    }
+
+    #[test]
+    fn select_broadcasts_all_three() {
+        let c = t(vec![true, false], &[2, 1]);
+        let a = t(vec![1i64, 2, 3], &[3]);
+        let b = Storage::scalar(-1i64);
+        let r = select(&c, &a, &b);
+        check_f64(&r, &[2, 3], &[1.0, 2.0, 3.0, -1.0, -1.0, -1.0]);
+        let r = select(&Storage::scalar(true), &Storage::scalar(1.0f32), &Storage::scalar(2.0f32));
+        check_f64(&r, &[], &[1.0]);
+        let r = select(&Storage::full(&[0, 1], DType::Bool, 0.0), &a, &b);
+        assert_eq!(r.shape(), &[0, 3]);
+    }
+
+    #[test]
+    fn cast_rules() {
+        let x = t(vec![1.9f32, -1.9, f32::NAN, 1e20, -1e20, 0.0, -0.0], &[7]);
+        assert_eq!(v::<i32>(&cast(&x, DType::I32)), vec![1, -1, 0, i32::MAX, i32::MIN, 0, 0]);
+        assert_eq!(v::<bool>(&cast(&x, DType::Bool)), vec![true, true, true, true, true, false, false]);
+        let b = t(vec![true, false], &[2]);
+        assert_eq!(v::<f64>(&cast(&b, DType::F64)), vec![1.0, 0.0]);
+        assert_eq!(v::<i64>(&cast(&b, DType::I64)), vec![1, 0]);
+        let i = t(vec![3i64, 0, -2, 1 << 40], &[4]);
+        assert_eq!(v::<bool>(&cast(&i, DType::Bool)), vec![true, false, true, true]);
+        assert_eq!(v::<i32>(&cast(&i, DType::I32)), vec![3, 0, -2, 0]);
+        assert_eq!(v::<f32>(&cast(&i, DType::F32)), vec![3.0, 0.0, -2.0, (1u64 << 40) as f32]);
+        let d = t(vec![0.1f64, 1e300], &[2]);
+        assert_eq!(v::<f32>(&cast(&d, DType::F32)), vec![0.1f32, f32::INFINITY]);
+        // Identity cast and empty tensors.
+        assert!(cast(&d, DType::F64).bit_eq(&d));
+        assert_eq!(cast(&Storage::full(&[2, 0], DType::F32, 0.0), DType::I64).shape(), &[2, 0]);
+    }
+
+    #[test]
+    fn clamp_rules() {
+        let x = t(vec![-5.0f64, 0.5, 5.0, NAN, INF], &[5]);
+        check_f64(&clamp(&x, -1.0, 1.0), &[5], &[-1.0, 0.5, 1.0, NAN, 1.0]);
+        let i = t(vec![-5i32, 3, 9], &[3]);
+        assert_eq!(v::<i32>(&clamp(&i, -1.5, 4.9)), vec![-1, 3, 4]);
+        assert_eq!(v::<i32>(&clamp(&i, f64::NEG_INFINITY, 1e30)), vec![-5, 3, 9]);
+        let r = clamp(&Storage::scalar(3.0f32), 0.0, 1.0);
+        check_f64(&r, &[], &[1.0]);
+    }
+
+    // ---- property: broadcasting against a naive index mapping ----
+
+    fn naive_broadcast_add(a: &[i64], sa: &[usize], b: &[i64], sb: &[usize]) -> (Vec<usize>, Vec<i64>) {
+        let rank = sa.len().max(sb.len());
+        let pad = |s: &[usize]| {
+            let mut p = vec![1; rank - s.len()];
+            p.extend_from_slice(s);
+            p
+        };
+        let (pa, pb) = (pad(sa), pad(sb));
+        let out: Vec<usize> = (0..rank).map(|i| if pa[i] == 1 { pb[i] } else { pa[i] }).collect();
+        let n: usize = out.iter().product();
+        let flat = |idx: &[usize], s: &[usize]| {
+            idx.iter().zip(s).fold(0, |acc, (&i, &d)| acc * d + if d == 1 { 0 } else { i })
+        };
+        let mut vals = Vec::with_capacity(n);
+        for lin in 0..n {
+            let mut idx = vec![0; rank];
+            let mut r = lin;
+            for ax in (0..rank).rev() {
+                idx[ax] = r % out[ax];
+                r /= out[ax];
+            }
+            vals.push(a[flat(&idx, &pa)] * 1000 + b[flat(&idx, &pb)]);
+        }
+        (out, vals)
+    }
+
+    fn compatible_shapes() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
+        prop::collection::vec((0usize..4, 0u8..3, 0u8..3), 0..5).prop_flat_map(|dims| {
+            let mut a = Vec::new();
+            let mut b = Vec::new();
+            for (d, ka, kb) in dims {
+                // Each side keeps the dim or replaces it by 1.
+                a.push(if ka == 0 { 1 } else { d });
+                b.push(if kb == 0 { 1 } else { d });
+            }
+            (0..=a.len(), 0..=b.len()).prop_map(move |(da, db)| (a[da..].to_vec(), b[db..].to_vec()))
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+        #[test]
+        fn broadcasting_matches_naive((sa, sb) in compatible_shapes()) {
+            let na: usize = sa.iter().product();
+            let nb: usize = sb.iter().product();
+            let a: Vec<i64> = (0..na as i64).collect();
+            let b: Vec<i64> = (0..nb as i64).map(|x| x + 1).collect();
+            let sa_ = t(a.clone(), &sa);
+            let sb_ = t(b.clone(), &sb);
+            let thousand = Storage::scalar(1000i64);
+            let r = binary(BinaryOp::Add, &binary(BinaryOp::Mul, &sa_, &thousand), &sb_);
+            let (shape, vals) = naive_broadcast_add(&a, &sa, &b, &sb);
+            prop_assert_eq!(r.shape(), &shape[..]);
+            prop_assert_eq!(v::<i64>(&r.to_standard()), vals);
+            prop_assert_eq!(broadcast_shapes(&sa, &sb), Some(shape));
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! Eager tensor storage and the reference kernels of tracejit.
+//!
+//! This crate is the bottom of the stack: [`DType`], [`Storage`] (an
+//! `ndarray::ArcArray` per dtype, so clones are O(1)), the op families
+//! ([`UnaryOp`], [`BinaryOp`], [`ReduceOp`], ...) and, in [`kernels`], the
+//! reference implementation of every primitive op. The graph interpreter and
+//! eager mode run these kernels; the JIT is tested against them.
+//!
+//! # Type rules
+//!
+//! - There is no implicit promotion between two tensors: a binary op needs
+//!   both operands of one dtype, and the user `cast`s otherwise. A Rust scalar
+//!   meeting a tensor takes the tensor's dtype (weak typing, as in JAX).
+//! - Each op family states which dtypes it accepts in `result_dtype`
+//!   ([`UnaryOp::result_dtype`], [`BinaryOp::result_dtype`],
+//!   [`ReduceOp::result_dtype`]).
+//! - Integer arithmetic wraps on overflow. Integer `div` truncates toward
+//!   zero (`-7 / 2 == -3`) while `rem` is Python's modulo, with the sign of
+//!   the divisor (`-7 % 3 == 2`); dividing or taking the remainder by zero
+//!   gives 0. `pow` with a negative integer exponent is the real result
+//!   truncated toward zero. See [`kernels`] for the exact rules.
+//! - Float ops follow IEEE 754: NaN propagates through arithmetic, `maximum`,
+//!   `minimum`, `max` and `min`.
+
+mod dtype;
+mod error;
+pub mod kernels;
+mod ops;
+mod storage;
+
+pub use dtype::{DType, Element};
+pub use error::TensorError;
+pub use ops::{ArgReduceOp, BinaryOp, ReduceOp, SliceSpec, UnaryOp};
+pub use storage::{Storage, StorageElement};
+
+/// Re-export so dependents name the same ndarray version.
+pub use ndarray;

@@ -1,0 +1,202 @@
+//! `Storage`: the value of an eager tensor. One variant per dtype, each an
+//! `ArcArray` so a clone is O(1) and shares the buffer; kernels that write make
+//! a fresh array (copy-on-write is ndarray's when a buffer is shared).
+
+use ndarray::{ArcArray, ArrayD, IxDyn};
+
+use crate::{DType, Element, TensorError};
+
+/// An n-dimensional array of one of the five dtypes, cheaply cloneable.
+#[derive(Clone, Debug)]
+pub enum Storage {
+    /// f32 elements.
+    F32(ArcArray<f32, IxDyn>),
+    /// f64 elements.
+    F64(ArcArray<f64, IxDyn>),
+    /// i32 elements.
+    I32(ArcArray<i32, IxDyn>),
+    /// i64 elements.
+    I64(ArcArray<i64, IxDyn>),
+    /// bool elements.
+    Bool(ArcArray<bool, IxDyn>),
+}
+
+/// Runs `$body` with `$a` bound to the array inside `$s`, whatever its dtype.
+/// The body must type-check for every element type.
+#[macro_export]
+macro_rules! with_array {
+    ($s:expr, $a:ident => $body:expr) => {
+        match $s {
+            $crate::Storage::F32($a) => $body,
+            $crate::Storage::F64($a) => $body,
+            $crate::Storage::I32($a) => $body,
+            $crate::Storage::I64($a) => $body,
+            $crate::Storage::Bool($a) => $body,
+        }
+    };
+}
+
+/// Conversion between a typed array and `Storage`, implemented for every
+/// [`Element`] type.
+pub trait StorageElement: Element {
+    /// Wraps a typed array.
+    fn wrap(a: ArcArray<Self, IxDyn>) -> Storage;
+    /// Borrows the typed array if the dtype matches.
+    fn unwrap_ref(s: &Storage) -> Option<&ArcArray<Self, IxDyn>>;
+}
+
+macro_rules! impl_storage_element {
+    ($t:ty, $v:ident) => {
+        impl StorageElement for $t {
+            #[inline]
+            fn wrap(a: ArcArray<Self, IxDyn>) -> Storage {
+                Storage::$v(a)
+            }
+            #[inline]
+            fn unwrap_ref(s: &Storage) -> Option<&ArcArray<Self, IxDyn>> {
+                match s {
+                    Storage::$v(a) => Some(a),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+impl_storage_element!(f32, F32);
+impl_storage_element!(f64, F64);
+impl_storage_element!(i32, I32);
+impl_storage_element!(i64, I64);
+impl_storage_element!(bool, Bool);
+
+impl Storage {
+    /// The dtype tag.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Storage::F32(_) => DType::F32,
+            Storage::F64(_) => DType::F64,
+            Storage::I32(_) => DType::I32,
+            Storage::I64(_) => DType::I64,
+            Storage::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The shape (row-major dimension sizes).
+    pub fn shape(&self) -> &[usize] {
+        with_array!(self, a => a.shape())
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape().len()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        with_array!(self, a => a.len())
+    }
+
+    /// True when the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Builds from a flat row-major vector.
+    pub fn from_vec<T: StorageElement>(data: Vec<T>, shape: &[usize]) -> Result<Storage, TensorError> {
+        let expected: usize = shape.iter().product();
+        if data.len() != expected {
+            return Err(TensorError::LengthMismatch { len: data.len(), shape: shape.to_vec(), expected });
+        }
+        let a = ArrayD::from_shape_vec(IxDyn(shape), data).expect("length checked above");
+        Ok(T::wrap(a.into_shared()))
+    }
+
+    /// Wraps an owned ndarray.
+    pub fn from_array<T: StorageElement>(a: ArrayD<T>) -> Storage {
+        T::wrap(a.into_shared())
+    }
+
+    /// A rank-0 tensor.
+    pub fn scalar<T: StorageElement>(v: T) -> Storage {
+        T::wrap(ArrayD::from_elem(IxDyn(&[]), v).into_shared())
+    }
+
+    /// A tensor filled with `value` converted to `dtype` as `Element::from_f64` does.
+    pub fn full(shape: &[usize], dtype: DType, value: f64) -> Storage {
+        fn mk<T: StorageElement>(shape: &[usize], v: f64) -> Storage {
+            T::wrap(ArrayD::from_elem(IxDyn(shape), T::from_f64(v)).into_shared())
+        }
+        match dtype {
+            DType::F32 => mk::<f32>(shape, value),
+            DType::F64 => mk::<f64>(shape, value),
+            DType::I32 => mk::<i32>(shape, value),
+            DType::I64 => mk::<i64>(shape, value),
+            DType::Bool => mk::<bool>(shape, value),
+        }
+    }
+
+    /// A rank-0 tensor of `dtype` holding `value` (converted as `from_f64`).
+    ///
+    /// Integers beyond 2^53 lose precision through f64; use [`Storage::scalar`]
+    /// when that matters.
+    pub fn scalar_of(dtype: DType, value: f64) -> Storage {
+        Storage::full(&[], dtype, value)
+    }
+
+    /// Borrows the typed array, or `None` if `T` is not the dtype.
+    pub fn array<T: StorageElement>(&self) -> Option<&ArcArray<T, IxDyn>> {
+        T::unwrap_ref(self)
+    }
+
+    /// Copies the elements out in row-major order.
+    pub fn to_vec<T: StorageElement>(&self) -> Result<Vec<T>, TensorError> {
+        let a = self.typed::<T>()?;
+        Ok(a.iter().copied().collect())
+    }
+
+    /// Copies into an owned ndarray.
+    pub fn to_array<T: StorageElement>(&self) -> Result<ArrayD<T>, TensorError> {
+        Ok(self.typed::<T>()?.to_owned())
+    }
+
+    fn typed<T: StorageElement>(&self) -> Result<&ArcArray<T, IxDyn>, TensorError> {
+        T::unwrap_ref(self).ok_or(TensorError::DTypeMismatch { actual: self.dtype(), requested: T::DTYPE })
+    }
+
+    /// The value of element `i` (row-major) as f64; for tests and printing.
+    pub fn get_f64(&self, index: &[usize]) -> f64 {
+        with_array!(self, a => a[IxDyn(index)].to_f64())
+    }
+
+    /// True when the elements are laid out row-major and contiguous (the
+    /// strides of a fresh array of this shape), so the buffer can be read as
+    /// a flat slice. Views made by `transpose`, `slice` or `broadcast` often
+    /// are not.
+    pub fn is_standard_layout(&self) -> bool {
+        with_array!(self, a => a.is_standard_layout())
+    }
+
+    /// This tensor in standard layout: a clone (sharing the buffer) if it
+    /// already is, else a row-major contiguous copy.
+    pub fn to_standard(&self) -> Storage {
+        if self.is_standard_layout() {
+            return self.clone();
+        }
+        with_array!(self, a => Storage::from_array(a.as_standard_layout().into_owned()))
+    }
+
+    /// Bitwise equality of shape, dtype and every element (NaN equals NaN with
+    /// the same bits); what tests mean by "exactly the same result".
+    pub fn bit_eq(&self, other: &Storage) -> bool {
+        if self.dtype() != other.dtype() || self.shape() != other.shape() {
+            return false;
+        }
+        match (self, other) {
+            (Storage::F32(a), Storage::F32(b)) => a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits()),
+            (Storage::F64(a), Storage::F64(b)) => a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits()),
+            (Storage::I32(a), Storage::I32(b)) => a == b,
+            (Storage::I64(a), Storage::I64(b)) => a == b,
+            (Storage::Bool(a), Storage::Bool(b)) => a == b,
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! `ConcreteFunction`: one trace of a `Function` for one input signature —
+//! the graph, the optimized graph, the signature, the captured tensors — and
+//! the way to run it on eager tensors or to call it from another trace.
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use tracejit_ir::{interpret, AttrValue, Graph, LibraryFunction, Op, TensorType};
+use tracejit_tensor::Storage;
+
+use crate::context::{self, with_current};
+use crate::nest::{StaticValue, TensorSpec};
+use crate::{Error, Result, Tensor};
+
+/// One traced graph of a `Function`, for one input signature.
+pub struct ConcreteFunction {
+    pub(crate) name: String,
+    pub(crate) graph: Arc<Graph>,
+    pub(crate) optimized: Arc<Graph>,
+    pub(crate) signature: Vec<TensorSpec>,
+    pub(crate) statics: Vec<Arc<dyn StaticValue>>,
+    pub(crate) structure: Vec<u32>,
+    pub(crate) captures: Vec<Tensor>,
+    /// Symbolic tensors of an enclosing trace this graph reads; passed as
+    /// extra trailing inputs by `Call` nodes.
+    pub(crate) implicit_inputs: Vec<Tensor>,
+    pub(crate) output_statics: Vec<Arc<dyn StaticValue>>,
+    pub(crate) output_structure: Vec<u32>,
+    pub(crate) attrs: BTreeMap<String, AttrValue>,
+    pub(crate) trace_reason: String,
+}
+
+impl std::fmt::Debug for ConcreteFunction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConcreteFunction")
+            .field("name", &self.name)
+            .field("signature", &self.signature)
+            .field("captures", &self.captures.len())
+            .finish()
+    }
+}
+
+impl ConcreteFunction {
+    /// The function's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The graph as traced.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The graph after the optimization pipeline (what runs).
+    pub fn optimized_graph(&self) -> &Graph {
+        &self.optimized
+    }
+
+    /// The accepted type of each tensor argument, depth first.
+    pub fn signature(&self) -> &[TensorSpec] {
+        &self.signature
+    }
+
+    /// Eager tensors (rank > 0) the closure used without receiving them;
+    /// captured by value when traced.
+    pub fn captures(&self) -> &[Tensor] {
+        &self.captures
+    }
+
+    /// Why this trace happened ("first trace", "argument 0: shape [2] -> [3]").
+    pub fn trace_reason(&self) -> &str {
+        &self.trace_reason
+    }
+
+    /// Function attributes (`implements`).
+    pub fn attributes(&self) -> &BTreeMap<String, AttrValue> {
+        &self.attrs
+    }
+
+    /// True when this function accepts tensors of these types.
+    pub(crate) fn accepts_types(&self, types: &[TensorType]) -> bool {
+        self.signature.len() == types.len() && self.signature.iter().zip(types).all(|(s, t)| s.ty.is_compatible_with(t))
+    }
+
+    /// Checks a call's tensors against the signature.
+    pub(crate) fn check_inputs(&self, inputs: &[&Tensor]) -> Result<()> {
+        if inputs.len() != self.signature.len() {
+            return Err(Error::ArgumentCount {
+                function: self.name.clone(),
+                expected: self.signature.len(),
+                got: inputs.len(),
+            });
+        }
+        for (i, (spec, t)) in self.signature.iter().zip(inputs).enumerate() {
+            let ty = t.tensor_type();
+            if !spec.ty.is_compatible_with(&ty) {
+                return Err(Error::ArgumentMismatch {
+                    function: self.name.clone(),
+                    argument: i,
+                    expected: spec.ty.to_string(),
+                    got: ty.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls with a flat list of tensors (the signature's order). Eager
+    /// inputs run the graph now; symbolic inputs (a call from inside another
+    /// trace) record a `Call` node.
+    pub fn call_flat(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        self.call_refs(&refs)
+    }
+
+    pub(crate) fn call_refs(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.check_inputs(inputs)?;
+        if inputs.iter().any(|t| t.is_symbolic()) || !self.implicit_inputs.is_empty() {
+            return self.record_call(inputs);
+        }
+        let storages: Vec<Storage> = inputs.iter().map(|t| t.eager_storage().clone()).collect();
+        Ok(self.execute(&storages)?.into_iter().map(Tensor::from_storage).collect())
+    }
+
+    /// Runs the optimized graph on eager values; a panic inside a kernel
+    /// becomes an `Err`.
+    pub(crate) fn execute(&self, inputs: &[Storage]) -> Result<Vec<Storage>> {
+        match catch_unwind(AssertUnwindSafe(|| interpret(&self.optimized, inputs))) {
+            Ok(r) => Ok(r?),
+            Err(p) => Err(Error::Signature {
+                function: self.name.clone(),
+                message: format!("panicked while running: {}", panic_message(&*p)),
+            }),
+        }
+    }
+
+    fn record_call(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        if context::current_function().is_none() {
+            return Err(Error::Signature {
+                function: self.name.clone(),
+                message: "this function captured tensors of a trace that has ended; call it inside that trace".into(),
+            });
+        }
+        let mut all: Vec<&Tensor> = inputs.to_vec();
+        all.extend(self.implicit_inputs.iter());
+        let lib_fn =
+            LibraryFunction { name: self.name.clone(), attrs: self.attrs.clone(), graph: self.optimized.clone() };
+        let func = with_current(|ctx| {
+            let existing =
+                ctx.graph.library.iter().find(|(_, f)| Arc::ptr_eq(&f.graph, &lib_fn.graph)).map(|(id, _)| id);
+            existing.unwrap_or_else(|| ctx.graph.library.add(lib_fn))
+        })
+        .expect("checked above that a trace is active");
+        let (_, outs) = context::record_in_current(Op::Call { func }, &all, &[]).expect("a trace is active");
+        Ok(outs)
+    }
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(a panic with a non-string payload)".to_string()
+    }
+}

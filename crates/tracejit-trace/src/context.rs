@@ -1,0 +1,224 @@
+//! Tracing contexts and op application.
+//!
+//! Each thread has a stack of tracing contexts (one per `Function` being
+//! traced, innermost last), so tracing on one thread never sees another's.
+//! [`apply`] is the one place every op goes through: on eager inputs it runs
+//! the reference kernel at once; if any input is symbolic it records a node in
+//! the innermost context's graph, capturing eager inputs as constants and
+//! symbolic tensors of an enclosing trace as implicit parameters.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+use tracejit_ir::{eval_primitive, infer, Graph, NodeId, Op, TensorType, ValueId};
+use tracejit_tensor::Storage;
+
+use crate::tensor::Repr;
+use crate::Tensor;
+
+static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
+
+/// The state of one trace in progress.
+pub(crate) struct TraceContext {
+    pub id: u64,
+    pub fn_name: Arc<str>,
+    pub graph: Graph,
+    /// Eager tensors (rank > 0) used by the closure but not passed in.
+    pub captures: Vec<Tensor>,
+    capture_index: HashMap<(usize, Vec<usize>, Vec<isize>, u8), ValueId>,
+    /// Symbolic tensors of enclosing traces, each given an extra parameter.
+    pub outer_captures: Vec<(Tensor, ValueId)>,
+}
+
+impl TraceContext {
+    pub fn new(fn_name: Arc<str>) -> TraceContext {
+        TraceContext {
+            id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
+            graph: Graph::new(fn_name.to_string()),
+            fn_name,
+            captures: Vec::new(),
+            capture_index: HashMap::new(),
+            outer_captures: Vec::new(),
+        }
+    }
+
+    /// A symbolic tensor for output `v` of this context's graph.
+    pub fn symbolic(&self, v: ValueId) -> Tensor {
+        Tensor::symbolic(self.id, v, self.graph.value_type(v).clone(), self.fn_name.clone())
+    }
+
+    /// The value standing for `t` in this graph. Eager tensors become
+    /// constants (deduplicated by buffer); symbolic tensors of an enclosing
+    /// trace become implicit parameters.
+    fn value_of(&mut self, t: &Tensor, outer: &[TraceContext]) -> ValueId {
+        match t.repr() {
+            Repr::Symbolic(s) if s.ctx == self.id => s.value,
+            Repr::Symbolic(s) => {
+                if let Some((_, v)) = self.outer_captures.iter().find(|(o, _)| o.same_symbolic(t)) {
+                    return *v;
+                }
+                assert!(
+                    outer.iter().any(|c| c.id == s.ctx),
+                    "a symbolic tensor of function `{}` was used after its trace ended (while tracing `{}`); \
+                     return it from the function instead of storing it",
+                    s.fn_name,
+                    self.fn_name
+                );
+                let v = self.graph.add_param(s.ty.clone());
+                self.outer_captures.push((t.clone(), v));
+                v
+            }
+            Repr::Eager(storage) => {
+                let key = storage_key(storage);
+                if let Some(v) = self.capture_index.get(&key) {
+                    return *v;
+                }
+                let v = self.graph.add_constant(storage.clone());
+                if storage.rank() > 0 {
+                    self.captures.push(t.clone());
+                }
+                self.capture_index.insert(key, v);
+                v
+            }
+        }
+    }
+}
+
+// Identity of an eager buffer view: data pointer, shape, strides, dtype.
+fn storage_key(s: &Storage) -> (usize, Vec<usize>, Vec<isize>, u8) {
+    let (ptr, strides) = tracejit_tensor::with_array!(s, a => (a.as_ptr() as usize, a.strides().to_vec()));
+    (ptr, s.shape().to_vec(), strides, s.dtype() as u8)
+}
+
+thread_local! {
+    static STACK: RefCell<Vec<TraceContext>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Pushes a context; the returned guard pops it (also on unwind) and hands
+/// the finished context back through `finish`.
+pub(crate) fn push_context(ctx: TraceContext) -> ContextGuard {
+    let id = ctx.id;
+    STACK.with(|s| s.borrow_mut().push(ctx));
+    ContextGuard { id, done: false }
+}
+
+/// Pops its context when dropped, unless `finish` took it.
+pub(crate) struct ContextGuard {
+    id: u64,
+    done: bool,
+}
+
+impl ContextGuard {
+    /// Runs `f` on the context (which must be the innermost).
+    pub fn with<R>(&self, f: impl FnOnce(&mut TraceContext) -> R) -> R {
+        STACK.with(|s| {
+            let mut s = s.borrow_mut();
+            let ctx = s.last_mut().expect("tracing context stack is empty");
+            assert_eq!(ctx.id, self.id, "tracing contexts were not popped in order");
+            f(ctx)
+        })
+    }
+
+    /// Pops and returns the context.
+    pub fn finish(mut self) -> TraceContext {
+        self.done = true;
+        STACK.with(|s| {
+            let ctx = s.borrow_mut().pop().expect("tracing context stack is empty");
+            assert_eq!(ctx.id, self.id, "tracing contexts were not popped in order");
+            ctx
+        })
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            STACK.with(|s| {
+                if let Ok(mut s) = s.try_borrow_mut() {
+                    if let Some(pos) = s.iter().rposition(|c| c.id == self.id) {
+                        s.truncate(pos);
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// The name of the function being traced on this thread, if any.
+pub(crate) fn current_function() -> Option<Arc<str>> {
+    STACK.with(|s| s.borrow().last().map(|c| c.fn_name.clone()))
+}
+
+/// Runs `f` on the innermost context, if there is one.
+pub(crate) fn with_current<R>(f: impl FnOnce(&mut TraceContext) -> R) -> Option<R> {
+    STACK.with(|s| s.borrow_mut().last_mut().map(f))
+}
+
+/// Runs `f` on the innermost context and the enclosing ones (outermost first).
+fn with_current_and_outer<R>(f: impl FnOnce(&mut TraceContext, &[TraceContext]) -> R) -> Option<R> {
+    STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        let (last, outer) = s.split_last_mut()?;
+        Some(f(last, outer))
+    })
+}
+
+/// Applies `op` to `inputs`: eagerly when every input is eager, otherwise by
+/// recording a node in the innermost trace. Misuse panics with the op's type
+/// error, plus the function and source line while tracing.
+#[track_caller]
+pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> SmallVec<[Tensor; 1]> {
+    let location = Location::caller();
+    if inputs.iter().all(|t| !t.is_symbolic()) {
+        return apply_eager(op, inputs);
+    }
+    let name = op.name();
+    let out = with_current_and_outer(|ctx, outer| {
+        let values: SmallVec<[ValueId; 2]> = inputs.iter().map(|t| ctx.value_of(t, outer)).collect();
+        let node = match ctx.graph.add_node(op, &values, &[], Some(location)) {
+            Ok(n) => n,
+            Err(e) => panic!("{e} (while tracing function `{}`, at {location})", ctx.fn_name),
+        };
+        let n = ctx.graph.node(node).outputs.len();
+        (0..n).map(|i| ctx.symbolic(ValueId::new(node, i as u32))).collect()
+    });
+    out.unwrap_or_else(|| {
+        panic!("{name}: a symbolic tensor was used outside of any trace; return it from the function instead")
+    })
+}
+
+/// Records a node in the innermost trace with explicit control inputs and
+/// returns its id; used for stateful ops.
+#[track_caller]
+pub(crate) fn record_in_current(op: Op, inputs: &[&Tensor], control: &[NodeId]) -> Option<(NodeId, Vec<Tensor>)> {
+    let location = Location::caller();
+    with_current_and_outer(|ctx, outer| {
+        let values: SmallVec<[ValueId; 2]> = inputs.iter().map(|t| ctx.value_of(t, outer)).collect();
+        let node = match ctx.graph.add_node(op, &values, control, Some(location)) {
+            Ok(n) => n,
+            Err(e) => panic!("{e} (while tracing function `{}`, at {location})", ctx.fn_name),
+        };
+        let n = ctx.graph.node(node).outputs.len();
+        let outs = (0..n).map(|i| ctx.symbolic(ValueId::new(node, i as u32))).collect();
+        (node, outs)
+    })
+}
+
+/// Maps tensors to values of the innermost graph (capturing as needed).
+pub(crate) fn values_in_current(ts: &[&Tensor]) -> Option<Vec<ValueId>> {
+    with_current_and_outer(|ctx, outer| ts.iter().map(|t| ctx.value_of(t, outer)).collect())
+}
+
+#[track_caller]
+fn apply_eager(op: Op, inputs: &[&Tensor]) -> SmallVec<[Tensor; 1]> {
+    let storages: SmallVec<[&Storage; 2]> = inputs.iter().map(|t| t.eager_storage()).collect();
+    let types: SmallVec<[TensorType; 2]> = storages.iter().map(|s| TensorType::known(s.dtype(), s.shape())).collect();
+    if let Err(e) = infer(&op, &types, None) {
+        panic!("{e}");
+    }
+    eval_primitive(&op, &storages).into_iter().map(Tensor::from_storage).collect()
+}

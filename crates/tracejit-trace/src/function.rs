@@ -1,0 +1,536 @@
+//! `function` and `Function`: a closure plus a cache of ConcreteFunctions
+//! keyed by input signature.
+//!
+//! A call flattens its arguments (no allocation for the common shapes), hashes
+//! dtypes, shapes, static values and structure, and looks the hash up in a
+//! sharded map; a hit compares the key by borrowing and runs the cached graph.
+//! A miss takes the Function's trace lock (so concurrent callers of a new
+//! signature trace it once while the others wait), looks for a cached
+//! ConcreteFunction whose relaxed signature accepts the call, and traces only
+//! when none does, logging the reason.
+
+use std::collections::BTreeMap;
+use std::hash::Hasher;
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use dashmap::DashMap;
+use smallvec::SmallVec;
+use tracejit_ir::{verify, AttrValue, TensorType};
+use tracejit_tensor::{DType, Storage};
+
+use crate::concrete::{panic_message, ConcreteFunction};
+use crate::context::{push_context, TraceContext};
+use crate::nest::{Flattener, Nest, SpecFlattener, SpecNest, StaticValue, TensorSpec, Unflattener};
+use crate::{config, Error, Result, Tensor};
+
+/// Wraps a closure into a traced [`Function`].
+pub fn function<A: Nest, R: Nest, F>(f: F) -> Function<A, R>
+where
+    F: Fn(A) -> R + Send + Sync + 'static,
+{
+    Function {
+        closure: Arc::new(f),
+        config: Arc::new(FunctionConfig {
+            name: short_type_name::<F>(),
+            input_signature: None,
+            reduce_retracing: false,
+            implements: None,
+            jit: true,
+        }),
+        state: Arc::new(FunctionState::default()),
+        _marker: PhantomData,
+    }
+}
+
+fn short_type_name<F>() -> String {
+    // Closures are named `crate::path::{{closure}}`; keep something readable.
+    let full = std::any::type_name::<F>();
+    let trimmed = full.trim_end_matches("::{{closure}}");
+    let last = trimmed.rsplit("::").next().unwrap_or(trimmed);
+    if last.is_empty() || last.contains('{') {
+        "function".to_string()
+    } else {
+        last.to_string()
+    }
+}
+
+#[derive(Clone)]
+struct FunctionConfig {
+    name: String,
+    input_signature: Option<Vec<TensorSpec>>,
+    reduce_retracing: bool,
+    implements: Option<std::result::Result<String, String>>,
+    jit: bool,
+}
+
+#[derive(Default)]
+struct FunctionState {
+    buckets: DashMap<u64, SmallVec<[Arc<CacheEntry>; 1]>>,
+    concrete: RwLock<Vec<Arc<ConcreteFunction>>>,
+    tracing_count: AtomicUsize,
+    trace_lock: Mutex<()>,
+}
+
+/// An exact call signature that a ConcreteFunction was found for.
+struct CacheEntry {
+    tensors: Vec<(DType, SmallVec<[usize; 4]>)>,
+    statics: Vec<Arc<dyn StaticValue>>,
+    structure: SmallVec<[u32; 4]>,
+    cf: Arc<ConcreteFunction>,
+}
+
+impl CacheEntry {
+    fn matches(&self, flat: &Flattener<'_>) -> bool {
+        self.tensors.len() == flat.tensors.len()
+            && self.statics.len() == flat.statics.len()
+            && self.structure[..] == flat.structure[..]
+            && self.tensors.iter().zip(&flat.tensors).all(|((d, s), t)| *d == t.dtype() && s[..] == *t.shape())
+            && self.statics.iter().zip(&flat.statics).all(|(a, b)| a.dyn_eq(*b))
+    }
+}
+
+/// A small fast hasher (FxHash's mixing); signatures are tiny and hashed on
+/// every call.
+#[derive(Default)]
+struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64);
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(v as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+fn signature_hash(flat: &Flattener<'_>) -> u64 {
+    let mut h = FxHasher::default();
+    for t in &flat.tensors {
+        h.write_u8(t.dtype() as u8);
+        let shape = t.shape();
+        h.write_usize(shape.len());
+        for &d in shape {
+            h.write_usize(d);
+        }
+    }
+    for s in &flat.statics {
+        s.dyn_hash(&mut h);
+    }
+    for &s in &flat.structure {
+        h.write_u32(s);
+    }
+    h.finish()
+}
+
+/// A traced function: call it like the closure, get results computed by a
+/// compiled graph. Cheap to clone; clones share the cache.
+pub struct Function<A, R> {
+    closure: Arc<dyn Fn(A) -> R + Send + Sync>,
+    config: Arc<FunctionConfig>,
+    state: Arc<FunctionState>,
+    _marker: PhantomData<fn(A) -> R>,
+}
+
+impl<A, R> Clone for Function<A, R> {
+    fn clone(&self) -> Self {
+        Function {
+            closure: self.closure.clone(),
+            config: self.config.clone(),
+            state: self.state.clone(),
+            _marker: PhantomData,
+        }
+    }
+}
+
+impl<A: Nest, R: Nest> Function<A, R> {
+    fn with_config(mut self, f: impl FnOnce(&mut FunctionConfig)) -> Self {
+        f(Arc::make_mut(&mut self.config));
+        // A changed configuration invalidates what was traced before.
+        self.state = Arc::new(FunctionState::default());
+        self
+    }
+
+    /// Names the function (in listings, logs and errors).
+    pub fn name(self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        self.with_config(|c| c.name = name)
+    }
+
+    /// Fixes the accepted type of each tensor argument (depth first); `-1`
+    /// dims accept any size, so one trace serves them all. Calls that do not
+    /// fit are errors, not retraces.
+    pub fn input_signature(self, specs: Vec<TensorSpec>) -> Self {
+        self.with_config(|c| c.input_signature = Some(specs))
+    }
+
+    /// After a second shape of otherwise the same signature, trace once more
+    /// with the changing dims relaxed to unknown, so later sizes reuse it.
+    pub fn reduce_retracing(self, on: bool) -> Self {
+        self.with_config(|c| c.reduce_retracing = on)
+    }
+
+    /// Marks the function as implementing the composite op `name`
+    /// (`org.semantic.opname`). A malformed name makes every call an error.
+    pub fn implements(self, name: &str) -> Self {
+        let checked = validate_composite_name(name);
+        self.with_config(|c| c.implements = Some(checked))
+    }
+
+    /// Compile with the JIT (default) or run graphs with the interpreter.
+    pub fn jit(self, on: bool) -> Self {
+        self.with_config(|c| c.jit = on)
+    }
+
+    /// The function's name.
+    pub fn function_name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// How many times the closure has been traced.
+    pub fn tracing_count(&self) -> usize {
+        self.state.tracing_count.load(Ordering::SeqCst)
+    }
+
+    /// Every ConcreteFunction traced so far, in tracing order.
+    pub fn concrete_functions(&self) -> Vec<Arc<ConcreteFunction>> {
+        self.state.concrete.read().expect("concrete list poisoned").clone()
+    }
+
+    /// Calls the function: finds or traces the ConcreteFunction for the
+    /// arguments' signature and runs it.
+    pub fn call(&self, args: A) -> Result<R> {
+        if let Some(Err(msg)) = &self.config.implements {
+            return Err(Error::Signature { function: self.config.name.clone(), message: msg.clone() });
+        }
+        if config::functions_run_eagerly() {
+            return self.call_eagerly(args);
+        }
+        let mut flat = Flattener::default();
+        args.flatten(&mut flat);
+        if flat.tensors.iter().any(|t| t.is_symbolic()) {
+            return self.call_from_trace(&flat);
+        }
+        let hash = signature_hash(&flat);
+        let cached = self
+            .state
+            .buckets
+            .get(&hash)
+            .and_then(|bucket| bucket.iter().find(|e| e.matches(&flat)).map(|e| e.cf.clone()));
+        let cf = match cached {
+            Some(cf) => cf,
+            None => self.find_or_trace(&flat, hash)?,
+        };
+        if !cf.implicit_inputs.is_empty() {
+            let outs = cf.call_refs(&flat.tensors)?;
+            return Ok(self.rebuild_output(&cf, outs));
+        }
+        let storages: SmallVec<[Storage; 4]> = flat.tensors.iter().map(|t| t.eager_storage().clone()).collect();
+        let outs = cf.execute(&storages)?;
+        Ok(self.rebuild_output(&cf, outs.into_iter().map(Tensor::from_storage).collect()))
+    }
+
+    /// The ConcreteFunction for a signature given as specs (`TensorSpec`s,
+    /// or tensors standing for their own type, plus statics), tracing it if
+    /// no cached one accepts it.
+    pub fn get_concrete_function<S: SpecNest>(&self, specs: S) -> Result<Arc<ConcreteFunction>> {
+        if let Some(Err(msg)) = &self.config.implements {
+            return Err(Error::Signature { function: self.config.name.clone(), message: msg.clone() });
+        }
+        let mut flat = SpecFlattener::default();
+        specs.flatten_spec(&mut flat);
+        self.concrete_for_types(flat.tensors, flat.statics, flat.structure)
+    }
+
+    fn call_eagerly(&self, args: A) -> Result<R> {
+        catch_unwind(AssertUnwindSafe(|| (self.closure)(args)))
+            .map_err(|p| Error::TracePanic { function: self.config.name.clone(), message: panic_message(&*p) })
+    }
+
+    fn rebuild_output(&self, cf: &ConcreteFunction, outs: Vec<Tensor>) -> R {
+        R::unflatten(&mut Unflattener::new(outs, cf.output_statics.clone(), cf.output_structure.clone()))
+    }
+
+    /// A call whose tensors are symbolic: we are inside another trace, so
+    /// this call becomes a `Call` node.
+    fn call_from_trace(&self, flat: &Flattener<'_>) -> Result<R> {
+        let types: Vec<TensorType> = flat.tensors.iter().map(|t| t.tensor_type()).collect();
+        let statics: Vec<Arc<dyn StaticValue>> = flat.statics.iter().map(|s| s.clone_arc()).collect();
+        let cf = self.concrete_for_types(types, statics, flat.structure.to_vec())?;
+        let outs = cf.call_refs(&flat.tensors)?;
+        Ok(self.rebuild_output(&cf, outs))
+    }
+
+    /// Finds a cached ConcreteFunction accepting these types (at least as
+    /// general), or traces one with exactly these types.
+    fn concrete_for_types(
+        &self,
+        types: Vec<TensorType>,
+        statics: Vec<Arc<dyn StaticValue>>,
+        structure: Vec<u32>,
+    ) -> Result<Arc<ConcreteFunction>> {
+        let _lock = self.state.trace_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cf) = self.find_accepting(&types, &statics, &structure) {
+            return Ok(cf);
+        }
+        let specs = match &self.config.input_signature {
+            Some(sig) => {
+                self.check_signature(sig, &types)?;
+                sig.iter().map(|s| s.ty.clone()).collect()
+            }
+            None => types,
+        };
+        let reason = self.retrace_reason(&specs, &statics, &structure);
+        self.trace(specs, statics, structure, reason)
+    }
+
+    fn find_accepting(
+        &self,
+        types: &[TensorType],
+        statics: &[Arc<dyn StaticValue>],
+        structure: &[u32],
+    ) -> Option<Arc<ConcreteFunction>> {
+        let list = self.state.concrete.read().expect("concrete list poisoned");
+        list.iter()
+            .find(|cf| {
+                cf.structure == structure
+                    && cf.statics.len() == statics.len()
+                    && cf.statics.iter().zip(statics).all(|(a, b)| a.dyn_eq(&**b))
+                    && cf.accepts_types(types)
+            })
+            .cloned()
+    }
+
+    fn check_signature(&self, sig: &[TensorSpec], types: &[TensorType]) -> Result<()> {
+        if sig.len() != types.len() {
+            return Err(Error::ArgumentCount {
+                function: self.config.name.clone(),
+                expected: sig.len(),
+                got: types.len(),
+            });
+        }
+        for (i, (s, t)) in sig.iter().zip(types).enumerate() {
+            if !s.ty.is_compatible_with(t) {
+                return Err(Error::ArgumentMismatch {
+                    function: self.config.name.clone(),
+                    argument: i,
+                    expected: s.ty.to_string(),
+                    got: t.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn find_or_trace(&self, flat: &Flattener<'_>, hash: u64) -> Result<Arc<ConcreteFunction>> {
+        let _lock = self.state.trace_lock.lock().unwrap_or_else(|e| e.into_inner());
+        // Another thread may have traced this signature while we waited.
+        if let Some(bucket) = self.state.buckets.get(&hash) {
+            if let Some(e) = bucket.iter().find(|e| e.matches(flat)) {
+                return Ok(e.cf.clone());
+            }
+        }
+        let types: Vec<TensorType> = flat.tensors.iter().map(|t| t.tensor_type()).collect();
+        let statics: Vec<Arc<dyn StaticValue>> = flat.statics.iter().map(|s| s.clone_arc()).collect();
+        let structure: Vec<u32> = flat.structure.to_vec();
+        let cf = match self.find_accepting(&types, &statics, &structure) {
+            Some(cf) => cf,
+            None => {
+                let specs = match &self.config.input_signature {
+                    Some(sig) => {
+                        self.check_signature(sig, &types)?;
+                        sig.iter().map(|s| s.ty.clone()).collect()
+                    }
+                    None if self.config.reduce_retracing => self.relaxed_types(&types, &statics, &structure),
+                    None => types.clone(),
+                };
+                let reason = self.retrace_reason(&types, &statics, &structure);
+                self.trace(specs, statics.clone(), structure.clone(), reason)?
+            }
+        };
+        if cf.implicit_inputs.is_empty() {
+            let entry = Arc::new(CacheEntry {
+                tensors: flat.tensors.iter().map(|t| (t.dtype(), SmallVec::from_slice(t.shape()))).collect(),
+                statics,
+                structure: SmallVec::from_vec(structure),
+                cf: cf.clone(),
+            });
+            self.state.buckets.entry(hash).or_default().push(entry);
+        }
+        Ok(cf)
+    }
+
+    /// With reduce_retracing: relax to unknown every dim that differs from a
+    /// previous trace of the same statics, structure, dtypes and ranks.
+    fn relaxed_types(
+        &self,
+        types: &[TensorType],
+        statics: &[Arc<dyn StaticValue>],
+        structure: &[u32],
+    ) -> Vec<TensorType> {
+        let list = self.state.concrete.read().expect("concrete list poisoned");
+        let mut out = types.to_vec();
+        for cf in list.iter().rev() {
+            let same_kind = cf.structure == structure
+                && cf.statics.len() == statics.len()
+                && cf.statics.iter().zip(statics).all(|(a, b)| a.dyn_eq(&**b))
+                && cf.signature.len() == types.len()
+                && cf.signature.iter().zip(types).all(|(s, t)| s.ty.dtype == t.dtype && s.ty.rank() == t.rank());
+            if same_kind {
+                for (o, s) in out.iter_mut().zip(&cf.signature) {
+                    for (d, sd) in o.dims.iter_mut().zip(&s.ty.dims) {
+                        if *d != *sd {
+                            *d = None;
+                        }
+                    }
+                }
+                break;
+            }
+        }
+        out
+    }
+
+    fn retrace_reason(&self, types: &[TensorType], statics: &[Arc<dyn StaticValue>], structure: &[u32]) -> String {
+        let list = self.state.concrete.read().expect("concrete list poisoned");
+        let Some(prev) = list.last() else {
+            return "first trace".to_string();
+        };
+        if prev.structure != structure {
+            return "the arguments' structure changed (a Vec's length or an Option)".to_string();
+        }
+        let mut reasons = Vec::new();
+        if prev.signature.len() != types.len() {
+            reasons.push(format!("{} tensor arguments -> {}", prev.signature.len(), types.len()));
+        } else {
+            for (i, (s, t)) in prev.signature.iter().zip(types).enumerate() {
+                if s.ty.dtype != t.dtype {
+                    reasons.push(format!("argument {i}: dtype {} -> {}", s.ty.dtype, t.dtype));
+                } else if s.ty.dims != t.dims {
+                    reasons.push(format!(
+                        "argument {i}: shape {} -> {}",
+                        tracejit_ir::DimsDisplay(&s.ty.dims),
+                        tracejit_ir::DimsDisplay(&t.dims)
+                    ));
+                }
+            }
+        }
+        for (i, (a, b)) in prev.statics.iter().zip(statics).enumerate() {
+            if !a.dyn_eq(&**b) {
+                reasons.push(format!("static argument {i} ({}) changed value", b.type_name()));
+            }
+        }
+        if reasons.is_empty() {
+            "no cached trace accepts the call".to_string()
+        } else {
+            reasons.join("; ")
+        }
+    }
+
+    /// Traces the closure for `specs`; the trace lock is held.
+    fn trace(
+        &self,
+        specs: Vec<TensorType>,
+        statics: Vec<Arc<dyn StaticValue>>,
+        structure: Vec<u32>,
+        reason: String,
+    ) -> Result<Arc<ConcreteFunction>> {
+        let name: Arc<str> = Arc::from(self.config.name.as_str());
+        let guard = push_context(TraceContext::new(name.clone()));
+        let placeholders: Vec<Tensor> = guard.with(|ctx| {
+            specs
+                .iter()
+                .map(|ty| {
+                    let v = ctx.graph.add_param(ty.clone());
+                    ctx.symbolic(v)
+                })
+                .collect()
+        });
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            let args = A::unflatten(&mut Unflattener::new(placeholders, statics.clone(), structure.clone()));
+            let out = (self.closure)(args);
+            let mut flat = Flattener::default();
+            out.flatten(&mut flat);
+            let outputs = crate::context::values_in_current(&flat.tensors).expect("trace context is live");
+            let out_statics: Vec<Arc<dyn StaticValue>> = flat.statics.iter().map(|s| s.clone_arc()).collect();
+            (outputs, out_statics, flat.structure.to_vec())
+        }));
+        let (outputs, output_statics, output_structure) = match result {
+            Ok(r) => r,
+            Err(p) => {
+                drop(guard);
+                return Err(Error::TracePanic { function: self.config.name.clone(), message: panic_message(&*p) });
+            }
+        };
+        let mut ctx = guard.finish();
+        ctx.graph.outputs = outputs;
+        if cfg!(debug_assertions) {
+            verify(&ctx.graph)?;
+        }
+        let mut attrs = BTreeMap::new();
+        if let Some(Ok(name)) = &self.config.implements {
+            attrs.insert("implements".to_string(), AttrValue::Str(name.clone()));
+        }
+        let graph = Arc::new(ctx.graph);
+        let n_params = specs.len();
+        let cf = Arc::new(ConcreteFunction {
+            name: self.config.name.clone(),
+            optimized: graph.clone(),
+            graph,
+            signature: specs.into_iter().map(|ty| TensorSpec { ty }).collect(),
+            statics,
+            structure,
+            captures: ctx.captures,
+            implicit_inputs: ctx.outer_captures.into_iter().map(|(t, _)| t).collect(),
+            output_statics,
+            output_structure,
+            attrs,
+            trace_reason: reason.clone(),
+        });
+        debug_assert_eq!(cf.graph.params.len(), n_params + cf.implicit_inputs.len());
+        let count = self.state.tracing_count.fetch_add(1, Ordering::SeqCst) + 1;
+        log::info!("tracejit: tracing `{}` (trace #{count}): {reason}", self.config.name);
+        if count >= 5 {
+            log::warn!(
+                "tracejit: `{}` has been traced {count} times; pass an input_signature with -1 dims \
+                 or enable reduce_retracing(true) to trace once for many shapes",
+                self.config.name
+            );
+        }
+        self.state.concrete.write().expect("concrete list poisoned").push(cf.clone());
+        Ok(cf)
+    }
+}
+
+/// Checks the `org.semantic.opname` form: at least three dot-separated,
+/// non-empty segments of ASCII letters, digits and `_`.
+fn validate_composite_name(name: &str) -> std::result::Result<String, String> {
+    let parts: Vec<&str> = name.split('.').collect();
+    let ok = parts.len() >= 3
+        && parts.iter().all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+    if ok {
+        Ok(name.to_string())
+    } else {
+        Err(format!(
+            "implements: `{name}` is not of the form `org.semantic.opname` \
+             (three or more dot-separated names of letters, digits and `_`)"
+        ))
+    }
+}

@@ -1,0 +1,31 @@
+//! The user-facing half of tracejit: [`Tensor`] (eager or symbolic), tracing
+//! contexts, [`function`] / [`Function`] with its signature cache, and
+//! [`ConcreteFunction`].
+//!
+//! Every op on `Tensor` goes through one function (`context::apply`): with
+//! eager inputs it runs the reference kernel now; while tracing it records a
+//! node in the innermost graph of this thread. That is why the same closure
+//! runs eagerly and as a graph.
+
+// The derive macros name `::tracejit::...`; this makes those paths resolve
+// inside this crate too.
+extern crate self as tracejit;
+
+mod concrete;
+pub mod config;
+mod context;
+mod error;
+mod function;
+mod nest;
+mod operators;
+mod ops;
+mod tensor;
+
+pub use concrete::ConcreteFunction;
+pub use error::{Error, Result};
+pub use function::{function, Function};
+pub use nest::{Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener};
+pub use ops::{Operand, Scalar};
+pub use tensor::Tensor;
+pub use tracejit_derive::Nest;
+pub use tracejit_tensor::{DType, SliceSpec};

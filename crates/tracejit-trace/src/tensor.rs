@@ -1,0 +1,257 @@
+//! `Tensor`: the one tensor type users see. It is either eager (a value in
+//! `Storage`, computed at once) or symbolic (a value of a graph being traced).
+//! Ops have the same API in both states, which is what lets one closure run
+//! eagerly and as a graph. Clones are O(1).
+
+use std::fmt;
+use std::sync::Arc;
+
+use ndarray::{Array, ArrayD, Dimension};
+use tracejit_ir::{DimsDisplay, TensorType, ValueId};
+use tracejit_tensor::{kernels, DType, Storage, StorageElement};
+
+use crate::{context, Error, Result};
+
+/// A tensor: eager (holds its value) or symbolic (stands for a value of a
+/// graph being traced).
+#[derive(Clone)]
+pub struct Tensor {
+    repr: Repr,
+}
+
+#[derive(Clone)]
+pub(crate) enum Repr {
+    Eager(Storage),
+    Symbolic(Arc<Symbolic>),
+}
+
+pub(crate) struct Symbolic {
+    pub ctx: u64,
+    pub value: ValueId,
+    pub ty: TensorType,
+    pub shape: Option<Vec<usize>>,
+    pub fn_name: Arc<str>,
+}
+
+impl Tensor {
+    pub(crate) fn from_storage(s: Storage) -> Tensor {
+        Tensor { repr: Repr::Eager(s) }
+    }
+
+    pub(crate) fn symbolic(ctx: u64, value: ValueId, ty: TensorType, fn_name: Arc<str>) -> Tensor {
+        let shape = ty.shape();
+        Tensor { repr: Repr::Symbolic(Arc::new(Symbolic { ctx, value, ty, shape, fn_name })) }
+    }
+
+    pub(crate) fn repr(&self) -> &Repr {
+        &self.repr
+    }
+
+    pub(crate) fn same_symbolic(&self, other: &Tensor) -> bool {
+        match (&self.repr, &other.repr) {
+            (Repr::Symbolic(a), Repr::Symbolic(b)) => a.ctx == b.ctx && a.value == b.value,
+            _ => false,
+        }
+    }
+
+    #[track_caller]
+    pub(crate) fn eager_storage(&self) -> &Storage {
+        match &self.repr {
+            Repr::Eager(s) => s,
+            Repr::Symbolic(s) => panic!("{}", Error::SymbolicValue { function: s.fn_name.to_string() }),
+        }
+    }
+
+    /// The value, if the tensor is eager; `Err` (naming the function being
+    /// traced) if it is symbolic.
+    pub fn storage(&self) -> Result<&Storage> {
+        match &self.repr {
+            Repr::Eager(s) => Ok(s),
+            Repr::Symbolic(s) => Err(Error::SymbolicValue { function: s.fn_name.to_string() }),
+        }
+    }
+
+    /// Wraps a `Storage` (for crates building on tracejit).
+    pub fn from_raw_storage(s: Storage) -> Tensor {
+        Tensor::from_storage(s)
+    }
+
+    // ---- constructors ---------------------------------------------------
+
+    /// A tensor from row-major data. Panics if `data.len()` is not the
+    /// product of `shape`.
+    #[track_caller]
+    pub fn from_vec<T: StorageElement>(data: Vec<T>, shape: &[usize]) -> Tensor {
+        match Storage::from_vec(data, shape) {
+            Ok(s) => Tensor::from_storage(s),
+            Err(e) => panic!("from_vec: {e}"),
+        }
+    }
+
+    /// A tensor from an ndarray of any dimensionality.
+    pub fn from_array<T: StorageElement, D: Dimension>(a: Array<T, D>) -> Tensor {
+        Tensor::from_storage(Storage::from_array(a.into_dyn()))
+    }
+
+    /// A rank-0 tensor.
+    pub fn scalar<T: StorageElement>(v: T) -> Tensor {
+        Tensor::from_storage(Storage::scalar(v))
+    }
+
+    /// All zeros.
+    pub fn zeros(shape: &[usize], dtype: DType) -> Tensor {
+        Tensor::full(shape, 0.0, dtype)
+    }
+
+    /// All ones.
+    pub fn ones(shape: &[usize], dtype: DType) -> Tensor {
+        Tensor::full(shape, 1.0, dtype)
+    }
+
+    /// Every element `value` (converted to `dtype`).
+    pub fn full(shape: &[usize], value: f64, dtype: DType) -> Tensor {
+        Tensor::from_storage(Storage::full(shape, dtype, value))
+    }
+
+    /// A zero tensor with the dtype and shape of `like`.
+    pub fn zeros_like(like: &Tensor) -> Tensor {
+        Tensor::zeros(like.shape(), like.dtype())
+    }
+
+    /// `[start, start + step, ...)` below `stop`, as numpy's `arange`.
+    pub fn arange(start: f64, stop: f64, step: f64, dtype: DType) -> Tensor {
+        assert!(step != 0.0, "arange: step must not be 0");
+        Tensor::from_storage(kernels::arange(start, stop, step, dtype))
+    }
+
+    /// f32 standard normal samples; the same `seed` gives the same values on
+    /// every machine and thread count.
+    pub fn randn(shape: &[usize], seed: u64) -> Tensor {
+        Tensor::from_storage(kernels::randn(shape, seed, DType::F32))
+    }
+
+    /// f32 samples uniform in `[low, high)`, reproducible by `seed`.
+    pub fn rand_uniform(shape: &[usize], low: f64, high: f64, seed: u64) -> Tensor {
+        Tensor::from_storage(kernels::rand_uniform(shape, low, high, seed, DType::F32))
+    }
+
+    // ---- accessors ------------------------------------------------------
+
+    /// The shape. Panics on a traced tensor with an unknown dimension (see
+    /// [`Tensor::dims`]).
+    #[track_caller]
+    pub fn shape(&self) -> &[usize] {
+        match &self.repr {
+            Repr::Eager(s) => s.shape(),
+            Repr::Symbolic(s) => match &s.shape {
+                Some(shape) => shape,
+                None => panic!(
+                    "shape: this traced tensor of function `{}` has unknown dimensions {}; use `dims()`",
+                    s.fn_name,
+                    DimsDisplay(&s.ty.dims)
+                ),
+            },
+        }
+    }
+
+    /// The dimensions, `None` where a traced tensor's size is unknown.
+    pub fn dims(&self) -> Vec<Option<usize>> {
+        match &self.repr {
+            Repr::Eager(s) => s.shape().iter().map(|&d| Some(d)).collect(),
+            Repr::Symbolic(s) => s.ty.dims.to_vec(),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match &self.repr {
+            Repr::Eager(s) => s.dtype(),
+            Repr::Symbolic(s) => s.ty.dtype,
+        }
+    }
+
+    /// The dtype and (possibly partial) shape.
+    pub fn tensor_type(&self) -> TensorType {
+        match &self.repr {
+            Repr::Eager(s) => TensorType::known(s.dtype(), s.shape()),
+            Repr::Symbolic(s) => s.ty.clone(),
+        }
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        match &self.repr {
+            Repr::Eager(s) => s.rank(),
+            Repr::Symbolic(s) => s.ty.rank(),
+        }
+    }
+
+    /// Number of elements (the product of the shape).
+    #[track_caller]
+    pub fn len(&self) -> usize {
+        self.shape().iter().product()
+    }
+
+    /// True when the tensor has no elements.
+    #[track_caller]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True while the tensor stands for a value of a graph being traced.
+    pub fn is_symbolic(&self) -> bool {
+        matches!(self.repr, Repr::Symbolic(_))
+    }
+
+    /// The elements in row-major order. `Err` if `T` is not the dtype or the
+    /// tensor is symbolic.
+    pub fn to_vec<T: StorageElement>(&self) -> Result<Vec<T>> {
+        Ok(self.storage()?.to_vec::<T>()?)
+    }
+
+    /// The value as an ndarray. `Err` if `T` is not the dtype or the tensor
+    /// is symbolic.
+    pub fn to_array<T: StorageElement>(&self) -> Result<ArrayD<T>> {
+        Ok(self.storage()?.to_array::<T>()?)
+    }
+
+    /// The single element of a one-element tensor.
+    pub fn to_scalar<T: StorageElement>(&self) -> Result<T> {
+        let v = self.to_vec::<T>()?;
+        match v.as_slice() {
+            [x] => Ok(*x),
+            _ => Err(Error::Signature {
+                function: context::current_function().map(|f| f.to_string()).unwrap_or_default(),
+                message: format!("to_scalar: the tensor has {} elements, not 1", v.len()),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.repr {
+            Repr::Eager(s) => {
+                write!(f, "Tensor({}{:?}, ", s.dtype(), s.shape())?;
+                tracejit_tensor::with_array!(s, a => write!(f, "{a}"))?;
+                f.write_str(")")
+            }
+            Repr::Symbolic(s) => write!(f, "Tensor(symbolic {} {} in `{}`)", s.value, s.ty, s.fn_name),
+        }
+    }
+}
+
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.repr {
+            Repr::Eager(s) => tracejit_tensor::with_array!(s, a => write!(f, "{a}")),
+            Repr::Symbolic(_) => fmt::Debug::fmt(self, f),
+        }
+    }
+}
+
+impl From<Storage> for Tensor {
+    fn from(s: Storage) -> Tensor {
+        Tensor::from_storage(s)
+    }
+}
