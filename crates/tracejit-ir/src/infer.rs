@@ -293,6 +293,7 @@ pub fn infer(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<Sm
             let graph = graph.ok_or_else(|| err("needs the calling graph (its function library)".into()))?;
             infer_call(*func, inputs, graph).map_err(err)
         }
+        Op::Fused { body } => infer_body("fused region", body, inputs).map_err(err),
         Op::ReadVariable { var } => {
             let graph = graph.ok_or_else(|| err("needs the graph that holds the variable".into()))?;
             let v = graph.variables.get(*var).ok_or_else(|| err(format!("unknown variable {var}")))?;
@@ -377,21 +378,22 @@ fn infer_call(func: FuncId, inputs: &[TensorType], graph: &Graph) -> Result<Outp
         return Err(format!("unknown function {func}"));
     }
     let f = graph.library.get(func);
-    let params = f.graph.param_types();
+    infer_body(&format!("function {func} \"{}\"", f.name), &f.graph, inputs)
+}
+
+/// The outputs of a nested graph (a callee or a fused region's body) given
+/// the types of its arguments.
+fn infer_body(what: &str, body: &Graph, inputs: &[TensorType]) -> Result<Outputs, String> {
+    let params = body.param_types();
     if params.len() != inputs.len() {
-        return Err(format!(
-            "function {func} \"{}\" takes {}, got {}",
-            f.name,
-            count(params.len(), "argument"),
-            inputs.len()
-        ));
+        return Err(format!("{what} takes {}, got {}", count(params.len(), "argument"), inputs.len()));
     }
     for (i, (p, x)) in params.iter().zip(inputs).enumerate() {
         if !dims_compatible(p, x) {
-            return Err(format!("argument {i} of {func} \"{}\" has type {x}, but the function takes {p}", f.name));
+            return Err(format!("argument {i} of {what} has type {x}, but it takes {p}"));
         }
     }
-    Ok(f.graph.output_types().into_iter().collect())
+    Ok(body.output_types().into_iter().collect())
 }
 
 /// Same dtype and rank, and each pair of dims equal or one unknown: some

@@ -33,6 +33,15 @@ pub fn eval_primitive(op: &Op, inputs: &[&Storage]) -> Vec<Storage> {
         assert_eq!(inputs.len(), n, "{}: expected {n} inputs, got {}", op.name(), inputs.len());
     }
     let out = match op {
+        // A region is self-contained, so executors that fall back to this
+        // function for ops they do not compile still run it correctly.
+        Op::Fused { body } => {
+            let owned: Vec<Storage> = inputs.iter().map(|s| (*s).clone()).collect();
+            match interpret(body, &owned) {
+                Ok(outs) => outs,
+                Err(e) => panic!("fused region: {e}"),
+            }
+        }
         Op::Parameter { .. } | Op::Call { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } => {
             panic!("eval_primitive: `{}` is not a primitive op; interpret the graph that holds it", op.name())
         }
@@ -135,6 +144,7 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 }
                 interpret(&graph.library.get(*func).graph, &args)?.into_iter().collect()
             }
+            Op::Fused { body } => interpret(body, &args)?.into_iter().collect(),
             Op::ReadVariable { var } => {
                 let v = graph.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
                 smallvec::smallvec![v.read()]

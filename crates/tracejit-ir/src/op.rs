@@ -139,6 +139,14 @@ pub enum Op {
         /// The callee.
         func: FuncId,
     },
+    /// A fused region: `body` is a graph of elementwise ops (and reductions
+    /// ending in them) whose params are this node's inputs and whose outputs
+    /// are this node's outputs. The fusion pass creates it; the JIT compiles
+    /// `body` into one kernel; the interpreter runs `body`.
+    Fused {
+        /// The region's computation.
+        body: std::sync::Arc<crate::Graph>,
+    },
     /// Reads a variable (stateful). No data inputs.
     ReadVariable {
         /// The variable.
@@ -179,6 +187,7 @@ impl Op {
             Op::Gather { .. } => "gather",
             Op::OneHot { .. } => "one_hot",
             Op::Call { .. } => "call",
+            Op::Fused { .. } => "fused",
             Op::ReadVariable { .. } => "read_variable",
             Op::AssignVariable { .. } => "assign_variable",
         }
@@ -205,6 +214,7 @@ impl Op {
             Op::Binary(_) | Op::MatMul | Op::Gather { .. } => Some(2),
             Op::Select => Some(3),
             Op::Concat { .. } | Op::Stack { .. } | Op::Call { .. } => None,
+            Op::Fused { body } => Some(body.params.len()),
         }
     }
 
@@ -214,6 +224,7 @@ impl Op {
         match self {
             Op::AssignVariable { .. } => Some(0),
             Op::Call { .. } => None,
+            Op::Fused { body } => Some(body.outputs.len()),
             _ => Some(1),
         }
     }

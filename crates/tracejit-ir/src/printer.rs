@@ -71,6 +71,10 @@ fn write_graph(s: &mut String, g: &Graph, indent: &str) -> fmt::Result {
         write!(s, "{indent}  ")?;
         write_node(s, g, id, node)?;
         s.push('\n');
+        if let Op::Fused { body } = &node.op {
+            // Regions print inline, under the node that runs them.
+            write_graph(s, body, &format!("{indent}    "))?;
+        }
     }
     writeln!(s, "{indent}}}")?;
     for (fid, func) in g.library.iter() {
@@ -165,6 +169,7 @@ fn write_op(s: &mut String, g: &Graph, op: &Op) -> fmt::Result {
                 write!(s, " @{func} <missing>")
             }
         }
+        Op::Fused { body } => write!(s, "[{} nodes]", body.len()),
         Op::ReadVariable { var: v } => write!(s, "[var={}]", var(*v)),
         Op::AssignVariable { var: v, kind } => write!(s, "[var={}, kind={}]", var(*v), kind.name()),
     }

@@ -89,6 +89,11 @@ pub fn verify(graph: &Graph) -> Result<(), IrError> {
     for (_, f) in graph.library.iter() {
         verify(&f.graph)?;
     }
+    for (_, node) in graph.nodes() {
+        if let crate::Op::Fused { body } = &node.op {
+            verify(body)?;
+        }
+    }
     Ok(())
 }
 
