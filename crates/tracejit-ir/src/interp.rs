@@ -32,16 +32,17 @@ pub fn eval_primitive(op: &Op, inputs: &[&Storage]) -> Vec<Storage> {
     if let Some(n) = op.num_inputs() {
         assert_eq!(inputs.len(), n, "{}: expected {n} inputs, got {}", op.name(), inputs.len());
     }
+    // A region is self-contained, so executors that fall back to this
+    // function for ops they do not compile still run it correctly.
+    if let Op::Fused { body } = op {
+        let owned: Vec<Storage> = inputs.iter().map(|s| (*s).clone()).collect();
+        return match interpret(body, &owned) {
+            Ok(outs) => outs,
+            Err(e) => panic!("fused region: {e}"),
+        };
+    }
     let out = match op {
-        // A region is self-contained, so executors that fall back to this
-        // function for ops they do not compile still run it correctly.
-        Op::Fused { body } => {
-            let owned: Vec<Storage> = inputs.iter().map(|s| (*s).clone()).collect();
-            match interpret(body, &owned) {
-                Ok(outs) => outs,
-                Err(e) => panic!("fused region: {e}"),
-            }
-        }
+        Op::Fused { .. } => unreachable!("handled above"),
         Op::Parameter { .. } | Op::Call { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } => {
             panic!("eval_primitive: `{}` is not a primitive op; interpret the graph that holds it", op.name())
         }
