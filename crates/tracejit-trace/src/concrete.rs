@@ -73,6 +73,13 @@ impl ConcreteFunction {
         &self.trace_reason
     }
 
+    /// Which executor runs this function: `"jit"` (Cranelift kernels) or
+    /// `"interpreter"` (the reference kernels, node by node). The benchmark
+    /// harness uses it to never report interpreter figures as JIT figures.
+    pub fn executor_kind(&self) -> &'static str {
+        "interpreter"
+    }
+
     /// Function attributes (`implements`).
     pub fn attributes(&self) -> &BTreeMap<String, AttrValue> {
         &self.attrs
