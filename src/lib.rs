@@ -25,8 +25,9 @@
 pub use tracejit_ir as ir;
 pub use tracejit_tensor as tensor;
 pub use tracejit_trace::{
-    config, function, ConcreteFunction, DType, Error, Flattener, Function, Nest, Operand, Result, Scalar, SliceSpec,
-    SpecFlattener, SpecNest, Static, StaticValue, Tensor, TensorSpec, Unflattener,
+    config, function, remember, remember_in, ConcreteFunction, DType, Error, Flattener, Function, Nest, Operand,
+    Result, Scalar, Scope, SliceSpec, SpecFlattener, SpecNest, Static, StaticValue, Tensor, TensorSpec, Unflattener,
+    Variable,
 };
 
 /// The names most programs need: `use tracejit::prelude::*;`.

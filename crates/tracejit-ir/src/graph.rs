@@ -93,6 +93,12 @@ pub trait VariableResource: Send + Sync + fmt::Debug {
     fn read(&self) -> Storage;
     /// Replaces the value (same dtype and shape, checked by the caller).
     fn write(&self, value: Storage);
+    /// Replaces the value by `f(current)` atomically with respect to other
+    /// updates, so concurrent `assign_add`s never lose an increment.
+    fn update(&self, f: &mut dyn FnMut(&Storage) -> Storage) {
+        let new = f(&self.read());
+        self.write(new);
+    }
     /// A stable identity, so two handles to one variable compare equal.
     fn id(&self) -> u64;
 }

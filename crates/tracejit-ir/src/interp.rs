@@ -153,12 +153,11 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
             Op::AssignVariable { var, kind } => {
                 check_concrete(graph, &node.op, &args, &node.outputs).map_err(|e| e.into_ir(&broken))?;
                 let v = graph.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
-                let new = match kind {
-                    AssignKind::Assign => args[0].clone(),
-                    AssignKind::Add => kernels::binary(BinaryOp::Add, &v.read(), &args[0]),
-                    AssignKind::Sub => kernels::binary(BinaryOp::Sub, &v.read(), &args[0]),
-                };
-                v.write(new);
+                match kind {
+                    AssignKind::Assign => v.write(args[0].clone()),
+                    AssignKind::Add => v.update(&mut |cur| kernels::binary(BinaryOp::Add, cur, &args[0])),
+                    AssignKind::Sub => v.update(&mut |cur| kernels::binary(BinaryOp::Sub, cur, &args[0])),
+                }
                 SmallVec::new()
             }
             op => {

@@ -18,7 +18,8 @@ use tracejit_ir::{eval_primitive, infer, Graph, NodeId, Op, TensorType, ValueId}
 use tracejit_tensor::Storage;
 
 use crate::tensor::Repr;
-use crate::Tensor;
+use crate::variable::{MemoTable, VarOrder};
+use crate::{Tensor, Variable};
 
 static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 
@@ -32,6 +33,14 @@ pub(crate) struct TraceContext {
     capture_index: HashMap<(usize, Vec<usize>, Vec<isize>, u8), ValueId>,
     /// Symbolic tensors of enclosing traces, each given an extra parameter.
     pub outer_captures: Vec<(Tensor, ValueId)>,
+    /// Program order of each variable's accesses (automatic control deps).
+    pub var_order: HashMap<u64, VarOrder>,
+    /// Whether this is the Function's first trace (variables may be created).
+    pub first_trace: bool,
+    /// The Function's `remember` table.
+    pub memo: Option<Arc<MemoTable>>,
+    /// Variables created during this trace.
+    pub created_variables: Vec<Variable>,
 }
 
 impl TraceContext {
@@ -43,7 +52,19 @@ impl TraceContext {
             captures: Vec::new(),
             capture_index: HashMap::new(),
             outer_captures: Vec::new(),
+            var_order: HashMap::new(),
+            first_trace: true,
+            memo: None,
+            created_variables: Vec::new(),
         }
+    }
+
+    /// Sets what the Function knows: whether this is its first trace, and
+    /// its `remember` table.
+    pub fn for_function(mut self, first_trace: bool, memo: Arc<MemoTable>) -> TraceContext {
+        self.first_trace = first_trace;
+        self.memo = Some(memo);
+        self
     }
 
     /// A symbolic tensor for output `v` of this context's graph.
@@ -221,4 +242,53 @@ fn apply_eager(op: Op, inputs: &[&Tensor]) -> SmallVec<[Tensor; 1]> {
         panic!("{e}");
     }
     eval_primitive(&op, &storages).into_iter().map(Tensor::from_storage).collect()
+}
+
+thread_local! {
+    static IN_REMEMBER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` as the body of a `remember`: variables may be created there on
+/// any trace, since the closure runs once per call site.
+pub(crate) fn in_remember<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_REMEMBER.with(|c| c.set(c.get() - 1));
+        }
+    }
+    IN_REMEMBER.with(|c| c.set(c.get() + 1));
+    let _reset = Reset;
+    f()
+}
+
+/// The `remember` table of the innermost Function being traced.
+pub(crate) fn current_memo() -> Option<Arc<MemoTable>> {
+    STACK.with(|s| s.borrow().last().and_then(|c| c.memo.clone()))
+}
+
+/// Panics unless a variable may be created here: outside of tracing, on a
+/// Function's first trace, or inside `remember`.
+#[track_caller]
+pub(crate) fn check_variable_creation() {
+    if IN_REMEMBER.with(|c| c.get()) > 0 {
+        return;
+    }
+    STACK.with(|s| {
+        if let Some(ctx) = s.borrow().last() {
+            if !ctx.first_trace {
+                panic!(
+                    "Variable::new: function `{}` creates a variable on a later trace; variables may be created \
+                     only on a function's first trace. Create it outside the function, or wrap the creation in \
+                     `remember(|| Variable::new(...))` so it happens once",
+                    ctx.fn_name
+                );
+            }
+        }
+    });
+}
+
+/// Records a variable created while tracing.
+pub(crate) fn note_variable_created(v: &Variable) {
+    with_current(|ctx| ctx.created_variables.push(v.clone()));
 }

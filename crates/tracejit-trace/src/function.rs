@@ -24,6 +24,7 @@ use tracejit_tensor::{DType, Storage};
 use crate::concrete::{panic_message, ConcreteFunction};
 use crate::context::{push_context, TraceContext};
 use crate::nest::{Flattener, Nest, SpecFlattener, SpecNest, StaticValue, TensorSpec, Unflattener};
+use crate::variable::MemoTable;
 use crate::{config, Error, Result, Tensor};
 
 /// Wraps a closure into a traced [`Function`].
@@ -72,6 +73,7 @@ struct FunctionState {
     concrete: RwLock<Vec<Arc<ConcreteFunction>>>,
     tracing_count: AtomicUsize,
     trace_lock: Mutex<()>,
+    memo: Arc<MemoTable>,
 }
 
 /// An exact call signature that a ConcreteFunction was found for.
@@ -453,7 +455,8 @@ impl<A: Nest, R: Nest> Function<A, R> {
         reason: String,
     ) -> Result<Arc<ConcreteFunction>> {
         let name: Arc<str> = Arc::from(self.config.name.as_str());
-        let guard = push_context(TraceContext::new(name.clone()));
+        let first_trace = self.state.tracing_count.load(Ordering::SeqCst) == 0;
+        let guard = push_context(TraceContext::new(name.clone()).for_function(first_trace, self.state.memo.clone()));
         let placeholders: Vec<Tensor> = guard.with(|ctx| {
             specs
                 .iter()

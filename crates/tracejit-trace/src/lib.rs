@@ -20,6 +20,7 @@ mod nest;
 mod operators;
 mod ops;
 mod tensor;
+mod variable;
 
 pub use concrete::ConcreteFunction;
 pub use error::{Error, Result};
@@ -29,3 +30,4 @@ pub use ops::{Operand, Scalar};
 pub use tensor::Tensor;
 pub use tracejit_derive::Nest;
 pub use tracejit_tensor::{DType, SliceSpec};
+pub use variable::{remember, remember_in, Scope, Variable};

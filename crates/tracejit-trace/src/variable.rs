@@ -1,0 +1,339 @@
+//! `Variable`: a shared, mutable, thread-safe tensor with a fixed dtype and
+//! shape, and `remember`, which creates state once per call site.
+//!
+//! Eagerly a variable acts at once. While tracing, `read` and the `assign`
+//! family record stateful nodes on a captured handle, so a compiled function
+//! sees later assignments made outside it and its own writes are visible
+//! after the call. Automatic control dependencies keep program order per
+//! variable: a read depends on the last write; a write on the last write and
+//! every read since.
+//!
+//! Variables created while tracing follow tf.function's rule: only on the
+//! first trace of a Function, from a value computed outside the graph (the
+//! init scope); on a later trace it is an error, unless the creation happens
+//! inside `remember`, which runs its closure once per call site and Function.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+use tracejit_ir::{AssignKind, NodeId, Op, VariableResource};
+use tracejit_tensor::{DType, Storage};
+
+use crate::context::{self, with_current};
+use crate::Tensor;
+
+static NEXT_VARIABLE: AtomicU64 = AtomicU64::new(1);
+
+struct VarState {
+    id: u64,
+    name: RwLock<String>,
+    dtype: DType,
+    shape: Vec<usize>,
+    trainable: std::sync::atomic::AtomicBool,
+    value: RwLock<Storage>,
+}
+
+impl fmt::Debug for VarState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Variable({:?}, {}{:?})", self.name.read().expect("name lock"), self.dtype, self.shape)
+    }
+}
+
+impl VariableResource for VarState {
+    fn name(&self) -> String {
+        self.name.read().expect("name lock").clone()
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn shape(&self) -> Vec<usize> {
+        self.shape.clone()
+    }
+    fn read(&self) -> Storage {
+        self.value.read().expect("variable lock").clone()
+    }
+    fn write(&self, value: Storage) {
+        *self.value.write().expect("variable lock") = value;
+    }
+    fn update(&self, f: &mut dyn FnMut(&Storage) -> Storage) {
+        let mut guard = self.value.write().expect("variable lock");
+        let new = f(&guard);
+        *guard = new;
+    }
+    fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// A shared, mutable tensor of fixed dtype and shape. Cloning gives another
+/// handle to the same variable.
+#[derive(Clone)]
+pub struct Variable {
+    state: Arc<VarState>,
+}
+
+impl fmt::Debug for Variable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.state.fmt(f)
+    }
+}
+
+impl PartialEq for Variable {
+    /// Two handles are equal when they refer to the same variable.
+    fn eq(&self, other: &Variable) -> bool {
+        Arc::ptr_eq(&self.state, &other.state)
+    }
+}
+
+impl Eq for Variable {}
+
+impl std::hash::Hash for Variable {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.state.id.hash(state);
+    }
+}
+
+impl Variable {
+    /// A trainable variable holding `initial`. While tracing, `initial` must
+    /// not depend on the function's inputs, and creation is allowed only on a
+    /// Function's first trace (or inside `remember`).
+    #[track_caller]
+    pub fn new(initial: Tensor) -> Variable {
+        let storage = match initial.storage() {
+            Ok(s) => s.clone(),
+            Err(_) => panic!(
+                "Variable::new: the initial value depends on the inputs of function `{}`; a variable's \
+                 initial value is computed once, outside the graph (compute it from eager tensors, or \
+                 create the variable outside the function)",
+                context::current_function().as_deref().unwrap_or("?")
+            ),
+        };
+        context::check_variable_creation();
+        let id = NEXT_VARIABLE.fetch_add(1, Ordering::Relaxed);
+        let var = Variable {
+            state: Arc::new(VarState {
+                id,
+                name: RwLock::new(format!("variable_{id}")),
+                dtype: storage.dtype(),
+                shape: storage.shape().to_vec(),
+                trainable: std::sync::atomic::AtomicBool::new(true),
+                value: RwLock::new(storage),
+            }),
+        };
+        context::note_variable_created(&var);
+        var
+    }
+
+    /// Names the variable (builder style).
+    pub fn with_name(self, name: impl Into<String>) -> Variable {
+        *self.state.name.write().expect("name lock") = name.into();
+        self
+    }
+
+    /// Marks the variable trainable or not (builder style).
+    pub fn with_trainable(self, trainable: bool) -> Variable {
+        self.state.trainable.store(trainable, Ordering::Relaxed);
+        self
+    }
+
+    /// Renames the variable (modules prefix their name scope).
+    pub fn set_name(&self, name: impl Into<String>) {
+        *self.state.name.write().expect("name lock") = name.into();
+    }
+
+    /// The name.
+    pub fn name(&self) -> String {
+        self.state.name()
+    }
+
+    /// A process-unique id.
+    pub fn id(&self) -> u64 {
+        self.state.id
+    }
+
+    /// The dtype, fixed at creation.
+    pub fn dtype(&self) -> DType {
+        self.state.dtype
+    }
+
+    /// The shape, fixed at creation.
+    pub fn shape(&self) -> &[usize] {
+        &self.state.shape
+    }
+
+    /// Whether optimizers update it.
+    pub fn trainable(&self) -> bool {
+        self.state.trainable.load(Ordering::Relaxed)
+    }
+
+    /// The current value as an eager tensor, even while tracing (a snapshot
+    /// taken now, not a graph read).
+    pub fn value(&self) -> Tensor {
+        Tensor::from_storage(self.state.read())
+    }
+
+    /// Reads the variable: eagerly its current value; while tracing, a read
+    /// node ordered after the previous write.
+    #[track_caller]
+    pub fn read(&self) -> Tensor {
+        if context::current_function().is_none() {
+            return self.value();
+        }
+        let (var, control) = self.graph_handle(false);
+        let (node, outs) =
+            context::record_in_current(Op::ReadVariable { var }, &[], &control).expect("a trace is active");
+        self.note_access(node, false);
+        outs.into_iter().next().expect("a read has one output")
+    }
+
+    /// `v = value`.
+    #[track_caller]
+    pub fn assign(&self, value: &Tensor) {
+        self.write(AssignKind::Assign, value);
+    }
+
+    /// `v = v + value`.
+    #[track_caller]
+    pub fn assign_add(&self, value: &Tensor) {
+        self.write(AssignKind::Add, value);
+    }
+
+    /// `v = v - value`.
+    #[track_caller]
+    pub fn assign_sub(&self, value: &Tensor) {
+        self.write(AssignKind::Sub, value);
+    }
+
+    #[track_caller]
+    fn write(&self, kind: AssignKind, value: &Tensor) {
+        let ty = value.tensor_type();
+        let fits = ty.dtype == self.state.dtype
+            && ty.rank() == self.state.shape.len()
+            && ty.dims.iter().zip(&self.state.shape).all(|(d, s)| d.is_none_or(|d| d == *s));
+        if !fits {
+            panic!(
+                "{}: variable `{}` holds {}{:?}, the value is {ty}; variables keep the dtype and shape \
+                 they were created with",
+                kind.name(),
+                self.name(),
+                self.state.dtype,
+                self.state.shape
+            );
+        }
+        if context::current_function().is_none() {
+            let v = value.eager_storage().clone();
+            match kind {
+                AssignKind::Assign => self.state.write(v),
+                AssignKind::Add => self
+                    .state
+                    .update(&mut |cur| tracejit_tensor::kernels::binary(tracejit_tensor::BinaryOp::Add, cur, &v)),
+                AssignKind::Sub => self
+                    .state
+                    .update(&mut |cur| tracejit_tensor::kernels::binary(tracejit_tensor::BinaryOp::Sub, cur, &v)),
+            }
+            return;
+        }
+        let (var, control) = self.graph_handle(true);
+        let (node, _) = context::record_in_current(Op::AssignVariable { var, kind }, &[value], &control)
+            .expect("a trace is active");
+        self.note_access(node, true);
+    }
+
+    /// Registers the variable in the innermost graph and returns its id with
+    /// the control inputs program order requires.
+    fn graph_handle(&self, is_write: bool) -> (tracejit_ir::VarId, Vec<NodeId>) {
+        with_current(|ctx| {
+            let var = ctx.graph.add_variable(self.state.clone());
+            let order = ctx.var_order.entry(self.state.id).or_default();
+            let mut control: Vec<NodeId> = order.last_write.into_iter().collect();
+            if is_write {
+                control.extend(order.reads_since_write.iter().copied());
+            }
+            (var, control)
+        })
+        .expect("a trace is active")
+    }
+
+    fn note_access(&self, node: NodeId, is_write: bool) {
+        with_current(|ctx| {
+            let order = ctx.var_order.entry(self.state.id).or_default();
+            if is_write {
+                order.last_write = Some(node);
+                order.reads_since_write.clear();
+            } else {
+                order.reads_since_write.push(node);
+            }
+        });
+    }
+}
+
+/// Program order of one variable's accesses within a trace.
+#[derive(Default)]
+pub(crate) struct VarOrder {
+    pub last_write: Option<NodeId>,
+    pub reads_since_write: Vec<NodeId>,
+}
+
+/// What `remember` stores: values by call site, per Function (or per scope).
+pub(crate) type MemoTable = Mutex<HashMap<&'static Location<'static>, Arc<dyn Any + Send + Sync>>>;
+
+/// An explicit owner for `remember_in` outside of functions: values are
+/// memoized per (scope, call site).
+#[derive(Default)]
+pub struct Scope {
+    memo: MemoTable,
+}
+
+impl Scope {
+    /// A new, empty scope.
+    pub fn new() -> Scope {
+        Scope::default()
+    }
+}
+
+fn global_memo() -> &'static MemoTable {
+    static GLOBAL: OnceLock<MemoTable> = OnceLock::new();
+    GLOBAL.get_or_init(Default::default)
+}
+
+fn memoize<T: Clone + Send + Sync + 'static>(
+    table: &MemoTable,
+    site: &'static Location<'static>,
+    make: impl FnOnce() -> T,
+) -> T {
+    if let Some(v) = table.lock().unwrap_or_else(|e| e.into_inner()).get(site) {
+        if let Some(v) = v.downcast_ref::<T>() {
+            return v.clone();
+        }
+    }
+    let value = context::in_remember(make);
+    let mut t = table.lock().unwrap_or_else(|e| e.into_inner());
+    let entry = t.entry(site).or_insert_with(|| Arc::new(value));
+    entry.downcast_ref::<T>().expect("remember: one call site always builds one type").clone()
+}
+
+/// Builds a value once per call site and returns clones of it afterwards.
+///
+/// Inside a traced function the memo belongs to the Function, so a lazily
+/// built layer (`let w = remember(|| Variable::new(...))`) creates its
+/// variables exactly once however often the function is retraced. Outside
+/// any function the memo is process-wide and keyed by call site alone; use
+/// [`remember_in`] to key by an explicit [`Scope`] as well.
+#[track_caller]
+pub fn remember<T: Clone + Send + Sync + 'static>(make: impl FnOnce() -> T) -> T {
+    let site = Location::caller();
+    match context::current_memo() {
+        Some(table) => memoize(&table, site, make),
+        None => memoize(global_memo(), site, make),
+    }
+}
+
+/// Like [`remember`], memoized per (`scope`, call site).
+#[track_caller]
+pub fn remember_in<T: Clone + Send + Sync + 'static>(scope: &Scope, make: impl FnOnce() -> T) -> T {
+    memoize(&scope.memo, Location::caller(), make)
+}
