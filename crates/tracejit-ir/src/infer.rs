@@ -7,12 +7,12 @@
 //! inference on the concrete types). Inference never guesses: an output
 //! dimension is known only when every value the inputs can take agrees on it.
 //! Messages have the form `{op}: {what}` and name the dtypes and shapes
-//! involved (`add: cannot broadcast f32[3, 4] with f32[5]`).
+//! involved (`add: cannot broadcast [3, 4] with [5] (f32 and f32)`).
 
 use smallvec::{smallvec, SmallVec};
 use tracejit_tensor::{DType, ReduceOp};
 
-use crate::{Dim, Dims, FuncId, Graph, Op, OpError, TensorType};
+use crate::{Dim, Dims, DimsDisplay, FuncId, Graph, Op, OpError, TensorType};
 
 /// The output types of one node.
 type Outputs = SmallVec<[TensorType; 1]>;
@@ -57,7 +57,13 @@ pub fn infer(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<Sm
                     accepted_kind(|d| b.result_dtype(d).is_some())
                 )));
             };
-            let dims = broadcast_dims(&x.dims, &y.dims).ok_or_else(|| err(format!("cannot broadcast {x} with {y}")))?;
+            let dims = broadcast_dims(&x.dims, &y.dims).ok_or_else(|| err(format!(
+                    "cannot broadcast {} with {} ({} and {})",
+                    DimsDisplay(&x.dims),
+                    DimsDisplay(&y.dims),
+                    x.dtype,
+                    y.dtype
+                )))?;
             one(TensorType { dtype, dims })
         }
         Op::Select => {

@@ -7,7 +7,7 @@
 //! dimensions can only be checked fully at run time: `f32[?] + f32[3]` run
 //! with 4 elements, or a `reshape` to `[2, 2]` of an input whose size was
 //! unknown, becomes an [`IrError::Op`] naming the op and the concrete shapes
-//! (`add: cannot broadcast f32[4] with f32[3]`) instead of a panic inside a
+//! (`add: cannot broadcast [4] with [3] (f32 and f32)`) instead of a panic inside a
 //! kernel. Every result is also checked against its node's declared type; a
 //! mismatch there is an [`IrError::Verifier`] (a bug, not a user error).
 //! Values are dropped after their last use, so peak memory follows liveness.

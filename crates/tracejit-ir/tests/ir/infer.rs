@@ -114,13 +114,13 @@ fn binary_types() {
 fn binary_errors() {
     let add = Op::Binary(BinaryOp::Add);
     let m = err(add.clone(), &[f32t(&[3, 4]), f32t(&[5])], &[]);
-    assert_eq!(m, "add: cannot broadcast f32[3, 4] with f32[5]");
+    assert_eq!(m, "add: cannot broadcast [3, 4] with [5] (f32 and f32)");
     let m = err(add.clone(), &[f32t(&[2]), ty(F64, &[2])], &[]);
     assert_eq!(
         m,
         "add: operands have different dtypes f32[2] and f64[2]; tracejit never promotes implicitly — cast one of them"
     );
-    err(add.clone(), &[f32t(&[-1, 3]), f32t(&[2, 4])], &["cannot broadcast", "f32[?, 3]", "f32[2, 4]"]);
+    err(add.clone(), &[f32t(&[-1, 3]), f32t(&[2, 4])], &["cannot broadcast", "[?, 3]", "[2, 4]"]);
     err(add.clone(), &[ty(Bool, &[2]), ty(Bool, &[2])], &["numeric operands", "bool[2]"]);
     err(Op::Binary(BinaryOp::LogicalAnd), &[f32t(&[2]), f32t(&[2])], &["bool operands", "f32[2] and f32[2]"]);
     err(Op::Binary(BinaryOp::Gt), &[ty(Bool, &[2]), ty(Bool, &[2])], &["numeric"]);
@@ -422,7 +422,7 @@ fn add_node_reports_inference_errors() {
     let a = g.add_param(f32t(&[3, 4]));
     let b = g.add_param(f32t(&[5]));
     let e = g.add_node(Op::Binary(BinaryOp::Add), &[a, b], &[], None).unwrap_err();
-    assert_eq!(e.to_string(), "add: cannot broadcast f32[3, 4] with f32[5]");
+    assert_eq!(e.to_string(), "add: cannot broadcast [3, 4] with [5] (f32 and f32)");
     assert_eq!(g.len(), 2, "a rejected node is not added");
 }
 

@@ -287,7 +287,7 @@ fn run_time_shape_errors_name_the_op() {
     let s = node(&mut g, Op::Binary(BinaryOp::Add), &[a, b]);
     g.outputs = vec![s];
     match interpret(&g, &[f32s(&[4], 0), f32s(&[3], 1)]) {
-        Err(IrError::Op(e)) => assert_eq!(e.to_string(), "add: cannot broadcast f32[4] with f32[3]"),
+        Err(IrError::Op(e)) => assert_eq!(e.to_string(), "add: cannot broadcast [4] with [3] (f32 and f32)"),
         other => panic!("expected an op error, got {other:?}"),
     }
 
