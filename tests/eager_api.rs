@@ -1,0 +1,156 @@
+//! The eager `Tensor` API as users see it: constructors, accessors,
+//! operators with scalars on either side, and the errors of misuse.
+
+use tracejit::prelude::*;
+
+fn v32(t: &Tensor) -> Vec<f32> {
+    t.to_vec::<f32>().unwrap()
+}
+
+#[test]
+fn constructors_and_accessors() {
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+    assert_eq!(x.shape(), &[2, 2]);
+    assert_eq!(x.dtype(), DType::F32);
+    assert_eq!(x.rank(), 2);
+    assert_eq!(x.len(), 4);
+    let y = Tensor::from_array(ndarray::ArrayD::<f32>::zeros(ndarray::IxDyn(&[2, 2])));
+    assert_eq!(v32(&y), vec![0.0; 4]);
+    let a = Tensor::from_array(ndarray::array![[1i64, 2], [3, 4]]);
+    assert_eq!(a.dtype(), DType::I64);
+    assert_eq!(a.to_array::<i64>().unwrap()[[1, 0]], 3);
+    assert_eq!(Tensor::scalar(1.5f32).shape(), &[] as &[usize]);
+    assert_eq!(Tensor::zeros(&[2, 3], DType::F64).to_vec::<f64>().unwrap(), vec![0.0; 6]);
+    assert_eq!(Tensor::ones(&[2], DType::I32).to_vec::<i32>().unwrap(), vec![1, 1]);
+    assert_eq!(Tensor::full(&[2], 7.0, DType::I64).to_vec::<i64>().unwrap(), vec![7, 7]);
+    assert_eq!(Tensor::arange(0.0, 5.0, 2.0, DType::I32).to_vec::<i32>().unwrap(), vec![0, 2, 4]);
+    assert_eq!(Tensor::from_vec(vec![true, false], &[2]).to_vec::<bool>().unwrap(), vec![true, false]);
+    let r1 = Tensor::randn(&[4, 4], 7);
+    let r2 = Tensor::randn(&[4, 4], 7);
+    assert_eq!(v32(&r1), v32(&r2));
+    assert_ne!(v32(&r1), v32(&Tensor::randn(&[4, 4], 8)));
+    let u = Tensor::rand_uniform(&[1000], -1.0, 2.0, 3);
+    assert!(v32(&u).iter().all(|&x| (-1.0..2.0).contains(&x)));
+    let e = Tensor::zeros(&[0, 3], DType::F32);
+    assert!(e.is_empty());
+    assert_eq!(e.sum(&[0], false).shape(), &[3]);
+}
+
+#[test]
+fn reading_with_the_wrong_type_is_an_err_not_a_panic() {
+    let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2]);
+    let e = x.to_vec::<f64>().unwrap_err().to_string();
+    assert!(e.contains("f32") && e.contains("f64"), "{e}");
+    assert!(x.to_array::<i32>().is_err());
+}
+
+#[test]
+#[should_panic(expected = "from_vec")]
+fn from_vec_with_the_wrong_length_panics() {
+    let _ = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[2, 2]);
+}
+
+#[test]
+fn scalars_on_either_side_take_the_tensor_dtype() {
+    let x = Tensor::from_vec(vec![0.5f32, -1.0], &[2]);
+    let a = (&x * 0.5).tanh();
+    assert_eq!(v32(&a), vec![(0.25f32).tanh(), (-0.5f32).tanh()]);
+    let b = 0.5 * (2.0 * &x).tanh() + 1.0;
+    assert_eq!(b.dtype(), DType::F32);
+    assert_eq!(v32(&b), vec![0.5 * 1f32.tanh() + 1.0, 0.5 * (-2f32).tanh() + 1.0]);
+    assert_eq!(v32(&(x.clone() * 3)), vec![1.5, -3.0]);
+    assert_eq!(v32(&(2 * &x)), vec![1.0, -2.0]);
+    assert_eq!(v32(&(1.0 - &x)), vec![0.5, 2.0]);
+    assert_eq!(v32(&(&x / 2.0)), vec![0.25, -0.5]);
+    assert_eq!(v32(&(&x - 1i64)), vec![-0.5, -2.0]);
+    assert_eq!(v32(&(x.clone() + 1.0f32)), vec![1.5, 0.0]);
+    assert_eq!(v32(&-&x), vec![-0.5, 1.0]);
+    assert_eq!(v32(&(-x.clone())), vec![-0.5, 1.0]);
+    let i = Tensor::from_vec(vec![7i32, -7], &[2]);
+    assert_eq!((&i * 3).to_vec::<i32>().unwrap(), vec![21, -21]);
+    assert_eq!((&i / 2).to_vec::<i32>().unwrap(), vec![3, -3]);
+    assert_eq!((i.clone() / 0).to_vec::<i32>().unwrap(), vec![0, 0], "integer division by zero gives 0");
+    assert_eq!((2.0 * &i).to_vec::<i32>().unwrap(), vec![14, -14], "an integral float fits an int tensor");
+    let d = Tensor::from_vec(vec![1.0f64], &[1]);
+    assert_eq!((&d * 0.1).to_vec::<f64>().unwrap(), vec![0.1]);
+    // Tensor-tensor operators in every ownership combination.
+    let y = Tensor::from_vec(vec![1.0f32, 1.0], &[2]);
+    assert_eq!(v32(&(&x + &y)), v32(&(x.clone() + y.clone())));
+    assert_eq!(v32(&(&x - y.clone())), v32(&(x.clone() - &y)));
+    assert_eq!(v32(&x.maximum(0.0)), vec![0.5, 0.0]);
+    assert_eq!(v32(&x.pow(2.0)), vec![0.25, 1.0]);
+    assert_eq!(x.gt(0.0).to_vec::<bool>().unwrap(), vec![true, false]);
+}
+
+#[test]
+#[should_panic(expected = "add: cannot broadcast [3, 4] with [5]")]
+fn a_shape_mismatch_names_the_op_and_the_shapes() {
+    let _ = Tensor::zeros(&[3, 4], DType::F32) + Tensor::zeros(&[5], DType::F32);
+}
+
+#[test]
+#[should_panic(expected = "cast")]
+fn no_implicit_promotion_between_tensors() {
+    let _ = Tensor::zeros(&[2], DType::F32) * Tensor::zeros(&[2], DType::F64);
+}
+
+#[test]
+#[should_panic(expected = "0.5 cannot be represented as i32")]
+fn a_fractional_scalar_does_not_fit_an_int_tensor() {
+    let _ = Tensor::zeros(&[2], DType::I32) * 0.5;
+}
+
+#[test]
+#[should_panic(expected = "exp: expected a float tensor")]
+fn transcendentals_need_floats() {
+    let _ = Tensor::zeros(&[2], DType::I32).exp();
+}
+
+#[test]
+fn shape_ops_and_reductions() {
+    let x = Tensor::arange(0.0, 6.0, 1.0, DType::F32).reshape(&[2, 3]);
+    assert_eq!(x.shape(), &[2, 3]);
+    assert_eq!(x.reshape(&[-1]).shape(), &[6]);
+    assert_eq!(v32(&x.transpose(&[1, 0])), vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    assert_eq!(v32(&x.sum(&[1], false)), vec![3.0, 12.0]);
+    assert_eq!(x.sum(&[-1], true).shape(), &[2, 1]);
+    assert_eq!(v32(&x.max(&[0], false)), vec![3.0, 4.0, 5.0]);
+    assert_eq!(v32(&x.mean_all()), vec![2.5]);
+    assert_eq!(x.argmax(1, false).to_vec::<i64>().unwrap(), vec![2, 2]);
+    assert_eq!(x.expand_dims(0).shape(), &[1, 2, 3]);
+    assert_eq!(x.expand_dims(0).squeeze(&[]).shape(), &[2, 3]);
+    assert_eq!(Tensor::concat(&[x.clone(), x.clone()], 0).shape(), &[4, 3]);
+    assert_eq!(Tensor::stack(&[&x, &x], -1).shape(), &[2, 3, 2]);
+    assert_eq!(v32(&x.slice(&[SliceSpec::FULL, SliceSpec { start: None, stop: None, step: -1 }])), vec![
+        2.0, 1.0, 0.0, 5.0, 4.0, 3.0
+    ]);
+    let idx = Tensor::from_vec(vec![2i64, 0], &[2]);
+    assert_eq!(v32(&x.gather(&idx, 1)), vec![2.0, 0.0, 5.0, 3.0]);
+    assert_eq!(v32(&idx.one_hot(3, DType::F32)), vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+    assert_eq!(x.broadcast_to(&[4, 2, 3]).shape(), &[4, 2, 3]);
+    let m = x.matmul(&x.transpose(&[1, 0]));
+    assert_eq!(v32(&m), vec![5.0, 14.0, 14.0, 50.0]);
+    let c = x.gt(2.0);
+    assert_eq!(v32(&Tensor::select(&c, &x, &(&x * 0.0))), vec![0.0, 0.0, 0.0, 3.0, 4.0, 5.0]);
+    assert_eq!(x.cast(DType::I32).to_vec::<i32>().unwrap(), vec![0, 1, 2, 3, 4, 5]);
+    assert_eq!(v32(&x.clamp(1.0, 3.0)), vec![1.0, 1.0, 2.0, 3.0, 3.0, 3.0]);
+}
+
+#[test]
+#[should_panic(expected = "sum: axis 2 is out of range")]
+fn an_axis_out_of_range_names_the_op() {
+    let _ = Tensor::zeros(&[2, 3], DType::F32).sum(&[2], false);
+}
+
+#[test]
+fn nan_and_inf_propagate_as_in_numpy() {
+    let x = Tensor::from_vec(vec![f32::NAN, 1.0, f32::INFINITY, -f32::INFINITY], &[4]);
+    let m = x.maximum(0.0);
+    let v = v32(&m);
+    assert!(v[0].is_nan());
+    assert_eq!(&v[1..], &[1.0, f32::INFINITY, 0.0]);
+    assert!(v32(&x.max_all())[0].is_nan());
+    assert!(v32(&x.relu())[0].is_nan());
+    assert_eq!(x.is_nan().to_vec::<bool>().unwrap(), vec![true, false, false, false]);
+    assert_eq!(x.is_finite().to_vec::<bool>().unwrap(), vec![false, true, false, false]);
+}
