@@ -17,6 +17,13 @@ pub(crate) fn zip_map<A: Element, B: Element, R>(
     b: &ArcArray<B, IxDyn>,
     f: impl Fn(A, B) -> R,
 ) -> ArrayD<R> {
+    // Same shape, both contiguous: a flat loop the compiler vectorizes.
+    if a.shape() == b.shape() {
+        if let (Some(x), Some(y)) = (a.as_slice(), b.as_slice()) {
+            let v: Vec<R> = x.iter().zip(y).map(|(&x, &y)| f(x, y)).collect();
+            return ArrayD::from_shape_vec(IxDyn(a.shape()), v).expect("same element count");
+        }
+    }
     let shape = broadcast_shapes(a.shape(), b.shape())
         .unwrap_or_else(|| panic!("{name}: shapes {:?} and {:?} cannot be broadcast together", a.shape(), b.shape()));
     let av = a.broadcast(IxDyn(&shape)).expect("broadcast shape checked");
@@ -44,28 +51,26 @@ pub(crate) fn binary(op: BinaryOp, a: &Storage, b: &Storage) -> Storage {
 fn binary_num<T: Num>(op: BinaryOp, a: &ArcArray<T, IxDyn>, b: &ArcArray<T, IxDyn>) -> Storage {
     use BinaryOp::*;
     let name = op.name();
-    let f: fn(T, T) -> T = match op {
-        Add => T::plus,
-        Sub => T::minus,
-        Mul => T::times,
-        Div => T::divide,
-        Pow => T::power,
-        Maximum => T::nan_max,
-        Minimum => T::nan_min,
-        Rem => T::modulo,
-        Eq => return compare(name, a, b, |x, y| x == y),
-        Ne => return compare(name, a, b, |x, y| x != y),
-        Lt => return compare(name, a, b, |x, y| x < y),
-        Le => return compare(name, a, b, |x, y| x <= y),
-        Gt => return compare(name, a, b, |x, y| x > y),
-        Ge => return compare(name, a, b, |x, y| x >= y),
+    // Each arm passes its own function item, so `zip_map` is instantiated per
+    // op with the element function inlined (a `fn` pointer would block that).
+    let out = match op {
+        Add => zip_map(name, a, b, T::plus),
+        Sub => zip_map(name, a, b, T::minus),
+        Mul => zip_map(name, a, b, T::times),
+        Div => zip_map(name, a, b, T::divide),
+        Pow => zip_map(name, a, b, T::power),
+        Maximum => zip_map(name, a, b, T::nan_max),
+        Minimum => zip_map(name, a, b, T::nan_min),
+        Rem => zip_map(name, a, b, T::modulo),
+        Eq => return Storage::from_array(zip_map(name, a, b, |x, y| x == y)),
+        Ne => return Storage::from_array(zip_map(name, a, b, |x, y| x != y)),
+        Lt => return Storage::from_array(zip_map(name, a, b, |x, y| x < y)),
+        Le => return Storage::from_array(zip_map(name, a, b, |x, y| x <= y)),
+        Gt => return Storage::from_array(zip_map(name, a, b, |x, y| x > y)),
+        Ge => return Storage::from_array(zip_map(name, a, b, |x, y| x >= y)),
         LogicalAnd | LogicalOr => unreachable!("result_dtype rejects {name} on numbers"),
     };
-    Storage::from_array(zip_map(name, a, b, f))
-}
-
-fn compare<T: Element>(name: &str, a: &ArcArray<T, IxDyn>, b: &ArcArray<T, IxDyn>, f: fn(T, T) -> bool) -> Storage {
-    Storage::from_array(zip_map(name, a, b, f))
+    Storage::from_array(out)
 }
 
 fn binary_bool(op: BinaryOp, a: &ArcArray<bool, IxDyn>, b: &ArcArray<bool, IxDyn>) -> Storage {
