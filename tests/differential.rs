@@ -19,13 +19,7 @@ fn check(op: OpFn, inputs: Vec<Tensor>) -> Result<(), TestCaseError> {
         let f = function(move |xs: Vec<Tensor>| op2(&xs)).jit(jit);
         let traced = f.call(inputs.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let (a, b) = (eager.storage().unwrap(), traced.storage().unwrap());
-        prop_assert!(
-            a.bit_eq(b),
-            "jit={jit}: eager {:?} vs traced {:?} for inputs {:?}",
-            eager,
-            traced,
-            inputs
-        );
+        prop_assert!(a.bit_eq(b), "jit={jit}: eager {:?} vs traced {:?} for inputs {:?}", eager, traced, inputs);
     }
     Ok(())
 }
@@ -64,14 +58,15 @@ fn shape_strategy() -> impl Strategy<Value = Vec<usize>> {
 /// Two shapes that broadcast: the second is derived from the first by
 /// dropping leading dims and setting some dims to 1.
 fn broadcast_pair() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
-    shape_strategy().prop_flat_map(|a| {
-        let n = a.len();
-        (Just(a), 0..=n, prop::collection::vec(any::<bool>(), n))
-    })
-    .prop_map(|(a, drop, ones)| {
-        let b: Vec<usize> = a.iter().zip(&ones).skip(drop).map(|(&d, &one)| if one { 1 } else { d }).collect();
-        (a, b)
-    })
+    shape_strategy()
+        .prop_flat_map(|a| {
+            let n = a.len();
+            (Just(a), 0..=n, prop::collection::vec(any::<bool>(), n))
+        })
+        .prop_map(|(a, drop, ones)| {
+            let b: Vec<usize> = a.iter().zip(&ones).skip(drop).map(|(&d, &one)| if one { 1 } else { d }).collect();
+            (a, b)
+        })
 }
 
 fn dtype_strategy() -> impl Strategy<Value = DType> {

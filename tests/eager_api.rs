@@ -121,9 +121,10 @@ fn shape_ops_and_reductions() {
     assert_eq!(x.expand_dims(0).squeeze(&[]).shape(), &[2, 3]);
     assert_eq!(Tensor::concat(&[x.clone(), x.clone()], 0).shape(), &[4, 3]);
     assert_eq!(Tensor::stack(&[&x, &x], -1).shape(), &[2, 3, 2]);
-    assert_eq!(v32(&x.slice(&[SliceSpec::FULL, SliceSpec { start: None, stop: None, step: -1 }])), vec![
-        2.0, 1.0, 0.0, 5.0, 4.0, 3.0
-    ]);
+    assert_eq!(
+        v32(&x.slice(&[SliceSpec::FULL, SliceSpec { start: None, stop: None, step: -1 }])),
+        vec![2.0, 1.0, 0.0, 5.0, 4.0, 3.0]
+    );
     let idx = Tensor::from_vec(vec![2i64, 0], &[2]);
     assert_eq!(v32(&x.gather(&idx, 1)), vec![2.0, 0.0, 5.0, 3.0]);
     assert_eq!(v32(&idx.one_hot(3, DType::F32)), vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);

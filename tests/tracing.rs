@@ -397,3 +397,17 @@ fn graphs_print_and_verify() {
     assert!(dot.starts_with("digraph"), "{dot}");
     tracejit::ir::verify(cf.graph()).unwrap();
 }
+
+#[test]
+fn a_function_calling_itself_while_tracing_is_an_error_not_a_deadlock() {
+    let cell: Arc<Mutex<Option<Function<Tensor, Tensor>>>> = Arc::new(Mutex::new(None));
+    let c2 = cell.clone();
+    let f = function(move |x: Tensor| {
+        let me = c2.lock().unwrap().clone().unwrap();
+        me.call(x.clone() + 1.0).unwrap()
+    })
+    .name("selfish");
+    *cell.lock().unwrap() = Some(f.clone());
+    let e = f.call(ramp(&[2])).unwrap_err().to_string();
+    assert!(e.contains("selfish") && e.contains("calls itself"), "{e}");
+}

@@ -292,3 +292,8 @@ pub(crate) fn check_variable_creation() {
 pub(crate) fn note_variable_created(v: &Variable) {
     with_current(|ctx| ctx.created_variables.push(v.clone()));
 }
+
+/// True when the Function owning `memo` is being traced on this thread.
+pub(crate) fn is_tracing_memo(memo: &Arc<MemoTable>) -> bool {
+    STACK.with(|s| s.borrow().iter().any(|c| c.memo.as_ref().is_some_and(|m| Arc::ptr_eq(m, memo))))
+}

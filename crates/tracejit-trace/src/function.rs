@@ -289,7 +289,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
         statics: Vec<Arc<dyn StaticValue>>,
         structure: Vec<u32>,
     ) -> Result<Arc<ConcreteFunction>> {
-        let _lock = self.state.trace_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _lock = self.lock_for_tracing()?;
         if let Some(cf) = self.find_accepting(&types, &statics, &structure) {
             return Ok(cf);
         }
@@ -343,7 +343,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
     }
 
     fn find_or_trace(&self, flat: &Flattener<'_>, hash: u64) -> Result<Arc<ConcreteFunction>> {
-        let _lock = self.state.trace_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _lock = self.lock_for_tracing()?;
         // Another thread may have traced this signature while we waited.
         if let Some(bucket) = self.state.buckets.get(&hash) {
             if let Some(e) = bucket.iter().find(|e| e.matches(flat)) {
@@ -444,6 +444,20 @@ impl<A: Nest, R: Nest> Function<A, R> {
         } else {
             reasons.join("; ")
         }
+    }
+
+    /// Takes the trace lock. A Function that calls itself while being traced
+    /// would wait for itself forever: that is an error instead.
+    fn lock_for_tracing(&self) -> Result<std::sync::MutexGuard<'_, ()>> {
+        if crate::context::is_tracing_memo(&self.state.memo) {
+            return Err(Error::Signature {
+                function: self.config.name.clone(),
+                message: "the function calls itself while being traced; recursion needs `while_loop` \
+                          (not yet available) or a Rust loop unrolled at trace time"
+                    .into(),
+            });
+        }
+        Ok(self.state.trace_lock.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Traces the closure for `specs`; the trace lock is held.
