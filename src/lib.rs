@@ -19,10 +19,44 @@
 //! ```
 //!
 //! This crate is a facade: it re-exports the workspace's crates
-//! (`tracejit-tensor`, `tracejit-ir`, `tracejit-trace`) and offers a
-//! [`prelude`].
+//! (`tracejit-tensor`, `tracejit-ir`, `tracejit-trace`, `tracejit-module`)
+//! and offers a [`prelude`].
+//!
+//! State lives in [`Variable`]s held by [`Module`]s (`#[derive(Module)]`),
+//! which list their variables by path ([`Module::named_variables`]) and are
+//! saved and restored by [`checkpoint`]:
+//!
+//! ```
+//! use tracejit::prelude::*;
+//!
+//! #[derive(Module)]
+//! struct Dense { w: Variable, b: Variable }
+//!
+//! #[derive(Module)]
+//! struct Mlp { layers: Vec<Dense>, #[module(skip)] act: fn(Tensor) -> Tensor }
+//!
+//! let dense = |i, o| Dense {
+//!     w: Variable::new(Tensor::zeros(&[i, o], DType::F32)),
+//!     b: Variable::new(Tensor::zeros(&[o], DType::F32)),
+//! };
+//! let mlp = Mlp { layers: vec![dense(4, 3), dense(3, 1)], act: |x| x.relu() };
+//! let paths: Vec<String> = mlp.named_variables().into_iter().map(|(p, _)| p).collect();
+//! assert_eq!(paths, ["layers[0].w", "layers[0].b", "layers[1].w", "layers[1].b"]);
+//! mlp.assign_names();
+//! assert_eq!(mlp.layers[1].w.name(), "mlp/dense_1/w");
+//! assert_eq!(mlp.summary().total_parameters, 12 + 3 + 3 + 1);
+//! assert_eq!((mlp.act)(Tensor::scalar(-1.0f32)).to_vec::<f32>()?, [0.0]);
+//! # Ok::<(), tracejit::Error>(())
+//! ```
 
 pub use tracejit_ir as ir;
+/// Modules: the [`Module`] trait and derive, walks with paths, summaries
+/// (the `tracejit-module` crate; `#[derive(Module)]` names `tracejit::module`).
+pub use tracejit_module as module;
+/// Checkpoints in the safetensors format: `save`, `restore`, `read`.
+pub use tracejit_module::checkpoint;
+/// The `Module` trait and its derive macro (one name, as serde does).
+pub use tracejit_module::Module;
 pub use tracejit_tensor as tensor;
 pub use tracejit_trace::{
     config, function, remember, remember_in, ConcreteFunction, DType, Error, Flattener, Function, Nest, Operand,
@@ -32,7 +66,9 @@ pub use tracejit_trace::{
 
 /// The names most programs need: `use tracejit::prelude::*;`.
 pub mod prelude {
+    pub use tracejit_module::Module;
     pub use tracejit_trace::{
-        function, ConcreteFunction, DType, Error, Function, Nest, Result, SliceSpec, Static, Tensor, TensorSpec,
+        function, remember, ConcreteFunction, DType, Error, Function, Nest, Result, SliceSpec, Static, Tensor,
+        TensorSpec, Variable,
     };
 }

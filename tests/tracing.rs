@@ -148,7 +148,7 @@ fn get_concrete_function_accepts_specs_and_tensors() {
     let cf2 = f.get_concrete_function((x.clone(), y.clone())).unwrap();
     assert!(Arc::ptr_eq(&cf, &cf2));
     // call_flat checks count, dtype and shape.
-    assert!(matches!(cf.call_flat(&[x.clone()]), Err(Error::ArgumentCount { expected: 2, got: 1, .. })));
+    assert!(matches!(cf.call_flat(std::slice::from_ref(&x)), Err(Error::ArgumentCount { expected: 2, got: 1, .. })));
     let e = cf.call_flat(&[x.clone(), ramp(&[3, 3])]).unwrap_err();
     assert!(e.to_string().contains("argument 1: expected f32[2, 2], got f32[3, 3]"), "{e}");
     let e = cf.call_flat(&[x.cast(DType::F64), y.clone()]).unwrap_err();

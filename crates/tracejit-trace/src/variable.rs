@@ -176,6 +176,26 @@ impl Variable {
         Tensor::from_storage(self.state.read())
     }
 
+    /// Replaces the value at once with the eager tensor `value`, outside any
+    /// graph even while tracing (what checkpoint restore uses). Panics, as
+    /// `assign` does, if `value` has another dtype or shape, or is symbolic.
+    #[track_caller]
+    pub fn set_value(&self, value: &Tensor) {
+        let storage = value.eager_storage();
+        if storage.dtype() != self.state.dtype || storage.shape() != self.state.shape.as_slice() {
+            panic!(
+                "set_value: variable `{}` holds {}{:?}, the value is {}{:?}; variables keep the dtype and \
+                 shape they were created with",
+                self.name(),
+                self.state.dtype,
+                self.state.shape,
+                storage.dtype(),
+                storage.shape()
+            );
+        }
+        self.state.write(storage.clone());
+    }
+
     /// Reads the variable: eagerly its current value; while tracing, a read
     /// node ordered after the previous write.
     #[track_caller]

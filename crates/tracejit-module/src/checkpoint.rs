@@ -1,0 +1,492 @@
+//! Checkpoints: a module's variables in one [safetensors] file, keyed by
+//! variable path (`layers[0].w`, as [`Module::named_variables`] prints it).
+//!
+//! - **Keys.** One tensor per distinct variable, under its *first* path; a
+//!   variable reachable by two paths (a shared submodule) is stored once, and
+//!   its other paths are not keys. Variable names play no part.
+//! - **Dtypes.** f32 → `F32`, f64 → `F64`, i32 → `I32`, i64 → `I64`,
+//!   bool → `BOOL` (one byte, 0 or 1); little-endian, row-major.
+//! - **[`save`] is atomic**: the bytes go to a temporary file in the target's
+//!   directory, which is flushed to disk (`fsync`) and renamed over the
+//!   target, and the directory is synced where the platform allows. A crash
+//!   leaves either the old file or the new one, never a half-written file; on
+//!   error the temporary file is removed.
+//! - **[`restore`] is all or nothing**: every key, dtype and shape is checked
+//!   and every tensor decoded before any variable changes; missing keys,
+//!   unexpected keys and dtype/shape mismatches are reported together in one
+//!   [`CheckpointError::Mismatch`]. A truncated or corrupt file is an `Err`
+//!   ([`CheckpointError::Corrupt`]), never a panic.
+//!
+//! Errors are [`CheckpointError`], this module's own type (the facade's
+//! `tracejit::Error` is the tracing boundary's); it converts into
+//! `anyhow::Error` and any `Box<dyn Error>` with `?`.
+//!
+//! [safetensors]: https://github.com/huggingface/safetensors
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use safetensors::tensor::{Dtype, SafeTensors, View};
+use tracejit_tensor::{DType, Storage};
+use tracejit_trace::{Tensor, Variable};
+
+use crate::inventory::Inventory;
+use crate::Module;
+
+/// A tensor in the file that does not fit the variable at its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorMismatch {
+    /// The key (variable path).
+    pub key: String,
+    /// The variable's dtype.
+    pub expected_dtype: DType,
+    /// The variable's shape.
+    pub expected_shape: Vec<usize>,
+    /// The file's dtype, as safetensors names it (`F32`, `BOOL`, `F16`, ...).
+    pub found_dtype: String,
+    /// The file's shape.
+    pub found_shape: Vec<usize>,
+}
+
+impl fmt::Display for TensorMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}`: the module has {}{:?}, the file has {}{:?}",
+            self.key, self.expected_dtype, self.expected_shape, self.found_dtype, self.found_shape
+        )
+    }
+}
+
+/// An error saving or restoring a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Reading, writing, syncing or renaming a file failed.
+    #[error("checkpoint {}: {action} failed: {source}", path.display())]
+    Io {
+        /// The file involved (the checkpoint or its temporary file).
+        path: PathBuf,
+        /// What was being done (`reading`, `writing the temporary file`, ...).
+        action: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a valid safetensors file (truncated, corrupt, or a
+    /// tensor whose bytes do not match its dtype and shape).
+    #[error("checkpoint {}: not a valid safetensors file: {reason}", path.display())]
+    Corrupt {
+        /// The checkpoint.
+        path: PathBuf,
+        /// What the reader found wrong.
+        reason: String,
+    },
+    /// The safetensors writer refused the tensors (should not happen for
+    /// variables; reported rather than panicking).
+    #[error("checkpoint {}: cannot serialize: {reason}", path.display())]
+    Serialize {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The writer's message.
+        reason: String,
+    },
+    /// The file does not fit the module; nothing was restored.
+    #[error("{}", mismatch_message(path, missing, unexpected, mismatched))]
+    Mismatch {
+        /// The checkpoint.
+        path: PathBuf,
+        /// Variable paths with no tensor in the file.
+        missing: Vec<String>,
+        /// Keys in the file that name no variable of the module.
+        unexpected: Vec<String>,
+        /// Keys whose dtype or shape differ from the variable's.
+        mismatched: Vec<TensorMismatch>,
+    },
+}
+
+fn mismatch_message(path: &Path, missing: &[String], unexpected: &[String], mismatched: &[TensorMismatch]) -> String {
+    let quote = |keys: &[String]| keys.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
+    let mut parts = Vec::new();
+    if !missing.is_empty() {
+        parts.push(format!("{} missing key(s): {}", missing.len(), quote(missing)));
+    }
+    if !unexpected.is_empty() {
+        parts.push(format!("{} unexpected key(s): {}", unexpected.len(), quote(unexpected)));
+    }
+    if !mismatched.is_empty() {
+        let items: Vec<String> = mismatched.iter().map(ToString::to_string).collect();
+        parts.push(format!("{} mismatched tensor(s): {}", mismatched.len(), items.join("; ")));
+    }
+    format!("checkpoint {} does not fit the module ({}); nothing was restored", path.display(), parts.join("; "))
+}
+
+/// Writes every distinct variable of `module` to a safetensors file at
+/// `path`, keyed by its first path, atomically (see the [module docs](self)).
+pub fn save<M: Module + ?Sized>(module: &M, path: impl AsRef<Path>) -> Result<(), CheckpointError> {
+    let path = path.as_ref();
+    let bytes = to_bytes(module).map_err(|reason| CheckpointError::Serialize { path: path.to_path_buf(), reason })?;
+    write_atomically(path, &bytes)
+}
+
+/// Restores every variable of `module` from the safetensors file at `path`:
+/// all of them, or (on any error) none.
+pub fn restore<M: Module + ?Sized>(module: &M, path: impl AsRef<Path>) -> Result<(), CheckpointError> {
+    let path = path.as_ref();
+    let bytes =
+        fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_path_buf(), action: "reading", source })?;
+    restore_from_bytes(module, &bytes, path)
+}
+
+/// Reads every tensor of a safetensors file of tracejit's dtypes, by key
+/// (for inspecting a checkpoint without a module).
+pub fn read(path: impl AsRef<Path>) -> Result<BTreeMap<String, Tensor>, CheckpointError> {
+    let path = path.as_ref();
+    let bytes =
+        fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_path_buf(), action: "reading", source })?;
+    let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_path_buf(), reason };
+    let file = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let mut out = BTreeMap::new();
+    for (key, view) in file.iter() {
+        let dtype = from_safetensors_dtype(view.dtype()).ok_or_else(|| {
+            corrupt(format!("tensor `{key}` has dtype {:?}, which tracejit does not have", view.dtype()))
+        })?;
+        let storage = decode(dtype, view.shape(), view.data()).map_err(|e| corrupt(format!("tensor `{key}`: {e}")))?;
+        out.insert(key.to_string(), Tensor::from_raw_storage(storage));
+    }
+    Ok(out)
+}
+
+/// The distinct variables of `module`, each under its first path.
+fn entries<M: Module + ?Sized>(module: &M) -> Vec<(String, Variable)> {
+    Inventory::of(module).distinct_variables().map(|v| (v.path.clone(), v.variable.clone())).collect()
+}
+
+/// One variable's value as safetensors bytes.
+struct Encoded {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl View for &Encoded {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn to_safetensors_dtype(dtype: DType) -> Dtype {
+    match dtype {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
+        DType::Bool => Dtype::BOOL,
+    }
+}
+
+fn from_safetensors_dtype(dtype: Dtype) -> Option<DType> {
+    match dtype {
+        Dtype::F32 => Some(DType::F32),
+        Dtype::F64 => Some(DType::F64),
+        Dtype::I32 => Some(DType::I32),
+        Dtype::I64 => Some(DType::I64),
+        Dtype::BOOL => Some(DType::Bool),
+        _ => None,
+    }
+}
+
+/// Little-endian, row-major bytes of a storage (whatever its layout).
+fn encode(s: &Storage) -> Encoded {
+    let data: Vec<u8> = match s {
+        Storage::F32(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::F64(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::I32(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::I64(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::Bool(a) => a.iter().map(|&b| u8::from(b)).collect(),
+    };
+    Encoded { dtype: to_safetensors_dtype(s.dtype()), shape: s.shape().to_vec(), data }
+}
+
+/// A storage from little-endian, row-major bytes; `Err` if the byte count
+/// does not match the dtype and shape.
+fn decode(dtype: DType, shape: &[usize], data: &[u8]) -> Result<Storage, String> {
+    let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or("the shape overflows")?;
+    let expected = elements.checked_mul(dtype.size_of()).ok_or("the shape overflows")?;
+    if data.len() != expected {
+        return Err(format!("{} bytes for {dtype}{shape:?}, which needs {expected}", data.len()));
+    }
+    fn le<const N: usize, T>(data: &[u8], shape: &[usize], f: fn([u8; N]) -> T) -> Result<Storage, String>
+    where
+        T: tracejit_tensor::StorageElement,
+    {
+        let v: Vec<T> = data.chunks_exact(N).map(|c| f(c.try_into().expect("chunks_exact gives N bytes"))).collect();
+        Storage::from_vec(v, shape).map_err(|e| e.to_string())
+    }
+    match dtype {
+        DType::F32 => le(data, shape, f32::from_le_bytes),
+        DType::F64 => le(data, shape, f64::from_le_bytes),
+        DType::I32 => le(data, shape, i32::from_le_bytes),
+        DType::I64 => le(data, shape, i64::from_le_bytes),
+        DType::Bool => le(data, shape, |[b]: [u8; 1]| b != 0),
+    }
+}
+
+/// The safetensors bytes of `module`'s checkpoint.
+fn to_bytes<M: Module + ?Sized>(module: &M) -> Result<Vec<u8>, String> {
+    let entries = entries(module);
+    let mut keys = HashSet::new();
+    if let Some((dup, _)) = entries.iter().find(|(k, _)| !keys.insert(k.as_str())) {
+        // Only a hand-written walk that repeats a segment can do this.
+        return Err(format!("two different variables have the path `{dup}`"));
+    }
+    let encoded: Vec<(String, Encoded)> = entries
+        .into_iter()
+        .map(|(key, var)| {
+            let value = var.value();
+            let storage = value.storage().expect("Variable::value is eager");
+            (key, encode(storage))
+        })
+        .collect();
+    safetensors::serialize(encoded.iter().map(|(k, e)| (k.as_str(), e)), None).map_err(|e| e.to_string())
+}
+
+/// The checks and the all-or-nothing update of [`restore`], over the bytes
+/// of a file (`path` is for messages).
+pub(crate) fn restore_from_bytes<M: Module + ?Sized>(
+    module: &M,
+    bytes: &[u8],
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    let file = SafeTensors::deserialize(bytes)
+        .map_err(|e| CheckpointError::Corrupt { path: path.to_path_buf(), reason: e.to_string() })?;
+    let entries = entries(module);
+    let expected: HashSet<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
+    let mut missing = Vec::new();
+    let mut mismatched = Vec::new();
+    let mut updates = Vec::with_capacity(entries.len());
+    for (key, var) in &entries {
+        let view = match file.tensor(key) {
+            Ok(view) => view,
+            Err(_) => {
+                missing.push(key.clone());
+                continue;
+            }
+        };
+        let fits = from_safetensors_dtype(view.dtype()) == Some(var.dtype()) && view.shape() == var.shape();
+        if !fits {
+            mismatched.push(TensorMismatch {
+                key: key.clone(),
+                expected_dtype: var.dtype(),
+                expected_shape: var.shape().to_vec(),
+                found_dtype: format!("{:?}", view.dtype()),
+                found_shape: view.shape().to_vec(),
+            });
+            continue;
+        }
+        let storage = decode(var.dtype(), view.shape(), view.data()).map_err(|e| CheckpointError::Corrupt {
+            path: path.to_path_buf(),
+            reason: format!("tensor `{key}`: {e}"),
+        })?;
+        updates.push((var, Tensor::from_raw_storage(storage)));
+    }
+    let mut unexpected: Vec<String> =
+        file.names().into_iter().filter(|k| !expected.contains(k)).map(String::from).collect();
+    unexpected.sort();
+    if !(missing.is_empty() && unexpected.is_empty() && mismatched.is_empty()) {
+        return Err(CheckpointError::Mismatch { path: path.to_path_buf(), missing, unexpected, mismatched });
+    }
+    for (var, value) in updates {
+        var.set_value(&value);
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory:
+/// write, fsync, rename, fsync the directory (best effort).
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let io = |p: &Path, action: &'static str| {
+        let p = p.to_path_buf();
+        move |source| CheckpointError::Io { path: p, action, source }
+    };
+    let file_name = path.file_name().ok_or_else(|| CheckpointError::Io {
+        path: path.to_path_buf(),
+        action: "naming the file",
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path has no file name"),
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let tmp = dir.join(format!(
+        ".{}.{}.{}.tmp",
+        file_name.to_string_lossy(),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(io(&tmp, "creating the temporary file"))?;
+        f.write_all(bytes).map_err(io(&tmp, "writing the temporary file"))?;
+        f.sync_all().map_err(io(&tmp, "syncing the temporary file"))?;
+        drop(f);
+        fs::rename(&tmp, path).map_err(io(path, "renaming the temporary file over it"))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+        return result;
+    }
+    // Make the rename itself durable. Opening a directory is not possible on
+    // every platform (Windows); there the rename is as durable as it gets.
+    if let Ok(d) = File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::visitor::{Segment, Visitor};
+    use crate::Visit;
+
+    /// A hand-written module (the derive's paths name the facade, which this
+    /// crate cannot see).
+    struct Pair {
+        a: Variable,
+        b: Vec<Variable>,
+    }
+
+    impl Module for Pair {
+        fn type_name(&self) -> &'static str {
+            "Pair"
+        }
+        fn visit_fields<'m>(&'m self, visitor: &mut dyn Visitor<'m>) {
+            visitor.enter(Segment::Field("a"));
+            self.a.visit(visitor);
+            visitor.exit(Segment::Field("a"));
+            visitor.enter(Segment::Field("b"));
+            self.b.visit(visitor);
+            visitor.exit(Segment::Field("b"));
+        }
+    }
+
+    fn pair() -> Pair {
+        Pair {
+            a: Variable::new(Tensor::from_vec(vec![1.0f32, -2.5, 3.0], &[3])),
+            b: vec![
+                Variable::new(Tensor::from_vec(vec![7i64, -8], &[2, 1])),
+                Variable::new(Tensor::from_vec(vec![true, false, true], &[3])),
+            ],
+        }
+    }
+
+    #[test]
+    fn bytes_round_trip() {
+        let p = pair();
+        let bytes = to_bytes(&p).unwrap();
+        let q = pair();
+        q.a.assign(&Tensor::zeros(&[3], DType::F32));
+        restore_from_bytes(&q, &bytes, Path::new("mem")).unwrap();
+        assert_eq!(q.a.value().to_vec::<f32>().unwrap(), vec![1.0, -2.5, 3.0]);
+        assert_eq!(q.b[0].value().to_vec::<i64>().unwrap(), vec![7, -8]);
+        assert_eq!(q.b[1].value().to_vec::<bool>().unwrap(), vec![true, false, true]);
+    }
+
+    /// Every prefix of a valid file, and every single-byte corruption of its
+    /// header, gives `Ok` or `Err` but never a panic, and an `Err` changes
+    /// nothing.
+    #[test]
+    fn truncations_and_corruptions_never_panic() {
+        let p = pair();
+        let bytes = to_bytes(&p).unwrap();
+        let q = pair();
+        q.a.assign(&Tensor::zeros(&[3], DType::F32));
+        for n in 0..bytes.len() {
+            let r = restore_from_bytes(&q, &bytes[..n], Path::new("mem"));
+            assert!(matches!(r, Err(CheckpointError::Corrupt { .. })), "prefix {n}: {r:?}");
+            assert_eq!(q.a.value().to_vec::<f32>().unwrap(), vec![0.0; 3]);
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..bytes.len() {
+            for _ in 0..4 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let mut b = bytes.clone();
+                b[i] = seed as u8;
+                let _ = restore_from_bytes(&q, &b, Path::new("mem"));
+            }
+        }
+        for len in [0usize, 1, 7, 8, 9, 64, 1000] {
+            let noise: Vec<u8> = (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect();
+            assert!(restore_from_bytes(&q, &noise, Path::new("mem")).is_err());
+        }
+    }
+
+    struct Nothing;
+
+    impl Module for Nothing {
+        fn type_name(&self) -> &'static str {
+            "Nothing"
+        }
+        fn visit_fields<'m>(&'m self, _visitor: &mut dyn Visitor<'m>) {}
+    }
+
+    /// Two variables under one path (only a hand-written walk can do it).
+    struct Clash(Variable, Variable);
+
+    impl Module for Clash {
+        fn type_name(&self) -> &'static str {
+            "Clash"
+        }
+        fn visit_fields<'m>(&'m self, visitor: &mut dyn Visitor<'m>) {
+            for v in [&self.0, &self.1] {
+                visitor.enter(Segment::Field("x"));
+                v.visit(visitor);
+                visitor.exit(Segment::Field("x"));
+            }
+        }
+    }
+
+    #[test]
+    fn an_empty_module_round_trips_and_a_path_clash_is_an_error() {
+        let bytes = to_bytes(&Nothing).unwrap();
+        restore_from_bytes(&Nothing, &bytes, Path::new("mem")).unwrap();
+        let e = restore_from_bytes(&pair(), &bytes, Path::new("mem")).unwrap_err();
+        assert!(matches!(&e, CheckpointError::Mismatch { missing, .. } if missing.len() == 3), "{e}");
+        let clash = Clash(Variable::new(Tensor::scalar(1.0f32)), Variable::new(Tensor::scalar(2.0f32)));
+        assert!(to_bytes(&clash).unwrap_err().contains("`x`"));
+    }
+
+    #[test]
+    fn decode_checks_the_byte_count() {
+        assert!(decode(DType::F32, &[2], &[0; 7]).is_err());
+        assert!(decode(DType::F32, &[usize::MAX, 2], &[]).is_err());
+        assert_eq!(decode(DType::I32, &[1], &5i32.to_le_bytes()).unwrap().to_vec::<i32>().unwrap(), vec![5]);
+    }
+}
