@@ -1,0 +1,455 @@
+//! The executor: a graph prepared once into a flat schedule of steps, run
+//! many times.
+//!
+//! Steps, in arena (topological) order:
+//! - **fused regions**: maximal runs of consecutive fusible nodes
+//!   (elementwise ops, broadcasts, reductions; constants in between do not
+//!   break a run) grown greedily while [`crate::supports`] accepts the
+//!   region, each compiled by [`crate::compile_region`]. When the IR gains a
+//!   fused-region op, the planner's regions take this place;
+//! - **matrix products** through [`crate::matmul`] (a fast GEMM);
+//! - **calls** run the callee's own `Executable`, prepared up front;
+//! - **variable reads and writes** with the interpreter's semantics;
+//! - **`Op::Fused`** regions planned by the fusion pass compile the same way
+//!   (an unsupported body is interpreted and listed as a fallback), and
+//!   **`Op::Kernel`** nodes run their registered native code;
+//! - **everything else** through `tracejit_ir::eval_primitive`, listed by
+//!   [`Executable::fallbacks`].
+//!
+//! Values live in a slot table and are dropped right after their last use.
+//! Inputs are checked like `tracejit_ir::interpret` checks them; nodes whose
+//! static types have unknown dimensions are re-checked against their
+//! concrete operands (an [`IrError::Op`] instead of a kernel panic).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cranelift_entity::EntityRef;
+use smallvec::SmallVec;
+use tracejit_ir::tensor::{kernels, BinaryOp, Storage};
+use tracejit_ir::{
+    eval_primitive, infer, AssignKind, FuncId, Graph, IrError, Node, NodeId, Op, TensorType, ValueId, VarId,
+};
+
+use crate::region::CompiledRegion;
+use crate::{compile_region, supports, JitError};
+
+/// What one step does.
+enum StepKind {
+    /// Graph input `n`.
+    Param(usize),
+    /// A constant (cloned, O(1)).
+    Constant(Storage),
+    /// A fused region.
+    Region(Arc<CompiledRegion>),
+    /// A matrix product.
+    MatMul,
+    /// A reference kernel (or an unsupported fused region, interpreted).
+    Primitive(Op),
+    /// A registered native kernel (`Op::Kernel`).
+    External(Op),
+    /// A call of a library function.
+    Call(Arc<Executable>),
+    /// Reads a variable.
+    Read(VarId),
+    /// Writes a variable.
+    Assign(VarId, AssignKind),
+}
+
+struct Step {
+    kind: StepKind,
+    /// The node (the last member for a region), for error messages.
+    node: NodeId,
+    inputs: SmallVec<[usize; 3]>,
+    outputs: SmallVec<[usize; 1]>,
+    /// Slots whose last use is this step.
+    frees: SmallVec<[usize; 2]>,
+    /// Re-check types on concrete operands (some static dim is unknown).
+    check: bool,
+}
+
+/// A graph prepared for fast execution: a flat schedule of steps.
+pub struct Executable {
+    graph: Arc<Graph>,
+    steps: Vec<Step>,
+    n_slots: usize,
+    outputs: Vec<usize>,
+    param_types: Vec<TensorType>,
+}
+
+impl std::fmt::Debug for Executable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executable").field("graph", &self.graph.name).field("steps", &self.steps.len()).finish()
+    }
+}
+
+/// Ops the region planner may put in a region.
+fn fusible(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::Reduce { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+    )
+}
+
+/// True if a node computes something (a region of only broadcasts and
+/// expand_dims is cheaper as views).
+fn computes(op: &Op) -> bool {
+    fusible(op) && !matches!(op, Op::BroadcastTo { .. } | Op::ExpandDims { .. })
+}
+
+/// A candidate region: its body and the outer values it reads and writes.
+struct RegionBody {
+    body: Graph,
+    params: Vec<ValueId>,
+    outputs: Vec<ValueId>,
+}
+
+/// Builds the body of a region made of `members` (in arena order).
+fn region_body(graph: &Graph, members: &[NodeId], consumers: &HashMap<ValueId, Vec<NodeId>>) -> RegionBody {
+    let mut body = Graph::new(format!("{}.region{}", graph.name, members[0].index()));
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut params = Vec::new();
+    for &m in members {
+        let node = graph.node(m);
+        let mut ins: SmallVec<[ValueId; 2]> = SmallVec::new();
+        for v in &node.inputs {
+            let mapped = match map.get(v) {
+                Some(x) => *x,
+                None => {
+                    let producer = graph.node(v.node);
+                    let x = match &producer.op {
+                        Op::Constant { value } if value.len() <= crate::MAX_CONST_ELEMENTS => {
+                            body.add_constant(value.clone())
+                        }
+                        _ => {
+                            params.push(*v);
+                            body.add_param(graph.value_type(*v).clone())
+                        }
+                    };
+                    map.insert(*v, x);
+                    x
+                }
+            };
+            ins.push(mapped);
+        }
+        let id = body.push_node(Node {
+            op: node.op.clone(),
+            inputs: ins,
+            control_inputs: SmallVec::new(),
+            outputs: node.outputs.clone(),
+            location: node.location,
+        });
+        map.insert(ValueId::new(m, 0), ValueId::new(id, 0));
+    }
+    let member_set: std::collections::HashSet<NodeId> = members.iter().copied().collect();
+    let mut outputs = Vec::new();
+    for &m in members {
+        let v = ValueId::new(m, 0);
+        let used_outside = graph.outputs.contains(&v)
+            || consumers.get(&v).is_some_and(|cs| cs.iter().any(|c| !member_set.contains(c)));
+        if used_outside {
+            outputs.push(v);
+            body.outputs.push(map[&v]);
+        }
+    }
+    RegionBody { body, params, outputs }
+}
+
+impl Executable {
+    /// Prepares `graph` (already optimized by the lead's passes; may contain
+    /// any op). Library functions called by the graph are prepared too.
+    pub fn new(graph: &Graph) -> Result<Executable, JitError> {
+        let mut callees: HashMap<FuncId, Arc<Executable>> = HashMap::new();
+        Executable::build(Arc::new(graph.clone()), &mut callees)
+    }
+
+    fn build(graph: Arc<Graph>, callees: &mut HashMap<FuncId, Arc<Executable>>) -> Result<Executable, JitError> {
+        let g = &*graph;
+        let n = g.len();
+        let mut consumers: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
+        for (id, node) in g.nodes() {
+            for v in &node.inputs {
+                consumers.entry(*v).or_default().push(id);
+            }
+        }
+        // Slots: one per (node, output).
+        let mut slot_of: HashMap<ValueId, usize> = HashMap::new();
+        let mut n_slots = 0;
+        for (id, node) in g.nodes() {
+            for k in 0..node.outputs.len() {
+                slot_of.insert(ValueId::new(id, k as u32), n_slots);
+                n_slots += 1;
+            }
+        }
+        let slot = |v: &ValueId| -> Result<usize, JitError> {
+            slot_of.get(v).copied().ok_or_else(|| {
+                JitError::Ir(IrError::Verifier {
+                    graph: g.name.clone(),
+                    node: v.node,
+                    message: format!("value {v} does not exist"),
+                })
+            })
+        };
+        let has_unknown = |node: &Node| {
+            node.outputs.iter().chain(node.inputs.iter().map(|v| g.value_type(*v))).any(|t| t.shape().is_none())
+        };
+
+        let mut steps: Vec<Step> = Vec::new();
+        let mut current: Vec<NodeId> = Vec::new();
+        let ids: Vec<NodeId> = g.nodes().map(|(id, _)| id).collect();
+
+        let flush = |current: &mut Vec<NodeId>, steps: &mut Vec<Step>| -> Result<(), JitError> {
+            if current.is_empty() {
+                return Ok(());
+            }
+            let members = std::mem::take(current);
+            if members.iter().any(|m| computes(&g.node(*m).op)) {
+                let rb = region_body(g, &members, &consumers);
+                if supports(&rb.body) {
+                    let region = compile_region(&rb.body)?;
+                    steps.push(Step {
+                        kind: StepKind::Region(region),
+                        node: *members.last().expect("non-empty"),
+                        inputs: rb.params.iter().map(&slot).collect::<Result<_, _>>()?,
+                        outputs: rb.outputs.iter().map(&slot).collect::<Result<_, _>>()?,
+                        frees: SmallVec::new(),
+                        check: false,
+                    });
+                    return Ok(());
+                }
+            }
+            for m in members {
+                let node = g.node(m);
+                steps.push(Step {
+                    kind: StepKind::Primitive(node.op.clone()),
+                    node: m,
+                    inputs: node.inputs.iter().map(&slot).collect::<Result<_, _>>()?,
+                    outputs: smallvec::smallvec![slot(&ValueId::new(m, 0))?],
+                    frees: SmallVec::new(),
+                    check: has_unknown(node),
+                });
+            }
+            Ok(())
+        };
+
+        for &id in &ids {
+            let node = g.node(id);
+            if fusible(&node.op) && node.outputs.len() == 1 {
+                let mut tentative = current.clone();
+                tentative.push(id);
+                let ok = !tentative.iter().any(|m| computes(&g.node(*m).op))
+                    || supports(&region_body(g, &tentative, &consumers).body);
+                if ok {
+                    current = tentative;
+                } else {
+                    flush(&mut current, &mut steps)?;
+                    current.push(id);
+                }
+                continue;
+            }
+            if matches!(node.op, Op::Constant { .. }) {
+                // Constants do not break a run; they are materialized as slots
+                // only if something outside a region reads them.
+                steps.push(Step {
+                    kind: StepKind::Constant(match &node.op {
+                        Op::Constant { value } => value.clone(),
+                        _ => unreachable!(),
+                    }),
+                    node: id,
+                    inputs: SmallVec::new(),
+                    outputs: smallvec::smallvec![slot(&ValueId::new(id, 0))?],
+                    frees: SmallVec::new(),
+                    check: false,
+                });
+                continue;
+            }
+            flush(&mut current, &mut steps)?;
+            let inputs: SmallVec<[usize; 3]> = node.inputs.iter().map(&slot).collect::<Result<_, _>>()?;
+            let outputs: SmallVec<[usize; 1]> =
+                (0..node.outputs.len()).map(|k| slot(&ValueId::new(id, k as u32))).collect::<Result<_, _>>()?;
+            let check = has_unknown(node);
+            // Every op is listed: a new op is a compile error here until the
+            // executor handles it (or sends it to the reference kernels).
+            let kind = match &node.op {
+                Op::Parameter { index } => StepKind::Param(*index),
+                Op::MatMul => StepKind::MatMul,
+                Op::Call { func } => {
+                    if func.index() >= g.library.len() {
+                        return Err(JitError::Ir(IrError::Verifier {
+                            graph: g.name.clone(),
+                            node: id,
+                            message: format!("unknown function {func}"),
+                        }));
+                    }
+                    let exe = match callees.get(func) {
+                        Some(e) => e.clone(),
+                        None => {
+                            let callee = g.library.get(*func).graph.clone();
+                            let e = Arc::new(Executable::build(callee, &mut HashMap::new())?);
+                            callees.insert(*func, e.clone());
+                            e
+                        }
+                    };
+                    StepKind::Call(exe)
+                }
+                Op::ReadVariable { var } => StepKind::Read(*var),
+                Op::AssignVariable { var, kind } => StepKind::Assign(*var, *kind),
+                // A region planned by the fusion pass: compiled when this JIT
+                // supports it, else its body is interpreted (a fallback).
+                Op::Fused { body } if supports(body) => StepKind::Region(compile_region(body)?),
+                Op::Fused { .. } => StepKind::Primitive(node.op.clone()),
+                // A registered native kernel runs as itself.
+                Op::Kernel { .. } => StepKind::External(node.op.clone()),
+                Op::Constant { .. }
+                | Op::Unary(_)
+                | Op::Binary(_)
+                | Op::Select
+                | Op::Cast { .. }
+                | Op::Clamp { .. }
+                | Op::Reduce { .. }
+                | Op::BroadcastTo { .. }
+                | Op::ExpandDims { .. }
+                | Op::ArgReduce { .. }
+                | Op::Reshape { .. }
+                | Op::Transpose { .. }
+                | Op::Squeeze { .. }
+                | Op::Concat { .. }
+                | Op::Stack { .. }
+                | Op::Slice { .. }
+                | Op::Gather { .. }
+                | Op::OneHot { .. } => StepKind::Primitive(node.op.clone()),
+            };
+            steps.push(Step { kind, node: id, inputs, outputs, frees: SmallVec::new(), check });
+        }
+        flush(&mut current, &mut steps)?;
+
+        // Last uses; graph outputs live on.
+        let outputs: Vec<usize> = g.outputs.iter().map(&slot).collect::<Result<_, _>>()?;
+        let mut last: Vec<Option<usize>> = vec![None; n_slots];
+        for (i, s) in steps.iter().enumerate() {
+            for &x in s.inputs.iter().chain(&s.outputs) {
+                last[x] = Some(i);
+            }
+        }
+        for &o in &outputs {
+            last[o] = None;
+        }
+        for (x, l) in last.iter().enumerate() {
+            if let Some(i) = l {
+                steps[*i].frees.push(x);
+            }
+        }
+        // Constants read only inside regions need no slot at run time.
+        steps.retain(|s| !matches!(s.kind, StepKind::Constant(_)) || s.frees.len() != 1 || s.frees[0] != s.outputs[0]);
+        let _ = n;
+        let param_types = g.param_types();
+        Ok(Executable { graph, steps, n_slots, outputs, param_types })
+    }
+
+    /// Names of the ops that fell back to the reference kernels, for stats().
+    pub fn fallbacks(&self) -> Vec<String> {
+        let mut v: Vec<String> = Vec::new();
+        for s in &self.steps {
+            match &s.kind {
+                StepKind::Primitive(op) => v.push(op.name().to_string()),
+                StepKind::Call(e) => v.extend(e.fallbacks()),
+                _ => {}
+            }
+        }
+        v
+    }
+
+    /// Number of fused regions in the schedule (for stats and tests).
+    pub fn num_regions(&self) -> usize {
+        self.steps.iter().filter(|s| matches!(s.kind, StepKind::Region(_))).count()
+    }
+
+    /// Runs on one value per graph param (checked like
+    /// `tracejit_ir::interpret` does), returns the outputs.
+    pub fn run(&self, inputs: &[Storage]) -> Result<Vec<Storage>, IrError> {
+        let g = &*self.graph;
+        let bad = |message: String| IrError::BadInput { graph: g.name.clone(), message };
+        if inputs.len() != self.param_types.len() {
+            return Err(bad(format!("expected {} inputs, got {}", self.param_types.len(), inputs.len())));
+        }
+        for (i, (ty, x)) in self.param_types.iter().zip(inputs).enumerate() {
+            if !ty.accepts(x.dtype(), x.shape()) {
+                return Err(bad(format!("input {i}: expected {ty}, got {}", TensorType::known(x.dtype(), x.shape()))));
+            }
+        }
+        let mut values: Vec<Option<Storage>> = vec![None; self.n_slots];
+        for step in &self.steps {
+            let broken = |message: String| IrError::Verifier { graph: g.name.clone(), node: step.node, message };
+            let mut args: SmallVec<[&Storage; 3]> = SmallVec::new();
+            for &x in &step.inputs {
+                args.push(values[x].as_ref().ok_or_else(|| broken(format!("slot {x} is not available")))?);
+            }
+            if step.check {
+                let op = match &step.kind {
+                    StepKind::Primitive(op) | StepKind::External(op) => Some(op.clone()),
+                    StepKind::MatMul => Some(Op::MatMul),
+                    _ => None,
+                };
+                if let Some(op) = op {
+                    let types: SmallVec<[TensorType; 2]> =
+                        args.iter().map(|x| TensorType::known(x.dtype(), x.shape())).collect();
+                    infer(&op, &types, Some(g))?;
+                }
+            }
+            let outs: SmallVec<[Storage; 1]> = match &step.kind {
+                StepKind::Param(i) => smallvec::smallvec![inputs[*i].clone()],
+                StepKind::Constant(c) => smallvec::smallvec![c.clone()],
+                StepKind::Region(r) => r.try_run(&args)?.into_iter().collect(),
+                StepKind::MatMul => smallvec::smallvec![crate::matmul(args[0], args[1])],
+                StepKind::Primitive(op) | StepKind::External(op) => eval_primitive(op, &args).into_iter().collect(),
+                StepKind::Call(e) => {
+                    let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
+                    e.run(&owned)?.into_iter().collect()
+                }
+                StepKind::Read(var) => {
+                    let v = g.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
+                    smallvec::smallvec![v.read()]
+                }
+                StepKind::Assign(var, kind) => {
+                    let v = g.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
+                    let types = [TensorType::known(args[0].dtype(), args[0].shape())];
+                    infer(&Op::AssignVariable { var: *var, kind: *kind }, &types, Some(g))?;
+                    let new = match kind {
+                        AssignKind::Assign => args[0].clone(),
+                        AssignKind::Add => kernels::binary(BinaryOp::Add, &v.read(), args[0]),
+                        AssignKind::Sub => kernels::binary(BinaryOp::Sub, &v.read(), args[0]),
+                    };
+                    v.write(new);
+                    SmallVec::new()
+                }
+            };
+            drop(args);
+            if outs.len() != step.outputs.len() {
+                return Err(broken(format!("produced {} values for {} outputs", outs.len(), step.outputs.len())));
+            }
+            for (&s, x) in step.outputs.iter().zip(outs) {
+                values[s] = Some(x);
+            }
+            for &f in &step.frees {
+                values[f] = None;
+            }
+        }
+        self.outputs
+            .iter()
+            .map(|&o| {
+                values[o].clone().ok_or_else(|| IrError::Verifier {
+                    graph: g.name.clone(),
+                    node: NodeId::new(0),
+                    message: format!("graph output slot {o} was not produced"),
+                })
+            })
+            .collect()
+    }
+}

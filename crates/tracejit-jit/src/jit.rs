@@ -1,0 +1,104 @@
+//! Ownership of generated code. Cranelift frees JIT code only a whole
+//! `JITModule` at a time, so every compiled kernel owns its own module: a
+//! [`KernelCode`] holds the module and the entry pointer together, frees the
+//! module's memory when dropped, and exposes the pointer only through an
+//! `unsafe` call that the region launcher wraps in a safe API. The host ISA
+//! (`opt_level = "speed"`, detected by `cranelift_native`) is built once, and
+//! the codegen `Context` / `FunctionBuilderContext` are reused per thread.
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_codegen::Context;
+use cranelift_frontend::FunctionBuilderContext;
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::Module;
+
+use crate::analysis::Analysis;
+use crate::helpers::Helper;
+use crate::kernel::{self, Schedule};
+use crate::JitError;
+
+fn isa() -> Result<OwnedTargetIsa, JitError> {
+    static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
+    ISA.get_or_init(|| {
+        let mut flags = settings::builder();
+        flags.set("opt_level", "speed").map_err(|e| e.to_string())?;
+        flags.set("use_colocated_libcalls", "false").map_err(|e| e.to_string())?;
+        flags.set("is_pic", "false").map_err(|e| e.to_string())?;
+        let verify = if cfg!(debug_assertions) { "true" } else { "false" };
+        flags.set("enable_verifier", verify).map_err(|e| e.to_string())?;
+        let builder = cranelift_native::builder().map_err(|e| e.to_string())?;
+        builder.finish(settings::Flags::new(flags)).map_err(|e| e.to_string())
+    })
+    .clone()
+    .map_err(JitError::Host)
+}
+
+thread_local! {
+    static CONTEXTS: RefCell<(Context, FunctionBuilderContext)> =
+        RefCell::new((Context::new(), FunctionBuilderContext::new()));
+}
+
+/// Machine code of one kernel and the module that owns it.
+pub(crate) struct KernelCode {
+    module: Option<JITModule>,
+    entry: *const u8,
+}
+
+// SAFETY: after `finalize_definitions` the module is never used again except
+// to free it in `drop` (which has exclusive access); the code it owns is
+// immutable and the kernel is a pure function of its argument block, so the
+// entry pointer may be called from any thread concurrently.
+unsafe impl Send for KernelCode {}
+// SAFETY: see `Send`.
+unsafe impl Sync for KernelCode {}
+
+impl KernelCode {
+    /// Runs the kernel on an argument block laid out as `kernel` documents.
+    ///
+    /// # Safety
+    ///
+    /// Every pointer in `args` must be valid for the rows, strides and inner
+    /// extent it describes, and output buffers must not alias inputs.
+    pub(crate) unsafe fn call(&self, args: &[i64]) {
+        // SAFETY: `entry` is the finalized address of a function with this
+        // signature, alive as long as `self.module`.
+        let f: extern "C" fn(*const i64) = unsafe { std::mem::transmute(self.entry) };
+        f(args.as_ptr());
+    }
+}
+
+impl Drop for KernelCode {
+    fn drop(&mut self) {
+        if let Some(m) = self.module.take() {
+            // SAFETY: the only pointer into this module is `self.entry`, which
+            // dies with `self`.
+            unsafe { m.free_memory() };
+        }
+    }
+}
+
+/// Compiles the kernel of `an` into a fresh module.
+pub(crate) fn compile(an: &Analysis, sch: &Schedule) -> Result<KernelCode, JitError> {
+    let mut jb = JITBuilder::with_isa(isa()?, cranelift_module::default_libcall_names());
+    for h in Helper::ALL {
+        jb.symbol(h.name(), h.address());
+    }
+    let mut module = JITModule::new(jb);
+    let id = CONTEXTS.with(|c| {
+        let mut c = c.borrow_mut();
+        let (ctx, fctx) = &mut *c;
+        let r = kernel::build(an, sch, &mut module, ctx, fctx, "kernel");
+        if r.is_err() {
+            module.clear_context(ctx);
+        }
+        r
+    });
+    let id = id.map_err(|message| JitError::Codegen { key: an.key.clone(), message })?;
+    module.finalize_definitions().map_err(|e| JitError::Codegen { key: an.key.clone(), message: e.to_string() })?;
+    let entry = module.get_finalized_function(id);
+    Ok(KernelCode { module: Some(module), entry })
+}

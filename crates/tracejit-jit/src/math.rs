@@ -1,0 +1,224 @@
+//! In-kernel approximations of the f32 transcendentals `exp`, `log`, `tanh`,
+//! `sigmoid` and `erf`, emitted as straight-line Cranelift code that works on
+//! scalars and on `f32x4` alike (no libm call per element).
+//!
+//! The recipes (see `CODEGEN_NOTES.md`):
+//! - `exp`: Cephes `expf`: `n = round(x·log2 e)`, Cody-Waite reduction
+//!   `r = x − n·C1 − n·C2`, degree-5 polynomial, then scaling by `2^n` split
+//!   into two factors so that subnormal results round once (`n` is found
+//!   with the `1.5·2^23` rounding trick, which also gives it as an integer) and overflow
+//!   gives `inf` exactly where `exp` does. The argument is clamped to
+//!   `[-104, 89]`, beyond which the f32 result is 0 or `inf`.
+//! - `log`: Eigen `plog_float`: `frexp` with subnormal inputs normalized
+//!   first, mantissa moved to `[√½, √2)`, a (3,3) rational approximation of
+//!   `log(1+m)`, plus `e·ln 2`; `log(±0) = -inf`, `log(x<0) = NaN`,
+//!   `log(inf) = inf`.
+//! - `tanh`: Eigen's fast rational (odd degree 9 / even degree 8) on the input
+//!   clamped to ±8.01773357 (the FMA variant's clamp, where it reaches ±1).
+//! - `sigmoid`: the reference's formula on the approximated `exp`:
+//!   `e = exp(-|x|)`, then `e / (1 + e)` for `x < 0` and `1 / (1 + e)` else.
+//! - `erf`: Eigen `generic_fast_erf_float`: odd 9 / even 12 rational, `±1`
+//!   beyond |x| ≥ 3.8325.
+//!
+//! NaN inputs give NaN and `-0.0` keeps its sign where the function is odd.
+//! The measured error bounds are in the crate documentation and enforced by
+//! the `ulp` test. FMA is used freely here: these are approximations with a
+//! documented bound, unlike user arithmetic, which is never contracted.
+
+use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::{InstBuilder, Value};
+use tracejit_ir::tensor::DType;
+
+use crate::lower::{Emit, Mode};
+
+const F: DType = DType::F32;
+
+impl Emit<'_, '_> {
+    fn c(&mut self, mode: Mode, x: f32) -> Value {
+        self.kf(F, mode, f64::from(x))
+    }
+
+    fn cbits(&mut self, mode: Mode, bits: u32) -> Value {
+        let ty = self.ty(F, mode);
+        self.kraw(ty, u64::from(bits))
+    }
+
+    fn ci(&mut self, mode: Mode, x: i32) -> Value {
+        self.ki(DType::I32, mode, i64::from(x))
+    }
+
+    fn fma(&mut self, a: Value, b: Value, c: Value) -> Value {
+        self.b.ins().fma(a, b, c)
+    }
+
+    /// Horner's rule with constant coefficients, highest degree first.
+    fn horner(&mut self, mode: Mode, x: Value, coeffs: &[f32]) -> Value {
+        let mut p = self.c(mode, coeffs[0]);
+        for &k in &coeffs[1..] {
+            let kk = self.c(mode, k);
+            p = self.fma(p, x, kk);
+        }
+        p
+    }
+
+    /// `x` clamped into `[lo, hi]`, NaN kept (the `maxps`/`minps` pattern).
+    fn clamp_keep_nan(&mut self, mode: Mode, x: Value, lo: f32, hi: f32) -> Value {
+        let lo = self.c(mode, lo);
+        let hi = self.c(mode, hi);
+        let m = self.fcmp(FloatCC::LessThan, x, lo);
+        let y = self.sel(m, lo, x);
+        let m = self.fcmp(FloatCC::GreaterThan, y, hi);
+        self.sel(m, hi, y)
+    }
+
+    /// `2^e` for an integer vector/scalar `e` in the normal exponent range.
+    fn pow2i(&mut self, mode: Mode, e: Value) -> Value {
+        let bias = self.ci(mode, 127);
+        let biased = self.b.ins().iadd(e, bias);
+        let bits = self.b.ins().ishl_imm_s(biased, 23);
+        let fty = self.ty(F, mode);
+        self.bitcast(fty, bits)
+    }
+
+    /// Approximate `exp(x)` for f32.
+    pub fn exp_f32(&mut self, mode: Mode, x: Value) -> Value {
+        let x = self.clamp_keep_nan(mode, x, -104.0, 89.0);
+        // n = round(x·log2 e) by the 1.5·2^23 trick: adding the magic number
+        // rounds to an integer in the low mantissa bits, so the integer n is
+        // also the difference of the bit patterns (no float->int conversion).
+        let log2e = self.c(mode, std::f32::consts::LOG2_E);
+        let magic = self.c(mode, 12_582_912.0);
+        let t = self.fma(x, log2e, magic);
+        let n = self.b.ins().fsub(t, magic);
+        let mc1 = self.c(mode, -0.693_359_4);
+        let mc2 = self.c(mode, 2.121_944_4e-4);
+        let r = self.fma(n, mc1, x);
+        let r = self.fma(n, mc2, r);
+        let p =
+            self.horner(mode, r, &[1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5]);
+        let r2 = self.b.ins().fmul(r, r);
+        let y = self.fma(p, r2, r);
+        let one = self.c(mode, 1.0);
+        let y = self.b.ins().fadd(y, one);
+        let ity = self.ty(DType::I32, mode);
+        let tb = self.bitcast(ity, t);
+        let magic_bits = self.ci(mode, 0x4b40_0000);
+        let ni = self.b.ins().isub(tb, magic_bits);
+        let e1 = self.b.ins().sshr_imm_s(ni, 1);
+        let e2 = self.b.ins().isub(ni, e1);
+        let s1 = self.pow2i(mode, e1);
+        let s2 = self.pow2i(mode, e2);
+        let y = self.b.ins().fmul(y, s1);
+        self.b.ins().fmul(y, s2)
+    }
+
+    /// Approximate natural `log(x)` for f32.
+    pub fn log_f32(&mut self, mode: Mode, x: Value) -> Value {
+        let fty = self.ty(F, mode);
+        let ity = self.ty(DType::I32, mode);
+        // frexp: normalize subnormals by 2^24 first.
+        let min_normal = self.c(mode, f32::MIN_POSITIVE);
+        let is_den = self.fcmp(FloatCC::LessThan, x, min_normal);
+        let scale = self.c(mode, 16_777_216.0);
+        let xs = self.b.ins().fmul(x, scale);
+        let xn = self.sel(is_den, xs, x);
+        let bits = self.bitcast(ity, xn);
+        let eb = self.b.ins().ushr_imm_s(bits, 23);
+        let mask_ff = self.ci(mode, 0xff);
+        let eb = self.b.ins().band(eb, mask_ff);
+        let off_norm = self.ci(mode, 126);
+        let off_den = self.ci(mode, 126 + 24);
+        let off = match mode {
+            Mode::Vector => {
+                let is_den_i = self.bitcast(ity, is_den);
+                self.b.ins().bitselect(is_den_i, off_den, off_norm)
+            }
+            Mode::Scalar => self.b.ins().select(is_den, off_den, off_norm),
+        };
+        let ei = self.b.ins().isub(eb, off);
+        let e = self.b.ins().fcvt_from_sint(fty, ei);
+        let mant_mask = self.ci(mode, 0x807f_ffff_u32 as i32);
+        let half_bits = self.ci(mode, 0x3f00_0000);
+        let mb = self.b.ins().band(bits, mant_mask);
+        let mb = self.b.ins().bor(mb, half_bits);
+        let m = self.bitcast(fty, mb);
+        // Move m to [sqrt(1/2), sqrt(2)) and subtract 1.
+        let sqrthf = self.c(mode, std::f32::consts::FRAC_1_SQRT_2);
+        let lt = self.fcmp(FloatCC::LessThan, m, sqrthf);
+        let zero = self.c(mode, 0.0);
+        let one = self.c(mode, 1.0);
+        let tmp = self.sel(lt, m, zero);
+        let dec = self.sel(lt, one, zero);
+        let m = self.b.ins().fsub(m, one);
+        let e = self.b.ins().fsub(e, dec);
+        let m = self.b.ins().fadd(m, tmp);
+        // Rational (3,3) approximation of log(1 + m).
+        let p = self.horner(mode, m, &[0.182_562_96, 1.000_000_1, 1.000_000_1]);
+        let p = self.b.ins().fmul(m, p);
+        let q = self.horner(mode, m, &[0.049_616_248, 0.599_232_5, 1.5, 1.0]);
+        let r = self.b.ins().fdiv(p, q);
+        let ln2 = self.c(mode, std::f32::consts::LN_2);
+        let r = self.fma(e, ln2, r);
+        // Special inputs.
+        let inf = self.c(mode, f32::INFINITY);
+        let is_inf = self.fcmp(FloatCC::Equal, x, inf);
+        let r = self.sel(is_inf, inf, r);
+        let invalid = self.fcmp(FloatCC::UnorderedOrLessThan, x, zero);
+        let nan = self.cbits(mode, 0x7fc0_0000);
+        let r = self.sel(invalid, nan, r);
+        let is_zero = self.fcmp(FloatCC::Equal, x, zero);
+        let minf = self.c(mode, f32::NEG_INFINITY);
+        self.sel(is_zero, minf, r)
+    }
+
+    /// Approximate `tanh(x)` for f32.
+    pub fn tanh_f32(&mut self, mode: Mode, x: Value) -> Value {
+        let x = self.clamp_keep_nan(mode, x, -8.017_734, 8.017_734);
+        let x2 = self.b.ins().fmul(x, x);
+        let x3 = self.b.ins().fmul(x2, x);
+        let p = self.horner(mode, x2, &[1.394_553_6e-8, 2.102_733_6e-5, 3.520_756_7e-3, 1.340_216_1e-1]);
+        let q = self.horner(mode, x2, &[8.015_777e-7, 3.326_951_4e-4, 2.597_254_5e-2, 4.673_548_3e-1, 1.0]);
+        let p = self.fma(x3, p, x);
+        self.b.ins().fdiv(p, q)
+    }
+
+    /// Approximate `sigmoid(x) = 1 / (1 + exp(-x))` for f32.
+    pub fn sigmoid_f32(&mut self, mode: Mode, x: Value) -> Value {
+        let a = self.b.ins().fabs(x);
+        let na = self.b.ins().fneg(a);
+        let e = self.exp_f32(mode, na);
+        let one = self.c(mode, 1.0);
+        let den = self.b.ins().fadd(one, e);
+        let zero = self.c(mode, 0.0);
+        let neg = self.fcmp(FloatCC::LessThan, x, zero);
+        let num = self.sel(neg, e, one);
+        self.b.ins().fdiv(num, den)
+    }
+
+    /// Approximate `erf(x)` for f32.
+    #[expect(clippy::approx_constant, reason = "Eigen's minimax coefficient, not exactly 2/sqrt(pi)")]
+    pub fn erf_f32(&mut self, mode: Mode, x: Value) -> Value {
+        let a = self.b.ins().fabs(x);
+        let lim = self.c(mode, 3.832_507);
+        let big = self.fcmp(FloatCC::LessThanOrEqual, lim, a);
+        let x2 = self.b.ins().fmul(x, x);
+        let p = self.horner(mode, x2, &[2.290_506_6e-4, 3.408_291e-3, 5.095_569_5e-2, 1.852_083_2e-1, 1.128_379_1]);
+        let p = self.b.ins().fmul(x, p);
+        let q = self.horner(
+            mode,
+            x2,
+            &[-1.179_160_3e-7, 2.354_796_6e-5, 1.017_962_5e-3, 1.407_047e-2, 1.109_850_5e-1, 4.974_692_5e-1, 1.0],
+        );
+        let r = self.b.ins().fdiv(p, q);
+        // sign(x) as ±1.
+        let ity = self.ty(DType::I32, mode);
+        let fty = self.ty(F, mode);
+        let xi = self.bitcast(ity, x);
+        let sign_mask = self.ci(mode, i32::MIN);
+        let one_bits = self.ci(mode, 0x3f80_0000);
+        let s = self.b.ins().band(xi, sign_mask);
+        let s = self.b.ins().bor(s, one_bits);
+        let s = self.bitcast(fty, s);
+        self.sel(big, s, r)
+    }
+}

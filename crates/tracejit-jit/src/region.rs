@@ -1,0 +1,512 @@
+//! Compiled regions: the kernel cache, and the launcher that turns concrete
+//! inputs into one kernel call (or a few).
+//!
+//! A [`CompiledRegion`] pairs a cached kernel (shared by every region with the
+//! same structure, whatever its static sizes) with what this region needs at
+//! run time: the input types to check, the axis classes of the domain, its
+//! tensor constants, and — when every input dimension is static — a launch
+//! plan computed once, so that a call only checks shapes, allocates outputs
+//! and calls the kernel.
+//!
+//! Launch: the sizes of the domain classes come from the inputs; each slot
+//! (input or output) gets a stride per class (0 where it broadcasts); the
+//! inner classes must be contiguous in every input read as vectors (an input
+//! that broadcasts there at run time, which the static types could not tell,
+//! is first materialized with `broadcast_to`); the outer classes are
+//! collapsed where strides allow, the last one becomes the kernel's rows and
+//! the rest are looped over here. Inputs not in standard layout are copied to
+//! it first ([`Storage::to_standard`]).
+//!
+//! When the concrete shapes do not fit one loop nest — two inputs broadcast
+//! against each other in a way that differs between outputs, a size conflict
+//! that the reference reports as an error, or `max`/`min` over an empty axis —
+//! the region runs the body with the interpreter instead, which returns the
+//! reference result or the reference error.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use smallvec::SmallVec;
+use tracejit_ir::tensor::{kernels, DType, Storage};
+use tracejit_ir::{Graph, IrError, TensorType};
+
+use crate::analysis::{analyze, Analysis, KernelKind, LoadSource};
+use crate::jit::{self, KernelCode};
+use crate::kernel::{self, Schedule, ARG_SLOTS, FLAG_FINAL, FLAG_INIT};
+use crate::JitError;
+
+/// A compiled kernel and its scratch plan, shared through the cache.
+struct Kernel {
+    code: KernelCode,
+    schedule: Schedule,
+}
+
+fn cache() -> &'static Mutex<HashMap<String, Arc<Kernel>>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Kernel>>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Number of distinct kernels compiled so far in this process (for stats).
+pub fn kernel_cache_len() -> usize {
+    cache().lock().map(|c| c.len()).unwrap_or(0)
+}
+
+/// True if `body` is a region this JIT compiles (the fusion pass asks this).
+/// See the crate documentation for exactly which regions qualify.
+pub fn supports(body: &tracejit_ir::Graph) -> bool {
+    analyze(body).is_ok()
+}
+
+/// Why `body` is not supported, or `None` if it is (for diagnostics).
+pub fn unsupported_reason(body: &tracejit_ir::Graph) -> Option<String> {
+    analyze(body).err()
+}
+
+/// Compiles (or finds in the kernel cache, keyed by the region's structure
+/// and input dtypes/ranks) a kernel for `body`.
+pub fn compile_region(body: &tracejit_ir::Graph) -> Result<Arc<CompiledRegion>, JitError> {
+    let an = analyze(body).map_err(JitError::Unsupported)?;
+    let kernel = {
+        let mut c = cache().lock().unwrap_or_else(|p| p.into_inner());
+        match c.get(&an.key) {
+            Some(k) => k.clone(),
+            None => {
+                let schedule = kernel::schedule(&an);
+                let code = jit::compile(&an, &schedule)?;
+                let k = Arc::new(Kernel { code, schedule });
+                c.insert(an.key.clone(), k.clone());
+                k
+            }
+        }
+    };
+    let param_types = body.param_types();
+    let mut region = CompiledRegion {
+        kernel,
+        an,
+        body: Arc::new(body.clone()),
+        param_types,
+        static_launch: None,
+        static_shapes: None,
+    };
+    let shapes: Option<Vec<Vec<usize>>> = region.param_types.iter().map(|t| t.shape()).collect();
+    if let Some(shapes) = shapes {
+        let refs: Vec<&[usize]> = shapes.iter().map(|s| &s[..]).collect();
+        if let Ok(l) = region.plan(&refs) {
+            region.static_launch = Some(l);
+            region.static_shapes = Some(shapes);
+        }
+    }
+    Ok(Arc::new(region))
+}
+
+/// A region compiled to native code; cheap to share (`Send + Sync`), and
+/// safe to run from many threads at once.
+pub struct CompiledRegion {
+    kernel: Arc<Kernel>,
+    an: Analysis,
+    body: Arc<Graph>,
+    param_types: Vec<TensorType>,
+    static_launch: Option<Launch>,
+    static_shapes: Option<Vec<Vec<usize>>>,
+}
+
+impl std::fmt::Debug for CompiledRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledRegion").field("kind", &self.an.kind).field("key", &self.an.key).finish()
+    }
+}
+
+/// How one call is laid out.
+#[derive(Clone, Debug)]
+struct Launch {
+    out_shapes: Vec<SmallVec<[usize; 4]>>,
+    rows: usize,
+    n: usize,
+    count: usize,
+    /// Byte stride of the kernel's rows, per slot.
+    row_strides: SmallVec<[isize; 8]>,
+    /// Dimensions looped over here (outermost first): size and byte stride per slot.
+    outer: Vec<(usize, SmallVec<[isize; 8]>)>,
+    /// Inputs to broadcast to a shape before the call.
+    materialize: Vec<(usize, Vec<usize>)>,
+}
+
+/// The concrete shapes do not fit one loop nest: use the interpreter.
+struct Fallback;
+
+/// Element strides of a standard-layout array of `shape`.
+fn standard_strides(shape: &[usize]) -> SmallVec<[usize; 4]> {
+    let mut st: SmallVec<[usize; 4]> = SmallVec::from_elem(0, shape.len());
+    let mut acc = 1;
+    for a in (0..shape.len()).rev() {
+        st[a] = acc;
+        acc *= shape[a];
+    }
+    st
+}
+
+/// Per-class element strides of a slot with `axes` and `shape`.
+fn class_strides(axes: &[Option<usize>], shape: &[usize], rank: usize) -> SmallVec<[usize; 4]> {
+    let st = standard_strides(shape);
+    let mut out: SmallVec<[usize; 4]> = SmallVec::from_elem(0, rank);
+    for (a, c) in axes.iter().enumerate() {
+        if let Some(c) = c {
+            if shape[a] != 1 {
+                out[*c] = st[a];
+            }
+        }
+    }
+    out
+}
+
+enum OutBuf {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    Bool(Vec<bool>),
+}
+
+impl OutBuf {
+    fn new(dtype: DType, len: usize) -> OutBuf {
+        match dtype {
+            DType::F32 => OutBuf::F32(Vec::with_capacity(len)),
+            DType::F64 => OutBuf::F64(Vec::with_capacity(len)),
+            DType::I32 => OutBuf::I32(Vec::with_capacity(len)),
+            DType::I64 => OutBuf::I64(Vec::with_capacity(len)),
+            DType::Bool => OutBuf::Bool(Vec::with_capacity(len)),
+        }
+    }
+
+    fn ptr(&mut self) -> i64 {
+        match self {
+            OutBuf::F32(v) => v.as_mut_ptr() as i64,
+            OutBuf::F64(v) => v.as_mut_ptr() as i64,
+            OutBuf::I32(v) => v.as_mut_ptr() as i64,
+            OutBuf::I64(v) => v.as_mut_ptr() as i64,
+            OutBuf::Bool(v) => v.as_mut_ptr() as i64,
+        }
+    }
+
+    /// # Safety
+    /// The kernel wrote all `len` elements (bools as 0 or 1).
+    unsafe fn finish(self, shape: &[usize]) -> Storage {
+        let len: usize = shape.iter().product();
+        macro_rules! fin {
+            ($v:ident) => {{
+                let mut v = $v;
+                // SAFETY: the caller guarantees every element was written.
+                unsafe { v.set_len(len) };
+                Storage::from_vec(v, shape).expect("length matches the shape")
+            }};
+        }
+        match self {
+            OutBuf::F32(v) => fin!(v),
+            OutBuf::F64(v) => fin!(v),
+            OutBuf::I32(v) => fin!(v),
+            OutBuf::I64(v) => fin!(v),
+            OutBuf::Bool(v) => fin!(v),
+        }
+    }
+}
+
+fn data_ptr(s: &Storage) -> i64 {
+    tracejit_ir::tensor::with_array!(s, a => a.as_ptr() as i64)
+}
+
+impl CompiledRegion {
+    /// Runs on concrete inputs (one per body param, in order); allocates and
+    /// returns the outputs.
+    ///
+    /// # Panics
+    ///
+    /// On inputs that do not fit the body's parameter types, and where the
+    /// reference kernels would panic (the interpreter's error message).
+    pub fn run(&self, inputs: &[&Storage]) -> Vec<Storage> {
+        self.try_run(inputs).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like [`CompiledRegion::run`], but returns the interpreter's error
+    /// instead of panicking when the inputs do not fit.
+    pub fn try_run(&self, inputs: &[&Storage]) -> Result<Vec<Storage>, IrError> {
+        let bad = |message: String| IrError::BadInput { graph: self.body.name.clone(), message };
+        if inputs.len() != self.param_types.len() {
+            return Err(bad(format!("expected {} inputs, got {}", self.param_types.len(), inputs.len())));
+        }
+        let fast = match &self.static_shapes {
+            Some(shapes) => inputs
+                .iter()
+                .zip(shapes)
+                .zip(&self.param_types)
+                .all(|((x, s), t)| x.dtype() == t.dtype && x.shape() == &s[..] && x.is_standard_layout()),
+            None => false,
+        };
+        if fast {
+            let launch = self.static_launch.as_ref().expect("static shapes come with a plan");
+            return Ok(self.launch(inputs, launch));
+        }
+        for (i, (t, x)) in self.param_types.iter().zip(inputs).enumerate() {
+            if !t.accepts(x.dtype(), x.shape()) {
+                return Err(bad(format!("input {i}: expected {t}, got {}", TensorType::known(x.dtype(), x.shape()))));
+            }
+        }
+        let standard: SmallVec<[Storage; 4]> = inputs.iter().map(|x| x.to_standard()).collect();
+        let refs: SmallVec<[&Storage; 4]> = standard.iter().collect();
+        let shapes: SmallVec<[&[usize]; 4]> = refs.iter().map(|x| x.shape()).collect();
+        match self.plan(&shapes) {
+            Ok(launch) => Ok(self.launch(&refs, &launch)),
+            Err(Fallback) => {
+                let owned: Vec<Storage> = inputs.iter().map(|x| (*x).clone()).collect();
+                tracejit_ir::interpret(&self.body, &owned)
+            }
+        }
+    }
+
+    /// The shape of load `l` given the parameter shapes.
+    fn load_shape<'s>(&'s self, l: usize, params: &[&'s [usize]]) -> &'s [usize] {
+        match &self.an.loads[l].source {
+            LoadSource::Param(p) => params[*p],
+            LoadSource::Const(c) => c.shape(),
+        }
+    }
+
+    /// Lays out a call for inputs of these shapes.
+    fn plan(&self, params: &[&[usize]]) -> Result<Launch, Fallback> {
+        let an = &self.an;
+        let rank = an.rank;
+        // ---- class sizes ----
+        let mut sizes: SmallVec<[usize; 4]> = SmallVec::from_elem(1, rank);
+        for c in 0..rank {
+            let fixed = an.static_sizes[c];
+            let mut s = fixed.unwrap_or(1);
+            for src in &an.size_sources[c] {
+                let d = params[src.param][src.axis];
+                if d == 1 || d == s {
+                    continue;
+                }
+                if s == 1 && fixed != Some(1) {
+                    s = d;
+                } else {
+                    return Err(Fallback);
+                }
+            }
+            sizes[c] = s;
+        }
+        // ---- output shapes; each must be what its own operands give ----
+        let out_shapes: Vec<SmallVec<[usize; 4]>> =
+            an.outputs.iter().map(|o| o.axes.iter().map(|a| a.map_or(1, |c| sizes[c])).collect()).collect();
+        // With several outputs, one output's own operands may broadcast to a
+        // smaller shape than the domain; the loop nest would write the domain.
+        if !self.outputs_fit(&sizes, params) {
+            return Err(Fallback);
+        }
+        if an.has_max_min {
+            let reduced = match an.kind {
+                KernelKind::Row => (an.split..rank).map(|c| sizes[c]).product::<usize>(),
+                _ => (0..an.split).map(|c| sizes[c]).product::<usize>(),
+            };
+            if reduced == 0 {
+                return Err(Fallback);
+            }
+        }
+
+        // ---- strides per slot and class (elements) ----
+        let nl = an.loads.len();
+        let mut shapes: Vec<SmallVec<[usize; 4]>> =
+            (0..nl).map(|l| self.load_shape(l, params).iter().copied().collect()).collect();
+        let mut strides: Vec<SmallVec<[usize; 4]>> =
+            (0..nl).map(|l| class_strides(&an.loads[l].axes, &shapes[l], rank)).collect();
+        for (o, out) in an.outputs.iter().enumerate() {
+            strides.push(class_strides(&out.axes, &out_shapes[o], rank));
+        }
+        let elem_size: SmallVec<[usize; 8]> =
+            an.loads.iter().map(|l| l.dtype.size_of()).chain(an.outputs.iter().map(|o| o.dtype.size_of())).collect();
+        // Which slots are read/written as vectors along the inner classes.
+        let contig: SmallVec<[bool; 8]> =
+            an.loads.iter().map(|l| l.contig).chain(an.outputs.iter().map(|o| !o.kept)).collect();
+
+        // ---- inner classes ----
+        let mut inner_start = match an.kind {
+            KernelKind::Elementwise => rank.saturating_sub(1),
+            _ => an.split,
+        };
+        let mut materialize = Vec::new();
+        let chain_ok = |st: &[usize], from: usize| -> bool {
+            let mut expect = 1;
+            for c in (from..rank).rev() {
+                if sizes[c] > 1 {
+                    if st[c] != expect {
+                        return false;
+                    }
+                    expect *= sizes[c];
+                }
+            }
+            true
+        };
+        for l in 0..nl {
+            if an.loads[l].contig && !chain_ok(&strides[l], inner_start) {
+                let target: Vec<usize> = an.loads[l]
+                    .axes
+                    .iter()
+                    .enumerate()
+                    .map(|(a, c)| match c {
+                        Some(c) if *c >= inner_start => sizes[*c],
+                        _ => shapes[l][a],
+                    })
+                    .collect();
+                shapes[l] = target.iter().copied().collect();
+                strides[l] = class_strides(&an.loads[l].axes, &shapes[l], rank);
+                materialize.push((l, target));
+            }
+        }
+        if an.kind == KernelKind::Elementwise {
+            while inner_start > 0 {
+                let c = inner_start - 1;
+                let ok = sizes[c] == 1
+                    || (0..strides.len()).all(|s| {
+                        if contig[s] {
+                            strides[s][c] == (inner_start..rank).map(|k| sizes[k]).product::<usize>()
+                                && chain_ok(&strides[s], inner_start)
+                        } else {
+                            strides[s][c] == 0
+                        }
+                    });
+                if !ok {
+                    break;
+                }
+                inner_start = c;
+            }
+        }
+        let n: usize = (inner_start..rank).map(|c| sizes[c]).product();
+        let outer_range = match an.kind {
+            KernelKind::Elementwise => 0..inner_start,
+            _ => 0..an.split,
+        };
+        let count: usize = (0..an.split).map(|c| sizes[c]).product();
+
+        // ---- outer dims, collapsed ----
+        let nslots = strides.len();
+        let mut dims: Vec<(usize, SmallVec<[isize; 8]>)> = Vec::new();
+        for c in outer_range {
+            if sizes[c] == 1 {
+                continue;
+            }
+            let st: SmallVec<[isize; 8]> = (0..nslots).map(|s| (strides[s][c] * elem_size[s]) as isize).collect();
+            if let Some((psize, pst)) = dims.last_mut() {
+                // The previous (outer) dim merges into this one when strides chain.
+                if (0..nslots).all(|s| pst[s] == st[s] * sizes[c] as isize) {
+                    *psize *= sizes[c];
+                    *pst = st;
+                    continue;
+                }
+            }
+            dims.push((sizes[c], st));
+        }
+        let (rows, row_strides) = match dims.pop() {
+            Some((size, st)) => (size, st),
+            None => (1, SmallVec::from_elem(0, nslots)),
+        };
+        Ok(Launch { out_shapes, rows, n, count, row_strides, outer: dims, materialize })
+    }
+
+    /// True when every output's shape follows from its own inputs.
+    fn outputs_fit(&self, sizes: &[usize], params: &[&[usize]]) -> bool {
+        // A single output holds every class and reaches every input.
+        if self.an.outputs.len() < 2 {
+            return true;
+        }
+        // Cheap sufficient check: every load that holds a class holds it at
+        // full size, so every output (which holds every class) sees it.
+        self.an.loads.iter().enumerate().all(|(l, load)| {
+            let shape = self.load_shape(l, params);
+            load.axes.iter().enumerate().all(|(a, c)| c.is_none_or(|c| shape[a] == sizes[c]))
+        })
+    }
+
+    /// Allocates the outputs and calls the kernel.
+    fn launch(&self, inputs: &[&Storage], l: &Launch) -> Vec<Storage> {
+        let an = &self.an;
+        let mut held: SmallVec<[Storage; 2]> = SmallVec::new();
+        let mut load_ptrs: SmallVec<[i64; 8]> = SmallVec::new();
+        for load in &an.loads {
+            let s = match &load.source {
+                LoadSource::Param(p) => inputs[*p],
+                LoadSource::Const(c) => c,
+            };
+            load_ptrs.push(data_ptr(s));
+        }
+        for (li, target) in &l.materialize {
+            let src = match &an.loads[*li].source {
+                LoadSource::Param(p) => inputs[*p],
+                LoadSource::Const(c) => c,
+            };
+            let m = kernels::broadcast_to(src, target);
+            load_ptrs[*li] = data_ptr(&m);
+            held.push(m);
+        }
+        let mut outs: SmallVec<[OutBuf; 2]> =
+            an.outputs.iter().zip(&l.out_shapes).map(|(o, s)| OutBuf::new(o.dtype, s.iter().product())).collect();
+        let scratch_len = self.kernel.schedule.scratch_slots * l.n;
+        let mut scratch: Vec<u64> = Vec::with_capacity(scratch_len);
+
+        let nslots = an.loads.len() + an.outputs.len();
+        let mut args: SmallVec<[i64; 32]> = SmallVec::from_elem(0, ARG_SLOTS + 2 * nslots);
+        args[0] = l.rows as i64;
+        args[1] = l.n as i64;
+        args[3] = scratch.as_mut_ptr() as i64;
+        args[4] = l.count as i64;
+        let mut base: SmallVec<[i64; 8]> = load_ptrs;
+        for o in outs.iter_mut() {
+            base.push(o.ptr());
+        }
+        for s in 0..nslots {
+            args[ARG_SLOTS + 2 * s + 1] = l.row_strides[s] as i64;
+        }
+        let total_outer: usize = l.outer.iter().map(|d| d.0).product();
+        let column = an.kind == KernelKind::Column;
+        let skip = !column && (l.rows == 0 || total_outer == 0 || (an.kind == KernelKind::Elementwise && l.n == 0));
+        if !skip {
+            let calls = if column { total_outer.max(1) } else { total_outer };
+            let mut idx: SmallVec<[usize; 4]> = SmallVec::from_elem(0, l.outer.len());
+            for call in 0..calls {
+                for s in 0..nslots {
+                    let mut p = base[s];
+                    for (d, (_, st)) in l.outer.iter().enumerate() {
+                        p += idx[d] as i64 * st[s] as i64;
+                    }
+                    args[ARG_SLOTS + 2 * s] = p;
+                }
+                let mut flags = 0;
+                if call == 0 {
+                    flags |= FLAG_INIT;
+                }
+                if call + 1 == calls {
+                    flags |= FLAG_FINAL;
+                }
+                args[2] = flags;
+                if column && total_outer == 0 {
+                    args[0] = 0;
+                }
+                // SAFETY: every pointer addresses a live buffer (inputs, held
+                // materializations, constants, outputs with capacity for their
+                // shapes, scratch of `scratch_slots * n` 8-byte elements), and
+                // the rows/strides/n were derived from those shapes.
+                unsafe { self.kernel.code.call(&args) };
+                for d in (0..idx.len()).rev() {
+                    idx[d] += 1;
+                    if idx[d] < l.outer[d].0 {
+                        break;
+                    }
+                    idx[d] = 0;
+                }
+            }
+        }
+        drop(held);
+        drop(scratch);
+        outs.into_iter()
+            .zip(&l.out_shapes)
+            // SAFETY: the kernel writes every element of every output.
+            .map(|(o, s)| unsafe { o.finish(s) })
+            .collect()
+    }
+}

@@ -1,0 +1,73 @@
+//! Quick smoke tests of single ops through the JIT.
+
+mod common;
+use common::*;
+use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, UnaryOp};
+use tracejit_ir::{Graph, Op};
+
+#[test]
+fn add_f32() {
+    let mut g = Graph::new("t");
+    let a = param(&mut g, DType::F32, &[37]);
+    let b = param(&mut g, DType::F32, &[37]);
+    let c = node(&mut g, Op::Binary(BinaryOp::Add), &[a, b]);
+    g.outputs.push(c);
+    check_exact(&g, &[data(DType::F32, &[37], 1, true), data(DType::F32, &[37], 2, true)]);
+}
+
+#[test]
+fn all_unary_all_dtypes() {
+    for dt in DType::ALL {
+        for u in UnaryOp::ALL {
+            if u.result_dtype(dt).is_none() {
+                continue;
+            }
+            if dt == DType::F32
+                && matches!(u, UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Erf)
+            {
+                continue;
+            }
+            let mut g = Graph::new("t");
+            let a = param(&mut g, dt, &[3, 7]);
+            let c = node(&mut g, Op::Unary(u), &[a]);
+            g.outputs.push(c);
+            eprintln!("{dt} {}", u.name());
+            check_exact(&g, &[data(dt, &[3, 7], 7, true)]);
+        }
+    }
+}
+
+#[test]
+fn all_binary_all_dtypes() {
+    for dt in DType::ALL {
+        for op in BinaryOp::ALL {
+            if op.result_dtype(dt).is_none() {
+                continue;
+            }
+            let mut g = Graph::new("t");
+            let a = param(&mut g, dt, &[2, 9]);
+            let b = param(&mut g, dt, &[9]);
+            let c = node(&mut g, Op::Binary(op), &[a, b]);
+            g.outputs.push(c);
+            eprintln!("{dt} {}", op.name());
+            check_exact(&g, &[data(dt, &[2, 9], 3, true), data(dt, &[9], 4, true)]);
+        }
+    }
+}
+
+#[test]
+fn softmax_rows() {
+    let mut g = Graph::new("softmax");
+    let x = param(&mut g, DType::F32, &[5, 37]);
+    let m = node(&mut g, Op::Reduce { op: ReduceOp::Max, axes: vec![1], keepdims: true }, &[x]);
+    let d = node(&mut g, Op::Binary(BinaryOp::Sub), &[x, m]);
+    let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[d]);
+    let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdims: true }, &[e]);
+    let y = node(&mut g, Op::Binary(BinaryOp::Div), &[e, s]);
+    g.outputs.push(y);
+    let xs = data(DType::F32, &[5, 37], 9, false);
+    let region = tracejit_jit::compile_region(&g).unwrap();
+    let got = region.run(&[&xs]);
+    let want = tracejit_ir::interpret(&g, &[xs]).unwrap();
+    close(&got[0], &want[0], 1e-5, 1e-12).unwrap();
+}

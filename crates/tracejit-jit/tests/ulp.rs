@@ -1,0 +1,121 @@
+//! ULP sweep of the in-kernel f32 approximations (exp, log, tanh, sigmoid,
+//! erf) against f64 references: a dense sweep over every binade of both
+//! signs plus edge cases (±0, ±inf, NaN, subnormals, overflow). Fails if an
+//! approximation gets worse than the bound documented in the crate docs.
+
+mod common;
+use common::*;
+use tracejit_ir::tensor::{DType, Storage, UnaryOp};
+use tracejit_ir::{Graph, Op};
+
+/// Position of a float on the ordered integer line.
+fn ordered(x: f32) -> i64 {
+    let b = x.to_bits() as i32;
+    i64::from(if b < 0 { i32::MIN - b } else { b })
+}
+
+fn inputs() -> Vec<f32> {
+    let mut xs = Vec::new();
+    // 1536 points per binade from 2^-149 to 2^127, both signs.
+    for e in -149..128 {
+        let lo = 2f64.powi(e);
+        for k in 0..1536 {
+            let x = (lo * (1.0 + k as f64 / 1536.0)) as f32;
+            xs.push(x);
+            xs.push(-x);
+        }
+    }
+    // Dense in the ranges where the functions are interesting.
+    for k in 0..400_000 {
+        xs.push(-110.0 + 220.0 * k as f32 / 400_000.0);
+    }
+    xs.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MIN_POSITIVE,
+        1e-45,
+        -1e-45,
+        88.72283,
+        88.7229,
+        89.0,
+        -87.33655,
+        -103.97,
+        -104.0,
+        f32::MAX,
+        f32::MIN,
+        1.0,
+        3.8325,
+        8.017734,
+    ]);
+    xs
+}
+
+fn sweep(op: UnaryOp, reference: impl Fn(f64) -> f64) -> i64 {
+    let xs = inputs();
+    let mut g = Graph::new(op.name());
+    let p = param(&mut g, DType::F32, &[xs.len()]);
+    let y = node(&mut g, Op::Unary(op), &[p]);
+    g.outputs.push(y);
+    let region = tracejit_jit::compile_region(&g).unwrap();
+    let input = Storage::from_vec(xs.clone(), &[xs.len()]).unwrap();
+    let out = region.run(&[&input]);
+    let got = out[0].to_vec::<f32>().unwrap();
+    let mut worst = 0i64;
+    let mut at = 0.0f32;
+    for (&x, &y) in xs.iter().zip(&got) {
+        let r = reference(f64::from(x)) as f32;
+        if r.is_nan() {
+            assert!(y.is_nan(), "{}({x:e}) = {y:e}, expected NaN", op.name());
+            continue;
+        }
+        assert!(!y.is_nan(), "{}({x:e}) = NaN, expected {r:e}", op.name());
+        if r.is_infinite() || y.is_infinite() {
+            assert_eq!(r, y, "{}({x:e})", op.name());
+            continue;
+        }
+        let d = (ordered(y) - ordered(r)).abs();
+        if d > worst {
+            worst = d;
+            at = x;
+        }
+    }
+    eprintln!("{}: max {worst} ULP at x = {at:e}", op.name());
+    worst
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+#[test]
+fn exp_ulp() {
+    let w = sweep(UnaryOp::Exp, f64::exp);
+    assert!(w <= 1, "exp: {w} ULP");
+}
+
+#[test]
+fn log_ulp() {
+    let w = sweep(UnaryOp::Log, f64::ln);
+    assert!(w <= 4, "log: {w} ULP");
+}
+
+#[test]
+fn tanh_ulp() {
+    let w = sweep(UnaryOp::Tanh, f64::tanh);
+    assert!(w <= 4, "tanh: {w} ULP");
+}
+
+#[test]
+fn sigmoid_ulp() {
+    let w = sweep(UnaryOp::Sigmoid, sigmoid);
+    assert!(w <= 2, "sigmoid: {w} ULP");
+}
+
+#[test]
+fn erf_ulp() {
+    let w = sweep(UnaryOp::Erf, libm::erf);
+    assert!(w <= 4, "erf: {w} ULP");
+}
