@@ -58,11 +58,18 @@ pub use tracejit_module::checkpoint;
 /// The `Module` trait and its derive macro (one name, as serde does).
 pub use tracejit_module::Module;
 pub use tracejit_tensor as tensor;
+/// Composite kernels: `register_kernel(name, kernel)` for functions marked
+/// `implements(name)`.
+pub use tracejit_trace::composite;
+/// Composite ops (`gelu`, `softmax`, `layer_norm`, `lstm_cell`, ...) with
+/// registered fast kernels.
+pub use tracejit_trace::nn;
 pub use tracejit_trace::{
     config, function, remember, remember_in, ConcreteFunction, DType, Error, Flattener, Function, Nest, Operand,
     Result, Scalar, Scope, SliceSpec, SpecFlattener, SpecNest, Static, StaticValue, Tensor, TensorSpec, Unflattener,
     Variable,
 };
+pub use tracejit_trace::{OptimizationOptions, PipelineReport};
 
 /// The names most programs need: `use tracejit::prelude::*;`.
 pub mod prelude {

@@ -57,13 +57,15 @@ pub fn infer(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<Sm
                     accepted_kind(|d| b.result_dtype(d).is_some())
                 )));
             };
-            let dims = broadcast_dims(&x.dims, &y.dims).ok_or_else(|| err(format!(
+            let dims = broadcast_dims(&x.dims, &y.dims).ok_or_else(|| {
+                err(format!(
                     "cannot broadcast {} with {} ({} and {})",
                     DimsDisplay(&x.dims),
                     DimsDisplay(&y.dims),
                     x.dtype,
                     y.dtype
-                )))?;
+                ))
+            })?;
             one(TensorType { dtype, dims })
         }
         Op::Select => {
@@ -300,6 +302,14 @@ pub fn infer(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<Sm
             infer_call(*func, inputs, graph).map_err(err)
         }
         Op::Fused { body } => infer_body("fused region", body, inputs).map_err(err),
+        Op::Kernel { name: kernel, inputs: accepted, outputs, .. } => {
+            for (i, (p, x)) in accepted.iter().zip(inputs).enumerate() {
+                if !dims_compatible(p, x) {
+                    return Err(err(format!("argument {i} of kernel `{kernel}` has type {x}, but it takes {p}")));
+                }
+            }
+            Ok(outputs.iter().cloned().collect())
+        }
         Op::ReadVariable { var } => {
             let graph = graph.ok_or_else(|| err("needs the graph that holds the variable".into()))?;
             let v = graph.variables.get(*var).ok_or_else(|| err(format!("unknown variable {var}")))?;

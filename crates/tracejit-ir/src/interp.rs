@@ -27,7 +27,9 @@ use crate::{infer, AssignKind, Graph, IrError, Op, TensorType};
 /// On a non-primitive op, on the wrong number of inputs, and (like the
 /// kernels) on operands that [`crate::infer`] would reject. A `reshape` whose
 /// target does not hold the input's element count panics with a message
-/// naming both.
+/// naming both. A `Fused` region runs its body with [`interpret`]; a
+/// `Kernel` runs its native code, and panics naming the kernel if the
+/// results do not fit its declared output types.
 pub fn eval_primitive(op: &Op, inputs: &[&Storage]) -> Vec<Storage> {
     if let Some(n) = op.num_inputs() {
         assert_eq!(inputs.len(), n, "{}: expected {n} inputs, got {}", op.name(), inputs.len());
@@ -41,8 +43,29 @@ pub fn eval_primitive(op: &Op, inputs: &[&Storage]) -> Vec<Storage> {
             Err(e) => panic!("fused region: {e}"),
         };
     }
+    // A kernel is native code with declared output types; a kernel that
+    // breaks its declaration is a bug in that kernel, reported by name.
+    if let Op::Kernel { name, kernel, outputs, .. } = op {
+        let owned: Vec<Storage> = inputs.iter().map(|s| (*s).clone()).collect();
+        let outs = kernel.run(&owned);
+        assert_eq!(
+            outs.len(),
+            outputs.len(),
+            "kernel `{name}` returned {} values, expected {}",
+            outs.len(),
+            outputs.len()
+        );
+        for (i, (x, ty)) in outs.iter().zip(outputs).enumerate() {
+            assert!(
+                ty.accepts(x.dtype(), x.shape()),
+                "kernel `{name}`: output {i} is {}, which does not fit its declared type {ty}",
+                concrete_type(x)
+            );
+        }
+        return outs;
+    }
     let out = match op {
-        Op::Fused { .. } => unreachable!("handled above"),
+        Op::Fused { .. } | Op::Kernel { .. } => unreachable!("handled above"),
         Op::Parameter { .. } | Op::Call { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } => {
             panic!("eval_primitive: `{}` is not a primitive op; interpret the graph that holds it", op.name())
         }
@@ -146,6 +169,14 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 interpret(&graph.library.get(*func).graph, &args)?.into_iter().collect()
             }
             Op::Fused { body } => interpret(body, &args)?.into_iter().collect(),
+            Op::Kernel { .. } => {
+                // Declared output types may hold unknown dims, so only the
+                // inputs are checked here; the outputs are checked below.
+                let types: SmallVec<[TensorType; 2]> = args.iter().map(concrete_type).collect();
+                infer(&node.op, &types, Some(graph))?;
+                let refs: SmallVec<[&Storage; 2]> = args.iter().collect();
+                eval_primitive(&node.op, &refs).into_iter().collect()
+            }
             Op::ReadVariable { var } => {
                 let v = graph.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
                 smallvec::smallvec![v.read()]

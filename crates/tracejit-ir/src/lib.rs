@@ -8,13 +8,14 @@
 //! [`VariableResource`] handles. [`infer`] states every op's type rule,
 //! [`verify`] checks a graph's invariants, [`interpret`] runs a graph with the
 //! reference kernels of `tracejit-tensor`, and `Display` / [`Graph::to_dot`]
-//! print it.
+//! print it. [`passes`] holds the optimization passes and the pass manager.
 
 mod error;
 mod graph;
 mod infer;
 mod interp;
 mod op;
+pub mod passes;
 mod printer;
 mod types;
 mod verifier;
@@ -25,7 +26,7 @@ pub use graph::{
 };
 pub use infer::{broadcast_dims, infer};
 pub use interp::{eval_primitive, interpret};
-pub use op::{AssignKind, Op};
+pub use op::{AssignKind, ExternalKernel, Op};
 pub use types::{Dim, Dims, DimsDisplay, TensorType};
 pub use verifier::verify;
 

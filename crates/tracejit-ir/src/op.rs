@@ -3,9 +3,28 @@
 //! shape inference, the interpreter, the printer and (later) the JIT and the
 //! gradient rules until each handles it.
 
+use std::fmt;
+use std::sync::Arc;
+
 use tracejit_tensor::{ArgReduceOp, BinaryOp, DType, ReduceOp, SliceSpec, Storage, UnaryOp};
 
 use crate::graph::{FuncId, VarId};
+use crate::TensorType;
+
+/// Native code standing in for a composite function: the implementation
+/// selector replaces a `Call` of a function marked `implements = name` by an
+/// [`Op::Kernel`] node holding one of these when a kernel is registered for
+/// `name` (the trace crate's `tracejit::composite` registry implements it).
+///
+/// A kernel must be a pure function of its inputs (passes may merge two
+/// identical kernel nodes, or drop one whose results are unused) and return
+/// one value per declared output, of the declared dtype and a shape the
+/// declared type accepts; `eval_primitive` checks that and panics naming the
+/// kernel otherwise.
+pub trait ExternalKernel: Send + Sync + fmt::Debug {
+    /// Runs the kernel on concrete inputs.
+    fn run(&self, inputs: &[Storage]) -> Vec<Storage>;
+}
 
 /// How an `AssignVariable` node combines the new value with the old.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -147,6 +166,20 @@ pub enum Op {
         /// The region's computation.
         body: std::sync::Arc<crate::Graph>,
     },
+    /// A registered native kernel replacing a composite `Call` (created by the
+    /// implementation selector). Inputs are the call's arguments; `inputs`
+    /// and `outputs` are the types it was selected for (the kernel itself
+    /// has no type rule, so they are stored).
+    Kernel {
+        /// The composite op's name (`org.semantic.opname`).
+        name: String,
+        /// The code.
+        kernel: Arc<dyn ExternalKernel>,
+        /// The accepted type of each input.
+        inputs: Vec<TensorType>,
+        /// The type of each output.
+        outputs: Vec<TensorType>,
+    },
     /// Reads a variable (stateful). No data inputs.
     ReadVariable {
         /// The variable.
@@ -188,6 +221,7 @@ impl Op {
             Op::OneHot { .. } => "one_hot",
             Op::Call { .. } => "call",
             Op::Fused { .. } => "fused",
+            Op::Kernel { .. } => "kernel",
             Op::ReadVariable { .. } => "read_variable",
             Op::AssignVariable { .. } => "assign_variable",
         }
@@ -215,6 +249,7 @@ impl Op {
             Op::Select => Some(3),
             Op::Concat { .. } | Op::Stack { .. } | Op::Call { .. } => None,
             Op::Fused { body } => Some(body.params.len()),
+            Op::Kernel { inputs, .. } => Some(inputs.len()),
         }
     }
 
@@ -225,6 +260,7 @@ impl Op {
             Op::AssignVariable { .. } => Some(0),
             Op::Call { .. } => None,
             Op::Fused { body } => Some(body.outputs.len()),
+            Op::Kernel { outputs, .. } => Some(outputs.len()),
             _ => Some(1),
         }
     }

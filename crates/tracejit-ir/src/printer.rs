@@ -170,6 +170,7 @@ fn write_op(s: &mut String, g: &Graph, op: &Op) -> fmt::Result {
             }
         }
         Op::Fused { body } => write!(s, "[{} nodes]", body.len()),
+        Op::Kernel { name, .. } => write!(s, "[{name:?}]"),
         Op::ReadVariable { var: v } => write!(s, "[var={}]", var(*v)),
         Op::AssignVariable { var: v, kind } => write!(s, "[var={}, kind={}]", var(*v), kind.name()),
     }
@@ -220,7 +221,8 @@ fn write_dot(s: &mut String, g: &Graph) -> fmt::Result {
             Op::Parameter { .. } => ", shape=invhouse, style=filled, fillcolor=\"#cfe2ff\"",
             Op::Constant { .. } => ", style=filled, fillcolor=\"#eeeeee\"",
             Op::ReadVariable { .. } | Op::AssignVariable { .. } => ", style=filled, fillcolor=\"#ffe5b4\"",
-            Op::Call { .. } => ", shape=box3d",
+            Op::Call { .. } | Op::Kernel { .. } => ", shape=box3d",
+            Op::Fused { .. } => ", style=filled, fillcolor=\"#e2d9f3\"",
             _ => "",
         };
         writeln!(s, "  n{} [label={}{style}];", id.index(), dot_string(&full))?;

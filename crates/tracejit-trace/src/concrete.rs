@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+use tracejit_ir::passes::PipelineReport;
 use tracejit_ir::{interpret, AttrValue, Graph, LibraryFunction, Op, TensorType};
 use tracejit_tensor::Storage;
 
@@ -29,6 +30,11 @@ pub struct ConcreteFunction {
     pub(crate) output_structure: Vec<u32>,
     pub(crate) attrs: BTreeMap<String, AttrValue>,
     pub(crate) trace_reason: String,
+    /// What the optimization pipeline did to `graph`.
+    pub(crate) report: PipelineReport,
+    /// The compiled schedule of `optimized`, when the JIT is on and could
+    /// prepare it; otherwise the interpreter runs `optimized`.
+    pub(crate) executable: Option<tracejit_jit::Executable>,
 }
 
 impl std::fmt::Debug for ConcreteFunction {
@@ -77,7 +83,24 @@ impl ConcreteFunction {
     /// `"interpreter"` (the reference kernels, node by node). The benchmark
     /// harness uses it to never report interpreter figures as JIT figures.
     pub fn executor_kind(&self) -> &'static str {
-        "interpreter"
+        if self.executable.is_some() {
+            "jit"
+        } else {
+            "interpreter"
+        }
+    }
+
+    /// Ops the JIT executor runs with the reference kernels instead of
+    /// compiled code (empty when every step is compiled or a GEMM).
+    pub fn fallbacks(&self) -> Vec<String> {
+        self.executable.as_ref().map(|e| e.fallbacks()).unwrap_or_default()
+    }
+
+    /// What the optimization pipeline did: per pass, the node counts before
+    /// and after, whether it changed the graph, and its time. `Display`
+    /// prints it as a table.
+    pub fn stats(&self) -> &PipelineReport {
+        &self.report
     }
 
     /// Function attributes (`implements`).
@@ -133,7 +156,11 @@ impl ConcreteFunction {
     /// Runs the optimized graph on eager values; a panic inside a kernel
     /// becomes an `Err`.
     pub(crate) fn execute(&self, inputs: &[Storage]) -> Result<Vec<Storage>> {
-        match catch_unwind(AssertUnwindSafe(|| interpret(&self.optimized, inputs))) {
+        let run = || match &self.executable {
+            Some(exe) => exe.run(inputs),
+            None => interpret(&self.optimized, inputs),
+        };
+        match catch_unwind(AssertUnwindSafe(run)) {
             Ok(r) => Ok(r?),
             Err(p) => Err(Error::Signature {
                 function: self.name.clone(),

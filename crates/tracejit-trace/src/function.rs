@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use dashmap::DashMap;
 use smallvec::SmallVec;
-use tracejit_ir::{verify, AttrValue, TensorType};
+use tracejit_ir::passes::{OptimizationOptions, PassContext, Pipeline, PipelineReport};
+use tracejit_ir::{verify, AttrValue, Graph, TensorType};
 use tracejit_tensor::{DType, Storage};
 
 use crate::concrete::{panic_message, ConcreteFunction};
@@ -40,6 +41,7 @@ where
             reduce_retracing: false,
             implements: None,
             jit: true,
+            optimizations: OptimizationOptions::default(),
         }),
         state: Arc::new(FunctionState::default()),
         _marker: PhantomData,
@@ -65,6 +67,7 @@ struct FunctionConfig {
     reduce_retracing: bool,
     implements: Option<std::result::Result<String, String>>,
     jit: bool,
+    optimizations: OptimizationOptions,
 }
 
 #[derive(Default)]
@@ -195,6 +198,32 @@ impl<A: Nest, R: Nest> Function<A, R> {
     pub fn implements(self, name: &str) -> Self {
         let checked = validate_composite_name(name);
         self.with_config(|c| c.implements = Some(checked))
+    }
+
+    /// Optimizes traced graphs under `options` (which passes run, the
+    /// selector, verification, dumps); see [`OptimizationOptions`].
+    pub fn with_optimizations(self, options: OptimizationOptions) -> Self {
+        self.with_config(|c| c.optimizations = options)
+    }
+
+    /// Runs the optimization pipeline (default) or executes graphs as traced.
+    pub fn optimize(self, on: bool) -> Self {
+        self.with_config(|c| c.optimizations.enabled = on)
+    }
+
+    /// Skips the pass named `pass` (`"cse"`, `"fusion"`, ...); an unknown
+    /// name makes tracing fail with the list of passes.
+    pub fn disable_pass(self, pass: &str) -> Self {
+        let pass = pass.to_string();
+        self.with_config(|c| {
+            c.optimizations.disabled.insert(pass);
+        })
+    }
+
+    /// Replaces composite calls by registered kernels (default), or inlines
+    /// every composite (`false`), to compare the two.
+    pub fn selector(self, on: bool) -> Self {
+        self.with_config(|c| c.optimizations.selector = on)
     }
 
     /// Compile with the JIT (default) or run graphs with the interpreter.
@@ -505,11 +534,15 @@ impl<A: Nest, R: Nest> Function<A, R> {
         if let Some(Ok(name)) = &self.config.implements {
             attrs.insert("implements".to_string(), AttrValue::Str(name.clone()));
         }
+        let (optimized, report) = self.optimize_graph(&ctx.graph)?;
+        let executable = self.prepare_executable(&optimized);
         let graph = Arc::new(ctx.graph);
         let n_params = specs.len();
         let cf = Arc::new(ConcreteFunction {
             name: self.config.name.clone(),
-            optimized: graph.clone(),
+            optimized: Arc::new(optimized),
+            report,
+            executable,
             graph,
             signature: specs.into_iter().map(|ty| TensorSpec { ty }).collect(),
             statics,
@@ -536,13 +569,52 @@ impl<A: Nest, R: Nest> Function<A, R> {
     }
 }
 
-/// Checks the `org.semantic.opname` form: at least three dot-separated,
-/// non-empty segments of ASCII letters, digits and `_`.
+impl<A: Nest, R: Nest> Function<A, R> {
+    /// Compiles the optimized graph for the JIT executor when `jit(true)`.
+    /// A graph the executor cannot prepare runs in the interpreter instead
+    /// (logged): slower, never wrong.
+    fn prepare_executable(&self, graph: &Graph) -> Option<tracejit_jit::Executable> {
+        if !self.config.jit {
+            return None;
+        }
+        match tracejit_jit::Executable::new(graph) {
+            Ok(exe) => Some(exe),
+            Err(e) => {
+                log::warn!(
+                    "tracejit: `{}` runs in the interpreter: the JIT could not prepare it: {e}",
+                    self.config.name
+                );
+                None
+            }
+        }
+    }
+
+    /// Runs the optimization pipeline over a freshly traced graph; the
+    /// trace lock is held. Composite calls find their kernels in
+    /// `tracejit::composite`; dumps are named `<function>.<trace number>`.
+    fn optimize_graph(&self, graph: &Graph) -> Result<(Graph, PipelineReport)> {
+        let pipeline = Pipeline::default_pipeline().with_options(self.config.optimizations.clone());
+        pipeline.validate().map_err(|message| Error::Signature { function: self.config.name.clone(), message })?;
+        let trace_no = self.state.tracing_count.load(Ordering::SeqCst) + 1;
+        let mut cx = PassContext {
+            dump_prefix: Some(format!("{}.{trace_no}", self.config.name)),
+            ..PassContext::new(self.config.name.clone())
+        }
+        .with_kernels(crate::composite::kernel_registry());
+        if self.config.jit {
+            // Form only regions the JIT compiles (smaller ones where it
+            // would reject a bigger one); `OptimizationOptions::accept_region`
+            // still overrides.
+            cx = cx.with_region_acceptor(Arc::new(tracejit_jit::supports));
+        }
+        Ok(pipeline.run(graph, &cx)?)
+    }
+}
+
+/// The `implements` name if it has the `org.semantic.opname` form
+/// ([`crate::composite::is_valid_name`]), else the message a call reports.
 fn validate_composite_name(name: &str) -> std::result::Result<String, String> {
-    let parts: Vec<&str> = name.split('.').collect();
-    let ok = parts.len() >= 3
-        && parts.iter().all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
-    if ok {
+    if crate::composite::is_valid_name(name) {
         Ok(name.to_string())
     } else {
         Err(format!(

@@ -11,12 +11,14 @@
 // inside this crate too.
 extern crate self as tracejit;
 
+pub mod composite;
 mod concrete;
 pub mod config;
 mod context;
 mod error;
 mod function;
 mod nest;
+pub mod nn;
 mod operators;
 mod ops;
 mod tensor;
@@ -29,5 +31,6 @@ pub use nest::{Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, Te
 pub use ops::{Operand, Scalar};
 pub use tensor::Tensor;
 pub use tracejit_derive::Nest;
+pub use tracejit_ir::passes::{OptimizationOptions, PipelineReport};
 pub use tracejit_tensor::{DType, SliceSpec};
 pub use variable::{remember, remember_in, Scope, Variable};

@@ -22,9 +22,7 @@ fn float_to_storage(v: f64, dtype: DType, op: &str) -> Storage {
     match dtype {
         DType::F32 => Storage::scalar(v as f32),
         DType::F64 => Storage::scalar(v),
-        DType::I32 if v.fract() == 0.0 && (i32::MIN as f64..=i32::MAX as f64).contains(&v) => {
-            Storage::scalar(v as i32)
-        }
+        DType::I32 if v.fract() == 0.0 && (i32::MIN as f64..=i32::MAX as f64).contains(&v) => Storage::scalar(v as i32),
         // 2^63 itself is out of range, hence the half-open interval.
         DType::I64 if v.fract() == 0.0 && (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&v) => {
             Storage::scalar(v as i64)

@@ -1,0 +1,12 @@
+//! criterion microbenchmarks of tracejit: the signature cache (`cache`),
+//! eager per-op overhead against plain ndarray (`eager`), and a fused
+//! kernel's throughput through a traced function (`kernel`).
+//!
+//! `cargo bench --bench bench_main` runs them all; pass a filter such as
+//! `cargo bench --bench bench_main -- cache` to run one group.
+
+use criterion::criterion_main;
+
+mod benchmarks;
+
+criterion_main!(benchmarks::cache::benches, benchmarks::eager::benches, benchmarks::kernel::benches);

@@ -1,0 +1,5 @@
+//! The benchmark groups run by `bench_main`.
+
+pub mod cache;
+pub mod eager;
+pub mod kernel;

@@ -1,0 +1,19 @@
+//! The tracejit benchmark harness as a library: the workloads of
+//! shared/WORKLOADS.md ([`workloads`]), output verification against eager
+//! ([`verify`]), timing ([`measure`]), the machine's floors ([`floors`]), the
+//! per-mode runner ([`runner`]) and the reports ([`report`]). The
+//! `tracejit-bench` binary strings them together; keeping the logic here
+//! makes it testable (a wrong result must fail the run).
+
+pub mod cli;
+pub mod floors;
+pub mod measure;
+pub mod report;
+pub mod runner;
+pub mod verify;
+pub mod workloads;
+
+pub use measure::{Budget, Timing};
+pub use runner::{run_case, run_workload, Row, RunConfig, Status};
+pub use verify::{check_outputs, check_tensors, Mismatch, OutputValues, Tolerance};
+pub use workloads::{Mode, WorkloadSpec};

@@ -1,0 +1,124 @@
+//! `tracejit-bench`: the workloads of shared/WORKLOADS.md eager and traced,
+//! side by side, with the machine's floors. `cargo run --release -p
+//! tracejit-bench -- --help` lists the options.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tracejit_bench::floors::{
+    measure_bandwidth, measure_gemm_mlp_forward, BANDWIDTH_BUFFER_FULL, BANDWIDTH_BUFFER_QUICK,
+};
+use tracejit_bench::report::{json_lines, report_dir, table, write_reports, Results};
+use tracejit_bench::workloads::{selected, LSTM_CELL_IMPL};
+use tracejit_bench::{cli, run_workload, Budget, RunConfig};
+
+/// Progress on stderr: a bar on a terminal (advanced when a step ends),
+/// plain lines otherwise (one when a step starts).
+enum Progress {
+    Bar { bar: ProgressBar, started: bool },
+    Lines { done: u64, total: u64 },
+}
+
+impl Progress {
+    fn new(total: u64) -> Progress {
+        if std::io::stderr().is_terminal() {
+            let bar = ProgressBar::new(total);
+            if let Ok(style) = ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}") {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            Progress::Bar { bar, started: false }
+        } else {
+            Progress::Lines { done: 0, total }
+        }
+    }
+
+    fn step(&mut self, what: &str) {
+        match self {
+            Progress::Bar { bar, started } => {
+                if *started {
+                    bar.inc(1);
+                }
+                *started = true;
+                bar.set_message(what.to_string());
+            }
+            Progress::Lines { done, total } => {
+                *done += 1;
+                eprintln!("tracejit-bench: [{done}/{total}] {what}");
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Progress::Bar { bar, .. } = self {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let opts = match cli::parse(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("tracejit-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if opts.help {
+        println!("{}", cli::USAGE);
+        return ExitCode::SUCCESS;
+    }
+    let budget = if opts.quick { Budget::QUICK } else { Budget::FULL };
+    let specs = selected(opts.filter.as_deref());
+    if specs.is_empty() {
+        eprintln!("tracejit-bench: --filter {:?} matches no workload", opts.filter.unwrap_or_default());
+        return ExitCode::from(2);
+    }
+    let total = 2 + specs.iter().map(|s| s.modes.len() as u64).sum::<u64>();
+    let mut progress = Progress::new(total);
+
+    let buffer = if opts.quick { BANDWIDTH_BUFFER_QUICK } else { BANDWIDTH_BUFFER_FULL };
+    progress.step(&format!("floor: memory bandwidth ({} MiB copy)", buffer >> 20));
+    let bandwidth = measure_bandwidth(buffer, budget);
+    progress.step("floor: GEMM of mlp_forward");
+    let gemm = measure_gemm_mlp_forward(budget);
+
+    let cfg = RunConfig { budget, threads: opts.threads, inject_wrong_result: opts.inject_wrong_result.clone() };
+    let mut rows = Vec::new();
+    for spec in &specs {
+        let mut on_mode = |name: &str, mode: tracejit_bench::Mode| progress.step(&format!("{name} {}", mode.name()));
+        rows.extend(run_workload(spec, &cfg, &mut on_mode));
+    }
+    progress.finish();
+
+    let results = Results::new(rows, &specs, bandwidth, gemm, opts.quick, opts.threads);
+    if opts.json {
+        for line in json_lines(&results) {
+            println!("{line}");
+        }
+    } else {
+        print!("{}", table(&results));
+        if specs.iter().any(|s| s.name == "lstm_cell") {
+            println!("lstm_cell: {LSTM_CELL_IMPL}.");
+        }
+    }
+    if !opts.no_report {
+        match write_reports(&results, &report_dir()) {
+            Ok(paths) => {
+                let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+                eprintln!("tracejit-bench: wrote {}", list.join(", "));
+            }
+            Err(e) => eprintln!("tracejit-bench: could not write the report: {e}"),
+        }
+    }
+    if results.any_failed() {
+        eprintln!("\ntracejit-bench: FAILED — a mode gave a wrong result or an error; no figure is reported for it:");
+        for r in results.rows.iter().filter(|r| r.failed()) {
+            if let tracejit_bench::Status::Failed(reason) = &r.status {
+                eprintln!("  {} {} {}: {reason}", r.id, r.workload, r.mode.name());
+            }
+        }
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,185 @@
+//! Output verification: every mode's result is compared with the eager result
+//! before it is timed, and a mismatch fails the run instead of printing a
+//! (fast, wrong) number.
+//!
+//! An element passes when `|got - want| <= rtol * |want| + atol * scale`,
+//! where `scale` is the largest magnitude in that output of the eager result
+//! (so `atol` is relative to the output's size, and values near zero — after a
+//! relu, a softmax's small probabilities — are judged against the output they
+//! belong to, not against themselves). NaN must meet NaN; an infinity must
+//! meet the same infinity; shapes and dtypes must agree exactly.
+
+use std::fmt;
+
+use tracejit::{DType, Tensor};
+
+/// How close a result must be to the eager one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    /// Relative to the element's own eager value.
+    pub rtol: f64,
+    /// Relative to the largest magnitude in the eager output.
+    pub atol: f64,
+}
+
+impl Tolerance {
+    /// Chains of exact ops (add, mul, matmul, relu): only rounding order and
+    /// FMA contraction may differ.
+    pub const EXACT_CHAIN: Tolerance = Tolerance { rtol: 1e-5, atol: 1e-6 };
+    /// Transcendental-heavy code (tanh, exp, rsqrt, sigmoid), where the JIT
+    /// may use polynomial approximations.
+    pub const TRANSCENDENTAL: Tolerance = Tolerance { rtol: 1e-4, atol: 1e-5 };
+}
+
+impl fmt::Display for Tolerance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rtol {:e}, atol {:e} of the output's max |value|", self.rtol, self.atol)
+    }
+}
+
+/// One output's values, flattened, with its shape and dtype.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutputValues {
+    /// Shape of the output.
+    pub shape: Vec<usize>,
+    /// Element type of the output.
+    pub dtype: DType,
+    /// The elements as f64, row-major.
+    pub values: Vec<f64>,
+}
+
+impl OutputValues {
+    /// Reads an eager tensor (f32, f64, i32, i64 or bool). `Err` if the
+    /// tensor is symbolic.
+    pub fn from_tensor(t: &Tensor) -> Result<OutputValues, String> {
+        let values: Vec<f64> = match t.dtype() {
+            DType::F32 => t.to_vec::<f32>().map(|v| v.into_iter().map(f64::from).collect()),
+            DType::F64 => t.to_vec::<f64>(),
+            DType::I32 => t.to_vec::<i32>().map(|v| v.into_iter().map(f64::from).collect()),
+            DType::I64 => t.to_vec::<i64>().map(|v| v.into_iter().map(|x| x as f64).collect()),
+            DType::Bool => t.to_vec::<bool>().map(|v| v.into_iter().map(|x| if x { 1.0 } else { 0.0 }).collect()),
+        }
+        .map_err(|e| format!("cannot read an output: {e}"))?;
+        Ok(OutputValues { shape: t.shape().to_vec(), dtype: t.dtype(), values })
+    }
+
+    /// Reads every tensor of a flattened result.
+    pub fn from_tensors(ts: &[Tensor]) -> Result<Vec<OutputValues>, String> {
+        ts.iter().map(OutputValues::from_tensor).collect()
+    }
+}
+
+/// How far a result was from the eager one (it passed).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Agreement {
+    /// Largest `|got - want|` over all elements.
+    pub max_abs_err: f64,
+    /// Largest `|got - want| / |want|` over elements whose `want` is not 0.
+    pub max_rel_err: f64,
+}
+
+/// Why a result was rejected.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mismatch {
+    /// What differs, with the worst element and the tolerance.
+    pub message: String,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Mismatch {}
+
+fn fail(message: String) -> Result<Agreement, Mismatch> {
+    Err(Mismatch { message })
+}
+
+/// Compares `got` with the eager result `want`, output by output.
+pub fn check_outputs(want: &[OutputValues], got: &[OutputValues], tol: Tolerance) -> Result<Agreement, Mismatch> {
+    if want.len() != got.len() {
+        return fail(format!("{} outputs, the eager result has {}", got.len(), want.len()));
+    }
+    let mut agreement = Agreement::default();
+    for (k, (w, g)) in want.iter().zip(got).enumerate() {
+        if w.dtype != g.dtype {
+            return fail(format!("output {k}: dtype {} where eager gives {}", g.dtype, w.dtype));
+        }
+        if w.shape != g.shape || w.values.len() != g.values.len() {
+            return fail(format!("output {k}: shape {:?} where eager gives {:?}", g.shape, w.shape));
+        }
+        let scale = w.values.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+        for (i, (&a, &b)) in w.values.iter().zip(&g.values).enumerate() {
+            if a.is_nan() || b.is_nan() {
+                if a.is_nan() && b.is_nan() {
+                    continue;
+                }
+                return fail(format!("output {k}, element {i}: {b} where eager gives {a}"));
+            }
+            if a.is_infinite() || b.is_infinite() {
+                if a == b {
+                    continue;
+                }
+                return fail(format!("output {k}, element {i}: {b} where eager gives {a}"));
+            }
+            let err = (a - b).abs();
+            let allowed = tol.rtol * a.abs() + tol.atol * scale;
+            if err > allowed {
+                return fail(format!(
+                    "output {k}, element {i}: {b} where eager gives {a} (|error| {err:.3e} > allowed {allowed:.3e}; \
+                     tolerance {tol})"
+                ));
+            }
+            agreement.max_abs_err = agreement.max_abs_err.max(err);
+            if a != 0.0 {
+                agreement.max_rel_err = agreement.max_rel_err.max(err / a.abs());
+            }
+        }
+    }
+    Ok(agreement)
+}
+
+/// Reads `got` and compares it with `want` (see [`check_outputs`]).
+pub fn check_tensors(want: &[OutputValues], got: &[Tensor], tol: Tolerance) -> Result<Agreement, Mismatch> {
+    let got = OutputValues::from_tensors(got).map_err(|message| Mismatch { message })?;
+    check_outputs(want, &got, tol)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(values: &[f64]) -> OutputValues {
+        OutputValues { shape: vec![values.len()], dtype: DType::F32, values: values.to_vec() }
+    }
+
+    #[test]
+    fn equal_results_pass_with_zero_error() {
+        let a = [out(&[1.0, -2.0, 0.0])];
+        assert_eq!(check_outputs(&a, &a, Tolerance::EXACT_CHAIN).unwrap(), Agreement::default());
+    }
+
+    #[test]
+    fn small_errors_pass_large_ones_fail() {
+        let want = [out(&[1.0, 10.0])];
+        let ok = [out(&[1.0 + 1e-6, 10.0])];
+        assert!(check_outputs(&want, &ok, Tolerance::EXACT_CHAIN).is_ok());
+        let bad = [out(&[1.001, 10.0])];
+        let err = check_outputs(&want, &bad, Tolerance::EXACT_CHAIN).unwrap_err();
+        assert!(err.message.contains("element 0"), "{err}");
+    }
+
+    #[test]
+    fn nan_shape_and_count_mismatches_fail() {
+        let want = [out(&[1.0, 2.0])];
+        assert!(check_outputs(&want, &[out(&[1.0, f64::NAN])], Tolerance::TRANSCENDENTAL).is_err());
+        assert!(check_outputs(&[out(&[f64::NAN])], &[out(&[f64::NAN])], Tolerance::TRANSCENDENTAL).is_ok());
+        assert!(check_outputs(&want, &[out(&[1.0, 2.0, 3.0])], Tolerance::TRANSCENDENTAL).is_err());
+        assert!(check_outputs(&want, &[], Tolerance::TRANSCENDENTAL).is_err());
+        let mut wrong_dtype = out(&[1.0, 2.0]);
+        wrong_dtype.dtype = DType::F64;
+        assert!(check_outputs(&want, &[wrong_dtype], Tolerance::TRANSCENDENTAL).is_err());
+    }
+}

@@ -1,0 +1,546 @@
+//! The workloads W1-W7 of shared/WORKLOADS.md, each written once as a
+//! closure over [`Tensor`]s and run in every [`Mode`] from that one closure.
+//!
+//! Inputs are f32 from fixed seeds, built by [`WorkloadSpec::build`] outside
+//! every timed region. How each mode runs the closure:
+//!
+//! - `eager`: the closure called directly on eager tensors;
+//! - `traced-interp`: `function(closure).jit(false)`;
+//! - `traced-jit`: `function(closure).jit(true)`, reported only when the
+//!   ConcreteFunction's `executor_kind()` says `"jit"`;
+//! - `traced-jit-noselect` (W7): the JIT with the implementation selector off
+//!   (see [`configure_function`]).
+//!
+//! Softmax (W3) and layer norm (W4) are written with primitives (`max`, `sub`,
+//! `exp`, `sum`, `div` / `mean`, `rsqrt`), as the workloads define them.
+//! The LSTM cell of W7 goes through [`lstm_cell`], the single place that
+//! switches it to the `tracejit::nn::lstm_cell` composite.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use tracejit::{function, DType, Flattener, Function, Nest, StaticValue, Tensor, Unflattener};
+
+use crate::verify::Tolerance;
+
+/// How a workload is run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mode {
+    /// The closure called directly.
+    Eager,
+    /// Traced, the graph run by the interpreter.
+    TracedInterp,
+    /// Traced, compiled by the JIT.
+    TracedJit,
+    /// Traced, compiled by the JIT, with the implementation selector off (so
+    /// composites are inlined instead of swapped for their kernels).
+    TracedJitNoSelect,
+}
+
+impl Mode {
+    /// The name used in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Eager => "eager",
+            Mode::TracedInterp => "traced-interp",
+            Mode::TracedJit => "traced-jit",
+            Mode::TracedJitNoSelect => "traced-jit-noselect",
+        }
+    }
+
+    /// True for the modes that go through `function`.
+    pub fn is_traced(self) -> bool {
+        self != Mode::Eager
+    }
+
+    /// True for the modes whose figures must come from the JIT executor.
+    pub fn needs_jit(self) -> bool {
+        matches!(self, Mode::TracedJit | Mode::TracedJitNoSelect)
+    }
+}
+
+/// The modes every workload runs in.
+pub const STANDARD_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit];
+/// W7's modes: the standard ones plus the JIT with the selector off.
+pub const COMPOSITE_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit, Mode::TracedJitNoSelect];
+
+/// Configures a fresh `Function` for a traced mode: THE place where modes map
+/// to builder calls. `Err` carries the reason a mode cannot run yet.
+pub fn configure_function<A: Nest, R: Nest>(f: Function<A, R>, mode: Mode) -> Result<Function<A, R>, String> {
+    match mode {
+        Mode::Eager => Err("eager mode does not go through `function`".to_string()),
+        Mode::TracedInterp => Ok(f.jit(false)),
+        Mode::TracedJit => Ok(f.jit(true)),
+        // Composites inlined and fused like any other code instead of being
+        // swapped for their registered kernels.
+        Mode::TracedJitNoSelect => Ok(f.jit(true).selector(false)),
+    }
+}
+
+/// A workload's inputs and closure, ready to run in any mode.
+pub trait Runnable {
+    /// Calls the closure eagerly once; a panic becomes `Err`.
+    fn eager_call(&self) -> Result<Vec<Tensor>, String>;
+    /// Calls the closure eagerly, dropping the result (the timed loop).
+    fn eager_call_discard(&self);
+    /// Calls the closure eagerly on the inputs cast to f64, with the outputs
+    /// cast back to f32: a higher-precision reference, used to check that
+    /// the tolerances leave room for f32 rounding.
+    fn eager_call_f64(&self) -> Result<Vec<Tensor>, String>;
+    /// A fresh traced `Function` of the closure for `mode` (nothing traced
+    /// yet); `Err` is the reason the mode is not available.
+    fn traced(&self, mode: Mode) -> Result<Box<dyn TracedRunner + '_>, String>;
+}
+
+/// A traced `Function` bound to a workload's inputs.
+pub trait TracedRunner {
+    /// Calls the function, returning its outputs flattened.
+    fn call(&mut self) -> Result<Vec<Tensor>, String>;
+    /// Calls the function, dropping the result (the timed loop).
+    fn call_discard(&mut self) -> Result<(), String>;
+    /// The executor of the first ConcreteFunction (`"jit"`, `"interpreter"`),
+    /// once something was traced.
+    fn executor_kind(&self) -> Option<&'static str>;
+    /// How many times the closure was traced.
+    fn tracing_count(&self) -> usize;
+}
+
+/// The flattened tensors of a result nest.
+pub fn flatten_result<R: Nest>(r: &R) -> Vec<Tensor> {
+    let mut flat = Flattener::default();
+    r.flatten(&mut flat);
+    flat.tensors.iter().map(|t| (*t).clone()).collect()
+}
+
+/// One workload: its arguments and the closure, shared by every mode.
+pub struct Case<A, R> {
+    name: &'static str,
+    args: A,
+    closure: Arc<dyn Fn(A) -> R + Send + Sync>,
+}
+
+impl<A, R> Case<A, R>
+where
+    A: Nest + Clone + 'static,
+    R: Nest + 'static,
+{
+    /// A case named `name` calling `closure` on (clones of) `args`.
+    pub fn new(name: &'static str, args: A, closure: impl Fn(A) -> R + Send + Sync + 'static) -> Case<A, R> {
+        Case { name, args, closure: Arc::new(closure) }
+    }
+
+    /// The closure as a fresh (untraced) `Function`.
+    pub fn function(&self) -> Function<A, R> {
+        let c = self.closure.clone();
+        function(move |a: A| c(a)).name(self.name)
+    }
+}
+
+impl<A, R> Runnable for Case<A, R>
+where
+    A: Nest + Clone + 'static,
+    R: Nest + 'static,
+{
+    fn eager_call(&self) -> Result<Vec<Tensor>, String> {
+        catch_unwind(AssertUnwindSafe(|| flatten_result(&(self.closure)(self.args.clone()))))
+            .map_err(|p| format!("eager call panicked: {}", panic_text(&*p)))
+    }
+
+    fn eager_call_discard(&self) {
+        std::hint::black_box((self.closure)(std::hint::black_box(self.args.clone())));
+    }
+
+    fn eager_call_f64(&self) -> Result<Vec<Tensor>, String> {
+        let mut flat = Flattener::default();
+        self.args.flatten(&mut flat);
+        let tensors: Vec<Tensor> = flat
+            .tensors
+            .iter()
+            .map(|t| if t.dtype() == DType::F32 { t.cast(DType::F64) } else { (*t).clone() })
+            .collect();
+        let statics: Vec<Arc<dyn StaticValue>> = flat.statics.iter().map(|s| s.clone_arc()).collect();
+        let args = A::unflatten(&mut Unflattener::new(tensors, statics, flat.structure.to_vec()));
+        catch_unwind(AssertUnwindSafe(|| {
+            flatten_result(&(self.closure)(args))
+                .into_iter()
+                .map(|t| if t.dtype() == DType::F64 { t.cast(DType::F32) } else { t })
+                .collect()
+        }))
+        .map_err(|p| format!("eager f64 call panicked: {}", panic_text(&*p)))
+    }
+
+    fn traced(&self, mode: Mode) -> Result<Box<dyn TracedRunner + '_>, String> {
+        let f = configure_function(self.function(), mode)?;
+        Ok(Box::new(BoundFunction { f, args: &self.args }))
+    }
+}
+
+struct BoundFunction<'a, A, R> {
+    f: Function<A, R>,
+    args: &'a A,
+}
+
+impl<A: Nest + Clone, R: Nest> TracedRunner for BoundFunction<'_, A, R> {
+    fn call(&mut self) -> Result<Vec<Tensor>, String> {
+        let out = self.f.call(self.args.clone()).map_err(|e| e.to_string())?;
+        Ok(flatten_result(&out))
+    }
+
+    fn call_discard(&mut self) -> Result<(), String> {
+        match self.f.call(std::hint::black_box(self.args.clone())) {
+            Ok(out) => {
+                std::hint::black_box(out);
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn executor_kind(&self) -> Option<&'static str> {
+        self.f.concrete_functions().first().map(|cf| cf.executor_kind())
+    }
+
+    fn tracing_count(&self) -> usize {
+        self.f.tracing_count()
+    }
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}
+
+/// What a workload spec builds: a runnable case, or the reason it cannot run
+/// at all yet.
+pub enum Body {
+    /// Inputs and closure.
+    Runnable(Box<dyn Runnable>),
+    /// Every mode is `n/a` for this reason.
+    Unavailable(String),
+}
+
+/// A workload's identity and how to build it.
+pub struct WorkloadSpec {
+    /// `W1`..`W7`.
+    pub id: &'static str,
+    /// The name used in JSON (`small_ops`, `gelu`, ...).
+    pub name: &'static str,
+    /// One line saying what it computes.
+    pub what: &'static str,
+    /// How close every mode must be to the eager result.
+    pub tolerance: Tolerance,
+    /// Why that tolerance.
+    pub tolerance_note: &'static str,
+    /// Bytes a perfect implementation moves (for the bandwidth floor).
+    pub floor_bytes: Option<f64>,
+    /// The modes it runs in.
+    pub modes: &'static [Mode],
+    /// Builds the inputs (from fixed seeds) and the closure.
+    pub build: fn() -> Body,
+}
+
+/// Bytes in a MiB.
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Every workload, in order W1..W7.
+pub fn all() -> Vec<WorkloadSpec> {
+    vec![
+        WorkloadSpec {
+            id: "W1",
+            name: "small_ops",
+            what: "x of [16]; 50 times x = x * 1.0001 + 0.001 (100 elementwise ops)",
+            tolerance: Tolerance::EXACT_CHAIN,
+            tolerance_note: "exact ops; FMA contraction may change the last bit of each step",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: build_small_ops,
+        },
+        WorkloadSpec {
+            id: "W2",
+            name: "gelu",
+            what: "tanh-approximation GELU on [1048576]",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "tanh may be a polynomial approximation in the JIT",
+            floor_bytes: Some(8.0 * MIB),
+            modes: STANDARD_MODES,
+            build: build_gelu,
+        },
+        WorkloadSpec {
+            id: "W3",
+            name: "softmax",
+            what: "stable row softmax on [1024, 1024] (primitives: max, sub, exp, sum, div)",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "exp approximation and reduction order",
+            floor_bytes: Some(8.0 * MIB),
+            modes: STANDARD_MODES,
+            build: build_softmax,
+        },
+        WorkloadSpec {
+            id: "W4",
+            name: "layernorm",
+            what: "layer norm over the last axis of [1024, 1024], eps 1e-5 (primitives: mean, var, rsqrt)",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "rsqrt approximation and reduction order",
+            floor_bytes: Some(8.0 * MIB + 2.0 * 4096.0),
+            modes: STANDARD_MODES,
+            build: build_layernorm,
+        },
+        WorkloadSpec {
+            id: "W5",
+            name: "mlp_forward",
+            what: "batch 64, 784 -> 512 -> 512 -> 10, bias + relu between layers",
+            tolerance: Tolerance { rtol: 1e-5, atol: 1e-5 },
+            tolerance_note: "exact ops, but dot products of length 784 summed in another order cancel",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: build_mlp_forward,
+        },
+        WorkloadSpec {
+            id: "W6",
+            name: "mlp_train_step",
+            what: "W5 + softmax cross-entropy + backward + SGD (lr 0.01)",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "exp/log in the loss",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: build_mlp_train_step,
+        },
+        WorkloadSpec {
+            id: "W7",
+            name: "lstm_cell",
+            what: "LSTM cell, batch 64, input 256, hidden 256, one step",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "sigmoid/tanh approximations",
+            floor_bytes: None,
+            modes: COMPOSITE_MODES,
+            build: build_lstm_cell,
+        },
+    ]
+}
+
+/// The workloads whose name contains `filter` (ASCII case-insensitive) or
+/// whose id is `filter` (`W3`); all with `None`.
+pub fn selected(filter: Option<&str>) -> Vec<WorkloadSpec> {
+    all()
+        .into_iter()
+        .filter(|w| match filter {
+            None => true,
+            Some(f) => {
+                let f = f.to_ascii_lowercase();
+                w.name.contains(&f) || w.id.eq_ignore_ascii_case(&f)
+            }
+        })
+        .collect()
+}
+
+// ---- W1 -------------------------------------------------------------------
+
+/// W1's closure.
+pub fn small_ops(x: Tensor) -> Tensor {
+    let mut x = x;
+    for _ in 0..50 {
+        x = x * 1.0001 + 0.001;
+    }
+    x
+}
+
+fn build_small_ops() -> Body {
+    Body::Runnable(Box::new(Case::new("small_ops", Tensor::randn(&[16], 1), small_ops)))
+}
+
+// ---- W2 -------------------------------------------------------------------
+
+/// W2's closure: `0.5*x*(1+tanh(0.7978845608*(x+0.044715*x^3)))`.
+pub fn gelu(x: Tensor) -> Tensor {
+    let inner = (&x + 0.044715 * (&x * &x * &x)) * 0.7978845608;
+    0.5 * &x * (inner.tanh() + 1.0)
+}
+
+fn build_gelu() -> Body {
+    Body::Runnable(Box::new(Case::new("gelu", Tensor::randn(&[1_048_576], 2), gelu)))
+}
+
+// ---- W3 -------------------------------------------------------------------
+
+/// W3's closure: a stable softmax over the last axis.
+pub fn softmax(x: Tensor) -> Tensor {
+    let m = x.max(&[-1], true);
+    let e = (&x - &m).exp();
+    let s = e.sum(&[-1], true);
+    &e / &s
+}
+
+fn build_softmax() -> Body {
+    Body::Runnable(Box::new(Case::new("softmax", Tensor::randn(&[1024, 1024], 3), softmax)))
+}
+
+// ---- W4 -------------------------------------------------------------------
+
+/// W4's closure: layer norm over the last axis, eps 1e-5.
+pub fn layernorm((x, gamma, beta): (Tensor, Tensor, Tensor)) -> Tensor {
+    let mean = x.mean(&[-1], true);
+    let xc = &x - &mean;
+    let var = (&xc * &xc).mean(&[-1], true);
+    &xc * (var + 1e-5).rsqrt() * &gamma + &beta
+}
+
+fn build_layernorm() -> Body {
+    let x = Tensor::randn(&[1024, 1024], 4);
+    let gamma = Tensor::rand_uniform(&[1024], 0.5, 1.5, 41);
+    let beta = Tensor::randn(&[1024], 42) * 0.1;
+    Body::Runnable(Box::new(Case::new("layernorm", (x, gamma, beta), layernorm)))
+}
+
+// ---- W5 -------------------------------------------------------------------
+
+/// W5's arguments: x [64, 784], then (w, b) of each layer.
+pub type MlpArgs = (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor);
+
+/// W5's closure: three dense layers, relu between them.
+pub fn mlp_forward((x, w1, b1, w2, b2, w3, b3): MlpArgs) -> Tensor {
+    let h1 = (x.matmul(&w1) + &b1).relu();
+    let h2 = (h1.matmul(&w2) + &b2).relu();
+    h2.matmul(&w3) + &b3
+}
+
+/// A dense layer's weight [fan_in, fan_out] scaled by 1/sqrt(fan_in), and its
+/// bias [fan_out], from `seed`.
+fn dense(fan_in: usize, fan_out: usize, seed: u64) -> (Tensor, Tensor) {
+    let w = Tensor::randn(&[fan_in, fan_out], seed) * (1.0 / (fan_in as f64).sqrt());
+    let b = Tensor::randn(&[fan_out], seed + 1) * 0.1;
+    (w, b)
+}
+
+fn build_mlp_forward() -> Body {
+    let x = Tensor::randn(&[64, 784], 5);
+    let (w1, b1) = dense(784, 512, 50);
+    let (w2, b2) = dense(512, 512, 52);
+    let (w3, b3) = dense(512, 10, 54);
+    Body::Runnable(Box::new(Case::new("mlp_forward", (x, w1, b1, w2, b2, w3, b3), mlp_forward)))
+}
+
+// ---- W6 -------------------------------------------------------------------
+
+fn build_mlp_train_step() -> Body {
+    Body::Unavailable("needs autodiff (not built yet)".to_string())
+}
+
+// ---- W7 -------------------------------------------------------------------
+
+/// Where W7's LSTM cell comes from, for the report. Update with [`lstm_cell`].
+pub const LSTM_CELL_IMPL: &str = "the composite tracejit::nn::lstm_cell (`tracejit.nn.lstm_cell`)";
+
+/// THE switch for W7's LSTM cell: the `tracejit::nn::lstm_cell` composite.
+/// [`lstm_cell_primitives`] is the same cell written with primitives in the
+/// harness (switch to it, and update [`LSTM_CELL_IMPL`], to measure without
+/// the composite).
+pub fn lstm_cell(x: &Tensor, h: &Tensor, c: &Tensor, w_ih: &Tensor, w_hh: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
+    tracejit::nn::lstm_cell(x, h, c, w_ih, w_hh, b)
+}
+
+/// An LSTM cell from primitives (the harness's own, to cross-check the
+/// composite): gates `x @ w_ih + h @ w_hh + b` of
+/// `[batch, 4 * hidden]` in the order i, f, g, o; `c' = f * c + i * g`,
+/// `h' = o * tanh(c')`. Returns `(h', c')`.
+pub fn lstm_cell_primitives(
+    x: &Tensor,
+    h: &Tensor,
+    c: &Tensor,
+    w_ih: &Tensor,
+    w_hh: &Tensor,
+    b: &Tensor,
+) -> (Tensor, Tensor) {
+    let hidden = h.dims()[1].expect("lstm_cell: the hidden size must be known") as i64;
+    let gates = x.matmul(w_ih) + h.matmul(w_hh) + b;
+    let i = gates.slice_axis(1, 0, hidden).sigmoid();
+    let f = gates.slice_axis(1, hidden, 2 * hidden).sigmoid();
+    let g = gates.slice_axis(1, 2 * hidden, 3 * hidden).tanh();
+    let o = gates.slice_axis(1, 3 * hidden, 4 * hidden).sigmoid();
+    let c_next = f * c + i * g;
+    let h_next = o * c_next.tanh();
+    (h_next, c_next)
+}
+
+/// W7's arguments: x [64, 256], h [64, 256], c [64, 256], w_ih [256, 1024],
+/// w_hh [256, 1024], b [1024].
+pub type LstmArgs = (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor);
+
+/// W7's closure.
+pub fn lstm_step((x, h, c, w_ih, w_hh, b): LstmArgs) -> (Tensor, Tensor) {
+    lstm_cell(&x, &h, &c, &w_ih, &w_hh, &b)
+}
+
+fn build_lstm_cell() -> Body {
+    let x = Tensor::randn(&[64, 256], 7);
+    let h = Tensor::randn(&[64, 256], 71) * 0.5;
+    let c = Tensor::randn(&[64, 256], 72) * 0.5;
+    let w_ih = Tensor::randn(&[256, 1024], 73) * (1.0 / 16.0);
+    let w_hh = Tensor::randn(&[256, 1024], 74) * (1.0 / 16.0);
+    let b = Tensor::randn(&[1024], 75) * 0.1;
+    Body::Runnable(Box::new(Case::new("lstm_cell", (x, h, c, w_ih, w_hh, b), lstm_step)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_workloads_md() {
+        let names: Vec<&str> = all().iter().map(|w| w.name).collect();
+        assert_eq!(names, ["small_ops", "gelu", "softmax", "layernorm", "mlp_forward", "mlp_train_step", "lstm_cell"]);
+        assert_eq!(selected(Some("gelu")).len(), 1);
+        assert_eq!(selected(Some("w7"))[0].name, "lstm_cell");
+        assert_eq!(selected(Some("mlp")).len(), 2);
+    }
+
+    #[test]
+    fn closures_compute_what_they_say_on_small_inputs() {
+        let x = Tensor::from_vec(vec![0.0f32, 1.0, -1.0], &[3]);
+        let g = gelu(x).to_vec::<f32>().unwrap();
+        assert!((g[0]).abs() < 1e-7 && (g[1] - 0.841192).abs() < 1e-5 && (g[2] + 0.158808).abs() < 1e-5, "{g:?}");
+
+        let s = softmax(Tensor::from_vec(vec![1.0f32, 1.0, 2.0, 2.0], &[2, 2])).to_vec::<f32>().unwrap();
+        assert_eq!(s, vec![0.5; 4]);
+
+        let x = Tensor::from_vec(vec![1.0f32, 3.0], &[1, 2]);
+        let ln = layernorm((x, Tensor::ones(&[2], tracejit::DType::F32), Tensor::zeros(&[2], tracejit::DType::F32)));
+        let ln = ln.to_vec::<f32>().unwrap();
+        assert!((ln[0] + 1.0).abs() < 1e-4 && (ln[1] - 1.0).abs() < 1e-4, "{ln:?}");
+    }
+
+    #[test]
+    fn the_composite_lstm_cell_matches_the_primitive_one() {
+        let x = Tensor::randn(&[4, 8], 1);
+        let h = Tensor::randn(&[4, 6], 2);
+        let c = Tensor::randn(&[4, 6], 3);
+        let w_ih = Tensor::randn(&[8, 24], 4) * 0.3;
+        let w_hh = Tensor::randn(&[6, 24], 5) * 0.3;
+        let b = Tensor::randn(&[24], 6) * 0.1;
+        let (h1, c1) = lstm_cell(&x, &h, &c, &w_ih, &w_hh, &b);
+        let (h2, c2) = lstm_cell_primitives(&x, &h, &c, &w_ih, &w_hh, &b);
+        for (a, b) in [(h1, h2), (c1, c2)] {
+            let want = crate::verify::OutputValues::from_tensors(&[b]).unwrap();
+            crate::verify::check_tensors(&want, &[a], Tolerance::TRANSCENDENTAL).unwrap();
+        }
+    }
+
+    #[test]
+    fn lstm_gate_order_is_i_f_g_o() {
+        // hidden 1, x = h = 0: gates are b. i = sig(b0), f = sig(b1), g = tanh(b2), o = sig(b3).
+        let z = Tensor::zeros(&[1, 1], tracejit::DType::F32);
+        let w = Tensor::zeros(&[1, 4], tracejit::DType::F32);
+        let b = Tensor::from_vec(vec![0.5f32, -0.5, 0.25, 1.0], &[4]);
+        let c = Tensor::from_vec(vec![2.0f32], &[1, 1]);
+        let (h1, c1) = lstm_cell(&z, &z, &c, &w, &w, &b);
+        let sig = |v: f32| 1.0 / (1.0 + (-v).exp());
+        let want_c = sig(-0.5) * 2.0 + sig(0.5) * 0.25f32.tanh();
+        let want_h = sig(1.0) * want_c.tanh();
+        assert!((c1.to_vec::<f32>().unwrap()[0] - want_c).abs() < 1e-6);
+        assert!((h1.to_vec::<f32>().unwrap()[0] - want_h).abs() < 1e-6);
+    }
+}

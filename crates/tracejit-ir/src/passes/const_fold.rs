@@ -1,0 +1,94 @@
+//! `const_fold`: evaluates nodes whose inputs are all constants with the
+//! reference kernels ([`eval_primitive`]) and replaces them by constants.
+//!
+//! Folded results are bitwise what the interpreter would compute at run
+//! time, because it is the same kernel. What is never folded:
+//! - stateful ops and anything with side effects, calls, kernels and fused
+//!   regions (only primitive ops are evaluated). Random number ops are not IR
+//!   ops; eager `randn` values reach graphs as constants already;
+//! - results with more than [`PassContext::fold_limit`] elements (1024 by
+//!   default, so a broadcast of a scalar to a big shape stays a broadcast and
+//!   no big constant is materialized), or whose inputs hold more than
+//!   [`MAX_FOLD_INPUT_ELEMENTS`] elements together (bounds the time spent);
+//! - nodes with an unknown output shape, and nodes whose kernel fails (an
+//!   out-of-range `gather` index): they are left to fail at run time, as
+//!   they would without the pass.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use smallvec::SmallVec;
+use tracejit_tensor::Storage;
+
+use crate::passes::{has_side_effects, Pass, PassContext, PassResult, Rewriter};
+use crate::{eval_primitive, Graph, Op};
+
+/// Folding evaluates no node whose inputs have more elements than this.
+pub const MAX_FOLD_INPUT_ELEMENTS: usize = 1 << 20;
+
+/// The constant folding pass (`const_fold`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ConstantFolding;
+
+/// True for ops constant folding may evaluate.
+fn foldable(g: &Graph, op: &Op) -> bool {
+    !matches!(op, Op::Parameter { .. } | Op::Constant { .. } | Op::Call { .. } | Op::Fused { .. } | Op::Kernel { .. })
+        && !has_side_effects(g, op)
+}
+
+impl Pass for ConstantFolding {
+    fn name(&self) -> &'static str {
+        "const_fold"
+    }
+
+    fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
+        let mut rw = Rewriter::new(g);
+        let mut folded = 0usize;
+        for (id, node) in g.nodes() {
+            if rw.is_mapped(id) {
+                continue;
+            }
+            let small = node.outputs.iter().all(|t| t.num_elements().is_some_and(|n| n <= cx.fold_limit));
+            if !foldable(g, &node.op) || !small {
+                rw.copy(id);
+                continue;
+            }
+            let inputs = rw.inputs(id);
+            // Storage clones share their buffers.
+            let values: Option<SmallVec<[Storage; 2]>> = inputs
+                .iter()
+                .map(|v| match &rw.graph().node(v.node).op {
+                    Op::Constant { value } => Some(value.clone()),
+                    _ => None,
+                })
+                .collect();
+            let Some(values) = values else {
+                rw.copy(id);
+                continue;
+            };
+            if values.iter().map(|s| s.len()).sum::<usize>() > MAX_FOLD_INPUT_ELEMENTS {
+                rw.copy(id);
+                continue;
+            }
+            let refs: SmallVec<[&Storage; 2]> = values.iter().collect();
+            let result = catch_unwind(AssertUnwindSafe(|| eval_primitive(&node.op, &refs)));
+            let Ok(outs) = result else {
+                rw.copy(id);
+                continue;
+            };
+            let fits = outs.len() == node.outputs.len()
+                && outs.iter().zip(&node.outputs).all(|(s, t)| t.accepts(s.dtype(), s.shape()));
+            if !fits {
+                rw.copy(id);
+                continue;
+            }
+            let consts: Vec<_> = outs.into_iter().map(|s| rw.constant(s.to_standard())).collect();
+            rw.alias(id, &consts);
+            folded += 1;
+        }
+        if folded == 0 {
+            return PassResult::unchanged();
+        }
+        *g = rw.finish();
+        PassResult::count(folded, if folded == 1 { "node folded" } else { "nodes folded" })
+    }
+}

@@ -1,0 +1,491 @@
+//! `fusion`: the fusion planner. Groups chains of elementwise ops and the
+//! reductions they feed into `Op::Fused { body }` regions, which the JIT
+//! compiles into one loop nest each (the interpreter runs the body, so under
+//! the interpreter fusion changes no result).
+//!
+//! # The rule
+//!
+//! *Fusible* nodes are elementwise ops (unary, binary with broadcasting,
+//! select, cast, clamp), `broadcast_to` and `expand_dims` (cheap index
+//! remappings), and reductions, without control inputs or side effects.
+//! Everything else — matmul, other shape ops, gathers, calls, kernels,
+//! variable ops, existing regions — is a region boundary. Walking the graph
+//! in order, each fusible node starts a group and then tries to join the
+//! group of each fusible producer of its inputs. Two groups merge only if:
+//!
+//! 1. **Reductions end a region.** No member may read the result of a
+//!    reduction in the same region; a region is an elementwise prologue
+//!    (any DAG) feeding zero or more reductions, and elementwise results the
+//!    rest of the graph needs. Several reductions in one region must reduce
+//!    the same axes (with the same `keepdims`) of the same iteration space.
+//!    ([`Fusion::reductions_end_regions`] set to false lifts the first
+//!    sentence for executors that run multi-pass row regions — a whole
+//!    softmax in one kernel — and leaves it to the acceptance rule.)
+//! 2. **One iteration space.** Every member iterates over the same dims (an
+//!    elementwise node its output's, a reduction its input's). A group of
+//!    *cheap* nodes over a smaller space that broadcasts into the other (a
+//!    bias scaled by a constant) may join: it is recomputed per element,
+//!    which costs less than a trip through memory. A group with an
+//!    *expensive* op (`exp`, `expm1`, `log`, `log1p`, `tanh`, `sigmoid`,
+//!    `erf`, `sin`, `cos`, `pow`) never joins a bigger space, so no expensive
+//!    work is ever duplicated.
+//! 3. **No cycles.** The merged region must not both feed and depend on a
+//!    node outside it (a path leaving the region and coming back).
+//! 4. **The executor accepts it.** [`PassContext::accept_region`] (the JIT's
+//!    `supports`, or [`default_accepts_region`]) must accept the merged
+//!    region's body.
+//!
+//! Every node belongs to at most one region and a value used outside its
+//! region becomes one of the region's outputs (regions have several outputs
+//! when needed: softmax's `exp(x - max)` is both summed and divided), so no
+//! work is duplicated by fusion itself. Scalar constants (one element) used
+//! by a region are copied into its body; other values are region inputs.
+//!
+//! A matmul is never fused; its bias-add and activation become their own
+//! region (the epilogue), as does any other chain after an unfusible op.
+//!
+//! Every group becomes a region, a lone elementwise op or reduction too, so
+//! that the executor compiles every op it accepts instead of falling back to
+//! the reference kernel — except a group whose iteration space is known to
+//! hold at most one element (scalar arithmetic is cheaper interpreted than
+//! dispatched to a kernel). [`Fusion::single_node_regions`] set to false
+//! leaves lone elementwise nodes plain (a lone reduction is still a region).
+//! Regions are placed in topological order (each where its inputs are
+//! ready). Existing regions are left alone, which makes the pass idempotent.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+
+use cranelift_entity::EntityRef;
+use smallvec::SmallVec;
+use tracejit_tensor::{BinaryOp, UnaryOp};
+
+use crate::passes::{has_side_effects, Pass, PassContext, PassResult, Rewriter};
+use crate::{broadcast_dims, Dims, Graph, Node, NodeId, Op, TensorType, ValueId};
+
+/// The fusion planner (`fusion`).
+#[derive(Clone, Copy, Debug)]
+pub struct Fusion {
+    /// Wrap a lone elementwise node in a region too (on by default).
+    pub single_node_regions: bool,
+    /// No member may read a reduction of its own region (on by default).
+    pub reductions_end_regions: bool,
+}
+
+impl Default for Fusion {
+    fn default() -> Fusion {
+        Fusion { single_node_regions: true, reductions_end_regions: true }
+    }
+}
+
+/// The default acceptance rule: a body made of parameters, one-element
+/// constants, elementwise ops, `broadcast_to`, `expand_dims` and
+/// reductions, in which every reduction has
+/// the same input dims, axes and `keepdims`, and with at least one output.
+/// The planner only proposes such bodies, so this accepts every region it
+/// builds; an executor with narrower support plugs in its own rule.
+pub fn default_accepts_region(body: &Graph) -> bool {
+    let mut reduce: Option<(&Dims, &Vec<usize>, bool)> = None;
+    for (_, node) in body.nodes() {
+        match &node.op {
+            Op::Parameter { .. } => {}
+            Op::Constant { value } if value.len() == 1 => {}
+            Op::BroadcastTo { .. } | Op::ExpandDims { .. } => {}
+            op if op.is_elementwise() => {}
+            Op::Reduce { axes, keepdims, .. } => {
+                let this = (&body.value_type(node.inputs[0]).dims, axes, *keepdims);
+                match reduce {
+                    None => reduce = Some(this),
+                    Some(r) if r == this => {}
+                    Some(_) => return false,
+                }
+            }
+            _ => return false,
+        }
+    }
+    !body.outputs.is_empty()
+}
+
+/// True for ops whose cost makes recomputation unacceptable.
+fn expensive(op: &Op) -> bool {
+    use UnaryOp::*;
+    matches!(op, Op::Unary(Exp | Expm1 | Log | Log1p | Tanh | Sigmoid | Erf | Sin | Cos) | Op::Binary(BinaryOp::Pow))
+}
+
+fn fusible(g: &Graph, node: &Node) -> bool {
+    (node.op.is_elementwise() || matches!(node.op, Op::Reduce { .. } | Op::BroadcastTo { .. } | Op::ExpandDims { .. }))
+        && node.control_inputs.is_empty()
+        && !has_side_effects(g, &node.op)
+}
+
+/// The dims a node iterates over: a reduction its input's, any other its
+/// output's.
+fn domain(g: &Graph, node: &Node) -> Dims {
+    match node.op {
+        Op::Reduce { .. } => g.value_type(node.inputs[0]).dims.clone(),
+        _ => node.outputs[0].dims.clone(),
+    }
+}
+
+/// A group of nodes being planned as one region.
+#[derive(Clone)]
+struct Group {
+    /// Members, sorted by node index.
+    members: Vec<NodeId>,
+    /// The iteration space.
+    domain: Dims,
+    /// Axes and keepdims of its reductions, if it has any.
+    reduce: Option<(Vec<usize>, bool)>,
+    /// True when a member is expensive.
+    expensive: bool,
+}
+
+/// A body graph cut out of `g` for `members`, with the outer values it reads
+/// (one per body parameter) and the member values it must output.
+struct Region {
+    body: Graph,
+    inputs: Vec<ValueId>,
+    outputs: Vec<ValueId>,
+}
+
+/// The planning state over one graph.
+struct Planner<'g> {
+    g: &'g Graph,
+    /// Data and control consumers of each node.
+    consumers: Vec<SmallVec<[NodeId; 2]>>,
+    /// Graph outputs, by node.
+    is_output: Vec<bool>,
+    group_of: Vec<Option<usize>>,
+    groups: Vec<Option<Group>>,
+}
+
+impl<'g> Planner<'g> {
+    fn new(g: &'g Graph) -> Planner<'g> {
+        let mut consumers = vec![SmallVec::new(); g.len()];
+        for (id, node) in g.nodes() {
+            for n in node.inputs.iter().map(|v| v.node).chain(node.control_inputs.iter().copied()) {
+                let list: &mut SmallVec<[NodeId; 2]> = &mut consumers[n.index()];
+                if list.last() != Some(&id) {
+                    list.push(id);
+                }
+            }
+        }
+        let mut is_output = vec![false; g.len()];
+        for v in &g.outputs {
+            is_output[v.node.index()] = true;
+        }
+        Planner { g, consumers, is_output, group_of: vec![None; g.len()], groups: Vec::new() }
+    }
+
+    /// Plans the groups.
+    fn plan(&mut self, cx: &PassContext, reductions_end_regions: bool) {
+        let g = self.g;
+        for (id, node) in g.nodes() {
+            if !fusible(g, node) {
+                continue;
+            }
+            let reduce = match &node.op {
+                Op::Reduce { axes, keepdims, .. } => Some((axes.clone(), *keepdims)),
+                _ => None,
+            };
+            self.group_of[id.index()] = Some(self.groups.len());
+            self.groups.push(Some(Group {
+                members: vec![id],
+                domain: domain(g, node),
+                reduce,
+                expensive: expensive(&node.op),
+            }));
+            for v in &node.inputs {
+                let (Some(pg), Some(cg)) = (self.group_of[v.node.index()], self.group_of[id.index()]) else {
+                    continue;
+                };
+                if pg != cg {
+                    if let Some(merged) = self.try_merge(pg, cg, cx, reductions_end_regions) {
+                        self.commit(pg, cg, merged);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The group `a ∪ b` if the rule allows it.
+    fn try_merge(&self, a: usize, b: usize, cx: &PassContext, reductions_end_regions: bool) -> Option<Group> {
+        let (ga, gb) = (self.groups[a].as_ref()?, self.groups[b].as_ref()?);
+        // 2. one iteration space.
+        let domain = if ga.domain == gb.domain {
+            ga.domain.clone()
+        } else {
+            let joint = broadcast_dims(&ga.domain, &gb.domain)?;
+            let smaller_ok = |s: &Group| !s.expensive && s.reduce.is_none();
+            if joint == gb.domain && smaller_ok(ga) {
+                gb.domain.clone()
+            } else if joint == ga.domain && smaller_ok(gb) {
+                ga.domain.clone()
+            } else {
+                return None;
+            }
+        };
+        // 1. compatible reductions.
+        let reduce = match (&ga.reduce, &gb.reduce) {
+            (Some(x), Some(y)) if x != y => return None,
+            (x, y) => x.clone().or_else(|| y.clone()),
+        };
+        let mut members: Vec<NodeId> = ga.members.iter().chain(&gb.members).copied().collect();
+        members.sort_unstable();
+        let in_set = |n: NodeId| members.binary_search(&n).is_ok();
+        // 1. no member reads a reduction of the region.
+        for &m in members.iter().filter(|_| reductions_end_regions) {
+            for v in &self.g.node(m).inputs {
+                if in_set(v.node) && matches!(self.g.node(v.node).op, Op::Reduce { .. }) {
+                    return None;
+                }
+            }
+        }
+        // 3. no path out of the region and back in.
+        if self.has_cycle(&members, a, b) {
+            return None;
+        }
+        // 4. the executor accepts it.
+        // (A region without outputs is dead code; it is never emitted.)
+        let region = self.region(&members, "candidate");
+        if !region.outputs.is_empty() && !(cx.accept_region)(&region.body) {
+            return None;
+        }
+        Some(Group { members, domain, reduce, expensive: ga.expensive || gb.expensive })
+    }
+
+    fn commit(&mut self, a: usize, b: usize, merged: Group) {
+        let (keep, drop) = (a.min(b), a.max(b));
+        for &m in &merged.members {
+            self.group_of[m.index()] = Some(keep);
+        }
+        self.groups[keep] = Some(merged);
+        self.groups[drop] = None;
+    }
+
+    /// True when some path leaves `members` (sorted; the union of groups
+    /// `a` and `b`) and comes back. Other groups count as single units: a
+    /// path that enters a group may leave it from any member, which catches
+    /// cycles between regions (`a1 -> b2`, `b1 -> a2`).
+    fn has_cycle(&self, members: &[NodeId], a: usize, b: usize) -> bool {
+        let last = *members.last().expect("a group has members");
+        let in_set = |n: NodeId| members.binary_search(&n).is_ok();
+        let mut seen = vec![false; self.g.len()];
+        let mut stack: Vec<NodeId> = Vec::new();
+        let visit = |c: NodeId, seen: &mut Vec<bool>, stack: &mut Vec<NodeId>| {
+            if seen[c.index()] {
+                return;
+            }
+            match self.group_of[c.index()] {
+                Some(g) if g != a && g != b => {
+                    for &m in &self.groups[g].as_ref().expect("live group").members {
+                        if !seen[m.index()] {
+                            seen[m.index()] = true;
+                            stack.push(m);
+                        }
+                    }
+                }
+                // A plain node after the last member cannot lead back.
+                _ if c > last => {}
+                _ => {
+                    seen[c.index()] = true;
+                    stack.push(c);
+                }
+            }
+        };
+        for &m in members {
+            for &c in &self.consumers[m.index()] {
+                if !in_set(c) {
+                    visit(c, &mut seen, &mut stack);
+                }
+            }
+        }
+        while let Some(n) = stack.pop() {
+            for &c in &self.consumers[n.index()] {
+                if in_set(c) {
+                    return true;
+                }
+                visit(c, &mut seen, &mut stack);
+            }
+        }
+        false
+    }
+
+    /// Cuts the body of a region with these members (sorted) out of the
+    /// graph.
+    fn region(&self, members: &[NodeId], name: &str) -> Region {
+        let g = self.g;
+        let in_set = |n: NodeId| members.binary_search(&n).is_ok();
+        let mut body = Graph::new(format!("{}.{name}", g.name));
+        let mut inputs: Vec<ValueId> = Vec::new();
+        let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+        for &m in members {
+            let node = g.node(m);
+            let mut args: SmallVec<[ValueId; 2]> = SmallVec::new();
+            for &v in &node.inputs {
+                let mapped = match map.get(&v) {
+                    Some(&b) => b,
+                    None => {
+                        let b = match &g.node(v.node).op {
+                            Op::Constant { value } if value.len() == 1 && !in_set(v.node) => {
+                                body.add_constant(value.clone())
+                            }
+                            _ => {
+                                inputs.push(v);
+                                body.add_param(g.value_type(v).clone())
+                            }
+                        };
+                        map.insert(v, b);
+                        b
+                    }
+                };
+                args.push(mapped);
+            }
+            let id = body.push_node(Node {
+                op: node.op.clone(),
+                inputs: args,
+                control_inputs: SmallVec::new(),
+                outputs: node.outputs.clone(),
+                location: node.location,
+            });
+            for i in 0..node.outputs.len() {
+                map.insert(ValueId::new(m, i as u32), ValueId::new(id, i as u32));
+            }
+        }
+        let mut outputs = Vec::new();
+        for &m in members {
+            let used_outside = self.is_output[m.index()] || self.consumers[m.index()].iter().any(|&c| !in_set(c));
+            if used_outside {
+                for i in 0..g.node(m).outputs.len() {
+                    let v = ValueId::new(m, i as u32);
+                    outputs.push(v);
+                    body.outputs.push(map[&v]);
+                }
+            }
+        }
+        Region { body, inputs, outputs }
+    }
+}
+
+impl Pass for Fusion {
+    fn name(&self) -> &'static str {
+        "fusion"
+    }
+
+    fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
+        let mut planner = Planner::new(g);
+        planner.plan(cx, self.reductions_end_regions);
+
+        // The regions to emit, with their bodies.
+        let mut regions: Vec<(Vec<NodeId>, Region)> = Vec::new();
+        for group in planner.groups.iter().flatten() {
+            let lone = group.members.len() < 2 && group.reduce.is_none();
+            let scalar = TensorType { dtype: tracejit_tensor::DType::F32, dims: group.domain.clone() }
+                .num_elements()
+                .is_some_and(|n| n <= 1);
+            if (lone && !self.single_node_regions) || scalar {
+                continue;
+            }
+            let region = planner.region(&group.members, &format!("fused{}", regions.len()));
+            if region.outputs.is_empty() || !(cx.accept_region)(&region.body) {
+                continue;
+            }
+            regions.push((group.members.clone(), region));
+        }
+        if regions.is_empty() {
+            return PassResult::unchanged();
+        }
+
+        // Units to schedule: each region, and each node outside regions
+        // except one-element constants that only regions read (copied into
+        // their bodies).
+        let n = g.len();
+        let mut unit_of: Vec<Option<usize>> = vec![None; n];
+        let mut units: Vec<Vec<NodeId>> = Vec::new();
+        for (members, _) in &regions {
+            for &m in members {
+                unit_of[m.index()] = Some(units.len());
+            }
+            units.push(members.clone());
+        }
+        let region_count = units.len();
+        for (id, node) in g.nodes() {
+            if unit_of[id.index()].is_some() {
+                continue;
+            }
+            let absorbed = matches!(&node.op, Op::Constant { value } if value.len() == 1)
+                && !planner.is_output[id.index()]
+                && !planner.consumers[id.index()].is_empty()
+                && planner.consumers[id.index()].iter().all(|c| unit_of[c.index()].is_some_and(|u| u < region_count));
+            if !absorbed {
+                unit_of[id.index()] = Some(units.len());
+                units.push(vec![id]);
+            }
+        }
+
+        // Kahn's algorithm, earliest original position first.
+        let mut deps: Vec<Vec<usize>> = vec![Vec::new(); units.len()];
+        let mut pending: Vec<usize> = vec![0; units.len()];
+        for (u, nodes) in units.iter().enumerate() {
+            let mut from: Vec<usize> = Vec::new();
+            for &m in nodes {
+                let node = g.node(m);
+                for p in node.inputs.iter().map(|v| v.node).chain(node.control_inputs.iter().copied()) {
+                    if let Some(pu) = unit_of[p.index()] {
+                        if pu != u && !from.contains(&pu) {
+                            from.push(pu);
+                        }
+                    }
+                }
+            }
+            pending[u] = from.len();
+            for pu in from {
+                deps[pu].push(u);
+            }
+        }
+        let mut ready: BinaryHeap<Reverse<(NodeId, usize)>> = BinaryHeap::new();
+        for (u, nodes) in units.iter().enumerate() {
+            if pending[u] == 0 {
+                ready.push(Reverse((nodes[0], u)));
+            }
+        }
+        let mut order: Vec<usize> = Vec::with_capacity(units.len());
+        while let Some(Reverse((_, u))) = ready.pop() {
+            order.push(u);
+            for &d in &deps[u] {
+                pending[d] -= 1;
+                if pending[d] == 0 {
+                    ready.push(Reverse((units[d][0], d)));
+                }
+            }
+        }
+        assert_eq!(order.len(), units.len(), "fusion: the planned regions form a cycle (a bug in the planner)");
+
+        let mut rw = Rewriter::new(g);
+        let mut bodies: Vec<Option<Region>> = regions.into_iter().map(|(_, r)| Some(r)).collect();
+        for u in order {
+            if u >= region_count {
+                rw.copy(units[u][0]);
+                continue;
+            }
+            let region = bodies[u].take().expect("each region is emitted once");
+            let args: Vec<ValueId> = region.inputs.iter().map(|&v| rw.value(v)).collect();
+            let outputs = region.outputs.clone();
+            let fused = rw
+                .emit(Op::Fused { body: Arc::new(region.body) }, &args, &[], None)
+                .expect("a region's body takes the types of its inputs");
+            for &m in &units[u] {
+                let slots: Vec<Option<ValueId>> = (0..g.node(m).outputs.len())
+                    .map(|i| {
+                        let v = ValueId::new(m, i as u32);
+                        outputs.iter().position(|&o| o == v).map(|k| ValueId::new(fused, k as u32))
+                    })
+                    .collect();
+                rw.map_partial(m, &slots, &[fused]);
+            }
+        }
+        *g = rw.finish();
+        PassResult::count(region_count, if region_count == 1 { "region formed" } else { "regions formed" })
+    }
+}

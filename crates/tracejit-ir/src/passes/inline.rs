@@ -1,0 +1,76 @@
+//! `inline`: replaces every `Call` node by a copy of its callee's body, so
+//! later passes see (and fuse across) whole programs.
+//!
+//! The exception is a composite — a callee whose function carries an
+//! `implements` attribute — while the implementation selector is still to
+//! run ([`PassContext::keep_composites`]): the selector decides whether it
+//! becomes a registered kernel or is inlined. Inlining is recursive (calls
+//! inside an inlined body are handled by the same rule), fused regions of an
+//! inlined body are dissolved into plain nodes (fusion is planned again over
+//! the caller), and variables of the body join the caller's table.
+//!
+//! Control edges survive: side-effecting nodes of the body wait for the
+//! call's control inputs, and nodes that waited for the call wait for the
+//! body's side effects and results.
+
+use crate::passes::rewrite::CallAction;
+use crate::passes::{Pass, PassContext, PassResult, Rewriter};
+use crate::{Graph, Op};
+
+/// The inlining pass (`inline`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Inline;
+
+impl Pass for Inline {
+    fn name(&self) -> &'static str {
+        "inline"
+    }
+
+    fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
+        let keep = |f: &crate::LibraryFunction| cx.keep_composites && f.implements().is_some();
+        let wanted = g.nodes().any(|(_, n)| matches!(n.op, Op::Call { func } if !keep(g.library.get(func))));
+        if !wanted {
+            return PassResult::unchanged();
+        }
+        let mut rw = Rewriter::new(g);
+        let mut inlined = 0usize;
+        for (id, node) in g.nodes() {
+            if rw.is_mapped(id) {
+                continue;
+            }
+            let Op::Call { func } = node.op else {
+                rw.copy(id);
+                continue;
+            };
+            let callee = g.library.get(func);
+            if keep(callee) {
+                rw.copy(id);
+                continue;
+            }
+            let args = rw.inputs(id);
+            let control = rw.control(id);
+            let mut policy = |f: &crate::LibraryFunction, _: &[crate::TensorType]| {
+                if keep(f) {
+                    CallAction::Keep
+                } else {
+                    CallAction::Inline
+                }
+            };
+            match rw.inline_body(&callee.graph, &args, &control, &mut policy) {
+                Ok((outs, stand_ins)) => {
+                    rw.map(id, &outs, &stand_ins);
+                    inlined += 1;
+                }
+                // A malformed call: keep it, the verifier will say why.
+                Err(_) => {
+                    rw.copy(id);
+                }
+            }
+        }
+        if inlined == 0 {
+            return PassResult::unchanged();
+        }
+        *g = rw.finish();
+        PassResult::count(inlined, if inlined == 1 { "call inlined" } else { "calls inlined" })
+    }
+}

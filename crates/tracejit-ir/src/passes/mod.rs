@@ -1,0 +1,198 @@
+//! Graph passes and the pass manager: Grappler-style rewrites between tracing
+//! and execution.
+//!
+//! A pass is a named struct implementing [`Pass`]: it rewrites a [`Graph`] in
+//! place and says what it changed ([`PassResult`]). The order in which passes
+//! run is data — [`Pipeline::default_pipeline`] is a literal list of stages
+//! that reads top to bottom — and [`Pipeline::run`] verifies the graph after
+//! every pass (in debug builds and tests), iterates the simplification group
+//! to a fixpoint under an iteration cap, times every pass, and, with
+//! `TRACEJIT_DUMP=<dir>`, writes the graph before and after each pass as text
+//! and DOT.
+//!
+//! The passes, one file each:
+//!
+//! | name | struct | what |
+//! |---|---|---|
+//! | `inline` | [`Inline`] | inlines every `Call`, except composites (`implements`) while the selector is still to run |
+//! | `selector` | [`SelectImplementation`] | a composite `Call` becomes its registered [`Op::Kernel`], or is inlined |
+//! | `const_fold` | [`ConstantFolding`] | evaluates small, pure, constant-input nodes with the reference kernels |
+//! | `simplify` | [`Simplify`] | algebraic rewrites that are exact under IEEE 754 |
+//! | `cse` | [`Cse`] | merges structurally identical pure nodes |
+//! | `dce` | [`Dce`] | drops nodes that neither reach an output nor have side effects |
+//! | `fusion` | [`Fusion`] | groups elementwise chains and reductions into `Op::Fused` regions |
+//!
+//! Nodes cannot be removed from a graph's arena, so a pass that deletes or
+//! replaces nodes rebuilds a compacted graph through the one shared helper,
+//! [`Rewriter`]. Every pass leaves a graph the verifier accepts, and running a
+//! pass twice changes nothing the second time (both are tested).
+//!
+//! # What "exact" means here
+//!
+//! Rewrites never change a result's bits, with one documented exception: the
+//! sign and payload of a NaN. IEEE 754 leaves them unspecified for arithmetic
+//! results, hardware differs, and the JIT's vector code does not preserve
+//! them either; a rewrite may turn a NaN into another NaN (for example
+//! `a + neg(b)` into `a - b` when `b` is NaN), never into a number. Signed
+//! zeros, infinities and rounding are always preserved.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::{ExternalKernel, Graph, Op, TensorType};
+
+mod const_fold;
+mod cse;
+mod dce;
+mod fusion;
+mod inline;
+mod pipeline;
+mod rewrite;
+mod select;
+mod simplify;
+
+pub use const_fold::ConstantFolding;
+pub use cse::Cse;
+pub use dce::Dce;
+pub use fusion::{default_accepts_region, Fusion};
+pub use inline::Inline;
+pub use pipeline::{FixpointOutcome, OptimizationOptions, PassRecord, Pipeline, PipelineReport, Stage};
+pub use rewrite::Rewriter;
+pub use select::SelectImplementation;
+pub use simplify::Simplify;
+
+/// A graph rewrite with a stable name (used to disable it, in reports and
+/// in dump file names).
+pub trait Pass: Send + Sync {
+    /// The pass's name, snake_case: `cse`, `const_fold`.
+    fn name(&self) -> &'static str;
+
+    /// Rewrites `g`; the result says whether anything changed. A pass that
+    /// reports no change must leave `g` as it was.
+    fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult;
+}
+
+/// What a pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PassResult {
+    /// True when the graph changed.
+    pub changed: bool,
+    /// A short note of what changed (`3 nodes folded`), empty if nothing did.
+    pub summary: String,
+}
+
+impl PassResult {
+    /// Nothing changed.
+    pub fn unchanged() -> PassResult {
+        PassResult::default()
+    }
+
+    /// Something changed, as `summary` says.
+    pub fn changed(summary: impl Into<String>) -> PassResult {
+        PassResult { changed: true, summary: summary.into() }
+    }
+
+    /// `changed(summary)` when `count > 0`, else `unchanged()`.
+    pub fn count(count: usize, what: &str) -> PassResult {
+        if count == 0 {
+            PassResult::unchanged()
+        } else {
+            PassResult::changed(format!("{count} {what}"))
+        }
+    }
+}
+
+/// Where the implementation selector finds native kernels for composite
+/// ops. The IR cannot depend on the trace crate, so `tracejit::composite`'s
+/// registry reaches the passes through this trait.
+pub trait KernelRegistry: Send + Sync {
+    /// A kernel registered for the composite op `name` that accepts inputs
+    /// of these types (unknown dims may be `None`), if there is one.
+    fn lookup(&self, name: &str, inputs: &[TensorType]) -> Option<Arc<dyn ExternalKernel>>;
+}
+
+/// Decides whether a candidate fused region (its body graph) may be formed:
+/// the fusion planner only builds regions the executor accepts. The JIT
+/// plugs in its own rule (`tracejit_jit::supports`); the default is
+/// [`default_accepts_region`].
+pub type AcceptRegion = Arc<dyn Fn(&Graph) -> bool + Send + Sync>;
+
+/// Default largest constant (in elements) that constant folding creates.
+pub const DEFAULT_FOLD_LIMIT: usize = 1024;
+
+/// What passes may consult besides the graph: the function's name, the
+/// composite kernel registry, the fusion acceptance rule, limits, and
+/// whether composite calls must wait for the selector. Cheap to clone.
+#[derive(Clone)]
+pub struct PassContext {
+    /// The function being optimized (reports, dump file names).
+    pub function: String,
+    /// The composite kernels; `None`: every composite call is inlined.
+    pub kernels: Option<Arc<dyn KernelRegistry>>,
+    /// Which fused regions may be formed.
+    pub accept_region: AcceptRegion,
+    /// Constant folding creates no constant with more elements than this.
+    pub fold_limit: usize,
+    /// True while the implementation selector is still to run: the inliner
+    /// then keeps calls of functions marked `implements`. The pipeline sets
+    /// it before each pass.
+    pub keep_composites: bool,
+    /// The file name prefix of graph dumps; `None`: the function's name.
+    pub dump_prefix: Option<String>,
+}
+
+impl PassContext {
+    /// A context with no kernel registry, the default fusion rule and the
+    /// default folding limit.
+    pub fn new(function: impl Into<String>) -> PassContext {
+        PassContext {
+            function: function.into(),
+            kernels: None,
+            accept_region: Arc::new(default_accepts_region),
+            fold_limit: DEFAULT_FOLD_LIMIT,
+            keep_composites: false,
+            dump_prefix: None,
+        }
+    }
+
+    /// Uses `kernels` for the implementation selector.
+    pub fn with_kernels(mut self, kernels: Arc<dyn KernelRegistry>) -> PassContext {
+        self.kernels = Some(kernels);
+        self
+    }
+
+    /// Uses `accept` to decide which fused regions may be formed.
+    pub fn with_region_acceptor(mut self, accept: AcceptRegion) -> PassContext {
+        self.accept_region = accept;
+        self
+    }
+}
+
+impl fmt::Debug for PassContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PassContext")
+            .field("function", &self.function)
+            .field("kernels", &self.kernels.is_some())
+            .field("fold_limit", &self.fold_limit)
+            .field("keep_composites", &self.keep_composites)
+            .finish()
+    }
+}
+
+/// True when running node `op` may have an effect besides its outputs: a
+/// stateful op, or a call of a function whose body has one. Such nodes are
+/// never folded, merged or dropped.
+pub fn has_side_effects(g: &Graph, op: &Op) -> bool {
+    match op {
+        Op::Call { func } => {
+            func.as_u32() as usize >= g.library.len() || graph_has_side_effects(&g.library.get(*func).graph)
+        }
+        Op::Fused { body } => graph_has_side_effects(body),
+        op => op.is_stateful(),
+    }
+}
+
+/// True when some node of `g` has side effects.
+pub fn graph_has_side_effects(g: &Graph) -> bool {
+    g.nodes().any(|(_, n)| has_side_effects(g, &n.op))
+}

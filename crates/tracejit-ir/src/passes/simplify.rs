@@ -1,0 +1,296 @@
+//! `simplify`: algebraic rewrites that are exact under IEEE 754 (see the
+//! module docs of [`crate::passes`] for the one NaN caveat). Each rule, and
+//! why it is exact:
+//!
+//! | rewrite | why it is exact |
+//! |---|---|
+//! | `x + (-0.0)`, `(-0.0) + x` → `x` | `-0.0` is the additive identity: `-0 + -0 = -0`, `+0 + -0 = +0`. **Not** `x + 0.0`: `-0.0 + 0.0 = +0.0`, so that one is kept |
+//! | `x - 0.0` → `x` | `x - (+0) = x + (-0)` |
+//! | integer `x + 0`, `0 + x`, `x - 0` → `x` | wrapping arithmetic has no signed zero |
+//! | `x * 1`, `1 * x`, `x / 1` → `x` | exact for every `x`, `-0.0`, infinities and NaN included. `x * 0 → 0` is never done: `inf * 0` and `NaN * 0` are NaN, `-1 * 0` is `-0` |
+//! | `neg(neg(x))` → `x` | negation flips the sign bit, twice is the identity (integers: wrapping) |
+//! | `a + neg(b)`, `neg(b) + a` → `a - b`; `a - neg(b)` → `a + b` | IEEE defines `a - b` as `a + (-b)`, with the same rounding |
+//! | `x / c` → `x * (1/c)` | only when every element of the constant `c` is a power of two whose reciprocal is also representable (finite, not subnormal-overflowing): then `x * 2^-k` and `x / 2^k` are the same real number, rounded once |
+//! | `transpose(transpose(x, p), q)` → `transpose(x, p∘q)`, identity permutations dropped | data movement only |
+//! | `reshape(reshape(x))` → `reshape(x)`; a reshape to the input's own type dropped | the row-major order of elements is unchanged |
+//! | an operand `broadcast_to(s, shape)` of an elementwise op, with `s` holding one element → `s` | the op broadcasts `s` itself, element for element the same values |
+//!
+//! A rule fires only where it keeps the node's result type exactly (a
+//! constant operand that broadcasts `x` to a bigger shape keeps the op), so
+//! no consumer's type changes. Nodes are visited in order with their inputs
+//! already rewritten, so chains (`neg(neg(neg(x)))`) collapse in one pass;
+//! the operands left unused are removed by `dce`.
+
+use smallvec::SmallVec;
+use tracejit_tensor::{BinaryOp, Storage, UnaryOp};
+
+use crate::passes::{Pass, PassContext, PassResult, Rewriter};
+use crate::{Graph, Op, ValueId};
+
+/// The arithmetic simplification pass (`simplify`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Simplify;
+
+/// What a rule wants done with a node.
+enum Rewrite {
+    /// The node's result is this existing value.
+    Alias(ValueId),
+    /// The node becomes this op on these inputs.
+    Replace(Op, SmallVec<[ValueId; 3]>),
+    /// The node becomes `x * c` with the new constant `c`.
+    MulByConstant(ValueId, Storage),
+}
+
+impl Pass for Simplify {
+    fn name(&self) -> &'static str {
+        "simplify"
+    }
+
+    fn run(&self, g: &mut Graph, _cx: &PassContext) -> PassResult {
+        let mut rw = Rewriter::new(g);
+        let mut rewrites = 0usize;
+        for (id, node) in g.nodes() {
+            if rw.is_mapped(id) {
+                continue;
+            }
+            let inputs = rw.inputs(id);
+            let Ok(expected) = rw.infer(&node.op, &inputs) else {
+                rw.copy(id);
+                continue;
+            };
+            // Rules apply to the node and then to what it became, so one run
+            // leaves nothing for a second (`a + neg(b)` -> `a - b` -> `a` when
+            // `b` is `+0.0`). Every rule removes an op or a level of nesting;
+            // the cap is a guard.
+            let (mut op, mut args): (Op, SmallVec<[ValueId; 3]>) = (node.op.clone(), inputs.iter().copied().collect());
+            let mut outcome: Option<ValueId> = None;
+            let mut applied = 0usize;
+            while applied < 8 {
+                let next = match rule(&rw, &op, &args) {
+                    Some(Rewrite::Alias(v)) if expected.len() == 1 && *rw.value_type(v) == expected[0] => {
+                        outcome = Some(v);
+                        applied += 1;
+                        break;
+                    }
+                    Some(Rewrite::Replace(new_op, new_args)) => (new_op, new_args),
+                    Some(Rewrite::MulByConstant(x, c)) => {
+                        let c = rw.constant(c);
+                        (Op::Binary(BinaryOp::Mul), smallvec::smallvec![x, c])
+                    }
+                    _ => break,
+                };
+                match rw.infer(&next.0, &next.1) {
+                    Ok(types) if types[..] == expected[..] => {
+                        (op, args) = next;
+                        applied += 1;
+                    }
+                    _ => break,
+                }
+            }
+            match outcome {
+                Some(v) => rw.alias(id, &[v]),
+                None if applied > 0 => {
+                    let ok = rw.replace_if_types(id, op, &args, &expected);
+                    debug_assert!(ok, "the rewritten node was type-checked");
+                }
+                None => {
+                    rw.copy(id);
+                }
+            }
+            rewrites += applied.min(1);
+        }
+        if rewrites == 0 {
+            return PassResult::unchanged();
+        }
+        *g = rw.finish();
+        PassResult::count(rewrites, if rewrites == 1 { "node rewritten" } else { "nodes rewritten" })
+    }
+}
+
+/// The first rule that applies to `op` on (new) `inputs`, if any.
+fn rule(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
+    let g = rw.graph();
+    let producer = |v: ValueId| -> &Op { &g.node(v.node).op };
+    let constant = |v: ValueId| -> Option<&Storage> {
+        match producer(v) {
+            Op::Constant { value } => Some(value),
+            _ => None,
+        }
+    };
+    let negated = |v: ValueId| -> Option<ValueId> {
+        match producer(v) {
+            Op::Unary(UnaryOp::Neg) => Some(g.node(v.node).inputs[0]),
+            _ => None,
+        }
+    };
+    let is = |v: ValueId, want: Identity| constant(v).is_some_and(|c| all_are(c, want));
+
+    if let Some(r) = fold_scalar_broadcast(rw, op, inputs) {
+        return Some(r);
+    }
+    match op {
+        Op::Binary(b) => {
+            let (a, c) = (inputs[0], inputs[1]);
+            match b {
+                BinaryOp::Add if is(c, Identity::AddZero) => Some(Rewrite::Alias(a)),
+                BinaryOp::Add if is(a, Identity::AddZero) => Some(Rewrite::Alias(c)),
+                BinaryOp::Add => match (negated(c), negated(a)) {
+                    (Some(nb), _) => Some(Rewrite::Replace(Op::Binary(BinaryOp::Sub), smallvec::smallvec![a, nb])),
+                    (None, Some(na)) => Some(Rewrite::Replace(Op::Binary(BinaryOp::Sub), smallvec::smallvec![c, na])),
+                    _ => None,
+                },
+                BinaryOp::Sub if is(c, Identity::SubZero) => Some(Rewrite::Alias(a)),
+                BinaryOp::Sub => {
+                    negated(c).map(|nb| Rewrite::Replace(Op::Binary(BinaryOp::Add), smallvec::smallvec![a, nb]))
+                }
+                BinaryOp::Mul if is(c, Identity::One) => Some(Rewrite::Alias(a)),
+                BinaryOp::Mul if is(a, Identity::One) => Some(Rewrite::Alias(c)),
+                BinaryOp::Div if is(c, Identity::One) => Some(Rewrite::Alias(a)),
+                BinaryOp::Div => constant(c).and_then(exact_reciprocal).map(|r| Rewrite::MulByConstant(a, r)),
+                _ => None,
+            }
+        }
+        Op::Unary(UnaryOp::Neg) => negated(inputs[0]).map(Rewrite::Alias),
+        Op::Transpose { perm } => {
+            if is_identity(perm) {
+                return Some(Rewrite::Alias(inputs[0]));
+            }
+            match producer(inputs[0]) {
+                Op::Transpose { perm: inner } => {
+                    let x = g.node(inputs[0].node).inputs[0];
+                    let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
+                    if is_identity(&composed) {
+                        Some(Rewrite::Alias(x))
+                    } else {
+                        Some(Rewrite::Replace(Op::Transpose { perm: composed }, smallvec::smallvec![x]))
+                    }
+                }
+                _ => None,
+            }
+        }
+        Op::Reshape { shape } => {
+            let x = inputs[0];
+            let out = rw.infer(op, inputs).ok()?;
+            if *rw.value_type(x) == out[0] {
+                return Some(Rewrite::Alias(x));
+            }
+            match producer(x) {
+                Op::Reshape { .. } => {
+                    let inner = g.node(x.node).inputs[0];
+                    if *rw.value_type(inner) == out[0] {
+                        return Some(Rewrite::Alias(inner));
+                    }
+                    Some(Rewrite::Replace(Op::Reshape { shape: shape.clone() }, smallvec::smallvec![inner]))
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// An elementwise binary op or select with an operand `broadcast_to(s)`,
+/// where `s` holds one element, takes `s` directly.
+fn fold_scalar_broadcast(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
+    if !matches!(op, Op::Binary(_) | Op::Select) {
+        return None;
+    }
+    let g = rw.graph();
+    let mut changed = false;
+    let new_inputs: SmallVec<[ValueId; 3]> = inputs
+        .iter()
+        .map(|&v| {
+            let node = g.node(v.node);
+            match node.op {
+                Op::BroadcastTo { .. } if g.value_type(node.inputs[0]).num_elements() == Some(1) => {
+                    changed = true;
+                    node.inputs[0]
+                }
+                _ => v,
+            }
+        })
+        .collect();
+    changed.then(|| Rewrite::Replace(op.clone(), new_inputs))
+}
+
+/// Which identity element a constant must be made of.
+#[derive(Clone, Copy)]
+enum Identity {
+    /// `-0.0` for floats, `0` for integers.
+    AddZero,
+    /// `+0.0` for floats, `0` for integers.
+    SubZero,
+    /// `1`.
+    One,
+}
+
+/// True when every element of `c` is the identity `want` (and `c` is not
+/// empty).
+fn all_are(c: &Storage, want: Identity) -> bool {
+    if c.is_empty() {
+        return false;
+    }
+    let float = c.dtype().is_float();
+    let test = |x: f64| match want {
+        Identity::AddZero => x == 0.0 && (!float || x.is_sign_negative()),
+        Identity::SubZero => x == 0.0 && (!float || x.is_sign_positive()),
+        Identity::One => x == 1.0,
+    };
+    match c {
+        Storage::F32(a) => a.iter().all(|&x| test(x as f64)),
+        Storage::F64(a) => a.iter().all(|&x| test(x)),
+        Storage::I32(a) => a.iter().all(|&x| test(x as f64)),
+        // Only 0 and 1 convert to 0.0 and 1.0.
+        Storage::I64(a) => a.iter().all(|&x| test(x as f64)),
+        Storage::Bool(_) => false,
+    }
+}
+
+/// `1/c` when every element of the float constant `c` is a power of two
+/// with a representable reciprocal, so that `x / c == x * (1/c)` exactly.
+fn exact_reciprocal(c: &Storage) -> Option<Storage> {
+    if c.is_empty() {
+        return None;
+    }
+    match c {
+        Storage::F32(a) => {
+            a.iter().all(|&x| exact_pow2_f32(x)).then(|| Storage::F32(a.mapv(|x| 1.0 / x).into_shared()))
+        }
+        Storage::F64(a) => {
+            a.iter().all(|&x| exact_pow2_f64(x)).then(|| Storage::F64(a.mapv(|x| 1.0 / x).into_shared()))
+        }
+        _ => None,
+    }
+}
+
+/// `x` is ±2^k and `1/x` is finite and also a power of two.
+fn exact_pow2_f32(x: f32) -> bool {
+    let pow2 = |v: f32| {
+        let b = v.abs().to_bits();
+        let (exp, mant) = (b >> 23, b & ((1 << 23) - 1));
+        if exp == 0 {
+            mant.is_power_of_two()
+        } else {
+            mant == 0
+        }
+    };
+    x.is_finite() && x != 0.0 && pow2(x) && (1.0 / x).is_finite() && pow2(1.0 / x)
+}
+
+/// `x` is ±2^k and `1/x` is finite and also a power of two.
+fn exact_pow2_f64(x: f64) -> bool {
+    let pow2 = |v: f64| {
+        let b = v.abs().to_bits();
+        let (exp, mant) = (b >> 52, b & ((1 << 52) - 1));
+        if exp == 0 {
+            mant.is_power_of_two()
+        } else {
+            mant == 0
+        }
+    };
+    x.is_finite() && x != 0.0 && pow2(x) && (1.0 / x).is_finite() && pow2(1.0 / x)
+}
+
+fn is_identity(perm: &[usize]) -> bool {
+    perm.iter().enumerate().all(|(i, &p)| i == p)
+}
