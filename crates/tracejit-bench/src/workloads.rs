@@ -143,7 +143,7 @@ where
 {
     fn eager_call(&self) -> Result<Vec<Tensor>, String> {
         catch_unwind(AssertUnwindSafe(|| flatten_result(&(self.closure)(self.args.clone()))))
-            .map_err(|p| format!("eager call panicked: {}", panic_text(&*p)))
+            .map_err(|p| format!("eager call panicked: {}", tracejit::ir::panic_message(&*p)))
     }
 
     fn eager_call_discard(&self) {
@@ -166,7 +166,7 @@ where
                 .map(|t| if t.dtype() == DType::F64 { t.cast(DType::F32) } else { t })
                 .collect()
         }))
-        .map_err(|p| format!("eager f64 call panicked: {}", panic_text(&*p)))
+        .map_err(|p| format!("eager f64 call panicked: {}", tracejit::ir::panic_message(&*p)))
     }
 
     fn traced(&self, mode: Mode) -> Result<Box<dyn TracedRunner + '_>, String> {
@@ -202,16 +202,6 @@ impl<A: Nest + Clone, R: Nest> TracedRunner for BoundFunction<'_, A, R> {
 
     fn tracing_count(&self) -> usize {
         self.f.tracing_count()
-    }
-}
-
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_string()
     }
 }
 

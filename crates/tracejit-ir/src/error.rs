@@ -46,3 +46,15 @@ pub enum IrError {
         message: String,
     },
 }
+
+/// The text of a panic payload (`panic!` gives a `&str` or a `String`), for
+/// the errors that tracejit's boundaries make of panics.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(a panic with a non-string payload)".to_string()
+    }
+}

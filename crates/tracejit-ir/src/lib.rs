@@ -20,7 +20,7 @@ mod printer;
 mod types;
 mod verifier;
 
-pub use error::{IrError, OpError};
+pub use error::{panic_message, IrError, OpError};
 pub use graph::{
     AttrValue, FuncId, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,
 };

@@ -164,7 +164,7 @@ impl ConcreteFunction {
             Ok(r) => Ok(r?),
             Err(p) => Err(Error::Signature {
                 function: self.name.clone(),
-                message: format!("panicked while running: {}", panic_message(&*p)),
+                message: format!("panicked while running: {}", tracejit_ir::panic_message(&*p)),
             }),
         }
     }
@@ -188,16 +188,5 @@ impl ConcreteFunction {
         .expect("checked above that a trace is active");
         let (_, outs) = context::record_in_current(Op::Call { func }, &all, &[]).expect("a trace is active");
         Ok(outs)
-    }
-}
-
-/// The text of a panic payload.
-pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(a panic with a non-string payload)".to_string()
     }
 }

@@ -22,11 +22,12 @@ use tracejit_ir::passes::{OptimizationOptions, PassContext, Pipeline, PipelineRe
 use tracejit_ir::{verify, AttrValue, Graph, TensorType};
 use tracejit_tensor::{DType, Storage};
 
-use crate::concrete::{panic_message, ConcreteFunction};
+use crate::concrete::ConcreteFunction;
 use crate::context::{push_context, TraceContext};
 use crate::nest::{Flattener, Nest, SpecFlattener, SpecNest, StaticValue, TensorSpec, Unflattener};
 use crate::variable::MemoTable;
 use crate::{config, Error, Result, Tensor};
+use tracejit_ir::panic_message;
 
 /// Wraps a closure into a traced [`Function`].
 pub fn function<A: Nest, R: Nest, F>(f: F) -> Function<A, R>

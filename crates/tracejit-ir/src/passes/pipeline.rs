@@ -378,7 +378,7 @@ impl Run<'_> {
         let result = catch_unwind(AssertUnwindSafe(|| p.run(g, cx))).map_err(|panic| IrError::Verifier {
             graph: g.name.clone(),
             node: NodeId::new(0),
-            message: format!("pass `{name}` panicked: {}", panic_text(&*panic)),
+            message: format!("pass `{name}` panicked: {}", crate::panic_message(&*panic)),
         })?;
         let time = started.elapsed();
         if let Some(d) = &mut self.dump {
@@ -434,16 +434,6 @@ fn write_pair(dir: &Path, stem: &str, g: &Graph) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join(format!("{stem}.txt")), g.to_string())?;
     std::fs::write(dir.join(format!("{stem}.dot")), g.to_dot())
-}
-
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(a panic with a non-string payload)".to_string()
-    }
 }
 
 #[cfg(test)]
