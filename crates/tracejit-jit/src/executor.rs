@@ -22,7 +22,7 @@
 //! concrete operands (an [`IrError::Op`] instead of a kernel panic).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cranelift_entity::EntityRef;
 use smallvec::SmallVec;
@@ -31,7 +31,7 @@ use tracejit_ir::{
     eval_primitive, infer, AssignKind, FuncId, Graph, IrError, Node, NodeId, Op, TensorType, ValueId, VarId,
 };
 
-use crate::region::CompiledRegion;
+use crate::region::{BufPool, CompiledRegion};
 use crate::{compile_region, supports, JitError};
 
 /// What one step does.
@@ -75,6 +75,9 @@ pub struct Executable {
     n_slots: usize,
     outputs: Vec<usize>,
     param_types: Vec<TensorType>,
+    /// Freed intermediates and earlier results, reused for region outputs
+    /// (see [`BufPool`]).
+    pool: Mutex<BufPool>,
 }
 
 impl std::fmt::Debug for Executable {
@@ -162,12 +165,81 @@ fn region_body(graph: &Graph, members: &[NodeId], consumers: &HashMap<ValueId, V
     RegionBody { body, params, outputs }
 }
 
+/// When the fusion pass left two or more `Op::Fused` regions this JIT
+/// supports (it splits at reductions: softmax comes as max | sub-exp-sum |
+/// div), inlines their bodies so that the planner below can grow them into
+/// larger regions (softmax becomes one kernel; nothing is written between
+/// passes). `None` when there is nothing to merge or the graph has control
+/// dependencies (kept as planned).
+fn flatten_fused(g: &Graph) -> Option<Graph> {
+    let inlinable = |node: &Node| match &node.op {
+        Op::Fused { body } => {
+            supports(body)
+                && body.nodes().all(|(_, n)| {
+                    n.control_inputs.is_empty()
+                        && (fusible(&n.op) || matches!(n.op, Op::Parameter { .. } | Op::Constant { .. }))
+                })
+        }
+        _ => false,
+    };
+    let count = g.nodes().filter(|(_, n)| inlinable(n)).count();
+    if count < 2 || g.nodes().any(|(_, n)| !n.control_inputs.is_empty()) {
+        return None;
+    }
+    let mut out = Graph::new(g.name.clone());
+    out.library = g.library.clone();
+    out.variables = g.variables.clone();
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut params: Vec<Option<NodeId>> = vec![None; g.params.len()];
+    for (id, node) in g.nodes() {
+        let ins: SmallVec<[ValueId; 2]> = node.inputs.iter().map(|v| map.get(v).copied()).collect::<Option<_>>()?;
+        match &node.op {
+            Op::Fused { body } if inlinable(node) => {
+                let mut inner: HashMap<ValueId, ValueId> = HashMap::new();
+                for (bid, bn) in body.nodes() {
+                    let v = match &bn.op {
+                        Op::Parameter { index } => *ins.get(*index)?,
+                        _ => {
+                            let bins: SmallVec<[ValueId; 2]> =
+                                bn.inputs.iter().map(|v| inner.get(v).copied()).collect::<Option<_>>()?;
+                            ValueId::new(out.push_node(Node { inputs: bins, ..bn.clone() }), 0)
+                        }
+                    };
+                    if bn.outputs.len() != 1 {
+                        return None;
+                    }
+                    inner.insert(ValueId::new(bid, 0), v);
+                }
+                if body.outputs.len() != node.outputs.len() {
+                    return None;
+                }
+                for (k, o) in body.outputs.iter().enumerate() {
+                    map.insert(ValueId::new(id, k as u32), *inner.get(o)?);
+                }
+            }
+            _ => {
+                let new = out.push_node(Node { inputs: ins, ..node.clone() });
+                if let Op::Parameter { index } = node.op {
+                    *params.get_mut(index)? = Some(new);
+                }
+                for k in 0..node.outputs.len() {
+                    map.insert(ValueId::new(id, k as u32), ValueId::new(new, k as u32));
+                }
+            }
+        }
+    }
+    out.params = params.into_iter().collect::<Option<_>>()?;
+    out.outputs = g.outputs.iter().map(|v| map.get(v).copied()).collect::<Option<_>>()?;
+    Some(out)
+}
+
 impl Executable {
     /// Prepares `graph` (already optimized by the lead's passes; may contain
     /// any op). Library functions called by the graph are prepared too.
     pub fn new(graph: &Graph) -> Result<Executable, JitError> {
         let mut callees: HashMap<FuncId, Arc<Executable>> = HashMap::new();
-        Executable::build(Arc::new(graph.clone()), &mut callees)
+        let graph = flatten_fused(graph).unwrap_or_else(|| graph.clone());
+        Executable::build(Arc::new(graph), &mut callees)
     }
 
     fn build(graph: Arc<Graph>, callees: &mut HashMap<FuncId, Arc<Executable>>) -> Result<Executable, JitError> {
@@ -349,8 +421,24 @@ impl Executable {
         // Constants read only inside regions need no slot at run time.
         steps.retain(|s| !matches!(s.kind, StepKind::Constant(_)) || s.frees.len() != 1 || s.frees[0] != s.outputs[0]);
         let _ = n;
+        // Renumber the slots the schedule uses densely, so that a call's slot
+        // table is small.
+        let mut dense: Vec<Option<usize>> = vec![None; n_slots];
+        let mut n_used = 0;
+        let mut renum = |x: &mut usize| {
+            *x = *dense[*x].get_or_insert_with(|| {
+                n_used += 1;
+                n_used - 1
+            });
+        };
+        let mut outputs = outputs;
+        for s in &mut steps {
+            s.inputs.iter_mut().chain(s.outputs.iter_mut()).chain(s.frees.iter_mut()).for_each(&mut renum);
+        }
+        outputs.iter_mut().for_each(&mut renum);
+        let n_slots = n_used;
         let param_types = g.param_types();
-        Ok(Executable { graph, steps, n_slots, outputs, param_types })
+        Ok(Executable { graph, steps, n_slots, outputs, param_types, pool: Mutex::new(BufPool::default()) })
     }
 
     /// Names of the ops that fell back to the reference kernels, for stats().
@@ -384,7 +472,28 @@ impl Executable {
                 return Err(bad(format!("input {i}: expected {ty}, got {}", TensorType::known(x.dtype(), x.shape()))));
             }
         }
-        let mut values: Vec<Option<Storage>> = vec![None; self.n_slots];
+        let mut values: SmallVec<[Option<Storage>; 8]> = SmallVec::new();
+        values.resize(self.n_slots, None);
+        let mut pool = BufPool::checkout(&self.pool);
+        let result = self.run_steps(inputs, &mut values, &mut pool);
+        if let Ok(outs) = &result {
+            // Kept so the buffers can be reused once the caller drops them.
+            for v in outs {
+                pool.give(v.clone());
+            }
+        }
+        drop(values);
+        pool.checkin(&self.pool);
+        result
+    }
+
+    fn run_steps(
+        &self,
+        inputs: &[Storage],
+        values: &mut [Option<Storage>],
+        pool: &mut BufPool,
+    ) -> Result<Vec<Storage>, IrError> {
+        let g = &*self.graph;
         for step in &self.steps {
             let broken = |message: String| IrError::Verifier { graph: g.name.clone(), node: step.node, message };
             let mut args: SmallVec<[&Storage; 3]> = SmallVec::new();
@@ -403,10 +512,10 @@ impl Executable {
                     infer(&op, &types, Some(g))?;
                 }
             }
-            let outs: SmallVec<[Storage; 1]> = match &step.kind {
+            let outs: SmallVec<[Storage; 2]> = match &step.kind {
                 StepKind::Param(i) => smallvec::smallvec![inputs[*i].clone()],
                 StepKind::Constant(c) => smallvec::smallvec![c.clone()],
-                StepKind::Region(r) => r.try_run(&args)?.into_iter().collect(),
+                StepKind::Region(r) => r.try_run_pooled(&args, pool)?,
                 StepKind::MatMul => smallvec::smallvec![crate::matmul(args[0], args[1])],
                 StepKind::Primitive(op) | StepKind::External(op) => eval_primitive(op, &args).into_iter().collect(),
                 StepKind::Call(e) => {
@@ -438,13 +547,19 @@ impl Executable {
                 values[s] = Some(x);
             }
             for &f in &step.frees {
-                values[f] = None;
+                if let Some(v) = values[f].take() {
+                    pool.give_if_unique(v);
+                }
             }
         }
-        self.outputs
+        let outputs = &self.outputs;
+        outputs
             .iter()
-            .map(|&o| {
-                values[o].clone().ok_or_else(|| IrError::Verifier {
+            .enumerate()
+            .map(|(k, &o)| {
+                // Moved out on its last listing, cloned before.
+                let v = if outputs[k + 1..].contains(&o) { values[o].clone() } else { values[o].take() };
+                v.ok_or_else(|| IrError::Verifier {
                     graph: g.name.clone(),
                     node: NodeId::new(0),
                     message: format!("graph output slot {o} was not produced"),

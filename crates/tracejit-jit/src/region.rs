@@ -24,6 +24,7 @@
 //! reference result or the reference error.
 
 use std::collections::HashMap;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use smallvec::SmallVec;
@@ -87,6 +88,7 @@ pub fn compile_region(body: &tracejit_ir::Graph) -> Result<Arc<CompiledRegion>, 
         param_types,
         static_launch: None,
         static_shapes: None,
+        pool: Mutex::new(BufPool::default()),
     };
     let shapes: Option<Vec<Vec<usize>>> = region.param_types.iter().map(|t| t.shape()).collect();
     if let Some(shapes) = shapes {
@@ -108,6 +110,95 @@ pub struct CompiledRegion {
     param_types: Vec<TensorType>,
     static_launch: Option<Launch>,
     static_shapes: Option<Vec<Vec<usize>>>,
+    /// Outputs of earlier calls, reused once the caller has dropped them.
+    pool: Mutex<BufPool>,
+}
+
+/// Most buffers a pool keeps.
+const POOL_MAX: usize = 16;
+
+/// Buffers kept for reuse as kernel outputs, so that a steady-state call
+/// takes no fresh pages. An entry may still be held elsewhere (a result the
+/// caller has not dropped yet); it is only reused once the pool holds the
+/// sole reference, so a live result is never overwritten.
+///
+/// Pools are not shared while in use: a caller moves the pool out of its
+/// `Mutex` with `try_lock` (never blocking; a concurrent call that finds it
+/// taken starts with an empty pool) and merges it back afterwards.
+#[derive(Default)]
+pub(crate) struct BufPool {
+    bufs: Vec<Storage>,
+}
+
+/// True when no other `Storage` shares `s`'s buffer.
+fn is_unique(s: &Storage) -> bool {
+    tracejit_ir::tensor::with_array!(s, a => a.is_unique())
+}
+
+impl BufPool {
+    /// Takes a buffer of `dtype` with `shape`'s element count that nothing
+    /// else references, shaped as `shape`.
+    pub(crate) fn take(&mut self, dtype: DType, shape: &[usize]) -> Option<Storage> {
+        let len: usize = shape.iter().product();
+        if len == 0 {
+            return None;
+        }
+        let i = self.bufs.iter().position(|s| s.dtype() == dtype && s.len() == len && is_unique(s))?;
+        let s = self.bufs.swap_remove(i);
+        // Pairs with the release decrement of the last other holder's drop:
+        // its accesses happen before our writes.
+        fence(Ordering::Acquire);
+        if s.shape() == shape {
+            return Some(s);
+        }
+        macro_rules! reshape {
+            ($($v:ident),*) => {
+                match s {
+                    $(Storage::$v(a) => a.into_shape_with_order(ndarray::IxDyn(shape)).ok().map(Storage::$v),)*
+                }
+            };
+        }
+        reshape!(F32, F64, I32, I64, Bool)
+    }
+
+    /// Keeps `s` (which others may still hold) for later reuse.
+    pub(crate) fn give(&mut self, s: Storage) {
+        if s.is_empty() || !s.is_standard_layout() {
+            return;
+        }
+        if self.bufs.len() >= POOL_MAX {
+            self.bufs.remove(0);
+        }
+        self.bufs.push(s);
+    }
+
+    /// Keeps `s` if nothing else holds it (a freed intermediate).
+    pub(crate) fn give_if_unique(&mut self, s: Storage) {
+        if is_unique(&s) {
+            self.give(s);
+        }
+    }
+
+    /// Moves the pool out of `m` without blocking (empty if `m` is busy).
+    pub(crate) fn checkout(m: &Mutex<BufPool>) -> BufPool {
+        match m.try_lock() {
+            Ok(mut p) => std::mem::take(&mut *p),
+            Err(_) => BufPool::default(),
+        }
+    }
+
+    /// Puts the pool back into `m` without blocking (dropped if `m` is busy).
+    pub(crate) fn checkin(self, m: &Mutex<BufPool>) {
+        if let Ok(mut p) = m.try_lock() {
+            if p.bufs.is_empty() {
+                *p = self;
+            } else {
+                for s in self.bufs {
+                    p.give(s);
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for CompiledRegion {
@@ -165,6 +256,8 @@ enum OutBuf {
     I32(Vec<i32>),
     I64(Vec<i64>),
     Bool(Vec<bool>),
+    /// A buffer from the pool, uniquely owned here, already of the output's shape.
+    Reused(Storage),
 }
 
 impl OutBuf {
@@ -185,6 +278,15 @@ impl OutBuf {
             OutBuf::I32(v) => v.as_mut_ptr() as i64,
             OutBuf::I64(v) => v.as_mut_ptr() as i64,
             OutBuf::Bool(v) => v.as_mut_ptr() as i64,
+            // Unique, so `as_mut_ptr` copies nothing; standard layout, so the
+            // elements follow the pointer.
+            OutBuf::Reused(s) => match s {
+                Storage::F32(a) => a.as_mut_ptr() as i64,
+                Storage::F64(a) => a.as_mut_ptr() as i64,
+                Storage::I32(a) => a.as_mut_ptr() as i64,
+                Storage::I64(a) => a.as_mut_ptr() as i64,
+                Storage::Bool(a) => a.as_mut_ptr() as i64,
+            },
         }
     }
 
@@ -206,6 +308,7 @@ impl OutBuf {
             OutBuf::I32(v) => fin!(v),
             OutBuf::I64(v) => fin!(v),
             OutBuf::Bool(v) => fin!(v),
+            OutBuf::Reused(s) => s,
         }
     }
 }
@@ -229,6 +332,24 @@ impl CompiledRegion {
     /// Like [`CompiledRegion::run`], but returns the interpreter's error
     /// instead of panicking when the inputs do not fit.
     pub fn try_run(&self, inputs: &[&Storage]) -> Result<Vec<Storage>, IrError> {
+        let mut pool = BufPool::checkout(&self.pool);
+        let outs = self.try_run_pooled(inputs, &mut pool);
+        if let Ok(outs) = &outs {
+            for o in outs {
+                pool.give(o.clone());
+            }
+        }
+        pool.checkin(&self.pool);
+        Ok(outs?.into_vec())
+    }
+
+    /// [`CompiledRegion::try_run`] with outputs taken from `pool` where it
+    /// has a free buffer of the right dtype and size.
+    pub(crate) fn try_run_pooled(
+        &self,
+        inputs: &[&Storage],
+        pool: &mut BufPool,
+    ) -> Result<SmallVec<[Storage; 2]>, IrError> {
         let bad = |message: String| IrError::BadInput { graph: self.body.name.clone(), message };
         if inputs.len() != self.param_types.len() {
             return Err(bad(format!("expected {} inputs, got {}", self.param_types.len(), inputs.len())));
@@ -243,7 +364,7 @@ impl CompiledRegion {
         };
         if fast {
             let launch = self.static_launch.as_ref().expect("static shapes come with a plan");
-            return Ok(self.launch(inputs, launch));
+            return Ok(self.launch(inputs, launch, pool));
         }
         for (i, (t, x)) in self.param_types.iter().zip(inputs).enumerate() {
             if !t.accepts(x.dtype(), x.shape()) {
@@ -254,10 +375,10 @@ impl CompiledRegion {
         let refs: SmallVec<[&Storage; 4]> = standard.iter().collect();
         let shapes: SmallVec<[&[usize]; 4]> = refs.iter().map(|x| x.shape()).collect();
         match self.plan(&shapes) {
-            Ok(launch) => Ok(self.launch(&refs, &launch)),
+            Ok(launch) => Ok(self.launch(&refs, &launch, pool)),
             Err(Fallback) => {
                 let owned: Vec<Storage> = inputs.iter().map(|x| (*x).clone()).collect();
-                tracejit_ir::interpret(&self.body, &owned)
+                Ok(tracejit_ir::interpret(&self.body, &owned)?.into())
             }
         }
     }
@@ -424,7 +545,7 @@ impl CompiledRegion {
     }
 
     /// Allocates the outputs and calls the kernel.
-    fn launch(&self, inputs: &[&Storage], l: &Launch) -> Vec<Storage> {
+    fn launch(&self, inputs: &[&Storage], l: &Launch, pool: &mut BufPool) -> SmallVec<[Storage; 2]> {
         let an = &self.an;
         let mut held: SmallVec<[Storage; 2]> = SmallVec::new();
         let mut load_ptrs: SmallVec<[i64; 8]> = SmallVec::new();
@@ -444,8 +565,15 @@ impl CompiledRegion {
             load_ptrs[*li] = data_ptr(&m);
             held.push(m);
         }
-        let mut outs: SmallVec<[OutBuf; 2]> =
-            an.outputs.iter().zip(&l.out_shapes).map(|(o, s)| OutBuf::new(o.dtype, s.iter().product())).collect();
+        let mut outs: SmallVec<[OutBuf; 2]> = an
+            .outputs
+            .iter()
+            .zip(&l.out_shapes)
+            .map(|(o, s)| match pool.take(o.dtype, s) {
+                Some(b) => OutBuf::Reused(b),
+                None => OutBuf::new(o.dtype, s.iter().product()),
+            })
+            .collect();
         let scratch_len = self.kernel.schedule.scratch_slots * l.n;
         let mut scratch: Vec<u64> = Vec::with_capacity(scratch_len);
 

@@ -178,11 +178,21 @@ fn concurrent_runs() {
                         (ins, want)
                     })
                     .collect();
+                let mut prev: Option<(Vec<Storage>, usize)> = None;
                 for i in 0..200 {
                     let (ins, want) = &cases[i % cases.len()];
                     let got = exe.run(ins).unwrap();
                     close(&got[0], &want[0], 2e-6, 0.0).unwrap();
                     exact_eq(&got[1], &want[1]).unwrap();
+                    // A result still held is never overwritten by later calls
+                    // (buffers are recycled only once dropped).
+                    if let Some((p, k)) = &prev {
+                        close(&p[0], &cases[*k].1[0], 2e-6, 0.0).unwrap();
+                        exact_eq(&p[1], &cases[*k].1[1]).unwrap();
+                    }
+                    if i % 3 == 0 {
+                        prev = Some((got, i % cases.len()));
+                    }
                 }
             })
         })
@@ -190,4 +200,116 @@ fn concurrent_runs() {
     for h in handles {
         h.join().unwrap();
     }
+}
+
+fn ptr_of(s: &Storage) -> usize {
+    s.array::<f32>().unwrap().as_ptr() as usize
+}
+
+#[test]
+fn buffers_are_recycled_but_live_results_are_not_overwritten() {
+    // Two regions around a matrix product: intermediates and outputs both
+    // come from the executor's pool.
+    let mut g = Graph::new("recycle");
+    let x = param(&mut g, DType::F32, &[32, 32]);
+    let e = node(&mut g, Op::Unary(UnaryOp::Tanh), &[x]);
+    let m = node(&mut g, Op::MatMul, &[e, x]);
+    let two = scalar(&mut g, DType::F32, 2.0);
+    let y = node(&mut g, Op::Binary(BinaryOp::Mul), &[m, two]);
+    let y = node(&mut g, Op::Unary(UnaryOp::Neg), &[y]);
+    g.outputs.push(y);
+    let exe = Executable::new(&g).unwrap();
+    assert_eq!(exe.num_regions(), 2);
+    let a = vec![data(DType::F32, &[32, 32], 1, false)];
+    let b = vec![data(DType::F32, &[32, 32], 2, false)];
+    let want_a = exe.run(&a).unwrap();
+    let want_b = exe.run(&b).unwrap();
+    let ref_a = tracejit_ir::interpret(&g, &a).unwrap();
+    close_abs(&want_a[0], &ref_a[0], 1e-3).unwrap();
+    let want_a: Vec<f32> = want_a[0].to_vec().unwrap();
+    let want_b: Vec<f32> = want_b[0].to_vec().unwrap();
+    let mut held = Vec::new();
+    for i in 0..20 {
+        let (ins, want) = if i % 2 == 0 { (&a, &want_a) } else { (&b, &want_b) };
+        let r = exe.run(ins).unwrap();
+        assert_eq!(&r[0].to_vec::<f32>().unwrap(), want, "call {i}");
+        for (k, h) in held.iter().enumerate() {
+            let (h, w): &(Storage, &Vec<f32>) = h;
+            assert_eq!(&h.to_vec::<f32>().unwrap(), *w, "held result {k} changed by call {i}");
+        }
+        let live: Vec<usize> = held.iter().map(|(h, _)| ptr_of(h)).collect();
+        assert!(!live.contains(&ptr_of(&r[0])), "call {i} wrote into a live result");
+        if i % 4 == 0 {
+            held.push((r[0].clone(), want));
+        }
+    }
+    // A dropped result's buffer is reused by the next call.
+    let r = exe.run(&a).unwrap();
+    let p = ptr_of(&r[0]);
+    drop(r);
+    let r = exe.run(&b).unwrap();
+    assert_eq!(&r[0].to_vec::<f32>().unwrap(), &want_b);
+    assert_eq!(ptr_of(&r[0]), p, "the dropped output buffer was not reused");
+}
+
+#[test]
+fn compiled_region_recycles_outputs() {
+    let g = softmax_graph(&[4, 40]);
+    let r = tracejit_jit::compile_region(&g).unwrap();
+    let a = data(DType::F32, &[4, 40], 3, false);
+    let b = data(DType::F32, &[4, 40], 4, false);
+    let ra = r.run(&[&a]);
+    let want_a: Vec<f32> = ra[0].to_vec().unwrap();
+    let rb = r.run(&[&b]);
+    let want_b: Vec<f32> = rb[0].to_vec().unwrap();
+    assert_ne!(want_a, want_b);
+    // ra is held: the next call must not write into it.
+    let rb2 = r.run(&[&b]);
+    assert_eq!(ra[0].to_vec::<f32>().unwrap(), want_a);
+    assert_eq!(rb2[0].to_vec::<f32>().unwrap(), want_b);
+    let p = ptr_of(&rb2[0]);
+    drop(rb2);
+    let ra2 = r.run(&[&a]);
+    assert_eq!(ra2[0].to_vec::<f32>().unwrap(), want_a);
+    assert_eq!(ptr_of(&ra2[0]), p);
+    assert_eq!(rb[0].to_vec::<f32>().unwrap(), want_b);
+}
+
+#[test]
+fn adjacent_fused_regions_are_merged() {
+    // Softmax as the fusion pass splits it: max | sub-exp-sum | div.
+    let shape = [16, 100];
+    let mut f0 = Graph::new("f0");
+    let x = param(&mut f0, DType::F32, &shape);
+    let m = node(&mut f0, Op::Reduce { op: ReduceOp::Max, axes: vec![1], keepdims: true }, &[x]);
+    f0.outputs.push(m);
+    let mut f1 = Graph::new("f1");
+    let x = param(&mut f1, DType::F32, &shape);
+    let m = param(&mut f1, DType::F32, &[16, 1]);
+    let d = node(&mut f1, Op::Binary(BinaryOp::Sub), &[x, m]);
+    let e = node(&mut f1, Op::Unary(UnaryOp::Exp), &[d]);
+    let s = node(&mut f1, Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdims: true }, &[e]);
+    f1.outputs.extend([e, s]);
+    let mut f2 = Graph::new("f2");
+    let e = param(&mut f2, DType::F32, &shape);
+    let s = param(&mut f2, DType::F32, &[16, 1]);
+    let y = node(&mut f2, Op::Binary(BinaryOp::Div), &[e, s]);
+    f2.outputs.push(y);
+
+    let mut g = Graph::new("softmax_split");
+    let x = param(&mut g, DType::F32, &shape);
+    let m = node(&mut g, Op::Fused { body: Arc::new(f0) }, &[x]);
+    let es = g.add_node(Op::Fused { body: Arc::new(f1) }, &[x, m], &[], None).unwrap();
+    let (e, s) = (ValueId::new(es, 0), ValueId::new(es, 1));
+    let y = node(&mut g, Op::Fused { body: Arc::new(f2) }, &[e, s]);
+    // The sum is a graph output too: it must survive the merge.
+    g.outputs.extend([y, s]);
+    let exe = Executable::new(&g).unwrap();
+    assert_eq!(exe.num_regions(), 1);
+    assert!(exe.fallbacks().is_empty(), "{:?}", exe.fallbacks());
+    let ins = vec![data(DType::F32, &shape, 5, false)];
+    let got = exe.run(&ins).unwrap();
+    let want = tracejit_ir::interpret(&g, &ins).unwrap();
+    close(&got[0], &want[0], 2e-6, 0.0).unwrap();
+    close(&got[1], &want[1], 1e-5, 0.0).unwrap();
 }
