@@ -530,12 +530,13 @@ impl Executable {
                     let v = g.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
                     let types = [TensorType::known(args[0].dtype(), args[0].shape())];
                     infer(&Op::AssignVariable { var: *var, kind: *kind }, &types, Some(g))?;
-                    let new = match kind {
-                        AssignKind::Assign => args[0].clone(),
-                        AssignKind::Add => kernels::binary(BinaryOp::Add, &v.read(), args[0]),
-                        AssignKind::Sub => kernels::binary(BinaryOp::Sub, &v.read(), args[0]),
-                    };
-                    v.write(new);
+                    // `update` holds the variable's lock across read and
+                    // write, so concurrent assign_adds lose no increment.
+                    match kind {
+                        AssignKind::Assign => v.write(args[0].clone()),
+                        AssignKind::Add => v.update(&mut |cur| kernels::binary(BinaryOp::Add, cur, args[0])),
+                        AssignKind::Sub => v.update(&mut |cur| kernels::binary(BinaryOp::Sub, cur, args[0])),
+                    }
                     SmallVec::new()
                 }
             };
