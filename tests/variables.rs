@@ -198,3 +198,49 @@ fn reads_and_writes_keep_program_order_in_the_graph() {
     let text = g.to_string();
     assert!(text.contains("ctrl("), "stateful nodes carry control inputs:\n{text}");
 }
+
+#[test]
+fn a_nested_call_without_tensor_arguments_runs_on_every_call() {
+    let v = Variable::new(scalar(0.0));
+    let v2 = v.clone();
+    let inner = function(move |(): ()| {
+        v2.assign_add(&scalar(1.0));
+        v2.read()
+    });
+    let outer = function(move |x: Tensor| &x + inner.call(()).unwrap());
+    for k in 1..=3 {
+        let out = outer.call(scalar(10.0)).unwrap();
+        assert_eq!(vals(&out), vec![10.0 + k as f32], "call {k}");
+    }
+    assert_eq!(vals(&v.value()), vec![3.0]);
+    assert_eq!(outer.tracing_count(), 1);
+}
+
+#[test]
+fn a_call_with_side_effects_is_ordered_with_the_callers_accesses() {
+    let v = Variable::new(scalar(1.0));
+    let (v2, v3) = (v.clone(), v.clone());
+    let bump = function(move |(): ()| v2.assign_add(&scalar(5.0)));
+    let f = function(move |x: Tensor| {
+        v3.assign(&x);
+        bump.call(()).unwrap();
+        v3.read()
+    });
+    assert_eq!(vals(&f.call(scalar(2.0)).unwrap()), vec![7.0]);
+    assert_eq!(vals(&v.value()), vec![7.0]);
+    let g = f.concrete_functions()[0].graph().clone();
+    let (call_id, call) = g.nodes().find(|(_, n)| matches!(n.op, tracejit::ir::Op::Call { .. })).expect("a call node");
+    assert!(!call.control_inputs.is_empty(), "the call waits for the assign:\n{g}");
+    let read = g.nodes().find(|(_, n)| matches!(n.op, tracejit::ir::Op::ReadVariable { .. })).unwrap().1;
+    assert!(read.control_inputs.contains(&call_id), "the read waits for the call:\n{g}");
+}
+
+#[test]
+fn remember_in_a_generic_function_keeps_one_value_per_type() {
+    fn make<T: Clone + Send + Sync + 'static>(v: T) -> T {
+        remember(move || v)
+    }
+    assert_eq!(make(1i32), 1);
+    assert_eq!(make("a"), "a");
+    assert_eq!(make(2i32), 1, "memoized per (call site, type)");
+}

@@ -146,7 +146,13 @@ impl ConcreteFunction {
 
     pub(crate) fn call_refs(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         self.check_inputs(inputs)?;
-        if inputs.iter().any(|t| t.is_symbolic()) || !self.implicit_inputs.is_empty() {
+        // Inside a trace every call is part of the graph, even with eager
+        // (or no) tensor arguments: its effects must happen on every run of
+        // the caller, not once while tracing.
+        if context::current_function().is_some()
+            || inputs.iter().any(|t| t.is_symbolic())
+            || !self.implicit_inputs.is_empty()
+        {
             return self.record_call(inputs);
         }
         let storages: Vec<Storage> = inputs.iter().map(|t| t.eager_storage().clone()).collect();
@@ -186,7 +192,14 @@ impl ConcreteFunction {
             existing.unwrap_or_else(|| ctx.graph.library.add(lib_fn))
         })
         .expect("checked above that a trace is active");
-        let (_, outs) = context::record_in_current(Op::Call { func }, &all, &[]).expect("a trace is active");
+        // A callee with side effects is ordered like a write of every
+        // variable: after all earlier accesses, before all later ones.
+        let stateful = tracejit_ir::passes::graph_has_side_effects(&self.optimized);
+        let control = if stateful { context::all_variable_accesses() } else { Vec::new() };
+        let (node, outs) = context::record_in_current(Op::Call { func }, &all, &control).expect("a trace is active");
+        if stateful {
+            context::note_barrier(node, self.optimized.variables.values().map(|v| v.id()));
+        }
         Ok(outs)
     }
 }

@@ -297,3 +297,34 @@ pub(crate) fn note_variable_created(v: &Variable) {
 pub(crate) fn is_tracing_memo(memo: &Arc<MemoTable>) -> bool {
     STACK.with(|s| s.borrow().iter().any(|c| c.memo.as_ref().is_some_and(|m| Arc::ptr_eq(m, memo))))
 }
+
+/// Every variable access recorded so far in the innermost trace (the last
+/// write and the reads since, per variable): the control inputs of a node
+/// that must come after all of them.
+pub(crate) fn all_variable_accesses() -> Vec<NodeId> {
+    with_current(|ctx| {
+        let mut v: Vec<NodeId> = ctx
+            .var_order
+            .values()
+            .flat_map(|o| o.last_write.iter().chain(o.reads_since_write.iter()).copied())
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    })
+    .unwrap_or_default()
+}
+
+/// Records `node` (a call with side effects) as the last write of every
+/// variable in the innermost trace and of `callee_vars`, so later accesses
+/// are ordered after it.
+pub(crate) fn note_barrier(node: NodeId, callee_vars: impl Iterator<Item = u64>) {
+    with_current(|ctx| {
+        let ids: Vec<u64> = ctx.var_order.keys().copied().chain(callee_vars).collect();
+        for id in ids {
+            let order = ctx.var_order.entry(id).or_default();
+            order.last_write = Some(node);
+            order.reads_since_write.clear();
+        }
+    });
+}

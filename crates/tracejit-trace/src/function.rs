@@ -258,7 +258,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
         }
         let mut flat = Flattener::default();
         args.flatten(&mut flat);
-        if flat.tensors.iter().any(|t| t.is_symbolic()) {
+        if crate::context::current_function().is_some() || flat.tensors.iter().any(|t| t.is_symbolic()) {
             return self.call_from_trace(&flat);
         }
         let hash = signature_hash(&flat);

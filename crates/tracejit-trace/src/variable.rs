@@ -13,7 +13,7 @@
 //! init scope); on a later trace it is an error, unless the creation happens
 //! inside `remember`, which runs its closure once per call site and Function.
 
-use std::any::Any;
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::fmt;
 use std::panic::Location;
@@ -54,13 +54,13 @@ impl VariableResource for VarState {
         self.shape.clone()
     }
     fn read(&self) -> Storage {
-        self.value.read().expect("variable lock").clone()
+        self.value.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
     fn write(&self, value: Storage) {
-        *self.value.write().expect("variable lock") = value;
+        *self.value.write().unwrap_or_else(|e| e.into_inner()) = value;
     }
     fn update(&self, f: &mut dyn FnMut(&Storage) -> Storage) {
-        let mut guard = self.value.write().expect("variable lock");
+        let mut guard = self.value.write().unwrap_or_else(|e| e.into_inner());
         let new = f(&guard);
         *guard = new;
     }
@@ -299,7 +299,9 @@ pub(crate) struct VarOrder {
 }
 
 /// What `remember` stores: values by call site, per Function (or per scope).
-pub(crate) type MemoTable = Mutex<HashMap<&'static Location<'static>, Arc<dyn Any + Send + Sync>>>;
+/// Keyed by call site and the built type, so a generic function calling
+/// `remember` for two types keeps two values.
+pub(crate) type MemoTable = Mutex<HashMap<(&'static Location<'static>, TypeId), Arc<dyn Any + Send + Sync>>>;
 
 /// An explicit owner for `remember_in` outside of functions: values are
 /// memoized per (scope, call site).
@@ -325,14 +327,15 @@ fn memoize<T: Clone + Send + Sync + 'static>(
     site: &'static Location<'static>,
     make: impl FnOnce() -> T,
 ) -> T {
-    if let Some(v) = table.lock().unwrap_or_else(|e| e.into_inner()).get(site) {
+    let key = (site, TypeId::of::<T>());
+    if let Some(v) = table.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         if let Some(v) = v.downcast_ref::<T>() {
             return v.clone();
         }
     }
     let value = context::in_remember(make);
     let mut t = table.lock().unwrap_or_else(|e| e.into_inner());
-    let entry = t.entry(site).or_insert_with(|| Arc::new(value));
+    let entry = t.entry(key).or_insert_with(|| Arc::new(value));
     entry.downcast_ref::<T>().expect("remember: one call site always builds one type").clone()
 }
 
