@@ -7,6 +7,7 @@
 //! line, so results are bit-identical to the interpreter. They are
 //! `extern "C"`, never panic and never allocate.
 
+use tracejit_ir::tensor::kernels::scalar;
 use tracejit_ir::tensor::{BinaryOp, DType, UnaryOp};
 
 /// A helper function the JIT can call.
@@ -177,13 +178,7 @@ extern "C" fn tanh_f64(x: f64) -> f64 {
     x.tanh()
 }
 extern "C" fn sigmoid_f64(x: f64) -> f64 {
-    // The reference's formula: never exponentiate a large positive number.
-    if x < 0.0 {
-        let e = x.exp();
-        e / (1.0 + e)
-    } else {
-        1.0 / (1.0 + (-x).exp())
-    }
+    scalar::sigmoid_f64(x)
 }
 extern "C" fn erf_f64(x: f64) -> f64 {
     libm::erf(x)
@@ -219,52 +214,17 @@ extern "C" fn pow_f64(a: f64, b: f64) -> f64 {
     a.powf(b)
 }
 
-macro_rules! float_rem {
-    ($name:ident, $t:ty) => {
-        extern "C" fn $name(a: $t, b: $t) -> $t {
-            // numpy's npy_divmod, as the reference kernel computes it.
-            let r = a % b;
-            if r != 0.0 {
-                if (r < 0.0) != (b < 0.0) {
-                    r + b
-                } else {
-                    r
-                }
-            } else {
-                <$t>::copysign(0.0, b)
-            }
-        }
-    };
+// Remainder and integer power follow the reference's element rules exactly.
+extern "C" fn rem_f32(a: f32, b: f32) -> f32 {
+    scalar::rem_f32(a, b)
 }
-float_rem!(rem_f32, f32);
-float_rem!(rem_f64, f64);
+extern "C" fn rem_f64(a: f64, b: f64) -> f64 {
+    scalar::rem_f64(a, b)
+}
 
-macro_rules! int_pow {
-    ($name:ident, $t:ty) => {
-        extern "C" fn $name(a: $t, o: $t) -> $t {
-            if o < 0 {
-                return match a {
-                    1 => 1,
-                    -1 if o % 2 == 0 => 1,
-                    -1 => -1,
-                    _ => 0,
-                };
-            }
-            let mut base = a;
-            let mut exp = o;
-            let mut acc: $t = 1;
-            while exp > 0 {
-                if exp & 1 == 1 {
-                    acc = acc.wrapping_mul(base);
-                }
-                exp >>= 1;
-                if exp > 0 {
-                    base = base.wrapping_mul(base);
-                }
-            }
-            acc
-        }
-    };
+extern "C" fn pow_i32(a: i32, b: i32) -> i32 {
+    scalar::pow_i32(a, b)
 }
-int_pow!(pow_i32, i32);
-int_pow!(pow_i64, i64);
+extern "C" fn pow_i64(a: i64, b: i64) -> i64 {
+    scalar::pow_i64(a, b)
+}

@@ -182,6 +182,7 @@ mod matmul;
 mod num;
 mod random;
 mod reduce;
+pub mod scalar;
 mod shape;
 mod unary;
 
