@@ -275,4 +275,11 @@ impl Op {
     pub fn is_elementwise(&self) -> bool {
         matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Clamp { .. })
     }
+
+    /// True for ops that may join a fused region: elementwise ops, the
+    /// broadcasts that feed them, and reductions. The fusion pass and the
+    /// JIT executor's own grouping share this one rule.
+    pub fn is_fusible(&self) -> bool {
+        self.is_elementwise() || matches!(self, Op::Reduce { .. } | Op::BroadcastTo { .. } | Op::ExpandDims { .. })
+    }
 }

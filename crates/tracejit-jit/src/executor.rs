@@ -88,17 +88,7 @@ impl std::fmt::Debug for Executable {
 
 /// Ops the region planner may put in a region.
 fn fusible(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-    )
+    op.is_fusible()
 }
 
 /// True if a node computes something (a region of only broadcasts and

@@ -114,9 +114,7 @@ fn expensive(op: &Op) -> bool {
 }
 
 fn fusible(g: &Graph, node: &Node) -> bool {
-    (node.op.is_elementwise() || matches!(node.op, Op::Reduce { .. } | Op::BroadcastTo { .. } | Op::ExpandDims { .. }))
-        && node.control_inputs.is_empty()
-        && !has_side_effects(g, &node.op)
+    node.op.is_fusible() && node.control_inputs.is_empty() && !has_side_effects(g, &node.op)
 }
 
 /// The dims a node iterates over: a reduction its input's, any other its

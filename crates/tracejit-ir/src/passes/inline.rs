@@ -47,8 +47,6 @@ impl Pass for Inline {
                 rw.copy(id);
                 continue;
             }
-            let args = rw.inputs(id);
-            let control = rw.control(id);
             let mut policy = |f: &crate::LibraryFunction, _: &[crate::TensorType]| {
                 if keep(f) {
                     CallAction::Keep
@@ -56,15 +54,8 @@ impl Pass for Inline {
                     CallAction::Inline
                 }
             };
-            match rw.inline_body(&callee.graph, &args, &control, &mut policy) {
-                Ok((outs, stand_ins)) => {
-                    rw.map(id, &outs, &stand_ins);
-                    inlined += 1;
-                }
-                // A malformed call: keep it, the verifier will say why.
-                Err(_) => {
-                    rw.copy(id);
-                }
+            if rw.inline_call(id, &callee.graph, &mut policy) {
+                inlined += 1;
             }
         }
         if inlined == 0 {

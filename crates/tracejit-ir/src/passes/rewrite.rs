@@ -271,6 +271,24 @@ impl<'g> Rewriter<'g> {
     /// (the caller plans fusion again over the bigger graph). Every copied
     /// node with side effects also waits for `control` (the control inputs
     /// of the node being expanded).
+    /// Replaces call node `id` by `body` inlined with the call's inputs and
+    /// control inputs; a malformed call is copied unchanged (the verifier
+    /// then says why). Returns whether it was inlined.
+    pub(crate) fn inline_call(&mut self, id: NodeId, body: &Graph, policy: CallPolicy<'_>) -> bool {
+        let args = self.inputs(id);
+        let control = self.control(id);
+        match self.inline_body(body, &args, &control, policy) {
+            Ok((outs, stand_ins)) => {
+                self.map(id, &outs, &stand_ins);
+                true
+            }
+            Err(_) => {
+                self.copy(id);
+                false
+            }
+        }
+    }
+
     pub(crate) fn inline_body(
         &mut self,
         body: &Graph,

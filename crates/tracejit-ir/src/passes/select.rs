@@ -79,14 +79,8 @@ impl Pass for SelectImplementation {
                             CallAction::Inline
                         }
                     };
-                    match rw.inline_body(&callee.graph, &args, &control, &mut policy) {
-                        Ok((outs, stand_ins)) => {
-                            rw.map(id, &outs, &stand_ins);
-                            inlined += 1;
-                        }
-                        Err(_) => {
-                            rw.copy(id);
-                        }
+                    if rw.inline_call(id, &callee.graph, &mut policy) {
+                        inlined += 1;
                     }
                 }
             }
