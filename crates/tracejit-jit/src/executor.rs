@@ -7,7 +7,8 @@
 //!   break a run) grown greedily while [`crate::supports`] accepts the
 //!   region, each compiled by [`crate::compile_region`]. When the IR gains a
 //!   fused-region op, the planner's regions take this place;
-//! - **matrix products** through [`crate::matmul`] (a fast GEMM);
+//! - **matrix products** through [`crate::matmul`] (a fast GEMM), written
+//!   into a pooled buffer;
 //! - **calls** run the callee's own `Executable`, prepared up front;
 //! - **variable reads and writes** with the interpreter's semantics;
 //! - **`Op::Fused`** regions planned by the fusion pass compile the same way
@@ -506,7 +507,9 @@ impl Executable {
                 StepKind::Param(i) => smallvec::smallvec![inputs[*i].clone()],
                 StepKind::Constant(c) => smallvec::smallvec![c.clone()],
                 StepKind::Region(r) => r.try_run_pooled(&args, pool)?,
-                StepKind::MatMul => smallvec::smallvec![crate::matmul(args[0], args[1])],
+                StepKind::MatMul => {
+                    smallvec::smallvec![crate::gemm::matmul_with(args[0], args[1], &mut |d, s| pool.take(d, s))]
+                }
                 StepKind::Primitive(op) | StepKind::External(op) => eval_primitive(op, &args).into_iter().collect(),
                 StepKind::Call(e) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();

@@ -14,6 +14,20 @@
 //!   other op through the reference kernels — freeing values after their
 //!   last use.
 //!
+//! # Memory
+//!
+//! Region outputs, matrix products and the row kernels' scratch space come
+//! from a per-executable buffer pool: values freed at their last use and
+//! results the caller has dropped are reused by later calls (a buffer is
+//! only reused once nothing else holds it, so a live result is never
+//! overwritten). A steady-state call therefore allocates only the outputs
+//! the caller still holds, plus bookkeeping that does not grow with tensor
+//! sizes (`tests/steady_state_alloc.rs` checks this with a counting
+//! allocator).
+//! Steps that fall back to the reference kernels allocate their results.
+//! Concurrent calls never share a pool: a call that finds the pool busy runs
+//! with an empty one.
+//!
 //! # Which regions compile
 //!
 //! See [`supports`]: elementwise regions over any broadcasting; *row*
@@ -78,5 +92,5 @@ mod region;
 pub use analysis::MAX_CONST_ELEMENTS;
 pub use error::JitError;
 pub use executor::Executable;
-pub use gemm::matmul;
+pub use gemm::{matmul, matmul_reusing};
 pub use region::{compile_region, kernel_cache_len, supports, unsupported_reason, CompiledRegion};

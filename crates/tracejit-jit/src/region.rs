@@ -128,6 +128,8 @@ const POOL_MAX: usize = 16;
 #[derive(Default)]
 pub(crate) struct BufPool {
     bufs: Vec<Storage>,
+    /// The row kernels' scratch space, kept between calls.
+    scratch: Vec<u64>,
 }
 
 /// True when no other `Storage` shares `s`'s buffer.
@@ -190,11 +192,14 @@ impl BufPool {
     /// Puts the pool back into `m` without blocking (dropped if `m` is busy).
     pub(crate) fn checkin(self, m: &Mutex<BufPool>) {
         if let Ok(mut p) = m.try_lock() {
-            if p.bufs.is_empty() {
+            if p.bufs.is_empty() && p.scratch.capacity() <= self.scratch.capacity() {
                 *p = self;
             } else {
                 for s in self.bufs {
                     p.give(s);
+                }
+                if p.scratch.capacity() < self.scratch.capacity() {
+                    p.scratch = self.scratch;
                 }
             }
         }
@@ -575,7 +580,9 @@ impl CompiledRegion {
             })
             .collect();
         let scratch_len = self.kernel.schedule.scratch_slots * l.n;
-        let mut scratch: Vec<u64> = Vec::with_capacity(scratch_len);
+        let mut scratch: Vec<u64> = std::mem::take(&mut pool.scratch);
+        scratch.clear();
+        scratch.reserve(scratch_len);
 
         let nslots = an.loads.len() + an.outputs.len();
         let mut args: SmallVec<[i64; 32]> = SmallVec::from_elem(0, ARG_SLOTS + 2 * nslots);
@@ -630,7 +637,7 @@ impl CompiledRegion {
             }
         }
         drop(held);
-        drop(scratch);
+        pool.scratch = scratch;
         outs.into_iter()
             .zip(&l.out_shapes)
             // SAFETY: the kernel writes every element of every output.

@@ -1,0 +1,147 @@
+//! A steady-state call allocates only its outputs: intermediates come from
+//! the executor's buffer pool, so a second call of a compiled function takes
+//! no fresh memory for them, however large they are.
+//!
+//! A counting global allocator (this test binary only) counts the bytes and
+//! allocations made by the current thread while a measured call runs; the
+//! counters are per thread, so the test harness's other threads do not
+//! disturb them.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use tracejit::prelude::*;
+
+struct Counting;
+
+thread_local! {
+    static ON: Cell<bool> = const { Cell::new(false) };
+    static BYTES: Cell<usize> = const { Cell::new(0) };
+    static COUNT: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note(bytes: usize) {
+    // `try_with`: the allocator also runs while thread-locals are torn down.
+    let _ = ON.try_with(|on| {
+        if on.get() {
+            let _ = BYTES.try_with(|b| b.set(b.get() + bytes));
+            let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+        }
+    });
+}
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: forwarded.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: forwarded.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note(new_size);
+        // SAFETY: forwarded.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Bytes and allocations `f` makes on this thread.
+fn measure<T>(f: impl FnOnce() -> T) -> (T, usize, usize) {
+    BYTES.with(|b| b.set(0));
+    COUNT.with(|c| c.set(0));
+    ON.with(|on| on.set(true));
+    let out = f();
+    ON.with(|on| on.set(false));
+    (out, BYTES.with(Cell::get), COUNT.with(Cell::get))
+}
+
+/// Bookkeeping a call may allocate besides output buffers (argument and
+/// result vectors, tensor handles): small and independent of tensor sizes.
+const BOOKKEEPING_BYTES: usize = 2048;
+
+/// Runs `f` a few times to warm up (trace, compile, fill the pool), then
+/// measures one call; returns (bytes, allocations, output bytes).
+fn steady_state<A: Nest + Clone, R: Nest>(
+    f: &Function<A, R>,
+    args: A,
+    out_bytes: impl Fn(&R) -> usize,
+) -> (usize, usize, usize) {
+    for _ in 0..3 {
+        drop(f.call(args.clone()).unwrap());
+    }
+    let (out, bytes, count) = measure(|| f.call(args.clone()).unwrap());
+    let ob = out_bytes(&out);
+    drop(out);
+    (bytes, count, ob)
+}
+
+fn nbytes(t: &Tensor) -> usize {
+    t.len() * t.dtype().size_of()
+}
+
+#[test]
+fn fused_regions_reuse_their_buffers() {
+    // Three regions (two reductions end regions) with 1 MiB intermediates.
+    let f = function(|x: Tensor| {
+        let m = x.max(&[-1], true);
+        let e = (&x - &m).exp();
+        let s = e.sum(&[-1], true);
+        (&e / &s, m)
+    });
+    let x = Tensor::randn(&[256, 1024], 1);
+    let (bytes, count, out) = steady_state(&f, x, |(a, b)| nbytes(a) + nbytes(b));
+    // The outputs are dropped before the measured call, so even they are
+    // recycled: nothing near the size of a tensor is allocated.
+    assert!(
+        bytes <= BOOKKEEPING_BYTES,
+        "a steady-state call allocated {bytes} bytes in {count} allocations (outputs {out} bytes)"
+    );
+}
+
+#[test]
+fn matrix_products_and_unfused_steps_reuse_their_buffers() {
+    let f = function(|(x, w1, b1, w2): (Tensor, Tensor, Tensor, Tensor)| {
+        let h = (x.matmul(&w1) + &b1).relu();
+        h.matmul(&w2).sum(&[-1], false)
+    });
+    let x = Tensor::randn(&[64, 256], 2);
+    let w1 = Tensor::randn(&[256, 512], 3);
+    let b1 = Tensor::randn(&[512], 4);
+    let w2 = Tensor::randn(&[512, 512], 5);
+    let (bytes, count, out) = steady_state(&f, (x, w1, b1, w2), nbytes);
+    assert!(
+        bytes <= out + BOOKKEEPING_BYTES,
+        "a steady-state call allocated {bytes} bytes in {count} allocations (outputs {out} bytes)"
+    );
+}
+
+#[test]
+fn held_outputs_are_the_only_fresh_buffers() {
+    // The caller keeps every result: each call must allocate its output
+    // (never overwrite a live result) and nothing else.
+    let f = function(|x: Tensor| ((&x * 2.0 + 1.0).tanh() * &x).sum(&[0], false) + 1.0);
+    let x = Tensor::randn(&[512, 256], 6);
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        kept.push(f.call(x.clone()).unwrap());
+    }
+    let (out, bytes, count) = measure(|| f.call(x.clone()).unwrap());
+    let ob = nbytes(&out);
+    assert!(bytes >= ob, "the output must be a fresh buffer while earlier results live ({bytes} bytes)");
+    assert!(bytes <= ob + BOOKKEEPING_BYTES, "allocated {bytes} bytes in {count} allocations for a {ob}-byte output");
+    // Earlier results were not overwritten.
+    for k in &kept {
+        assert_eq!(k.to_vec::<f32>().unwrap(), out.to_vec::<f32>().unwrap());
+    }
+}
