@@ -250,6 +250,7 @@ pub(crate) fn build(
             an,
             sch,
             vector: vector_bits.is_some(),
+            heavy: is_heavy(an),
             w,
             unroll,
             n,
@@ -314,6 +315,9 @@ struct Gen<'g, 'a, 'b> {
     an: &'g Analysis,
     sch: &'g Schedule,
     vector: bool,
+    /// The kernel computes transcendentals: its constants are read from
+    /// memory at their uses rather than held in registers (see `Emit::kmem`).
+    heavy: bool,
     w: i64,
     unroll: i64,
     n: Value,
@@ -522,7 +526,9 @@ impl Gen<'_, '_, '_> {
         self.e.b.ins().brif(cond, body_blk, &a, exit_blk, &a);
         self.e.b.switch_to_block(body_blk);
         let params = self.e.b.block_params(body_blk).to_vec();
+        let outer_index = self.e.loop_index.replace(params[0]);
         let new = body(self, params[0], &params[1..]);
+        self.e.loop_index = outer_index;
         let i2 = self.e.b.ins().iadd_imm_s(params[0], step);
         let cond = self.e.b.ins().icmp(IntCC::SignedLessThan, i2, limit);
         let a = args(i2, &new);
@@ -743,9 +749,10 @@ impl Gen<'_, '_, '_> {
                 }
             }
         } else if !node.varying {
-            match mode {
-                Mode::Scalar => self.inv_scalar(v),
-                Mode::Vector => *self.splat.get(&v).expect("invariants are prepared before the loop"),
+            match (mode, &node.op) {
+                (Mode::Vector, LOp::Const(c)) if self.heavy => self.e.kscalar_mem(*c),
+                (Mode::Scalar, _) => self.inv_scalar(v),
+                (Mode::Vector, _) => *self.splat.get(&v).expect("invariants are prepared before the loop"),
             }
         } else {
             match &node.op {

@@ -79,6 +79,7 @@
 //! factor (default 4, or 2 for kernels with transcendentals) for experiments.
 
 mod analysis;
+mod constpool;
 mod error;
 mod executor;
 mod gemm;

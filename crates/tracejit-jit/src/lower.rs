@@ -57,12 +57,14 @@ pub(crate) struct Emit<'a, 'b> {
     consts: HashMap<(Type, u64), Value>,
     /// Helper functions declared in this function.
     pub helpers: HashMap<Helper, FuncRef>,
+    /// The index of the loop being emitted, if any (see [`Emit::kmem`]).
+    pub loop_index: Option<Value>,
 }
 
 impl<'a, 'b> Emit<'a, 'b> {
     /// A new emitter; `entry_term` must be the entry block's last instruction.
     pub fn new(b: &'a mut FunctionBuilder<'b>, entry_term: Inst, lane_bits: u32) -> Self {
-        Emit { b, entry_term, lane_bits, consts: HashMap::new(), helpers: HashMap::new() }
+        Emit { b, entry_term, lane_bits, consts: HashMap::new(), helpers: HashMap::new(), loop_index: None }
     }
 
     /// Number of lanes of a vector in this kernel.
@@ -110,6 +112,32 @@ impl<'a, 'b> Emit<'a, 'b> {
         v
     }
 
+    /// A constant like [`Emit::kraw`], but a vector one is loaded from the
+    /// process-wide constant table at the point of use (see
+    /// [`crate::constpool`]), so that it costs no register across a loop.
+    /// For the many coefficients of the math approximations.
+    pub fn kmem(&mut self, ty: Type, bits: u64) -> Value {
+        if !ty.is_vector() {
+            return self.kraw(ty, bits);
+        }
+        let Some(entry) = crate::constpool::intern(crate::constpool::splat(ty.lane_bits(), bits)) else {
+            return self.kraw(ty, bits);
+        };
+        let mut base = self.kraw(types::I64, crate::constpool::base());
+        let mut flags = MemFlagsData::new().with_notrap().with_readonly().with_aligned();
+        if let Some(i) = self.loop_index {
+            // Inside a loop: a movable (pure) load is placed right before
+            // its first use, where it folds into that instruction, but a
+            // loop-invariant one would be hoisted out of the loop again. An
+            // address that depends on the index (`i >> 63` is 0, the index
+            // is never negative) keeps it in.
+            let zero = self.b.ins().ushr_imm_s(i, 63);
+            base = self.b.ins().iadd(base, zero);
+            flags = flags.with_can_move();
+        }
+        self.b.ins().load(ty, flags, base, (entry * 16) as i32)
+    }
+
     /// A float constant of `dtype` in `mode`.
     pub fn kf(&mut self, dtype: DType, mode: Mode, x: f64) -> Value {
         let ty = self.ty(dtype, mode);
@@ -133,6 +161,19 @@ impl<'a, 'b> Emit<'a, 'b> {
             Scalar::I64(v) => self.ki(DType::I64, mode, v),
             Scalar::Bool(v) => self.ki(DType::Bool, mode, i64::from(v)),
         }
+    }
+
+    /// A vector constant from the constant table (see [`Emit::kmem`]).
+    pub fn kscalar_mem(&mut self, s: Scalar) -> Value {
+        let m = Mode::Vector;
+        let (ty, bits) = match s {
+            Scalar::F32(v) => (self.ty(DType::F32, m), u64::from(v.to_bits())),
+            Scalar::F64(v) => (self.ty(DType::F64, m), v.to_bits()),
+            Scalar::I32(v) => (self.ty(DType::I32, m), v as u64),
+            Scalar::I64(v) => (self.ty(DType::I64, m), v as u64),
+            Scalar::Bool(v) => (self.ty(DType::Bool, m), if v { u64::MAX } else { 0 }),
+        };
+        self.kmem(ty, bits)
     }
 
     /// The identity element of a reduction.

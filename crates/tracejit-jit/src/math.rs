@@ -34,17 +34,20 @@ use crate::lower::{Emit, Mode};
 const F: DType = DType::F32;
 
 impl Emit<'_, '_> {
+    // Constants come from memory at their use (`kmem`): a polynomial's
+    // coefficients would otherwise fill the registers and spill in the loop.
     fn c(&mut self, mode: Mode, x: f32) -> Value {
-        self.kf(F, mode, f64::from(x))
+        self.cbits(mode, x.to_bits())
     }
 
     fn cbits(&mut self, mode: Mode, bits: u32) -> Value {
         let ty = self.ty(F, mode);
-        self.kraw(ty, u64::from(bits))
+        self.kmem(ty, u64::from(bits))
     }
 
     fn ci(&mut self, mode: Mode, x: i32) -> Value {
-        self.ki(DType::I32, mode, i64::from(x))
+        let ty = self.ty(DType::I32, mode);
+        self.kmem(ty, u64::from(x as u32))
     }
 
     fn fma(&mut self, a: Value, b: Value, c: Value) -> Value {
@@ -65,9 +68,12 @@ impl Emit<'_, '_> {
     fn clamp_keep_nan(&mut self, mode: Mode, x: Value, lo: f32, hi: f32) -> Value {
         let lo = self.c(mode, lo);
         let hi = self.c(mode, hi);
+        // Written as `x < lo ? lo : x` and `hi < y ? hi : y`, the shapes
+        // Cranelift lowers to one `maxps` / `minps` (which return the second
+        // operand, `x` or `y`, when it is NaN).
         let m = self.fcmp(FloatCC::LessThan, x, lo);
         let y = self.sel(m, lo, x);
-        let m = self.fcmp(FloatCC::GreaterThan, y, hi);
+        let m = self.fcmp(FloatCC::LessThan, hi, y);
         self.sel(m, hi, y)
     }
 
