@@ -133,6 +133,32 @@ fn main() {
         time("softmax [16,1024] f32 (cache resident)", 16 * c, 2000, || drop(rs.run(&[&xs16])));
     }
 
+    // The pieces of softmax, cache resident: exp alone, a row max, a row
+    // sum followed by a division.
+    {
+        let small = 16 * c;
+        let xs = Storage::from_vec(data(small), &[16, c]).unwrap();
+        let mut g = Graph::new("exp");
+        let x = g.add_param(TensorType::known(DType::F32, &[16, c]));
+        let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
+        g.outputs.push(e);
+        let r = tracejit_jit::compile_region(&g).unwrap();
+        time("piece: exp [16,1024]", small, 2000, || drop(r.run(&[&xs])));
+        let mut g = Graph::new("rowmax");
+        let x = g.add_param(TensorType::known(DType::F32, &[16, c]));
+        let mx = node(&mut g, Op::Reduce { op: ReduceOp::Max, axes: vec![1], keepdims: true }, &[x]);
+        g.outputs.push(mx);
+        let r = tracejit_jit::compile_region(&g).unwrap();
+        time("piece: row max [16,1024]", small, 2000, || drop(r.run(&[&xs])));
+        let mut g = Graph::new("rowdiv");
+        let x = g.add_param(TensorType::known(DType::F32, &[16, c]));
+        let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdims: true }, &[x]);
+        let y = bin(&mut g, Div, x, s);
+        g.outputs.push(y);
+        let r = tracejit_jit::compile_region(&g).unwrap();
+        time("piece: x / row sum [16,1024]", small, 2000, || drop(r.run(&[&xs])));
+    }
+
     // Layernorm over rows.
     let mut g = Graph::new("layernorm");
     let x = g.add_param(TensorType::known(DType::F32, &[m, c]));

@@ -71,9 +71,29 @@ struct FunctionConfig {
     optimizations: OptimizationOptions,
 }
 
+/// The cache's keys are already signature hashes: hashing them again (with
+/// the default SipHash) would only cost time on every call.
+#[derive(Default)]
+struct PreHashed(u64);
+
+impl std::hash::Hasher for PreHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys are hashed here; fold anything else in anyway.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
 #[derive(Default)]
 struct FunctionState {
-    buckets: DashMap<u64, SmallVec<[Arc<CacheEntry>; 1]>>,
+    buckets: DashMap<u64, SmallVec<[Arc<CacheEntry>; 1]>, std::hash::BuildHasherDefault<PreHashed>>,
     concrete: RwLock<Vec<Arc<ConcreteFunction>>>,
     tracing_count: AtomicUsize,
     trace_lock: Mutex<()>,
