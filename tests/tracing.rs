@@ -430,3 +430,57 @@ fn the_jit_runs_compiled_code_and_jit_false_the_interpreter() {
         assert!((p - q).abs() <= 1e-5 * q.abs().max(1.0), "{p} vs {q}");
     }
 }
+
+/// Two threads trace `f` and `g` at the same time, and each trace calls the
+/// other function (at a smaller static depth, so there is no recursion):
+/// each thread holds one trace lock and wants the other's. One of them must
+/// get an error naming the deadlock instead of waiting forever; the other
+/// finishes, and the failed call succeeds when retried.
+#[test]
+fn threads_tracing_functions_that_call_each_other_do_not_deadlock() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{mpsc, Barrier, OnceLock};
+    type Fun = Function<(Tensor, Static<i64>), Tensor>;
+    static F: OnceLock<Fun> = OnceLock::new();
+    static G: OnceLock<Fun> = OnceLock::new();
+    static BARRIER: Barrier = Barrier::new(2);
+    static F_FIRST: AtomicBool = AtomicBool::new(true);
+    static G_FIRST: AtomicBool = AtomicBool::new(true);
+    fn body(x: Tensor, n: i64, first: &AtomicBool, other: &OnceLock<Fun>) -> Tensor {
+        if first.swap(false, Ordering::SeqCst) {
+            // Both traces are under way before either calls the other.
+            BARRIER.wait();
+        }
+        if n > 0 {
+            other.get().unwrap().call((x + 1.0, Static(n - 1))).expect("nested call")
+        } else {
+            x * 2.0
+        }
+    }
+    let _ = F.set(function(|(x, n): (Tensor, Static<i64>)| body(x, *n, &F_FIRST, &G)).name("f"));
+    let _ = G.set(function(|(x, n): (Tensor, Static<i64>)| body(x, *n, &G_FIRST, &F)).name("g"));
+    let x = t(&[1.0, 2.0], &[2]);
+    let (tx, rx) = mpsc::channel();
+    for which in [&F, &G] {
+        let (tx, x) = (tx.clone(), x.clone());
+        std::thread::spawn(move || {
+            let name = if std::ptr::eq(which, &F) { "f" } else { "g" };
+            tx.send((name, which.get().unwrap().call((x, Static(1))))).unwrap();
+        });
+    }
+    let mut results = Vec::new();
+    for _ in 0..2 {
+        results.push(rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the two traces deadlocked"));
+    }
+    let errors: Vec<String> = results.iter().filter_map(|(_, r)| r.as_ref().err().map(|e| e.to_string())).collect();
+    assert_eq!(errors.len(), 1, "exactly one trace must give way: {errors:?}");
+    assert!(errors[0].contains("deadlock"), "{}", errors[0]);
+    for (name, r) in &results {
+        let fun = if *name == "f" { &F } else { &G };
+        let r = match r {
+            Ok(r) => r.clone(),
+            Err(_) => fun.get().unwrap().call((x.clone(), Static(1))).expect("the retry succeeds"),
+        };
+        assert_eq!(r.to_vec::<f32>().unwrap(), vec![4.0, 6.0], "{name}");
+    }
+}

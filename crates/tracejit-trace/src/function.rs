@@ -498,7 +498,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
 
     /// Takes the trace lock. A Function that calls itself while being traced
     /// would wait for itself forever: that is an error instead.
-    fn lock_for_tracing(&self) -> Result<std::sync::MutexGuard<'_, ()>> {
+    fn lock_for_tracing(&self) -> Result<crate::tracelock::TraceLockGuard<'_>> {
         if crate::context::is_tracing_memo(&self.state.memo) {
             return Err(Error::Signature {
                 function: self.config.name.clone(),
@@ -507,7 +507,13 @@ impl<A: Nest, R: Nest> Function<A, R> {
                     .into(),
             });
         }
-        Ok(self.state.trace_lock.lock().unwrap_or_else(|e| e.into_inner()))
+        crate::tracelock::acquire(&self.state.trace_lock).map_err(|_| Error::Signature {
+            function: self.config.name.clone(),
+            message: "tracing it would deadlock: another thread is tracing this function and waits, directly or \
+                      through other functions, for a function this thread is tracing; trace one of them first \
+                      (for example with get_concrete_function) or trace them from one thread"
+                .into(),
+        })
     }
 
     /// Traces the closure for `specs`; the trace lock is held.

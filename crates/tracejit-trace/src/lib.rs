@@ -22,6 +22,7 @@ pub mod nn;
 mod operators;
 mod ops;
 mod tensor;
+mod tracelock;
 mod variable;
 
 pub use concrete::ConcreteFunction;
