@@ -10,7 +10,9 @@
 //!   directory, which is flushed to disk (`fsync`) and renamed over the
 //!   target, and the directory is synced where the platform allows. A crash
 //!   leaves either the old file or the new one, never a half-written file; on
-//!   error the temporary file is removed.
+//!   error the temporary file is removed. Saving through a symlink replaces
+//!   the file it points to (the link stays), the replaced file's permissions
+//!   carry over, and temporary files left by a crashed process are skipped.
 //! - **[`restore`] is all or nothing**: every key, dtype and shape is checked
 //!   and every tensor decoded before any variable changes; missing keys,
 //!   unexpected keys and dtype/shape mismatches are reported together in one
@@ -315,14 +317,41 @@ pub(crate) fn restore_from_bytes<M: Module + ?Sized>(
     Ok(())
 }
 
+/// Attempts at a fresh temporary name before giving up (a name can be taken
+/// by a file left behind by a crashed process that had the same pid).
+const TEMP_ATTEMPTS: u64 = 64;
+
+/// Counter of temporary names, so that threads of one process never collide.
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The temporary name for `file_name`: hidden, in the same directory.
+fn temp_name(file_name: &std::ffi::OsStr, counter: u64) -> String {
+    format!(".{}.{}.{}.tmp", file_name.to_string_lossy(), std::process::id(), counter)
+}
+
 /// Writes `bytes` to `path` through a temporary file in the same directory:
-/// write, fsync, rename, fsync the directory (best effort).
+/// write, fsync, rename, fsync the directory (best effort). A symlink at
+/// `path` is followed (the file it points to is replaced, the link stays),
+/// and the replaced file's permissions carry over to the new one.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
     let io = |p: &Path, action: &'static str| {
         let p = p.to_path_buf();
         move |source| CheckpointError::Io { path: p, action, source }
     };
+    // Renaming over a symlink would replace the link itself: write to the
+    // file it points to (which need not exist yet).
+    let mut target = path.to_path_buf();
+    for _ in 0..40 {
+        if !fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
+            break;
+        }
+        let next = fs::read_link(&target).map_err(io(&target, "following the symlink"))?;
+        target = match target.parent() {
+            Some(dir) if next.is_relative() => dir.join(next),
+            _ => next,
+        };
+    }
+    let path = target.as_path();
     let file_name = path.file_name().ok_or_else(|| CheckpointError::Io {
         path: path.to_path_buf(),
         action: "naming the file",
@@ -332,23 +361,25 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let tmp = dir.join(format!(
-        ".{}.{}.{}.tmp",
-        file_name.to_string_lossy(),
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
+    let permissions = fs::metadata(path).ok().map(|m| m.permissions());
+    let mut attempt = 0;
+    let (tmp, mut f) = loop {
+        let tmp = dir.join(temp_name(file_name, TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)));
+        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt + 1 < TEMP_ATTEMPTS => attempt += 1,
+            Err(e) => return Err(io(&tmp, "creating the temporary file")(e)),
+        }
+    };
     let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(io(&tmp, "creating the temporary file"))?;
         f.write_all(bytes).map_err(io(&tmp, "writing the temporary file"))?;
+        if let Some(p) = permissions {
+            f.set_permissions(p).map_err(io(&tmp, "copying the permissions of the file it replaces"))?;
+        }
         f.sync_all().map_err(io(&tmp, "syncing the temporary file"))?;
-        drop(f);
         fs::rename(&tmp, path).map_err(io(path, "renaming the temporary file over it"))
     })();
+    drop(f);
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
         return result;
@@ -446,6 +477,56 @@ mod tests {
                 .collect();
             assert!(restore_from_bytes(&q, &noise, Path::new("mem")).is_err());
         }
+    }
+
+    /// A fresh directory under the system's temp dir.
+    fn scratch_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("tracejit-ckpt-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Temporary files left behind under the names this process would use
+    /// next (a crashed process with the same pid) do not make `save` fail.
+    #[test]
+    fn stale_temporary_files_are_skipped() {
+        let d = scratch_dir("stale");
+        let path = d.join("m.safetensors");
+        let next = TEMP_COUNTER.load(Ordering::Relaxed);
+        for c in next..next + 8 {
+            fs::write(d.join(temp_name(path.file_name().unwrap(), c)), b"stale").unwrap();
+        }
+        save(&pair(), &path).unwrap();
+        let q = pair();
+        q.a.assign(&Tensor::zeros(&[3], DType::F32));
+        restore(&q, &path).unwrap();
+        assert_eq!(q.a.value().to_vec::<f32>().unwrap(), vec![1.0, -2.5, 3.0]);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    /// Saving through a symlink replaces the file it points to and keeps the
+    /// link; the replaced file's permissions are kept.
+    #[cfg(unix)]
+    #[test]
+    fn symlinks_and_permissions_survive_a_save() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = scratch_dir("link");
+        fs::create_dir_all(d.join("store")).unwrap();
+        let real = d.join("store").join("real.safetensors");
+        let link = d.join("link.safetensors");
+        let p = pair();
+        save(&p, &real).unwrap();
+        fs::set_permissions(&real, fs::Permissions::from_mode(0o600)).unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        p.a.assign(&Tensor::from_vec(vec![9.0f32, 8.0, 7.0], &[3]));
+        save(&p, &link).unwrap();
+        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced by a file");
+        assert_eq!(fs::metadata(&real).unwrap().permissions().mode() & 0o777, 0o600);
+        let q = pair();
+        restore(&q, &real).unwrap();
+        assert_eq!(q.a.value().to_vec::<f32>().unwrap(), vec![9.0, 8.0, 7.0]);
+        let _ = fs::remove_dir_all(&d);
     }
 
     struct Nothing;
