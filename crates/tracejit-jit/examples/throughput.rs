@@ -135,29 +135,23 @@ fn main() {
 
     // The pieces of softmax, cache resident: exp alone, a row max, a row
     // sum followed by a division.
-    {
-        let small = 16 * c;
-        let xs = Storage::from_vec(data(small), &[16, c]).unwrap();
-        let mut g = Graph::new("exp");
+    let small = 16 * c;
+    let xs = Storage::from_vec(data(small), &[16, c]).unwrap();
+    let piece = |name: &str, body: &dyn Fn(&mut Graph, ValueId) -> ValueId| {
+        let mut g = Graph::new("piece");
         let x = g.add_param(TensorType::known(DType::F32, &[16, c]));
-        let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[x]);
-        g.outputs.push(e);
-        let r = tracejit_jit::compile_region(&g).unwrap();
-        time("piece: exp [16,1024]", small, 2000, || drop(r.run(&[&xs])));
-        let mut g = Graph::new("rowmax");
-        let x = g.add_param(TensorType::known(DType::F32, &[16, c]));
-        let mx = node(&mut g, Op::Reduce { op: ReduceOp::Max, axes: vec![1], keepdims: true }, &[x]);
-        g.outputs.push(mx);
-        let r = tracejit_jit::compile_region(&g).unwrap();
-        time("piece: row max [16,1024]", small, 2000, || drop(r.run(&[&xs])));
-        let mut g = Graph::new("rowdiv");
-        let x = g.add_param(TensorType::known(DType::F32, &[16, c]));
-        let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keepdims: true }, &[x]);
-        let y = bin(&mut g, Div, x, s);
+        let y = body(&mut g, x);
         g.outputs.push(y);
         let r = tracejit_jit::compile_region(&g).unwrap();
-        time("piece: x / row sum [16,1024]", small, 2000, || drop(r.run(&[&xs])));
-    }
+        time(&format!("piece: {name} [16,1024]"), small, 2000, || drop(r.run(&[&xs])));
+    };
+    let reduce = |op| Op::Reduce { op, axes: vec![1], keepdims: true };
+    piece("exp", &|g, x| node(g, Op::Unary(UnaryOp::Exp), &[x]));
+    piece("row max", &|g, x| node(g, reduce(ReduceOp::Max), &[x]));
+    piece("x / row sum", &|g, x| {
+        let s = node(g, reduce(ReduceOp::Sum), &[x]);
+        bin(g, Div, x, s)
+    });
 
     // Layernorm over rows.
     let mut g = Graph::new("layernorm");
