@@ -3,17 +3,17 @@
 //! products through the reference kernel.
 //!
 //! Backend choice, measured on this machine single-threaded
-//! (`examples/gemm_bench.rs`, f32, row-major, median µs per product; the VM
-//! was shared and slow at the time, so compare columns, not absolutes):
+//! (`examples/gemm_bench.rs`, f32, row-major, median µs per product, on a
+//! quiet machine; with a build running on the other core both halve):
 //!
 //! | m×k×n | matrixmultiply 0.3 | gemm 0.19 |
 //! |---|---|---|
-//! | 64×784×512 | 1677 (30.6 GFLOP/s) | 1615 (31.8 GFLOP/s) |
-//! | 64×512×512 | 1072 (31.3 GFLOP/s) | 1001 (33.5 GFLOP/s) |
-//! | 64×512×10 | 45.5 (14.4 GFLOP/s) | 29.5 (22.2 GFLOP/s) |
-//! | 1024×1024×1024 | 64838 (33.1 GFLOP/s) | 61255 (35.1 GFLOP/s) |
+//! | 64×784×512 | 802 (64.1 GFLOP/s) | 665 (77.3 GFLOP/s) |
+//! | 64×512×512 | 485 (69.2 GFLOP/s) | 418 (80.2 GFLOP/s) |
+//! | 64×512×10 | 21.6 (30.4 GFLOP/s) | 12.2 (53.9 GFLOP/s) |
+//! | 1024×1024×1024 | 27300 (78.7 GFLOP/s) | 26942 (79.7 GFLOP/s) |
 //!
-//! `gemm` wins every MLP shape (by 1.5x on the thin 64×512×10), so it runs
+//! `gemm` wins every MLP shape (by 1.8x on the thin 64×512×10), so it runs
 //! every product; [`Backend::MatrixMultiply`] stays for comparison. Results
 //! match the reference (also a blocked GEMM, matrixmultiply) within the usual
 //! `k·ε·Σ|aᵢbᵢ|` bound, not bit for bit.
