@@ -145,3 +145,19 @@ fn held_outputs_are_the_only_fresh_buffers() {
         assert_eq!(k.to_vec::<f32>().unwrap(), out.to_vec::<f32>().unwrap());
     }
 }
+
+#[test]
+fn staged_transcendentals_allocate_nothing() {
+    // GELU: on a CPU with AVX2 its tanh runs in a chunk function over a
+    // scratch chunk, which also comes from the pool.
+    let f = function(|x: Tensor| {
+        let inner = (&x + 0.044715 * (&x * &x * &x)) * 0.7978845608;
+        0.5 * &x * (inner.tanh() + 1.0)
+    });
+    let x = Tensor::randn(&[5000], 7);
+    let (bytes, count, out) = steady_state(&f, x, nbytes);
+    assert!(
+        bytes <= BOOKKEEPING_BYTES,
+        "a steady-state call allocated {bytes} bytes in {count} allocations (output {out} bytes)"
+    );
+}

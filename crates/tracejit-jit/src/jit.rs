@@ -87,6 +87,9 @@ pub(crate) fn compile(an: &Analysis, sch: &Schedule) -> Result<KernelCode, JitEr
     for h in Helper::ALL {
         jb.symbol(h.name(), h.address());
     }
+    for (name, address) in crate::chunkmath::symbols() {
+        jb.symbol(name, address);
+    }
     let mut module = JITModule::new(jb);
     let id = CONTEXTS.with(|c| {
         let mut c = c.borrow_mut();

@@ -22,6 +22,13 @@
 //! the scalar loop only.
 //!
 //! - **Elementwise**: for each row, one inner loop storing every output.
+//!   With staged nodes (f32 `exp`/`tanh`/`sigmoid` computed by the 256-bit
+//!   functions of `crate::chunkmath`), the row is processed in chunks: per
+//!   chunk and staged node, a loop stores the node's argument into a
+//!   scratch chunk and a call replaces it by the result; then the output
+//!   loop reads the staged values from scratch. Row regions stage a node
+//!   at the start of the first pass that needs it, over the whole row, in
+//!   the scratch row it is materialized in when a later pass reads it.
 //! - **Row** reductions: for each row, one inner loop per reduction stage
 //!   (pass), each accumulating its reductions in `U` vector accumulators plus a
 //!   scalar one, combined in a fixed order into a per-row scalar; then a final
@@ -37,7 +44,7 @@
 use std::collections::{HashMap, HashSet};
 
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{types, AbiParam, BlockArg, InstBuilder, Signature, Type, Value};
+use cranelift_codegen::ir::{types, AbiParam, BlockArg, FuncRef, InstBuilder, Signature, Type, Value};
 use cranelift_codegen::Context;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::JITModule;
@@ -73,13 +80,72 @@ pub(crate) struct Schedule {
     stored_in: HashMap<usize, u32>,
     /// Column regions: reduce node -> accumulator slot.
     acc: HashMap<usize, usize>,
+    /// f32 `exp`/`tanh`/`sigmoid` nodes computed by a 256-bit chunk
+    /// function ([`crate::chunkmath`]) instead of in-line, in node order.
+    pub staged: Vec<Staged>,
+    /// Elements per chunk of a staged kernel (scratch buffers hold one
+    /// chunk, not a row); 0 when nothing is staged.
+    pub chunk: usize,
+}
+
+/// A node computed by a chunk function: its argument is stored into
+/// scratch buffer `slot`, which the function turns into the node's values.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Staged {
+    pub node: usize,
+    pub op: UnaryOp,
+    /// Row regions: the pass that first needs the node (1-based; `passes + 1`
+    /// is the final pass). Elementwise regions: 1.
+    pub pass: u32,
+    pub slot: usize,
+}
+
+/// The f32 nodes of `an` that a chunk function can compute, if staging is on
+/// and the kernel runs 32-bit lanes.
+fn stageable(an: &Analysis) -> Vec<(usize, UnaryOp)> {
+    if lane_bits(an) != Some(32) || !staging_enabled() {
+        return Vec::new();
+    }
+    an.nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| match n.op {
+            LOp::Unary(op @ (UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid))
+                if n.dtype == DType::F32 && n.varying && crate::chunkmath::chunk_fn(op).is_some() =>
+            {
+                Some((i, op))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Elements per chunk of a staged kernel: the arguments and results of the
+/// chunk functions stay in L1.
+const STAGE_CHUNK: usize = 512;
+
+/// `TRACEJIT_JIT_STAGE=0` turns staging off (read once), to compare or to
+/// test the in-line code on a CPU that has AVX2.
+fn staging_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TRACEJIT_JIT_STAGE").map_or(true, |v| v != "0"))
 }
 
 /// Plans scratch buffers for `an`.
 pub(crate) fn schedule(an: &Analysis) -> Schedule {
     let mut s = Schedule::default();
     match an.kind {
-        KernelKind::Elementwise => {}
+        KernelKind::Elementwise => {
+            s.staged = stageable(an)
+                .into_iter()
+                .enumerate()
+                .map(|(slot, (node, op))| Staged { node, op, pass: 1, slot })
+                .collect();
+            if !s.staged.is_empty() {
+                s.scratch_slots = s.staged.len();
+                s.chunk = STAGE_CHUNK;
+            }
+        }
         KernelKind::Column => {
             for (i, n) in an.nodes.iter().enumerate() {
                 if matches!(n.op, LOp::Reduce(_)) {
@@ -115,6 +181,19 @@ pub(crate) fn schedule(an: &Analysis) -> Schedule {
                 }
             }
             s.scratch_slots = s.materialized.len();
+            // A staged node shares the scratch buffer it is materialized in
+            // (if a later pass reads it), else gets one of its own.
+            for (node, op) in stageable(an) {
+                let Some(&pass) = computed_in.get(&node) else { continue };
+                let slot = match s.materialized.get(&node) {
+                    Some(&k) => k,
+                    None => {
+                        s.scratch_slots += 1;
+                        s.scratch_slots - 1
+                    }
+                };
+                s.staged.push(Staged { node, op, pass, slot });
+            }
         }
     }
     s
@@ -201,6 +280,15 @@ pub(crate) fn build(
         helper_ids.push((h, id));
     }
 
+    let mut chunk_ids = Vec::new();
+    for &Staged { op, .. } in &sch.staged {
+        let (fname, _) = crate::chunkmath::chunk_fn(op).ok_or("a staged op lost its chunk function")?;
+        let mut cs = Signature::new(call_conv);
+        cs.params.push(AbiParam::new(ptr));
+        cs.params.push(AbiParam::new(types::I64));
+        chunk_ids.push(module.declare_function(fname, Linkage::Import, &cs).map_err(|e| e.to_string())?);
+    }
+
     ctx.func.signature = sig.clone();
     let vector_bits = lane_bits(an);
     {
@@ -233,7 +321,11 @@ pub(crate) fn build(
         let n_vec = b.ins().band_imm_s(n, -w);
         let mut scratch_ptrs = Vec::new();
         for k in 0..sch.scratch_slots {
-            let bytes = b.ins().imul_imm_s(n, 8 * k as i64);
+            let bytes = if sch.chunk > 0 {
+                b.ins().iconst(types::I64, (8 * k * sch.chunk) as i64)
+            } else {
+                b.ins().imul_imm_s(n, 8 * k as i64)
+            };
             scratch_ptrs.push(b.ins().iadd(scratch, bytes));
         }
         let start = b.create_block();
@@ -245,6 +337,7 @@ pub(crate) fn build(
             let fref = module.declare_func_in_func(*id, e.b.func);
             e.helpers.insert(*h, fref);
         }
+        let chunk_fns: Vec<FuncRef> = chunk_ids.iter().map(|id| module.declare_func_in_func(*id, e.b.func)).collect();
         let mut g = Gen {
             e,
             an,
@@ -265,6 +358,7 @@ pub(crate) fn build(
             splat: HashMap::new(),
             sources: HashMap::new(),
             memo: HashMap::new(),
+            chunk_fns,
         };
         g.emit(rows, flags);
         g.e.b.ins().return_(&[]);
@@ -335,6 +429,8 @@ struct Gen<'g, 'a, 'b> {
     splat: HashMap<usize, Value>,
     sources: HashMap<usize, Src>,
     memo: HashMap<usize, Value>,
+    /// The chunk functions of `sch.staged`, in order.
+    chunk_fns: Vec<FuncRef>,
 }
 
 impl Gen<'_, '_, '_> {
@@ -350,7 +446,11 @@ impl Gen<'_, '_, '_> {
                     g.enter_row(r);
                     let stores: Vec<(usize, Dest)> =
                         (0..g.an.outputs.len()).map(|o| (g.an.outputs[o].node, Dest::Out(g.out_slot(o)))).collect();
-                    g.inner(&stores, &[]);
+                    if g.sch.staged.is_empty() {
+                        g.inner(&stores, &[]);
+                    } else {
+                        g.staged_row(&stores);
+                    }
                     vec![]
                 });
             }
@@ -409,6 +509,76 @@ impl Gen<'_, '_, '_> {
         v
     }
 
+    /// One row of an elementwise kernel with staged nodes, in chunks of
+    /// `sch.chunk` elements: for each staged node, a loop stores its
+    /// argument into its scratch chunk and the chunk function replaces it by
+    /// the result; then the outputs' loop reads staged values from scratch.
+    fn staged_row(&mut self, stores: &[(usize, Dest)]) {
+        let an = self.an;
+        let chunk = self.sch.chunk as i64;
+        let (n_row, n_main_row, n_vec_row) = (self.n, self.n_main, self.n_vec);
+        let row = self.rowptr.clone();
+        // Slots read or written along the inner loop move with the chunk;
+        // the others (read once per row) stay.
+        let step: Vec<Option<i64>> = (0..row.len())
+            .map(|s| match s.checked_sub(an.loads.len()) {
+                None => an.loads[s].contig.then(|| an.loads[s].dtype.size_of() as i64),
+                Some(o) => Some(an.outputs[o].dtype.size_of() as i64),
+            })
+            .collect();
+        let zero = self.e.b.ins().iconst(types::I64, 0);
+        let vec_step = self.w * self.unroll;
+        let w = self.w;
+        self.rotated_loop(zero, n_row, chunk, vec![], |g, c, _| {
+            let rem = g.e.b.ins().isub(n_row, c);
+            let len = g.e.b.ins().iconst(types::I64, chunk);
+            let len = g.e.b.ins().smin(rem, len);
+            g.n = len;
+            g.n_main = g.e.b.ins().band_imm_s(len, -vec_step);
+            g.n_vec = g.e.b.ins().band_imm_s(len, -w);
+            g.rowptr = row
+                .iter()
+                .zip(&step)
+                .map(|(&p, st)| match st {
+                    Some(size) => {
+                        let off = g.e.b.ins().imul_imm_s(c, *size);
+                        g.e.b.ins().iadd(p, off)
+                    }
+                    None => p,
+                })
+                .collect();
+            g.stage(1, len);
+            g.inner(stores, &[]);
+            g.sources.clear();
+            vec![]
+        });
+        self.n = n_row;
+        self.n_main = n_main_row;
+        self.n_vec = n_vec_row;
+        self.rowptr = row;
+    }
+
+    /// Computes the nodes staged in pass `pass` over the current `len`
+    /// elements: a loop stores each one's argument into its scratch buffer,
+    /// its chunk function turns that into its values, and later loops read
+    /// them from there.
+    fn stage(&mut self, pass: u32, len: Value) {
+        let an = self.an;
+        for (k, st) in self.sch.staged.iter().enumerate().filter(|(_, st)| st.pass == pass) {
+            let arg = an.nodes[st.node].inputs[0];
+            self.inner(&[(arg, Dest::Scratch(st.slot))], &[]);
+            let (f, ptr) = (self.chunk_fns[k], self.scratch_ptrs[st.slot]);
+            self.e.b.ins().call(f, &[ptr, len]);
+            self.sources.insert(st.node, Src::Scratch(st.slot));
+        }
+    }
+
+    /// True when `v` is computed by a chunk function in pass `pass` (its
+    /// scratch buffer is already filled).
+    fn staged_in(&self, v: usize, pass: u32) -> bool {
+        self.sch.staged.iter().any(|st| st.node == v && st.pass == pass)
+    }
+
     /// Sets the row pointers for row `r` and forgets per-row invariants.
     fn enter_row(&mut self, r: Value) {
         self.inv.clear();
@@ -432,10 +602,11 @@ impl Gen<'_, '_, '_> {
                 .sch
                 .stored_in
                 .iter()
-                .filter(|(_, &q)| q == p)
+                .filter(|(&v, &q)| q == p && !self.staged_in(v, p))
                 .map(|(&v, _)| (v, Dest::Scratch(self.sch.materialized[&v])))
                 .collect();
             self.set_sources(p);
+            self.stage(p, self.n);
             let results = self.inner(&stores, &reds);
             for (&r, res) in reds.iter().zip(results) {
                 let v = if matches!(an.nodes[r].op, LOp::Reduce(ReduceOp::Mean)) {
@@ -450,6 +621,7 @@ impl Gen<'_, '_, '_> {
         }
         // Final pass: full-size outputs.
         self.set_sources(an.passes + 1);
+        self.stage(an.passes + 1, self.n);
         let stores: Vec<(usize, Dest)> = an
             .outputs
             .iter()

@@ -59,6 +59,16 @@
 //!
 //!   (ULP distances are counted in f32 values; near zero, where a result is
 //!   subnormal, the same count applies.)
+//!
+//!   On x86_64 CPUs with AVX2 and FMA, the f32 `exp`, `tanh` and `sigmoid`
+//!   of elementwise and row regions run in 256-bit functions compiled by
+//!   rustc (Cranelift emits 128-bit vectors only): the kernel stores their
+//!   argument into a scratch buffer (a chunk of 512 elements, or the row of
+//!   a row region), calls the function and reads the results back. They
+//!   follow the same recipes operation for operation, so the bounds above
+//!   hold for both (`TRACEJIT_JIT_STAGE=0` turns this off; CI runs the ULP
+//!   and region tests both ways). Measured: GELU 1.20 -> 0.89 ns/element
+//!   cache resident (W2 1.25 -> 0.67 ms), softmax 1.78 -> 1.55.
 //! - f64 transcendentals and f32/f64 `expm1`, `log1p`, `sin`, `cos`, `pow`
 //!   and float `rem` call a Rust helper per element (the same `std`/`libm`
 //!   function as the reference), so they are exact.
@@ -76,9 +86,12 @@
 //!
 //! `TRACEJIT_JIT_DUMP=1` prints each kernel's Cranelift IR and machine code
 //! as it compiles; `TRACEJIT_JIT_UNROLL=1|2|4|8` overrides the vector unroll
-//! factor (default 4, or 2 for kernels with transcendentals) for experiments.
+//! factor (default 4, or 2 for kernels with transcendentals) for experiments;
+//! `TRACEJIT_JIT_STAGE=0` keeps every transcendental in-line (read once per
+//! process).
 
 mod analysis;
+mod chunkmath;
 mod constpool;
 mod error;
 mod executor;

@@ -579,7 +579,9 @@ impl CompiledRegion {
                 None => OutBuf::new(o.dtype, s.iter().product()),
             })
             .collect();
-        let scratch_len = self.kernel.schedule.scratch_slots * l.n;
+        let sch = &self.kernel.schedule;
+        // A staged kernel's scratch holds one chunk per staged node.
+        let scratch_len = sch.scratch_slots * if sch.chunk > 0 { sch.chunk } else { l.n };
         let mut scratch: Vec<u64> = std::mem::take(&mut pool.scratch);
         scratch.clear();
         scratch.reserve(scratch_len);

@@ -277,3 +277,56 @@ fn non_contiguous_inputs() {
     let want = tracejit_ir::interpret(&g, &[t]).unwrap();
     exact_eq(&got[0], &want[0]).unwrap();
 }
+
+/// Transcendentals in every position of a row region — feeding a reduction,
+/// read again in a later pass, first needed in the final pass, nested, and
+/// shared by two reductions — which is where the staged (chunk function)
+/// code differs from the in-line code. CI also runs this file with
+/// `TRACEJIT_JIT_STAGE=0`.
+#[test]
+fn transcendentals_in_every_pass_of_a_row_region() {
+    type Build = fn(&mut Graph, ValueId) -> Vec<ValueId>;
+    let patterns: [(&str, Build); 4] = [
+        ("log_softmax", |g, x| {
+            let m = reduce(g, ReduceOp::Max, x, &[1], true);
+            let d = node(g, Op::Binary(BinaryOp::Sub), &[x, m]);
+            let e = node(g, Op::Unary(UnaryOp::Exp), &[d]);
+            let s = reduce(g, ReduceOp::Sum, e, &[1], true);
+            let l = node(g, Op::Unary(UnaryOp::Log), &[s]);
+            vec![node(g, Op::Binary(BinaryOp::Sub), &[d, l])]
+        }),
+        ("sigmoid in the final pass", |g, x| {
+            let m = reduce(g, ReduceOp::Mean, x, &[1], true);
+            let d = node(g, Op::Binary(BinaryOp::Sub), &[x, m]);
+            vec![node(g, Op::Unary(UnaryOp::Sigmoid), &[d])]
+        }),
+        ("nested, read again later", |g, x| {
+            let m = reduce(g, ReduceOp::Max, x, &[1], true);
+            let d = node(g, Op::Binary(BinaryOp::Sub), &[x, m]);
+            let e = node(g, Op::Unary(UnaryOp::Exp), &[d]);
+            let s = reduce(g, ReduceOp::Sum, e, &[1], true);
+            let t = node(g, Op::Unary(UnaryOp::Tanh), &[e]);
+            vec![node(g, Op::Binary(BinaryOp::Div), &[t, s]), e]
+        }),
+        ("one value, two reductions", |g, x| {
+            let t = node(g, Op::Unary(UnaryOp::Tanh), &[x]);
+            let s = reduce(g, ReduceOp::Sum, t, &[1], false);
+            let m = reduce(g, ReduceOp::Max, t, &[1], false);
+            vec![s, m]
+        }),
+    ];
+    for (name, build) in patterns {
+        for shape in [[3usize, 17], [2, 5], [4, 1023], [1, 4097], [0, 17]] {
+            let mut g = Graph::new(name);
+            let x = param(&mut g, DType::F32, &shape);
+            g.outputs = build(&mut g, x);
+            let region = tracejit_jit::compile_region(&g).unwrap_or_else(|e| panic!("{name}: {e}\n{g}"));
+            let xs = data(DType::F32, &shape, 11, true);
+            let got = region.run(&[&xs]);
+            let want = tracejit_ir::interpret(&g, &[xs]).unwrap();
+            for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                close_abs(a, b, 1e-5).unwrap_or_else(|e| panic!("{name} {shape:?} output {k}: {e}"));
+            }
+        }
+    }
+}
