@@ -283,15 +283,21 @@ fn non_contiguous_inputs() {
 /// shared by two reductions — which is where the staged (chunk function)
 /// code differs from the in-line code. CI also runs this file with
 /// `TRACEJIT_JIT_STAGE=0`.
+/// `d = x - max(x)`, `e = exp(d)` and `s = sum(e)` over axis 1 (kept).
+fn shifted_exp(g: &mut Graph, x: ValueId) -> (ValueId, ValueId, ValueId) {
+    let m = reduce(g, ReduceOp::Max, x, &[1], true);
+    let d = node(g, Op::Binary(BinaryOp::Sub), &[x, m]);
+    let e = node(g, Op::Unary(UnaryOp::Exp), &[d]);
+    let s = reduce(g, ReduceOp::Sum, e, &[1], true);
+    (d, e, s)
+}
+
 #[test]
 fn transcendentals_in_every_pass_of_a_row_region() {
     type Build = fn(&mut Graph, ValueId) -> Vec<ValueId>;
     let patterns: [(&str, Build); 4] = [
         ("log_softmax", |g, x| {
-            let m = reduce(g, ReduceOp::Max, x, &[1], true);
-            let d = node(g, Op::Binary(BinaryOp::Sub), &[x, m]);
-            let e = node(g, Op::Unary(UnaryOp::Exp), &[d]);
-            let s = reduce(g, ReduceOp::Sum, e, &[1], true);
+            let (d, _, s) = shifted_exp(g, x);
             let l = node(g, Op::Unary(UnaryOp::Log), &[s]);
             vec![node(g, Op::Binary(BinaryOp::Sub), &[d, l])]
         }),
@@ -301,10 +307,7 @@ fn transcendentals_in_every_pass_of_a_row_region() {
             vec![node(g, Op::Unary(UnaryOp::Sigmoid), &[d])]
         }),
         ("nested, read again later", |g, x| {
-            let m = reduce(g, ReduceOp::Max, x, &[1], true);
-            let d = node(g, Op::Binary(BinaryOp::Sub), &[x, m]);
-            let e = node(g, Op::Unary(UnaryOp::Exp), &[d]);
-            let s = reduce(g, ReduceOp::Sum, e, &[1], true);
+            let (_, e, s) = shifted_exp(g, x);
             let t = node(g, Op::Unary(UnaryOp::Tanh), &[e]);
             vec![node(g, Op::Binary(BinaryOp::Div), &[t, s]), e]
         }),
