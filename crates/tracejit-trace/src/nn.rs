@@ -445,69 +445,66 @@ mod kernels {
         acc.iter().sum()
     }
 
-    pub(super) fn softmax(inputs: &[Tensor]) -> Vec<Tensor> {
+    /// Runs `f(row, out_row)` over the rows of the last axis of the
+    /// kernel's first input, into a fresh output of its shape.
+    fn per_row(inputs: &[Tensor], mut f: impl FnMut(&[f32], &mut [f32])) -> Vec<Tensor> {
         let (shape, x) = data(&inputs[0]);
         let n = rows(&shape);
         let mut out = vec![0.0f32; x.len()];
         if n > 0 {
             for (row, o) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-                let m = fast::max(row);
-                let inv = 1.0 / exp_sum(row, m, |j, e| o[j] = e);
-                o.iter_mut().for_each(|v| *v *= inv);
+                f(row, o);
             }
         }
         vec![tensor(out, &shape)]
+    }
+
+    pub(super) fn softmax(inputs: &[Tensor]) -> Vec<Tensor> {
+        per_row(inputs, |row, o| {
+            let m = fast::max(row);
+            let inv = 1.0 / exp_sum(row, m, |j, e| o[j] = e);
+            o.iter_mut().for_each(|v| *v *= inv);
+        })
     }
 
     pub(super) fn log_softmax(inputs: &[Tensor]) -> Vec<Tensor> {
-        let (shape, x) = data(&inputs[0]);
-        let n = rows(&shape);
-        let mut out = vec![0.0f32; x.len()];
-        if n > 0 {
-            for (row, o) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-                let m = fast::max(row);
-                let lse = exp_sum(row, m, |_, _| {}).ln();
-                for (ov, &v) in o.iter_mut().zip(row) {
-                    *ov = (v - m) - lse;
-                }
+        per_row(inputs, |row, o| {
+            let m = fast::max(row);
+            let lse = exp_sum(row, m, |_, _| {}).ln();
+            for (ov, &v) in o.iter_mut().zip(row) {
+                *ov = (v - m) - lse;
             }
-        }
-        vec![tensor(out, &shape)]
+        })
     }
 
     pub(super) fn layer_norm(inputs: &[Tensor]) -> Vec<Tensor> {
-        let (shape, x) = data(&inputs[0]);
         let (_, gamma) = data(&inputs[1]);
         let (_, beta) = data(&inputs[2]);
         let (_, eps) = data(&inputs[3]);
-        let n = rows(&shape);
         let at = |p: &[f32], j: usize| if p.len() == 1 { p[0] } else { p[j] };
-        let mut out = vec![0.0f32; x.len()];
-        if n > 0 {
+        per_row(inputs, |row, o| {
+            let n = row.len();
             let inv_n = 1.0 / n as f32;
-            for (row, o) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-                let mean = fast::sum(row) * inv_n;
-                let mut acc = [0.0f32; 8];
-                for chunk in row.chunks(8) {
-                    for (a, &v) in acc.iter_mut().zip(chunk) {
-                        let d = v - mean;
-                        *a += d * d;
-                    }
-                }
-                let var = acc.iter().sum::<f32>() * inv_n;
-                let r = 1.0 / (var + eps[0]).sqrt();
-                if gamma.len() == n && beta.len() == n {
-                    for (((ov, &v), &g), &b) in o.iter_mut().zip(row).zip(gamma.iter()).zip(beta.iter()) {
-                        *ov = (v - mean) * r * g + b;
-                    }
-                } else {
-                    for (j, (ov, &v)) in o.iter_mut().zip(row).enumerate() {
-                        *ov = (v - mean) * r * at(&gamma, j) + at(&beta, j);
-                    }
+            let mean = fast::sum(row) * inv_n;
+            let mut acc = [0.0f32; 8];
+            for chunk in row.chunks(8) {
+                for (a, &v) in acc.iter_mut().zip(chunk) {
+                    let d = v - mean;
+                    *a += d * d;
                 }
             }
-        }
-        vec![tensor(out, &shape)]
+            let var = acc.iter().sum::<f32>() * inv_n;
+            let r = 1.0 / (var + eps[0]).sqrt();
+            if gamma.len() == n && beta.len() == n {
+                for (((ov, &v), &g), &b) in o.iter_mut().zip(row).zip(gamma.iter()).zip(beta.iter()) {
+                    *ov = (v - mean) * r * g + b;
+                }
+            } else {
+                for (j, (ov, &v)) in o.iter_mut().zip(row).enumerate() {
+                    *ov = (v - mean) * r * at(&gamma, j) + at(&beta, j);
+                }
+            }
+        })
     }
 
     fn view2(t: &Tensor) -> ArrayView2<'_, f32> {
