@@ -1,230 +1,174 @@
-//! Rust helpers called from generated code, one per element, for the float
-//! functions the kernels do not approximate in-line (f64 transcendentals,
-//! `expm1`, `log1p`, `sin`, `cos`, `pow`, float `rem`) and for integer `pow`.
+//! Rust helpers called from generated code, one element per call, for the
+//! element functions the kernels do not compute in-line (f64
+//! transcendentals, `expm1`, `log1p`, `sin`, `cos`, `sinh`, `cosh`,
+//! `softplus`, `pow`, float `rem`, integer `pow`).
 //!
-//! Each helper calls exactly the function the reference kernel calls (Rust's
-//! `std`, or `libm` for `erf`) or repeats the reference algorithm line for
-//! line, so results are bit-identical to the interpreter. They are
-//! `extern "C"`, never panic and never allocate.
+//! There is one helper per element type and arity, not one per op: the op is
+//! the helper's first argument (its index in `UnaryOp::ALL` or
+//! `BinaryOp::ALL`, a constant at the call site) and the helper calls the
+//! reference's element rule (`tracejit_tensor::kernels::scalar`). So a new
+//! op in the op tables needs no helper entry here, and a helper's result is
+//! bit-identical to the interpreter by construction. The switch on the op
+//! costs a predictable branch next to a libm call.
+//!
+//! Helpers are `extern "C"`, never panic and never allocate: an op index
+//! that names no float-valued op (which the lowering never passes) gives NaN
+//! or 0.
 
 use tracejit_ir::tensor::kernels::scalar;
 use tracejit_ir::tensor::{BinaryOp, DType, UnaryOp};
 
-/// A helper function the JIT can call.
+/// A helper function the JIT can call: its element type and arity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[allow(missing_docs)]
 pub(crate) enum Helper {
-    ExpF64,
-    LogF64,
-    TanhF64,
-    SigmoidF64,
-    ErfF64,
-    Expm1F32,
-    Expm1F64,
-    Log1pF32,
-    Log1pF64,
-    SinF32,
-    SinF64,
-    CosF32,
-    CosF64,
-    PowF32,
-    PowF64,
-    RemF32,
-    RemF64,
-    PowI32,
-    PowI64,
+    /// `f(op: i32, x: f32) -> f32`
+    UnaryF32,
+    /// `f(op: i32, x: f64) -> f64`
+    UnaryF64,
+    /// `f(op: i32, a: f32, b: f32) -> f32`
+    BinaryF32,
+    /// `f(op: i32, a: f64, b: f64) -> f64`
+    BinaryF64,
+    /// `f(op: i32, a: i32, b: i32) -> i32`
+    BinaryI32,
+    /// `f(op: i32, a: i64, b: i64) -> i64`
+    BinaryI64,
 }
 
 impl Helper {
-    /// The helper computing unary `op` on `t`, if there is one.
-    pub fn unary(op: UnaryOp, t: DType) -> Option<Helper> {
-        use Helper::*;
-        use UnaryOp as U;
-        Some(match (op, t) {
-            (U::Exp, DType::F64) => ExpF64,
-            (U::Log, DType::F64) => LogF64,
-            (U::Tanh, DType::F64) => TanhF64,
-            (U::Sigmoid, DType::F64) => SigmoidF64,
-            (U::Erf, DType::F64) => ErfF64,
-            (U::Expm1, DType::F32) => Expm1F32,
-            (U::Expm1, DType::F64) => Expm1F64,
-            (U::Log1p, DType::F32) => Log1pF32,
-            (U::Log1p, DType::F64) => Log1pF64,
-            (U::Sin, DType::F32) => SinF32,
-            (U::Sin, DType::F64) => SinF64,
-            (U::Cos, DType::F32) => CosF32,
-            (U::Cos, DType::F64) => CosF64,
-            _ => return None,
-        })
+    /// Every helper.
+    pub const ALL: [Helper; 6] = [
+        Helper::UnaryF32,
+        Helper::UnaryF64,
+        Helper::BinaryF32,
+        Helper::BinaryF64,
+        Helper::BinaryI32,
+        Helper::BinaryI64,
+    ];
+
+    /// The helper computing unary ops on `t` (a float dtype).
+    pub fn unary(t: DType) -> Helper {
+        match t {
+            DType::F32 => Helper::UnaryF32,
+            DType::F64 => Helper::UnaryF64,
+            DType::I32 | DType::I64 | DType::Bool => unreachable!("unary helpers take floats, not {t}"),
+        }
     }
 
-    /// The helper computing binary `op` on `t`, if there is one.
-    pub fn binary(op: BinaryOp, t: DType) -> Option<Helper> {
-        use Helper::*;
-        Some(match (op, t) {
-            (BinaryOp::Pow, DType::F32) => PowF32,
-            (BinaryOp::Pow, DType::F64) => PowF64,
-            (BinaryOp::Pow, DType::I32) => PowI32,
-            (BinaryOp::Pow, DType::I64) => PowI64,
-            (BinaryOp::Rem, DType::F32) => RemF32,
-            (BinaryOp::Rem, DType::F64) => RemF64,
-            _ => return None,
-        })
+    /// The helper computing binary ops on `t` (a numeric dtype).
+    pub fn binary(t: DType) -> Helper {
+        match t {
+            DType::F32 => Helper::BinaryF32,
+            DType::F64 => Helper::BinaryF64,
+            DType::I32 => Helper::BinaryI32,
+            DType::I64 => Helper::BinaryI64,
+            DType::Bool => unreachable!("binary helpers take numbers, not bool"),
+        }
     }
 
     /// The symbol name registered with the JIT.
     pub fn name(self) -> &'static str {
-        use Helper::*;
         match self {
-            ExpF64 => "tj_exp_f64",
-            LogF64 => "tj_log_f64",
-            TanhF64 => "tj_tanh_f64",
-            SigmoidF64 => "tj_sigmoid_f64",
-            ErfF64 => "tj_erf_f64",
-            Expm1F32 => "tj_expm1_f32",
-            Expm1F64 => "tj_expm1_f64",
-            Log1pF32 => "tj_log1p_f32",
-            Log1pF64 => "tj_log1p_f64",
-            SinF32 => "tj_sin_f32",
-            SinF64 => "tj_sin_f64",
-            CosF32 => "tj_cos_f32",
-            CosF64 => "tj_cos_f64",
-            PowF32 => "tj_pow_f32",
-            PowF64 => "tj_pow_f64",
-            RemF32 => "tj_rem_f32",
-            RemF64 => "tj_rem_f64",
-            PowI32 => "tj_pow_i32",
-            PowI64 => "tj_pow_i64",
+            Helper::UnaryF32 => "tj_unary_f32",
+            Helper::UnaryF64 => "tj_unary_f64",
+            Helper::BinaryF32 => "tj_binary_f32",
+            Helper::BinaryF64 => "tj_binary_f64",
+            Helper::BinaryI32 => "tj_binary_i32",
+            Helper::BinaryI64 => "tj_binary_i64",
         }
     }
 
-    /// The element dtype of the arguments and the result.
+    /// The element dtype of the value arguments and the result.
     pub fn dtype(self) -> DType {
-        use Helper::*;
         match self {
-            Expm1F32 | Log1pF32 | SinF32 | CosF32 | PowF32 | RemF32 => DType::F32,
-            PowI32 => DType::I32,
-            PowI64 => DType::I64,
-            _ => DType::F64,
+            Helper::UnaryF32 | Helper::BinaryF32 => DType::F32,
+            Helper::UnaryF64 | Helper::BinaryF64 => DType::F64,
+            Helper::BinaryI32 => DType::I32,
+            Helper::BinaryI64 => DType::I64,
         }
     }
 
-    /// Number of arguments.
+    /// Number of value arguments (after the op index).
     pub fn arity(self) -> usize {
-        use Helper::*;
         match self {
-            PowF32 | PowF64 | RemF32 | RemF64 | PowI32 | PowI64 => 2,
-            _ => 1,
+            Helper::UnaryF32 | Helper::UnaryF64 => 1,
+            Helper::BinaryF32 | Helper::BinaryF64 | Helper::BinaryI32 | Helper::BinaryI64 => 2,
         }
     }
 
     /// The address of the function.
     pub fn address(self) -> *const u8 {
-        use Helper::*;
         match self {
-            ExpF64 => exp_f64 as *const u8,
-            LogF64 => log_f64 as *const u8,
-            TanhF64 => tanh_f64 as *const u8,
-            SigmoidF64 => sigmoid_f64 as *const u8,
-            ErfF64 => erf_f64 as *const u8,
-            Expm1F32 => expm1_f32 as *const u8,
-            Expm1F64 => expm1_f64 as *const u8,
-            Log1pF32 => log1p_f32 as *const u8,
-            Log1pF64 => log1p_f64 as *const u8,
-            SinF32 => sin_f32 as *const u8,
-            SinF64 => sin_f64 as *const u8,
-            CosF32 => cos_f32 as *const u8,
-            CosF64 => cos_f64 as *const u8,
-            PowF32 => pow_f32 as *const u8,
-            PowF64 => pow_f64 as *const u8,
-            RemF32 => rem_f32 as *const u8,
-            RemF64 => rem_f64 as *const u8,
-            PowI32 => pow_i32 as *const u8,
-            PowI64 => pow_i64 as *const u8,
+            Helper::UnaryF32 => unary_f32 as *const u8,
+            Helper::UnaryF64 => unary_f64 as *const u8,
+            Helper::BinaryF32 => binary_f32 as *const u8,
+            Helper::BinaryF64 => binary_f64 as *const u8,
+            Helper::BinaryI32 => binary_i32 as *const u8,
+            Helper::BinaryI64 => binary_i64 as *const u8,
         }
     }
-
-    /// Every helper.
-    pub const ALL: [Helper; 19] = [
-        Helper::ExpF64,
-        Helper::LogF64,
-        Helper::TanhF64,
-        Helper::SigmoidF64,
-        Helper::ErfF64,
-        Helper::Expm1F32,
-        Helper::Expm1F64,
-        Helper::Log1pF32,
-        Helper::Log1pF64,
-        Helper::SinF32,
-        Helper::SinF64,
-        Helper::CosF32,
-        Helper::CosF64,
-        Helper::PowF32,
-        Helper::PowF64,
-        Helper::RemF32,
-        Helper::RemF64,
-        Helper::PowI32,
-        Helper::PowI64,
-    ];
 }
 
-extern "C" fn exp_f64(x: f64) -> f64 {
-    x.exp()
-}
-extern "C" fn log_f64(x: f64) -> f64 {
-    x.ln()
-}
-extern "C" fn tanh_f64(x: f64) -> f64 {
-    x.tanh()
-}
-extern "C" fn sigmoid_f64(x: f64) -> f64 {
-    scalar::sigmoid_f64(x)
-}
-extern "C" fn erf_f64(x: f64) -> f64 {
-    libm::erf(x)
-}
-extern "C" fn expm1_f32(x: f32) -> f32 {
-    x.exp_m1()
-}
-extern "C" fn expm1_f64(x: f64) -> f64 {
-    x.exp_m1()
-}
-extern "C" fn log1p_f32(x: f32) -> f32 {
-    x.ln_1p()
-}
-extern "C" fn log1p_f64(x: f64) -> f64 {
-    x.ln_1p()
-}
-extern "C" fn sin_f32(x: f32) -> f32 {
-    x.sin()
-}
-extern "C" fn sin_f64(x: f64) -> f64 {
-    x.sin()
-}
-extern "C" fn cos_f32(x: f32) -> f32 {
-    x.cos()
-}
-extern "C" fn cos_f64(x: f64) -> f64 {
-    x.cos()
-}
-extern "C" fn pow_f32(a: f32, b: f32) -> f32 {
-    a.powf(b)
-}
-extern "C" fn pow_f64(a: f64, b: f64) -> f64 {
-    a.powf(b)
+/// The op index a call site passes for `op`.
+pub(crate) fn unary_index(op: UnaryOp) -> i64 {
+    op as i64
 }
 
-// Remainder and integer power follow the reference's element rules exactly.
-extern "C" fn rem_f32(a: f32, b: f32) -> f32 {
-    scalar::rem_f32(a, b)
-}
-extern "C" fn rem_f64(a: f64, b: f64) -> f64 {
-    scalar::rem_f64(a, b)
+/// The op index a call site passes for `op`.
+pub(crate) fn binary_index(op: BinaryOp) -> i64 {
+    op as i64
 }
 
-extern "C" fn pow_i32(a: i32, b: i32) -> i32 {
-    scalar::pow_i32(a, b)
+fn unary_op(index: i32) -> Option<UnaryOp> {
+    UnaryOp::ALL.get(usize::try_from(index).ok()?).copied()
 }
-extern "C" fn pow_i64(a: i64, b: i64) -> i64 {
-    scalar::pow_i64(a, b)
+
+fn binary_op(index: i32) -> Option<BinaryOp> {
+    BinaryOp::ALL.get(usize::try_from(index).ok()?).copied()
+}
+
+extern "C" fn unary_f32(op: i32, x: f32) -> f32 {
+    unary_op(op).and_then(|op| scalar::unary_f32(op, x)).unwrap_or(f32::NAN)
+}
+extern "C" fn unary_f64(op: i32, x: f64) -> f64 {
+    unary_op(op).and_then(|op| scalar::unary_f64(op, x)).unwrap_or(f64::NAN)
+}
+extern "C" fn binary_f32(op: i32, a: f32, b: f32) -> f32 {
+    binary_op(op).and_then(|op| scalar::binary_f32(op, a, b)).unwrap_or(f32::NAN)
+}
+extern "C" fn binary_f64(op: i32, a: f64, b: f64) -> f64 {
+    binary_op(op).and_then(|op| scalar::binary_f64(op, a, b)).unwrap_or(f64::NAN)
+}
+extern "C" fn binary_i32(op: i32, a: i32, b: i32) -> i32 {
+    binary_op(op).and_then(|op| scalar::binary_i32(op, a, b)).unwrap_or(0)
+}
+extern "C" fn binary_i64(op: i32, a: i64, b: i64) -> i64 {
+    binary_op(op).and_then(|op| scalar::binary_i64(op, a, b)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_indices_round_trip() {
+        for op in UnaryOp::ALL {
+            assert_eq!(unary_op(unary_index(op) as i32), Some(op));
+        }
+        for op in BinaryOp::ALL {
+            assert_eq!(binary_op(binary_index(op) as i32), Some(op));
+        }
+        assert_eq!(unary_op(-1), None);
+        assert_eq!(unary_op(UnaryOp::COUNT as i32), None);
+    }
+
+    #[test]
+    fn helpers_compute_the_reference_rule() {
+        assert_eq!(unary_f64(unary_index(UnaryOp::Sinh) as i32, 1.0), 1f64.sinh());
+        assert_eq!(unary_f32(unary_index(UnaryOp::Cos) as i32, 0.5), 0.5f32.cos());
+        assert_eq!(binary_i64(binary_index(BinaryOp::Pow) as i32, 3, 4), 81);
+        assert_eq!(binary_f32(binary_index(BinaryOp::Rem) as i32, -1.0, 3.0), 2.0);
+        assert!(unary_f32(unary_index(UnaryOp::IsNan) as i32, 1.0).is_nan());
+        assert_eq!(binary_i32(99, 1, 1), 0);
+    }
 }

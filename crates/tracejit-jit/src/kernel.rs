@@ -49,7 +49,7 @@ use cranelift_codegen::Context;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::JITModule;
 use cranelift_module::{FuncId, Linkage, Module};
-use tracejit_ir::tensor::{DType, ReduceOp, UnaryOp};
+use tracejit_ir::tensor::{DType, Exactness, ReduceOp, UnaryOp};
 
 use crate::analysis::{Analysis, KernelKind, LOp};
 use crate::helpers::Helper;
@@ -209,28 +209,6 @@ fn pass_roots(an: &Analysis, p: u32) -> Vec<usize> {
     }
 }
 
-/// The helpers a program calls.
-fn helpers_needed(an: &Analysis) -> HashSet<Helper> {
-    let mut set = HashSet::new();
-    for n in &an.nodes {
-        let in_t = n.inputs.first().map(|&i| an.nodes[i].dtype);
-        match (&n.op, in_t) {
-            (LOp::Unary(u), Some(t)) => {
-                if let Some(h) = Helper::unary(*u, t) {
-                    set.insert(h);
-                }
-            }
-            (LOp::Binary(b), Some(t)) => {
-                if let Some(h) = Helper::binary(*b, t) {
-                    set.insert(h);
-                }
-            }
-            _ => {}
-        }
-    }
-    set
-}
-
 /// The vector lane width of a program, or `None` when it mixes widths.
 fn lane_bits(an: &Analysis) -> Option<u32> {
     let mut bits: Option<u32> = None;
@@ -250,9 +228,7 @@ fn lane_bits(an: &Analysis) -> Option<u32> {
 }
 
 fn is_heavy(an: &Analysis) -> bool {
-    an.nodes.iter().any(|n| {
-        matches!(n.op, LOp::Unary(UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Erf))
-    })
+    an.nodes.iter().any(|n| matches!(n.op, LOp::Unary(u) if u.exactness() == Exactness::ApproxF32))
 }
 
 /// Emits the kernel of `an` into `module` as function `name`.
@@ -270,8 +246,11 @@ pub(crate) fn build(
     sig.params.push(AbiParam::new(ptr));
 
     let mut helper_ids = Vec::new();
-    for h in helpers_needed(an) {
+    // Every helper is declared: an unused import costs nothing, and which
+    // ops call a helper is the lowering's decision alone.
+    for h in Helper::ALL {
         let mut hs = Signature::new(call_conv);
+        hs.params.push(AbiParam::new(types::I32));
         for _ in 0..h.arity() {
             hs.params.push(AbiParam::new(sty(h.dtype())));
         }

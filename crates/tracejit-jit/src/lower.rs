@@ -25,7 +25,7 @@ use cranelift_frontend::FunctionBuilder;
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, UnaryOp};
 
 use crate::analysis::Scalar;
-use crate::helpers::Helper;
+use crate::helpers::{self, Helper};
 
 /// Scalar or vector emission.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -286,11 +286,32 @@ impl<'a, 'b> Emit<'a, 'b> {
         }
     }
 
-    /// Calls a Rust helper on scalar arguments.
-    pub fn call_helper(&mut self, h: Helper, args: &[Value]) -> Value {
+    /// Calls a Rust helper on scalar arguments, passing the op's index first.
+    fn call_helper(&mut self, h: Helper, op_index: i64, args: &[Value]) -> Value {
         let f = *self.helpers.get(&h).unwrap_or_else(|| panic!("helper {h:?} was not declared"));
-        let call = self.b.ins().call(f, args);
+        let mut all = Vec::with_capacity(args.len() + 1);
+        all.push(self.b.ins().iconst(types::I32, op_index));
+        all.extend_from_slice(args);
+        let call = self.b.ins().call(f, &all);
         self.b.inst_results(call)[0]
+    }
+
+    /// `op(x)` through the unary helper of `t`, lane by lane in vector mode.
+    fn unary_helper(&mut self, op: UnaryOp, t: DType, mode: Mode, x: Value) -> Value {
+        let (h, i) = (Helper::unary(t), helpers::unary_index(op));
+        match mode {
+            Mode::Scalar => self.call_helper(h, i, &[x]),
+            Mode::Vector => self.scalarize(&[(x, t)], t, |e, xs| e.call_helper(h, i, xs)),
+        }
+    }
+
+    /// `op(a, b)` through the binary helper of `t`, lane by lane in vector mode.
+    fn binary_helper(&mut self, op: BinaryOp, t: DType, mode: Mode, a: Value, b: Value) -> Value {
+        let (h, i) = (Helper::binary(t), helpers::binary_index(op));
+        match mode {
+            Mode::Scalar => self.call_helper(h, i, &[a, b]),
+            Mode::Vector => self.scalarize(&[(a, t), (b, t)], t, |e, xs| e.call_helper(h, i, xs)),
+        }
     }
 
     /// Converts a vector lane value (mask lanes for bool) to its scalar form.
@@ -400,12 +421,10 @@ impl<'a, 'b> Emit<'a, 'b> {
             Tanh if t == DType::F32 => self.tanh_f32(mode, x),
             Sigmoid if t == DType::F32 => self.sigmoid_f32(mode, x),
             Erf if t == DType::F32 => self.erf_f32(mode, x),
-            Exp | Expm1 | Log | Log1p | Tanh | Sigmoid | Erf | Sin | Cos => {
-                let h = Helper::unary(op, t).expect("every float transcendental has a helper");
-                match mode {
-                    Mode::Scalar => self.call_helper(h, &[x]),
-                    Mode::Vector => self.scalarize(&[(x, t)], t, |e, xs| e.call_helper(h, xs)),
-                }
+            // f64 transcendentals and the rest of the library functions are
+            // computed by the reference's own element rule.
+            Exp | Expm1 | Log | Log1p | Tanh | Sigmoid | Erf | Sin | Cos | Sinh | Cosh | Softplus => {
+                self.unary_helper(op, t, mode, x)
             }
             LogicalNot => unreachable!("logical_not does not take floats"),
         }
@@ -445,7 +464,8 @@ impl<'a, 'b> Emit<'a, 'b> {
             Floor | Ceil | Round => x,
             IsNan => self.ki(DType::Bool, mode, 0),
             IsFinite => self.ki(DType::Bool, mode, 1),
-            _ => unreachable!("{} does not take integers", op.name()),
+            Exp | Expm1 | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Tanh | Sigmoid | Erf | Sin | Cos | Sinh | Cosh
+            | Softplus | LogicalNot => unreachable!("{} does not take integers", op.name()),
         }
     }
 
@@ -462,7 +482,9 @@ impl<'a, 'b> Emit<'a, 'b> {
                 Ne => self.icmp(IntCC::NotEqual, a, b),
                 LogicalAnd => self.b.ins().band(a, b),
                 LogicalOr => self.b.ins().bor(a, b),
-                _ => unreachable!("{} does not take bool", op.name()),
+                Add | Sub | Mul | Div | Pow | Maximum | Minimum | Rem | Lt | Le | Gt | Ge => {
+                    unreachable!("{} does not take bool", op.name())
+                }
             };
         }
         if t.is_float() {
@@ -479,13 +501,7 @@ impl<'a, 'b> Emit<'a, 'b> {
                 Le => self.fcmp(FloatCC::LessThanOrEqual, a, b),
                 Gt => self.fcmp(FloatCC::GreaterThan, a, b),
                 Ge => self.fcmp(FloatCC::GreaterThanOrEqual, a, b),
-                Pow | Rem => {
-                    let h = Helper::binary(op, t).expect("pow and rem have helpers");
-                    match mode {
-                        Mode::Scalar => self.call_helper(h, &[a, b]),
-                        Mode::Vector => self.scalarize(&[(a, t), (b, t)], t, |e, xs| e.call_helper(h, xs)),
-                    }
-                }
+                Pow | Rem => self.binary_helper(op, t, mode, a, b),
                 LogicalAnd | LogicalOr => unreachable!("logical ops take bool"),
             };
         }
@@ -514,10 +530,7 @@ impl<'a, 'b> Emit<'a, 'b> {
     fn int_div_rem_pow(&mut self, op: BinaryOp, t: DType, a: Value, b: Value) -> Value {
         let ty = sty(t);
         match op {
-            BinaryOp::Pow => {
-                let h = Helper::binary(op, t).expect("int pow has a helper");
-                self.call_helper(h, &[a, b])
-            }
+            BinaryOp::Pow => self.call_helper(Helper::binary(t), helpers::binary_index(op), &[a, b]),
             BinaryOp::Div => {
                 let zero = self.b.ins().iconst(ty, 0);
                 let one = self.b.ins().iconst(ty, 1);

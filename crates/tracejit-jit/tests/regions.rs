@@ -7,7 +7,7 @@
 mod common;
 use common::*;
 use proptest::prelude::*;
-use tracejit_ir::tensor::{BinaryOp, DType, Storage, UnaryOp};
+use tracejit_ir::tensor::{BinaryOp, DType, Exactness, Storage, UnaryOp};
 use tracejit_ir::{Graph, Op, ValueId};
 
 const DOMAINS: &[&[usize]] = &[
@@ -30,7 +30,7 @@ const DOMAINS: &[&[usize]] = &[
 ];
 
 fn approx(op: UnaryOp) -> bool {
-    matches!(op, UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Erf)
+    op.exactness() == Exactness::ApproxF32
 }
 
 struct Case {

@@ -119,3 +119,29 @@ fn erf_ulp() {
     let w = sweep(UnaryOp::Erf, libm::erf);
     assert!(w <= 4, "erf: {w} ULP");
 }
+
+// sinh, cosh and softplus go through the reference's element rule (a
+// helper call), so the JIT is bit-identical to the interpreter (smoke.rs);
+// these bounds are the reference's own accuracy against f64.
+
+fn softplus(x: f64) -> f64 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
+}
+
+#[test]
+fn sinh_ulp() {
+    let w = sweep(UnaryOp::Sinh, f64::sinh);
+    assert!(w <= 2, "sinh: {w} ULP");
+}
+
+#[test]
+fn cosh_ulp() {
+    let w = sweep(UnaryOp::Cosh, f64::cosh);
+    assert!(w <= 2, "cosh: {w} ULP");
+}
+
+#[test]
+fn softplus_ulp() {
+    let w = sweep(UnaryOp::Softplus, softplus);
+    assert!(w <= 2, "softplus: {w} ULP");
+}

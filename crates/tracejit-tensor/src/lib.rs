@@ -11,9 +11,11 @@
 //! - There is no implicit promotion between two tensors: a binary op needs
 //!   both operands of one dtype, and the user `cast`s otherwise. A Rust scalar
 //!   meeting a tensor takes the tensor's dtype (weak typing, as in JAX).
-//! - Each op family states which dtypes it accepts in `result_dtype`
+//! - Each op family's facts (name, dtype rule, cost, how exactly the JIT
+//!   reproduces it) are declared once, in a table ([`for_each_unary_op!`],
+//!   [`for_each_binary_op!`], [`for_each_reduce_op!`]); `result_dtype`
 //!   ([`UnaryOp::result_dtype`], [`BinaryOp::result_dtype`],
-//!   [`ReduceOp::result_dtype`]).
+//!   [`ReduceOp::result_dtype`]) follows from each row's kind.
 //! - Integer arithmetic wraps on overflow. Integer `div` truncates toward
 //!   zero (`-7 / 2 == -3`) while `rem` is Python's modulo, with the sign of
 //!   the divisor (`-7 % 3 == 2`); dividing or taking the remainder by zero
@@ -30,7 +32,9 @@ mod storage;
 
 pub use dtype::{DType, Element};
 pub use error::TensorError;
-pub use ops::{ArgReduceOp, BinaryOp, ReduceOp, SliceSpec, UnaryOp};
+pub use ops::{
+    ArgReduceOp, BinaryKind, BinaryOp, Cost, Exactness, ReduceKind, ReduceOp, SliceSpec, UnaryKind, UnaryOp,
+};
 pub use storage::{Storage, StorageElement};
 
 /// Re-export so dependents name the same ndarray version.

@@ -133,8 +133,10 @@ fn one(op: Op, inputs: &[&Tensor]) -> Tensor {
     apply(op, inputs).into_iter().next().expect("op has an output")
 }
 
+// The op methods are generated from the op tables of tracejit-tensor
+// (`for_each_*_op!`), so a new row there is a new method here, with its docs.
 macro_rules! unary_methods {
-    ($($(#[$doc:meta])* $name:ident => $op:ident),* $(,)?) => {
+    ($($(#[$doc:meta])* $op:ident $name:ident: $kind:ident, $cost:ident, $exact:ident;)*) => {
         impl Tensor {
             $(
                 $(#[$doc])*
@@ -147,57 +149,10 @@ macro_rules! unary_methods {
     };
 }
 
-unary_methods! {
-    /// `-x`.
-    neg => Neg,
-    /// `|x|` (integers wrap: `abs(MIN) = MIN`).
-    abs => Abs,
-    /// -1, 0 or 1 (NaN stays NaN).
-    sign => Sign,
-    /// `e^x`.
-    exp => Exp,
-    /// `e^x - 1`, accurate near 0.
-    expm1 => Expm1,
-    /// Natural logarithm.
-    log => Log,
-    /// `ln(1 + x)`, accurate near 0.
-    log1p => Log1p,
-    /// Square root.
-    sqrt => Sqrt,
-    /// `1 / sqrt(x)`.
-    rsqrt => Rsqrt,
-    /// `x * x`.
-    square => Square,
-    /// `1 / x`.
-    reciprocal => Reciprocal,
-    /// Hyperbolic tangent.
-    tanh => Tanh,
-    /// `1 / (1 + e^-x)`.
-    sigmoid => Sigmoid,
-    /// `max(x, 0)` (NaN stays NaN).
-    relu => Relu,
-    /// The error function.
-    erf => Erf,
-    /// Sine.
-    sin => Sin,
-    /// Cosine.
-    cos => Cos,
-    /// Round toward -inf (identity on integers).
-    floor => Floor,
-    /// Round toward +inf (identity on integers).
-    ceil => Ceil,
-    /// Round half to even, as numpy (identity on integers).
-    round => Round,
-    /// Boolean not.
-    logical_not => LogicalNot,
-    /// True where NaN.
-    is_nan => IsNan,
-    /// True where neither NaN nor infinite.
-    is_finite => IsFinite,
-}
+tracejit_tensor::for_each_unary_op!(unary_methods);
 
 macro_rules! binary_methods {
-    ($($(#[$doc:meta])* $name:ident => $op:ident),* $(,)?) => {
+    ($($(#[$doc:meta])* $op:ident $name:ident: $kind:ident, $cost:ident;)*) => {
         impl Tensor {
             $(
                 $(#[$doc])*
@@ -211,43 +166,10 @@ macro_rules! binary_methods {
     };
 }
 
-binary_methods! {
-    /// `self + other`, broadcasting.
-    add => Add,
-    /// `self - other`, broadcasting.
-    sub => Sub,
-    /// `self * other`, broadcasting.
-    mul => Mul,
-    /// `self / other`; integers truncate toward zero, division by zero gives 0.
-    div => Div,
-    /// `self ^ other`.
-    pow => Pow,
-    /// Elementwise maximum (NaN propagates).
-    maximum => Maximum,
-    /// Elementwise minimum (NaN propagates).
-    minimum => Minimum,
-    /// Remainder with the sign of the divisor (Python's `%`).
-    rem => Rem,
-    /// `self == other` as bool.
-    eq => Eq,
-    /// `self != other` as bool.
-    ne => Ne,
-    /// `self < other` as bool.
-    lt => Lt,
-    /// `self <= other` as bool.
-    le => Le,
-    /// `self > other` as bool.
-    gt => Gt,
-    /// `self >= other` as bool.
-    ge => Ge,
-    /// Boolean and.
-    logical_and => LogicalAnd,
-    /// Boolean or.
-    logical_or => LogicalOr,
-}
+tracejit_tensor::for_each_binary_op!(binary_methods);
 
 macro_rules! reduce_methods {
-    ($($(#[$doc:meta])* $name:ident, $all:ident => $op:ident),* $(,)?) => {
+    ($($(#[$doc:meta])* $op:ident $name:ident, $all:ident: $kind:ident;)*) => {
         impl Tensor {
             $(
                 $(#[$doc])*
@@ -270,18 +192,7 @@ macro_rules! reduce_methods {
     };
 }
 
-reduce_methods! {
-    /// Sum over `axes`.
-    sum, sum_all => Sum,
-    /// Mean over `axes` (float tensors).
-    mean, mean_all => Mean,
-    /// Maximum over `axes` (NaN propagates).
-    max, max_all => Max,
-    /// Minimum over `axes` (NaN propagates).
-    min, min_all => Min,
-    /// Product over `axes`.
-    prod, prod_all => Prod,
-}
+tracejit_tensor::for_each_reduce_op!(reduce_methods);
 
 impl Tensor {
     /// Index (i64) of the largest element along `axis`; the first wins ties,

@@ -59,7 +59,6 @@ use std::sync::Arc;
 
 use cranelift_entity::EntityRef;
 use smallvec::SmallVec;
-use tracejit_tensor::{BinaryOp, UnaryOp};
 
 use crate::passes::{has_side_effects, Pass, PassContext, PassResult, Rewriter};
 use crate::{broadcast_dims, Dims, Graph, Node, NodeId, Op, TensorType, ValueId};
@@ -109,8 +108,11 @@ pub fn default_accepts_region(body: &Graph) -> bool {
 
 /// True for ops whose cost makes recomputation unacceptable.
 fn expensive(op: &Op) -> bool {
-    use UnaryOp::*;
-    matches!(op, Op::Unary(Exp | Expm1 | Log | Log1p | Tanh | Sigmoid | Erf | Sin | Cos) | Op::Binary(BinaryOp::Pow))
+    match op {
+        Op::Unary(u) => u.is_expensive(),
+        Op::Binary(b) => b.is_expensive(),
+        _ => false,
+    }
 }
 
 fn fusible(g: &Graph, node: &Node) -> bool {

@@ -9,7 +9,7 @@ use tracejit_ir::{broadcast_dims, interpret, verify, Dims, Graph, Op, TensorType
 
 use crate::common::f32s;
 
-const UNARY: [UnaryOp; 9] = [
+const UNARY: [UnaryOp; 10] = [
     UnaryOp::Neg,
     UnaryOp::Abs,
     UnaryOp::Exp,
@@ -19,6 +19,7 @@ const UNARY: [UnaryOp; 9] = [
     UnaryOp::Square,
     UnaryOp::Sin,
     UnaryOp::Floor,
+    UnaryOp::Softplus,
 ];
 const BINARY: [BinaryOp; 6] =
     [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum, BinaryOp::Minimum];

@@ -80,7 +80,9 @@ fn binary_bool(op: BinaryOp, a: &ArcArray<bool, IxDyn>, b: &ArcArray<bool, IxDyn
         Ne => |x, y| x != y,
         LogicalAnd => |x, y| x && y,
         LogicalOr => |x, y| x || y,
-        _ => unreachable!("result_dtype rejects {} on bool", op.name()),
+        Add | Sub | Mul | Div | Pow | Maximum | Minimum | Rem | Lt | Le | Gt | Ge => {
+            unreachable!("result_dtype rejects {} on bool", op.name())
+        }
     };
     Storage::from_array(zip_map(op.name(), a, b, f))
 }

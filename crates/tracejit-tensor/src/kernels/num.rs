@@ -54,6 +54,9 @@ pub(crate) trait Float: Num {
     fn erf(self) -> Self;
     fn sin(self) -> Self;
     fn cos(self) -> Self;
+    fn sinh(self) -> Self;
+    fn cosh(self) -> Self;
+    fn softplus(self) -> Self;
     fn floor(self) -> Self;
     fn ceil(self) -> Self;
     fn round_even(self) -> Self;
@@ -218,6 +221,22 @@ macro_rules! impl_float {
             #[inline]
             fn cos(self) -> Self {
                 <$t>::cos(self)
+            }
+            #[inline]
+            fn sinh(self) -> Self {
+                <$t>::sinh(self)
+            }
+            #[inline]
+            fn cosh(self) -> Self {
+                <$t>::cosh(self)
+            }
+            #[inline]
+            fn softplus(self) -> Self {
+                // max(x, 0) + ln(1 + e^-|x|): e^-|x| never overflows, and for
+                // large |x| the second term vanishes instead of giving inf - inf.
+                // NaN stays NaN through the second term.
+                let m = if self > 0.0 { self } else { 0.0 };
+                m + <$t>::ln_1p(<$t>::exp(-<$t>::abs(self)))
             }
             #[inline]
             fn floor(self) -> Self {

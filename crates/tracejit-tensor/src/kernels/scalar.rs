@@ -4,6 +4,90 @@
 //! drift apart).
 
 use super::num::{Float, Num};
+use crate::{BinaryOp, UnaryOp};
+
+/// The element function of a float-to-float unary op, exactly as the
+/// reference kernel computes it; `None` for the ops whose result is not a
+/// float of the input's dtype (`is_nan`, `is_finite`, `logical_not`).
+fn unary_float<T: Float>(op: UnaryOp, x: T) -> Option<T> {
+    use UnaryOp::*;
+    Some(match op {
+        Neg => Float::neg(x),
+        Abs => Float::abs(x),
+        Sign => Float::sign(x),
+        Exp => x.exp(),
+        Expm1 => x.expm1(),
+        Log => x.ln(),
+        Log1p => x.ln1p(),
+        Sqrt => x.sqrt(),
+        Rsqrt => x.rsqrt(),
+        Square => Float::square(x),
+        Reciprocal => x.recip(),
+        Tanh => x.tanh(),
+        Sigmoid => x.sigmoid(),
+        Relu => Float::relu(x),
+        Erf => x.erf(),
+        Sin => x.sin(),
+        Cos => x.cos(),
+        Sinh => x.sinh(),
+        Cosh => x.cosh(),
+        Softplus => x.softplus(),
+        Floor => x.floor(),
+        Ceil => x.ceil(),
+        Round => x.round_even(),
+        LogicalNot | IsNan | IsFinite => return None,
+    })
+}
+
+/// The element function of an arithmetic binary op on numbers, exactly as
+/// the reference kernel computes it; `None` for comparisons and logical ops.
+fn binary_num<T: Num>(op: BinaryOp, a: T, b: T) -> Option<T> {
+    use BinaryOp::*;
+    Some(match op {
+        Add => a.plus(b),
+        Sub => a.minus(b),
+        Mul => a.times(b),
+        Div => a.divide(b),
+        Pow => a.power(b),
+        Maximum => a.nan_max(b),
+        Minimum => a.nan_min(b),
+        Rem => a.modulo(b),
+        Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => return None,
+    })
+}
+
+/// `op(x)` for one f32 element, as the reference kernel computes it (`None`
+/// when `op` does not map f32 to f32).
+pub fn unary_f32(op: UnaryOp, x: f32) -> Option<f32> {
+    unary_float(op, x)
+}
+
+/// `op(x)` for one f64 element, as the reference kernel computes it (`None`
+/// when `op` does not map f64 to f64).
+pub fn unary_f64(op: UnaryOp, x: f64) -> Option<f64> {
+    unary_float(op, x)
+}
+
+/// `op(a, b)` for one f32 element pair, as the reference kernel computes it
+/// (`None` for comparisons and logical ops).
+pub fn binary_f32(op: BinaryOp, a: f32, b: f32) -> Option<f32> {
+    binary_num(op, a, b)
+}
+
+/// `op(a, b)` for one f64 element pair, as the reference kernel computes it.
+pub fn binary_f64(op: BinaryOp, a: f64, b: f64) -> Option<f64> {
+    binary_num(op, a, b)
+}
+
+/// `op(a, b)` for one i32 element pair, as the reference kernel computes it.
+pub fn binary_i32(op: BinaryOp, a: i32, b: i32) -> Option<i32> {
+    binary_num(op, a, b)
+}
+
+/// `op(a, b)` for one i64 element pair, as the reference kernel computes it.
+pub fn binary_i64(op: BinaryOp, a: i64, b: i64) -> Option<i64> {
+    binary_num(op, a, b)
+}
 
 /// Python-style float remainder (the result has the divisor's sign), as `rem`.
 pub fn rem_f32(a: f32, b: f32) -> f32 {
@@ -48,5 +132,9 @@ mod tests {
         assert_eq!(pow_i32(5, -1), 0);
         assert_eq!(sigmoid_f64(0.0), 0.5);
         assert!(sigmoid_f32(-200.0) >= 0.0);
+        assert_eq!(unary_f64(UnaryOp::Cosh, 0.0), Some(1.0));
+        assert_eq!(unary_f32(UnaryOp::IsNan, 0.0), None);
+        assert_eq!(binary_i32(BinaryOp::Pow, 2, 3), Some(8));
+        assert_eq!(binary_f64(BinaryOp::Lt, 2.0, 3.0), None);
     }
 }

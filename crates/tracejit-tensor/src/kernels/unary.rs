@@ -18,7 +18,7 @@ pub(crate) fn unary(op: UnaryOp, x: &Storage) -> Storage {
         Storage::I64(a) => unary_int(op, a),
         Storage::Bool(a) => match op {
             UnaryOp::LogicalNot => Storage::from_array(a.mapv(|b| !b)),
-            _ => unreachable!("result_dtype accepts only logical_not on bool"),
+            op => unreachable!("result_dtype accepts only logical_not on bool, not {}", op.name()),
         },
     }
 }
@@ -45,6 +45,9 @@ fn unary_float<T: Float>(op: UnaryOp, a: &ArcArray<T, IxDyn>) -> Storage {
         Erf => a.mapv(T::erf),
         Sin => a.mapv(T::sin),
         Cos => a.mapv(T::cos),
+        Sinh => a.mapv(T::sinh),
+        Cosh => a.mapv(T::cosh),
+        Softplus => a.mapv(T::softplus),
         Floor => a.mapv(T::floor),
         Ceil => a.mapv(T::ceil),
         Round => a.mapv(T::round_even),
@@ -66,7 +69,8 @@ fn unary_int<T: Int>(op: UnaryOp, a: &ArcArray<T, IxDyn>) -> Storage {
         Sign => a.mapv(Int::sign),
         Square => a.mapv(Int::square),
         Relu => a.mapv(Int::relu),
-        _ => unreachable!("result_dtype rejects {} on integers", op.name()),
+        Exp | Expm1 | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Tanh | Sigmoid | Erf | Sin | Cos | Sinh | Cosh
+        | Softplus | LogicalNot => unreachable!("result_dtype rejects {} on integers", op.name()),
     };
     // Each arm maps with its own function item, so the element function is
     // inlined and the loop vectorizes (a `fn` pointer would block both).
@@ -109,6 +113,13 @@ mod tests {
         assert!(same(&run64(Tanh, &[0.0, INF, -INF]), &[0.0, 1.0, -1.0]));
         assert!(same(&run64(Sin, &[0.0]), &[0.0]));
         assert!(same(&run64(Cos, &[0.0]), &[1.0]));
+        assert!(same(&run64(Sinh, &[0.0, -0.0, INF, -INF, NAN]), &[0.0, -0.0, INF, -INF, NAN]));
+        assert!(same(&run64(Cosh, &[0.0, INF, -INF, NAN]), &[1.0, INF, INF, NAN]));
+        assert!(same(&run64(Softplus, &[-INF, INF, NAN, 1000.0, -1000.0]), &[0.0, INF, NAN, 1000.0, 0.0]));
+        let sp = run64(Softplus, &[0.0, 2.0, -2.0]);
+        assert!((sp[0] - 2f64.ln()).abs() < 1e-16);
+        assert!((sp[1] - (1.0 + 2f64.exp()).ln()).abs() < 1e-14);
+        assert!((sp[2] - (1.0 + (-2f64).exp()).ln()).abs() < 1e-15);
         assert!(same(&run64(Erf, &[0.0, INF, -INF]), &[0.0, 1.0, -1.0]));
         let e1 = run64(Erf, &[1.0])[0];
         assert!((e1 - 0.842_700_792_949_714_9).abs() < 1e-15);
