@@ -152,6 +152,11 @@ impl FunctionLibrary {
         &self.funcs[id]
     }
 
+    /// The function with id `id`, or `None` when there is none.
+    pub fn try_get(&self, id: FuncId) -> Option<&LibraryFunction> {
+        self.funcs.get(id)
+    }
+
     /// All functions with their ids.
     pub fn iter(&self) -> impl Iterator<Item = (FuncId, &LibraryFunction)> {
         self.funcs.iter()
@@ -266,6 +271,11 @@ impl Graph {
     /// All nodes in topological (arena) order.
     pub fn nodes(&self) -> impl Iterator<Item = (NodeId, &Node)> {
         self.nodes.iter()
+    }
+
+    /// The effects of running the whole graph: the union of its nodes'.
+    pub fn effects(&self) -> crate::Effects {
+        self.nodes().fold(crate::Effects::PURE, |e, (_, n)| e.union(n.op.effects(&self.library)))
     }
 
     /// Number of nodes.

@@ -15,6 +15,7 @@ mod graph;
 mod infer;
 mod interp;
 mod op;
+mod op_key;
 pub mod passes;
 mod printer;
 mod types;
@@ -26,7 +27,8 @@ pub use graph::{
 };
 pub use infer::{broadcast_dims, infer};
 pub use interp::{eval_primitive, interpret};
-pub use op::{AssignKind, ExternalKernel, Op};
+pub use op::{AssignKind, Effects, ExternalKernel, Op};
+pub use op_key::OpKey;
 pub use types::{Dim, Dims, DimsDisplay, TensorType};
 pub use verifier::verify;
 

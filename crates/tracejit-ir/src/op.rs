@@ -261,19 +261,162 @@ impl Op {
             Op::Call { .. } => None,
             Op::Fused { body } => Some(body.outputs.len()),
             Op::Kernel { outputs, .. } => Some(outputs.len()),
-            _ => Some(1),
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }
+            | Op::ReadVariable { .. } => Some(1),
         }
     }
 
-    /// True for ops with side effects or hidden state: passes never fold,
-    /// merge, reorder or drop them.
-    pub fn is_stateful(&self) -> bool {
-        matches!(self, Op::ReadVariable { .. } | Op::AssignVariable { .. })
+    /// The graphs this op holds and runs (a fused region's body; later the
+    /// branches of a conditional and the body of a loop), tract's
+    /// `nested_models`. Passes, the verifier, the printer and the executors
+    /// reach nested code only through this, so a new op with subgraphs is a
+    /// variant plus its semantics, not a special case in each of them. A
+    /// `call` is not listed: its callee lives in the library.
+    pub fn subgraphs(&self) -> &[Arc<crate::Graph>] {
+        match self {
+            Op::Fused { body } => std::slice::from_ref(body),
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }
+            | Op::Call { .. }
+            | Op::Kernel { .. }
+            | Op::ReadVariable { .. }
+            | Op::AssignVariable { .. } => &[],
+        }
+    }
+
+    /// The subgraphs, to rewrite in place (`Arc::make_mut` copies a body
+    /// another node shares).
+    pub fn subgraphs_mut(&mut self) -> &mut [Arc<crate::Graph>] {
+        match self {
+            Op::Fused { body } => std::slice::from_mut(body),
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }
+            | Op::Call { .. }
+            | Op::Kernel { .. }
+            | Op::ReadVariable { .. }
+            | Op::AssignVariable { .. } => &mut [],
+        }
+    }
+
+    /// What running the op does besides computing its outputs. An op with
+    /// subgraphs has the effects of everything in them, and a `call` those of
+    /// its callee in `library` (an unknown callee counts as writing, so that
+    /// nothing is dropped on a guess). Passes never fold, merge, reorder or
+    /// drop an op whose effects are not [`Effects::PURE`].
+    pub fn effects(&self, library: &crate::FunctionLibrary) -> Effects {
+        match self {
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. } => Effects::PURE,
+            // A kernel must be a pure function of its inputs (its contract).
+            Op::Kernel { .. } => Effects::PURE,
+            Op::ReadVariable { .. } => Effects::READS,
+            Op::AssignVariable { .. } => Effects::WRITES,
+            Op::Call { func } => match library.try_get(*func) {
+                Some(f) => f.graph.effects(),
+                None => Effects::WRITES,
+            },
+            Op::Fused { .. } => self.subgraphs().iter().fold(Effects::PURE, |e, g| e.union(g.effects())),
+        }
     }
 
     /// True for elementwise ops (the fusion planner's basic material).
     pub fn is_elementwise(&self) -> bool {
-        matches!(self, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Clamp { .. })
+        match self {
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Clamp { .. } => true,
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }
+            | Op::Call { .. }
+            | Op::Fused { .. }
+            | Op::Kernel { .. }
+            | Op::ReadVariable { .. }
+            | Op::AssignVariable { .. } => false,
+        }
     }
 
     /// True for ops that may join a fused region: elementwise ops, the
@@ -281,5 +424,88 @@ impl Op {
     /// JIT executor's own grouping share this one rule.
     pub fn is_fusible(&self) -> bool {
         self.is_elementwise() || matches!(self, Op::Reduce { .. } | Op::BroadcastTo { .. } | Op::ExpandDims { .. })
+    }
+
+    /// True when the op's per-element cost makes recomputing it unacceptable
+    /// (the fusion planner never duplicates such a producer). Only
+    /// elementwise ops are ever recomputed, so only they can be expensive.
+    pub fn is_expensive(&self) -> bool {
+        match self {
+            Op::Unary(u) => u.is_expensive(),
+            Op::Binary(b) => b.is_expensive(),
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }
+            | Op::Call { .. }
+            | Op::Fused { .. }
+            | Op::Kernel { .. }
+            | Op::ReadVariable { .. }
+            | Op::AssignVariable { .. } => false,
+        }
+    }
+}
+
+/// What an op does besides computing its outputs: a set of effect kinds.
+/// Effects of nested code (subgraphs, callees) are the union of theirs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Effects {
+    reads: bool,
+    writes: bool,
+    random: bool,
+}
+
+impl Effects {
+    /// No effect: the op may be folded, merged with an identical one,
+    /// reordered or dropped when unused.
+    pub const PURE: Effects = Effects { reads: false, writes: false, random: false };
+    /// Reads a resource (a variable): ordered after earlier writes of it.
+    pub const READS: Effects = Effects { reads: true, writes: false, random: false };
+    /// Writes a resource: kept even when nothing reads its outputs.
+    pub const WRITES: Effects = Effects { reads: false, writes: true, random: false };
+    /// Draws random numbers: two such ops differ even with equal inputs.
+    pub const RANDOM: Effects = Effects { reads: false, writes: false, random: true };
+
+    /// Both sets of effects.
+    pub fn union(self, other: Effects) -> Effects {
+        Effects {
+            reads: self.reads || other.reads,
+            writes: self.writes || other.writes,
+            random: self.random || other.random,
+        }
+    }
+
+    /// True when there is no effect at all.
+    pub fn is_pure(self) -> bool {
+        self == Effects::PURE
+    }
+
+    /// True when a resource is read.
+    pub fn reads(self) -> bool {
+        self.reads
+    }
+
+    /// True when a resource is written.
+    pub fn writes(self) -> bool {
+        self.writes
+    }
+
+    /// True when random numbers are drawn.
+    pub fn is_random(self) -> bool {
+        self.random
     }
 }

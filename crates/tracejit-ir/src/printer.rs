@@ -71,9 +71,9 @@ fn write_graph(s: &mut String, g: &Graph, indent: &str) -> fmt::Result {
         write!(s, "{indent}  ")?;
         write_node(s, g, id, node)?;
         s.push('\n');
-        if let Op::Fused { body } = &node.op {
-            // Regions print inline, under the node that runs them.
-            write_graph(s, body, &format!("{indent}    "))?;
+        // Nested code prints inline, under the node that runs it.
+        for sub in node.op.subgraphs() {
+            write_graph(s, sub, &format!("{indent}    "))?;
         }
     }
     writeln!(s, "{indent}}}")?;

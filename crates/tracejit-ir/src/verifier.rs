@@ -8,6 +8,7 @@
 //!   control input an earlier node (so arena order is a topological order);
 //! - a `Parameter { index }` node is `params[index]`, has no inputs and one
 //!   output;
+//! - the graphs the node holds ([`Op::subgraphs`]) verify in turn;
 //! - any other node's stored output types are exactly what [`infer`] gives for
 //!   its op and input types (which also checks that a `Call`'s function and a
 //!   variable op's variable exist, and that a call's arguments fit the callee).
@@ -55,6 +56,10 @@ pub fn verify(graph: &Graph) -> Result<(), IrError> {
             continue;
         }
 
+        // Nested code first: inference of the op reads its subgraphs' types.
+        for sub in node.op.subgraphs() {
+            verify(sub)?;
+        }
         let input_types: SmallVec<[TensorType; 2]> = node.inputs.iter().map(|v| graph.value_type(*v).clone()).collect();
         let inferred = infer(&node.op, &input_types, Some(graph))
             .map_err(|e| fail(id, format!("shape inference rejects the node: {e}")))?;
@@ -88,11 +93,6 @@ pub fn verify(graph: &Graph) -> Result<(), IrError> {
 
     for (_, f) in graph.library.iter() {
         verify(&f.graph)?;
-    }
-    for (_, node) in graph.nodes() {
-        if let crate::Op::Fused { body } = &node.op {
-            verify(body)?;
-        }
     }
     Ok(())
 }

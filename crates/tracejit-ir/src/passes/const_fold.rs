@@ -19,7 +19,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use smallvec::SmallVec;
 use tracejit_tensor::Storage;
 
-use crate::passes::{has_side_effects, Pass, PassContext, PassResult, Rewriter};
+use crate::passes::{has_side_effects, run_in_subgraphs, Pass, PassContext, PassResult, Rewriter};
 use crate::{eval_primitive, Graph, Op};
 
 /// Folding evaluates no node whose inputs have more elements than this.
@@ -29,9 +29,11 @@ pub const MAX_FOLD_INPUT_ELEMENTS: usize = 1 << 20;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ConstantFolding;
 
-/// True for ops constant folding may evaluate.
+/// True for ops constant folding may evaluate: pure primitives. Calls,
+/// kernels and ops holding code (`Op::subgraphs`) are left to run.
 fn foldable(g: &Graph, op: &Op) -> bool {
-    !matches!(op, Op::Parameter { .. } | Op::Constant { .. } | Op::Call { .. } | Op::Fused { .. } | Op::Kernel { .. })
+    !matches!(op, Op::Parameter { .. } | Op::Constant { .. } | Op::Call { .. } | Op::Kernel { .. })
+        && op.subgraphs().is_empty()
         && !has_side_effects(g, op)
 }
 
@@ -41,6 +43,15 @@ impl Pass for ConstantFolding {
     }
 
     fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
+        // Nested code first, so this level sees simplified subgraphs.
+        let nested = run_in_subgraphs(self, g, cx);
+        nested.and(self.run_here(g, cx))
+    }
+}
+
+impl ConstantFolding {
+    /// The rewrite of `g` itself (its subgraphs are done by `run`).
+    fn run_here(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
         let mut rw = Rewriter::new(g);
         let mut folded = 0usize;
         for (id, node) in g.nodes() {

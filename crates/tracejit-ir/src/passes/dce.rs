@@ -6,7 +6,7 @@
 
 use cranelift_entity::EntityRef;
 
-use crate::passes::{has_side_effects, Pass, PassContext, PassResult, Rewriter};
+use crate::passes::{has_side_effects, run_in_subgraphs, Pass, PassContext, PassResult, Rewriter};
 use crate::{Graph, Op};
 
 /// The dead code elimination pass (`dce`).
@@ -43,7 +43,16 @@ impl Pass for Dce {
         "dce"
     }
 
-    fn run(&self, g: &mut Graph, _cx: &PassContext) -> PassResult {
+    fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
+        // Nested code first, so this level sees simplified subgraphs.
+        let nested = run_in_subgraphs(self, g, cx);
+        nested.and(self.run_here(g, cx))
+    }
+}
+
+impl Dce {
+    /// The rewrite of `g` itself (its subgraphs are done by `run`).
+    fn run_here(&self, g: &mut Graph, _cx: &PassContext) -> PassResult {
         let live = live_nodes(g);
         let dead = live.iter().filter(|l| !**l).count();
         // Library functions no call refers to are dropped by a rebuild too.

@@ -26,8 +26,8 @@
 //!    *cheap* nodes over a smaller space that broadcasts into the other (a
 //!    bias scaled by a constant) may join: it is recomputed per element,
 //!    which costs less than a trip through memory. A group with an
-//!    *expensive* op (`exp`, `expm1`, `log`, `log1p`, `tanh`, `sigmoid`,
-//!    `erf`, `sin`, `cos`, `pow`) never joins a bigger space, so no expensive
+//!    *expensive* op ([`Op::is_expensive`], the `Cost` column of the op
+//!    tables: `exp`, `log`, `tanh`, `pow`, ...) never joins a bigger space, so no expensive
 //!    work is ever duplicated.
 //! 3. **No cycles.** The merged region must not both feed and depend on a
 //!    node outside it (a path leaving the region and coming back).
@@ -104,15 +104,6 @@ pub fn default_accepts_region(body: &Graph) -> bool {
         }
     }
     !body.outputs.is_empty()
-}
-
-/// True for ops whose cost makes recomputation unacceptable.
-fn expensive(op: &Op) -> bool {
-    match op {
-        Op::Unary(u) => u.is_expensive(),
-        Op::Binary(b) => b.is_expensive(),
-        _ => false,
-    }
 }
 
 fn fusible(g: &Graph, node: &Node) -> bool {
@@ -194,7 +185,7 @@ impl<'g> Planner<'g> {
                 members: vec![id],
                 domain: domain(g, node),
                 reduce,
-                expensive: expensive(&node.op),
+                expensive: node.op.is_expensive(),
             }));
             for v in &node.inputs {
                 let (Some(pg), Some(cg)) = (self.group_of[v.node.index()], self.group_of[id.index()]) else {

@@ -14,7 +14,7 @@
 //! body's side effects and results.
 
 use crate::passes::rewrite::CallAction;
-use crate::passes::{Pass, PassContext, PassResult, Rewriter};
+use crate::passes::{run_in_subgraphs, Pass, PassContext, PassResult, Rewriter};
 use crate::{Graph, Op};
 
 /// The inlining pass (`inline`).
@@ -27,6 +27,15 @@ impl Pass for Inline {
     }
 
     fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
+        // Nested code first, so this level sees simplified subgraphs.
+        let nested = run_in_subgraphs(self, g, cx);
+        nested.and(self.run_here(g, cx))
+    }
+}
+
+impl Inline {
+    /// The rewrite of `g` itself (its subgraphs are done by `run`).
+    fn run_here(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
         let keep = |f: &crate::LibraryFunction| cx.keep_composites && f.implements().is_some();
         let wanted = g.nodes().any(|(_, n)| matches!(n.op, Op::Call { func } if !keep(g.library.get(func))));
         if !wanted {

@@ -100,6 +100,35 @@ impl PassResult {
             PassResult::changed(format!("{count} {what}"))
         }
     }
+
+    /// What this and `other` did together.
+    pub fn and(self, other: PassResult) -> PassResult {
+        match (self.changed, other.changed) {
+            (false, _) => other,
+            (true, false) => self,
+            (true, true) => PassResult::changed(format!("{}; {}", self.summary, other.summary)),
+        }
+    }
+}
+
+/// Runs `pass` inside every subgraph of `g`'s nodes ([`Op::subgraphs`]);
+/// the pass's own `run` recurses further down. A subgraph is replaced only
+/// when the pass changed it, so bodies shared between nodes stay shared.
+/// Passes that apply inside nested code call this first, then rewrite `g`.
+pub fn run_in_subgraphs(pass: &dyn Pass, g: &mut Graph, cx: &PassContext) -> PassResult {
+    let holders: Vec<crate::NodeId> =
+        g.nodes().filter(|(_, n)| !n.op.subgraphs().is_empty()).map(|(id, _)| id).collect();
+    let mut changed = 0usize;
+    for id in holders {
+        for sub in g.node_mut(id).op.subgraphs_mut() {
+            let mut inner = (**sub).clone();
+            if pass.run(&mut inner, cx).changed {
+                *sub = Arc::new(inner);
+                changed += 1;
+            }
+        }
+    }
+    PassResult::count(changed, if changed == 1 { "subgraph rewritten" } else { "subgraphs rewritten" })
 }
 
 /// Where the implementation selector finds native kernels for composite
@@ -179,20 +208,14 @@ impl fmt::Debug for PassContext {
     }
 }
 
-/// True when running node `op` may have an effect besides its outputs: a
-/// stateful op, or a call of a function whose body has one. Such nodes are
-/// never folded, merged or dropped.
+/// True when running node `op` may have an effect besides its outputs (see
+/// [`Op::effects`]): a variable read or write, a random draw, or nested code
+/// or a callee that has one. Such nodes are never folded, merged or dropped.
 pub fn has_side_effects(g: &Graph, op: &Op) -> bool {
-    match op {
-        Op::Call { func } => {
-            func.as_u32() as usize >= g.library.len() || graph_has_side_effects(&g.library.get(*func).graph)
-        }
-        Op::Fused { body } => graph_has_side_effects(body),
-        op => op.is_stateful(),
-    }
+    !op.effects(&g.library).is_pure()
 }
 
 /// True when some node of `g` has side effects.
 pub fn graph_has_side_effects(g: &Graph) -> bool {
-    g.nodes().any(|(_, n)| has_side_effects(g, &n.op))
+    !g.effects().is_pure()
 }

@@ -24,7 +24,7 @@
 use smallvec::SmallVec;
 use tracejit_tensor::{BinaryOp, Storage, UnaryOp};
 
-use crate::passes::{Pass, PassContext, PassResult, Rewriter};
+use crate::passes::{run_in_subgraphs, Pass, PassContext, PassResult, Rewriter};
 use crate::{Graph, Op, ValueId};
 
 /// The arithmetic simplification pass (`simplify`).
@@ -46,7 +46,16 @@ impl Pass for Simplify {
         "simplify"
     }
 
-    fn run(&self, g: &mut Graph, _cx: &PassContext) -> PassResult {
+    fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
+        // Nested code first, so this level sees simplified subgraphs.
+        let nested = run_in_subgraphs(self, g, cx);
+        nested.and(self.run_here(g, cx))
+    }
+}
+
+impl Simplify {
+    /// The rewrite of `g` itself (its subgraphs are done by `run`).
+    fn run_here(&self, g: &mut Graph, _cx: &PassContext) -> PassResult {
         let mut rw = Rewriter::new(g);
         let mut rewrites = 0usize;
         for (id, node) in g.nodes() {

@@ -11,4 +11,5 @@ mod interp;
 mod passes;
 mod printer;
 mod props;
+mod subgraphs;
 mod verifier;
