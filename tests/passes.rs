@@ -115,6 +115,30 @@ fn nested_functions_are_inlined_and_fused_across() {
 }
 
 #[test]
+fn the_listing_shows_the_regions_the_jit_runs() {
+    // One planner: with the JIT on, the fusion pass forms the regions the
+    // JIT compiles (a whole softmax, with both reductions, in one region),
+    // and the executor runs exactly those.
+    let softmax = function(|x: Tensor| tracejit::nn::softmax(&x, -1)).selector(false);
+    let x = Tensor::randn(&[4, 33], 3);
+    let out = softmax.call(x.clone()).unwrap();
+    let eager = tracejit::nn::softmax(&x, -1);
+    let (a, b) = (out.to_vec::<f32>().unwrap(), eager.to_vec::<f32>().unwrap());
+    assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-6), "{a:?}\n{b:?}");
+    let opt = softmax.concrete_functions()[0].optimized_graph().clone();
+    assert_eq!(count(&opt, |op| matches!(op, Op::Fused { .. })), 1, "{opt}");
+    let text = opt.to_string();
+    for piece in ["reduce_max", "exp", "reduce_sum", "div"] {
+        assert!(text.contains(piece), "{piece} is in the region:\n{text}");
+    }
+    // Under the interpreter the default rule splits at the reductions.
+    let interp = function(|x: Tensor| tracejit::nn::softmax(&x, -1)).selector(false).jit(false);
+    interp.call(x).unwrap();
+    let opt = interp.concrete_functions()[0].optimized_graph().clone();
+    assert_eq!(count(&opt, |op| matches!(op, Op::Fused { .. })), 3, "max | sub, exp, sum | div\n{opt}");
+}
+
+#[test]
 fn stateful_code_survives_optimization() {
     let v = Variable::new(Tensor::zeros(&[2], DType::F32)).with_name("acc");
     let v2 = v.clone();

@@ -1,18 +1,19 @@
 //! The executor: a graph prepared once into a flat schedule of steps, run
 //! many times.
 //!
+//! Regions are planned once, by the IR's fusion pass with [`crate::supports`]
+//! as its acceptance rule: the pipeline's when the graph comes optimized
+//! (its listing shows what runs), else the same pass run here on the plain
+//! graph. The executor never re-plans a region.
+//!
 //! Steps, in arena (topological) order:
-//! - **fused regions**: maximal runs of consecutive fusible nodes
-//!   (elementwise ops, broadcasts, reductions; constants in between do not
-//!   break a run) grown greedily while [`crate::supports`] accepts the
-//!   region, each compiled by [`crate::compile_region`]. When the IR gains a
-//!   fused-region op, the planner's regions take this place;
 //! - **matrix products** through [`crate::matmul`] (a fast GEMM), written
 //!   into a pooled buffer;
 //! - **calls** run the callee's own `Executable`, prepared up front;
 //! - **variable reads and writes** with the interpreter's semantics;
-//! - **`Op::Fused`** regions planned by the fusion pass compile the same way
-//!   (an unsupported body is interpreted and listed as a fallback), and
+//! - **`Op::Fused`** regions compile into one kernel each with
+//!   [`crate::compile_region`] (an unsupported body is interpreted and
+//!   listed as a fallback), and
 //!   **`Op::Kernel`** nodes run their registered native code;
 //! - **everything else** through `tracejit_ir::eval_primitive`, listed by
 //!   [`Executable::fallbacks`].
@@ -27,6 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use cranelift_entity::EntityRef;
 use smallvec::SmallVec;
+use tracejit_ir::passes::{Fusion, Pass, PassContext};
 use tracejit_ir::tensor::{kernels, BinaryOp, Storage};
 use tracejit_ir::{
     eval_primitive, infer, AssignKind, FuncId, Graph, IrError, Node, NodeId, Op, TensorType, ValueId, VarId,
@@ -87,141 +89,14 @@ impl std::fmt::Debug for Executable {
     }
 }
 
-/// Ops the region planner may put in a region.
-fn fusible(op: &Op) -> bool {
-    op.is_fusible()
-}
-
-/// True if a node computes something (a region of only broadcasts and
-/// expand_dims is cheaper as views).
-fn computes(op: &Op) -> bool {
-    fusible(op) && !matches!(op, Op::BroadcastTo { .. } | Op::ExpandDims { .. })
-}
-
-/// A candidate region: its body and the outer values it reads and writes.
-struct RegionBody {
-    body: Graph,
-    params: Vec<ValueId>,
-    outputs: Vec<ValueId>,
-}
-
-/// Builds the body of a region made of `members` (in arena order).
-fn region_body(graph: &Graph, members: &[NodeId], consumers: &HashMap<ValueId, Vec<NodeId>>) -> RegionBody {
-    let mut body = Graph::new(format!("{}.region{}", graph.name, members[0].index()));
-    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
-    let mut params = Vec::new();
-    for &m in members {
-        let node = graph.node(m);
-        let mut ins: SmallVec<[ValueId; 2]> = SmallVec::new();
-        for v in &node.inputs {
-            let mapped = match map.get(v) {
-                Some(x) => *x,
-                None => {
-                    let producer = graph.node(v.node);
-                    let x = match &producer.op {
-                        Op::Constant { value } if value.len() <= crate::MAX_CONST_ELEMENTS => {
-                            body.add_constant(value.clone())
-                        }
-                        _ => {
-                            params.push(*v);
-                            body.add_param(graph.value_type(*v).clone())
-                        }
-                    };
-                    map.insert(*v, x);
-                    x
-                }
-            };
-            ins.push(mapped);
-        }
-        let id = body.push_node(Node {
-            op: node.op.clone(),
-            inputs: ins,
-            control_inputs: SmallVec::new(),
-            outputs: node.outputs.clone(),
-            location: node.location,
-        });
-        map.insert(ValueId::new(m, 0), ValueId::new(id, 0));
-    }
-    let member_set: std::collections::HashSet<NodeId> = members.iter().copied().collect();
-    let mut outputs = Vec::new();
-    for &m in members {
-        let v = ValueId::new(m, 0);
-        let used_outside = graph.outputs.contains(&v)
-            || consumers.get(&v).is_some_and(|cs| cs.iter().any(|c| !member_set.contains(c)));
-        if used_outside {
-            outputs.push(v);
-            body.outputs.push(map[&v]);
-        }
-    }
-    RegionBody { body, params, outputs }
-}
-
-/// When the fusion pass left two or more `Op::Fused` regions this JIT
-/// supports (it splits at reductions: softmax comes as max | sub-exp-sum |
-/// div), inlines their bodies so that the planner below can grow them into
-/// larger regions (softmax becomes one kernel; nothing is written between
-/// passes). `None` when there is nothing to merge or the graph has control
-/// dependencies (kept as planned).
-fn flatten_fused(g: &Graph) -> Option<Graph> {
-    let inlinable = |node: &Node| match &node.op {
-        Op::Fused { body } => {
-            supports(body)
-                && body.nodes().all(|(_, n)| {
-                    n.control_inputs.is_empty()
-                        && (fusible(&n.op) || matches!(n.op, Op::Parameter { .. } | Op::Constant { .. }))
-                })
-        }
-        _ => false,
-    };
-    let count = g.nodes().filter(|(_, n)| inlinable(n)).count();
-    if count < 2 || g.nodes().any(|(_, n)| !n.control_inputs.is_empty()) {
-        return None;
-    }
-    let mut out = Graph::new(g.name.clone());
-    out.library = g.library.clone();
-    out.variables = g.variables.clone();
-    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
-    let mut params: Vec<Option<NodeId>> = vec![None; g.params.len()];
-    for (id, node) in g.nodes() {
-        let ins: SmallVec<[ValueId; 2]> = node.inputs.iter().map(|v| map.get(v).copied()).collect::<Option<_>>()?;
-        match &node.op {
-            Op::Fused { body } if inlinable(node) => {
-                let mut inner: HashMap<ValueId, ValueId> = HashMap::new();
-                for (bid, bn) in body.nodes() {
-                    let v = match &bn.op {
-                        Op::Parameter { index } => *ins.get(*index)?,
-                        _ => {
-                            let bins: SmallVec<[ValueId; 2]> =
-                                bn.inputs.iter().map(|v| inner.get(v).copied()).collect::<Option<_>>()?;
-                            ValueId::new(out.push_node(Node { inputs: bins, ..bn.clone() }), 0)
-                        }
-                    };
-                    if bn.outputs.len() != 1 {
-                        return None;
-                    }
-                    inner.insert(ValueId::new(bid, 0), v);
-                }
-                if body.outputs.len() != node.outputs.len() {
-                    return None;
-                }
-                for (k, o) in body.outputs.iter().enumerate() {
-                    map.insert(ValueId::new(id, k as u32), *inner.get(o)?);
-                }
-            }
-            _ => {
-                let new = out.push_node(Node { inputs: ins, ..node.clone() });
-                if let Op::Parameter { index } = node.op {
-                    *params.get_mut(index)? = Some(new);
-                }
-                for k in 0..node.outputs.len() {
-                    map.insert(ValueId::new(id, k as u32), ValueId::new(new, k as u32));
-                }
-            }
-        }
-    }
-    out.params = params.into_iter().collect::<Option<_>>()?;
-    out.outputs = g.outputs.iter().map(|v| map.get(v).copied()).collect::<Option<_>>()?;
-    Some(out)
+/// `graph` with its fusible nodes planned into regions this JIT compiles, by
+/// the fusion pass (the one planner; it leaves regions a pipeline already
+/// formed alone, so an optimized graph runs exactly as its listing shows).
+fn plan_regions(graph: &Graph) -> Graph {
+    let mut g = graph.clone();
+    let cx = PassContext::new(graph.name.clone()).with_region_acceptor(Arc::new(supports));
+    Fusion::default().run(&mut g, &cx);
+    g
 }
 
 impl Executable {
@@ -229,8 +104,7 @@ impl Executable {
     /// any op). Library functions called by the graph are prepared too.
     pub fn new(graph: &Graph) -> Result<Executable, JitError> {
         let mut callees: HashMap<FuncId, Arc<Executable>> = HashMap::new();
-        let graph = flatten_fused(graph).unwrap_or_else(|| graph.clone());
-        Executable::build(Arc::new(graph), &mut callees)
+        Executable::build(Arc::new(plan_regions(graph)), &mut callees)
     }
 
     fn build(graph: Arc<Graph>, callees: &mut HashMap<FuncId, Arc<Executable>>) -> Result<Executable, JitError> {
@@ -265,58 +139,10 @@ impl Executable {
         };
 
         let mut steps: Vec<Step> = Vec::new();
-        let mut current: Vec<NodeId> = Vec::new();
         let ids: Vec<NodeId> = g.nodes().map(|(id, _)| id).collect();
-
-        let flush = |current: &mut Vec<NodeId>, steps: &mut Vec<Step>| -> Result<(), JitError> {
-            if current.is_empty() {
-                return Ok(());
-            }
-            let members = std::mem::take(current);
-            if members.iter().any(|m| computes(&g.node(*m).op)) {
-                let rb = region_body(g, &members, &consumers);
-                if supports(&rb.body) {
-                    let region = compile_region(&rb.body)?;
-                    steps.push(Step {
-                        kind: StepKind::Region(region),
-                        node: *members.last().expect("non-empty"),
-                        inputs: rb.params.iter().map(&slot).collect::<Result<_, _>>()?,
-                        outputs: rb.outputs.iter().map(&slot).collect::<Result<_, _>>()?,
-                        frees: SmallVec::new(),
-                        check: false,
-                    });
-                    return Ok(());
-                }
-            }
-            for m in members {
-                let node = g.node(m);
-                steps.push(Step {
-                    kind: StepKind::Primitive(node.op.clone()),
-                    node: m,
-                    inputs: node.inputs.iter().map(&slot).collect::<Result<_, _>>()?,
-                    outputs: smallvec::smallvec![slot(&ValueId::new(m, 0))?],
-                    frees: SmallVec::new(),
-                    check: has_unknown(node),
-                });
-            }
-            Ok(())
-        };
 
         for &id in &ids {
             let node = g.node(id);
-            if fusible(&node.op) && node.outputs.len() == 1 {
-                let mut tentative = current.clone();
-                tentative.push(id);
-                let ok = !tentative.iter().any(|m| computes(&g.node(*m).op))
-                    || supports(&region_body(g, &tentative, &consumers).body);
-                if ok {
-                    current = tentative;
-                } else {
-                    flush(&mut current, &mut steps)?;
-                    current.push(id);
-                }
-                continue;
-            }
             if matches!(node.op, Op::Constant { .. }) {
                 // Constants do not break a run; they are materialized as slots
                 // only if something outside a region reads them.
@@ -333,7 +159,6 @@ impl Executable {
                 });
                 continue;
             }
-            flush(&mut current, &mut steps)?;
             let inputs: SmallVec<[usize; 3]> = node.inputs.iter().map(&slot).collect::<Result<_, _>>()?;
             let outputs: SmallVec<[usize; 1]> =
                 (0..node.outputs.len()).map(|k| slot(&ValueId::new(id, k as u32))).collect::<Result<_, _>>()?;
@@ -354,8 +179,8 @@ impl Executable {
                     let exe = match callees.get(func) {
                         Some(e) => e.clone(),
                         None => {
-                            let callee = g.library.get(*func).graph.clone();
-                            let e = Arc::new(Executable::build(callee, &mut HashMap::new())?);
+                            let callee = plan_regions(&g.library.get(*func).graph);
+                            let e = Arc::new(Executable::build(Arc::new(callee), &mut HashMap::new())?);
                             callees.insert(*func, e.clone());
                             e
                         }
@@ -391,7 +216,6 @@ impl Executable {
             };
             steps.push(Step { kind, node: id, inputs, outputs, frees: SmallVec::new(), check });
         }
-        flush(&mut current, &mut steps)?;
 
         // Last uses; graph outputs live on.
         let outputs: Vec<usize> = g.outputs.iter().map(&slot).collect::<Result<_, _>>()?;

@@ -18,9 +18,10 @@
 //!    (any DAG) feeding zero or more reductions, and elementwise results the
 //!    rest of the graph needs. Several reductions in one region must reduce
 //!    the same axes (with the same `keepdims`) of the same iteration space.
-//!    ([`Fusion::reductions_end_regions`] set to false lifts the first
-//!    sentence for executors that run multi-pass row regions — a whole
-//!    softmax in one kernel — and leaves it to the acceptance rule.)
+//!    (This is [`default_accepts_region`]'s rule; an executor that runs
+//!    multi-pass row regions — the JIT: a whole softmax in one kernel —
+//!    accepts more, and [`Fusion::reductions_end_regions`] imposes it
+//!    whatever the acceptance rule says.)
 //! 2. **One iteration space.** Every member iterates over the same dims (an
 //!    elementwise node its output's, a reduction its input's). A group of
 //!    *cheap* nodes over a smaller space that broadcasts into the other (a
@@ -34,6 +35,9 @@
 //! 4. **The executor accepts it.** [`PassContext::accept_region`] (the JIT's
 //!    `supports`, or [`default_accepts_region`]) must accept the merged
 //!    region's body.
+//! 5. **Bounded size.** A region holds at most [`MAX_REGION_NODES`] nodes,
+//!    so that each merge's checks cost a bounded amount and planning stays
+//!    linear in the graph's size (a 4,000-op chain plans in milliseconds).
 //!
 //! Every node belongs to at most one region and a value used outside its
 //! region becomes one of the region's outputs (regions have several outputs
@@ -54,7 +58,7 @@
 //! ready). Existing regions are left alone, which makes the pass idempotent.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
 use cranelift_entity::EntityRef;
@@ -63,30 +67,43 @@ use smallvec::SmallVec;
 use crate::passes::{has_side_effects, Pass, PassContext, PassResult, Rewriter};
 use crate::{broadcast_dims, Dims, Graph, Node, NodeId, Op, TensorType, ValueId};
 
+/// The most nodes one region may hold. Planning checks cost a region's size
+/// per merge, so the bound keeps the pass linear in the graph's size; a
+/// kernel this long is long past the point where fusing more saves a trip
+/// through memory (TorchInductor bounds fusions at 64 nodes, XLA at about
+/// 100 operands).
+pub const MAX_REGION_NODES: usize = 256;
+
 /// The fusion planner (`fusion`).
 #[derive(Clone, Copy, Debug)]
 pub struct Fusion {
     /// Wrap a lone elementwise node in a region too (on by default).
     pub single_node_regions: bool,
-    /// No member may read a reduction of its own region (on by default).
+    /// No member may read a reduction of its own region, whatever the
+    /// acceptance rule says (off by default: the rule decides, and
+    /// [`default_accepts_region`] says the same).
     pub reductions_end_regions: bool,
 }
 
 impl Default for Fusion {
     fn default() -> Fusion {
-        Fusion { single_node_regions: true, reductions_end_regions: true }
+        Fusion { single_node_regions: true, reductions_end_regions: false }
     }
 }
 
 /// The default acceptance rule: a body made of parameters, one-element
 /// constants, elementwise ops, `broadcast_to`, `expand_dims` and
-/// reductions, in which every reduction has
-/// the same input dims, axes and `keepdims`, and with at least one output.
-/// The planner only proposes such bodies, so this accepts every region it
-/// builds; an executor with narrower support plugs in its own rule.
+/// reductions, in which every reduction has the same input dims, axes and
+/// `keepdims` and no node reads a reduction (an elementwise prologue feeding
+/// reductions: one pass over the data), and with at least one output. An
+/// executor that runs multi-pass regions (the JIT: a whole softmax in one
+/// kernel) plugs in its own rule.
 pub fn default_accepts_region(body: &Graph) -> bool {
     let mut reduce: Option<(&Dims, &Vec<usize>, bool)> = None;
     for (_, node) in body.nodes() {
+        if node.inputs.iter().any(|v| matches!(body.node(v.node).op, Op::Reduce { .. })) {
+            return false;
+        }
         match &node.op {
             Op::Parameter { .. } => {}
             Op::Constant { value } if value.len() == 1 => {}
@@ -122,8 +139,10 @@ fn domain(g: &Graph, node: &Node) -> Dims {
 /// A group of nodes being planned as one region.
 #[derive(Clone)]
 struct Group {
-    /// Members, sorted by node index.
+    /// Members, in no particular order (sorted when a body is cut).
     members: Vec<NodeId>,
+    /// The latest member in arena order.
+    last: NodeId,
     /// The iteration space.
     domain: Dims,
     /// Axes and keepdims of its reductions, if it has any.
@@ -183,6 +202,7 @@ impl<'g> Planner<'g> {
             self.group_of[id.index()] = Some(self.groups.len());
             self.groups.push(Some(Group {
                 members: vec![id],
+                last: id,
                 domain: domain(g, node),
                 reduce,
                 expensive: node.op.is_expensive(),
@@ -222,28 +242,40 @@ impl<'g> Planner<'g> {
             (Some(x), Some(y)) if x != y => return None,
             (x, y) => x.clone().or_else(|| y.clone()),
         };
-        let mut members: Vec<NodeId> = ga.members.iter().chain(&gb.members).copied().collect();
-        members.sort_unstable();
-        let in_set = |n: NodeId| members.binary_search(&n).is_ok();
-        // 1. no member reads a reduction of the region.
-        for &m in members.iter().filter(|_| reductions_end_regions) {
-            for v in &self.g.node(m).inputs {
-                if in_set(v.node) && matches!(self.g.node(v.node).op, Op::Reduce { .. }) {
+        // 5. bounded size: every check below costs the region's size, so the
+        // bound keeps planning linear in the graph's size.
+        if ga.members.len() + gb.members.len() > MAX_REGION_NODES {
+            return None;
+        }
+        let in_set = |n: NodeId| matches!(self.group_of[n.index()], Some(x) if x == a || x == b);
+        // 1. no member reads a reduction of the region: only edges between
+        // the two groups are new (each group was checked when it formed).
+        if reductions_end_regions {
+            let (small, other) = if ga.members.len() <= gb.members.len() { (ga, b) } else { (gb, a) };
+            let in_other = |n: NodeId| self.group_of[n.index()] == Some(other);
+            let is_reduce = |n: NodeId| matches!(self.g.node(n).op, Op::Reduce { .. });
+            for &m in &small.members {
+                let reads = self.g.node(m).inputs.iter().any(|v| in_other(v.node) && is_reduce(v.node));
+                let read = is_reduce(m) && self.consumers[m.index()].iter().any(|&c| in_other(c));
+                if reads || read {
                     return None;
                 }
             }
         }
         // 3. no path out of the region and back in.
-        if self.has_cycle(&members, a, b) {
+        let last = ga.last.max(gb.last);
+        if self.has_cycle(&in_set, ga.members.iter().chain(&gb.members).copied(), last, a, b) {
             return None;
         }
         // 4. the executor accepts it.
         // (A region without outputs is dead code; it is never emitted.)
+        let mut members: Vec<NodeId> = ga.members.iter().chain(&gb.members).copied().collect();
+        members.sort_unstable();
         let region = self.region(&members, "candidate");
         if !region.outputs.is_empty() && !(cx.accept_region)(&region.body) {
             return None;
         }
-        Some(Group { members, domain, reduce, expensive: ga.expensive || gb.expensive })
+        Some(Group { members, last, domain, reduce, expensive: ga.expensive || gb.expensive })
     }
 
     fn commit(&mut self, a: usize, b: usize, merged: Group) {
@@ -255,24 +287,30 @@ impl<'g> Planner<'g> {
         self.groups[drop] = None;
     }
 
-    /// True when some path leaves `members` (sorted; the union of groups
-    /// `a` and `b`) and comes back. Other groups count as single units: a
-    /// path that enters a group may leave it from any member, which catches
-    /// cycles between regions (`a1 -> b2`, `b1 -> a2`).
-    fn has_cycle(&self, members: &[NodeId], a: usize, b: usize) -> bool {
-        let last = *members.last().expect("a group has members");
-        let in_set = |n: NodeId| members.binary_search(&n).is_ok();
-        let mut seen = vec![false; self.g.len()];
+    /// True when some path leaves the union of groups `a` and `b` (`in_set`,
+    /// with these `members`, the latest being `last`) and comes back. Other
+    /// groups count as single units: a path that enters a group may leave it
+    /// from any member, which catches cycles between regions (`a1 -> b2`,
+    /// `b1 -> a2`).
+    fn has_cycle(
+        &self,
+        in_set: &dyn Fn(NodeId) -> bool,
+        members: impl Iterator<Item = NodeId> + Clone,
+        last: NodeId,
+        a: usize,
+        b: usize,
+    ) -> bool {
+        // A set, not a vector over the graph: a check costs what it visits.
+        let mut seen: HashSet<NodeId> = HashSet::new();
         let mut stack: Vec<NodeId> = Vec::new();
-        let visit = |c: NodeId, seen: &mut Vec<bool>, stack: &mut Vec<NodeId>| {
-            if seen[c.index()] {
+        let visit = |c: NodeId, seen: &mut HashSet<NodeId>, stack: &mut Vec<NodeId>| {
+            if seen.contains(&c) {
                 return;
             }
             match self.group_of[c.index()] {
                 Some(g) if g != a && g != b => {
                     for &m in &self.groups[g].as_ref().expect("live group").members {
-                        if !seen[m.index()] {
-                            seen[m.index()] = true;
+                        if seen.insert(m) {
                             stack.push(m);
                         }
                     }
@@ -280,12 +318,12 @@ impl<'g> Planner<'g> {
                 // A plain node after the last member cannot lead back.
                 _ if c > last => {}
                 _ => {
-                    seen[c.index()] = true;
+                    seen.insert(c);
                     stack.push(c);
                 }
             }
         };
-        for &m in members {
+        for m in members {
             for &c in &self.consumers[m.index()] {
                 if !in_set(c) {
                     visit(c, &mut seen, &mut stack);

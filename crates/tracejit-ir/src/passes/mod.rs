@@ -54,7 +54,7 @@ mod simplify;
 pub use const_fold::ConstantFolding;
 pub use cse::Cse;
 pub use dce::Dce;
-pub use fusion::{default_accepts_region, Fusion};
+pub use fusion::{default_accepts_region, Fusion, MAX_REGION_NODES};
 pub use inline::Inline;
 pub use pipeline::{FixpointOutcome, OptimizationOptions, PassRecord, Pipeline, PipelineReport, Stage};
 pub use rewrite::Rewriter;

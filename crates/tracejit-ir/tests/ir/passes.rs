@@ -467,12 +467,38 @@ fn golden_fusion_softmax() {
 }
 
 #[test]
-fn fusion_may_continue_after_reductions_when_asked() {
-    let multi = Fusion { reductions_end_regions: false, ..Fusion::default() };
-    let (after, _) = run_checked(&multi, &softmax_graph(), &PassContext::new("softmax"));
+fn fusion_continues_after_reductions_when_the_executor_accepts_it() {
+    // An executor running multi-pass regions (the JIT) accepts a whole softmax.
+    let cx = PassContext::new("softmax").with_region_acceptor(Arc::new(|_: &Graph| true));
+    let (after, _) = run_checked(&Fusion::default(), &softmax_graph(), &cx);
     assert_eq!(fused_bodies(&after).len(), 1, "the whole softmax is one region\n{after}");
     let args = [f32s(&[3, 8], 5)];
     assert!(same_results(&interpret(&softmax_graph(), &args).unwrap(), &interpret(&after, &args).unwrap()));
+    // `reductions_end_regions` splits at reductions whatever the executor says.
+    let split = Fusion { reductions_end_regions: true, ..Fusion::default() };
+    let (after, _) = run_checked(&split, &softmax_graph(), &cx);
+    assert_eq!(fused_bodies(&after).len(), 3, "max | sub, exp, sum | div\n{after}");
+    assert_no_member_reads_a_reduction(&after);
+}
+
+#[test]
+fn fusion_bounds_region_size_and_plans_a_long_chain() {
+    // A chain twice the bound: two or more regions, each within it, and the
+    // same results.
+    let mut g = Graph::new("chain");
+    let x = g.add_param(f32t(&[5]));
+    let mut y = x;
+    for i in 0..2 * tracejit_ir::passes::MAX_REGION_NODES + 3 {
+        let op = if i % 2 == 0 { Op::Unary(UnaryOp::Tanh) } else { Op::Unary(UnaryOp::Neg) };
+        y = node(&mut g, op, &[y]);
+    }
+    g.outputs.push(y);
+    let (after, _) = run_checked(&Fusion::default(), &g, &PassContext::new("chain"));
+    let bodies = fused_bodies(&after);
+    assert!(bodies.len() >= 3, "{} regions", bodies.len());
+    assert!(bodies.iter().all(|b| b.len() <= tracejit_ir::passes::MAX_REGION_NODES + 1));
+    let args = [f32s(&[5], 6)];
+    assert!(same_results(&interpret(&g, &args).unwrap(), &interpret(&after, &args).unwrap()));
 }
 
 #[test]
