@@ -42,12 +42,13 @@
 //! the reference kernels.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
 use cranelift_entity::EntityRef;
 use smallvec::SmallVec;
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, Storage, UnaryOp};
 use tracejit_ir::{Graph, Op, ValueId};
+
+use crate::options::KernelKey;
 
 /// Constants larger than this are not folded into a region.
 pub const MAX_CONST_ELEMENTS: usize = 1 << 16;
@@ -196,8 +197,8 @@ pub(crate) struct Analysis {
     pub passes: u32,
     /// True if some reduction is max or min (an empty reduced extent is an error).
     pub has_max_min: bool,
-    /// The structural key of the kernel (cache key).
-    pub key: String,
+    /// The structural key of the kernel (with the options, the cache key).
+    pub key: KernelKey,
 }
 
 /// One axis of a value during unification.
@@ -519,8 +520,8 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
     let mut loads: Vec<LoadInfo> = Vec::new();
     let mut map: Vec<usize> = vec![usize::MAX; n];
     let mut has_max_min = false;
-    let mut key = String::new();
-    let _ = write!(key, "k{:?};", kind);
+    let mut key = KernelKey::default();
+    key.word(kind as u64);
     let to_pos = |i: usize| -> Vec<Option<usize>> { caxes[i].iter().map(|c| c.map(|c| pos[&c])).collect() };
     for (id, node) in body.nodes() {
         let i = id.index();
@@ -529,35 +530,33 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
         }
         let dtype = node.outputs[0].dtype;
         let ins: SmallVec<[usize; 3]> = node.inputs.iter().map(|v| map[v.node.index()]).collect();
-        let _ = write!(key, "|{}:{}", dtype.name(), node.op.name());
+        key.word(dtype as u64);
+        key.op(&node.op);
         let op = match &node.op {
             Op::BroadcastTo { .. } | Op::ExpandDims { .. } => {
                 map[i] = ins[0];
-                let _ = write!(key, "{:?}", to_pos(i));
+                key.positions(&to_pos(i));
                 continue;
             }
             Op::Parameter { index } => {
                 let contig = holds_inner(i)?;
-                let pattern: String =
-                    node.outputs[0].dims.iter().map(|d| if *d == Some(1) { '1' } else { '?' }).collect();
-                let _ = write!(key, "{index}[{pattern}]{:?}", to_pos(i));
+                key.word(*index as u64);
+                key.list(node.outputs[0].dims.iter().map(|d| u64::from(*d == Some(1))));
+                key.positions(&to_pos(i));
                 loads.push(LoadInfo { source: LoadSource::Param(*index), dtype, axes: to_pos(i), contig });
                 LOp::Load(loads.len() - 1)
             }
             Op::Constant { value } if value.len() == 1 => {
                 let s = Scalar::of_storage(value);
-                let _ = write!(key, "{:x}", s.bits());
+                key.word(s.bits());
                 LOp::Const(s)
             }
             Op::Constant { value } => {
                 let contig = holds_inner(i)?;
                 let value = value.to_standard();
-                let _ = write!(key, "{:?}{:?}", value.shape(), to_pos(i));
-                tracejit_ir::tensor::with_array!(&value, a => {
-                    for x in a.iter() {
-                        let _ = write!(key, ",{:?}", x);
-                    }
-                });
+                key.list(value.shape().iter().map(|&d| d as u64));
+                key.positions(&to_pos(i));
+                key.elements(&value);
                 loads.push(LoadInfo { source: LoadSource::Const(value), dtype, axes: to_pos(i), contig });
                 LOp::Load(loads.len() - 1)
             }
@@ -566,24 +565,39 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
             Op::Select => LOp::Select,
             Op::Cast { .. } => {
                 let from = body.value_type(node.inputs[0]).dtype;
-                let _ = write!(key, "<{}", from.name());
+                key.word(from as u64);
                 LOp::Cast
             }
             Op::Clamp { min, max } => {
                 let lo = Scalar::from_f64_as(dtype, *min);
                 let hi = Scalar::from_f64_as(dtype, *max);
-                let _ = write!(key, "{:x},{:x}", lo.bits(), hi.bits());
+                key.word(lo.bits());
+                key.word(hi.bits());
                 LOp::Clamp(lo, hi)
             }
             Op::Reduce { op, .. } => {
                 has_max_min |= matches!(op, ReduceOp::Max | ReduceOp::Min);
                 LOp::Reduce(*op)
             }
-            _ => unreachable!("rejected during unification"),
+            Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }
+            | Op::Call { .. }
+            | Op::Fused { .. }
+            | Op::Kernel { .. }
+            | Op::ReadVariable { .. }
+            | Op::AssignVariable { .. } => unreachable!("rejected during unification"),
         };
-        let _ = write!(key, "({:?})", ins);
+        key.list(ins.iter().map(|&j| j as u64));
         if !matches!(op, LOp::Load(_) | LOp::Const(_)) {
-            let _ = write!(key, "{:?}", to_pos(i));
+            key.positions(&to_pos(i));
         }
         let stage = match &op {
             LOp::Reduce(_) => lnodes[ins[0]].stage + 1,
@@ -604,6 +618,8 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
         KernelKind::Column => (split..rank).collect(),
     };
     let mut outputs = Vec::new();
+    // No node's words start with this (they start with a dtype).
+    key.word(u64::MAX);
     for v in &body.outputs {
         let ValueId { node, .. } = *v;
         let i = node.index();
@@ -617,7 +633,8 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
         if kind == KernelKind::Column && full && lnodes[l].stage > 0 {
             return Err("a column region cannot write a full-size output that depends on a reduction".into());
         }
-        let _ = write!(key, ";o{l}{:?}", to_pos(i));
+        key.word(l as u64);
+        key.positions(&to_pos(i));
         outputs.push(OutputInfo { node: l, dtype: body.value_type(*v).dtype, axes: to_pos(i), kept });
     }
 

@@ -35,7 +35,7 @@ use tracejit_ir::{
 };
 
 use crate::region::{BufPool, CompiledRegion};
-use crate::{compile_region, supports, JitError};
+use crate::{compile_region_with, supports, JitError, JitOptions};
 
 /// What one step does.
 enum StepKind {
@@ -103,11 +103,20 @@ impl Executable {
     /// Prepares `graph` (already optimized by the lead's passes; may contain
     /// any op). Library functions called by the graph are prepared too.
     pub fn new(graph: &Graph) -> Result<Executable, JitError> {
-        let mut callees: HashMap<FuncId, Arc<Executable>> = HashMap::new();
-        Executable::build(Arc::new(plan_regions(graph)), &mut callees)
+        Executable::with_options(graph, &JitOptions::global())
     }
 
-    fn build(graph: Arc<Graph>, callees: &mut HashMap<FuncId, Arc<Executable>>) -> Result<Executable, JitError> {
+    /// [`Executable::new`] with explicit code generation options.
+    pub fn with_options(graph: &Graph, opts: &JitOptions) -> Result<Executable, JitError> {
+        let mut callees: HashMap<FuncId, Arc<Executable>> = HashMap::new();
+        Executable::build(Arc::new(plan_regions(graph)), opts, &mut callees)
+    }
+
+    fn build(
+        graph: Arc<Graph>,
+        opts: &JitOptions,
+        callees: &mut HashMap<FuncId, Arc<Executable>>,
+    ) -> Result<Executable, JitError> {
         let g = &*graph;
         let n = g.len();
         let mut consumers: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
@@ -180,7 +189,7 @@ impl Executable {
                         Some(e) => e.clone(),
                         None => {
                             let callee = plan_regions(&g.library.get(*func).graph);
-                            let e = Arc::new(Executable::build(Arc::new(callee), &mut HashMap::new())?);
+                            let e = Arc::new(Executable::build(Arc::new(callee), opts, &mut HashMap::new())?);
                             callees.insert(*func, e.clone());
                             e
                         }
@@ -191,7 +200,7 @@ impl Executable {
                 Op::AssignVariable { var, kind } => StepKind::Assign(*var, *kind),
                 // A region planned by the fusion pass: compiled when this JIT
                 // supports it, else its body is interpreted (a fallback).
-                Op::Fused { body } if supports(body) => StepKind::Region(compile_region(body)?),
+                Op::Fused { body } if supports(body) => StepKind::Region(compile_region_with(body, opts)?),
                 Op::Fused { .. } => StepKind::Primitive(node.op.clone()),
                 // A registered native kernel runs as itself.
                 Op::Kernel { .. } => StepKind::External(node.op.clone()),

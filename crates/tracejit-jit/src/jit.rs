@@ -19,6 +19,7 @@ use cranelift_module::Module;
 use crate::analysis::Analysis;
 use crate::helpers::Helper;
 use crate::kernel::{self, Schedule};
+use crate::options::JitOptions;
 use crate::JitError;
 
 fn isa() -> Result<OwnedTargetIsa, JitError> {
@@ -82,7 +83,7 @@ impl Drop for KernelCode {
 }
 
 /// Compiles the kernel of `an` into a fresh module.
-pub(crate) fn compile(an: &Analysis, sch: &Schedule) -> Result<KernelCode, JitError> {
+pub(crate) fn compile(an: &Analysis, sch: &Schedule, opts: &JitOptions) -> Result<KernelCode, JitError> {
     let mut jb = JITBuilder::with_isa(isa()?, cranelift_module::default_libcall_names());
     for h in Helper::ALL {
         jb.symbol(h.name(), h.address());
@@ -94,14 +95,14 @@ pub(crate) fn compile(an: &Analysis, sch: &Schedule) -> Result<KernelCode, JitEr
     let id = CONTEXTS.with(|c| {
         let mut c = c.borrow_mut();
         let (ctx, fctx) = &mut *c;
-        let r = kernel::build(an, sch, &mut module, ctx, fctx, "kernel");
+        let r = kernel::build(an, sch, opts, &mut module, ctx, fctx, "kernel");
         if r.is_err() {
             module.clear_context(ctx);
         }
         r
     });
-    let id = id.map_err(|message| JitError::Codegen { key: an.key.clone(), message })?;
-    module.finalize_definitions().map_err(|e| JitError::Codegen { key: an.key.clone(), message: e.to_string() })?;
+    let id = id.map_err(|message| JitError::Codegen { key: an.key.to_string(), message })?;
+    module.finalize_definitions().map_err(|e| JitError::Codegen { key: an.key.to_string(), message: e.to_string() })?;
     let entry = module.get_finalized_function(id);
     Ok(KernelCode { module: Some(module), entry })
 }

@@ -54,6 +54,7 @@ use tracejit_ir::tensor::{DType, Exactness, ReduceOp, UnaryOp};
 use crate::analysis::{Analysis, KernelKind, LOp};
 use crate::helpers::Helper;
 use crate::lower::{mem, sty, Emit, Mode};
+use crate::options::JitOptions;
 
 /// Byte offsets in the argument block.
 pub(crate) const ARG_ROWS: i32 = 0;
@@ -102,8 +103,8 @@ pub(crate) struct Staged {
 
 /// The f32 nodes of `an` that a chunk function can compute, if staging is on
 /// and the kernel runs 32-bit lanes.
-fn stageable(an: &Analysis) -> Vec<(usize, UnaryOp)> {
-    if lane_bits(an) != Some(32) || !staging_enabled() {
+fn stageable(an: &Analysis, opts: &JitOptions) -> Vec<(usize, UnaryOp)> {
+    if lane_bits(an) != Some(32) || !opts.stage {
         return Vec::new();
     }
     an.nodes
@@ -124,19 +125,13 @@ fn stageable(an: &Analysis) -> Vec<(usize, UnaryOp)> {
 /// chunk functions stay in L1.
 const STAGE_CHUNK: usize = 512;
 
-/// `TRACEJIT_JIT_STAGE=0` turns staging off (read once), to compare or to
-/// test the in-line code on a CPU that has AVX2.
-fn staging_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TRACEJIT_JIT_STAGE").map_or(true, |v| v != "0"))
-}
-
-/// Plans scratch buffers for `an`.
-pub(crate) fn schedule(an: &Analysis) -> Schedule {
+/// Plans scratch buffers for `an` (and which nodes are staged, when
+/// `opts.stage`).
+pub(crate) fn schedule(an: &Analysis, opts: &JitOptions) -> Schedule {
     let mut s = Schedule::default();
     match an.kind {
         KernelKind::Elementwise => {
-            s.staged = stageable(an)
+            s.staged = stageable(an, opts)
                 .into_iter()
                 .enumerate()
                 .map(|(slot, (node, op))| Staged { node, op, pass: 1, slot })
@@ -183,7 +178,7 @@ pub(crate) fn schedule(an: &Analysis) -> Schedule {
             s.scratch_slots = s.materialized.len();
             // A staged node shares the scratch buffer it is materialized in
             // (if a later pass reads it), else gets one of its own.
-            for (node, op) in stageable(an) {
+            for (node, op) in stageable(an, opts) {
                 let Some(&pass) = computed_in.get(&node) else { continue };
                 let slot = match s.materialized.get(&node) {
                     Some(&k) => k,
@@ -235,6 +230,7 @@ fn is_heavy(an: &Analysis) -> bool {
 pub(crate) fn build(
     an: &Analysis,
     sch: &Schedule,
+    opts: &JitOptions,
     module: &mut JITModule,
     ctx: &mut Context,
     fctx: &mut FunctionBuilderContext,
@@ -291,10 +287,10 @@ pub(crate) fn build(
             rstride.push(ld(&mut b, off + 8));
         }
         let w = i64::from(vector_bits.map_or(1, |bits| 128 / bits));
-        let unroll: i64 = match std::env::var("TRACEJIT_JIT_UNROLL").ok().and_then(|v| v.parse().ok()) {
-            Some(u) if [1, 2, 4, 8].contains(&u) => u,
-            _ if is_heavy(an) => 2,
-            _ => 4,
+        let unroll: i64 = match opts.unroll {
+            Some(u) => i64::from(u),
+            None if is_heavy(an) => 2,
+            None => 4,
         };
         let n_main = b.ins().band_imm_s(n, -(w * unroll));
         let n_vec = b.ins().band_imm_s(n, -w);
@@ -346,7 +342,7 @@ pub(crate) fn build(
         b.finalize(module.isa().frontend_config());
     }
     let id = module.declare_function(name, Linkage::Local, &sig).map_err(|e| e.to_string())?;
-    let dump = std::env::var_os("TRACEJIT_JIT_DUMP").is_some();
+    let dump = opts.dump;
     if dump {
         ctx.set_disasm(true);
         eprintln!("== kernel {}\n{}", an.key, ctx.func.display());

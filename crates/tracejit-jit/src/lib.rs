@@ -84,11 +84,14 @@
 //!
 //! # Debugging
 //!
+//! Every knob is a field of [`JitOptions`], read from the environment once
+//! per process ([`JitOptions::global`]) and part of the kernel cache key:
 //! `TRACEJIT_JIT_DUMP=1` prints each kernel's Cranelift IR and machine code
 //! as it compiles; `TRACEJIT_JIT_UNROLL=1|2|4|8` overrides the vector unroll
 //! factor (default 4, or 2 for kernels with transcendentals) for experiments;
-//! `TRACEJIT_JIT_STAGE=0` keeps every transcendental in-line (read once per
-//! process).
+//! `TRACEJIT_JIT_STAGE=0` keeps every transcendental in-line.
+//! [`compile_region_with`] and [`Executable::with_options`] take explicit
+//! options.
 
 mod analysis;
 mod chunkmath;
@@ -101,10 +104,12 @@ mod jit;
 mod kernel;
 mod lower;
 mod math;
+mod options;
 mod region;
 
 pub use analysis::MAX_CONST_ELEMENTS;
 pub use error::JitError;
 pub use executor::Executable;
 pub use gemm::{matmul, matmul_reusing};
-pub use region::{compile_region, kernel_cache_len, supports, unsupported_reason, CompiledRegion};
+pub use options::JitOptions;
+pub use region::{compile_region, compile_region_with, kernel_cache_len, supports, unsupported_reason, CompiledRegion};

@@ -34,6 +34,7 @@ use tracejit_ir::{Graph, IrError, TensorType};
 use crate::analysis::{analyze, Analysis, KernelKind, LoadSource};
 use crate::jit::{self, KernelCode};
 use crate::kernel::{self, Schedule, ARG_SLOTS, FLAG_FINAL, FLAG_INIT};
+use crate::options::{JitOptions, KernelKey};
 use crate::JitError;
 
 /// A compiled kernel and its scratch plan, shared through the cache.
@@ -42,8 +43,11 @@ struct Kernel {
     schedule: Schedule,
 }
 
-fn cache() -> &'static Mutex<HashMap<String, Arc<Kernel>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Kernel>>>> = OnceLock::new();
+/// Kernels by their structure and the options they were built with.
+type KernelCache = HashMap<(KernelKey, JitOptions), Arc<Kernel>>;
+
+fn cache() -> &'static Mutex<KernelCache> {
+    static CACHE: OnceLock<Mutex<KernelCache>> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -64,18 +68,24 @@ pub fn unsupported_reason(body: &tracejit_ir::Graph) -> Option<String> {
 }
 
 /// Compiles (or finds in the kernel cache, keyed by the region's structure
-/// and input dtypes/ranks) a kernel for `body`.
+/// and input dtypes/ranks) a kernel for `body`, with [`JitOptions::global`].
 pub fn compile_region(body: &tracejit_ir::Graph) -> Result<Arc<CompiledRegion>, JitError> {
+    compile_region_with(body, &JitOptions::global())
+}
+
+/// [`compile_region`] with explicit options (part of the cache key).
+pub fn compile_region_with(body: &tracejit_ir::Graph, opts: &JitOptions) -> Result<Arc<CompiledRegion>, JitError> {
     let an = analyze(body).map_err(JitError::Unsupported)?;
     let kernel = {
         let mut c = cache().lock().unwrap_or_else(|p| p.into_inner());
-        match c.get(&an.key) {
+        let key = (an.key.clone(), *opts);
+        match c.get(&key) {
             Some(k) => k.clone(),
             None => {
-                let schedule = kernel::schedule(&an);
-                let code = jit::compile(&an, &schedule)?;
+                let schedule = kernel::schedule(&an, opts);
+                let code = jit::compile(&an, &schedule, opts)?;
                 let k = Arc::new(Kernel { code, schedule });
-                c.insert(an.key.clone(), k.clone());
+                c.insert(key, k.clone());
                 k
             }
         }

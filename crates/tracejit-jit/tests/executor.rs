@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, Storage, UnaryOp};
 use tracejit_ir::{AssignKind, Graph, LibraryFunction, Op, ValueId, VariableResource};
-use tracejit_jit::Executable;
+use tracejit_jit::{Executable, JitOptions};
 
 fn mlp_layer() -> Graph {
     let mut g = Graph::new("layer");
@@ -319,4 +319,29 @@ fn planned_regions_run_as_planned() {
     let want = tracejit_ir::interpret(&g, &ins).unwrap();
     close(&got[0], &want[0], 2e-6, 0.0).unwrap();
     close(&got[1], &want[1], 1e-5, 0.0).unwrap();
+}
+
+#[test]
+fn explicit_options_change_the_code_not_the_results() {
+    // softmax + tanh: staged chunk functions where the CPU has AVX2, in-line
+    // code otherwise; every unroll factor computes the same bits.
+    let mut g = softmax_graph(&[7, 1023]);
+    let y = g.outputs[0];
+    let t = node(&mut g, Op::Unary(UnaryOp::Tanh), &[y]);
+    g.outputs[0] = t;
+    let ins = vec![data(DType::F32, &[7, 1023], 11, true)];
+    let want = tracejit_ir::interpret(&g, &ins).unwrap();
+    let run = |opts: JitOptions| {
+        let exe = Executable::with_options(&g, &opts).unwrap();
+        assert_eq!(exe.num_regions(), 1);
+        exe.run(&ins).unwrap()
+    };
+    let base = JitOptions::default();
+    for stage in [false, true] {
+        let one = run(JitOptions { stage, unroll: Some(1), ..base });
+        close(&one[0], &want[0], 2e-6, 0.0).unwrap();
+        for unroll in [2, 4, 8] {
+            exact_eq(&run(JitOptions { stage, unroll: Some(unroll), ..base })[0], &one[0]).unwrap();
+        }
+    }
 }

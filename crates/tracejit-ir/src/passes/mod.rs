@@ -70,6 +70,13 @@ pub trait Pass: Send + Sync {
     /// Rewrites `g`; the result says whether anything changed. A pass that
     /// reports no change must leave `g` as it was.
     fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult;
+
+    /// True for the pass that replaces composite calls by kernels: passes
+    /// before it keep composite calls ([`PassContext::keep_composites`]),
+    /// and [`OptimizationOptions::selector`] switches it.
+    fn selects_implementations(&self) -> bool {
+        false
+    }
 }
 
 /// What a pass did.

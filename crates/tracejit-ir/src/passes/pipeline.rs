@@ -34,9 +34,6 @@ use crate::passes::{
 };
 use crate::{verify, Graph, IrError, NodeId};
 
-/// The name of the implementation selector pass.
-const SELECTOR: &str = "selector";
-
 /// One step of a pipeline.
 pub enum Stage {
     /// A pass run once.
@@ -61,9 +58,14 @@ impl Stage {
 
     /// The names of the stage's passes.
     fn pass_names(&self) -> Vec<&'static str> {
+        self.passes().map(|p| p.name()).collect()
+    }
+
+    /// The stage's passes, in order.
+    fn passes(&self) -> Box<dyn Iterator<Item = &dyn Pass> + '_> {
         match self {
-            Stage::Pass(p) => vec![p.name()],
-            Stage::Fixpoint { passes, .. } => passes.iter().map(|p| p.name()).collect(),
+            Stage::Pass(p) => Box::new(std::iter::once(p.as_ref())),
+            Stage::Fixpoint { passes, .. } => Box::new(passes.iter().map(|p| p.as_ref())),
         }
     }
 }
@@ -134,7 +136,12 @@ impl OptimizationOptions {
 
     /// True when pass `name` runs under these options.
     pub fn runs(&self, name: &str) -> bool {
-        self.enabled && !self.disabled.contains(name) && (name != SELECTOR || self.selector)
+        self.enabled && !self.disabled.contains(name) && (name != SelectImplementation.name() || self.selector)
+    }
+
+    /// True when `pass` runs under these options.
+    pub fn runs_pass(&self, pass: &dyn Pass) -> bool {
+        self.enabled && !self.disabled.contains(pass.name()) && (!pass.selects_implementations() || self.selector)
     }
 }
 
@@ -317,13 +324,15 @@ impl Pipeline {
             dump: self.dump_dir().map(|dir| Dump::new(dir, cx.dump_prefix.as_deref().unwrap_or(&cx.function))),
             report: &mut report,
         };
-        let selector_stage =
-            self.stages.iter().position(|s| s.pass_names().contains(&SELECTOR)).filter(|_| self.options.runs(SELECTOR));
+        let selector_stage = self
+            .stages
+            .iter()
+            .position(|s| s.passes().any(|p| p.selects_implementations() && self.options.runs_pass(p)));
         for (i, stage) in self.stages.iter().enumerate() {
             cx.keep_composites = selector_stage.is_some_and(|s| s > i);
             match stage {
                 Stage::Pass(p) => {
-                    if self.options.runs(p.name()) {
+                    if self.options.runs_pass(p.as_ref()) {
                         run.pass(p.as_ref(), 0, &mut g, &cx)?;
                     }
                 }
@@ -333,7 +342,7 @@ impl Pipeline {
                     while outcome.rounds < cap {
                         outcome.rounds += 1;
                         let mut changed = false;
-                        for p in passes.iter().filter(|p| self.options.runs(p.name())) {
+                        for p in passes.iter().filter(|p| self.options.runs_pass(p.as_ref())) {
                             changed |= run.pass(p.as_ref(), outcome.rounds, &mut g, &cx)?;
                         }
                         if !changed {

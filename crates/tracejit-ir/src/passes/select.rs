@@ -29,6 +29,10 @@ impl Pass for SelectImplementation {
         "selector"
     }
 
+    fn selects_implementations(&self) -> bool {
+        true
+    }
+
     fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
         let composite = |f: &LibraryFunction| f.implements().is_some();
         if !g.nodes().any(|(_, n)| matches!(n.op, Op::Call { func } if composite(g.library.get(func)))) {

@@ -1,0 +1,211 @@
+//! [`JitOptions`]: every knob of the code generator, read from the
+//! environment once and passed down (Cranelift takes its knobs from
+//! `isa.flags()` the same way), and [`KernelKey`], the kernel cache's key:
+//! a kernel's structure as words, plus the options it was built with.
+//!
+//! Nothing below this module reads the environment, so two kernels built
+//! with different options are two cache entries, and a test can ask for
+//! the in-line code on a CPU that would stage (see `TRACEJIT_JIT_STAGE`).
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::OnceLock;
+
+use tracejit_ir::tensor::Storage;
+use tracejit_ir::Op;
+
+/// How kernels are generated.
+///
+/// ```
+/// use tracejit_jit::JitOptions;
+///
+/// // The environment's options (`TRACEJIT_JIT_*`), read once per process.
+/// let opts = JitOptions::global();
+/// // In-line transcendentals even where AVX2 chunk functions exist.
+/// let inline = JitOptions { stage: false, ..opts };
+/// assert!(!inline.stage);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct JitOptions {
+    /// Vector loop unroll factor (1, 2, 4 or 8); `None` picks one per kernel
+    /// (2 for kernels with in-line transcendentals, 4 otherwise).
+    /// Environment: `TRACEJIT_JIT_UNROLL`.
+    pub unroll: Option<u8>,
+    /// Compute f32 `exp`/`tanh`/`sigmoid` of a region in 256-bit chunk
+    /// functions where the CPU has AVX2 and FMA (on by default).
+    /// Environment: `TRACEJIT_JIT_STAGE=0` turns it off.
+    pub stage: bool,
+    /// Print each kernel's Cranelift IR and machine code to stderr when it
+    /// is compiled. Environment: `TRACEJIT_JIT_DUMP` (any value).
+    pub dump: bool,
+}
+
+impl Default for JitOptions {
+    /// The built-in defaults, ignoring the environment.
+    fn default() -> JitOptions {
+        JitOptions { unroll: None, stage: true, dump: false }
+    }
+}
+
+impl JitOptions {
+    /// The options the environment asks for (unset variables keep the
+    /// defaults; an unroll factor other than 1, 2, 4 or 8 is ignored).
+    pub fn from_env() -> JitOptions {
+        let unroll = std::env::var("TRACEJIT_JIT_UNROLL").ok().and_then(|v| v.parse::<u8>().ok());
+        JitOptions {
+            unroll: unroll.filter(|u| [1, 2, 4, 8].contains(u)),
+            stage: std::env::var("TRACEJIT_JIT_STAGE").map_or(true, |v| v != "0"),
+            dump: std::env::var_os("TRACEJIT_JIT_DUMP").is_some(),
+        }
+    }
+
+    /// [`JitOptions::from_env`], read once per process: what `compile_region`
+    /// and `Executable::new` use.
+    pub fn global() -> JitOptions {
+        static OPTS: OnceLock<JitOptions> = OnceLock::new();
+        *OPTS.get_or_init(JitOptions::from_env)
+    }
+}
+
+/// A kernel's structure as a sequence of words (variant tags, dtypes, axis
+/// positions, constants' bits; every list preceded by its length, so the
+/// encoding is unambiguous), hashed once.
+#[derive(Clone, Default)]
+pub(crate) struct KernelKey {
+    words: Vec<u64>,
+}
+
+impl KernelKey {
+    /// Appends one word.
+    pub fn word(&mut self, w: u64) {
+        self.words.push(w);
+    }
+
+    /// Appends a list: its length, then its words.
+    pub fn list(&mut self, ws: impl IntoIterator<Item = u64>) {
+        let at = self.words.len();
+        self.words.push(0);
+        self.words.extend(ws);
+        self.words[at] = (self.words.len() - at - 1) as u64;
+    }
+
+    /// Appends a list of optional positions (`None` as `u64::MAX`).
+    pub fn positions(&mut self, ps: &[Option<usize>]) {
+        self.list(ps.iter().map(|p| p.map_or(u64::MAX, |p| p as u64)));
+    }
+
+    /// Appends the tag of an op (its variant and its unary/binary/reduce
+    /// kind or target dtype).
+    pub fn op(&mut self, op: &Op) {
+        self.word(op_tag(op));
+    }
+
+    /// Appends every element's bits, as a list.
+    pub fn elements(&mut self, value: &Storage) {
+        self.list(element_bits(value));
+    }
+
+    fn digest(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.words.hash(&mut h);
+        h.finish()
+    }
+}
+
+impl PartialEq for KernelKey {
+    fn eq(&self, other: &KernelKey) -> bool {
+        self.words == other.words
+    }
+}
+
+impl Eq for KernelKey {}
+
+impl Hash for KernelKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.words.hash(state);
+    }
+}
+
+impl fmt::Display for KernelKey {
+    /// A short name for messages and dumps: `k` and the digest.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "k{:016x}", self.digest())
+    }
+}
+
+impl fmt::Debug for KernelKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self} ({} words)", self.words.len())
+    }
+}
+
+/// The kernel key's tag of an op a region may hold, with its attribute.
+fn op_tag(op: &Op) -> u64 {
+    const WIDE: u64 = 1 << 32;
+    match op {
+        Op::Parameter { .. } => 1,
+        Op::Constant { .. } => 2,
+        Op::Unary(u) => 3 * WIDE + *u as u64,
+        Op::Binary(b) => 4 * WIDE + *b as u64,
+        Op::Select => 5,
+        Op::Cast { to } => 6 * WIDE + *to as u64,
+        Op::Clamp { .. } => 7,
+        Op::Reduce { op, .. } => 8 * WIDE + *op as u64,
+        Op::BroadcastTo { .. } => 9,
+        Op::ExpandDims { .. } => 10,
+        // Rejected before the key is built; tagged all the same.
+        Op::ArgReduce { .. }
+        | Op::MatMul
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Squeeze { .. }
+        | Op::Concat { .. }
+        | Op::Stack { .. }
+        | Op::Slice { .. }
+        | Op::Gather { .. }
+        | Op::OneHot { .. }
+        | Op::Call { .. }
+        | Op::Fused { .. }
+        | Op::Kernel { .. }
+        | Op::ReadVariable { .. }
+        | Op::AssignVariable { .. } => 11,
+    }
+}
+
+/// Every element's bits, zero-extended, in memory order.
+fn element_bits(value: &Storage) -> Vec<u64> {
+    match value {
+        Storage::F32(a) => a.iter().map(|x| u64::from(x.to_bits())).collect(),
+        Storage::F64(a) => a.iter().map(|x| x.to_bits()).collect(),
+        Storage::I32(a) => a.iter().map(|&x| u64::from(x as u32)).collect(),
+        Storage::I64(a) => a.iter().map(|&x| x as u64).collect(),
+        Storage::Bool(a) => a.iter().map(|&x| u64::from(x)).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_are_unambiguous() {
+        let mut a = KernelKey::default();
+        a.list([1]);
+        a.list([]);
+        let mut b = KernelKey::default();
+        b.list([]);
+        b.list([1]);
+        assert_ne!(a, b);
+        assert_ne!(a.to_string(), b.to_string());
+        let mut c = KernelKey::default();
+        c.positions(&[None, Some(2)]);
+        let mut d = KernelKey::default();
+        d.positions(&[None, Some(2)]);
+        assert_eq!(c, d);
+    }
+
+    #[test]
+    fn defaults_ignore_the_environment() {
+        assert_eq!(JitOptions::default(), JitOptions { unroll: None, stage: true, dump: false });
+    }
+}
