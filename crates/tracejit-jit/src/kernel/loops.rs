@@ -1,0 +1,358 @@
+//! The inner loops of a kernel (rotated, unrolled vector loops with a
+//! one-vector loop and a scalar tail) and the evaluation of each element:
+//! invariants hoisted per row, loads, stores and the element ops of
+//! [`crate::lower`].
+
+use std::collections::HashSet;
+
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{types, BlockArg, InstBuilder, Type, Value};
+use tracejit_ir::tensor::{DType, ReduceOp};
+
+use crate::analysis::LOp;
+use crate::lower::{mem, sty, Mode};
+
+use super::{Dest, Gen, Src};
+
+impl Gen<'_, '_, '_> {
+    /// A rotated loop `for i in (start..limit).step_by(step)` carrying
+    /// `carried`; the body may create blocks. Returns the final `i` and the
+    /// carried values.
+    pub(super) fn rotated_loop(
+        &mut self,
+        start: Value,
+        limit: Value,
+        step: i64,
+        carried: Vec<Value>,
+        mut body: impl FnMut(&mut Self, Value, &[Value]) -> Vec<Value>,
+    ) -> (Value, Vec<Value>) {
+        let types_: Vec<Type> = carried.iter().map(|&v| self.e.b.func.dfg.value_type(v)).collect();
+        let body_blk = self.e.b.create_block();
+        let exit_blk = self.e.b.create_block();
+        for blk in [body_blk, exit_blk] {
+            self.e.b.append_block_param(blk, types::I64);
+            for &t in &types_ {
+                self.e.b.append_block_param(blk, t);
+            }
+        }
+        let args = |i: Value, c: &[Value]| -> Vec<BlockArg> {
+            std::iter::once(i).chain(c.iter().copied()).map(BlockArg::Value).collect()
+        };
+        let cond = self.e.b.ins().icmp(IntCC::SignedLessThan, start, limit);
+        let a = args(start, &carried);
+        self.e.b.ins().brif(cond, body_blk, &a, exit_blk, &a);
+        self.e.b.switch_to_block(body_blk);
+        let params = self.e.b.block_params(body_blk).to_vec();
+        let outer_index = self.e.loop_index.replace(params[0]);
+        let new = body(self, params[0], &params[1..]);
+        self.e.loop_index = outer_index;
+        let i2 = self.e.b.ins().iadd_imm_s(params[0], step);
+        let cond = self.e.b.ins().icmp(IntCC::SignedLessThan, i2, limit);
+        let a = args(i2, &new);
+        self.e.b.ins().brif(cond, body_blk, &a, exit_blk, &a);
+        self.e.b.switch_to_block(exit_blk);
+        let params = self.e.b.block_params(exit_blk).to_vec();
+        (params[0], params[1..].to_vec())
+    }
+
+    /// The three inner loops over `0..n`: stores `stores`, reduces `reds`
+    /// (row regions); returns one scalar per reduction.
+    pub(super) fn inner(&mut self, stores: &[(usize, Dest)], reds: &[usize]) -> Vec<Value> {
+        let an = self.an;
+        // Invariants used by the loops, computed before them.
+        let mut roots: Vec<usize> = Vec::new();
+        for &(v, d) in stores {
+            match d {
+                Dest::AccStep(_) => roots.push(an.nodes[v].inputs[0]),
+                Dest::AccInit(_) => {}
+                _ => roots.push(v),
+            }
+        }
+        roots.extend(reds.iter().map(|&r| an.nodes[r].inputs[0]));
+        self.prepare_invariants(&roots);
+
+        let ops: Vec<(ReduceOp, DType)> = reds
+            .iter()
+            .map(|&r| match an.nodes[r].op {
+                LOp::Reduce(op) => (op, an.nodes[r].dtype),
+                _ => unreachable!(),
+            })
+            .collect();
+        let zero = self.e.b.ins().iconst(types::I64, 0);
+        let (i, scalars) = if self.vector {
+            let u = self.unroll;
+            let w = self.w;
+            let init: Vec<Value> = ops
+                .iter()
+                .flat_map(|&(op, t)| {
+                    let id = self.e.identity(op, t, Mode::Vector);
+                    std::iter::repeat_n(id, u as usize)
+                })
+                .collect();
+            let n_main = self.n_main;
+            let (i1, accs) = self.rotated_loop(zero, n_main, w * u, init, |g, i, accs| {
+                let mut accs = accs.to_vec();
+                for k in 0..u {
+                    let mut a: Vec<Value> = (0..ops.len()).map(|j| accs[j * u as usize + k as usize]).collect();
+                    g.body(Mode::Vector, i, k * w, stores, reds, &mut a);
+                    for j in 0..ops.len() {
+                        accs[j * u as usize + k as usize] = a[j];
+                    }
+                }
+                accs
+            });
+            let mut comb = Vec::new();
+            for (j, &(op, t)) in ops.iter().enumerate() {
+                let mut acc = accs[j * u as usize];
+                for k in 1..u as usize {
+                    acc = self.e.reduce_step(op, t, Mode::Vector, acc, accs[j * u as usize + k]);
+                }
+                comb.push(acc);
+            }
+            let n_vec = self.n_vec;
+            let (i2, vaccs) = self.rotated_loop(i1, n_vec, w, comb, |g, i, accs| {
+                let mut a = accs.to_vec();
+                g.body(Mode::Vector, i, 0, stores, reds, &mut a);
+                a
+            });
+            let mut scalars = Vec::new();
+            for (j, &(op, t)) in ops.iter().enumerate() {
+                let mut s = self.e.b.ins().extractlane(vaccs[j], 0);
+                for lane in 1..w {
+                    let l = self.e.b.ins().extractlane(vaccs[j], lane as u8);
+                    s = self.e.reduce_step(op, t, Mode::Scalar, s, l);
+                }
+                scalars.push(s);
+            }
+            (i2, scalars)
+        } else {
+            let scalars = ops.iter().map(|&(op, t)| self.e.identity(op, t, Mode::Scalar)).collect();
+            (zero, scalars)
+        };
+        let n = self.n;
+        // The scalar tail accumulates separately and is folded in last.
+        let tail_init: Vec<Value> = ops.iter().map(|&(op, t)| self.e.identity(op, t, Mode::Scalar)).collect();
+        let (_, tails) = self.rotated_loop(i, n, 1, tail_init, |g, i, accs| {
+            let mut a = accs.to_vec();
+            g.body(Mode::Scalar, i, 0, stores, reds, &mut a);
+            a
+        });
+        ops.iter()
+            .zip(scalars.into_iter().zip(tails))
+            .map(|(&(op, t), (s, tl))| self.e.reduce_step(op, t, Mode::Scalar, s, tl))
+            .collect()
+    }
+
+    /// One element (scalar) or one vector at `i + off`.
+    pub(super) fn body(
+        &mut self,
+        mode: Mode,
+        i: Value,
+        off: i64,
+        stores: &[(usize, Dest)],
+        reds: &[usize],
+        accs: &mut [Value],
+    ) {
+        self.memo.clear();
+        let an = self.an;
+        for &(v, d) in stores {
+            let t = an.nodes[v].dtype;
+            match d {
+                Dest::Out(s) => {
+                    let x = self.val(v, mode, i, off);
+                    self.store(t, mode, self.rowptr[s], i, off, x);
+                }
+                Dest::Scratch(k) => {
+                    let x = self.val(v, mode, i, off);
+                    self.store(t, mode, self.scratch_ptrs[k], i, off, x);
+                }
+                Dest::AccStep(k) => {
+                    let LOp::Reduce(op) = an.nodes[v].op else { unreachable!() };
+                    let x = self.val(an.nodes[v].inputs[0], mode, i, off);
+                    let old = self.load(t, mode, self.scratch_ptrs[k], i, off);
+                    let new = self.e.reduce_step(op, t, mode, old, x);
+                    self.store(t, mode, self.scratch_ptrs[k], i, off, new);
+                }
+                Dest::AccInit(k) => {
+                    let LOp::Reduce(op) = an.nodes[v].op else { unreachable!() };
+                    let id = self.e.identity(op, t, mode);
+                    self.store(t, mode, self.scratch_ptrs[k], i, off, id);
+                }
+            }
+        }
+        for (j, &r) in reds.iter().enumerate() {
+            let LOp::Reduce(op) = an.nodes[r].op else { unreachable!() };
+            let x = self.val(an.nodes[r].inputs[0], mode, i, off);
+            accs[j] = self.e.reduce_step(op, an.nodes[r].dtype, mode, accs[j], x);
+        }
+    }
+
+    /// Computes every invariant the loop roots depend on (and its splat).
+    pub(super) fn prepare_invariants(&mut self, roots: &[usize]) {
+        let an = self.an;
+        let mut seen = HashSet::new();
+        let mut need = Vec::new();
+        let mut stack: Vec<usize> = roots.to_vec();
+        while let Some(v) = stack.pop() {
+            if !seen.insert(v) || self.sources.contains_key(&v) {
+                continue;
+            }
+            if !an.nodes[v].varying {
+                need.push(v);
+                continue;
+            }
+            stack.extend(an.nodes[v].inputs.iter().copied());
+        }
+        need.sort_unstable();
+        for v in need {
+            let s = self.inv_scalar(v);
+            if self.vector && !self.splat.contains_key(&v) {
+                let t = an.nodes[v].dtype;
+                let vty = self.e.ty(t, Mode::Vector);
+                let sv = if t == DType::Bool {
+                    let lane = vty.lane_type();
+                    let wide = self.e.b.ins().uextend(lane, s);
+                    let m = self.e.b.ins().ineg(wide);
+                    self.e.b.ins().splat(vty, m)
+                } else {
+                    self.e.b.ins().splat(vty, s)
+                };
+                self.splat.insert(v, sv);
+            }
+        }
+    }
+
+    /// The scalar value of an invariant node in the current row.
+    pub(super) fn inv_scalar(&mut self, v: usize) -> Value {
+        if let Some(&s) = self.inv.get(&v) {
+            return s;
+        }
+        let an = self.an;
+        let node = &an.nodes[v];
+        let ins: Vec<usize> = node.inputs.to_vec();
+        let s = match &node.op {
+            LOp::Load(l) => {
+                let zero = self.e.b.ins().iconst(types::I64, 0);
+                self.load(node.dtype, Mode::Scalar, self.rowptr[*l], zero, 0)
+            }
+            LOp::Const(c) => self.e.kscalar(*c, Mode::Scalar),
+            LOp::Reduce(_) => panic!("tracejit-jit bug: reduction n{v} used before its pass"),
+            _ => {
+                let xs: Vec<Value> = ins.iter().map(|&i| self.inv_scalar(i)).collect();
+                self.apply(v, Mode::Scalar, &xs)
+            }
+        };
+        self.inv.insert(v, s);
+        s
+    }
+
+    /// The value of node `v` at `i + off` in the current loop body.
+    pub(super) fn val(&mut self, v: usize, mode: Mode, i: Value, off: i64) -> Value {
+        if let Some(&x) = self.memo.get(&v) {
+            return x;
+        }
+        let an = self.an;
+        let node = &an.nodes[v];
+        let x = if let Some(src) = self.sources.get(&v).copied() {
+            match src {
+                Src::Scratch(k) => self.load(node.dtype, mode, self.scratch_ptrs[k], i, off),
+                Src::Acc(k, mean) => {
+                    let a = self.load(node.dtype, mode, self.scratch_ptrs[k], i, off);
+                    if mean {
+                        let ty = sty(node.dtype);
+                        let c = self.e.b.ins().fcvt_from_sint(ty, self.count);
+                        let c = if mode == Mode::Vector {
+                            let vty = self.e.ty(node.dtype, mode);
+                            self.e.b.ins().splat(vty, c)
+                        } else {
+                            c
+                        };
+                        self.e.b.ins().fdiv(a, c)
+                    } else {
+                        a
+                    }
+                }
+            }
+        } else if !node.varying {
+            match (mode, &node.op) {
+                (Mode::Vector, LOp::Const(c)) if self.heavy => self.e.kscalar_mem(*c),
+                (Mode::Scalar, _) => self.inv_scalar(v),
+                (Mode::Vector, _) => *self.splat.get(&v).expect("invariants are prepared before the loop"),
+            }
+        } else {
+            match &node.op {
+                LOp::Load(l) => self.load(node.dtype, mode, self.rowptr[*l], i, off),
+                _ => {
+                    let ins: Vec<usize> = node.inputs.to_vec();
+                    let xs: Vec<Value> = ins.iter().map(|&j| self.val(j, mode, i, off)).collect();
+                    self.apply(v, mode, &xs)
+                }
+            }
+        };
+        self.memo.insert(v, x);
+        x
+    }
+
+    /// Applies node `v`'s op to already computed operands.
+    pub(super) fn apply(&mut self, v: usize, mode: Mode, xs: &[Value]) -> Value {
+        let an = self.an;
+        let node = &an.nodes[v];
+        let in_t = node.inputs.first().map_or(node.dtype, |&i| an.nodes[i].dtype);
+        match &node.op {
+            LOp::Unary(u) => self.e.unary(*u, in_t, mode, xs[0]),
+            LOp::Binary(b) => self.e.binary(*b, in_t, mode, xs[0], xs[1]),
+            LOp::Select => self.e.select(xs[0], xs[1], xs[2]),
+            LOp::Cast => self.e.cast(in_t, node.dtype, mode, xs[0]),
+            LOp::Clamp(lo, hi) => self.e.clamp(node.dtype, mode, xs[0], *lo, *hi),
+            LOp::Load(_) | LOp::Const(_) | LOp::Reduce(_) => unreachable!("not an elementwise op"),
+        }
+    }
+
+    /// Address of element `i + off` of a buffer of `dtype` at `ptr`.
+    pub(super) fn addr(&mut self, dtype: DType, ptr: Value, i: Value) -> Value {
+        let shift = dtype.size_of().trailing_zeros();
+        let byte = if shift == 0 { i } else { self.e.b.ins().ishl_imm_s(i, i64::from(shift)) };
+        self.e.b.ins().iadd(ptr, byte)
+    }
+
+    pub(super) fn load(&mut self, dtype: DType, mode: Mode, ptr: Value, i: Value, off: i64) -> Value {
+        let a = self.addr(dtype, ptr, i);
+        let size = dtype.size_of() as i64;
+        match (mode, dtype) {
+            (Mode::Scalar, _) => self.e.b.ins().load(sty(dtype), mem(), a, (off * size) as i32),
+            (Mode::Vector, DType::Bool) => {
+                let vty = self.e.ty(DType::Bool, mode);
+                let mut acc = self.e.kraw(vty, 0);
+                for lane in 0..self.w {
+                    let byte = self.e.b.ins().load(types::I8, mem(), a, (off + lane) as i32);
+                    let wide = self.e.b.ins().uextend(vty.lane_type(), byte);
+                    let m = self.e.b.ins().ineg(wide);
+                    acc = self.e.b.ins().insertlane(acc, m, lane as u8);
+                }
+                acc
+            }
+            (Mode::Vector, _) => {
+                let vty = self.e.ty(dtype, mode);
+                self.e.b.ins().load(vty, mem(), a, (off * size) as i32)
+            }
+        }
+    }
+
+    pub(super) fn store(&mut self, dtype: DType, mode: Mode, ptr: Value, i: Value, off: i64, x: Value) {
+        let a = self.addr(dtype, ptr, i);
+        let size = dtype.size_of() as i64;
+        match (mode, dtype) {
+            (Mode::Vector, DType::Bool) => {
+                for lane in 0..self.w {
+                    let l = self.e.b.ins().extractlane(x, lane as u8);
+                    let l = self.e.b.ins().band_imm_s(l, 1);
+                    let byte = self.e.b.ins().ireduce(types::I8, l);
+                    self.e.b.ins().store(mem(), byte, a, (off + lane) as i32);
+                }
+            }
+            _ => {
+                self.e.b.ins().store(mem(), x, a, (off * size) as i32);
+            }
+        }
+    }
+}

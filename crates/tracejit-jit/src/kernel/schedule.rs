@@ -1,0 +1,167 @@
+//! Scheduling before emission: which values of a kernel live in scratch
+//! buffers (row values a later pass reads, column accumulators) and which
+//! f32 transcendentals are staged through the 256-bit chunk functions.
+
+use std::collections::HashMap;
+
+use tracejit_ir::tensor::{DType, Exactness, UnaryOp};
+
+use crate::analysis::{Analysis, KernelKind, LOp};
+use crate::options::JitOptions;
+
+/// Which values are kept in scratch buffers, decided before emission.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Schedule {
+    /// Number of scratch buffers of `n` 8-byte elements the launcher allocates.
+    pub scratch_slots: usize,
+    /// Row regions: node -> scratch slot, for values computed in one pass and
+    /// read in a later one.
+    pub(super) materialized: HashMap<usize, usize>,
+    /// Row regions: the pass (1-based) each materialized node is stored in.
+    pub(super) stored_in: HashMap<usize, u32>,
+    /// Column regions: reduce node -> accumulator slot.
+    pub(super) acc: HashMap<usize, usize>,
+    /// f32 `exp`/`tanh`/`sigmoid` nodes computed by a 256-bit chunk
+    /// function ([`crate::chunkmath`]) instead of in-line, in node order.
+    pub staged: Vec<Staged>,
+    /// Elements per chunk of a staged kernel (scratch buffers hold one
+    /// chunk, not a row); 0 when nothing is staged.
+    pub chunk: usize,
+}
+
+/// A node computed by a chunk function: its argument is stored into
+/// scratch buffer `slot`, which the function turns into the node's values.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Staged {
+    pub(crate) node: usize,
+    pub(crate) op: UnaryOp,
+    /// Row regions: the pass that first needs the node (1-based; `passes + 1`
+    /// is the final pass). Elementwise regions: 1.
+    pub(crate) pass: u32,
+    pub(crate) slot: usize,
+}
+
+/// The f32 nodes of `an` that a chunk function can compute, if staging is on
+/// and the kernel runs 32-bit lanes.
+pub(super) fn stageable(an: &Analysis, opts: &JitOptions) -> Vec<(usize, UnaryOp)> {
+    if lane_bits(an) != Some(32) || !opts.stage {
+        return Vec::new();
+    }
+    an.nodes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| match n.op {
+            LOp::Unary(op @ (UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid))
+                if n.dtype == DType::F32 && n.varying && crate::chunkmath::chunk_fn(op).is_some() =>
+            {
+                Some((i, op))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Elements per chunk of a staged kernel: the arguments and results of the
+/// chunk functions stay in L1.
+pub(super) const STAGE_CHUNK: usize = 512;
+
+/// Plans scratch buffers for `an` (and which nodes are staged, when
+/// `opts.stage`).
+pub(crate) fn schedule(an: &Analysis, opts: &JitOptions) -> Schedule {
+    let mut s = Schedule::default();
+    match an.kind {
+        KernelKind::Elementwise => {
+            s.staged = stageable(an, opts)
+                .into_iter()
+                .enumerate()
+                .map(|(slot, (node, op))| Staged { node, op, pass: 1, slot })
+                .collect();
+            if !s.staged.is_empty() {
+                s.scratch_slots = s.staged.len();
+                s.chunk = STAGE_CHUNK;
+            }
+        }
+        KernelKind::Column => {
+            for (i, n) in an.nodes.iter().enumerate() {
+                if matches!(n.op, LOp::Reduce(_)) {
+                    s.acc.insert(i, s.acc.len());
+                }
+            }
+            s.scratch_slots = s.acc.len();
+        }
+        KernelKind::Row => {
+            let mut computed_in: HashMap<usize, u32> = HashMap::new();
+            for p in 1..=an.passes + 1 {
+                let roots = pass_roots(an, p);
+                let mut stack = roots;
+                while let Some(v) = stack.pop() {
+                    let node = &an.nodes[v];
+                    if !node.varying {
+                        continue;
+                    }
+                    match computed_in.get(&v) {
+                        Some(&q) if q == p => continue,
+                        Some(&q) => {
+                            if !matches!(node.op, LOp::Load(_)) && !s.materialized.contains_key(&v) {
+                                let k = s.materialized.len();
+                                s.materialized.insert(v, k);
+                                s.stored_in.insert(v, q);
+                            }
+                            continue;
+                        }
+                        None => {}
+                    }
+                    computed_in.insert(v, p);
+                    stack.extend(node.inputs.iter().copied());
+                }
+            }
+            s.scratch_slots = s.materialized.len();
+            // A staged node shares the scratch buffer it is materialized in
+            // (if a later pass reads it), else gets one of its own.
+            for (node, op) in stageable(an, opts) {
+                let Some(&pass) = computed_in.get(&node) else { continue };
+                let slot = match s.materialized.get(&node) {
+                    Some(&k) => k,
+                    None => {
+                        s.scratch_slots += 1;
+                        s.scratch_slots - 1
+                    }
+                };
+                s.staged.push(Staged { node, op, pass, slot });
+            }
+        }
+    }
+    s
+}
+
+/// Row regions: the nodes pass `p` must evaluate per element (reduction
+/// inputs of stage `p`; the varying outputs in the final pass).
+pub(super) fn pass_roots(an: &Analysis, p: u32) -> Vec<usize> {
+    if p <= an.passes {
+        an.nodes.iter().filter(|n| matches!(n.op, LOp::Reduce(_)) && n.stage == p).map(|n| n.inputs[0]).collect()
+    } else {
+        an.outputs.iter().filter(|o| !o.kept).map(|o| o.node).collect()
+    }
+}
+
+/// The vector lane width of a program, or `None` when it mixes widths.
+pub(super) fn lane_bits(an: &Analysis) -> Option<u32> {
+    let mut bits: Option<u32> = None;
+    for t in an.nodes.iter().map(|n| n.dtype).chain(an.loads.iter().map(|l| l.dtype)) {
+        let b = match t {
+            DType::Bool => continue,
+            DType::F32 | DType::I32 => 32,
+            DType::F64 | DType::I64 => 64,
+        };
+        match bits {
+            None => bits = Some(b),
+            Some(x) if x == b => {}
+            Some(_) => return None,
+        }
+    }
+    Some(bits.unwrap_or(32))
+}
+
+pub(super) fn is_heavy(an: &Analysis) -> bool {
+    an.nodes.iter().any(|n| matches!(n.op, LOp::Unary(u) if u.exactness() == Exactness::ApproxF32))
+}
