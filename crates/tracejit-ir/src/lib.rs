@@ -8,13 +8,16 @@
 //! [`VariableResource`] handles. [`infer`] states every op's type rule,
 //! [`verify`] checks a graph's invariants, [`interpret`] runs a graph with the
 //! reference kernels of `tracejit-tensor`, and `Display` / [`Graph::to_dot`]
-//! print it. [`passes`] holds the optimization passes and the pass manager.
+//! print it; [`Graph::parse`] reads the `Display` text back, and
+//! [`Graph::structurally_eq`] says when two graphs are the same. [`passes`] holds the optimization passes and the pass manager.
 
+mod equality;
 mod error;
 mod graph;
 mod infer;
 mod interp;
 mod op;
+mod parser;
 pub mod passes;
 mod printer;
 mod types;
@@ -27,6 +30,7 @@ pub use graph::{
 pub use infer::{broadcast_dims, infer};
 pub use interp::{eval_primitive, interpret};
 pub use op::{AssignKind, ExternalKernel, Op};
+pub use parser::{ParseError, ParsedVariable};
 pub use types::{Dim, Dims, DimsDisplay, TensorType};
 pub use verifier::verify;
 

@@ -8,6 +8,7 @@
 mod common;
 mod infer;
 mod interp;
+mod parser;
 mod passes;
 mod printer;
 mod props;

@@ -945,17 +945,20 @@ proptest! {
     ) {
         let (g, args) = random_graph(&base, n_inputs, unknown, &steps, seed);
         verify(&g).unwrap();
+        crate::common::assert_round_trip(&g);
         // An unknown dim can hide shapes that do not broadcast at run time.
         let want = interpret(&g, &args);
         prop_assume!(want.is_ok());
         let want = want.unwrap();
         // The whole pipeline.
         let (opt, _) = Pipeline::default_pipeline().run(&g, &PassContext::new("random")).unwrap();
+        crate::common::assert_round_trip(&opt);
         let got = interpret(&opt, &args).unwrap();
         prop_assert!(same_results(&want, &got), "pipeline changed results\nwant {:?}\ngot {:?}\n{}\n{}", want, got, g, opt);
         // Every pass alone: verifier-clean, idempotent, same results.
         for pass in all_passes() {
             let (once, _) = run_checked(pass.as_ref(), &g, &PassContext::new("random"));
+            crate::common::assert_round_trip(&once);
             let got = interpret(&once, &args).unwrap();
             prop_assert!(same_results(&want, &got), "{} changed results\n{}\n{}", pass.name(), g, once);
         }

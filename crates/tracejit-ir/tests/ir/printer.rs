@@ -11,7 +11,8 @@ use crate::verifier::sample_graph;
 
 #[test]
 fn listing_golden() {
-    let expected = r#"graph sample(%0: f32[?, 3]) -> (%7, %4) {
+    let expected = r#"variable var0 "w": f32[3]
+graph sample(%0: f32[?, 3]) -> (%7, %4) {
   %1 = constant f32[] 0.5
   %2 = mul %0, %1 : f32[?, 3]
   %3 = call @f0 "inner" %2 : f32[?, 3]
@@ -31,8 +32,8 @@ function f0 "inner" implements="tracejit.test.tanh":
     assert_eq!(g.clone().to_string(), expected);
 }
 
-#[test]
-fn listing_of_attributes_constants_and_multiple_outputs() {
+/// Attributes, constants of three dtypes, a call with two results, slices.
+pub fn misc_graph() -> Graph {
     let mut two = Graph::new("two");
     let x = two.add_param(f32t(&[2]));
     let n = node(&mut two, Op::Unary(UnaryOp::Neg), &[x]);
@@ -59,8 +60,14 @@ fn listing_of_attributes_constants_and_multiple_outputs() {
     let cl = node(&mut g, Op::Clamp { min: 0.0, max: 6.0 }, &[cast]);
     let r = node(&mut g, Op::Reshape { shape: vec![-1] }, &[c]);
     g.outputs = vec![s, cl, r, e];
+    g
+}
+
+#[test]
+fn listing_of_attributes_constants_and_multiple_outputs() {
+    let g = misc_graph();
     let expected = r#"graph misc(%0: f32[2], %1: i64[?, 4]) -> (%6, %9, %10, %4) {
-  %2 = constant i32[2, 5] [0, 1, 2, 3, 4, 5, 6, 7, ...]
+  %2 = constant i32[2, 5] [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
   %3 = constant f32[2] [1.0, 2.5]
   %4 = constant bool[] true
   %5, %5.1 = call @f0 "two" %0 : f32[2], f32[2]
