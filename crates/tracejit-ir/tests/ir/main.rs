@@ -6,6 +6,7 @@
 //! need no kernels.
 
 mod common;
+mod filetests;
 mod infer;
 mod interp;
 mod parser;
