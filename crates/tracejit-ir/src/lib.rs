@@ -25,7 +25,7 @@ mod verifier;
 
 pub use error::{panic_message, IrError, OpError};
 pub use graph::{
-    AttrValue, FuncId, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,
+    FuncId, FunctionAttrs, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,
 };
 pub use infer::{broadcast_dims, infer};
 pub use interp::{eval_primitive, interpret};

@@ -38,7 +38,7 @@ use tracejit_tensor::{DType, Storage};
 
 use crate::graph::FuncId;
 use crate::passes::KernelRegistry;
-use crate::{AttrValue, Graph, LibraryFunction, Node, NodeId, Op, TensorType, ValueId, VariableResource};
+use crate::{FunctionAttrs, Graph, LibraryFunction, Node, NodeId, Op, TensorType, ValueId, VariableResource};
 use cursor::Cursor;
 use ops::{parse_op, NodeName, ParsedOp, VarNames};
 
@@ -582,18 +582,31 @@ impl<'a> Parser<'a> {
             });
         }
         let name = c.string("the function's name in quotes")?;
-        let mut attrs = BTreeMap::new();
+        let mut attrs = FunctionAttrs::default();
         while !c.eat(":") {
-            let key = c.word("an attribute name or `:`")?.to_string();
+            let column = c.column();
+            let key = c.word("an attribute name or `:`")?;
             c.expect("=")?;
-            let value = if c.peek() == Some('"') {
-                AttrValue::Str(c.string("a string")?)
-            } else if c.peek().is_some_and(|ch| ch == '-' || ch.is_ascii_digit()) {
-                AttrValue::Int(c.number("an integer")?)
-            } else {
-                AttrValue::Bool(c.number("a string, an integer, `true` or `false`")?)
+            // One arm per field of `FunctionAttrs` (the printer writes them).
+            let FunctionAttrs { implements } = &mut attrs;
+            let (slot, value) = match key {
+                "implements" => (implements, c.string("the composite op's name in quotes")?),
+                other => {
+                    return Err(ParseError::Unexpected {
+                        line: c.line(),
+                        column,
+                        expected: "a function attribute (`implements`) or `:`".into(),
+                        found: format!("`{other}`"),
+                    })
+                }
             };
-            attrs.insert(key, value);
+            if slot.replace(value).is_some() {
+                return Err(ParseError::Invalid {
+                    line: c.line(),
+                    column,
+                    message: format!("attribute `{key}` is given twice"),
+                });
+            }
         }
         c.expect_end()?;
         let number = line.number;

@@ -108,12 +108,11 @@ fn write_graph(s: &mut String, g: &Graph, indent: &str, full: bool) -> fmt::Resu
     writeln!(s, "{indent}}}")?;
     for (fid, func) in g.library.iter() {
         write!(s, "{indent}function {fid} {:?}", func.name)?;
-        for (key, value) in &func.attrs {
-            match value {
-                crate::AttrValue::Str(v) => write!(s, " {key}={v:?}")?,
-                crate::AttrValue::Int(v) => write!(s, " {key}={v}")?,
-                crate::AttrValue::Bool(v) => write!(s, " {key}={v}")?,
-            }
+        // Destructured so that a new attribute does not compile until it
+        // prints (and `parser::function_block` reads it back).
+        let crate::FunctionAttrs { implements } = &func.attrs;
+        if let Some(name) = implements {
+            write!(s, " implements={name:?}")?;
         }
         s.push_str(":\n");
         write_graph(s, &func.graph, &format!("{indent}  "), full)?;

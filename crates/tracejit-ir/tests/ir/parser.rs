@@ -288,6 +288,16 @@ fn errors_name_line_column_expected_and_found() {
         error(&format!("{head}  %1 = neg %0, %0 : f32[3], f32[3]\n}}\n")),
         "line 2, column 3: 1 result(s) named but 2 output type(s) given"
     );
+    let func = "graph g() -> () {\n}\nfunction f0 \"h\" implements=\"a.b.c\" ATTR:\n  graph h() -> () {\n  }\n";
+    assert!(Graph::parse(&func.replace(" ATTR", "")).is_ok());
+    assert_eq!(
+        error(&func.replace("ATTR", "inline=false")),
+        "line 3, column 36: expected a function attribute (`implements`) or `:`, found `inline`"
+    );
+    assert_eq!(
+        error(&func.replace("ATTR", "implements=\"x.y.z\"")),
+        "line 3, column 36: attribute `implements` is given twice"
+    );
     // Comments and blank lines are skipped; line numbers still count them.
     assert_eq!(
         error(&format!("; a comment\n\n{head}  %1 = bogus %0 : f32[3]\n}}\n")),

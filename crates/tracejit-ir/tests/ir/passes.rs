@@ -6,7 +6,7 @@
 //! differential property test: random graphs give the same results through
 //! the interpreter before and after optimization, NaN/Inf/-0.0 included.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -16,7 +16,7 @@ use tracejit_ir::passes::{
 };
 use tracejit_ir::tensor::{kernels, BinaryOp, DType, ReduceOp, Storage, UnaryOp};
 use tracejit_ir::{
-    eval_primitive, interpret, verify, AssignKind, AttrValue, ExternalKernel, Graph, IrError, LibraryFunction, Op,
+    eval_primitive, interpret, verify, AssignKind, ExternalKernel, FunctionAttrs, Graph, IrError, LibraryFunction, Op,
     TensorType, ValueId,
 };
 
@@ -93,10 +93,7 @@ fn reduce(g: &mut Graph, op: ReduceOp, x: ValueId, axes: &[usize], keepdims: boo
 }
 
 fn function(name: &str, implements: Option<&str>, graph: Graph) -> LibraryFunction {
-    let mut attrs = BTreeMap::new();
-    if let Some(i) = implements {
-        attrs.insert("implements".to_string(), AttrValue::Str(i.to_string()));
-    }
+    let attrs = FunctionAttrs { implements: implements.map(str::to_string) };
     LibraryFunction { name: name.to_string(), attrs, graph: Arc::new(graph) }
 }
 

@@ -1,10 +1,9 @@
 //! Golden tests of the text listing and checks of the DOT output.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tracejit_ir::tensor::{BinaryOp, DType, SliceSpec, Storage, UnaryOp};
-use tracejit_ir::{AttrValue, Graph, LibraryFunction, Op, ValueId};
+use tracejit_ir::{FunctionAttrs, Graph, LibraryFunction, Op, ValueId};
 
 use crate::common::{f32t, node, ty};
 use crate::verifier::sample_graph;
@@ -40,9 +39,7 @@ pub fn misc_graph() -> Graph {
     two.outputs = vec![x, n];
 
     let mut g = Graph::new("misc");
-    let mut attrs = BTreeMap::new();
-    attrs.insert("inline".to_string(), AttrValue::Bool(false));
-    attrs.insert("version".to_string(), AttrValue::Int(2));
+    let attrs = FunctionAttrs::implementing("tracejit.test.two");
     let f = g.library.add(LibraryFunction { name: "two".into(), attrs, graph: Arc::new(two) });
     let a = g.add_param(f32t(&[2]));
     let b = g.add_param(ty(DType::I64, &[-1, 4]));
@@ -77,7 +74,7 @@ fn listing_of_attributes_constants_and_multiple_outputs() {
   %9 = clamp[min=0.0, max=6.0] %8 : f64[?, 4]
   %10 = reshape[shape=[-1]] %2 : i32[10]
 }
-function f0 "two" inline=false version=2:
+function f0 "two" implements="tracejit.test.two":
   graph two(%0: f32[2]) -> (%0, %1) {
     %1 = neg %0 : f32[2]
   }
