@@ -396,14 +396,14 @@ impl<'a> Parser<'a> {
             self.function_block(&mut g, indent)?;
         }
         for call in calls {
-            let ok = (call.func.as_u32() as usize) < g.library.len();
-            if !ok || g.library.get(call.func).name != call.name {
-                return Err(ParseError::Invalid {
-                    line: call.line,
-                    column: call.column,
-                    message: format!("function {} {:?} is not in the graph's library", call.func, call.name),
-                });
-            }
+            let message = if call.func.as_u32() as usize >= g.library.len() {
+                format!("function {} {:?} is not in the graph's library", call.func, call.name)
+            } else if g.library.get(call.func).name != call.name {
+                format!("function {} is named {:?}, not {:?}", call.func, g.library.get(call.func).name, call.name)
+            } else {
+                continue;
+            };
+            return Err(ParseError::Invalid { line: call.line, column: call.column, message });
         }
         Ok(g)
     }

@@ -30,12 +30,14 @@
 //! output: a `; check:` for the first line, `; nextln:` for each following
 //! one and a final `; end`, so blessed files pin the whole output.
 //!
-//! Every golden listing of the pass tests lives here now; the Rust tests in
-//! `passes.rs` that made them keep their other assertions and read their
-//! input graphs from these files (or check that their builders make the same
-//! graph). Graphs that need Rust code stay Rust tests: a custom fusion
-//! acceptance rule (closures), the `Restless`/`Vandal`/`Panicky` passes, the
-//! interpreter comparisons, and the differential proptest.
+//! Every golden listing of the pass tests lives here now, the selector and
+//! pipeline ones included (`; option: test_kernels` gives them the registry
+//! of `passes.rs` they used); `tests/ir/golden/` is gone. The Rust
+//! tests in `passes.rs` that made them keep their other assertions (op
+//! counts, interpreter results) and check that the graphs they build are
+//! these files' inputs. What stays Rust-only needs Rust code: a custom
+//! fusion acceptance rule (a closure), the `Restless`/`Vandal`/`Panicky`
+//! passes of the pass-manager tests, dumps, and the differential proptest.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
