@@ -385,7 +385,7 @@ fn malformed_implements_names_are_errors() {
     let g = function(|x: Tensor| x).implements("tracejit.nn.gelu");
     g.call(ramp(&[1])).unwrap();
     let attrs = g.concrete_functions()[0].attributes().clone();
-    assert_eq!(attrs.get("implements"), Some(&tracejit::ir::AttrValue::Str("tracejit.nn.gelu".into())));
+    assert_eq!(attrs.implements.as_deref(), Some("tracejit.nn.gelu"));
 }
 
 #[test]

@@ -37,6 +37,9 @@ pub enum IrError {
         /// What is wrong.
         message: String,
     },
+    /// A graph's text form did not parse.
+    #[error(transparent)]
+    Parse(#[from] crate::ParseError),
     /// Wrong inputs given to the interpreter.
     #[error("graph `{graph}`: {message}")]
     BadInput {

@@ -6,7 +6,6 @@
 //! types are what shape inference gives for its op and inputs, `params[i]` is
 //! a `Parameter { index: i }` node.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::panic::Location;
 use std::sync::Arc;
@@ -103,15 +102,24 @@ pub trait VariableResource: Send + Sync + fmt::Debug {
     fn id(&self) -> u64;
 }
 
-/// A value of a function attribute.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum AttrValue {
-    /// A string, e.g. the `implements` name.
-    Str(String),
-    /// An integer.
-    Int(i64),
-    /// A flag.
-    Bool(bool),
+/// The attributes of a library function, one typed field per known
+/// attribute, so a misspelt name is a compile error rather than a silent
+/// miss. The printer, the parser and structural equality destructure this
+/// struct, so a new field does not compile until each of them handles it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FunctionAttrs {
+    /// The composite op the function implements (`org.semantic.opname`,
+    /// printed `implements="tracejit.nn.gelu"`): the implementation selector
+    /// may replace a call of it by a registered kernel, and the inliner keeps
+    /// such calls until the selector has run.
+    pub implements: Option<String>,
+}
+
+impl FunctionAttrs {
+    /// Attributes of a function that implements the composite op `name`.
+    pub fn implementing(name: impl Into<String>) -> FunctionAttrs {
+        FunctionAttrs { implements: Some(name.into()) }
+    }
 }
 
 /// A function of a library: a graph plus attributes.
@@ -120,7 +128,7 @@ pub struct LibraryFunction {
     /// Name for listings.
     pub name: String,
     /// Attributes; `implements` names a composite op.
-    pub attrs: BTreeMap<String, AttrValue>,
+    pub attrs: FunctionAttrs,
     /// The body.
     pub graph: Arc<Graph>,
 }
@@ -128,10 +136,7 @@ pub struct LibraryFunction {
 impl LibraryFunction {
     /// The `implements` attribute, if any.
     pub fn implements(&self) -> Option<&str> {
-        match self.attrs.get("implements") {
-            Some(AttrValue::Str(s)) => Some(s),
-            _ => None,
-        }
+        self.attrs.implements.as_deref()
     }
 }
 

@@ -8,14 +8,17 @@
 //! [`VariableResource`] handles. [`infer`] states every op's type rule,
 //! [`verify`] checks a graph's invariants, [`interpret`] runs a graph with the
 //! reference kernels of `tracejit-tensor`, and `Display` / [`Graph::to_dot`]
-//! print it. [`passes`] holds the optimization passes and the pass manager.
+//! print it; [`Graph::parse`] reads the `Display` text back, and
+//! [`Graph::structurally_eq`] says when two graphs are the same. [`passes`] holds the optimization passes and the pass manager.
 
+mod equality;
 mod error;
 mod graph;
 mod infer;
 mod interp;
 mod op;
 mod op_key;
+mod parser;
 pub mod passes;
 mod printer;
 mod types;
@@ -23,12 +26,13 @@ mod verifier;
 
 pub use error::{panic_message, IrError, OpError};
 pub use graph::{
-    AttrValue, FuncId, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,
+    FuncId, FunctionAttrs, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,
 };
 pub use infer::{broadcast_dims, infer};
 pub use interp::{eval_primitive, interpret};
 pub use op::{AssignKind, Effects, ExternalKernel, Op};
 pub use op_key::OpKey;
+pub use parser::{ParseError, ParsedVariable};
 pub use types::{Dim, Dims, DimsDisplay, TensorType};
 pub use verifier::verify;
 

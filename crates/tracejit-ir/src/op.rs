@@ -38,6 +38,9 @@ pub enum AssignKind {
 }
 
 impl AssignKind {
+    /// Every variant, for tables and parsers.
+    pub const ALL: [AssignKind; 3] = [AssignKind::Assign, AssignKind::Add, AssignKind::Sub];
+
     /// `assign`, `assign_add` or `assign_sub`.
     pub fn name(self) -> &'static str {
         match self {

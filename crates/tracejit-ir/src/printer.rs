@@ -2,9 +2,11 @@
 //! jaxpr, and the Graphviz form (`Graph::to_dot`).
 //!
 //! The listing is deterministic (arena order, library in id order, attributes
-//! in key order), so tests can compare it as text:
+//! in key order), so tests can compare it as text, and it is the text form
+//! that [`Graph::parse`] reads back:
 //!
 //! ```text
+//! variable var0 "w": f32[3]
 //! graph gelu(%0: f32[?, 784]) -> (%7) {
 //!   %1 = constant f32[] 0.5
 //!   %2 = mul %0, %1 : f32[?, 784]
@@ -18,8 +20,26 @@
 //!   }
 //! ```
 //!
-//! Parameters appear only in the header. Printing never panics, even on a
-//! graph the verifier rejects (a missing function or variable prints as
+//! Parameters appear only in the header, with their node ids (a fused body's
+//! parameters need not come first in its arena). A node without outputs
+//! prints no id; it still takes the next one. Variables are declared before
+//! the `graph` line and library functions follow its `}`, at its indentation;
+//! a fused region's body is printed under its node, indented.
+//!
+//! What makes the listing lossless (for the parser):
+//! - Floats print in Rust's shortest round-trip form (`0.1`, `1e-5`, `-0.0`,
+//!   `inf`, `-inf`); the canonical quiet NaN prints `NaN` and any other NaN
+//!   its bits, `NaN(0xffc00000)`, so constants survive bitwise.
+//! - Constants with up to [`MAX_CONSTANT_VALUES`] elements print every value;
+//!   bigger ones (a captured 784x512 weight) print their first few and `...`,
+//!   which the parser rejects. The alternate form `{:#}` prints every value.
+//! - A graph name made of letters, digits, `_` and `.` prints bare, any other
+//!   quoted.
+//! - A kernel node prints its declared input types, `kernel["name"](f32[?])`,
+//!   when they differ from the types of its inputs.
+//!
+//! Source locations are not printed. Printing never panics, even on a graph
+//! the verifier rejects (a missing function or variable prints as
 //! `<missing>`), because listings are how such graphs get debugged.
 
 use std::fmt::{self, Write as _};
@@ -29,13 +49,17 @@ use tracejit_tensor::{with_array, SliceSpec, Storage};
 
 use crate::{Graph, Node, NodeId, Op, ValueId};
 
-/// Constants print at most this many values, then `...`.
-const MAX_CONSTANT_VALUES: usize = 8;
+/// Constants with up to this many elements print every value.
+pub(crate) const MAX_CONSTANT_VALUES: usize = 64;
 
+/// How many values a bigger constant shows before `...`.
+const ELIDED_PREFIX: usize = 8;
+
+/// The listing; `{:#}` prints every value of every constant.
 impl fmt::Display for Graph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut s = String::new();
-        write_graph(&mut s, self, "")?;
+        write_graph(&mut s, self, "", f.alternate())?;
         f.write_str(&s)
     }
 }
@@ -52,8 +76,9 @@ impl Graph {
     }
 }
 
-/// Writes the listing of `g`, each line prefixed by `indent`.
-fn write_graph(s: &mut String, g: &Graph, indent: &str) -> fmt::Result {
+/// Writes the listing of `g`, each line prefixed by `indent`; `full`: every
+/// constant value.
+fn write_graph(s: &mut String, g: &Graph, indent: &str, full: bool) -> fmt::Result {
     let params: Vec<String> = g
         .params
         .iter()
@@ -63,31 +88,34 @@ fn write_graph(s: &mut String, g: &Graph, indent: &str) -> fmt::Result {
         })
         .collect();
     let outputs: Vec<String> = g.outputs.iter().map(|v| v.to_string()).collect();
-    writeln!(s, "{indent}graph {}({}) -> ({}) {{", g.name, params.join(", "), outputs.join(", "))?;
+    for (id, var) in g.variables.iter() {
+        let ty = crate::TensorType::known(var.dtype(), &var.shape());
+        writeln!(s, "{indent}variable {id} {:?}: {ty}", var.name())?;
+    }
+    writeln!(s, "{indent}graph {}({}) -> ({}) {{", graph_name(&g.name), params.join(", "), outputs.join(", "))?;
     for (id, node) in g.nodes() {
         if matches!(node.op, Op::Parameter { .. }) && g.params.get(param_index(node)) == Some(&id) {
             continue;
         }
         write!(s, "{indent}  ")?;
-        write_node(s, g, id, node)?;
+        write_node(s, g, id, node, full)?;
         s.push('\n');
         // Nested code prints inline, under the node that runs it.
         for sub in node.op.subgraphs() {
-            write_graph(s, sub, &format!("{indent}    "))?;
+            write_graph(s, sub, &format!("{indent}    "), full)?;
         }
     }
     writeln!(s, "{indent}}}")?;
     for (fid, func) in g.library.iter() {
         write!(s, "{indent}function {fid} {:?}", func.name)?;
-        for (key, value) in &func.attrs {
-            match value {
-                crate::AttrValue::Str(v) => write!(s, " {key}={v:?}")?,
-                crate::AttrValue::Int(v) => write!(s, " {key}={v}")?,
-                crate::AttrValue::Bool(v) => write!(s, " {key}={v}")?,
-            }
+        // Destructured so that a new attribute does not compile until it
+        // prints (and `parser::function_block` reads it back).
+        let crate::FunctionAttrs { implements } = &func.attrs;
+        if let Some(name) = implements {
+            write!(s, " implements={name:?}")?;
         }
         s.push_str(":\n");
-        write_graph(s, &func.graph, &format!("{indent}  "))?;
+        write_graph(s, &func.graph, &format!("{indent}  "), full)?;
     }
     Ok(())
 }
@@ -100,7 +128,7 @@ fn param_index(node: &Node) -> usize {
 }
 
 /// One line, without indentation or newline: `%2 = mul %0, %1 : f32[?, 784]`.
-fn write_node(s: &mut String, g: &Graph, id: NodeId, node: &Node) -> fmt::Result {
+fn write_node(s: &mut String, g: &Graph, id: NodeId, node: &Node, full: bool) -> fmt::Result {
     let results: Vec<String> = (0..node.outputs.len()).map(|i| ValueId::new(id, i as u32).to_string()).collect();
     if !results.is_empty() {
         write!(s, "{} = ", results.join(", "))?;
@@ -109,8 +137,18 @@ fn write_node(s: &mut String, g: &Graph, id: NodeId, node: &Node) -> fmt::Result
     if let Op::Constant { value } = &node.op {
         // The type is part of the op text; the inputs are empty.
         write!(s, " {}", crate::TensorType::known(value.dtype(), value.shape()))?;
-        write!(s, " {}", constant_values(value))?;
+        write!(s, " {}", constant_values(value, if full { usize::MAX } else { MAX_CONSTANT_VALUES }))?;
     } else {
+        if let Op::Kernel { inputs: declared, .. } = &node.op {
+            // The declared types are only printed when the inputs do not
+            // already say them (a kernel selected for `f32[?]` fed `f32[3]`).
+            let actual: Vec<Option<&crate::TensorType>> =
+                node.inputs.iter().map(|v| node_of(g, v.node).and_then(|n| n.outputs.get(v.index as usize))).collect();
+            if declared.len() != actual.len() || declared.iter().zip(&actual).any(|(d, a)| Some(d) != *a) {
+                let types: Vec<String> = declared.iter().map(|t| t.to_string()).collect();
+                write!(s, "({})", types.join(", "))?;
+            }
+        }
         let inputs: Vec<String> = node.inputs.iter().map(|v| v.to_string()).collect();
         if !inputs.is_empty() {
             write!(s, " {}", inputs.join(", "))?;
@@ -148,7 +186,7 @@ fn write_op(s: &mut String, g: &Graph, op: &Op) -> fmt::Result {
         Op::Parameter { index } => write!(s, "[index={index}]"),
         Op::Constant { .. } | Op::Unary(_) | Op::Binary(_) | Op::Select | Op::MatMul => Ok(()),
         Op::Cast { to } => write!(s, "[to={to}]"),
-        Op::Clamp { min, max } => write!(s, "[min={min:?}, max={max:?}]"),
+        Op::Clamp { min, max } => write!(s, "[min={}, max={}]", f64_text(*min), f64_text(*max)),
         Op::Reduce { axes, keepdims, .. } => write!(s, "[axes={axes:?}, keepdims={keepdims}]"),
         Op::ArgReduce { axis, keepdims, .. } => write!(s, "[axis={axis}, keepdims={keepdims}]"),
         Op::Reshape { shape } => write!(s, "[shape={shape:?}]"),
@@ -186,18 +224,51 @@ fn slice_spec_text(s: &SliceSpec) -> String {
     }
 }
 
-/// `0.5` for a scalar, `[1, 2, 3]` otherwise, at most
-/// [`MAX_CONSTANT_VALUES`] values then `...`. Floats keep a decimal point.
-fn constant_values(value: &Storage) -> String {
-    let mut items: Vec<String> =
-        with_array!(value, a => a.iter().take(MAX_CONSTANT_VALUES).map(|x| format!("{x:?}")).collect());
+/// `0.5` for a scalar, `[1, 2, 3]` otherwise (flat, row-major): every value
+/// when there are at most `limit`, else the first few and `...`. Floats keep
+/// a decimal point.
+fn constant_values(value: &Storage, limit: usize) -> String {
+    let take = if value.len() <= limit { value.len() } else { ELIDED_PREFIX.min(limit) };
+    let mut items: Vec<String> = match value {
+        Storage::F32(a) => a.iter().take(take).map(|&x| f32_text(x)).collect(),
+        Storage::F64(a) => a.iter().take(take).map(|&x| f64_text(x)).collect(),
+        other => with_array!(other, a => a.iter().take(take).map(|x| format!("{x:?}")).collect()),
+    };
     if value.rank() == 0 {
         return items.pop().unwrap_or_default();
     }
-    if value.len() > MAX_CONSTANT_VALUES {
+    if take < value.len() {
         items.push("...".into());
     }
     format!("[{}]", items.join(", "))
+}
+
+/// An f32 that parses back to the same bits: the shortest round-trip form,
+/// `NaN` for the canonical quiet NaN, `NaN(0x...)` with the bits for others.
+pub(crate) fn f32_text(x: f32) -> String {
+    if x.is_nan() && x.to_bits() != f32::NAN.to_bits() {
+        format!("NaN(0x{:08x})", x.to_bits())
+    } else {
+        format!("{x:?}")
+    }
+}
+
+/// The f64 form of [`f32_text`].
+pub(crate) fn f64_text(x: f64) -> String {
+    if x.is_nan() && x.to_bits() != f64::NAN.to_bits() {
+        format!("NaN(0x{:016x})", x.to_bits())
+    } else {
+        format!("{x:?}")
+    }
+}
+
+/// A graph name bare when the parser can read it as a word, else quoted.
+fn graph_name(name: &str) -> String {
+    if !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '.') {
+        name.to_string()
+    } else {
+        format!("{name:?}")
+    }
 }
 
 /// Writes the DOT form of `g`.
@@ -209,7 +280,7 @@ fn write_dot(s: &mut String, g: &Graph) -> fmt::Result {
         let mut label = String::new();
         write_op(&mut label, g, &node.op)?;
         if let Op::Constant { value } = &node.op {
-            write!(label, " {}", constant_values(value))?;
+            write!(label, " {}", constant_values(value, ELIDED_PREFIX))?;
         }
         let head = match node.outputs.len() {
             0 => String::new(),

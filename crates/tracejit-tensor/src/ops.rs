@@ -378,6 +378,9 @@ pub enum ArgReduceOp {
 }
 
 impl ArgReduceOp {
+    /// Every variant, for tables and parsers.
+    pub const ALL: [ArgReduceOp; 2] = [ArgReduceOp::ArgMax, ArgReduceOp::ArgMin];
+
     /// `argmax` or `argmin`.
     pub fn name(self) -> &'static str {
         match self {

@@ -2,12 +2,11 @@
 //! the graph, the optimized graph, the signature, the captured tensors — and
 //! the way to run it on eager tensors or to call it from another trace.
 
-use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use tracejit_ir::passes::PipelineReport;
-use tracejit_ir::{interpret, AttrValue, Graph, LibraryFunction, Op, TensorType};
+use tracejit_ir::{interpret, FunctionAttrs, Graph, LibraryFunction, Op, TensorType};
 use tracejit_tensor::Storage;
 
 use crate::context::{self, with_current};
@@ -28,7 +27,7 @@ pub struct ConcreteFunction {
     pub(crate) implicit_inputs: Vec<Tensor>,
     pub(crate) output_statics: Vec<Arc<dyn StaticValue>>,
     pub(crate) output_structure: Vec<u32>,
-    pub(crate) attrs: BTreeMap<String, AttrValue>,
+    pub(crate) attrs: FunctionAttrs,
     pub(crate) trace_reason: String,
     /// What the optimization pipeline did to `graph`.
     pub(crate) report: PipelineReport,
@@ -104,7 +103,7 @@ impl ConcreteFunction {
     }
 
     /// Function attributes (`implements`).
-    pub fn attributes(&self) -> &BTreeMap<String, AttrValue> {
+    pub fn attributes(&self) -> &FunctionAttrs {
         &self.attrs
     }
 

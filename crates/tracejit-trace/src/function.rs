@@ -9,7 +9,6 @@
 //! ConcreteFunction whose relaxed signature accepts the call, and traces only
 //! when none does, logging the reason.
 
-use std::collections::BTreeMap;
 use std::hash::Hasher;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -19,7 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use dashmap::DashMap;
 use smallvec::SmallVec;
 use tracejit_ir::passes::{OptimizationOptions, PassContext, Pipeline, PipelineReport};
-use tracejit_ir::{verify, AttrValue, Graph, TensorType};
+use tracejit_ir::{verify, FunctionAttrs, Graph, TensorType};
 use tracejit_tensor::{DType, Storage};
 
 use crate::concrete::ConcreteFunction;
@@ -557,10 +556,8 @@ impl<A: Nest, R: Nest> Function<A, R> {
         if cfg!(debug_assertions) {
             verify(&ctx.graph)?;
         }
-        let mut attrs = BTreeMap::new();
-        if let Some(Ok(name)) = &self.config.implements {
-            attrs.insert("implements".to_string(), AttrValue::Str(name.clone()));
-        }
+        // A malformed `implements` name failed the call before tracing.
+        let attrs = FunctionAttrs { implements: self.config.implements.clone().and_then(Result::ok) };
         let (optimized, report) = self.optimize_graph(&ctx.graph)?;
         let executable = self.prepare_executable(&optimized);
         let graph = Arc::new(ctx.graph);

@@ -1,5 +1,5 @@
 //! Shared helpers: type shorthands, a `Mutex<Storage>` variable resource,
-//! and small graph builders.
+//! small graph builders, and the text-form round-trip assertion.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -43,6 +43,23 @@ pub fn node(g: &mut Graph, op: Op, inputs: &[ValueId]) -> ValueId {
 /// Adds a node with control inputs.
 pub fn node_ctrl(g: &mut Graph, op: Op, inputs: &[ValueId], ctrl: &[NodeId]) -> NodeId {
     g.add_node(op, inputs, ctrl, None).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Asserts that `g` survives its text form: `Graph::parse` of the alternate
+/// listing (every constant value) is structurally equal to `g` and prints the
+/// same, and so does the plain listing when no constant is elided.
+pub fn assert_round_trip(g: &Graph) {
+    let full = format!("{g:#}");
+    let back = Graph::parse(&full).unwrap_or_else(|e| panic!("the listing does not parse: {e}\n{full}"));
+    if let Some(diff) = g.structural_diff(&back) {
+        panic!("the parsed graph differs: {diff}\n--- printed\n{full}--- parsed\n{back:#}");
+    }
+    assert_eq!(format!("{back:#}"), full, "the parsed graph prints differently");
+    let plain = g.to_string();
+    if !plain.contains("...") {
+        let back = Graph::parse(&plain).unwrap_or_else(|e| panic!("the listing does not parse: {e}\n{plain}"));
+        assert!(back.structurally_eq(g), "{plain}");
+    }
 }
 
 /// A variable backed by a mutex, as the trace crate's `Variable` is.

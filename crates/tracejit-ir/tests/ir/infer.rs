@@ -1,7 +1,6 @@
 //! Shape and dtype inference of every op: known and unknown dims, and every
 //! error case (the message names the op and the shapes involved).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tracejit_ir::tensor::{ArgReduceOp, BinaryOp, DType, ReduceOp, SliceSpec, Storage, UnaryOp};
@@ -353,7 +352,7 @@ fn graph_with_callee() -> Graph {
     let y = node(&mut inner, Op::Unary(UnaryOp::Exp), &[x]);
     inner.outputs = vec![y];
     let mut g = Graph::new("outer");
-    g.library.add(LibraryFunction { name: "inner".into(), attrs: BTreeMap::new(), graph: Arc::new(inner) });
+    g.library.add(LibraryFunction { name: "inner".into(), attrs: Default::default(), graph: Arc::new(inner) });
     g
 }
 

@@ -2,7 +2,6 @@
 //! op family, library calls, variables, and the run-time checks of inputs
 //! and of shapes left unknown at trace time.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tracejit_ir::tensor::kernels;
@@ -207,7 +206,7 @@ fn call_to_library_function() {
     inner.outputs = vec![m, e];
 
     let mut g = Graph::new("outer");
-    let f = g.library.add(LibraryFunction { name: "inner".into(), attrs: BTreeMap::new(), graph: Arc::new(inner) });
+    let f = g.library.add(LibraryFunction { name: "inner".into(), attrs: Default::default(), graph: Arc::new(inner) });
     let x = g.add_param(f32t(&[2, 3]));
     let y = g.add_param(f32t(&[3]));
     let call = g.add_node(Op::Call { func: f }, &[x, y], &[], None).unwrap();

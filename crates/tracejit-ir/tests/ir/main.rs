@@ -6,8 +6,10 @@
 //! need no kernels.
 
 mod common;
+mod filetests;
 mod infer;
 mod interp;
+mod parser;
 mod passes;
 mod printer;
 mod props;

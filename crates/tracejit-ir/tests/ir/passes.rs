@@ -1,12 +1,12 @@
-//! Tests of the passes and the pass manager: golden listings before and
-//! after each pass (files in `tests/ir/golden/`, rewritten with
-//! `TRACEJIT_BLESS=1`), idempotence and verifier-cleanliness of every pass,
+//! Tests of the passes and the pass manager: the assertions that go with the
+//! golden listings (the listings themselves are filetests, see
+//! `filetests.rs`; the graphs built here must equal those files' inputs),
+//! idempotence and verifier-cleanliness of every pass,
 //! the fusion rule, the pipeline's report, dumps and error handling, and a
 //! differential property test: random graphs give the same results through
 //! the interpreter before and after optimization, NaN/Inf/-0.0 included.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -16,37 +16,18 @@ use tracejit_ir::passes::{
 };
 use tracejit_ir::tensor::{kernels, BinaryOp, DType, ReduceOp, Storage, UnaryOp};
 use tracejit_ir::{
-    eval_primitive, interpret, verify, AssignKind, AttrValue, ExternalKernel, Graph, IrError, LibraryFunction, Op,
+    eval_primitive, interpret, verify, AssignKind, ExternalKernel, FunctionAttrs, Graph, IrError, LibraryFunction, Op,
     TensorType, ValueId,
 };
 
 use crate::common::{f32s, f32t, node, node_ctrl, TestVar};
+use crate::filetests::filetest_input;
 
 // ---- helpers ---------------------------------------------------------------
 
-/// Compares `actual` with the golden file `tests/ir/golden/<name>.txt`, or
-/// rewrites the file when `TRACEJIT_BLESS=1`.
-fn golden(name: &str, actual: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/ir/golden").join(format!("{name}.txt"));
-    if std::env::var("TRACEJIT_BLESS").is_ok_and(|v| v == "1") {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, actual).unwrap();
-        return;
-    }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|_| panic!("missing golden file {}; run with TRACEJIT_BLESS=1 to create it", path.display()));
-    if expected != actual {
-        panic!(
-            "golden mismatch for `{name}` ({})\n--- expected\n{expected}\n--- actual\n{actual}\n\
-             (rerun with TRACEJIT_BLESS=1 to accept the new output)",
-            path.display()
-        );
-    }
-}
-
 /// Runs `pass` on a copy of `g`, checks the result verifies, that a second
 /// run changes nothing (idempotence), and returns the new graph and result.
-fn run_checked(pass: &dyn Pass, g: &Graph, cx: &PassContext) -> (Graph, PassResult) {
+pub(crate) fn run_checked(pass: &dyn Pass, g: &Graph, cx: &PassContext) -> (Graph, PassResult) {
     verify(g).unwrap_or_else(|e| panic!("input graph does not verify: {e}\n{g}"));
     let mut once = g.clone();
     let result = pass.run(&mut once, cx);
@@ -61,16 +42,18 @@ fn run_checked(pass: &dyn Pass, g: &Graph, cx: &PassContext) -> (Graph, PassResu
     (once, result)
 }
 
-/// Golden test of one pass on one graph: the listing before and after.
-fn golden_pass(name: &str, pass: &dyn Pass, g: &Graph, cx: &PassContext) -> Graph {
-    let (after, result) = run_checked(pass, g, cx);
-    let text = format!(
-        "; pass {} ({})\n; before\n{g}; after\n{after}",
-        pass.name(),
-        if result.changed { result.summary.as_str() } else { "unchanged" }
-    );
-    golden(name, &text);
-    after
+/// Runs `pass` on `g` as [`run_checked`] does, after checking that `g` is
+/// the input of filetest `name` (which holds the listing before and after).
+fn filetest_pass(name: &str, pass: &dyn Pass, g: &Graph, cx: &PassContext) -> Graph {
+    assert_is_filetest_input(name, g);
+    run_checked(pass, g, cx).0
+}
+
+/// Asserts that `g` is structurally the input graph of filetest `name`.
+fn assert_is_filetest_input(name: &str, g: &Graph) {
+    if let Some(diff) = filetest_input(name).structural_diff(g) {
+        panic!("filetest `{name}` does not hold the graph this test builds: {diff}\n{g:#}");
+    }
 }
 
 /// Results equal bitwise, except that any NaN equals any NaN (rewrites may
@@ -110,10 +93,7 @@ fn reduce(g: &mut Graph, op: ReduceOp, x: ValueId, axes: &[usize], keepdims: boo
 }
 
 fn function(name: &str, implements: Option<&str>, graph: Graph) -> LibraryFunction {
-    let mut attrs = BTreeMap::new();
-    if let Some(i) = implements {
-        attrs.insert("implements".to_string(), AttrValue::Str(i.to_string()));
-    }
+    let attrs = FunctionAttrs { implements: implements.map(str::to_string) };
     LibraryFunction { name: name.to_string(), attrs, graph: Arc::new(graph) }
 }
 
@@ -163,7 +143,7 @@ impl KernelRegistry for TestKernels {
     }
 }
 
-fn registry() -> Arc<dyn KernelRegistry> {
+pub(crate) fn registry() -> Arc<dyn KernelRegistry> {
     let mut m: HashMap<String, Arc<dyn ExternalKernel>> = HashMap::new();
     m.insert("tracejit.test.double".into(), Arc::new(PlusHundred));
     Arc::new(TestKernels(m))
@@ -269,19 +249,19 @@ fn dense_relu_graph() -> Graph {
     g
 }
 
-// ---- golden tests, one or more per pass ------------------------------------
+// ---- per-pass tests; their listings are filetests --------------------------
 
 #[test]
 fn golden_inline_keeps_composites_for_the_selector() {
     let cx = PassContext { keep_composites: true, ..PassContext::new("main") };
-    let after = golden_pass("inline_keeps_composites", &Inline, &call_graph(), &cx);
+    let after = filetest_pass("inline_keeps_composites", &Inline, &call_graph(), &cx);
     assert_eq!(count_ops(&after, "call"), 2, "the two composite calls stay\n{after}");
     assert_eq!(after.library.len(), 2, "the inlined callee left the library\n{after}");
 }
 
 #[test]
 fn golden_inline_everything() {
-    let after = golden_pass("inline_everything", &Inline, &call_graph(), &PassContext::new("main"));
+    let after = filetest_pass("inline_everything", &Inline, &call_graph(), &PassContext::new("main"));
     assert_eq!(count_ops(&after, "call"), 0);
     assert!(after.library.is_empty());
     let x = f32s(&[3], 1);
@@ -292,13 +272,13 @@ fn golden_inline_everything() {
 #[test]
 fn golden_selector_kernel_or_inline() {
     let cx = PassContext::new("main").with_kernels(registry());
-    let g = golden_pass(
+    let g = filetest_pass(
         "inline_keeps_composites_then_select",
         &Inline,
         &call_graph(),
         &PassContext { keep_composites: true, ..cx.clone() },
     );
-    let after = golden_pass("selector", &SelectImplementation, &g, &cx);
+    let after = filetest_pass("selector", &SelectImplementation, &g, &cx);
     assert_eq!(count_ops(&after, "kernel"), 1);
     assert_eq!(count_ops(&after, "call"), 0);
     // The kernel is what runs: x -> scale -> (2s + 100) -> tanh -> * s.
@@ -338,7 +318,7 @@ fn golden_const_fold() {
     let zero = g.add_constant(Storage::scalar(0i32));
     let idiv = bin(&mut g, BinaryOp::Div, ints, zero);
     g.outputs = vec![y, rs, small, idiv];
-    let after = golden_pass("const_fold", &ConstantFolding, &g, &PassContext::new("fold"));
+    let after = filetest_pass("const_fold", &ConstantFolding, &g, &PassContext::new("fold"));
     assert_eq!(count_ops(&after, "broadcast_to"), 1, "the 2048-element broadcast is not materialized\n{after}");
     assert_eq!(count_ops(&after, "read_variable"), 1);
 }
@@ -366,7 +346,7 @@ fn golden_cse() {
     let r1 = ValueId::from(g.add_node(Op::ReadVariable { var: v }, &[], &[], None).unwrap());
     let r2 = ValueId::from(g.add_node(Op::ReadVariable { var: v }, &[], &[], None).unwrap());
     g.outputs = vec![n1, n2, a3, r1, r2];
-    let after = golden_pass("cse", &Cse, &g, &PassContext::new("cse"));
+    let after = filetest_pass("cse", &Cse, &g, &PassContext::new("cse"));
     assert_eq!(count_ops(&after, "exp"), 1);
     assert_eq!(count_ops(&after, "read_variable"), 2, "reads are never merged");
 }
@@ -388,7 +368,7 @@ fn golden_dce() {
     let r = ValueId::from(node_ctrl(&mut g, Op::ReadVariable { var: v }, &[], &[a]));
     let _unused_read = node_ctrl(&mut g, Op::ReadVariable { var: v }, &[], &[a]);
     g.outputs = vec![r];
-    let after = golden_pass("dce", &Dce, &g, &PassContext::new("dce"));
+    let after = filetest_pass("dce", &Dce, &g, &PassContext::new("dce"));
     assert_eq!(count_ops(&after, "exp") + count_ops(&after, "tanh"), 0);
     assert_eq!(count_ops(&after, "sqrt"), 1, "a control input of a live node stays");
     assert_eq!(count_ops(&after, "read_variable"), 2, "stateful nodes stay even when unused");
@@ -429,7 +409,7 @@ fn golden_simplify() {
     let ib = bin(&mut g, BinaryOp::Div, ia, one_i); // -> i
     let never = bin(&mut g, BinaryOp::Mul, x, pz); // x * 0 is never folded
     g.outputs = vec![grow, nny, ib, never];
-    let after = golden_pass("simplify", &Simplify, &g, &PassContext::new("simplify"));
+    let after = filetest_pass("simplify", &Simplify, &g, &PassContext::new("simplify"));
     let xs = Storage::from_vec(vec![-0.0f32, 0.0, f32::NAN, f32::INFINITY, -1.5, 3.0], &[2, 3]).unwrap();
     let ys = Storage::from_vec(vec![1.0f32, -0.0, 2.0, f32::NEG_INFINITY, 0.0, f32::NAN], &[2, 3]).unwrap();
     let is = Storage::from_vec(vec![i32::MIN, 0, 7], &[3]).unwrap();
@@ -452,14 +432,14 @@ fn simplify_keeps_x_plus_positive_zero() {
 
 #[test]
 fn golden_fusion_gelu_is_one_region() {
-    let after = golden_pass("fusion_gelu", &Fusion::default(), &gelu_graph(&[-1]), &PassContext::new("gelu"));
+    let after = filetest_pass("fusion_gelu", &Fusion::default(), &gelu_graph(&[-1]), &PassContext::new("gelu"));
     assert_eq!(fused_bodies(&after).len(), 1);
     assert_eq!(after.len(), 2, "parameter + one region\n{after}");
 }
 
 #[test]
 fn golden_fusion_softmax() {
-    let after = golden_pass("fusion_softmax", &Fusion::default(), &softmax_graph(), &PassContext::new("softmax"));
+    let after = filetest_pass("fusion_softmax", &Fusion::default(), &softmax_graph(), &PassContext::new("softmax"));
     let bodies = fused_bodies(&after);
     assert_eq!(bodies.len(), 3, "max | sub, exp, sum | div\n{after}");
     assert_eq!(count_ops(&after, "exp"), 1, "exp is computed once");
@@ -503,14 +483,14 @@ fn fusion_bounds_region_size_and_plans_a_long_chain() {
 
 #[test]
 fn golden_fusion_layer_norm() {
-    let after = golden_pass("fusion_layer_norm", &Fusion::default(), &layer_norm_graph(), &PassContext::new("ln"));
+    let after = filetest_pass("fusion_layer_norm", &Fusion::default(), &layer_norm_graph(), &PassContext::new("ln"));
     assert_no_member_reads_a_reduction(&after);
     assert_eq!(count_ops(&after, "sub"), 1, "no duplicated work");
 }
 
 #[test]
 fn golden_fusion_matmul_epilogue() {
-    let after = golden_pass("fusion_dense", &Fusion::default(), &dense_relu_graph(), &PassContext::new("dense"));
+    let after = filetest_pass("fusion_dense", &Fusion::default(), &dense_relu_graph(), &PassContext::new("dense"));
     let bodies = fused_bodies(&after);
     assert_eq!(count_ops(&bodies[0], "add") + count_ops(&bodies[0], "relu"), 2, "{after}");
     assert_eq!(count_ops(&after, "matmul"), 2);
@@ -625,7 +605,7 @@ fn assert_no_member_reads_a_reduction(g: &Graph) {
 fn golden_default_pipeline() {
     let cx = PassContext::new("main").with_kernels(registry());
     let (after, report) = Pipeline::default_pipeline().run(&call_graph(), &cx).unwrap();
-    golden("pipeline_default", &format!("; before\n{}; after\n{after}", call_graph()));
+    assert_is_filetest_input("pipeline_default", &call_graph());
     assert!(report.changed_by("inline") && report.changed_by("selector") && report.changed_by("fusion"));
     let text = report.to_string();
     for name in ["inline", "selector", "const_fold", "simplify", "cse", "dce", "fusion", "fixpoint `simplify`"] {
@@ -971,17 +951,20 @@ proptest! {
     ) {
         let (g, args) = random_graph(&base, n_inputs, unknown, &steps, seed);
         verify(&g).unwrap();
+        crate::common::assert_round_trip(&g);
         // An unknown dim can hide shapes that do not broadcast at run time.
         let want = interpret(&g, &args);
         prop_assume!(want.is_ok());
         let want = want.unwrap();
         // The whole pipeline.
         let (opt, _) = Pipeline::default_pipeline().run(&g, &PassContext::new("random")).unwrap();
+        crate::common::assert_round_trip(&opt);
         let got = interpret(&opt, &args).unwrap();
         prop_assert!(same_results(&want, &got), "pipeline changed results\nwant {:?}\ngot {:?}\n{}\n{}", want, got, g, opt);
         // Every pass alone: verifier-clean, idempotent, same results.
         for pass in all_passes() {
             let (once, _) = run_checked(pass.as_ref(), &g, &PassContext::new("random"));
+            crate::common::assert_round_trip(&once);
             let got = interpret(&once, &args).unwrap();
             prop_assert!(same_results(&want, &got), "{} changed results\n{}\n{}", pass.name(), g, once);
         }

@@ -1,17 +1,17 @@
 //! Golden tests of the text listing and checks of the DOT output.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tracejit_ir::tensor::{BinaryOp, DType, SliceSpec, Storage, UnaryOp};
-use tracejit_ir::{AttrValue, Graph, LibraryFunction, Op, ValueId};
+use tracejit_ir::{FunctionAttrs, Graph, LibraryFunction, Op, ValueId};
 
 use crate::common::{f32t, node, ty};
 use crate::verifier::sample_graph;
 
 #[test]
 fn listing_golden() {
-    let expected = r#"graph sample(%0: f32[?, 3]) -> (%7, %4) {
+    let expected = r#"variable var0 "w": f32[3]
+graph sample(%0: f32[?, 3]) -> (%7, %4) {
   %1 = constant f32[] 0.5
   %2 = mul %0, %1 : f32[?, 3]
   %3 = call @f0 "inner" %2 : f32[?, 3]
@@ -31,17 +31,15 @@ function f0 "inner" implements="tracejit.test.tanh":
     assert_eq!(g.clone().to_string(), expected);
 }
 
-#[test]
-fn listing_of_attributes_constants_and_multiple_outputs() {
+/// Attributes, constants of three dtypes, a call with two results, slices.
+pub fn misc_graph() -> Graph {
     let mut two = Graph::new("two");
     let x = two.add_param(f32t(&[2]));
     let n = node(&mut two, Op::Unary(UnaryOp::Neg), &[x]);
     two.outputs = vec![x, n];
 
     let mut g = Graph::new("misc");
-    let mut attrs = BTreeMap::new();
-    attrs.insert("inline".to_string(), AttrValue::Bool(false));
-    attrs.insert("version".to_string(), AttrValue::Int(2));
+    let attrs = FunctionAttrs::implementing("tracejit.test.two");
     let f = g.library.add(LibraryFunction { name: "two".into(), attrs, graph: Arc::new(two) });
     let a = g.add_param(f32t(&[2]));
     let b = g.add_param(ty(DType::I64, &[-1, 4]));
@@ -59,8 +57,14 @@ fn listing_of_attributes_constants_and_multiple_outputs() {
     let cl = node(&mut g, Op::Clamp { min: 0.0, max: 6.0 }, &[cast]);
     let r = node(&mut g, Op::Reshape { shape: vec![-1] }, &[c]);
     g.outputs = vec![s, cl, r, e];
+    g
+}
+
+#[test]
+fn listing_of_attributes_constants_and_multiple_outputs() {
+    let g = misc_graph();
     let expected = r#"graph misc(%0: f32[2], %1: i64[?, 4]) -> (%6, %9, %10, %4) {
-  %2 = constant i32[2, 5] [0, 1, 2, 3, 4, 5, 6, 7, ...]
+  %2 = constant i32[2, 5] [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
   %3 = constant f32[2] [1.0, 2.5]
   %4 = constant bool[] true
   %5, %5.1 = call @f0 "two" %0 : f32[2], f32[2]
@@ -70,7 +74,7 @@ fn listing_of_attributes_constants_and_multiple_outputs() {
   %9 = clamp[min=0.0, max=6.0] %8 : f64[?, 4]
   %10 = reshape[shape=[-1]] %2 : i32[10]
 }
-function f0 "two" inline=false version=2:
+function f0 "two" implements="tracejit.test.two":
   graph two(%0: f32[2]) -> (%0, %1) {
     %1 = neg %0 : f32[2]
   }

@@ -1,5 +1,6 @@
 //! Property tests: random elementwise/broadcast graphs on random shapes
-//! interpret to exactly what applying the kernels directly gives, and
+//! interpret to exactly what applying the kernels directly gives (and
+//! survive their text form), and
 //! inference of broadcasting agrees with the kernels' broadcasting.
 
 use proptest::prelude::*;
@@ -113,6 +114,7 @@ proptest! {
     ) {
         let (g, args, expected) = build(&base, &inputs, &steps);
         verify(&g).unwrap();
+        crate::common::assert_round_trip(&g);
         let got = interpret(&g, &args).unwrap();
         prop_assert_eq!(got.len(), expected.len());
         for (i, (x, want)) in got.iter().zip(&expected).enumerate() {

@@ -1,7 +1,6 @@
 //! The verifier accepts what `add_node` builds and rejects hand-broken graphs,
 //! naming the node.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use smallvec::smallvec;
@@ -19,8 +18,7 @@ pub fn sample_graph() -> Graph {
     inner.outputs = vec![y];
 
     let mut g = Graph::new("sample");
-    let mut attrs = BTreeMap::new();
-    attrs.insert("implements".to_string(), tracejit_ir::AttrValue::Str("tracejit.test.tanh".into()));
+    let attrs = tracejit_ir::FunctionAttrs::implementing("tracejit.test.tanh");
     let f = g.library.add(LibraryFunction { name: "inner".into(), attrs, graph: Arc::new(inner) });
     let w = g.add_variable(TestVar::new("w", Storage::full(&[3], DType::F32, 1.0)));
 

@@ -1,0 +1,362 @@
+//! Parsing one op with its attributes, and a constant's values: the inverse
+//! of `printer::write_op` and `printer::constant_values`.
+//!
+//! Op names come from the same tables the printer uses (`UnaryOp::ALL`,
+//! `BinaryOp::ALL`, `ReduceOp::ALL`, `ArgReduceOp::ALL`, `AssignKind::ALL`),
+//! so an op added to a family parses without touching this file; a new `Op`
+//! variant needs a keyword here, and the round-trip test that prints one node
+//! of every op kind fails until it has one.
+
+use tracejit_tensor::{ArgReduceOp, BinaryOp, DType, ReduceOp, SliceSpec, Storage, StorageElement, UnaryOp};
+
+use super::cursor::Cursor;
+use super::ParseError;
+use crate::graph::{FuncId, VarId};
+use crate::{AssignKind, Op, TensorType};
+
+/// What the op text says; ops that need more than the line (a fused body, a
+/// kernel's code) are finished by the graph parser.
+pub(super) enum ParsedOp {
+    /// A complete op.
+    Op(Op),
+    /// `call @f0 "name"`: the callee is checked once the library is parsed.
+    Call { func: FuncId, name: String, column: usize },
+    /// `fused[4 nodes]`: the body follows on the next lines.
+    Fused { nodes: Option<usize> },
+    /// `kernel["name"]` or `kernel["name"](f32[?])` with its declared input
+    /// types; the code comes from a kernel registry.
+    Kernel { name: String, inputs: Option<Vec<TensorType>>, column: usize },
+}
+
+/// The names and types of the graph's variables, to check references.
+pub(super) struct VarNames<'v>(pub(super) &'v [(String, TensorType)]);
+
+/// Where an op is, for errors: the node being parsed (`%3`) and the column
+/// of the op's name.
+pub(super) struct NodeName {
+    pub(super) name: String,
+    pub(super) op_column: usize,
+}
+
+/// Parses the op named `name` whose attributes follow at `c`.
+pub(super) fn parse_op(
+    name: &str,
+    c: &mut Cursor<'_>,
+    vars: &VarNames<'_>,
+    node: &NodeName,
+) -> Result<ParsedOp, ParseError> {
+    if let Some(u) = UnaryOp::ALL.into_iter().find(|u| u.name() == name) {
+        return Ok(ParsedOp::Op(Op::Unary(u)));
+    }
+    if let Some(b) = BinaryOp::ALL.into_iter().find(|b| b.name() == name) {
+        return Ok(ParsedOp::Op(Op::Binary(b)));
+    }
+    if let Some(op) = name.strip_prefix("reduce_").and_then(|r| ReduceOp::ALL.into_iter().find(|o| o.name() == r)) {
+        c.expect("[")?;
+        c.key("axes")?;
+        let axes = usizes(c)?;
+        c.expect(",")?;
+        c.key("keepdims")?;
+        let keepdims = c.number("`true` or `false`")?;
+        c.expect("]")?;
+        return Ok(ParsedOp::Op(Op::Reduce { op, axes, keepdims }));
+    }
+    if let Some(op) = ArgReduceOp::ALL.into_iter().find(|o| o.name() == name) {
+        c.expect("[")?;
+        let axis = axis(c)?;
+        c.expect(",")?;
+        c.key("keepdims")?;
+        let keepdims = c.number("`true` or `false`")?;
+        c.expect("]")?;
+        return Ok(ParsedOp::Op(Op::ArgReduce { op, axis, keepdims }));
+    }
+    let op = match name {
+        "parameter" => {
+            c.expect("[")?;
+            c.key("index")?;
+            let index = c.number("a parameter index")?;
+            c.expect("]")?;
+            Op::Parameter { index }
+        }
+        "constant" => Op::Constant { value: constant(c, node)? },
+        "select" => Op::Select,
+        "matmul" => Op::MatMul,
+        "cast" => {
+            c.expect("[")?;
+            c.key("to")?;
+            let to = c.dtype()?;
+            c.expect("]")?;
+            Op::Cast { to }
+        }
+        "clamp" => {
+            c.expect("[")?;
+            c.key("min")?;
+            let min = float(c, f64_from_text)?;
+            c.expect(",")?;
+            c.key("max")?;
+            let max = float(c, f64_from_text)?;
+            c.expect("]")?;
+            Op::Clamp { min, max }
+        }
+        "reshape" => {
+            c.expect("[")?;
+            c.key("shape")?;
+            let shape = c.list("[", "]", |c| c.number("a dimension (or -1)"))?;
+            c.expect("]")?;
+            Op::Reshape { shape }
+        }
+        "transpose" => {
+            c.expect("[")?;
+            c.key("perm")?;
+            let perm = usizes(c)?;
+            c.expect("]")?;
+            Op::Transpose { perm }
+        }
+        "broadcast_to" => {
+            c.expect("[")?;
+            c.key("shape")?;
+            let shape = usizes(c)?;
+            c.expect("]")?;
+            Op::BroadcastTo { shape }
+        }
+        "squeeze" => {
+            c.expect("[")?;
+            c.key("axes")?;
+            let axes = usizes(c)?;
+            c.expect("]")?;
+            Op::Squeeze { axes }
+        }
+        "expand_dims" => Op::ExpandDims { axis: bracketed_axis(c)? },
+        "concat" => Op::Concat { axis: bracketed_axis(c)? },
+        "stack" => Op::Stack { axis: bracketed_axis(c)? },
+        "gather" => Op::Gather { axis: bracketed_axis(c)? },
+        "slice" => Op::Slice { specs: c.list("[", "]", slice_spec)? },
+        "one_hot" => {
+            c.expect("[")?;
+            c.key("depth")?;
+            let depth = c.number("a depth")?;
+            c.expect(",")?;
+            c.key("dtype")?;
+            let dtype = c.dtype()?;
+            c.expect("]")?;
+            Op::OneHot { depth, dtype }
+        }
+        "call" => {
+            let column = node.op_column;
+            c.expect("@")?;
+            let func = FuncId::from_u32(entity(c, "f", "a function id such as `f0`")?);
+            let name = c.string("the callee's name in quotes")?;
+            return Ok(ParsedOp::Call { func, name, column });
+        }
+        "fused" => {
+            let nodes = if c.eat("[") {
+                let n = c.number("a node count")?;
+                c.expect("nodes")?;
+                c.expect("]")?;
+                Some(n)
+            } else {
+                None
+            };
+            return Ok(ParsedOp::Fused { nodes });
+        }
+        "kernel" => {
+            let column = node.op_column;
+            c.expect("[")?;
+            let name = c.string("the kernel's name in quotes")?;
+            c.expect("]")?;
+            let inputs = if c.peek() == Some('(') { Some(c.list("(", ")", |c| c.tensor_type())?) } else { None };
+            return Ok(ParsedOp::Kernel { name, inputs, column });
+        }
+        "read_variable" => {
+            c.expect("[")?;
+            let var = variable(c, vars)?;
+            c.expect("]")?;
+            Op::ReadVariable { var }
+        }
+        "assign_variable" => {
+            c.expect("[")?;
+            let var = variable(c, vars)?;
+            c.expect(",")?;
+            c.key("kind")?;
+            let start = c.column();
+            let word = c.word("an assignment kind")?;
+            let Some(kind) = AssignKind::ALL.into_iter().find(|k| k.name() == word) else {
+                let names: Vec<&str> = AssignKind::ALL.iter().map(|k| k.name()).collect();
+                return Err(ParseError::Unexpected {
+                    line: c.line(),
+                    column: start,
+                    expected: format!("an assignment kind ({})", names.join(", ")),
+                    found: format!("`{word}`"),
+                });
+            };
+            c.expect("]")?;
+            Op::AssignVariable { var, kind }
+        }
+        other => {
+            return Err(ParseError::UnknownOp { line: c.line(), column: node.op_column, name: other.to_string() });
+        }
+    };
+    Ok(ParsedOp::Op(op))
+}
+
+/// `[1, 2]`.
+fn usizes(c: &mut Cursor<'_>) -> Result<Vec<usize>, ParseError> {
+    c.list("[", "]", |c| c.number("a non-negative integer"))
+}
+
+/// `axis=N`.
+fn axis(c: &mut Cursor<'_>) -> Result<usize, ParseError> {
+    c.key("axis")?;
+    c.number("an axis")
+}
+
+/// `[axis=N]`.
+fn bracketed_axis(c: &mut Cursor<'_>) -> Result<usize, ParseError> {
+    c.expect("[")?;
+    let a = axis(c)?;
+    c.expect("]")?;
+    Ok(a)
+}
+
+/// `f3` or `var2`: the number after `prefix`.
+fn entity(c: &mut Cursor<'_>, prefix: &str, what: &str) -> Result<u32, ParseError> {
+    let column = c.column();
+    let word = c.word(what)?;
+    word.strip_prefix(prefix).and_then(|n| n.parse().ok()).ok_or_else(|| ParseError::Unexpected {
+        line: c.line(),
+        column,
+        expected: what.into(),
+        found: format!("`{word}`"),
+    })
+}
+
+/// `var=var0 "w"`; the name must be the declared one.
+fn variable(c: &mut Cursor<'_>, vars: &VarNames<'_>) -> Result<VarId, ParseError> {
+    c.key("var")?;
+    let column = c.column();
+    let index = entity(c, "var", "a variable id such as `var0`")?;
+    let name = c.string("the variable's name in quotes")?;
+    match vars.0.get(index as usize) {
+        Some((declared, _)) if *declared == name => Ok(VarId::from_u32(index)),
+        Some((declared, _)) => Err(ParseError::Invalid {
+            line: c.line(),
+            column,
+            message: format!("variable var{index} is declared as {declared:?}, not {name:?}"),
+        }),
+        None => Err(ParseError::Invalid {
+            line: c.line(),
+            column,
+            message: format!("variable var{index} is not declared (a `variable var{index} \"name\": type` line)"),
+        }),
+    }
+}
+
+/// One numpy slice spec: `1:3`, `::-1`, `:`.
+fn slice_spec(c: &mut Cursor<'_>) -> Result<SliceSpec, ParseError> {
+    let bound = |c: &mut Cursor<'_>| -> Result<Option<i64>, ParseError> {
+        match c.peek() {
+            Some(ch) if ch == '-' || ch.is_ascii_digit() => c.number("a slice bound").map(Some),
+            _ => Ok(None),
+        }
+    };
+    let start = bound(c)?;
+    c.expect(":")?;
+    let stop = bound(c)?;
+    let step = if c.eat(":") { c.number("a slice step")? } else { 1 };
+    Ok(SliceSpec { start, stop, step })
+}
+
+/// A float attribute or element in the printer's form.
+fn float<T>(c: &mut Cursor<'_>, from_text: fn(&str) -> Option<T>) -> Result<T, ParseError> {
+    let column = c.column();
+    let token = c.atom("a number")?;
+    from_text(token).ok_or_else(|| ParseError::Unexpected {
+        line: c.line(),
+        column,
+        expected: "a number (`1.5`, `-0.0`, `1e-5`, `inf`, `NaN`, `NaN(0x7fc00001)`)".into(),
+        found: format!("`{token}`"),
+    })
+}
+
+/// Parses what `printer::f32_text` writes.
+pub(crate) fn f32_from_text(s: &str) -> Option<f32> {
+    match nan_bits(s) {
+        Some(hex) => u32::from_str_radix(hex, 16).ok().map(f32::from_bits).filter(|x| x.is_nan()),
+        None => s.parse().ok(),
+    }
+}
+
+/// Parses what `printer::f64_text` writes.
+pub(crate) fn f64_from_text(s: &str) -> Option<f64> {
+    match nan_bits(s) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok().map(f64::from_bits).filter(|x| x.is_nan()),
+        None => s.parse().ok(),
+    }
+}
+
+/// The hex digits of `NaN(0x...)`.
+fn nan_bits(s: &str) -> Option<&str> {
+    s.strip_prefix("NaN(0x").and_then(|h| h.strip_suffix(')'))
+}
+
+/// `f32[2] [1.0, 2.5]` or `f32[] 0.5`: the type, then every value.
+fn constant(c: &mut Cursor<'_>, node: &NodeName) -> Result<Storage, ParseError> {
+    let column = c.column();
+    let ty = c.tensor_type()?;
+    let Some(shape) = ty.shape() else {
+        return Err(ParseError::Invalid {
+            line: c.line(),
+            column,
+            message: format!("a constant's type must be fully known, not {ty}"),
+        });
+    };
+    match ty.dtype {
+        DType::F32 => values(c, node, &shape, f32_from_text),
+        DType::F64 => values(c, node, &shape, f64_from_text),
+        DType::I32 => values(c, node, &shape, |s| s.parse::<i32>().ok()),
+        DType::I64 => values(c, node, &shape, |s| s.parse::<i64>().ok()),
+        DType::Bool => values(c, node, &shape, |s| s.parse::<bool>().ok()),
+    }
+}
+
+/// The values of a constant of `shape`: one bare value for a scalar, else a
+/// flat row-major list. `...` (an elided listing) is an error.
+fn values<T: StorageElement>(
+    c: &mut Cursor<'_>,
+    node: &NodeName,
+    shape: &[usize],
+    from_text: fn(&str) -> Option<T>,
+) -> Result<Storage, ParseError> {
+    let mut elided = false;
+    let mut one = |c: &mut Cursor<'_>| -> Result<Option<T>, ParseError> {
+        if c.eat("...") {
+            elided = true;
+            return Ok(None);
+        }
+        let column = c.column();
+        let token = c.atom("a value")?;
+        match from_text(token) {
+            Some(v) => Ok(Some(v)),
+            None => Err(ParseError::Unexpected {
+                line: c.line(),
+                column,
+                expected: format!("a value of the constant's dtype ({})", T::DTYPE),
+                found: format!("`{token}`"),
+            }),
+        }
+    };
+    let column = c.column();
+    let data: Vec<Option<T>> = if shape.is_empty() { vec![one(c)?] } else { c.list("[", "]", &mut one)? };
+    if elided {
+        return Err(ParseError::ElidedConstant { line: c.line(), column, node: node.name.clone() });
+    }
+    let n: usize = shape.iter().product();
+    if data.len() != n {
+        return Err(ParseError::Invalid {
+            line: c.line(),
+            column,
+            message: format!("a constant of shape {shape:?} needs {n} value(s), found {}", data.len()),
+        });
+    }
+    Ok(Storage::from_vec(data.into_iter().flatten().collect(), shape).expect("length checked above"))
+}
