@@ -10,6 +10,8 @@
 //!   `Pipeline::default_pipeline()`.
 //! - `; option: keep_composites` — sets `PassContext::keep_composites` (the
 //!   inliner then keeps calls of `implements` functions for the selector);
+//!   `; option: multi_pass_regions` lets fusion continue after reductions,
+//!   as it does for the JIT;
 //!   `; option: test_kernels` gives the selector the test registry, which
 //!   has `tracejit.test.double` (x * 2 + 100) for f32 inputs.
 //! - `; check: <line>` — some output line after the previous match equals
@@ -93,13 +95,22 @@ struct FileTest {
     passes: Vec<String>,
     keep_composites: bool,
     test_kernels: bool,
+    /// Fusion asks an executor that runs multi-pass regions (as the JIT
+    /// does: a whole softmax in one kernel) instead of the default rule.
+    multi_pass_regions: bool,
     /// Each check with its 1-based line in the file.
     checks: Vec<(usize, Directive)>,
 }
 
 impl FileTest {
     fn parse(path: &Path, text: &str) -> FileTest {
-        let mut file = FileTest { passes: Vec::new(), keep_composites: false, test_kernels: false, checks: Vec::new() };
+        let mut file = FileTest {
+            passes: Vec::new(),
+            keep_composites: false,
+            test_kernels: false,
+            multi_pass_regions: false,
+            checks: Vec::new(),
+        };
         for (i, line) in text.lines().enumerate() {
             let Some(directive) = line.trim().strip_prefix(';') else { continue };
             let directive = directive.trim();
@@ -110,7 +121,8 @@ impl FileTest {
                 match option.trim() {
                     "keep_composites" => file.keep_composites = true,
                     "test_kernels" => file.test_kernels = true,
-                    _ => fail("unknown option (keep_composites, test_kernels)"),
+                    "multi_pass_regions" => file.multi_pass_regions = true,
+                    _ => fail("unknown option (keep_composites, test_kernels, multi_pass_regions)"),
                 }
             } else if let Some(pattern) = directive.strip_prefix("check:") {
                 file.checks.push((i + 1, Directive::Check(pattern.trim().to_string())));
@@ -139,6 +151,9 @@ impl FileTest {
         cx.keep_composites = self.keep_composites;
         if let Some(k) = self.kernels() {
             cx = cx.with_kernels(k);
+        }
+        if self.multi_pass_regions {
+            cx = cx.with_region_acceptor(Arc::new(|_: &Graph| true));
         }
         cx
     }
