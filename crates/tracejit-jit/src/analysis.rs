@@ -43,7 +43,7 @@
 
 use std::collections::HashMap;
 
-use cranelift_entity::EntityRef;
+use cranelift_entity::{entity_impl, EntityRef, PrimaryMap};
 use smallvec::SmallVec;
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, Storage, UnaryOp};
 use tracejit_ir::{Graph, Op, ValueId};
@@ -109,11 +109,22 @@ pub(crate) enum KernelKind {
     Column,
 }
 
+/// A node of the lowered program (`n3`): an index into [`Analysis::nodes`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct LNodeId(u32);
+entity_impl!(LNodeId, "n");
+
+/// An input slot of a kernel (`load2`): an index into [`Analysis::loads`].
+/// A kernel's argument slots are its loads, then its outputs.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct LoadId(u32);
+entity_impl!(LoadId, "load");
+
 /// An operation of the lowered program.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum LOp {
-    /// Reads input slot `n` (a parameter or a tensor constant).
-    Load(usize),
+    /// Reads an input slot (a parameter or a tensor constant).
+    Load(LoadId),
     /// A scalar immediate.
     Const(Scalar),
     Unary(UnaryOp),
@@ -129,7 +140,7 @@ pub(crate) enum LOp {
 #[derive(Clone, Debug)]
 pub(crate) struct LNode {
     pub op: LOp,
-    pub inputs: SmallVec<[usize; 3]>,
+    pub inputs: SmallVec<[LNodeId; 3]>,
     /// Result dtype.
     pub dtype: DType,
     /// True when the value changes along the inner (vectorized) loop.
@@ -162,7 +173,7 @@ pub(crate) struct LoadInfo {
 #[derive(Clone, Debug)]
 pub(crate) struct OutputInfo {
     /// The lowered node stored there.
-    pub node: usize,
+    pub node: LNodeId,
     pub dtype: DType,
     /// For each axis of the output: its domain position, or `None` for a unit.
     pub axes: Vec<Option<usize>>,
@@ -181,8 +192,8 @@ pub(crate) struct SizeSource {
 #[derive(Clone, Debug)]
 pub(crate) struct Analysis {
     pub kind: KernelKind,
-    pub nodes: Vec<LNode>,
-    pub loads: Vec<LoadInfo>,
+    pub nodes: PrimaryMap<LNodeId, LNode>,
+    pub loads: PrimaryMap<LoadId, LoadInfo>,
     pub outputs: Vec<OutputInfo>,
     /// Domain rank.
     pub rank: usize,
@@ -516,9 +527,10 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
     };
 
     // ---- lowering ----
-    let mut lnodes: Vec<LNode> = Vec::new();
-    let mut loads: Vec<LoadInfo> = Vec::new();
-    let mut map: Vec<usize> = vec![usize::MAX; n];
+    let mut lnodes: PrimaryMap<LNodeId, LNode> = PrimaryMap::new();
+    let mut loads: PrimaryMap<LoadId, LoadInfo> = PrimaryMap::new();
+    // The lowered node computing each body node (broadcasts alias their input).
+    let mut map: Vec<Option<LNodeId>> = vec![None; n];
     let mut has_max_min = false;
     let mut key = KernelKey::default();
     key.word(kind as u64);
@@ -529,12 +541,13 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
             continue;
         }
         let dtype = node.outputs[0].dtype;
-        let ins: SmallVec<[usize; 3]> = node.inputs.iter().map(|v| map[v.node.index()]).collect();
+        let ins: SmallVec<[LNodeId; 3]> =
+            node.inputs.iter().map(|v| map[v.node.index()].expect("inputs are lowered first")).collect();
         key.word(dtype as u64);
         key.op(&node.op);
         let op = match &node.op {
             Op::BroadcastTo { .. } | Op::ExpandDims { .. } => {
-                map[i] = ins[0];
+                map[i] = Some(ins[0]);
                 key.positions(&to_pos(i));
                 continue;
             }
@@ -543,8 +556,7 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
                 key.word(*index as u64);
                 key.list(node.outputs[0].dims.iter().map(|d| u64::from(*d == Some(1))));
                 key.positions(&to_pos(i));
-                loads.push(LoadInfo { source: LoadSource::Param(*index), dtype, axes: to_pos(i), contig });
-                LOp::Load(loads.len() - 1)
+                LOp::Load(loads.push(LoadInfo { source: LoadSource::Param(*index), dtype, axes: to_pos(i), contig }))
             }
             Op::Constant { value } if value.len() == 1 => {
                 let s = Scalar::of_storage(value);
@@ -557,8 +569,7 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
                 key.list(value.shape().iter().map(|&d| d as u64));
                 key.positions(&to_pos(i));
                 key.elements(&value);
-                loads.push(LoadInfo { source: LoadSource::Const(value), dtype, axes: to_pos(i), contig });
-                LOp::Load(loads.len() - 1)
+                LOp::Load(loads.push(LoadInfo { source: LoadSource::Const(value), dtype, axes: to_pos(i), contig }))
             }
             Op::Unary(u) => LOp::Unary(*u),
             Op::Binary(b) => LOp::Binary(*b),
@@ -595,7 +606,7 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
             | Op::ReadVariable { .. }
             | Op::AssignVariable { .. } => unreachable!("rejected during unification"),
         };
-        key.list(ins.iter().map(|&j| j as u64));
+        key.list(ins.iter().map(|&j| j.index() as u64));
         if !matches!(op, LOp::Load(_) | LOp::Const(_)) {
             key.positions(&to_pos(i));
         }
@@ -607,8 +618,7 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
             LOp::Reduce(_) => kind == KernelKind::Column,
             _ => holds_inner(i)?,
         };
-        lnodes.push(LNode { op, inputs: ins, dtype, varying, stage });
-        map[i] = lnodes.len() - 1;
+        map[i] = Some(lnodes.push(LNode { op, inputs: ins, dtype, varying, stage }));
     }
 
     // ---- outputs ----
@@ -629,24 +639,24 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
         if !full && !kept {
             return Err(format!("output {v} indexes neither the whole domain nor the kept axes"));
         }
-        let l = map[i];
+        let l = map[i].expect("outputs are lowered");
         if kind == KernelKind::Column && full && lnodes[l].stage > 0 {
             return Err("a column region cannot write a full-size output that depends on a reduction".into());
         }
-        key.word(l as u64);
+        key.word(l.index() as u64);
         key.positions(&to_pos(i));
         outputs.push(OutputInfo { node: l, dtype: body.value_type(*v).dtype, axes: to_pos(i), kept });
     }
 
     // ---- kind-specific rules ----
-    let passes = lnodes.iter().map(|n| n.stage).max().unwrap_or(0);
+    let passes = lnodes.values().map(|n| n.stage).max().unwrap_or(0);
     if kind == KernelKind::Column {
         if passes > 1 {
             return Err("a column region cannot chain reductions".into());
         }
         // Values after a reduction hold no reduced class.
         for (i, &is_live) in live.iter().enumerate() {
-            if is_live && map[i] != usize::MAX && lnodes[map[i]].stage > 0 {
+            if is_live && map[i].is_some_and(|l| lnodes[l].stage > 0) {
                 let s: Vec<usize> = seq(i).iter().map(|c| pos[c]).collect();
                 if s.iter().any(|&p| p < split) {
                     return Err(format!("node n{i} depends on a reduction but indexes a reduced axis"));

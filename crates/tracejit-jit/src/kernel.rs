@@ -34,6 +34,7 @@
 //!   (exactly the reference's summation order), flag bit 1 runs the epilogue
 //!   that writes the kept-size outputs.
 
+use cranelift_entity::EntityRef;
 use std::collections::HashMap;
 
 use cranelift_codegen::ir::{types, AbiParam, FuncRef, InstBuilder, Signature, Value};
@@ -43,7 +44,7 @@ use cranelift_jit::JITModule;
 use cranelift_module::{FuncId, Linkage, Module};
 use tracejit_ir::tensor::ReduceOp;
 
-use crate::analysis::{Analysis, KernelKind, LOp};
+use crate::analysis::{Analysis, KernelKind, LNodeId, LOp, LoadId};
 use crate::helpers::Helper;
 use crate::lower::{mem, sty, Emit, Mode};
 use crate::options::JitOptions;
@@ -230,11 +231,11 @@ struct Gen<'g, 'a, 'b> {
     /// Current row pointer of each slot.
     rowptr: Vec<Value>,
     /// Invariant scalars of the current context (row).
-    inv: HashMap<usize, Value>,
+    inv: HashMap<LNodeId, Value>,
     /// Their splats.
-    splat: HashMap<usize, Value>,
-    sources: HashMap<usize, Src>,
-    memo: HashMap<usize, Value>,
+    splat: HashMap<LNodeId, Value>,
+    sources: HashMap<LNodeId, Src>,
+    memo: HashMap<LNodeId, Value>,
     /// The chunk functions of `sch.staged`, in order.
     chunk_fns: Vec<FuncRef>,
 }
@@ -250,7 +251,7 @@ impl Gen<'_, '_, '_> {
                 let zero = self.e.b.ins().iconst(types::I64, 0);
                 self.rotated_loop(zero, rows, 1, vec![], |g, r, _| {
                     g.enter_row(r);
-                    let stores: Vec<(usize, Dest)> =
+                    let stores: Vec<(LNodeId, Dest)> =
                         (0..g.an.outputs.len()).map(|o| (g.an.outputs[o].node, Dest::Out(g.out_slot(o)))).collect();
                     if g.sch.staged.is_empty() {
                         g.inner(&stores, &[]);
@@ -270,14 +271,14 @@ impl Gen<'_, '_, '_> {
             }
             KernelKind::Column => {
                 self.if_flag(flags, FLAG_INIT, |g| {
-                    let stores: Vec<(usize, Dest)> =
+                    let stores: Vec<(LNodeId, Dest)> =
                         g.sch_acc().into_iter().map(|(r, k)| (r, Dest::AccInit(k))).collect();
                     g.inner(&stores, &[]);
                 });
                 let zero = self.e.b.ins().iconst(types::I64, 0);
                 self.rotated_loop(zero, rows, 1, vec![], |g, r, _| {
                     g.enter_row(r);
-                    let mut stores: Vec<(usize, Dest)> =
+                    let mut stores: Vec<(LNodeId, Dest)> =
                         g.sch_acc().into_iter().map(|(r, k)| (r, Dest::AccStep(k))).collect();
                     for (o, out) in g.an.outputs.iter().enumerate() {
                         if !out.kept {
@@ -295,7 +296,7 @@ impl Gen<'_, '_, '_> {
                         let mean = matches!(g.an.nodes[r].op, LOp::Reduce(ReduceOp::Mean));
                         g.sources.insert(r, Src::Acc(k, mean));
                     }
-                    let stores: Vec<(usize, Dest)> =
+                    let stores: Vec<(LNodeId, Dest)> =
                         g.an.outputs
                             .iter()
                             .enumerate()
@@ -309,8 +310,8 @@ impl Gen<'_, '_, '_> {
         }
     }
 
-    fn sch_acc(&self) -> Vec<(usize, usize)> {
-        let mut v: Vec<(usize, usize)> = self.sch.acc.iter().map(|(&r, &k)| (r, k)).collect();
+    fn sch_acc(&self) -> Vec<(LNodeId, usize)> {
+        let mut v: Vec<(LNodeId, usize)> = self.sch.acc.iter().map(|(&r, &k)| (r, k)).collect();
         v.sort_unstable();
         v
     }
@@ -319,7 +320,7 @@ impl Gen<'_, '_, '_> {
     /// `sch.chunk` elements: for each staged node, a loop stores its
     /// argument into its scratch chunk and the chunk function replaces it by
     /// the result; then the outputs' loop reads staged values from scratch.
-    fn staged_row(&mut self, stores: &[(usize, Dest)]) {
+    fn staged_row(&mut self, stores: &[(LNodeId, Dest)]) {
         let an = self.an;
         let chunk = self.sch.chunk as i64;
         let (n_row, n_main_row, n_vec_row) = (self.n, self.n_main, self.n_vec);
@@ -328,7 +329,10 @@ impl Gen<'_, '_, '_> {
         // the others (read once per row) stay.
         let step: Vec<Option<i64>> = (0..row.len())
             .map(|s| match s.checked_sub(an.loads.len()) {
-                None => an.loads[s].contig.then(|| an.loads[s].dtype.size_of() as i64),
+                None => {
+                    let load = &an.loads[LoadId::new(s)];
+                    load.contig.then(|| load.dtype.size_of() as i64)
+                }
                 Some(o) => Some(an.outputs[o].dtype.size_of() as i64),
             })
             .collect();
@@ -381,7 +385,7 @@ impl Gen<'_, '_, '_> {
 
     /// True when `v` is computed by a chunk function in pass `pass` (its
     /// scratch buffer is already filled).
-    fn staged_in(&self, v: usize, pass: u32) -> bool {
+    fn staged_in(&self, v: LNodeId, pass: u32) -> bool {
         self.sch.staged.iter().any(|st| st.node == v && st.pass == pass)
     }
 
@@ -401,10 +405,13 @@ impl Gen<'_, '_, '_> {
     fn row_passes(&mut self) {
         let an = self.an;
         for p in 1..=an.passes {
-            let reds: Vec<usize> = (0..an.nodes.len())
-                .filter(|&i| matches!(an.nodes[i].op, LOp::Reduce(_)) && an.nodes[i].stage == p)
+            let reds: Vec<LNodeId> = an
+                .nodes
+                .iter()
+                .filter(|(_, n)| matches!(n.op, LOp::Reduce(_)) && n.stage == p)
+                .map(|(i, _)| i)
                 .collect();
-            let stores: Vec<(usize, Dest)> = self
+            let stores: Vec<(LNodeId, Dest)> = self
                 .sch
                 .stored_in
                 .iter()
@@ -428,7 +435,7 @@ impl Gen<'_, '_, '_> {
         // Final pass: full-size outputs.
         self.set_sources(an.passes + 1);
         self.stage(an.passes + 1, self.n);
-        let stores: Vec<(usize, Dest)> = an
+        let stores: Vec<(LNodeId, Dest)> = an
             .outputs
             .iter()
             .enumerate()
@@ -440,7 +447,7 @@ impl Gen<'_, '_, '_> {
         }
         self.sources.clear();
         // Kept-size outputs: once per row.
-        let kept: Vec<(usize, usize)> = an
+        let kept: Vec<(LNodeId, usize)> = an
             .outputs
             .iter()
             .enumerate()

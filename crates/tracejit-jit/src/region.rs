@@ -23,6 +23,7 @@
 //! the region runs the body with the interpreter instead, which returns the
 //! reference result or the reference error.
 
+use cranelift_entity::EntityRef;
 use std::collections::HashMap;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -31,7 +32,7 @@ use smallvec::SmallVec;
 use tracejit_ir::tensor::{kernels, DType, Storage};
 use tracejit_ir::{Graph, IrError, TensorType};
 
-use crate::analysis::{analyze, Analysis, KernelKind, LoadSource};
+use crate::analysis::{analyze, Analysis, KernelKind, LoadId, LoadSource};
 use crate::jit::{self, KernelCode};
 use crate::kernel::{self, Schedule, ARG_SLOTS, FLAG_FINAL, FLAG_INIT};
 use crate::options::{JitOptions, KernelKey};
@@ -399,7 +400,7 @@ impl CompiledRegion {
     }
 
     /// The shape of load `l` given the parameter shapes.
-    fn load_shape<'s>(&'s self, l: usize, params: &[&'s [usize]]) -> &'s [usize] {
+    fn load_shape<'s>(&'s self, l: LoadId, params: &[&'s [usize]]) -> &'s [usize] {
         match &self.an.loads[l].source {
             LoadSource::Param(p) => params[*p],
             LoadSource::Const(c) => c.shape(),
@@ -449,17 +450,17 @@ impl CompiledRegion {
         // ---- strides per slot and class (elements) ----
         let nl = an.loads.len();
         let mut shapes: Vec<SmallVec<[usize; 4]>> =
-            (0..nl).map(|l| self.load_shape(l, params).iter().copied().collect()).collect();
+            (0..nl).map(|l| self.load_shape(LoadId::new(l), params).iter().copied().collect()).collect();
         let mut strides: Vec<SmallVec<[usize; 4]>> =
-            (0..nl).map(|l| class_strides(&an.loads[l].axes, &shapes[l], rank)).collect();
+            (0..nl).map(|l| class_strides(&an.loads[LoadId::new(l)].axes, &shapes[l], rank)).collect();
         for (o, out) in an.outputs.iter().enumerate() {
             strides.push(class_strides(&out.axes, &out_shapes[o], rank));
         }
         let elem_size: SmallVec<[usize; 8]> =
-            an.loads.iter().map(|l| l.dtype.size_of()).chain(an.outputs.iter().map(|o| o.dtype.size_of())).collect();
+            an.loads.values().map(|l| l.dtype.size_of()).chain(an.outputs.iter().map(|o| o.dtype.size_of())).collect();
         // Which slots are read/written as vectors along the inner classes.
         let contig: SmallVec<[bool; 8]> =
-            an.loads.iter().map(|l| l.contig).chain(an.outputs.iter().map(|o| !o.kept)).collect();
+            an.loads.values().map(|l| l.contig).chain(an.outputs.iter().map(|o| !o.kept)).collect();
 
         // ---- inner classes ----
         let mut inner_start = match an.kind {
@@ -480,8 +481,8 @@ impl CompiledRegion {
             true
         };
         for l in 0..nl {
-            if an.loads[l].contig && !chain_ok(&strides[l], inner_start) {
-                let target: Vec<usize> = an.loads[l]
+            if an.loads[LoadId::new(l)].contig && !chain_ok(&strides[l], inner_start) {
+                let target: Vec<usize> = an.loads[LoadId::new(l)]
                     .axes
                     .iter()
                     .enumerate()
@@ -491,7 +492,7 @@ impl CompiledRegion {
                     })
                     .collect();
                 shapes[l] = target.iter().copied().collect();
-                strides[l] = class_strides(&an.loads[l].axes, &shapes[l], rank);
+                strides[l] = class_strides(&an.loads[LoadId::new(l)].axes, &shapes[l], rank);
                 materialize.push((l, target));
             }
         }
@@ -553,7 +554,7 @@ impl CompiledRegion {
         }
         // Cheap sufficient check: every load that holds a class holds it at
         // full size, so every output (which holds every class) sees it.
-        self.an.loads.iter().enumerate().all(|(l, load)| {
+        self.an.loads.iter().all(|(l, load)| {
             let shape = self.load_shape(l, params);
             load.axes.iter().enumerate().all(|(a, c)| c.is_none_or(|c| shape[a] == sizes[c]))
         })
@@ -564,7 +565,7 @@ impl CompiledRegion {
         let an = &self.an;
         let mut held: SmallVec<[Storage; 2]> = SmallVec::new();
         let mut load_ptrs: SmallVec<[i64; 8]> = SmallVec::new();
-        for load in &an.loads {
+        for load in an.loads.values() {
             let s = match &load.source {
                 LoadSource::Param(p) => inputs[*p],
                 LoadSource::Const(c) => c,
@@ -572,7 +573,7 @@ impl CompiledRegion {
             load_ptrs.push(data_ptr(s));
         }
         for (li, target) in &l.materialize {
-            let src = match &an.loads[*li].source {
+            let src = match &an.loads[LoadId::new(*li)].source {
                 LoadSource::Param(p) => inputs[*p],
                 LoadSource::Const(c) => c,
             };

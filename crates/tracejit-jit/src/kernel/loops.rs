@@ -3,13 +3,14 @@
 //! invariants hoisted per row, loads, stores and the element ops of
 //! [`crate::lower`].
 
+use cranelift_entity::EntityRef;
 use std::collections::HashSet;
 
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{types, BlockArg, InstBuilder, Type, Value};
 use tracejit_ir::tensor::{DType, ReduceOp};
 
-use crate::analysis::LOp;
+use crate::analysis::{LNodeId, LOp};
 use crate::lower::{mem, sty, Mode};
 
 use super::{Dest, Gen, Src};
@@ -57,10 +58,10 @@ impl Gen<'_, '_, '_> {
 
     /// The three inner loops over `0..n`: stores `stores`, reduces `reds`
     /// (row regions); returns one scalar per reduction.
-    pub(super) fn inner(&mut self, stores: &[(usize, Dest)], reds: &[usize]) -> Vec<Value> {
+    pub(super) fn inner(&mut self, stores: &[(LNodeId, Dest)], reds: &[LNodeId]) -> Vec<Value> {
         let an = self.an;
         // Invariants used by the loops, computed before them.
-        let mut roots: Vec<usize> = Vec::new();
+        let mut roots: Vec<LNodeId> = Vec::new();
         for &(v, d) in stores {
             match d {
                 Dest::AccStep(_) => roots.push(an.nodes[v].inputs[0]),
@@ -149,8 +150,8 @@ impl Gen<'_, '_, '_> {
         mode: Mode,
         i: Value,
         off: i64,
-        stores: &[(usize, Dest)],
-        reds: &[usize],
+        stores: &[(LNodeId, Dest)],
+        reds: &[LNodeId],
         accs: &mut [Value],
     ) {
         self.memo.clear();
@@ -188,11 +189,11 @@ impl Gen<'_, '_, '_> {
     }
 
     /// Computes every invariant the loop roots depend on (and its splat).
-    pub(super) fn prepare_invariants(&mut self, roots: &[usize]) {
+    pub(super) fn prepare_invariants(&mut self, roots: &[LNodeId]) {
         let an = self.an;
         let mut seen = HashSet::new();
         let mut need = Vec::new();
-        let mut stack: Vec<usize> = roots.to_vec();
+        let mut stack: Vec<LNodeId> = roots.to_vec();
         while let Some(v) = stack.pop() {
             if !seen.insert(v) || self.sources.contains_key(&v) {
                 continue;
@@ -223,17 +224,17 @@ impl Gen<'_, '_, '_> {
     }
 
     /// The scalar value of an invariant node in the current row.
-    pub(super) fn inv_scalar(&mut self, v: usize) -> Value {
+    pub(super) fn inv_scalar(&mut self, v: LNodeId) -> Value {
         if let Some(&s) = self.inv.get(&v) {
             return s;
         }
         let an = self.an;
         let node = &an.nodes[v];
-        let ins: Vec<usize> = node.inputs.to_vec();
+        let ins: Vec<LNodeId> = node.inputs.to_vec();
         let s = match &node.op {
             LOp::Load(l) => {
                 let zero = self.e.b.ins().iconst(types::I64, 0);
-                self.load(node.dtype, Mode::Scalar, self.rowptr[*l], zero, 0)
+                self.load(node.dtype, Mode::Scalar, self.rowptr[l.index()], zero, 0)
             }
             LOp::Const(c) => self.e.kscalar(*c, Mode::Scalar),
             LOp::Reduce(_) => panic!("tracejit-jit bug: reduction n{v} used before its pass"),
@@ -247,7 +248,7 @@ impl Gen<'_, '_, '_> {
     }
 
     /// The value of node `v` at `i + off` in the current loop body.
-    pub(super) fn val(&mut self, v: usize, mode: Mode, i: Value, off: i64) -> Value {
+    pub(super) fn val(&mut self, v: LNodeId, mode: Mode, i: Value, off: i64) -> Value {
         if let Some(&x) = self.memo.get(&v) {
             return x;
         }
@@ -281,9 +282,9 @@ impl Gen<'_, '_, '_> {
             }
         } else {
             match &node.op {
-                LOp::Load(l) => self.load(node.dtype, mode, self.rowptr[*l], i, off),
+                LOp::Load(l) => self.load(node.dtype, mode, self.rowptr[l.index()], i, off),
                 _ => {
-                    let ins: Vec<usize> = node.inputs.to_vec();
+                    let ins: Vec<LNodeId> = node.inputs.to_vec();
                     let xs: Vec<Value> = ins.iter().map(|&j| self.val(j, mode, i, off)).collect();
                     self.apply(v, mode, &xs)
                 }
@@ -294,7 +295,7 @@ impl Gen<'_, '_, '_> {
     }
 
     /// Applies node `v`'s op to already computed operands.
-    pub(super) fn apply(&mut self, v: usize, mode: Mode, xs: &[Value]) -> Value {
+    pub(super) fn apply(&mut self, v: LNodeId, mode: Mode, xs: &[Value]) -> Value {
         let an = self.an;
         let node = &an.nodes[v];
         let in_t = node.inputs.first().map_or(node.dtype, |&i| an.nodes[i].dtype);

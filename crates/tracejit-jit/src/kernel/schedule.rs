@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use tracejit_ir::tensor::{DType, Exactness, UnaryOp};
 
-use crate::analysis::{Analysis, KernelKind, LOp};
+use crate::analysis::{Analysis, KernelKind, LNodeId, LOp};
 use crate::options::JitOptions;
 
 /// Which values are kept in scratch buffers, decided before emission.
@@ -16,11 +16,11 @@ pub(crate) struct Schedule {
     pub scratch_slots: usize,
     /// Row regions: node -> scratch slot, for values computed in one pass and
     /// read in a later one.
-    pub(super) materialized: HashMap<usize, usize>,
+    pub(super) materialized: HashMap<LNodeId, usize>,
     /// Row regions: the pass (1-based) each materialized node is stored in.
-    pub(super) stored_in: HashMap<usize, u32>,
+    pub(super) stored_in: HashMap<LNodeId, u32>,
     /// Column regions: reduce node -> accumulator slot.
-    pub(super) acc: HashMap<usize, usize>,
+    pub(super) acc: HashMap<LNodeId, usize>,
     /// f32 `exp`/`tanh`/`sigmoid` nodes computed by a 256-bit chunk
     /// function ([`crate::chunkmath`]) instead of in-line, in node order.
     pub staged: Vec<Staged>,
@@ -33,7 +33,7 @@ pub(crate) struct Schedule {
 /// scratch buffer `slot`, which the function turns into the node's values.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Staged {
-    pub(crate) node: usize,
+    pub(crate) node: LNodeId,
     pub(crate) op: UnaryOp,
     /// Row regions: the pass that first needs the node (1-based; `passes + 1`
     /// is the final pass). Elementwise regions: 1.
@@ -43,13 +43,12 @@ pub(crate) struct Staged {
 
 /// The f32 nodes of `an` that a chunk function can compute, if staging is on
 /// and the kernel runs 32-bit lanes.
-pub(super) fn stageable(an: &Analysis, opts: &JitOptions) -> Vec<(usize, UnaryOp)> {
+pub(super) fn stageable(an: &Analysis, opts: &JitOptions) -> Vec<(LNodeId, UnaryOp)> {
     if lane_bits(an) != Some(32) || !opts.stage {
         return Vec::new();
     }
     an.nodes
         .iter()
-        .enumerate()
         .filter_map(|(i, n)| match n.op {
             LOp::Unary(op @ (UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid))
                 if n.dtype == DType::F32 && n.varying && crate::chunkmath::chunk_fn(op).is_some() =>
@@ -82,7 +81,7 @@ pub(crate) fn schedule(an: &Analysis, opts: &JitOptions) -> Schedule {
             }
         }
         KernelKind::Column => {
-            for (i, n) in an.nodes.iter().enumerate() {
+            for (i, n) in an.nodes.iter() {
                 if matches!(n.op, LOp::Reduce(_)) {
                     s.acc.insert(i, s.acc.len());
                 }
@@ -90,7 +89,7 @@ pub(crate) fn schedule(an: &Analysis, opts: &JitOptions) -> Schedule {
             s.scratch_slots = s.acc.len();
         }
         KernelKind::Row => {
-            let mut computed_in: HashMap<usize, u32> = HashMap::new();
+            let mut computed_in: HashMap<LNodeId, u32> = HashMap::new();
             for p in 1..=an.passes + 1 {
                 let roots = pass_roots(an, p);
                 let mut stack = roots;
@@ -136,9 +135,9 @@ pub(crate) fn schedule(an: &Analysis, opts: &JitOptions) -> Schedule {
 
 /// Row regions: the nodes pass `p` must evaluate per element (reduction
 /// inputs of stage `p`; the varying outputs in the final pass).
-pub(super) fn pass_roots(an: &Analysis, p: u32) -> Vec<usize> {
+pub(super) fn pass_roots(an: &Analysis, p: u32) -> Vec<LNodeId> {
     if p <= an.passes {
-        an.nodes.iter().filter(|n| matches!(n.op, LOp::Reduce(_)) && n.stage == p).map(|n| n.inputs[0]).collect()
+        an.nodes.values().filter(|n| matches!(n.op, LOp::Reduce(_)) && n.stage == p).map(|n| n.inputs[0]).collect()
     } else {
         an.outputs.iter().filter(|o| !o.kept).map(|o| o.node).collect()
     }
@@ -147,7 +146,7 @@ pub(super) fn pass_roots(an: &Analysis, p: u32) -> Vec<usize> {
 /// The vector lane width of a program, or `None` when it mixes widths.
 pub(super) fn lane_bits(an: &Analysis) -> Option<u32> {
     let mut bits: Option<u32> = None;
-    for t in an.nodes.iter().map(|n| n.dtype).chain(an.loads.iter().map(|l| l.dtype)) {
+    for t in an.nodes.values().map(|n| n.dtype).chain(an.loads.values().map(|l| l.dtype)) {
         let b = match t {
             DType::Bool => continue,
             DType::F32 | DType::I32 => 32,
@@ -163,5 +162,5 @@ pub(super) fn lane_bits(an: &Analysis) -> Option<u32> {
 }
 
 pub(super) fn is_heavy(an: &Analysis) -> bool {
-    an.nodes.iter().any(|n| matches!(n.op, LOp::Unary(u) if u.exactness() == Exactness::ApproxF32))
+    an.nodes.values().any(|n| matches!(n.op, LOp::Unary(u) if u.exactness() == Exactness::ApproxF32))
 }
