@@ -8,7 +8,8 @@
 //! [`VariableResource`] handles. [`infer`] states every op's type rule,
 //! [`verify`] checks a graph's invariants, [`interpret`] runs a graph with the
 //! reference kernels of `tracejit-tensor`, and `Display` / [`Graph::to_dot`]
-//! print it. [`passes`] holds the optimization passes and the pass manager.
+//! print it. [`passes`] holds the optimization passes and the pass manager;
+//! [`registry`] the process-wide table of composite kernels they consult.
 
 mod error;
 mod graph;
@@ -17,6 +18,7 @@ mod interp;
 mod op;
 pub mod passes;
 mod printer;
+pub mod registry;
 mod types;
 mod verifier;
 

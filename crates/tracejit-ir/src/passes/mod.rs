@@ -103,8 +103,8 @@ impl PassResult {
 }
 
 /// Where the implementation selector finds native kernels for composite
-/// ops. The IR cannot depend on the trace crate, so `tracejit::composite`'s
-/// registry reaches the passes through this trait.
+/// ops: [`crate::registry::global`] (the process-wide table that
+/// `tracejit::composite` fills), or a table of a test's own.
 pub trait KernelRegistry: Send + Sync {
     /// A kernel registered for the composite op `name` that accepts inputs
     /// of these types (unknown dims may be `None`), if there is one.
