@@ -54,6 +54,7 @@ use tracejit_ir::tensor::{DType, ReduceOp, UnaryOp};
 use crate::analysis::{Analysis, KernelKind, LOp};
 use crate::helpers::Helper;
 use crate::lower::{mem, sty, Emit, Mode};
+use crate::JitOptions;
 
 /// Byte offsets in the argument block.
 pub(crate) const ARG_ROWS: i32 = 0;
@@ -102,8 +103,8 @@ pub(crate) struct Staged {
 
 /// The f32 nodes of `an` that a chunk function can compute, if staging is on
 /// and the kernel runs 32-bit lanes.
-fn stageable(an: &Analysis) -> Vec<(usize, UnaryOp)> {
-    if lane_bits(an) != Some(32) || !staging_enabled() {
+fn stageable(an: &Analysis, options: &JitOptions) -> Vec<(usize, UnaryOp)> {
+    if lane_bits(an) != Some(32) || !options.stage_transcendentals {
         return Vec::new();
     }
     an.nodes
@@ -124,19 +125,13 @@ fn stageable(an: &Analysis) -> Vec<(usize, UnaryOp)> {
 /// chunk functions stay in L1.
 const STAGE_CHUNK: usize = 512;
 
-/// `TRACEJIT_JIT_STAGE=0` turns staging off (read once), to compare or to
-/// test the in-line code on a CPU that has AVX2.
-fn staging_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("TRACEJIT_JIT_STAGE").map_or(true, |v| v != "0"))
-}
-
-/// Plans scratch buffers for `an`.
-pub(crate) fn schedule(an: &Analysis) -> Schedule {
+/// Plans scratch buffers for `an`; `options` says whether transcendentals
+/// are staged (`JitOptions::stage_transcendentals`).
+pub(crate) fn schedule(an: &Analysis, options: &JitOptions) -> Schedule {
     let mut s = Schedule::default();
     match an.kind {
         KernelKind::Elementwise => {
-            s.staged = stageable(an)
+            s.staged = stageable(an, options)
                 .into_iter()
                 .enumerate()
                 .map(|(slot, (node, op))| Staged { node, op, pass: 1, slot })
@@ -183,7 +178,7 @@ pub(crate) fn schedule(an: &Analysis) -> Schedule {
             s.scratch_slots = s.materialized.len();
             // A staged node shares the scratch buffer it is materialized in
             // (if a later pass reads it), else gets one of its own.
-            for (node, op) in stageable(an) {
+            for (node, op) in stageable(an, options) {
                 let Some(&pass) = computed_in.get(&node) else { continue };
                 let slot = match s.materialized.get(&node) {
                     Some(&k) => k,

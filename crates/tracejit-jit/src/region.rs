@@ -34,7 +34,7 @@ use tracejit_ir::{Graph, IrError, TensorType};
 use crate::analysis::{analyze, Analysis, KernelKind, LoadSource};
 use crate::jit::{self, KernelCode};
 use crate::kernel::{self, Schedule, ARG_SLOTS, FLAG_FINAL, FLAG_INIT};
-use crate::JitError;
+use crate::{JitError, JitOptions};
 
 /// A compiled kernel and its scratch plan, shared through the cache.
 struct Kernel {
@@ -42,8 +42,12 @@ struct Kernel {
     schedule: Schedule,
 }
 
-fn cache() -> &'static Mutex<HashMap<String, Arc<Kernel>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Kernel>>>> = OnceLock::new();
+/// Kernels by the options they were generated under and the region's
+/// structural key.
+type KernelCache = HashMap<(JitOptions, String), Arc<Kernel>>;
+
+fn cache() -> &'static Mutex<KernelCache> {
+    static CACHE: OnceLock<Mutex<KernelCache>> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -64,18 +68,26 @@ pub fn unsupported_reason(body: &tracejit_ir::Graph) -> Option<String> {
 }
 
 /// Compiles (or finds in the kernel cache, keyed by the region's structure
-/// and input dtypes/ranks) a kernel for `body`.
+/// and input dtypes/ranks) a kernel for `body`, under the process's
+/// [`JitOptions::from_env`].
 pub fn compile_region(body: &tracejit_ir::Graph) -> Result<Arc<CompiledRegion>, JitError> {
+    compile_region_with(body, &JitOptions::from_env())
+}
+
+/// [`compile_region`] under explicit `options` (for example the in-line
+/// code on a CPU that would stage transcendentals, to compare the two).
+pub fn compile_region_with(body: &tracejit_ir::Graph, options: &JitOptions) -> Result<Arc<CompiledRegion>, JitError> {
     let an = analyze(body).map_err(JitError::Unsupported)?;
     let kernel = {
         let mut c = cache().lock().unwrap_or_else(|p| p.into_inner());
-        match c.get(&an.key) {
+        let key = (*options, an.key.clone());
+        match c.get(&key) {
             Some(k) => k.clone(),
             None => {
-                let schedule = kernel::schedule(&an);
+                let schedule = kernel::schedule(&an, options);
                 let code = jit::compile(&an, &schedule)?;
                 let k = Arc::new(Kernel { code, schedule });
-                c.insert(an.key.clone(), k.clone());
+                c.insert(key, k.clone());
                 k
             }
         }

@@ -3,14 +3,18 @@
 //! slices. [`builtin_kernels`] lists them for
 //! `composite::ensure_builtins`, which registers them lazily.
 //!
-//! The kernels compute `exp`, `tanh` and `sigmoid` with in-register
-//! approximations and sum in several partial accumulators, so they agree
-//! with the primitive bodies to about 1e-6 relative, not bitwise.
+//! The kernels compute `exp`, `tanh` and `sigmoid` with
+//! `tracejit_jit::fastmath`: the JIT's own approximations, bit for bit (one
+//! implementation, one ULP table, in `tracejit-jit`'s documentation), run
+//! over whole slices in 256-bit AVX2 code where the CPU has it. They sum in
+//! several partial accumulators and fuse differently from the primitive
+//! bodies, so they agree with those to about 1e-6 relative, not bitwise.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use ndarray::{ArrayView2, Ix2};
+use tracejit_jit::fastmath;
 use tracejit_tensor::{DType, Storage};
 use tracejit_trace::{Tensor, TensorSpec};
 
@@ -90,15 +94,22 @@ fn tensor(v: Vec<f32>, shape: &[usize]) -> Tensor {
     Tensor::from_raw_storage(Storage::from_vec(v, shape).expect("kernel output size"))
 }
 
+/// Elements per step of [`gelu`]: the `tanh` arguments and results stay in
+/// L1 between the three passes over them.
+const GELU_CHUNK: usize = 512;
+
 fn gelu(inputs: &[Tensor]) -> Vec<Tensor> {
     let (shape, x) = data(&inputs[0]);
-    let out: Vec<f32> = x
-        .iter()
-        .map(|&x| {
-            let inner = (x + x * x * x * 0.044715) * 0.797_884_6;
-            (x * 0.5) * (fast::tanh(inner) + 1.0)
-        })
-        .collect();
+    let mut out = vec![0.0f32; x.len()];
+    for (xc, oc) in x.chunks(GELU_CHUNK).zip(out.chunks_mut(GELU_CHUNK)) {
+        for (o, &x) in oc.iter_mut().zip(xc) {
+            *o = (x + x * x * x * 0.044715) * 0.797_884_6;
+        }
+        fastmath::tanh_in_place(oc);
+        for (o, &x) in oc.iter_mut().zip(xc) {
+            *o = (x * 0.5) * (*o + 1.0);
+        }
+    }
     vec![tensor(out, &shape)]
 }
 
@@ -107,19 +118,13 @@ fn rows(shape: &[usize]) -> usize {
     shape.last().copied().unwrap_or(1)
 }
 
-/// `Σ exp(v - m)` over `row` in eight lane partials (a fixed order the
-/// compiler vectorizes), handing each `exp` to `each(index, value)`.
-#[inline(always)]
-fn exp_sum(row: &[f32], m: f32, mut each: impl FnMut(usize, f32)) -> f32 {
-    let mut acc = [0.0f32; 8];
-    for (c, chunk) in row.chunks(8).enumerate() {
-        for (j, (a, &v)) in acc.iter_mut().zip(chunk).enumerate() {
-            let e = fast::exp(v - m);
-            each(c * 8 + j, e);
-            *a += e;
-        }
+/// `o = exp(row - m)`, returning `Σ o` (in eight lane partials).
+fn exp_shifted(row: &[f32], m: f32, o: &mut [f32]) -> f32 {
+    for (ov, &v) in o.iter_mut().zip(row) {
+        *ov = v - m;
     }
-    acc.iter().sum()
+    fastmath::exp_in_place(o);
+    sum(o)
 }
 
 /// Runs `f(row, out_row)` over the rows of the last axis of the
@@ -138,16 +143,16 @@ fn per_row(inputs: &[Tensor], mut f: impl FnMut(&[f32], &mut [f32])) -> Vec<Tens
 
 fn softmax(inputs: &[Tensor]) -> Vec<Tensor> {
     per_row(inputs, |row, o| {
-        let m = fast::max(row);
-        let inv = 1.0 / exp_sum(row, m, |j, e| o[j] = e);
+        let inv = 1.0 / exp_shifted(row, max(row), o);
         o.iter_mut().for_each(|v| *v *= inv);
     })
 }
 
 fn log_softmax(inputs: &[Tensor]) -> Vec<Tensor> {
     per_row(inputs, |row, o| {
-        let m = fast::max(row);
-        let lse = exp_sum(row, m, |_, _| {}).ln();
+        let m = max(row);
+        // `o` is scratch for the exponentials until the result overwrites it.
+        let lse = exp_shifted(row, m, o).ln();
         for (ov, &v) in o.iter_mut().zip(row) {
             *ov = (v - m) - lse;
         }
@@ -162,7 +167,7 @@ fn layer_norm(inputs: &[Tensor]) -> Vec<Tensor> {
     per_row(inputs, |row, o| {
         let n = row.len();
         let inv_n = 1.0 / n as f32;
-        let mean = fast::sum(row) * inv_n;
+        let mean = sum(row) * inv_n;
         let mut acc = [0.0f32; 8];
         for chunk in row.chunks(8) {
             for (a, &v) in acc.iter_mut().zip(chunk) {
@@ -238,138 +243,100 @@ fn lstm_cell(inputs: &[Tensor]) -> Vec<Tensor> {
 }
 
 /// `c' = f·c + i·g` and `h' = o·tanh(c')` from the gates (order i, f, g,
-/// o), with AVX2 + FMA code when the CPU has them (the same arithmetic,
-/// eight lanes at a time).
-fn lstm_states(gates: &[f32], c: &[f32], h2: &mut [f32], c2: &mut [f32], hidden: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-        unsafe { lstm_states_avx2(gates, c, h2, c2, hidden) };
-        return;
-    }
-    lstm_states_portable(gates, c, h2, c2, hidden);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn lstm_states_avx2(gates: &[f32], c: &[f32], h2: &mut [f32], c2: &mut [f32], hidden: usize) {
-    lstm_states_portable(gates, c, h2, c2, hidden);
-}
-
-#[inline(always)]
-fn lstm_states_portable(gates: &[f32], c: &[f32], h2: &mut [f32], c2: &mut [f32], hidden: usize) {
+/// o), activating the gates in place (so `gates` is scratch): the
+/// activations run as whole slices through `fastmath` (256-bit code where
+/// the CPU has AVX2), the products as plain loops.
+fn lstm_states(gates: &mut [f32], c: &[f32], h2: &mut [f32], c2: &mut [f32], hidden: usize) {
     if hidden == 0 {
         return;
     }
-    let rows = gates.chunks_exact(4 * hidden).zip(c.chunks_exact(hidden));
+    let rows = gates.chunks_exact_mut(4 * hidden).zip(c.chunks_exact(hidden));
     for ((g, cr), (hr, cn)) in rows.zip(h2.chunks_exact_mut(hidden).zip(c2.chunks_exact_mut(hidden))) {
-        let (gi, rest) = g.split_at(hidden);
-        let (gf, rest) = rest.split_at(hidden);
-        let (gg, go) = rest.split_at(hidden);
-        for j in 0..hidden {
-            let i = fast::sigmoid(gi[j]);
-            let f = fast::sigmoid(gf[j]);
-            let gt = fast::tanh(gg[j]);
-            let o = fast::sigmoid(go[j]);
-            let cv = f * cr[j] + i * gt;
-            cn[j] = cv;
-            hr[j] = o * fast::tanh(cv);
+        let (ifg, go) = g.split_at_mut(3 * hidden);
+        let (gif, gg) = ifg.split_at_mut(2 * hidden);
+        fastmath::sigmoid_in_place(gif);
+        fastmath::tanh_in_place(gg);
+        fastmath::sigmoid_in_place(go);
+        let (gi, gf) = gif.split_at(hidden);
+        for ((((cv, &i), &f), &gt), &c) in cn.iter_mut().zip(gi.iter()).zip(gf.iter()).zip(gg.iter()).zip(cr) {
+            *cv = f * c + i * gt;
+        }
+        hr.copy_from_slice(cn);
+        fastmath::tanh_in_place(hr);
+        for (h, &o) in hr.iter_mut().zip(go.iter()) {
+            *h *= o;
         }
     }
 }
 
-/// Branch-free f32 approximations that the compiler keeps in registers (and
-/// vectorizes). NaN propagates through each.
-mod fast {
-    /// `e^x`: Cephes `expf` (range reduction by `ln 2` in two parts, degree-5
-    /// polynomial, exponent assembled from bits); about 1 ULP on
-    /// `[-87, 88]`, inputs clamped to that range.
-    #[inline(always)]
-    pub fn exp(x: f32) -> f32 {
-        // Comparisons (not f32::min/max) so that NaN stays NaN.
-        let x = if x > 88.0 { 88.0 } else { x };
-        let x = if x < -87.0 { -87.0 } else { x };
-        // n = round(x / ln 2) with the 1.5 * 2^23 trick.
-        let t = x * std::f32::consts::LOG2_E + 12_582_912.0;
-        let n = t - 12_582_912.0;
-        let k = (t.to_bits() as i32).wrapping_sub(0x4B40_0000);
-        let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
-        let r2 = r * r;
-        let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-            + 1.666_666_5e-1)
-            * r
-            + 0.5;
-        let y = p * r2 + r + 1.0;
-        y * f32::from_bits(((k + 127) as u32) << 23)
+/// The largest element, NaN ignored (a NaN then reaches the result
+/// through `x - max`, as in the reference).
+fn max(row: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    for chunk in row.chunks(8) {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a = if v > *a { v } else { *a };
+        }
+    }
+    acc.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
+/// The sum in 8 partial accumulators (a fixed order the compiler
+/// vectorizes).
+fn sum(row: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    for chunk in row.chunks(8) {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a += v;
+        }
+    }
+    acc.iter().sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs() -> Vec<f32> {
+        let mut xs: Vec<f32> = (0..1500).map(|i| (i as f32 - 750.0) * 0.0137).collect();
+        xs.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e-40, -1e-40, 1e30, -1e30, 95.0, -120.0]);
+        xs
     }
 
-    /// `tanh(x)`: Cephes' odd polynomial for `|x| < 0.625`, else
-    /// `1 - 2 / (e^{2|x|} + 1)` with the sign restored.
-    #[inline(always)]
-    pub fn tanh(x: f32) -> f32 {
-        let z = x * x;
-        let small = ((((-5.704_988_7e-3 * z + 2.063_909e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1) * z
-            - 3.333_328e-1)
-            * z
-            * x
-            + x;
-        let ax = x.abs();
-        let ax = if ax > 10.0 { 10.0 } else { ax };
-        let big = (1.0 - 2.0 / (exp(2.0 * ax) + 1.0)).copysign(x);
-        if ax < 0.625 {
-            small
-        } else {
-            big
+    fn assert_same(got: &[f32], want: impl Iterator<Item = f32>) {
+        for (k, (&g, w)) in got.iter().zip(want).enumerate() {
+            assert!(if w.is_nan() { g.is_nan() } else { g.to_bits() == w.to_bits() }, "element {k}: {g:e} vs {w:e}");
         }
     }
 
-    /// `1 / (1 + e^-x)`.
-    #[inline(always)]
-    pub fn sigmoid(x: f32) -> f32 {
-        1.0 / (1.0 + exp(-x))
-    }
+    /// The kernels' element functions are the JIT's (`fastmath`), bit for
+    /// bit, through the slice forms they call.
+    #[test]
+    fn kernels_compute_the_jits_approximations() {
+        let xs = inputs();
+        let t = Tensor::from_vec(xs.clone(), &[xs.len()]);
+        let g = gelu(&[t])[0].to_vec::<f32>().unwrap();
+        assert_same(
+            &g,
+            xs.iter().map(|&x| (x * 0.5) * (fastmath::tanh((x + x * x * x * 0.044715) * 0.797_884_6) + 1.0)),
+        );
 
-    /// The largest element, NaN ignored (a NaN then reaches the result
-    /// through `x - max`, as in the reference).
-    pub fn max(row: &[f32]) -> f32 {
-        let mut acc = [f32::NEG_INFINITY; 8];
-        for chunk in row.chunks(8) {
-            for (a, &v) in acc.iter_mut().zip(chunk) {
-                *a = if v > *a { v } else { *a };
-            }
-        }
-        acc.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
-    }
+        let finite: Vec<f32> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+        let m = max(&finite);
+        let mut o = vec![0.0f32; finite.len()];
+        exp_shifted(&finite, m, &mut o);
+        assert_same(&o, finite.iter().map(|&v| fastmath::exp(v - m)));
 
-    /// The sum in 8 partial accumulators.
-    pub fn sum(row: &[f32]) -> f32 {
-        let mut acc = [0.0f32; 8];
-        for chunk in row.chunks(8) {
-            for (a, &v) in acc.iter_mut().zip(chunk) {
-                *a += v;
-            }
-        }
-        acc.iter().sum()
-    }
-
-    #[cfg(test)]
-    mod tests {
-        #[test]
-        fn approximations_are_close() {
-            let mut worst = [0.0f64; 3];
-            let mut x = -30.0f32;
-            while x < 30.0 {
-                let e = (super::exp(x) as f64 - (x as f64).exp()).abs() / (x as f64).exp();
-                let t = (super::tanh(x) as f64 - (x as f64).tanh()).abs();
-                let s = (super::sigmoid(x) as f64 - 1.0 / (1.0 + (-x as f64).exp())).abs();
-                worst = [worst[0].max(e), worst[1].max(t), worst[2].max(s)];
-                x += 0.001_37;
-            }
-            assert!(worst[0] < 3e-7 && worst[1] < 3e-7 && worst[2] < 3e-7, "{worst:?}");
-            assert!(super::exp(f32::NAN).is_nan() && super::tanh(f32::NAN).is_nan());
-            assert_eq!(super::tanh(f32::INFINITY), 1.0);
-            assert_eq!(super::tanh(f32::NEG_INFINITY), -1.0);
-            assert_eq!(super::exp(f32::NEG_INFINITY), super::exp(-87.0));
-        }
+        let hidden = xs.len() / 4;
+        let mut gates = xs[..4 * hidden].to_vec();
+        let c: Vec<f32> = (0..hidden).map(|j| (j as f32 * 0.37).sin() * 3.0).collect();
+        let (mut h2, mut c2) = (vec![0.0f32; hidden], vec![0.0f32; hidden]);
+        lstm_states(&mut gates, &c, &mut h2, &mut c2, hidden);
+        let gate = |k: usize, j: usize| xs[k * hidden + j];
+        let want_c: Vec<f32> = (0..hidden)
+            .map(|j| fastmath::sigmoid(gate(1, j)) * c[j] + fastmath::sigmoid(gate(0, j)) * fastmath::tanh(gate(2, j)))
+            .collect();
+        assert_same(&c2, want_c.iter().copied());
+        assert_same(&h2, (0..hidden).map(|j| fastmath::sigmoid(gate(3, j)) * fastmath::tanh(want_c[j])));
     }
 }

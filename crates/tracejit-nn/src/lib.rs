@@ -26,11 +26,11 @@
 //! | [`softmax_cross_entropy_with_logits`] | `tracejit.nn.softmax_cross_entropy_with_logits` | — |
 //! | [`dense`] | `tracejit.nn.dense` | — (matmul + fused epilogue) |
 //!
-//! The kernels compute `exp`, `tanh` and `sigmoid` with in-register
-//! approximations (Cephes `expf`, about 1 ULP; `tanh` from a Cephes odd
-//! polynomial below 0.625 and `1 - 2/(e^{2x}+1)` above; NaN propagates) and
-//! sum in several partial accumulators, so they agree with the primitive
-//! bodies to about 1e-6 relative, not bitwise.
+//! The kernels compute `exp`, `tanh` and `sigmoid` with the JIT's own
+//! approximations (`tracejit_jit::fastmath`: the same bits as the JIT's
+//! in-line and AVX2 code, within the ULP bounds `tracejit-jit` documents;
+//! NaN propagates) and sum in several partial accumulators, so they agree
+//! with the primitive bodies to about 1e-6 relative, not bitwise.
 //!
 //! ```
 //! use tracejit_trace::{function, Tensor};
