@@ -19,8 +19,8 @@
 //! ```
 //!
 //! This crate is a facade: it re-exports the workspace's crates
-//! (`tracejit-tensor`, `tracejit-ir`, `tracejit-trace`, `tracejit-module`)
-//! and offers a [`prelude`].
+//! (`tracejit-tensor`, `tracejit-ir`, `tracejit-trace`, `tracejit-nn`,
+//! `tracejit-module`) and offers a [`prelude`].
 //!
 //! State lives in [`Variable`]s held by [`Module`]s (`#[derive(Module)]`),
 //! which list their variables by path ([`Module::named_variables`]) and are
@@ -57,13 +57,13 @@ pub use tracejit_module as module;
 pub use tracejit_module::checkpoint;
 /// The `Module` trait and its derive macro (one name, as serde does).
 pub use tracejit_module::Module;
-pub use tracejit_tensor as tensor;
-/// Composite kernels: `register_kernel(name, kernel)` for functions marked
-/// `implements(name)`.
-pub use tracejit_trace::composite;
 /// Composite ops (`gelu`, `softmax`, `layer_norm`, `lstm_cell`, ...) with
-/// registered fast kernels.
-pub use tracejit_trace::nn;
+/// registered fast kernels (the `tracejit-nn` crate).
+pub use tracejit_nn as nn;
+/// Composite kernels: `register_kernel(name, kernel)` for functions marked
+/// `implements(name)` (the `tracejit-nn` crate's `composite` module).
+pub use tracejit_nn::composite;
+pub use tracejit_tensor as tensor;
 pub use tracejit_trace::{
     config, function, remember, remember_in, ConcreteFunction, DType, Error, Flattener, Function, Nest, Operand,
     Result, Scalar, Scope, SliceSpec, SpecFlattener, SpecNest, Static, StaticValue, Tensor, TensorSpec, Unflattener,

@@ -9,7 +9,9 @@
 //! [`verify`] checks a graph's invariants, [`interpret`] runs a graph with the
 //! reference kernels of `tracejit-tensor`, and `Display` / [`Graph::to_dot`]
 //! print it; [`Graph::parse`] reads the `Display` text back, and
-//! [`Graph::structurally_eq`] says when two graphs are the same. [`passes`] holds the optimization passes and the pass manager.
+//! [`Graph::structurally_eq`] says when two graphs are the same. [`passes`]
+//! holds the optimization passes and the pass manager; [`registry`] the
+//! process-wide table of composite kernels they consult.
 
 mod equality;
 mod error;
@@ -21,6 +23,7 @@ mod op_key;
 mod parser;
 pub mod passes;
 mod printer;
+pub mod registry;
 mod types;
 mod verifier;
 

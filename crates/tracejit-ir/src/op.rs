@@ -14,7 +14,7 @@ use crate::TensorType;
 /// Native code standing in for a composite function: the implementation
 /// selector replaces a `Call` of a function marked `implements = name` by an
 /// [`Op::Kernel`] node holding one of these when a kernel is registered for
-/// `name` (the trace crate's `tracejit::composite` registry implements it).
+/// `name` in [`crate::registry`] (which `tracejit::composite` fills).
 ///
 /// A kernel must be a pure function of its inputs (passes may merge two
 /// identical kernel nodes, or drop one whose results are unused) and return

@@ -8,10 +8,11 @@
 //! of such a function into a scratch chunk, calls one of these, and reads
 //! the results back (see `kernel.rs`, "staged" nodes).
 //!
-//! The recipes are exactly those of [`crate::math`] (same constants, same
-//! operation order, same FMAs, Estrin's scheme for exp's polynomial), so a
-//! staged kernel computes the same bits as the in-kernel code and the
-//! documented ULP bounds hold for both. The tail of a chunk that does not
+//! The recipes are exactly those of [`crate::math`] (the constants of
+//! [`crate::fastmath`], same operation order, same FMAs, Estrin's scheme for
+//! exp's polynomial), so a staged kernel computes the same bits as the
+//! in-kernel code and as `fastmath`, and the documented ULP bounds hold for
+//! all three (`tests/agreement.rs`). The tail of a chunk that does not
 //! fill a vector is padded, computed as a vector and copied back.
 //!
 //! Only x86_64 CPUs with AVX2 and FMA get these; elsewhere kernels compute
@@ -56,6 +57,11 @@ pub(crate) fn symbols() -> Vec<(&'static str, *const u8)> {
 mod avx2 {
     use std::arch::x86_64::*;
 
+    use crate::fastmath::{
+        EXP_MAX, EXP_MIN, EXP_NEG_LN2_HI, EXP_NEG_LN2_LO, EXP_POLY, ROUND_MAGIC, ROUND_MAGIC_BITS, TANH_CLAMP, TANH_P,
+        TANH_Q,
+    };
+
     type V = __m256;
 
     #[inline(always)]
@@ -78,28 +84,29 @@ mod avx2 {
         unsafe { _mm256_fmadd_ps(a, b, c) }
     }
 
-    /// `math::exp_f32`.
+    /// `math::exp_f32`, `fastmath::exp`.
     #[inline(always)]
     unsafe fn exp(x: V) -> V {
         // SAFETY: AVX2 and FMA are enabled in every caller.
         unsafe {
-            let x = clamp(x, -104.0, 89.0);
-            let magic = k(12_582_912.0);
+            let x = clamp(x, EXP_MIN, EXP_MAX);
+            let magic = k(ROUND_MAGIC);
             let t = fma(x, k(std::f32::consts::LOG2_E), magic);
             let n = _mm256_sub_ps(t, magic);
-            let r = fma(n, k(-0.693_359_4), x);
-            let r = fma(n, k(2.121_944_4e-4), r);
-            // Estrin, lowest degree first: 0.5, 1.666e-1, 4.166e-2, 8.333e-3, 1.398e-3, 1.987e-4.
-            let t0 = fma(k(1.666_666_5e-1), r, k(0.5));
-            let t1 = fma(k(8.333_452e-3), r, k(4.166_579_6e-2));
-            let t2 = fma(k(1.987_569_1e-4), r, k(1.398_199_9e-3));
+            let r = fma(n, k(EXP_NEG_LN2_HI), x);
+            let r = fma(n, k(EXP_NEG_LN2_LO), r);
+            // Estrin, pairing coefficients from the lowest degree up.
+            let [c5, c4, c3, c2, c1, c0] = EXP_POLY;
+            let t0 = fma(k(c1), r, k(c0));
+            let t1 = fma(k(c3), r, k(c2));
+            let t2 = fma(k(c5), r, k(c4));
             let r2 = _mm256_mul_ps(r, r);
             let t01 = fma(t1, r2, t0);
             let r4 = _mm256_mul_ps(r2, r2);
             let p = fma(t2, r4, t01);
             let y = fma(p, r2, r);
             let y = _mm256_add_ps(y, k(1.0));
-            let ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4b40_0000));
+            let ni = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(ROUND_MAGIC_BITS));
             let e1 = _mm256_srai_epi32(ni, 1);
             let e2 = _mm256_sub_epi32(ni, e1);
             let bias = _mm256_set1_epi32(127);
@@ -109,28 +116,28 @@ mod avx2 {
         }
     }
 
-    /// `math::tanh_f32`.
+    /// `math::tanh_f32`, `fastmath::tanh`.
     #[inline(always)]
     unsafe fn tanh(x: V) -> V {
         // SAFETY: AVX2 and FMA are enabled in every caller.
         unsafe {
-            let x = clamp(x, -8.017_734, 8.017_734);
+            let x = clamp(x, -TANH_CLAMP, TANH_CLAMP);
             let x2 = _mm256_mul_ps(x, x);
             let x3 = _mm256_mul_ps(x2, x);
-            let mut p = k(1.394_553_6e-8);
-            for c in [2.102_733_6e-5, 3.520_756_7e-3, 1.340_216_1e-1] {
-                p = fma(p, x2, k(c));
+            let mut p = k(TANH_P[0]);
+            for c in &TANH_P[1..] {
+                p = fma(p, x2, k(*c));
             }
-            let mut q = k(8.015_777e-7);
-            for c in [3.326_951_4e-4, 2.597_254_5e-2, 4.673_548_3e-1, 1.0] {
-                q = fma(q, x2, k(c));
+            let mut q = k(TANH_Q[0]);
+            for c in &TANH_Q[1..] {
+                q = fma(q, x2, k(*c));
             }
             let p = fma(x3, p, x);
             _mm256_div_ps(p, q)
         }
     }
 
-    /// `math::sigmoid_f32`.
+    /// `math::sigmoid_f32`, `fastmath::sigmoid`.
     #[inline(always)]
     unsafe fn sigmoid(x: V) -> V {
         // SAFETY: AVX2 and FMA are enabled in every caller.

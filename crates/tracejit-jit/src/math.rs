@@ -21,6 +21,11 @@
 //! - `erf`: Eigen `generic_fast_erf_float`: odd 9 / even 12 rational, `±1`
 //!   beyond |x| ≥ 3.8325.
 //!
+//! The constants of `exp`, `tanh` and `sigmoid` are declared once, in
+//! `fastmath`, which also holds the same recipes as Rust code; the AVX2
+//! chunk functions (`chunkmath`) are a third form. All three compute the
+//! same bits (`tests/agreement.rs`).
+//!
 //! NaN inputs give NaN and `-0.0` keeps its sign where the function is odd.
 //! The measured error bounds are in the crate documentation and enforced by
 //! the `ulp` test. FMA is used freely here: these are approximations with a
@@ -30,6 +35,10 @@ use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{InstBuilder, Value};
 use tracejit_ir::tensor::DType;
 
+use crate::fastmath::{
+    EXP_MAX, EXP_MIN, EXP_NEG_LN2_HI, EXP_NEG_LN2_LO, EXP_POLY, ROUND_MAGIC, ROUND_MAGIC_BITS, TANH_CLAMP, TANH_P,
+    TANH_Q,
+};
 use crate::lower::{Emit, Mode};
 
 const F: DType = DType::F32;
@@ -124,27 +133,26 @@ impl Emit<'_, '_> {
 
     /// Approximate `exp(x)` for f32.
     pub fn exp_f32(&mut self, mode: Mode, x: Value) -> Value {
-        let x = self.clamp_keep_nan(mode, x, -104.0, 89.0);
+        let x = self.clamp_keep_nan(mode, x, EXP_MIN, EXP_MAX);
         // n = round(x·log2 e) by the 1.5·2^23 trick: adding the magic number
         // rounds to an integer in the low mantissa bits, so the integer n is
         // also the difference of the bit patterns (no float->int conversion).
         let log2e = self.c(mode, std::f32::consts::LOG2_E);
-        let magic = self.c(mode, 12_582_912.0);
+        let magic = self.c(mode, ROUND_MAGIC);
         let t = self.fma(x, log2e, magic);
         let n = self.b.ins().fsub(t, magic);
-        let mc1 = self.c(mode, -0.693_359_4);
-        let mc2 = self.c(mode, 2.121_944_4e-4);
+        let mc1 = self.c(mode, EXP_NEG_LN2_HI);
+        let mc2 = self.c(mode, EXP_NEG_LN2_LO);
         let r = self.fma(n, mc1, x);
         let r = self.fma(n, mc2, r);
-        let p =
-            self.estrin(mode, r, &[1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5]);
+        let p = self.estrin(mode, r, &EXP_POLY);
         let r2 = self.b.ins().fmul(r, r);
         let y = self.fma(p, r2, r);
         let one = self.c(mode, 1.0);
         let y = self.b.ins().fadd(y, one);
         let ity = self.ty(DType::I32, mode);
         let tb = self.bitcast(ity, t);
-        let magic_bits = self.ci(mode, 0x4b40_0000);
+        let magic_bits = self.ci(mode, ROUND_MAGIC_BITS);
         let ni = self.b.ins().isub(tb, magic_bits);
         let e1 = self.b.ins().sshr_imm_s(ni, 1);
         let e2 = self.b.ins().isub(ni, e1);
@@ -215,11 +223,11 @@ impl Emit<'_, '_> {
 
     /// Approximate `tanh(x)` for f32.
     pub fn tanh_f32(&mut self, mode: Mode, x: Value) -> Value {
-        let x = self.clamp_keep_nan(mode, x, -8.017_734, 8.017_734);
+        let x = self.clamp_keep_nan(mode, x, -TANH_CLAMP, TANH_CLAMP);
         let x2 = self.b.ins().fmul(x, x);
         let x3 = self.b.ins().fmul(x2, x);
-        let p = self.horner(mode, x2, &[1.394_553_6e-8, 2.102_733_6e-5, 3.520_756_7e-3, 1.340_216_1e-1]);
-        let q = self.horner(mode, x2, &[8.015_777e-7, 3.326_951_4e-4, 2.597_254_5e-2, 4.673_548_3e-1, 1.0]);
+        let p = self.horner(mode, x2, &TANH_P);
+        let q = self.horner(mode, x2, &TANH_Q);
         let p = self.fma(x3, p, x);
         self.b.ins().fdiv(p, q)
     }

@@ -14,47 +14,8 @@ fn ordered(x: f32) -> i64 {
     i64::from(if b < 0 { i32::MIN - b } else { b })
 }
 
-fn inputs() -> Vec<f32> {
-    let mut xs = Vec::new();
-    // 1536 points per binade from 2^-149 to 2^127, both signs.
-    for e in -149..128 {
-        let lo = 2f64.powi(e);
-        for k in 0..1536 {
-            let x = (lo * (1.0 + k as f64 / 1536.0)) as f32;
-            xs.push(x);
-            xs.push(-x);
-        }
-    }
-    // Dense in the ranges where the functions are interesting.
-    for k in 0..400_000 {
-        xs.push(-110.0 + 220.0 * k as f32 / 400_000.0);
-    }
-    xs.extend([
-        0.0,
-        -0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        f32::MIN_POSITIVE,
-        1e-45,
-        -1e-45,
-        88.72283,
-        88.7229,
-        89.0,
-        -87.33655,
-        -103.97,
-        -104.0,
-        f32::MAX,
-        f32::MIN,
-        1.0,
-        3.8325,
-        8.017734,
-    ]);
-    xs
-}
-
 fn sweep(op: UnaryOp, reference: impl Fn(f64) -> f64) -> i64 {
-    let xs = inputs();
+    let xs = sweep_inputs();
     let mut g = Graph::new(op.name());
     let p = param(&mut g, DType::F32, &[xs.len()]);
     let y = node(&mut g, Op::Unary(op), &[p]);

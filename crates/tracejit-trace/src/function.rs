@@ -614,8 +614,10 @@ impl<A: Nest, R: Nest> Function<A, R> {
     }
 
     /// Runs the optimization pipeline over a freshly traced graph; the
-    /// trace lock is held. Composite calls find their kernels in
-    /// `tracejit::composite`; dumps are named `<function>.<trace number>`.
+    /// trace lock is held. Composite calls find their kernels in the
+    /// process-wide table (`tracejit_ir::registry`, which
+    /// `tracejit::composite` fills); dumps are named
+    /// `<function>.<trace number>`.
     fn optimize_graph(&self, graph: &Graph) -> Result<(Graph, PipelineReport)> {
         let pipeline = Pipeline::default_pipeline().with_options(self.config.optimizations.clone());
         pipeline.validate().map_err(|message| Error::Signature { function: self.config.name.clone(), message })?;
@@ -624,7 +626,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
             dump_prefix: Some(format!("{}.{trace_no}", self.config.name)),
             ..PassContext::new(self.config.name.clone())
         }
-        .with_kernels(crate::composite::kernel_registry());
+        .with_kernels(tracejit_ir::registry::global());
         if self.config.jit {
             // Form only regions the JIT compiles (smaller ones where it
             // would reject a bigger one); `OptimizationOptions::accept_region`
@@ -636,9 +638,9 @@ impl<A: Nest, R: Nest> Function<A, R> {
 }
 
 /// The `implements` name if it has the `org.semantic.opname` form
-/// ([`crate::composite::is_valid_name`]), else the message a call reports.
+/// ([`tracejit_ir::registry::is_valid_name`]), else the message a call reports.
 fn validate_composite_name(name: &str) -> std::result::Result<String, String> {
-    if crate::composite::is_valid_name(name) {
+    if tracejit_ir::registry::is_valid_name(name) {
         Ok(name.to_string())
     } else {
         Err(format!(

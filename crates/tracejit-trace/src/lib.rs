@@ -11,14 +11,12 @@
 // inside this crate too.
 extern crate self as tracejit;
 
-pub mod composite;
 mod concrete;
 pub mod config;
 mod context;
 mod error;
 mod function;
 mod nest;
-pub mod nn;
 mod operators;
 mod ops;
 mod tensor;

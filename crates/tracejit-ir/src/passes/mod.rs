@@ -139,8 +139,8 @@ pub fn run_in_subgraphs(pass: &dyn Pass, g: &mut Graph, cx: &PassContext) -> Pas
 }
 
 /// Where the implementation selector finds native kernels for composite
-/// ops. The IR cannot depend on the trace crate, so `tracejit::composite`'s
-/// registry reaches the passes through this trait.
+/// ops: [`crate::registry::global`] (the process-wide table that
+/// `tracejit::composite` fills), or a table of a test's own.
 pub trait KernelRegistry: Send + Sync {
     /// A kernel registered for the composite op `name` that accepts inputs
     /// of these types (unknown dims may be `None`), if there is one.

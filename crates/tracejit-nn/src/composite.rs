@@ -4,7 +4,8 @@
 //! TensorFlow's RFC "Standardizing Composite Operations".
 //!
 //! ```
-//! use tracejit_trace::{composite, function, Tensor};
+//! use tracejit_nn::composite;
+//! use tracejit_trace::{function, Tensor};
 //!
 //! // A kernel that gives itself away: it adds 100.
 //! composite::register_kernel("example.doc.double", |inputs: &[Tensor]| vec![&inputs[0] * 2.0 + 100.0]);
@@ -29,20 +30,32 @@
 //!   inlined.
 //! - Registering a second kernel for a name replaces the first (the latest
 //!   wins) and logs it. The kernel is resolved when a function is traced:
-//!   functions traced before a registration keep what they chose.
+//!   a registration must happen before a function is traced for that trace
+//!   to choose it, and functions traced before a registration keep what
+//!   they chose.
 //! - Names are validated ([`is_valid_name`]); a malformed one panics.
-//! - The kernels of `tracejit::nn` are registered lazily, on the first use
-//!   of the registry; they can be replaced or unregistered like any other.
+//! - The kernels of `tracejit::nn` are registered lazily, on the first call
+//!   of any function of this module or of `tracejit::nn`; they never
+//!   replace a kernel registered before them, and can be replaced or
+//!   unregistered like any other. (A function marked
+//!   `implements("tracejit.nn.gelu")` by hand, traced before anything has
+//!   touched `nn` or `composite`, finds no built-in kernel and inlines its
+//!   body.)
+//!
+//! The table itself is `tracejit_ir::registry`, below the tracer, which
+//! consults it when it optimizes a trace; this module adapts closures over
+//! eager [`Tensor`]s to the IR's [`ExternalKernel`] and predicates over
+//! [`TensorSpec`]s to predicates over IR types. Keeping the table low and
+//! this API above the tracer is what lets `tracejit-trace` know nothing of
+//! `nn` (no `composite` <-> `function` <-> `nn` cycle).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, LazyLock, Once, RwLock};
+use std::sync::{Arc, Once};
 
-use tracejit_ir::passes::KernelRegistry;
+use tracejit_ir::registry::{self, Registration, TypePredicate};
 use tracejit_ir::{ExternalKernel, TensorType};
 use tracejit_tensor::Storage;
-
-use crate::{Tensor, TensorSpec};
+use tracejit_trace::{Tensor, TensorSpec};
 
 /// A composite kernel: native code over eager tensors.
 pub type KernelFn = dyn Fn(&[Tensor]) -> Vec<Tensor> + Send + Sync;
@@ -50,49 +63,33 @@ pub type KernelFn = dyn Fn(&[Tensor]) -> Vec<Tensor> + Send + Sync;
 /// Says which argument specs a kernel accepts.
 pub type KernelPredicate = dyn Fn(&[TensorSpec]) -> bool + Send + Sync;
 
-#[derive(Clone)]
-struct Entry {
-    kernel: Arc<KernelFn>,
-    predicate: Option<Arc<KernelPredicate>>,
-}
-
-static TABLE: LazyLock<RwLock<HashMap<String, Entry>>> = LazyLock::new(|| RwLock::new(HashMap::new()));
-static BUILTINS: Once = Once::new();
-
-/// The table, with the built-in kernels registered on first use.
-fn table() -> &'static RwLock<HashMap<String, Entry>> {
+/// Registers the kernels of `tracejit::nn`, once per process. Every entry
+/// point of this module and of the composites calls it first, so the
+/// built-ins are in the table before anything can look at it through this
+/// crate, and before any trace that calls an `nn` composite is optimized.
+pub(crate) fn ensure_builtins() {
+    static BUILTINS: Once = Once::new();
     BUILTINS.call_once(|| {
-        let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
-        for (name, predicate, kernel) in crate::nn::builtin_kernels() {
-            t.insert(name.to_string(), Entry { kernel, predicate: Some(predicate) });
+        for (name, predicate, kernel) in crate::kernels::builtin_kernels() {
+            registry::register_default(name, registration(name, Some(predicate), kernel));
         }
     });
-    &TABLE
 }
 
 /// True for names of the form `org.semantic.opname`: three or more
 /// dot-separated, non-empty parts of ASCII letters, digits and `_`.
 pub fn is_valid_name(name: &str) -> bool {
-    let parts: Vec<&str> = name.split('.').collect();
-    parts.len() >= 3 && parts.iter().all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+    registry::is_valid_name(name)
 }
 
-#[track_caller]
-fn check_name(name: &str) {
-    assert!(
-        is_valid_name(name),
-        "register_kernel: `{name}` is not of the form `org.semantic.opname` \
-         (three or more dot-separated names of letters, digits and `_`)"
-    );
+/// The IR's view of a kernel and its predicate.
+fn registration(name: &str, predicate: Option<Arc<KernelPredicate>>, kernel: Arc<KernelFn>) -> Registration {
+    let accepts = predicate.map(|p| Arc::new(move |types: &[TensorType]| p(&specs(types))) as Arc<TypePredicate>);
+    Registration { kernel: Arc::new(RegisteredKernel { name: name.to_string(), kernel }), accepts }
 }
 
-fn insert(name: &str, entry: Entry) {
-    let replaced = table().write().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), entry).is_some();
-    if replaced {
-        log::info!("tracejit: composite kernel `{name}` registered again; the latest registration wins");
-    } else {
-        log::debug!("tracejit: composite kernel `{name}` registered");
-    }
+fn specs(types: &[TensorType]) -> Vec<TensorSpec> {
+    types.iter().map(|ty| TensorSpec { ty: ty.clone() }).collect()
 }
 
 /// Registers `kernel` for the composite op `name`, for every argument type.
@@ -105,8 +102,8 @@ pub fn register_kernel<F>(name: &str, kernel: F)
 where
     F: Fn(&[Tensor]) -> Vec<Tensor> + Send + Sync + 'static,
 {
-    check_name(name);
-    insert(name, Entry { kernel: Arc::new(kernel), predicate: None });
+    ensure_builtins();
+    registry::register(name, registration(name, None, Arc::new(kernel)));
 }
 
 /// Registers `kernel` for the composite op `name`, used only for calls whose
@@ -121,29 +118,41 @@ where
     P: Fn(&[TensorSpec]) -> bool + Send + Sync + 'static,
     F: Fn(&[Tensor]) -> Vec<Tensor> + Send + Sync + 'static,
 {
-    check_name(name);
-    insert(name, Entry { kernel: Arc::new(kernel), predicate: Some(Arc::new(predicate)) });
+    ensure_builtins();
+    registry::register(name, registration(name, Some(Arc::new(predicate)), Arc::new(kernel)));
 }
 
 /// Removes the kernel registered for `name`; true if there was one.
 pub fn unregister(name: &str) -> bool {
-    table().write().unwrap_or_else(|e| e.into_inner()).remove(name).is_some()
+    ensure_builtins();
+    registry::unregister(name)
 }
 
 /// The names with a registered kernel, sorted.
 pub fn registered_kernels() -> Vec<String> {
-    let mut names: Vec<String> = table().read().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect();
-    names.sort();
-    names
+    ensure_builtins();
+    registry::names()
 }
 
 /// The kernel registered for `name` if it accepts arguments of these specs.
 pub fn lookup(name: &str, specs: &[TensorSpec]) -> Option<Arc<KernelFn>> {
-    let entry = table().read().unwrap_or_else(|e| e.into_inner()).get(name).cloned()?;
-    entry.predicate.is_none_or(|p| p(specs)).then_some(entry.kernel)
+    ensure_builtins();
+    let types: Vec<TensorType> = specs.iter().map(|s| s.ty.clone()).collect();
+    let kernel = registry::lookup(name, &types)?;
+    let name = name.to_string();
+    Some(Arc::new(move |inputs: &[Tensor]| {
+        let storages: Vec<Storage> = inputs
+            .iter()
+            .map(|t| match t.storage() {
+                Ok(s) => s.clone(),
+                Err(_) => panic!("composite kernel `{name}` called with a symbolic tensor"),
+            })
+            .collect();
+        kernel.run(&storages).into_iter().map(Tensor::from_raw_storage).collect()
+    }))
 }
 
-/// A registered kernel as the IR runs it.
+/// A kernel over eager tensors as the IR runs it.
 struct RegisteredKernel {
     name: String,
     kernel: Arc<KernelFn>,
@@ -157,7 +166,7 @@ impl fmt::Debug for RegisteredKernel {
 
 impl ExternalKernel for RegisteredKernel {
     fn run(&self, inputs: &[Storage]) -> Vec<Storage> {
-        let tensors: Vec<Tensor> = inputs.iter().cloned().map(Tensor::from_storage).collect();
+        let tensors: Vec<Tensor> = inputs.iter().cloned().map(Tensor::from_raw_storage).collect();
         (self.kernel)(&tensors)
             .into_iter()
             .map(|t| match t.storage() {
@@ -168,33 +177,12 @@ impl ExternalKernel for RegisteredKernel {
     }
 }
 
-/// The registry as the implementation selector sees it.
-struct Registry;
-
-impl KernelRegistry for Registry {
-    fn lookup(&self, name: &str, inputs: &[TensorType]) -> Option<Arc<dyn ExternalKernel>> {
-        let specs: Vec<TensorSpec> = inputs.iter().map(|ty| TensorSpec { ty: ty.clone() }).collect();
-        let kernel = lookup(name, &specs)?;
-        Some(Arc::new(RegisteredKernel { name: name.to_string(), kernel }))
-    }
-}
-
-/// The registry handle given to the pass pipeline.
-pub(crate) fn kernel_registry() -> Arc<dyn KernelRegistry> {
-    Arc::new(Registry)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn names_are_validated() {
-        assert!(is_valid_name("tracejit.nn.gelu"));
-        assert!(is_valid_name("org.my_lab.op2.v1"));
-        for bad in ["gelu", "a.b", "a..b", ".a.b", "a.b.", "a.b c.d", "a.b-c.d", ""] {
-            assert!(!is_valid_name(bad), "{bad}");
-        }
+    fn malformed_names_panic() {
         let e = std::panic::catch_unwind(|| register_kernel("gelu", |x: &[Tensor]| x.to_vec())).unwrap_err();
         assert!(e.downcast_ref::<String>().unwrap().contains("org.semantic.opname"));
     }
@@ -205,5 +193,17 @@ mod tests {
         for n in ["tracejit.nn.gelu", "tracejit.nn.softmax", "tracejit.nn.layer_norm", "tracejit.nn.lstm_cell"] {
             assert!(names.iter().any(|x| x == n), "{n} missing from {names:?}");
         }
+    }
+
+    #[test]
+    fn lookup_runs_the_registered_closure_and_checks_the_predicate() {
+        let name = "tests.nn_composite.lookup";
+        register_kernel_with(name, |s: &[TensorSpec]| s.len() == 1, |x: &[Tensor]| vec![&x[0] + 1.0]);
+        let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2]);
+        let spec = TensorSpec::new(tracejit_trace::DType::F32, &[2]);
+        let k = lookup(name, std::slice::from_ref(&spec)).expect("accepted");
+        assert_eq!(k(&[x])[0].to_vec::<f32>().unwrap(), [2.0, 3.0]);
+        assert!(lookup(name, &[spec.clone(), spec]).is_none());
+        assert!(unregister(name));
     }
 }

@@ -1,0 +1,193 @@
+//! The one implementation of tracejit's f32 `exp`, `tanh` and `sigmoid`
+//! approximations, for Rust code outside the JIT (the `tracejit-nn`
+//! kernels), and the constants every form of it shares.
+//!
+//! Three places compute these functions: the JIT's in-line Cranelift code
+//! (the `math` module, scalar and `f32x4`), the 256-bit AVX2 chunk
+//! functions of staged kernels (`chunkmath`), and the functions here. All
+//! three follow one recipe operation for operation, with the constants
+//! below declared once, and every multiply-add fused (one rounding, whether
+//! it is an FMA instruction, Cranelift's `fma` or [`f32::mul_add`]), so they
+//! compute the same bits for every input; only the sign and payload of a
+//! NaN result may differ (any NaN stands for NaN, as in the rest of the
+//! JIT). `tests/agreement.rs` checks this over a sweep of every binade and
+//! the special values; the error bounds in the crate documentation (the ULP
+//! table) therefore hold for all three.
+//!
+//! The recipes (see the `math` module for the reasoning):
+//! - `exp`: Cephes `expf`: clamp to `[-104, 89]`, `n = round(x·log2 e)` by
+//!   the `1.5·2^23` trick, Cody-Waite reduction `r = x − n·ln2_hi − n·ln2_lo`,
+//!   a degree-5 polynomial by Estrin's scheme, and scaling by `2^n` in two
+//!   factors (subnormal results round once).
+//! - `tanh`: Eigen's rational (odd degree 9 / even degree 8) on the input
+//!   clamped to `±8.01773357`.
+//! - `sigmoid`: `e = exp(-|x|)`, then `e / (1 + e)` for `x < 0` and
+//!   `1 / (1 + e)` otherwise.
+//!
+//! [`exp_in_place`], [`tanh_in_place`] and [`sigmoid_in_place`] run the
+//! AVX2 chunk functions when the CPU has AVX2 and FMA, and the scalar
+//! functions otherwise (slower where `mul_add` has no FMA instruction under
+//! it, never different).
+//!
+//! ```
+//! use tracejit_jit::fastmath;
+//!
+//! let mut v = [0.0f32, 1.0, -1.0, f32::INFINITY];
+//! fastmath::exp_in_place(&mut v);
+//! assert_eq!(v, [1.0, fastmath::exp(1.0), fastmath::exp(-1.0), f32::INFINITY]);
+//! assert!((fastmath::exp(1.0) - std::f32::consts::E).abs() <= f32::EPSILON * 3.0);
+//! ```
+
+use tracejit_ir::tensor::UnaryOp;
+
+/// `exp`'s input clamp: below it the f32 result is 0 (or rounds to 0),
+/// above it `inf`, so clamping changes no result and keeps `n` in range.
+pub(crate) const EXP_MIN: f32 = -104.0;
+/// See [`EXP_MIN`].
+pub(crate) const EXP_MAX: f32 = 89.0;
+/// `1.5·2^23`: adding it rounds a float of magnitude below `2^22` to an
+/// integer held in the low mantissa bits.
+pub(crate) const ROUND_MAGIC: f32 = 12_582_912.0;
+/// The bit pattern of [`ROUND_MAGIC`]: `bits(x + magic) - this` is the
+/// rounded integer, without a float-to-int conversion.
+pub(crate) const ROUND_MAGIC_BITS: i32 = 0x4b40_0000;
+/// `-ln 2` split in two (Cody-Waite): the high part has few mantissa bits,
+/// so `n · hi` is exact for the `n` that occur.
+pub(crate) const EXP_NEG_LN2_HI: f32 = -0.693_359_4;
+/// The rest of `-ln 2`.
+pub(crate) const EXP_NEG_LN2_LO: f32 = 2.121_944_4e-4;
+/// `exp`'s polynomial `p(r)` (Cephes `expf`), highest degree first:
+/// `exp(r) ≈ 1 + r + r²·p(r)`.
+pub(crate) const EXP_POLY: [f32; 6] =
+    [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+/// `tanh`'s input clamp, where Eigen's FMA variant reaches `±1`.
+pub(crate) const TANH_CLAMP: f32 = 8.017_734;
+/// `tanh`'s numerator in `x²`, highest degree first:
+/// `tanh(x) ≈ (x + x³·P(x²)) / Q(x²)`.
+pub(crate) const TANH_P: [f32; 4] = [1.394_553_6e-8, 2.102_733_6e-5, 3.520_756_7e-3, 1.340_216_1e-1];
+/// `tanh`'s denominator in `x²`, highest degree first.
+pub(crate) const TANH_Q: [f32; 5] = [8.015_777e-7, 3.326_951_4e-4, 2.597_254_5e-2, 4.673_548_3e-1, 1.0];
+
+/// `x < lo ? lo : x`, then `hi < y ? hi : y`: NaN stays NaN (the
+/// `maxps`/`minps` pattern of the vector forms).
+#[inline(always)]
+fn clamp_keep_nan(x: f32, lo: f32, hi: f32) -> f32 {
+    let y = if x < lo { lo } else { x };
+    if hi < y {
+        hi
+    } else {
+        y
+    }
+}
+
+/// `2^e` for `e` in the normal exponent range (wrapping otherwise, which
+/// only happens for a NaN input, whose result is NaN anyway).
+#[inline(always)]
+fn pow2i(e: i32) -> f32 {
+    f32::from_bits((e.wrapping_add(127) as u32) << 23)
+}
+
+/// `e^x`, at most 1 ULP from the correctly rounded result.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    let x = clamp_keep_nan(x, EXP_MIN, EXP_MAX);
+    let t = x.mul_add(std::f32::consts::LOG2_E, ROUND_MAGIC);
+    let n = t - ROUND_MAGIC;
+    let r = n.mul_add(EXP_NEG_LN2_HI, x);
+    let r = n.mul_add(EXP_NEG_LN2_LO, r);
+    // Estrin's scheme, pairing coefficients from the lowest degree up.
+    let [c5, c4, c3, c2, c1, c0] = EXP_POLY;
+    let t0 = c1.mul_add(r, c0);
+    let t1 = c3.mul_add(r, c2);
+    let t2 = c5.mul_add(r, c4);
+    let r2 = r * r;
+    let t01 = t1.mul_add(r2, t0);
+    let r4 = r2 * r2;
+    let p = t2.mul_add(r4, t01);
+    let y = p.mul_add(r2, r) + 1.0;
+    let ni = (t.to_bits() as i32).wrapping_sub(ROUND_MAGIC_BITS);
+    let e1 = ni >> 1;
+    let e2 = ni.wrapping_sub(e1);
+    y * pow2i(e1) * pow2i(e2)
+}
+
+/// `tanh(x)`, at most 4 ULP from the correctly rounded result.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    let x = clamp_keep_nan(x, -TANH_CLAMP, TANH_CLAMP);
+    let x2 = x * x;
+    let x3 = x2 * x;
+    let p = TANH_P[1..].iter().fold(TANH_P[0], |p, &c| p.mul_add(x2, c));
+    let q = TANH_Q[1..].iter().fold(TANH_Q[0], |q, &c| q.mul_add(x2, c));
+    x3.mul_add(p, x) / q
+}
+
+/// `1 / (1 + e^-x)`, at most 2 ULP from the correctly rounded result.
+#[inline(always)]
+pub fn sigmoid(x: f32) -> f32 {
+    let e = exp(-x.abs());
+    let num = if x < 0.0 { e } else { 1.0 };
+    num / (1.0 + e)
+}
+
+/// `v[i] = exp(v[i])` for every element.
+pub fn exp_in_place(v: &mut [f32]) {
+    apply(v, UnaryOp::Exp, exp);
+}
+
+/// `v[i] = tanh(v[i])` for every element.
+pub fn tanh_in_place(v: &mut [f32]) {
+    apply(v, UnaryOp::Tanh, tanh);
+}
+
+/// `v[i] = sigmoid(v[i])` for every element.
+pub fn sigmoid_in_place(v: &mut [f32]) {
+    apply(v, UnaryOp::Sigmoid, sigmoid);
+}
+
+fn apply(v: &mut [f32], op: UnaryOp, scalar: fn(f32) -> f32) {
+    match crate::chunkmath::chunk_fn(op) {
+        // SAFETY: `v` holds `v.len()` writable f32 values, and `chunk_fn`
+        // hands out a function only when the CPU has the features it needs.
+        Some((_, chunk)) => unsafe { chunk(v.as_mut_ptr(), v.len() as i64) },
+        None => v.iter_mut().for_each(|x| *x = scalar(*x)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specials() {
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp(89.0), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan() && tanh(f32::NAN).is_nan() && sigmoid(f32::NAN).is_nan());
+        assert_eq!(tanh(f32::INFINITY), 1.0);
+        assert_eq!(tanh(f32::NEG_INFINITY), -1.0);
+        assert_eq!(tanh(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(sigmoid(f32::INFINITY), 1.0);
+        assert_eq!(sigmoid(f32::NEG_INFINITY), 0.0);
+        assert_eq!(sigmoid(0.0), 0.5);
+    }
+
+    /// The slice forms (AVX2 here when the CPU has it) give the scalar
+    /// functions' bits, tails included.
+    #[test]
+    fn slices_match_the_scalar_functions() {
+        let xs: Vec<f32> = (0..1003).map(|i| (i as f32 - 500.0) * 0.037).collect();
+        for (f, slice) in [
+            (exp as fn(f32) -> f32, exp_in_place as fn(&mut [f32])),
+            (tanh, tanh_in_place),
+            (sigmoid, sigmoid_in_place),
+        ] {
+            let mut v = xs.clone();
+            slice(&mut v);
+            for (&x, &y) in xs.iter().zip(&v) {
+                assert_eq!(y.to_bits(), f(x).to_bits(), "at {x}");
+            }
+        }
+    }
+}

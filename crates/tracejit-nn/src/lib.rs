@@ -1,0 +1,60 @@
+//! tracejit-nn (`tracejit::nn`): neural-network composite ops written with
+//! primitives, each inside a `Function` marked
+//! `implements("tracejit.nn.<name>")`, fast native kernels for the ones
+//! that matter most (registered lazily), and the user-facing composite
+//! kernel API itself ([`composite`], re-exported as `tracejit::composite`).
+//!
+//! Inside a trace, calling one of these records a `Call` of the composite;
+//! the implementation selector then swaps in the registered kernel when it
+//! accepts the argument types (f32, the shapes each kernel documents), or
+//! inlines the primitive body, which the fusion planner then fuses with its
+//! surroundings. Called on eager tensors, the registered kernel runs directly
+//! when it accepts them, and the primitive body runs eagerly otherwise.
+//!
+//! Each composite is one `Function` created on first use (a `static
+//! OnceLock`), so every caller shares its traces. Composite bodies use only
+//! primitives (never other composites), so turning the selector off in a
+//! caller really means "no kernels" for what it calls directly.
+//!
+//! | function | composite name | registered kernel |
+//! |---|---|---|
+//! | [`gelu`] | `tracejit.nn.gelu` | f32 |
+//! | [`softmax`] | `tracejit.nn.softmax` (last axis) | f32, rank >= 1 |
+//! | [`log_softmax`] | `tracejit.nn.log_softmax` (last axis) | f32, rank >= 1 |
+//! | [`layer_norm`] | `tracejit.nn.layer_norm` | f32 |
+//! | [`lstm_cell`] | `tracejit.nn.lstm_cell` | f32, rank-2 operands |
+//! | [`softmax_cross_entropy_with_logits`] | `tracejit.nn.softmax_cross_entropy_with_logits` | — |
+//! | [`dense`] | `tracejit.nn.dense` | — (matmul + fused epilogue) |
+//!
+//! The kernels compute `exp`, `tanh` and `sigmoid` with the JIT's own
+//! approximations (`tracejit_jit::fastmath`: the same bits as the JIT's
+//! in-line and AVX2 code, within the ULP bounds `tracejit-jit` documents;
+//! NaN propagates) and sum in several partial accumulators, so they agree
+//! with the primitive bodies to about 1e-6 relative, not bitwise.
+//!
+//! ```
+//! use tracejit_trace::{function, Tensor};
+//!
+//! let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[1, 3]);
+//! let eager = tracejit_nn::softmax(&x, -1);
+//! let traced = function(|x: Tensor| tracejit_nn::softmax(&x, -1)).call(x)?;
+//! let (a, b) = (eager.to_vec::<f32>()?, traced.to_vec::<f32>()?);
+//! assert!(a.iter().zip(&b).all(|(a, b)| (a - b).abs() < 1e-6));
+//! assert!((a.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+//! # Ok::<(), tracejit_trace::Error>(())
+//! ```
+//!
+//! # Where this sits
+//!
+//! This crate sits above the tracer (`tracejit-trace`), as `candle-nn` sits
+//! above `candle-core`: composites are ordinary traced `Function`s, and the
+//! tracer knows nothing of them. The kernel table the tracer consults lives
+//! below both, in `tracejit_ir::registry`; [`composite`] fills it.
+
+pub mod composite;
+mod composites;
+mod kernels;
+
+pub use composites::{
+    dense, gelu, layer_norm, log_softmax, lstm_cell, softmax, softmax_cross_entropy_with_logits, Activation,
+};
