@@ -34,7 +34,30 @@ pub(crate) fn chunk_fn(op: UnaryOp) -> Option<(&'static str, ChunkFn)> {
             UnaryOp::Exp => Some(("tracejit_chunk_exp_f32", avx2::exp_chunk as ChunkFn)),
             UnaryOp::Tanh => Some(("tracejit_chunk_tanh_f32", avx2::tanh_chunk as ChunkFn)),
             UnaryOp::Sigmoid => Some(("tracejit_chunk_sigmoid_f32", avx2::sigmoid_chunk as ChunkFn)),
-            _ => None,
+            // No 256-bit version: computed in-line or by a helper.
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Sign
+            | UnaryOp::Expm1
+            | UnaryOp::Log
+            | UnaryOp::Log1p
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Square
+            | UnaryOp::Reciprocal
+            | UnaryOp::Relu
+            | UnaryOp::Erf
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Sinh
+            | UnaryOp::Cosh
+            | UnaryOp::Softplus
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::LogicalNot
+            | UnaryOp::IsNan
+            | UnaryOp::IsFinite => None,
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

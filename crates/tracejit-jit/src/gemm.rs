@@ -2,39 +2,17 @@
 //! numpy broadcasting of batch axes and arbitrary (view) strides; integer
 //! products through the reference kernel.
 //!
-//! Backend choice, measured on this machine single-threaded
-//! (`examples/gemm_bench.rs`, f32, row-major, median µs per product, on a
-//! quiet machine; with a build running on the other core both halve):
-//!
-//! | m×k×n | matrixmultiply 0.3 | gemm 0.19 |
-//! |---|---|---|
-//! | 64×784×512 | 802 (64.1 GFLOP/s) | 665 (77.3 GFLOP/s) |
-//! | 64×512×512 | 485 (69.2 GFLOP/s) | 418 (80.2 GFLOP/s) |
-//! | 64×512×10 | 21.6 (30.4 GFLOP/s) | 12.2 (53.9 GFLOP/s) |
-//! | 1024×1024×1024 | 27300 (78.7 GFLOP/s) | 26942 (79.7 GFLOP/s) |
-//!
-//! `gemm` wins every MLP shape (by 1.8x on the thin 64×512×10), so it runs
-//! every product; [`Backend::MatrixMultiply`] stays for comparison. Results
-//! match the reference (also a blocked GEMM, matrixmultiply) within the usual
+//! Why the `gemm` crate: measured against `matrixmultiply` on the MLP
+//! shapes (64×784×512, 64×512×512, 64×512×10) single-threaded, it was
+//! faster on every one, by 1.8x on the thin 64×512×10 (the measurement and
+//! its figures are in the git history of this file). Results match the
+//! reference kernel (a blocked GEMM of its own) within the usual
 //! `k·ε·Σ|aᵢbᵢ|` bound, not bit for bit.
 
 use ndarray::{ArcArray, Axis, IxDyn};
 use tracejit_ir::tensor::{kernels, DType, Storage};
 
 use crate::region::BufPool;
-
-/// Which GEMM runs a product.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Backend {
-    #[allow(dead_code, reason = "kept to re-measure against gemm")]
-    MatrixMultiply,
-    Gemm,
-}
-
-/// Picks the backend for an `m×k · k×n` product (see the table above).
-fn choose(_m: usize, _k: usize, _n: usize) -> Backend {
-    Backend::Gemm
-}
 
 /// Element types the fast path handles.
 trait GemmScalar: Copy + Default + 'static {
@@ -51,7 +29,6 @@ trait GemmScalar: Copy + Default + 'static {
     /// matrices, `c` not aliasing the others.
     #[allow(clippy::too_many_arguments)]
     unsafe fn product(
-        backend: Backend,
         m: usize,
         k: usize,
         n: usize,
@@ -68,7 +45,7 @@ trait GemmScalar: Copy + Default + 'static {
 }
 
 macro_rules! gemm_scalar {
-    ($t:ty, $v:ident, $mm:path) => {
+    ($t:ty, $v:ident) => {
         impl GemmScalar for $t {
             const DTYPE: DType = DType::$v;
             fn from_storage(s: Storage) -> Option<ArcArray<Self, IxDyn>> {
@@ -81,7 +58,6 @@ macro_rules! gemm_scalar {
                 Storage::$v(a)
             }
             unsafe fn product(
-                backend: Backend,
                 m: usize,
                 k: usize,
                 n: usize,
@@ -95,41 +71,37 @@ macro_rules! gemm_scalar {
                 rsc: isize,
                 csc: isize,
             ) {
-                match backend {
-                    // SAFETY: forwarded from the caller.
-                    Backend::MatrixMultiply => unsafe { $mm(m, k, n, 1.0, a, rsa, csa, b, rsb, csb, 0.0, c, rsc, csc) },
-                    // SAFETY: forwarded from the caller; gemm takes (column, row) strides
-                    // and computes dst = alpha·dst + beta·(lhs·rhs).
-                    Backend::Gemm => unsafe {
-                        gemm::gemm(
-                            m,
-                            n,
-                            k,
-                            c,
-                            csc,
-                            rsc,
-                            false,
-                            a,
-                            csa,
-                            rsa,
-                            b,
-                            csb,
-                            rsb,
-                            0.0,
-                            1.0,
-                            false,
-                            false,
-                            false,
-                            gemm::Parallelism::None,
-                        )
-                    },
+                // SAFETY: forwarded from the caller; gemm takes (column, row) strides
+                // and computes dst = alpha·dst + beta·(lhs·rhs).
+                unsafe {
+                    gemm::gemm(
+                        m,
+                        n,
+                        k,
+                        c,
+                        csc,
+                        rsc,
+                        false,
+                        a,
+                        csa,
+                        rsa,
+                        b,
+                        csb,
+                        rsb,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    )
                 }
             }
         }
     };
 }
-gemm_scalar!(f32, F32, matrixmultiply::sgemm);
-gemm_scalar!(f64, F64, matrixmultiply::dgemm);
+gemm_scalar!(f32, F32);
+gemm_scalar!(f64, F64);
 
 /// Matrix product of the last two axes (batch axes broadcast, numpy rules),
 /// through a fast GEMM for f32/f64 and the reference kernel otherwise. Panics
@@ -198,7 +170,6 @@ fn batched<T: GemmScalar>(
         out.fill(T::default());
         return Some(T::into_storage(out));
     }
-    let backend = choose(m, k, n);
     let nb = batch.len();
     let count: usize = batch.iter().product();
     let mut idx = vec![0usize; nb];
@@ -215,9 +186,7 @@ fn batched<T: GemmScalar>(
         let (rsa, csa, rsb, csb, rsc, csc) = (sa[0], sa[1], sb[0], sb[1], sc[0], sc[1]);
         // SAFETY: the views describe m×k, k×n and m×n matrices with these
         // strides; the output is unique to this call and does not alias.
-        unsafe {
-            T::product(backend, m, k, n, pa.as_ptr(), rsa, csa, pb.as_ptr(), rsb, csb, pc.as_mut_ptr(), rsc, csc)
-        };
+        unsafe { T::product(m, k, n, pa.as_ptr(), rsa, csa, pb.as_ptr(), rsb, csb, pc.as_mut_ptr(), rsc, csc) };
         for d in (0..nb).rev() {
             idx[d] += 1;
             if idx[d] < batch[d] {

@@ -75,9 +75,11 @@
 //!   slice functions, with the constants the Cranelift and AVX2 code share.
 //!   The in-line code, the chunk functions and `fastmath` compute the same
 //!   bits for every non-NaN result (`tests/agreement.rs`), so the exp,
-//!   tanh and sigmoid rows of the table above hold for all three. Measured: GELU 1.20 -> 0.89 ns/element
-//!   cache resident (W2 1.25 -> 0.67 ms), softmax 1.78 -> 1.55.
-//! - f64 transcendentals and f32/f64 `expm1`, `log1p`, `sin`, `cos`, `pow`
+//!   tanh and sigmoid rows of the table above hold for all three. (Why
+//!   256-bit code pays, with figures: `examples/throughput.rs` and the
+//!   benchmark table in the README.)
+//! - f64 transcendentals and f32/f64 `expm1`, `log1p`, `sin`, `cos`, `sinh`,
+//!   `cosh`, `softplus`, `pow`
 //!   and float `rem` call a Rust helper per element (the same `std`/`libm`
 //!   function as the reference), so they are exact.
 //! - Reductions: integer reductions and `max`/`min` are exact (`max`/`min`
