@@ -37,5 +37,9 @@ pub use ops::{
 };
 pub use storage::{Storage, StorageElement};
 
+// ndarray's GEMM runs the reference matmul; naming matrixmultiply turns on
+// its default `avx512` feature (runtime-selected AVX-512 kernels).
+use matrixmultiply as _;
+
 /// Re-export so dependents name the same ndarray version.
 pub use ndarray;
