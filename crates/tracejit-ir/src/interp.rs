@@ -191,7 +191,26 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 }
                 SmallVec::new()
             }
-            op => {
+            // The primitives: a reference kernel each.
+            op @ (Op::Constant { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }) => {
                 check_concrete(graph, op, &args, &node.outputs).map_err(|e| e.into_ir(&broken))?;
                 let refs: SmallVec<[&Storage; 2]> = args.iter().collect();
                 eval_primitive(op, &refs).into_iter().collect()

@@ -121,10 +121,8 @@ fn write_graph(s: &mut String, g: &Graph, indent: &str, full: bool) -> fmt::Resu
 }
 
 fn param_index(node: &Node) -> usize {
-    match node.op {
-        Op::Parameter { index } => index,
-        _ => usize::MAX,
-    }
+    let Op::Parameter { index } = node.op else { return usize::MAX };
+    index
 }
 
 /// One line, without indentation or newline: `%2 = mul %0, %1 : f32[?, 784]`.
@@ -168,10 +166,10 @@ fn write_node(s: &mut String, g: &Graph, id: NodeId, node: &Node, full: bool) ->
 /// The op's name as listed: reductions read `reduce_sum` so they stand out
 /// from elementwise ops (errors use the short `sum`).
 fn listing_name(op: &Op) -> String {
-    match op {
-        Op::Reduce { op, .. } => format!("reduce_{}", op.name()),
-        _ => op.name().to_string(),
+    if let Op::Reduce { op, .. } = op {
+        return format!("reduce_{}", op.name());
     }
+    op.name().to_string()
 }
 
 /// The op with its attributes: `reduce_sum[axes=[1], keepdims=false]`,
@@ -294,7 +292,24 @@ fn write_dot(s: &mut String, g: &Graph) -> fmt::Result {
             Op::ReadVariable { .. } | Op::AssignVariable { .. } => ", style=filled, fillcolor=\"#ffe5b4\"",
             Op::Call { .. } | Op::Kernel { .. } => ", shape=box3d",
             Op::Fused { .. } => ", style=filled, fillcolor=\"#e2d9f3\"",
-            _ => "",
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. } => "",
         };
         writeln!(s, "  n{} [label={}{style}];", id.index(), dot_string(&full))?;
     }

@@ -401,7 +401,21 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
                 reduce_nodes.push(i);
                 out
             }
-            other => return Err(format!("node {id}: op `{}` is not fusible", other.name())),
+            other @ (Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }
+            | Op::Call { .. }
+            | Op::Fused { .. }
+            | Op::Kernel { .. }
+            | Op::ReadVariable { .. }
+            | Op::AssignVariable { .. }) => return Err(format!("node {id}: op `{}` is not fusible", other.name())),
         };
         axes[i] = out;
     }
@@ -610,13 +624,11 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
         if !matches!(op, LOp::Load(_) | LOp::Const(_)) {
             key.positions(&to_pos(i));
         }
-        let stage = match &op {
-            LOp::Reduce(_) => lnodes[ins[0]].stage + 1,
-            _ => ins.iter().map(|&j| lnodes[j].stage).max().unwrap_or(0),
-        };
-        let varying = match &op {
-            LOp::Reduce(_) => kind == KernelKind::Column,
-            _ => holds_inner(i)?,
+        // A reduction starts a new stage and varies only across columns.
+        let (stage, varying) = if matches!(op, LOp::Reduce(_)) {
+            (lnodes[ins[0]].stage + 1, kind == KernelKind::Column)
+        } else {
+            (ins.iter().map(|&j| lnodes[j].stage).max().unwrap_or(0), holds_inner(i)?)
         };
         map[i] = Some(lnodes.push(LNode { op, inputs: ins, dtype, varying, stage }));
     }

@@ -235,10 +235,12 @@ mod tests {
                 .iter()
                 .map(|&x| {
                     let x = f64::from(x);
-                    let y = match op {
-                        UnaryOp::Exp => x.exp(),
-                        UnaryOp::Tanh => x.tanh(),
-                        _ => 1.0 / (1.0 + (-x).exp()),
+                    let y = if op == UnaryOp::Exp {
+                        x.exp()
+                    } else if op == UnaryOp::Tanh {
+                        x.tanh()
+                    } else {
+                        1.0 / (1.0 + (-x).exp())
                     };
                     // Rounded to f32: exp(100) overflows to inf there.
                     f64::from(y as f32)

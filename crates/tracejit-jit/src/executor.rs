@@ -152,14 +152,11 @@ impl Executable {
 
         for &id in &ids {
             let node = g.node(id);
-            if matches!(node.op, Op::Constant { .. }) {
-                // Constants do not break a run; they are materialized as slots
-                // only if something outside a region reads them.
+            if let Op::Constant { value } = &node.op {
+                // Constants are materialized as slots only if something
+                // outside a region reads them.
                 steps.push(Step {
-                    kind: StepKind::Constant(match &node.op {
-                        Op::Constant { value } => value.clone(),
-                        _ => unreachable!(),
-                    }),
+                    kind: StepKind::Constant(value.clone()),
                     node: id,
                     inputs: SmallVec::new(),
                     outputs: smallvec::smallvec![slot(&ValueId::new(id, 0))?],

@@ -34,7 +34,7 @@
 //!   (exactly the reference's summation order), flag bit 1 runs the epilogue
 //!   that writes the kept-size outputs.
 
-use cranelift_entity::EntityRef;
+use cranelift_entity::PrimaryMap;
 use std::collections::HashMap;
 
 use cranelift_codegen::ir::{types, AbiParam, FuncRef, InstBuilder, Signature, Value};
@@ -44,7 +44,7 @@ use cranelift_jit::JITModule;
 use cranelift_module::{FuncId, Linkage, Module};
 use tracejit_ir::tensor::ReduceOp;
 
-use crate::analysis::{Analysis, KernelKind, LNodeId, LOp, LoadId};
+use crate::analysis::{Analysis, KernelKind, LNodeId, LOp};
 use crate::helpers::Helper;
 use crate::lower::{mem, sty, Emit, Mode};
 use crate::options::JitOptions;
@@ -53,9 +53,9 @@ mod abi;
 mod loops;
 mod schedule;
 
-use abi::{ARG_COUNT, ARG_FLAGS, ARG_N, ARG_ROWS, ARG_SCRATCH};
+use abi::{SlotId, ARG_COUNT, ARG_FLAGS, ARG_N, ARG_ROWS, ARG_SCRATCH};
 pub(crate) use abi::{ARG_SLOTS, FLAG_FINAL, FLAG_INIT};
-use schedule::{is_heavy, lane_bits, Staged};
+use schedule::{is_heavy, lane_bits, ScratchId, Staged};
 pub(crate) use schedule::{schedule, Schedule};
 
 /// Emits the kernel of `an` into `module` as function `name`.
@@ -111,8 +111,8 @@ pub(crate) fn build(
         let scratch = ld(&mut b, ARG_SCRATCH);
         let count = ld(&mut b, ARG_COUNT);
         let nslots = an.loads.len() + an.outputs.len();
-        let mut base = Vec::with_capacity(nslots);
-        let mut rstride = Vec::with_capacity(nslots);
+        let mut base: PrimaryMap<SlotId, Value> = PrimaryMap::with_capacity(nslots);
+        let mut rstride: PrimaryMap<SlotId, Value> = PrimaryMap::with_capacity(nslots);
         for s in 0..nslots {
             let off = ((ARG_SLOTS + 2 * s) * 8) as i32;
             base.push(ld(&mut b, off));
@@ -126,7 +126,7 @@ pub(crate) fn build(
         };
         let n_main = b.ins().band_imm_s(n, -(w * unroll));
         let n_vec = b.ins().band_imm_s(n, -w);
-        let mut scratch_ptrs = Vec::new();
+        let mut scratch_ptrs: PrimaryMap<ScratchId, Value> = PrimaryMap::new();
         for k in 0..sch.scratch_slots {
             let bytes = if sch.chunk > 0 {
                 b.ins().iconst(types::I64, (8 * k * sch.chunk) as i64)
@@ -193,22 +193,22 @@ pub(crate) fn build(
 #[derive(Clone, Copy, Debug)]
 enum Src {
     /// A materialized row value.
-    Scratch(usize),
+    Scratch(ScratchId),
     /// A column accumulator (`true`: divide by `count`, for `mean`).
-    Acc(usize, bool),
+    Acc(ScratchId, bool),
 }
 
 /// What a loop does with a node's value.
 #[derive(Clone, Copy, Debug)]
 enum Dest {
     /// Store into slot `s` (an output).
-    Out(usize),
+    Out(SlotId),
     /// Store into scratch buffer `k`.
-    Scratch(usize),
+    Scratch(ScratchId),
     /// Column: `acc[k] = acc[k] (op) value(input)` for the reduce node.
-    AccStep(usize),
+    AccStep(ScratchId),
     /// Column: `acc[k] = identity` for the reduce node.
-    AccInit(usize),
+    AccInit(ScratchId),
 }
 
 struct Gen<'g, 'a, 'b> {
@@ -225,11 +225,11 @@ struct Gen<'g, 'a, 'b> {
     n_main: Value,
     n_vec: Value,
     count: Value,
-    scratch_ptrs: Vec<Value>,
-    base: Vec<Value>,
-    rstride: Vec<Value>,
+    scratch_ptrs: PrimaryMap<ScratchId, Value>,
+    base: PrimaryMap<SlotId, Value>,
+    rstride: PrimaryMap<SlotId, Value>,
     /// Current row pointer of each slot.
-    rowptr: Vec<Value>,
+    rowptr: PrimaryMap<SlotId, Value>,
     /// Invariant scalars of the current context (row).
     inv: HashMap<LNodeId, Value>,
     /// Their splats.
@@ -241,8 +241,8 @@ struct Gen<'g, 'a, 'b> {
 }
 
 impl Gen<'_, '_, '_> {
-    fn out_slot(&self, o: usize) -> usize {
-        self.an.loads.len() + o
+    fn out_slot(&self, o: usize) -> SlotId {
+        SlotId::of_output(self.an.loads.len(), o)
     }
 
     fn emit(&mut self, rows: Value, flags: Value) {
@@ -282,7 +282,7 @@ impl Gen<'_, '_, '_> {
                         g.sch_acc().into_iter().map(|(r, k)| (r, Dest::AccStep(k))).collect();
                     for (o, out) in g.an.outputs.iter().enumerate() {
                         if !out.kept {
-                            stores.push((out.node, Dest::Out(g.an.loads.len() + o)));
+                            stores.push((out.node, Dest::Out(g.out_slot(o))));
                         }
                     }
                     g.inner(&stores, &[]);
@@ -301,7 +301,7 @@ impl Gen<'_, '_, '_> {
                             .iter()
                             .enumerate()
                             .filter(|(_, o)| o.kept)
-                            .map(|(o, out)| (out.node, Dest::Out(g.an.loads.len() + o)))
+                            .map(|(o, out)| (out.node, Dest::Out(g.out_slot(o))))
                             .collect();
                     g.inner(&stores, &[]);
                     g.sources.clear();
@@ -310,8 +310,8 @@ impl Gen<'_, '_, '_> {
         }
     }
 
-    fn sch_acc(&self) -> Vec<(LNodeId, usize)> {
-        let mut v: Vec<(LNodeId, usize)> = self.sch.acc.iter().map(|(&r, &k)| (r, k)).collect();
+    fn sch_acc(&self) -> Vec<(LNodeId, ScratchId)> {
+        let mut v: Vec<(LNodeId, ScratchId)> = self.sch.acc.iter().map(|(&r, &k)| (r, k)).collect();
         v.sort_unstable();
         v
     }
@@ -327,14 +327,11 @@ impl Gen<'_, '_, '_> {
         let row = self.rowptr.clone();
         // Slots read or written along the inner loop move with the chunk;
         // the others (read once per row) stay.
-        let step: Vec<Option<i64>> = (0..row.len())
-            .map(|s| match s.checked_sub(an.loads.len()) {
-                None => {
-                    let load = &an.loads[LoadId::new(s)];
-                    load.contig.then(|| load.dtype.size_of() as i64)
-                }
-                Some(o) => Some(an.outputs[o].dtype.size_of() as i64),
-            })
+        let step: Vec<Option<i64>> = an
+            .loads
+            .values()
+            .map(|load| load.contig.then(|| load.dtype.size_of() as i64))
+            .chain(an.outputs.iter().map(|o| Some(o.dtype.size_of() as i64)))
             .collect();
         let zero = self.e.b.ins().iconst(types::I64, 0);
         let vec_step = self.w * self.unroll;
@@ -346,17 +343,17 @@ impl Gen<'_, '_, '_> {
             g.n = len;
             g.n_main = g.e.b.ins().band_imm_s(len, -vec_step);
             g.n_vec = g.e.b.ins().band_imm_s(len, -w);
-            g.rowptr = row
-                .iter()
-                .zip(&step)
-                .map(|(&p, st)| match st {
+            let mut moved = PrimaryMap::with_capacity(row.len());
+            for ((_, &p), st) in row.iter().zip(&step) {
+                moved.push(match st {
                     Some(size) => {
                         let off = g.e.b.ins().imul_imm_s(c, *size);
                         g.e.b.ins().iadd(p, off)
                     }
                     None => p,
-                })
-                .collect();
+                });
+            }
+            g.rowptr = moved;
             g.stage(1, len);
             g.inner(stores, &[]);
             g.sources.clear();
@@ -376,10 +373,10 @@ impl Gen<'_, '_, '_> {
         let an = self.an;
         for (k, st) in self.sch.staged.iter().enumerate().filter(|(_, st)| st.pass == pass) {
             let arg = an.nodes[st.node].inputs[0];
-            self.inner(&[(arg, Dest::Scratch(st.slot))], &[]);
-            let (f, ptr) = (self.chunk_fns[k], self.scratch_ptrs[st.slot]);
+            self.inner(&[(arg, Dest::Scratch(st.scratch))], &[]);
+            let (f, ptr) = (self.chunk_fns[k], self.scratch_ptrs[st.scratch]);
             self.e.b.ins().call(f, &[ptr, len]);
-            self.sources.insert(st.node, Src::Scratch(st.slot));
+            self.sources.insert(st.node, Src::Scratch(st.scratch));
         }
     }
 
@@ -393,12 +390,12 @@ impl Gen<'_, '_, '_> {
     fn enter_row(&mut self, r: Value) {
         self.inv.clear();
         self.splat.clear();
-        self.rowptr = (0..self.base.len())
-            .map(|s| {
-                let off = self.e.b.ins().imul(r, self.rstride[s]);
-                self.e.b.ins().iadd(self.base[s], off)
-            })
-            .collect();
+        let mut rowptr = PrimaryMap::with_capacity(self.base.len());
+        for (s, &base) in self.base.iter() {
+            let off = self.e.b.ins().imul(r, self.rstride[s]);
+            rowptr.push(self.e.b.ins().iadd(base, off));
+        }
+        self.rowptr = rowptr;
     }
 
     /// The passes of one row of a row-reduction region.
@@ -440,19 +437,19 @@ impl Gen<'_, '_, '_> {
             .iter()
             .enumerate()
             .filter(|(_, o)| !o.kept)
-            .map(|(o, out)| (out.node, Dest::Out(an.loads.len() + o)))
+            .map(|(o, out)| (out.node, Dest::Out(self.out_slot(o))))
             .collect();
         if !stores.is_empty() {
             self.inner(&stores, &[]);
         }
         self.sources.clear();
         // Kept-size outputs: once per row.
-        let kept: Vec<(LNodeId, usize)> = an
+        let kept: Vec<(LNodeId, SlotId)> = an
             .outputs
             .iter()
             .enumerate()
             .filter(|(_, o)| o.kept)
-            .map(|(o, out)| (out.node, an.loads.len() + o))
+            .map(|(o, out)| (out.node, self.out_slot(o)))
             .collect();
         for (node, slot) in kept {
             let v = self.inv_scalar(node);

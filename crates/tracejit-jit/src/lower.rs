@@ -367,11 +367,13 @@ impl<'a, 'b> Emit<'a, 'b> {
         match dtype {
             DType::F32 | DType::F64 => self.unary_float(op, dtype, mode, x),
             DType::I32 | DType::I64 => self.unary_int(op, dtype, mode, x),
-            DType::Bool => match op {
-                LogicalNot if mode == Mode::Vector => self.b.ins().bnot(x),
-                LogicalNot => self.b.ins().bxor_imm_s(x, 1),
-                _ => unreachable!("{} does not take bool", op.name()),
-            },
+            DType::Bool => {
+                assert!(op == LogicalNot, "{} does not take bool", op.name());
+                match mode {
+                    Mode::Vector => self.b.ins().bnot(x),
+                    Mode::Scalar => self.b.ins().bxor_imm_s(x, 1),
+                }
+            }
         }
     }
 
@@ -559,7 +561,19 @@ impl<'a, 'b> Emit<'a, 'b> {
                 let moved = self.b.ins().iadd(r, b);
                 self.b.ins().select(fix, moved, r)
             }
-            _ => unreachable!(),
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Maximum
+            | BinaryOp::Minimum
+            | BinaryOp::Eq
+            | BinaryOp::Ne
+            | BinaryOp::Lt
+            | BinaryOp::Le
+            | BinaryOp::Gt
+            | BinaryOp::Ge
+            | BinaryOp::LogicalAnd
+            | BinaryOp::LogicalOr => unreachable!("{} is lowered in-line", op.name()),
         }
     }
 

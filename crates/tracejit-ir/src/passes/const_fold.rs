@@ -67,9 +67,9 @@ impl ConstantFolding {
             // Storage clones share their buffers.
             let values: Option<SmallVec<[Storage; 2]>> = inputs
                 .iter()
-                .map(|v| match &rw.graph().node(v.node).op {
-                    Op::Constant { value } => Some(value.clone()),
-                    _ => None,
+                .map(|v| {
+                    let Op::Constant { value } = &rw.graph().node(v.node).op else { return None };
+                    Some(value.clone())
                 })
                 .collect();
             let Some(values) = values else {

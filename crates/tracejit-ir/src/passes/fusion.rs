@@ -106,9 +106,18 @@ pub fn default_accepts_region(body: &Graph) -> bool {
         }
         match &node.op {
             Op::Parameter { .. } => {}
-            Op::Constant { value } if value.len() == 1 => {}
-            Op::BroadcastTo { .. } | Op::ExpandDims { .. } => {}
-            op if op.is_elementwise() => {}
+            Op::Constant { value } => {
+                if value.len() != 1 {
+                    return false;
+                }
+            }
+            Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. } => {}
             Op::Reduce { axes, keepdims, .. } => {
                 let this = (&body.value_type(node.inputs[0]).dims, axes, *keepdims);
                 match reduce {
@@ -117,7 +126,21 @@ pub fn default_accepts_region(body: &Graph) -> bool {
                     Some(_) => return false,
                 }
             }
-            _ => return false,
+            Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }
+            | Op::Call { .. }
+            | Op::Fused { .. }
+            | Op::Kernel { .. }
+            | Op::ReadVariable { .. }
+            | Op::AssignVariable { .. } => return false,
         }
     }
     !body.outputs.is_empty()
@@ -130,10 +153,10 @@ fn fusible(g: &Graph, node: &Node) -> bool {
 /// The dims a node iterates over: a reduction its input's, any other its
 /// output's.
 fn domain(g: &Graph, node: &Node) -> Dims {
-    match node.op {
-        Op::Reduce { .. } => g.value_type(node.inputs[0]).dims.clone(),
-        _ => node.outputs[0].dims.clone(),
+    if matches!(node.op, Op::Reduce { .. }) {
+        return g.value_type(node.inputs[0]).dims.clone();
     }
+    node.outputs[0].dims.clone()
 }
 
 /// A group of nodes being planned as one region.
@@ -195,10 +218,8 @@ impl<'g> Planner<'g> {
             if !fusible(g, node) {
                 continue;
             }
-            let reduce = match &node.op {
-                Op::Reduce { axes, keepdims, .. } => Some((axes.clone(), *keepdims)),
-                _ => None,
-            };
+            let reduce =
+                if let Op::Reduce { axes, keepdims, .. } = &node.op { Some((axes.clone(), *keepdims)) } else { None };
             self.group_of[id.index()] = Some(self.groups.len());
             self.groups.push(Some(Group {
                 members: vec![id],
@@ -356,11 +377,15 @@ impl<'g> Planner<'g> {
                 let mapped = match map.get(&v) {
                     Some(&b) => b,
                     None => {
-                        let b = match &g.node(v.node).op {
-                            Op::Constant { value } if value.len() == 1 && !in_set(v.node) => {
-                                body.add_constant(value.clone())
-                            }
-                            _ => {
+                        // One-element constants are copied into the body.
+                        let scalar = if let Op::Constant { value } = &g.node(v.node).op {
+                            (value.len() == 1 && !in_set(v.node)).then_some(value)
+                        } else {
+                            None
+                        };
+                        let b = match scalar {
+                            Some(value) => body.add_constant(value.clone()),
+                            None => {
                                 inputs.push(v);
                                 body.add_param(g.value_type(v).clone())
                             }

@@ -140,7 +140,32 @@ impl<'g> Rewriter<'g> {
         }
         let op = match &node.op {
             Op::Call { func } => Op::Call { func: self.intern_function(self.old.library.get(*func)) },
-            op => op.clone(),
+            // Variables keep their ids: the new graph starts with the old
+            // graph's variable table.
+            op @ (Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }
+            | Op::Fused { .. }
+            | Op::Kernel { .. }
+            | Op::ReadVariable { .. }
+            | Op::AssignVariable { .. }) => op.clone(),
         };
         let inputs = self.inputs(id);
         // Types can only have become more precise (an inlined call whose
@@ -338,36 +363,28 @@ impl<'g> Rewriter<'g> {
                 }
             }
             let input_types: Vec<TensorType> = inputs.iter().map(|&v| self.new.value_type(v).clone()).collect();
-            let action = match &node.op {
-                Op::Call { func } => Some(policy(body.library.get(*func), &input_types)),
-                _ => None,
-            };
-            let (outs, stands): (Vec<ValueId>, Vec<NodeId>) = match (&node.op, action) {
-                (Op::Call { func }, Some(CallAction::Inline)) => {
-                    let callee = body.library.get(*func).graph.clone();
+            // Calls get a policy decision; a fused region is dissolved; every
+            // other node is copied with its table references moved over.
+            let call = if let Op::Call { func } = &node.op { Some(body.library.get(*func)) } else { None };
+            let action = call.map(|f| (f, policy(f, &input_types)));
+            let (outs, stands): (Vec<ValueId>, Vec<NodeId>) = match action {
+                Some((callee, CallAction::Inline)) => {
+                    let callee = callee.graph.clone();
                     self.inline_body(&callee, &inputs, &ctrl, policy)?
                 }
-                (Op::Fused { body: region }, _) => {
-                    let region = region.clone();
-                    self.inline_body(&region, &inputs, &ctrl, policy)?
-                }
-                (Op::Call { func }, Some(CallAction::Kernel(kernel))) => {
-                    let name = body.library.get(*func).implements().unwrap_or_default().to_string();
+                Some((callee, CallAction::Kernel(kernel))) => {
+                    let name = callee.implements().unwrap_or_default().to_string();
                     let op = Op::Kernel { name, kernel, inputs: input_types, outputs: node.outputs.to_vec() };
                     self.push_copy(node, op, &inputs, &ctrl)
                 }
-                (op, _) => {
-                    let op = match op {
-                        Op::Call { func } => Op::Call { func: self.intern_function(body.library.get(*func)) },
-                        Op::ReadVariable { var } => {
-                            Op::ReadVariable { var: self.new.add_variable(body.variables[*var].clone()) }
-                        }
-                        Op::AssignVariable { var, kind } => {
-                            Op::AssignVariable { var: self.new.add_variable(body.variables[*var].clone()), kind: *kind }
-                        }
-                        op => op.clone(),
-                    };
-                    self.push_copy(node, op, &inputs, &ctrl)
+                Some((_, CallAction::Keep)) | None => {
+                    if let Op::Fused { body: region } = &node.op {
+                        let region = region.clone();
+                        self.inline_body(&region, &inputs, &ctrl, policy)?
+                    } else {
+                        let op = self.reintern(body, &node.op);
+                        self.push_copy(node, op, &inputs, &ctrl)
+                    }
                 }
             };
             if effectful {
@@ -408,12 +425,46 @@ impl<'g> Rewriter<'g> {
 
     /// Pushes `op` in place of `like` (a node of an inlined body), its types
     /// inferred from the actual arguments; returns its outputs and itself.
+    /// `op` of an inlined `body` with its references into the body's tables
+    /// (library functions, variables) moved to the new graph's.
+    fn reintern(&mut self, body: &Graph, op: &Op) -> Op {
+        match op {
+            Op::Call { func } => Op::Call { func: self.intern_function(body.library.get(*func)) },
+            Op::ReadVariable { var } => Op::ReadVariable { var: self.new.add_variable(body.variables[*var].clone()) },
+            Op::AssignVariable { var, kind } => {
+                Op::AssignVariable { var: self.new.add_variable(body.variables[*var].clone()), kind: *kind }
+            }
+            // No reference into the body's tables (a fused body is
+            // self-contained).
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }
+            | Op::Fused { .. }
+            | Op::Kernel { .. } => op.clone(),
+        }
+    }
+
     fn push_copy(&mut self, like: &Node, op: Op, inputs: &[ValueId], ctrl: &[NodeId]) -> (Vec<ValueId>, Vec<NodeId>) {
-        let outputs = match op {
-            // Constants need no inference; a kernel's types are declared.
-            Op::Constant { .. } | Op::Kernel { .. } => like.outputs.clone(),
-            _ => self.infer_or(&op, inputs, &like.outputs),
-        };
+        // Constants need no inference; a kernel's types are declared.
+        let declared = matches!(op, Op::Constant { .. } | Op::Kernel { .. });
+        let outputs = if declared { like.outputs.clone() } else { self.infer_or(&op, inputs, &like.outputs) };
         let id = self.new.push_node(Node {
             op,
             inputs: inputs.iter().copied().collect(),

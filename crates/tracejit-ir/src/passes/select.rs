@@ -51,12 +51,11 @@ impl Pass for SelectImplementation {
             if rw.is_mapped(id) {
                 continue;
             }
-            let callee = match node.op {
-                Op::Call { func } if composite(g.library.get(func)) => g.library.get(func),
-                _ => {
-                    rw.copy(id);
-                    continue;
-                }
+            let composite_callee =
+                if let Op::Call { func } = node.op { Some(g.library.get(func)).filter(|f| composite(f)) } else { None };
+            let Some(callee) = composite_callee else {
+                rw.copy(id);
+                continue;
             };
             let args = rw.inputs(id);
             let types: Vec<TensorType> = args.iter().map(|&v| rw.value_type(v).clone()).collect();

@@ -121,16 +121,12 @@ fn rule(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
     let g = rw.graph();
     let producer = |v: ValueId| -> &Op { &g.node(v.node).op };
     let constant = |v: ValueId| -> Option<&Storage> {
-        match producer(v) {
-            Op::Constant { value } => Some(value),
-            _ => None,
-        }
+        let Op::Constant { value } = producer(v) else { return None };
+        Some(value)
     };
     let negated = |v: ValueId| -> Option<ValueId> {
-        match producer(v) {
-            Op::Unary(UnaryOp::Neg) => Some(g.node(v.node).inputs[0]),
-            _ => None,
-        }
+        let Op::Unary(UnaryOp::Neg) = producer(v) else { return None };
+        Some(g.node(v.node).inputs[0])
     };
     let is = |v: ValueId, want: Identity| constant(v).is_some_and(|c| all_are(c, want));
 
@@ -156,25 +152,34 @@ fn rule(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
                 BinaryOp::Mul if is(a, Identity::One) => Some(Rewrite::Alias(c)),
                 BinaryOp::Div if is(c, Identity::One) => Some(Rewrite::Alias(a)),
                 BinaryOp::Div => constant(c).and_then(exact_reciprocal).map(|r| Rewrite::MulByConstant(a, r)),
-                _ => None,
+                BinaryOp::Mul
+                | BinaryOp::Pow
+                | BinaryOp::Maximum
+                | BinaryOp::Minimum
+                | BinaryOp::Rem
+                | BinaryOp::Eq
+                | BinaryOp::Ne
+                | BinaryOp::Lt
+                | BinaryOp::Le
+                | BinaryOp::Gt
+                | BinaryOp::Ge
+                | BinaryOp::LogicalAnd
+                | BinaryOp::LogicalOr => None,
             }
         }
-        Op::Unary(UnaryOp::Neg) => negated(inputs[0]).map(Rewrite::Alias),
+        // neg(neg(x)) = x; no other unary op has an exact identity here.
+        Op::Unary(u) => (*u == UnaryOp::Neg).then(|| negated(inputs[0]).map(Rewrite::Alias)).flatten(),
         Op::Transpose { perm } => {
             if is_identity(perm) {
                 return Some(Rewrite::Alias(inputs[0]));
             }
-            match producer(inputs[0]) {
-                Op::Transpose { perm: inner } => {
-                    let x = g.node(inputs[0].node).inputs[0];
-                    let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
-                    if is_identity(&composed) {
-                        Some(Rewrite::Alias(x))
-                    } else {
-                        Some(Rewrite::Replace(Op::Transpose { perm: composed }, smallvec::smallvec![x]))
-                    }
-                }
-                _ => None,
+            let Op::Transpose { perm: inner } = producer(inputs[0]) else { return None };
+            let x = g.node(inputs[0].node).inputs[0];
+            let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
+            if is_identity(&composed) {
+                Some(Rewrite::Alias(x))
+            } else {
+                Some(Rewrite::Replace(Op::Transpose { perm: composed }, smallvec::smallvec![x]))
             }
         }
         Op::Reshape { shape } => {
@@ -183,18 +188,38 @@ fn rule(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
             if *rw.value_type(x) == out[0] {
                 return Some(Rewrite::Alias(x));
             }
-            match producer(x) {
-                Op::Reshape { .. } => {
-                    let inner = g.node(x.node).inputs[0];
-                    if *rw.value_type(inner) == out[0] {
-                        return Some(Rewrite::Alias(inner));
-                    }
-                    Some(Rewrite::Replace(Op::Reshape { shape: shape.clone() }, smallvec::smallvec![inner]))
-                }
-                _ => None,
+            if !matches!(producer(x), Op::Reshape { .. }) {
+                return None;
             }
+            let inner = g.node(x.node).inputs[0];
+            if *rw.value_type(inner) == out[0] {
+                return Some(Rewrite::Alias(inner));
+            }
+            Some(Rewrite::Replace(Op::Reshape { shape: shape.clone() }, smallvec::smallvec![inner]))
         }
-        _ => None,
+        // Every other op: no identity this pass knows of (a new op must be
+        // listed here or given a rule).
+        Op::Parameter { .. }
+        | Op::Constant { .. }
+        | Op::Select
+        | Op::Cast { .. }
+        | Op::Clamp { .. }
+        | Op::Reduce { .. }
+        | Op::ArgReduce { .. }
+        | Op::MatMul
+        | Op::BroadcastTo { .. }
+        | Op::ExpandDims { .. }
+        | Op::Squeeze { .. }
+        | Op::Concat { .. }
+        | Op::Stack { .. }
+        | Op::Slice { .. }
+        | Op::Gather { .. }
+        | Op::OneHot { .. }
+        | Op::Call { .. }
+        | Op::Fused { .. }
+        | Op::Kernel { .. }
+        | Op::ReadVariable { .. }
+        | Op::AssignVariable { .. } => None,
     }
 }
 
@@ -210,12 +235,13 @@ fn fold_scalar_broadcast(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Opti
         .iter()
         .map(|&v| {
             let node = g.node(v.node);
-            match node.op {
-                Op::BroadcastTo { .. } if g.value_type(node.inputs[0]).num_elements() == Some(1) => {
-                    changed = true;
-                    node.inputs[0]
-                }
-                _ => v,
+            let scalar_broadcast =
+                matches!(node.op, Op::BroadcastTo { .. }) && g.value_type(node.inputs[0]).num_elements() == Some(1);
+            if scalar_broadcast {
+                changed = true;
+                node.inputs[0]
+            } else {
+                v
             }
         })
         .collect();

@@ -9,6 +9,10 @@
 //! (`crate::region`) collapses the domain into this shape and loops over any
 //! further outer dimensions itself.
 
+use cranelift_entity::{entity_impl, EntityRef};
+
+use crate::analysis::LoadId;
+
 /// Byte offsets in the argument block.
 pub(crate) const ARG_ROWS: i32 = 0;
 pub(super) const ARG_N: i32 = 8;
@@ -21,3 +25,21 @@ pub(crate) const ARG_SLOTS: usize = 5;
 pub(crate) const FLAG_INIT: i64 = 1;
 /// Column kernels: write the kept-size outputs.
 pub(crate) const FLAG_FINAL: i64 = 2;
+
+/// An argument slot of a kernel (`slot3`): the kernel's loads first, in
+/// [`LoadId`] order, then its outputs.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct SlotId(u32);
+entity_impl!(SlotId, "slot");
+
+impl SlotId {
+    /// The slot of input `l`.
+    pub(crate) fn of_load(l: LoadId) -> SlotId {
+        SlotId::new(l.index())
+    }
+
+    /// The slot of output `o` of a kernel with `loads` inputs.
+    pub(crate) fn of_output(loads: usize, o: usize) -> SlotId {
+        SlotId::new(loads + o)
+    }
+}

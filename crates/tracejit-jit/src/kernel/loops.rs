@@ -3,7 +3,6 @@
 //! invariants hoisted per row, loads, stores and the element ops of
 //! [`crate::lower`].
 
-use cranelift_entity::EntityRef;
 use std::collections::HashSet;
 
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -13,6 +12,7 @@ use tracejit_ir::tensor::{DType, ReduceOp};
 use crate::analysis::{LNodeId, LOp};
 use crate::lower::{mem, sty, Mode};
 
+use super::abi::SlotId;
 use super::{Dest, Gen, Src};
 
 impl Gen<'_, '_, '_> {
@@ -66,7 +66,7 @@ impl Gen<'_, '_, '_> {
             match d {
                 Dest::AccStep(_) => roots.push(an.nodes[v].inputs[0]),
                 Dest::AccInit(_) => {}
-                _ => roots.push(v),
+                Dest::Out(_) | Dest::Scratch(_) => roots.push(v),
             }
         }
         roots.extend(reds.iter().map(|&r| an.nodes[r].inputs[0]));
@@ -74,9 +74,9 @@ impl Gen<'_, '_, '_> {
 
         let ops: Vec<(ReduceOp, DType)> = reds
             .iter()
-            .map(|&r| match an.nodes[r].op {
-                LOp::Reduce(op) => (op, an.nodes[r].dtype),
-                _ => unreachable!(),
+            .map(|&r| {
+                let LOp::Reduce(op) = an.nodes[r].op else { unreachable!("reds lists reductions") };
+                (op, an.nodes[r].dtype)
             })
             .collect();
         let zero = self.e.b.ins().iconst(types::I64, 0);
@@ -234,11 +234,11 @@ impl Gen<'_, '_, '_> {
         let s = match &node.op {
             LOp::Load(l) => {
                 let zero = self.e.b.ins().iconst(types::I64, 0);
-                self.load(node.dtype, Mode::Scalar, self.rowptr[l.index()], zero, 0)
+                self.load(node.dtype, Mode::Scalar, self.rowptr[SlotId::of_load(*l)], zero, 0)
             }
             LOp::Const(c) => self.e.kscalar(*c, Mode::Scalar),
-            LOp::Reduce(_) => panic!("tracejit-jit bug: reduction n{v} used before its pass"),
-            _ => {
+            LOp::Reduce(_) => panic!("tracejit-jit bug: reduction {v} used before its pass"),
+            LOp::Unary(_) | LOp::Binary(_) | LOp::Select | LOp::Cast | LOp::Clamp(..) => {
                 let xs: Vec<Value> = ins.iter().map(|&i| self.inv_scalar(i)).collect();
                 self.apply(v, Mode::Scalar, &xs)
             }
@@ -281,13 +281,12 @@ impl Gen<'_, '_, '_> {
                 (Mode::Vector, _) => *self.splat.get(&v).expect("invariants are prepared before the loop"),
             }
         } else {
-            match &node.op {
-                LOp::Load(l) => self.load(node.dtype, mode, self.rowptr[l.index()], i, off),
-                _ => {
-                    let ins: Vec<LNodeId> = node.inputs.to_vec();
-                    let xs: Vec<Value> = ins.iter().map(|&j| self.val(j, mode, i, off)).collect();
-                    self.apply(v, mode, &xs)
-                }
+            if let LOp::Load(l) = &node.op {
+                self.load(node.dtype, mode, self.rowptr[SlotId::of_load(*l)], i, off)
+            } else {
+                let ins: Vec<LNodeId> = node.inputs.to_vec();
+                let xs: Vec<Value> = ins.iter().map(|&j| self.val(j, mode, i, off)).collect();
+                self.apply(v, mode, &xs)
             }
         };
         self.memo.insert(v, x);

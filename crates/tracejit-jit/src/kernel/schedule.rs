@@ -6,8 +6,17 @@ use std::collections::HashMap;
 
 use tracejit_ir::tensor::{DType, Exactness, UnaryOp};
 
+use cranelift_entity::{entity_impl, EntityRef};
+
 use crate::analysis::{Analysis, KernelKind, LNodeId, LOp};
 use crate::options::JitOptions;
+
+/// A scratch buffer of a kernel (`scratch1`): `Schedule::scratch_slots`
+/// of them, each `n` (or `chunk`) 8-byte elements, in the launcher's
+/// scratch block.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct ScratchId(u32);
+entity_impl!(ScratchId, "scratch");
 
 /// Which values are kept in scratch buffers, decided before emission.
 #[derive(Clone, Debug, Default)]
@@ -16,11 +25,11 @@ pub(crate) struct Schedule {
     pub scratch_slots: usize,
     /// Row regions: node -> scratch slot, for values computed in one pass and
     /// read in a later one.
-    pub(super) materialized: HashMap<LNodeId, usize>,
+    pub(super) materialized: HashMap<LNodeId, ScratchId>,
     /// Row regions: the pass (1-based) each materialized node is stored in.
     pub(super) stored_in: HashMap<LNodeId, u32>,
     /// Column regions: reduce node -> accumulator slot.
-    pub(super) acc: HashMap<LNodeId, usize>,
+    pub(super) acc: HashMap<LNodeId, ScratchId>,
     /// f32 `exp`/`tanh`/`sigmoid` nodes computed by a 256-bit chunk
     /// function ([`crate::chunkmath`]) instead of in-line, in node order.
     pub staged: Vec<Staged>,
@@ -30,7 +39,7 @@ pub(crate) struct Schedule {
 }
 
 /// A node computed by a chunk function: its argument is stored into
-/// scratch buffer `slot`, which the function turns into the node's values.
+/// scratch buffer `scratch`, which the function turns into the node's values.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Staged {
     pub(crate) node: LNodeId,
@@ -38,7 +47,15 @@ pub(crate) struct Staged {
     /// Row regions: the pass that first needs the node (1-based; `passes + 1`
     /// is the final pass). Elementwise regions: 1.
     pub(crate) pass: u32,
-    pub(crate) slot: usize,
+    pub(crate) scratch: ScratchId,
+}
+
+impl Schedule {
+    /// A new scratch buffer.
+    fn new_scratch(&mut self) -> ScratchId {
+        self.scratch_slots += 1;
+        ScratchId::new(self.scratch_slots - 1)
+    }
 }
 
 /// The f32 nodes of `an` that a chunk function can compute, if staging is on
@@ -49,13 +66,9 @@ pub(super) fn stageable(an: &Analysis, opts: &JitOptions) -> Vec<(LNodeId, Unary
     }
     an.nodes
         .iter()
-        .filter_map(|(i, n)| match n.op {
-            LOp::Unary(op @ (UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid))
-                if n.dtype == DType::F32 && n.varying && crate::chunkmath::chunk_fn(op).is_some() =>
-            {
-                Some((i, op))
-            }
-            _ => None,
+        .filter_map(|(i, n)| {
+            let LOp::Unary(op) = n.op else { return None };
+            (n.dtype == DType::F32 && n.varying && crate::chunkmath::chunk_fn(op).is_some()).then_some((i, op))
         })
         .collect()
 }
@@ -70,23 +83,21 @@ pub(crate) fn schedule(an: &Analysis, opts: &JitOptions) -> Schedule {
     let mut s = Schedule::default();
     match an.kind {
         KernelKind::Elementwise => {
-            s.staged = stageable(an, opts)
-                .into_iter()
-                .enumerate()
-                .map(|(slot, (node, op))| Staged { node, op, pass: 1, slot })
-                .collect();
+            for (node, op) in stageable(an, opts) {
+                let scratch = s.new_scratch();
+                s.staged.push(Staged { node, op, pass: 1, scratch });
+            }
             if !s.staged.is_empty() {
-                s.scratch_slots = s.staged.len();
                 s.chunk = STAGE_CHUNK;
             }
         }
         KernelKind::Column => {
             for (i, n) in an.nodes.iter() {
                 if matches!(n.op, LOp::Reduce(_)) {
-                    s.acc.insert(i, s.acc.len());
+                    let k = s.new_scratch();
+                    s.acc.insert(i, k);
                 }
             }
-            s.scratch_slots = s.acc.len();
         }
         KernelKind::Row => {
             let mut computed_in: HashMap<LNodeId, u32> = HashMap::new();
@@ -102,7 +113,7 @@ pub(crate) fn schedule(an: &Analysis, opts: &JitOptions) -> Schedule {
                         Some(&q) if q == p => continue,
                         Some(&q) => {
                             if !matches!(node.op, LOp::Load(_)) && !s.materialized.contains_key(&v) {
-                                let k = s.materialized.len();
+                                let k = s.new_scratch();
                                 s.materialized.insert(v, k);
                                 s.stored_in.insert(v, q);
                             }
@@ -114,19 +125,15 @@ pub(crate) fn schedule(an: &Analysis, opts: &JitOptions) -> Schedule {
                     stack.extend(node.inputs.iter().copied());
                 }
             }
-            s.scratch_slots = s.materialized.len();
             // A staged node shares the scratch buffer it is materialized in
             // (if a later pass reads it), else gets one of its own.
             for (node, op) in stageable(an, opts) {
                 let Some(&pass) = computed_in.get(&node) else { continue };
-                let slot = match s.materialized.get(&node) {
+                let scratch = match s.materialized.get(&node) {
                     Some(&k) => k,
-                    None => {
-                        s.scratch_slots += 1;
-                        s.scratch_slots - 1
-                    }
+                    None => s.new_scratch(),
                 };
-                s.staged.push(Staged { node, op, pass, slot });
+                s.staged.push(Staged { node, op, pass, scratch });
             }
         }
     }

@@ -16,10 +16,10 @@ pub(crate) fn unary(op: UnaryOp, x: &Storage) -> Storage {
         Storage::F64(a) => unary_float(op, a),
         Storage::I32(a) => unary_int(op, a),
         Storage::I64(a) => unary_int(op, a),
-        Storage::Bool(a) => match op {
-            UnaryOp::LogicalNot => Storage::from_array(a.mapv(|b| !b)),
-            op => unreachable!("result_dtype accepts only logical_not on bool, not {}", op.name()),
-        },
+        Storage::Bool(a) => {
+            assert!(op == UnaryOp::LogicalNot, "result_dtype accepts only logical_not on bool, not {}", op.name());
+            Storage::from_array(a.mapv(|b| !b))
+        }
     }
 }
 
