@@ -117,6 +117,7 @@ mod lower;
 mod math;
 mod options;
 mod region;
+mod scalar;
 
 pub use analysis::MAX_CONST_ELEMENTS;
 pub use error::JitError;

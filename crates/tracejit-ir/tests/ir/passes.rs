@@ -1,23 +1,20 @@
-//! Tests of the passes and the pass manager: the assertions that go with the
-//! golden listings (the listings themselves are filetests, see
-//! `filetests.rs`; the graphs built here must equal those files' inputs),
-//! idempotence and verifier-cleanliness of every pass,
-//! the fusion rule, the pipeline's report, dumps and error handling, and a
-//! differential property test: random graphs give the same results through
-//! the interpreter before and after optimization, NaN/Inf/-0.0 included.
+//! Tests of the passes: the assertions that go with the golden listings (the
+//! listings themselves are filetests, see `filetests.rs`; the graphs built
+//! here must equal those files' inputs), idempotence and
+//! verifier-cleanliness of every pass, and the fusion rule. The pass manager
+//! is tested in `pipeline.rs`, the differential property test is in
+//! `pass_props.rs`; both share the helpers and sample graphs here.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use proptest::prelude::*;
 use tracejit_ir::passes::{
-    default_accepts_region, ConstantFolding, Cse, Dce, Fusion, Inline, KernelRegistry, OptimizationOptions, Pass,
-    PassContext, PassResult, Pipeline, SelectImplementation, Simplify, Stage,
+    default_accepts_region, ConstantFolding, Cse, Dce, Fusion, Inline, KernelRegistry, Pass, PassContext, PassResult,
+    Pipeline, SelectImplementation, Simplify,
 };
 use tracejit_ir::tensor::{kernels, BinaryOp, DType, ReduceOp, Storage, UnaryOp};
 use tracejit_ir::{
-    eval_primitive, interpret, verify, AssignKind, ExternalKernel, FunctionAttrs, Graph, IrError, LibraryFunction, Op,
-    TensorType, ValueId,
+    interpret, verify, AssignKind, ExternalKernel, FunctionAttrs, Graph, LibraryFunction, Op, TensorType, ValueId,
 };
 
 use crate::common::{f32s, f32t, node, node_ctrl, TestVar};
@@ -44,13 +41,13 @@ pub(crate) fn run_checked(pass: &dyn Pass, g: &Graph, cx: &PassContext) -> (Grap
 
 /// Runs `pass` on `g` as [`run_checked`] does, after checking that `g` is
 /// the input of filetest `name` (which holds the listing before and after).
-fn filetest_pass(name: &str, pass: &dyn Pass, g: &Graph, cx: &PassContext) -> Graph {
+pub(crate) fn filetest_pass(name: &str, pass: &dyn Pass, g: &Graph, cx: &PassContext) -> Graph {
     assert_is_filetest_input(name, g);
     run_checked(pass, g, cx).0
 }
 
 /// Asserts that `g` is structurally the input graph of filetest `name`.
-fn assert_is_filetest_input(name: &str, g: &Graph) {
+pub(crate) fn assert_is_filetest_input(name: &str, g: &Graph) {
     if let Some(diff) = filetest_input(name).structural_diff(g) {
         panic!("filetest `{name}` does not hold the graph this test builds: {diff}\n{g:#}");
     }
@@ -58,7 +55,7 @@ fn assert_is_filetest_input(name: &str, g: &Graph) {
 
 /// Results equal bitwise, except that any NaN equals any NaN (rewrites may
 /// change a NaN's sign or payload, see the `passes` module docs).
-fn same_results(a: &[Storage], b: &[Storage]) -> bool {
+pub(crate) fn same_results(a: &[Storage], b: &[Storage]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| {
             if x.dtype() != y.dtype() || x.shape() != y.shape() {
@@ -76,33 +73,33 @@ fn same_results(a: &[Storage], b: &[Storage]) -> bool {
         })
 }
 
-fn f32c(g: &mut Graph, v: f32) -> ValueId {
+pub(crate) fn f32c(g: &mut Graph, v: f32) -> ValueId {
     g.add_constant(Storage::scalar(v))
 }
 
-fn un(g: &mut Graph, u: UnaryOp, x: ValueId) -> ValueId {
+pub(crate) fn un(g: &mut Graph, u: UnaryOp, x: ValueId) -> ValueId {
     node(g, Op::Unary(u), &[x])
 }
 
-fn bin(g: &mut Graph, b: BinaryOp, x: ValueId, y: ValueId) -> ValueId {
+pub(crate) fn bin(g: &mut Graph, b: BinaryOp, x: ValueId, y: ValueId) -> ValueId {
     node(g, Op::Binary(b), &[x, y])
 }
 
-fn reduce(g: &mut Graph, op: ReduceOp, x: ValueId, axes: &[usize], keepdims: bool) -> ValueId {
+pub(crate) fn reduce(g: &mut Graph, op: ReduceOp, x: ValueId, axes: &[usize], keepdims: bool) -> ValueId {
     node(g, Op::Reduce { op, axes: axes.to_vec(), keepdims }, &[x])
 }
 
-fn function(name: &str, implements: Option<&str>, graph: Graph) -> LibraryFunction {
+pub(crate) fn function(name: &str, implements: Option<&str>, graph: Graph) -> LibraryFunction {
     let attrs = FunctionAttrs { implements: implements.map(str::to_string) };
     LibraryFunction { name: name.to_string(), attrs, graph: Arc::new(graph) }
 }
 
-fn call(g: &mut Graph, func: tracejit_ir::FuncId, args: &[ValueId]) -> ValueId {
+pub(crate) fn call(g: &mut Graph, func: tracejit_ir::FuncId, args: &[ValueId]) -> ValueId {
     node(g, Op::Call { func }, args)
 }
 
 /// Counts nodes with op name `name`, inside fused regions too.
-fn count_ops(g: &Graph, name: &str) -> usize {
+pub(crate) fn count_ops(g: &Graph, name: &str) -> usize {
     g.nodes()
         .map(|(_, n)| match &n.op {
             Op::Fused { body } => count_ops(body, name),
@@ -111,7 +108,7 @@ fn count_ops(g: &Graph, name: &str) -> usize {
         .sum()
 }
 
-fn fused_bodies(g: &Graph) -> Vec<Arc<Graph>> {
+pub(crate) fn fused_bodies(g: &Graph) -> Vec<Arc<Graph>> {
     g.nodes()
         .filter_map(|(_, n)| match &n.op {
             Op::Fused { body } => Some(body.clone()),
@@ -122,7 +119,7 @@ fn fused_bodies(g: &Graph) -> Vec<Arc<Graph>> {
 
 /// A kernel for tests: `x * 2 + 100`, so a test can tell it ran.
 #[derive(Debug)]
-struct PlusHundred;
+pub(crate) struct PlusHundred;
 
 impl ExternalKernel for PlusHundred {
     fn run(&self, inputs: &[Storage]) -> Vec<Storage> {
@@ -132,7 +129,7 @@ impl ExternalKernel for PlusHundred {
 }
 
 /// A registry with fixed kernels, accepting f32 inputs only.
-struct TestKernels(HashMap<String, Arc<dyn ExternalKernel>>);
+pub(crate) struct TestKernels(HashMap<String, Arc<dyn ExternalKernel>>);
 
 impl KernelRegistry for TestKernels {
     fn lookup(&self, name: &str, inputs: &[TensorType]) -> Option<Arc<dyn ExternalKernel>> {
@@ -154,7 +151,7 @@ pub(crate) fn registry() -> Arc<dyn KernelRegistry> {
 /// `main(x) = double(scale(x)) * scale(x)` where `scale` calls `inner`, and
 /// `double` is a composite (`tracejit.test.double`), plus a call of an
 /// unregistered composite `other`.
-fn call_graph() -> Graph {
+pub(crate) fn call_graph() -> Graph {
     let mut inner = Graph::new("inner");
     let x = inner.add_param(f32t(&[3]));
     inner.outputs = vec![un(&mut inner, UnaryOp::Neg, x)];
@@ -187,7 +184,7 @@ fn call_graph() -> Graph {
     g
 }
 
-fn gelu_graph(dims: &[i64]) -> Graph {
+pub(crate) fn gelu_graph(dims: &[i64]) -> Graph {
     let mut g = Graph::new("gelu");
     let x = g.add_param(f32t(dims));
     let x2 = bin(&mut g, BinaryOp::Mul, x, x);
@@ -206,7 +203,7 @@ fn gelu_graph(dims: &[i64]) -> Graph {
     g
 }
 
-fn softmax_graph() -> Graph {
+pub(crate) fn softmax_graph() -> Graph {
     let mut g = Graph::new("softmax");
     let x = g.add_param(f32t(&[-1, 8]));
     let m = reduce(&mut g, ReduceOp::Max, x, &[1], true);
@@ -217,7 +214,7 @@ fn softmax_graph() -> Graph {
     g
 }
 
-fn layer_norm_graph() -> Graph {
+pub(crate) fn layer_norm_graph() -> Graph {
     let mut g = Graph::new("layer_norm");
     let x = g.add_param(f32t(&[4, 8]));
     let gamma = g.add_param(f32t(&[8]));
@@ -235,7 +232,7 @@ fn layer_norm_graph() -> Graph {
     g
 }
 
-fn dense_relu_graph() -> Graph {
+pub(crate) fn dense_relu_graph() -> Graph {
     let mut g = Graph::new("dense");
     let x = g.add_param(f32t(&[-1, 4]));
     let w = g.add_param(f32t(&[4, 3]));
@@ -588,7 +585,7 @@ fn fusion_avoids_cycles_between_regions() {
     assert!(same_results(&interpret(&g, &args).unwrap(), &interpret(&after, &args).unwrap()));
 }
 
-fn assert_no_member_reads_a_reduction(g: &Graph) {
+pub(crate) fn assert_no_member_reads_a_reduction(g: &Graph) {
     for body in fused_bodies(g) {
         for (_, n) in body.nodes() {
             for v in &n.inputs {
@@ -613,360 +610,4 @@ fn golden_default_pipeline() {
     }
     assert_eq!(report.nodes_before, call_graph().len());
     assert_eq!(report.nodes_after, after.len());
-}
-
-// ---- the pass manager -------------------------------------------------------
-
-/// Claims a change every time without changing anything.
-struct Restless;
-impl Pass for Restless {
-    fn name(&self) -> &'static str {
-        "restless"
-    }
-    fn run(&self, _g: &mut Graph, _cx: &PassContext) -> PassResult {
-        PassResult::changed("nothing, really")
-    }
-}
-
-/// Breaks the graph: an output type that inference disagrees with.
-struct Vandal;
-impl Pass for Vandal {
-    fn name(&self) -> &'static str {
-        "vandal"
-    }
-    fn run(&self, g: &mut Graph, _cx: &PassContext) -> PassResult {
-        let last = g.nodes().map(|(id, _)| id).last().unwrap();
-        g.node_mut(last).outputs[0] = TensorType::known(DType::I64, &[7]);
-        PassResult::changed("broke it")
-    }
-}
-
-struct Panicky;
-impl Pass for Panicky {
-    fn name(&self) -> &'static str {
-        "panicky"
-    }
-    fn run(&self, _g: &mut Graph, _cx: &PassContext) -> PassResult {
-        panic!("oops")
-    }
-}
-
-#[test]
-fn fixpoints_stop_at_the_cap_and_say_so() {
-    let p = Pipeline::new(vec![Stage::Fixpoint { name: "loop", passes: vec![Box::new(Restless)], max_iterations: 3 }]);
-    let (_, report) = p.run(&gelu_graph(&[4]), &PassContext::new("g")).unwrap();
-    assert_eq!(report.passes.len(), 3);
-    assert_eq!(report.fixpoints[0].rounds, 3);
-    assert!(!report.fixpoints[0].converged);
-    assert!(report.to_string().contains("stopped at the iteration cap after 3 round(s)"), "{report}");
-    let (_, report) = Pipeline::default_pipeline().run(&gelu_graph(&[4]), &PassContext::new("g")).unwrap();
-    assert!(report.fixpoints[0].converged);
-}
-
-#[test]
-fn a_verifier_failure_names_the_pass() {
-    let p = Pipeline::new(vec![Stage::pass(Dce), Stage::pass(Vandal)])
-        .with_options(OptimizationOptions { verify: Some(true), ..OptimizationOptions::default() });
-    let e = p.run(&gelu_graph(&[4]), &PassContext::new("g")).unwrap_err();
-    assert!(matches!(&e, IrError::Verifier { message, .. } if message.starts_with("after pass `vandal`")), "{e}");
-    let p = Pipeline::new(vec![Stage::pass(Panicky)]);
-    let e = p.run(&gelu_graph(&[4]), &PassContext::new("g")).unwrap_err();
-    assert!(e.to_string().contains("pass `panicky` panicked: oops"), "{e}");
-}
-
-#[test]
-fn passes_can_be_disabled_and_the_pipeline_switched_off() {
-    let opts = OptimizationOptions::default().disable("fusion").disable("cse");
-    let (after, report) =
-        Pipeline::default_pipeline().with_options(opts).run(&softmax_graph(), &PassContext::new("s")).unwrap();
-    assert!(fused_bodies(&after).is_empty());
-    assert_eq!(report.pass("cse").count(), 0);
-    assert_eq!(report.pass("dce").count(), 1);
-    let (after, report) = Pipeline::default_pipeline()
-        .with_options(OptimizationOptions::none())
-        .run(&softmax_graph(), &PassContext::new("s"))
-        .unwrap();
-    assert_eq!(after.to_string(), softmax_graph().to_string());
-    assert!(report.passes.is_empty() && !report.enabled);
-    assert!(report.to_string().contains("optimizations off"));
-    // Without the selector, composites are inlined by `inline` itself.
-    let opts = OptimizationOptions { selector: false, ..OptimizationOptions::default() };
-    let cx = PassContext::new("main").with_kernels(registry());
-    let (after, _) = Pipeline::default_pipeline().with_options(opts).run(&call_graph(), &cx).unwrap();
-    assert_eq!(count_ops(&after, "kernel") + count_ops(&after, "call"), 0, "{after}");
-}
-
-#[test]
-fn dumps_are_written_in_pipeline_order() {
-    let dir = std::env::temp_dir().join(format!("tracejit-dump-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let opts = OptimizationOptions { dump_dir: Some(dir.clone()), ..OptimizationOptions::default() };
-    let cx = PassContext { dump_prefix: Some("my fn.1".into()), ..PassContext::new("my fn") };
-    let (_, report) = Pipeline::default_pipeline().with_options(opts).run(&gelu_graph(&[4]), &cx).unwrap();
-    let mut names: Vec<String> =
-        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    names.sort();
-    assert_eq!(names.len(), report.passes.len() * 4, "{names:?}");
-    assert_eq!(names[0], "my_fn.1.001.inline.before.dot");
-    assert_eq!(names[1], "my_fn.1.001.inline.before.txt");
-    assert_eq!(names[2], "my_fn.1.002.inline.after.dot");
-    let txt: Vec<&String> = names.iter().filter(|n| n.ends_with(".txt")).collect();
-    let order: Vec<&str> = txt.iter().map(|n| n.split('.').nth(3).unwrap()).collect();
-    let expected: Vec<&str> = report.passes.iter().flat_map(|r| [r.pass, r.pass]).collect();
-    assert_eq!(order, expected);
-    let last = std::fs::read_to_string(dir.join(txt.last().unwrap())).unwrap();
-    assert!(last.contains("fused"), "{last}");
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-// ---- Op::Kernel ------------------------------------------------------------
-
-#[test]
-fn kernel_nodes_infer_interpret_print_and_verify() {
-    let mut g = Graph::new("k");
-    let x = g.add_param(f32t(&[-1]));
-    let op = Op::Kernel {
-        name: "tracejit.test.double".into(),
-        kernel: Arc::new(PlusHundred),
-        inputs: vec![f32t(&[-1])],
-        outputs: vec![f32t(&[-1])],
-    };
-    let k = node(&mut g, op.clone(), &[x]);
-    g.outputs = vec![k];
-    verify(&g).unwrap();
-    assert!(g.to_string().contains(r#"%1 = kernel["tracejit.test.double"] %0 : f32[?]"#), "{g}");
-    assert!(g.to_dot().contains("kernel"));
-    let out = interpret(&g, &[Storage::from_vec(vec![1.0f32, 2.0], &[2]).unwrap()]).unwrap();
-    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![102.0, 104.0]);
-    // eval_primitive runs it too, and checks what it returns.
-    let x = Storage::from_vec(vec![1.0f32], &[1]).unwrap();
-    assert_eq!(eval_primitive(&op, &[&x])[0].to_vec::<f32>().unwrap(), vec![102.0]);
-    let liar = Op::Kernel {
-        name: "tracejit.test.liar".into(),
-        kernel: Arc::new(PlusHundred),
-        inputs: vec![f32t(&[-1])],
-        outputs: vec![TensorType::known(DType::F64, &[1])],
-    };
-    let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| eval_primitive(&liar, &[&x]))).unwrap_err();
-    let msg = e.downcast_ref::<String>().unwrap();
-    assert!(msg.contains("kernel `tracejit.test.liar`") && msg.contains("f64[1]"), "{msg}");
-    // Arguments must fit the declared input types.
-    let mut bad = Graph::new("bad");
-    let y = bad.add_param(f32t(&[2, 2]));
-    let err = bad.add_node(op, &[y], &[], None).unwrap_err();
-    assert!(err.to_string().contains("kernel `tracejit.test.double`"), "{err}");
-}
-
-// ---- differential property test --------------------------------------------
-
-/// Values that exercise IEEE corner cases.
-const SPECIAL: [f32; 12] =
-    [-0.0, 0.0, 1.0, -1.0, 2.0, 0.25, 3.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.5, 1e-30];
-
-const UNARY: [UnaryOp; 10] = [
-    UnaryOp::Neg,
-    UnaryOp::Abs,
-    UnaryOp::Exp,
-    UnaryOp::Tanh,
-    UnaryOp::Relu,
-    UnaryOp::Sqrt,
-    UnaryOp::Log,
-    UnaryOp::Square,
-    UnaryOp::Sigmoid,
-    UnaryOp::Floor,
-];
-const BINARY: [BinaryOp; 6] =
-    [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum, BinaryOp::Minimum];
-const REDUCE: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Prod];
-
-#[derive(Clone, Debug)]
-struct Step {
-    kind: u8,
-    a: usize,
-    b: usize,
-    c: usize,
-    flag: bool,
-}
-
-fn step() -> impl Strategy<Value = Step> {
-    (0u8..12, any::<usize>(), any::<usize>(), any::<usize>(), any::<bool>()).prop_map(|(kind, a, b, c, flag)| Step {
-        kind,
-        a,
-        b,
-        c,
-        flag,
-    })
-}
-
-/// Input data: special values and ordinary ones.
-fn data(shape: &[usize], seed: u64) -> Storage {
-    let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let v = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            if s % 3 == 0 {
-                SPECIAL[(s >> 8) as usize % SPECIAL.len()]
-            } else {
-                ((s >> 11) % 1000) as f32 / 250.0 - 2.0
-            }
-        })
-        .collect();
-    Storage::from_vec(v, shape).unwrap()
-}
-
-/// A random graph of elementwise, broadcast, reduce, reshape and transpose
-/// ops with constants, and inputs for it.
-fn random_graph(base: &[usize], n_inputs: usize, unknown: bool, steps: &[Step], seed: u64) -> (Graph, Vec<Storage>) {
-    let mut g = Graph::new("random");
-    let mut vals: Vec<ValueId> = Vec::new();
-    let mut args = Vec::new();
-    for i in 0..n_inputs {
-        let drop = i % (base.len() + 1);
-        let shape: Vec<usize> = base[drop..].to_vec();
-        let dims: Vec<i64> =
-            shape.iter().enumerate().map(|(k, &d)| if unknown && k == 0 && i == 0 { -1 } else { d as i64 }).collect();
-        vals.push(g.add_param(f32t(&dims)));
-        args.push(data(&shape, seed.wrapping_add(i as u64)));
-    }
-    for s in steps {
-        let n = vals.len();
-        let a = vals[s.a % n];
-        let b = vals[s.b % n];
-        let ta = g.value_type(a).clone();
-        let constant = |g: &mut Graph, k: usize| f32c(g, SPECIAL[k % SPECIAL.len()]);
-        let v = match s.kind {
-            0 | 1 => un(&mut g, UNARY[s.c % UNARY.len()], a),
-            2 | 3 => {
-                let op = BINARY[s.c % BINARY.len()];
-                let tb = g.value_type(b);
-                if tracejit_ir::broadcast_dims(&ta.dims, &tb.dims).is_some() {
-                    bin(&mut g, op, a, b)
-                } else {
-                    let k = constant(&mut g, s.b);
-                    bin(&mut g, op, a, k)
-                }
-            }
-            4 | 5 => {
-                // A binary op with a constant, on either side, maybe broadcast.
-                let op = BINARY[s.c % BINARY.len()];
-                let mut k = constant(&mut g, s.b);
-                if s.kind == 5 {
-                    if let Some(shape) = ta.shape() {
-                        k = node(&mut g, Op::BroadcastTo { shape }, &[k]);
-                    }
-                }
-                if s.flag {
-                    bin(&mut g, op, k, a)
-                } else {
-                    bin(&mut g, op, a, k)
-                }
-            }
-            6 if ta.rank() > 0 => {
-                let axes: Vec<usize> = if s.flag { vec![ta.rank() - 1] } else { (0..ta.rank()).collect() };
-                reduce(&mut g, REDUCE[s.c % REDUCE.len()], a, &axes, s.b % 2 == 0)
-            }
-            7 if ta.rank() > 1 => {
-                let mut perm: Vec<usize> = (0..ta.rank()).collect();
-                perm.rotate_left(1 + s.c % (ta.rank() - 1));
-                let t = node(&mut g, Op::Transpose { perm: perm.clone() }, &[a]);
-                if s.flag {
-                    // Back again: the pair collapses.
-                    let inv: Vec<usize> = (0..perm.len()).map(|i| perm.iter().position(|&p| p == i).unwrap()).collect();
-                    node(&mut g, Op::Transpose { perm: inv }, &[t])
-                } else {
-                    t
-                }
-            }
-            8 => {
-                let flat = node(&mut g, Op::Reshape { shape: vec![-1] }, &[a]);
-                match ta.shape() {
-                    Some(shape) if s.flag => {
-                        node(&mut g, Op::Reshape { shape: shape.iter().map(|&d| d as i64).collect() }, &[flat])
-                    }
-                    _ => flat,
-                }
-            }
-            9 => {
-                let n1 = un(&mut g, UnaryOp::Neg, b);
-                if g.value_type(n1).dims.len() <= ta.dims.len()
-                    && tracejit_ir::broadcast_dims(&ta.dims, &g.value_type(n1).dims).is_some()
-                {
-                    let op = if s.flag { BinaryOp::Add } else { BinaryOp::Sub };
-                    bin(&mut g, op, a, n1)
-                } else {
-                    un(&mut g, UnaryOp::Neg, n1)
-                }
-            }
-            10 => {
-                // Duplicate work for CSE.
-                let e1 = un(&mut g, UNARY[s.c % UNARY.len()], a);
-                let e2 = un(&mut g, UNARY[s.c % UNARY.len()], a);
-                bin(&mut g, BinaryOp::Add, e1, e2)
-            }
-            _ => {
-                // Constant subexpressions for folding.
-                let k1 = constant(&mut g, s.b);
-                let k2 = constant(&mut g, s.c);
-                let kk = bin(&mut g, BINARY[s.c % BINARY.len()], k1, k2);
-                bin(&mut g, BinaryOp::Mul, a, kk)
-            }
-        };
-        vals.push(v);
-    }
-    let n = vals.len();
-    g.outputs = vec![vals[n - 1]];
-    if n >= 3 {
-        g.outputs.push(vals[n / 2]);
-    }
-    (g, args)
-}
-
-fn all_passes() -> Vec<Box<dyn Pass>> {
-    vec![
-        Box::new(Inline),
-        Box::new(SelectImplementation),
-        Box::new(ConstantFolding),
-        Box::new(Simplify),
-        Box::new(Cse),
-        Box::new(Dce),
-        Box::new(Fusion::default()),
-        Box::new(Fusion { single_node_regions: false, ..Fusion::default() }),
-        Box::new(Fusion { reductions_end_regions: false, ..Fusion::default() }),
-    ]
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
-
-    #[test]
-    fn optimized_graphs_compute_the_same_results(
-        base in prop::collection::vec(1usize..4, 0..4),
-        n_inputs in 1usize..4,
-        unknown in any::<bool>(),
-        steps in prop::collection::vec(step(), 1..14),
-        seed in any::<u64>(),
-    ) {
-        let (g, args) = random_graph(&base, n_inputs, unknown, &steps, seed);
-        verify(&g).unwrap();
-        crate::common::assert_round_trip(&g);
-        // An unknown dim can hide shapes that do not broadcast at run time.
-        let want = interpret(&g, &args);
-        prop_assume!(want.is_ok());
-        let want = want.unwrap();
-        // The whole pipeline.
-        let (opt, _) = Pipeline::default_pipeline().run(&g, &PassContext::new("random")).unwrap();
-        crate::common::assert_round_trip(&opt);
-        let got = interpret(&opt, &args).unwrap();
-        prop_assert!(same_results(&want, &got), "pipeline changed results\nwant {:?}\ngot {:?}\n{}\n{}", want, got, g, opt);
-        // Every pass alone: verifier-clean, idempotent, same results.
-        for pass in all_passes() {
-            let (once, _) = run_checked(pass.as_ref(), &g, &PassContext::new("random"));
-            crate::common::assert_round_trip(&once);
-            let got = interpret(&once, &args).unwrap();
-            prop_assert!(same_results(&want, &got), "{} changed results\n{}\n{}", pass.name(), g, once);
-        }
-    }
 }

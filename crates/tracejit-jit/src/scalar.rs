@@ -1,0 +1,50 @@
+//! [`Scalar`]: an immediate of one of the five dtypes, as the lowered
+//! program holds constants and clamp bounds, with its raw bits for kernel
+//! keys and constant pools.
+
+use tracejit_ir::tensor::{DType, Storage};
+
+/// A scalar immediate of one of the five dtypes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Scalar {
+    F32(f32),
+    F64(f64),
+    I32(i32),
+    I64(i64),
+    Bool(bool),
+}
+
+impl Scalar {
+    /// Converts `v` to `dtype` the way Rust's `as` does (clamp bounds).
+    pub(crate) fn from_f64_as(dtype: DType, v: f64) -> Scalar {
+        match dtype {
+            DType::F32 => Scalar::F32(v as f32),
+            DType::F64 => Scalar::F64(v),
+            DType::I32 => Scalar::I32(v as i32),
+            DType::I64 => Scalar::I64(v as i64),
+            DType::Bool => Scalar::Bool(v != 0.0),
+        }
+    }
+
+    /// The single element of a one-element storage.
+    pub(crate) fn of_storage(s: &Storage) -> Scalar {
+        match s {
+            Storage::F32(a) => Scalar::F32(*a.iter().next().expect("one element")),
+            Storage::F64(a) => Scalar::F64(*a.iter().next().expect("one element")),
+            Storage::I32(a) => Scalar::I32(*a.iter().next().expect("one element")),
+            Storage::I64(a) => Scalar::I64(*a.iter().next().expect("one element")),
+            Storage::Bool(a) => Scalar::Bool(*a.iter().next().expect("one element")),
+        }
+    }
+
+    /// The raw bits, zero-extended (for keys and constant pools).
+    pub(crate) fn bits(self) -> u64 {
+        match self {
+            Scalar::F32(v) => u64::from(v.to_bits()),
+            Scalar::F64(v) => v.to_bits(),
+            Scalar::I32(v) => u64::from(v as u32),
+            Scalar::I64(v) => v as u64,
+            Scalar::Bool(v) => u64::from(v),
+        }
+    }
+}
