@@ -13,6 +13,7 @@
 //! holds the optimization passes and the pass manager; [`registry`] the
 //! process-wide table of composite kernels they consult.
 
+pub mod autodiff;
 mod equality;
 mod error;
 mod graph;

@@ -5,6 +5,7 @@
 //! `tracejit_tensor::kernels` directly; inference, verifier and printer tests
 //! need no kernels.
 
+mod autodiff;
 mod common;
 mod filetests;
 mod infer;

@@ -1,0 +1,232 @@
+//! Reverse-mode automatic differentiation as IR -> IR: one vector-Jacobian
+//! product (VJP) rule per primitive op, in one exhaustive `match`
+//! ([`rules::vjp`]), that emits IR ops.
+//!
+//! The rules know no closures and no tensors: they emit ops through an
+//! [`Emitter`], whose values may be graph values ([`GraphEmitter`], which
+//! appends nodes to a graph: the backward pass of a traced function) or
+//! anything else that can apply an op (an eager tape evaluates the same
+//! rules on eager tensors). [`grad_graph`] is the whole-graph transform:
+//! forward, then backward, in one graph that the passes optimize and the
+//! JIT fuses like any other.
+//!
+//! Conventions, as TensorFlow's:
+//! - the cotangent of a non-scalar target is ones (the gradient of its
+//!   sum);
+//! - integer and bool values carry no gradient (`None`), and ops that are
+//!   piecewise constant (`sign`, `floor`, `ceil`, `round`, comparisons,
+//!   `argmax`, `one_hot`) give none to their inputs;
+//! - at a tie, `maximum`/`minimum` send the gradient to the first operand,
+//!   a `max`/`min` reduction shares it equally among the tied elements, and
+//!   `clamp` passes it where `min <= x <= max`;
+//! - a broadcast operand's gradient is summed back to its shape. A dim that
+//!   is unknown in the trace is taken to be unbroadcast (equal to the
+//!   result's), as it is for every input signature with `-1`.
+//!
+//! Ops without a rule yet (`slice`, `gather`, calls, kernels, fused
+//! regions) are an [`AutodiffError`] naming the op, never a wrong number:
+//! calls and composites are inlined before differentiation.
+
+mod rules;
+
+use std::collections::HashMap;
+
+use tracejit_tensor::{DType, Storage};
+
+use crate::{Graph, Op, OpError, TensorType, ValueId};
+
+pub use rules::vjp;
+
+/// Why a gradient could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AutodiffError {
+    /// The op has no VJP rule (yet), or not for these types.
+    #[error("gradient of `{op}`: {message}")]
+    Unsupported {
+        /// The op's name.
+        op: String,
+        /// What is missing.
+        message: String,
+    },
+    /// An op the rule emitted was rejected (a bug in a rule).
+    #[error("gradient: {0} (this is a bug in tracejit)")]
+    Emit(#[from] OpError),
+    /// The request itself is wrong (a source that is not an input, ...).
+    #[error("gradient: {0}")]
+    Request(String),
+}
+
+/// Where VJP rules emit their ops.
+pub trait Emitter {
+    /// A value the rules read and produce.
+    type Value: Clone;
+
+    /// Applies `op` to `inputs`.
+    fn emit(&mut self, op: Op, inputs: &[Self::Value]) -> Result<Vec<Self::Value>, AutodiffError>;
+
+    /// The value's type (unknown dims as in the trace).
+    fn value_type(&self, v: &Self::Value) -> TensorType;
+
+    /// A constant.
+    fn constant(&mut self, value: Storage) -> Self::Value;
+}
+
+/// An [`Emitter`] appending nodes to a graph.
+pub struct GraphEmitter<'g> {
+    /// The graph the nodes go into.
+    pub graph: &'g mut Graph,
+}
+
+impl Emitter for GraphEmitter<'_> {
+    type Value = ValueId;
+
+    fn emit(&mut self, op: Op, inputs: &[ValueId]) -> Result<Vec<ValueId>, AutodiffError> {
+        let id = self.graph.add_node(op, inputs, &[], None)?;
+        Ok((0..self.graph.node(id).outputs.len()).map(|i| ValueId::new(id, i as u32)).collect())
+    }
+
+    fn value_type(&self, v: &ValueId) -> TensorType {
+        self.graph.value_type(*v).clone()
+    }
+
+    fn constant(&mut self, value: Storage) -> ValueId {
+        self.graph.add_constant(value)
+    }
+}
+
+/// `graph` extended with the gradients of its first output with respect to
+/// the parameters `wrt` (by index): the result's outputs are the original
+/// outputs followed by one gradient per `wrt` entry, of the parameter's
+/// type (zeros where the output does not depend on it).
+///
+/// ```
+/// use tracejit_ir::autodiff::grad_graph;
+/// use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, Storage};
+/// use tracejit_ir::{interpret, Graph, Op, TensorType, ValueId};
+///
+/// // f(x) = sum(x * x); df/dx = 2x.
+/// let mut g = Graph::new("f");
+/// let x = g.add_param(TensorType::known(DType::F64, &[3]));
+/// let sq = ValueId::from(g.add_node(Op::Binary(BinaryOp::Mul), &[x, x], &[], None)?);
+/// let op = Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdims: false };
+/// let s = ValueId::from(g.add_node(op, &[sq], &[], None)?);
+/// g.outputs.push(s);
+/// let dg = grad_graph(&g, &[0])?;
+/// let out = interpret(&dg, &[Storage::from_vec(vec![1.0f64, 2.0, 3.0], &[3])?])?;
+/// assert_eq!(out[1].to_vec::<f64>()?, vec![2.0, 4.0, 6.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph, AutodiffError> {
+    let target = *graph.outputs.first().ok_or_else(|| AutodiffError::Request("the graph has no output".into()))?;
+    for &p in wrt {
+        if p >= graph.params.len() {
+            return Err(AutodiffError::Request(format!(
+                "source {p} is not an input (the graph has {} inputs)",
+                graph.params.len()
+            )));
+        }
+    }
+    let mut g = graph.clone();
+    let forward: Vec<crate::NodeId> = g.nodes().map(|(id, _)| id).collect();
+    let mut e = GraphEmitter { graph: &mut g };
+    let seed = ones_like(&mut e, target)?;
+    let cts = backward(&mut e, &forward, target, seed)?;
+    let mut grads = Vec::with_capacity(wrt.len());
+    for &p in wrt {
+        let param = ValueId::from(e.graph.params[p]);
+        let grad = match cts.get(&param) {
+            Some(v) => *v,
+            None => zeros_like(&mut e, param)?,
+        };
+        grads.push(grad);
+    }
+    g.outputs.extend(grads);
+    g.name = format!("{}.grad", graph.name);
+    Ok(g)
+}
+
+/// Runs the VJP rules over `nodes` (in arena order) backwards from
+/// `target` with cotangent `seed`; returns the accumulated cotangent of
+/// every value that has one.
+fn backward(
+    e: &mut GraphEmitter<'_>,
+    nodes: &[crate::NodeId],
+    target: ValueId,
+    seed: ValueId,
+) -> Result<HashMap<ValueId, ValueId>, AutodiffError> {
+    let mut cts: HashMap<ValueId, ValueId> = HashMap::new();
+    cts.insert(target, seed);
+    for &id in nodes.iter().rev() {
+        let node = e.graph.node(id).clone();
+        let outs: Vec<ValueId> = (0..node.outputs.len()).map(|i| ValueId::new(id, i as u32)).collect();
+        let out_cts: Vec<Option<ValueId>> = outs.iter().map(|v| cts.get(v).copied()).collect();
+        if out_cts.iter().all(Option::is_none) || node.inputs.is_empty() {
+            continue;
+        }
+        let in_cts = vjp(e, &node.op, &node.inputs, &outs, &out_cts)?;
+        for (x, ct) in node.inputs.iter().zip(in_cts) {
+            let Some(ct) = ct else { continue };
+            let sum = match cts.get(x) {
+                Some(&prev) => e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[prev, ct])?[0],
+                None => ct,
+            };
+            cts.insert(*x, sum);
+        }
+    }
+    Ok(cts)
+}
+
+/// A scalar constant of `dtype`.
+pub(crate) fn scalar<E: Emitter>(e: &mut E, dtype: DType, v: f64) -> E::Value {
+    let value = match dtype {
+        DType::F32 => Storage::from_vec(vec![v as f32], &[]),
+        DType::F64 => Storage::from_vec(vec![v], &[]),
+        DType::I32 => Storage::from_vec(vec![v as i32], &[]),
+        DType::I64 => Storage::from_vec(vec![v as i64], &[]),
+        DType::Bool => Storage::from_vec(vec![v != 0.0], &[]),
+    };
+    e.constant(value.expect("a scalar has one element"))
+}
+
+/// A bool tensor of `x`'s shape, all true: `is_nan(x) | !is_nan(x)` for
+/// floats (true for NaN too), `x == x` otherwise. It gives other values
+/// `x`'s shape through `select` when that shape is unknown in the trace.
+pub(crate) fn true_like<E: Emitter>(e: &mut E, x: &E::Value) -> Result<E::Value, AutodiffError> {
+    use tracejit_tensor::{BinaryOp, UnaryOp};
+    let t = e.value_type(x);
+    if t.dtype.is_float() {
+        let nan = e.emit(Op::Unary(UnaryOp::IsNan), std::slice::from_ref(x))?.remove(0);
+        let not = e.emit(Op::Unary(UnaryOp::LogicalNot), std::slice::from_ref(&nan))?.remove(0);
+        Ok(e.emit(Op::Binary(BinaryOp::LogicalOr), &[nan, not])?.remove(0))
+    } else {
+        Ok(e.emit(Op::Binary(BinaryOp::Eq), &[x.clone(), x.clone()])?.remove(0))
+    }
+}
+
+/// `v` (a scalar or anything broadcastable to `like`) broadcast to the
+/// shape of `like`.
+pub(crate) fn broadcast_like<E: Emitter>(e: &mut E, v: E::Value, like: &E::Value) -> Result<E::Value, AutodiffError> {
+    let t = e.value_type(like);
+    if e.value_type(&v).dims == t.dims {
+        return Ok(v);
+    }
+    match t.shape() {
+        Some(shape) => Ok(e.emit(Op::BroadcastTo { shape }, &[v])?.remove(0)),
+        None => {
+            let c = true_like(e, like)?;
+            Ok(e.emit(Op::Select, &[c, v.clone(), v])?.remove(0))
+        }
+    }
+}
+
+/// Ones of `x`'s type.
+pub(crate) fn ones_like<E: Emitter>(e: &mut E, x: E::Value) -> Result<E::Value, AutodiffError> {
+    let one = scalar(e, e.value_type(&x).dtype, 1.0);
+    broadcast_like(e, one, &x)
+}
+
+/// Zeros of `x`'s type.
+pub(crate) fn zeros_like<E: Emitter>(e: &mut E, x: E::Value) -> Result<E::Value, AutodiffError> {
+    let zero = scalar(e, e.value_type(&x).dtype, 0.0);
+    broadcast_like(e, zero, &x)
+}

@@ -1,0 +1,446 @@
+//! The VJP rule of every op, in one exhaustive `match` ([`vjp`]): given an
+//! op's inputs, outputs and output cotangents, the cotangents of its
+//! inputs, emitted as ops. See the module above for the conventions.
+
+use tracejit_tensor::{BinaryOp, DType, ReduceOp, SliceSpec, UnaryOp};
+
+use super::{broadcast_like, scalar, true_like, AutodiffError, Emitter};
+use crate::{Op, TensorType};
+
+type R<T> = Result<T, AutodiffError>;
+
+/// Shorthands over an [`Emitter`].
+struct B<'e, E: Emitter> {
+    e: &'e mut E,
+}
+
+impl<E: Emitter> B<'_, E> {
+    fn op(&mut self, op: Op, xs: &[E::Value]) -> R<E::Value> {
+        Ok(self.e.emit(op, xs)?.remove(0))
+    }
+    fn un(&mut self, u: UnaryOp, x: &E::Value) -> R<E::Value> {
+        self.op(Op::Unary(u), std::slice::from_ref(x))
+    }
+    fn bin(&mut self, b: BinaryOp, x: &E::Value, y: &E::Value) -> R<E::Value> {
+        self.op(Op::Binary(b), &[x.clone(), y.clone()])
+    }
+    fn mul(&mut self, x: &E::Value, y: &E::Value) -> R<E::Value> {
+        self.bin(BinaryOp::Mul, x, y)
+    }
+    fn div(&mut self, x: &E::Value, y: &E::Value) -> R<E::Value> {
+        self.bin(BinaryOp::Div, x, y)
+    }
+    fn neg(&mut self, x: &E::Value) -> R<E::Value> {
+        self.un(UnaryOp::Neg, x)
+    }
+    /// A scalar of `like`'s dtype.
+    fn k(&mut self, like: &E::Value, v: f64) -> E::Value {
+        let dtype = self.e.value_type(like).dtype;
+        scalar(self.e, dtype, v)
+    }
+    /// `x * v` for a scalar `v`.
+    fn scale(&mut self, x: &E::Value, v: f64) -> R<E::Value> {
+        let k = self.k(x, v);
+        self.mul(x, &k)
+    }
+    /// `cond ? g : 0`, broadcast.
+    fn mask(&mut self, cond: &E::Value, g: &E::Value) -> R<E::Value> {
+        let zero = self.k(g, 0.0);
+        self.op(Op::Select, &[cond.clone(), g.clone(), zero])
+    }
+    fn ty(&self, v: &E::Value) -> TensorType {
+        self.e.value_type(v)
+    }
+
+    /// `g` (of a broadcast result's type) summed back to `to`'s shape:
+    /// leading axes `to` lacks, and axes where `to` is 1 and the result
+    /// is not.
+    fn unbroadcast(&mut self, g: E::Value, to: &TensorType) -> R<E::Value> {
+        let gt = self.ty(&g);
+        if gt.dims == to.dims {
+            return Ok(g);
+        }
+        let lead = gt.rank().checked_sub(to.rank()).ok_or_else(|| AutodiffError::Unsupported {
+            op: "unbroadcast".into(),
+            message: format!("a gradient of type {gt} is of lower rank than its value {to}"),
+        })?;
+        let mut g = g;
+        if lead > 0 {
+            let axes = (0..lead).collect();
+            g = self.op(Op::Reduce { op: ReduceOp::Sum, axes, keepdims: false }, &[g])?;
+        }
+        let gt = self.ty(&g);
+        let axes: Vec<usize> = (0..to.rank()).filter(|&i| to.dims[i] == Some(1) && gt.dims[i] != Some(1)).collect();
+        if !axes.is_empty() {
+            g = self.op(Op::Reduce { op: ReduceOp::Sum, axes, keepdims: true }, &[g])?;
+        }
+        Ok(g)
+    }
+
+    /// A reduction's cotangent `g` (reduced over `axes`) given back its
+    /// reduced axes as size 1, then broadcast to `x`'s shape.
+    fn unreduce(&mut self, g: &E::Value, axes: &[usize], keepdims: bool, x: &E::Value) -> R<E::Value> {
+        let mut g = g.clone();
+        if !keepdims {
+            for &a in axes {
+                g = self.op(Op::ExpandDims { axis: a }, &[g])?;
+            }
+        }
+        broadcast_like(self.e, g, x)
+    }
+
+    /// The number of elements a reduction over `axes` of `x` combines, as a
+    /// scalar (static) or a tensor of the kept shape (unknown dims).
+    fn count(&mut self, x: &E::Value, axes: &[usize]) -> R<E::Value> {
+        let t = self.ty(x);
+        let known: Option<usize> = axes.iter().map(|&a| t.dims[a]).product();
+        match known {
+            Some(n) => Ok(self.k(x, n as f64)),
+            None => {
+                let ones = true_like(self.e, x)?;
+                let ones = self.op(Op::Cast { to: t.dtype }, &[ones])?;
+                self.op(Op::Reduce { op: ReduceOp::Sum, axes: axes.to_vec(), keepdims: true }, &[ones])
+            }
+        }
+    }
+}
+
+fn unsupported(op: &Op, message: impl Into<String>) -> AutodiffError {
+    AutodiffError::Unsupported { op: op.name().to_string(), message: message.into() }
+}
+
+/// The cotangents of `op`'s inputs, given its `inputs`, `outputs` and the
+/// cotangents of its outputs (`None`: zero). `None` in the result: no
+/// gradient flows to that input (an integer or bool value, or a piecewise
+/// constant op).
+pub fn vjp<E: Emitter>(
+    e: &mut E,
+    op: &Op,
+    inputs: &[E::Value],
+    outputs: &[E::Value],
+    cotangents: &[Option<E::Value>],
+) -> Result<Vec<Option<E::Value>>, AutodiffError> {
+    let none = || vec![None; inputs.len()];
+    let Some(g) = cotangents.first().cloned().flatten() else {
+        return Ok(none());
+    };
+    let mut b = B { e };
+    // Integer and bool results carry no gradient.
+    if !b.ty(&g).dtype.is_float() {
+        return Ok(none());
+    }
+    let float_in = |b: &B<'_, E>, i: usize| b.ty(&inputs[i]).dtype.is_float();
+    let x = inputs.first().cloned();
+    let y = outputs.first().cloned();
+    Ok(match op {
+        Op::Parameter { .. } | Op::Constant { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } => none(),
+        Op::Unary(u) => {
+            let (x, y) = (x.expect("unary input"), y.expect("unary output"));
+            vec![unary(&mut b, *u, &x, &y, &g)?]
+        }
+        Op::Binary(op2) => {
+            let (a, c) = (&inputs[0], &inputs[1]);
+            let y = y.expect("binary output");
+            let (ga, gc) = binary(&mut b, *op2, a, c, &y, &g)?;
+            let (ta, tc) = (b.ty(a), b.ty(c));
+            let ga = match ga {
+                Some(v) => Some(b.unbroadcast(v, &ta)?),
+                None => None,
+            };
+            let gc = match gc {
+                Some(v) => Some(b.unbroadcast(v, &tc)?),
+                None => None,
+            };
+            vec![ga, gc]
+        }
+        Op::Select => {
+            let c = &inputs[0];
+            let zero = b.k(&g, 0.0);
+            let ga = b.op(Op::Select, &[c.clone(), g.clone(), zero.clone()])?;
+            let gb = b.op(Op::Select, &[c.clone(), zero, g])?;
+            let (ta, tb) = (b.ty(&inputs[1]), b.ty(&inputs[2]));
+            vec![None, Some(b.unbroadcast(ga, &ta)?), Some(b.unbroadcast(gb, &tb)?)]
+        }
+        Op::Cast { .. } => {
+            let x = x.expect("cast input");
+            if !float_in(&b, 0) {
+                return Ok(none());
+            }
+            let from = b.ty(&x).dtype;
+            vec![Some(b.op(Op::Cast { to: from }, &[g])?)]
+        }
+        Op::Clamp { min, max } => {
+            let x = x.expect("clamp input");
+            let lo = b.k(&x, *min);
+            let hi = b.k(&x, *max);
+            let ge = b.bin(BinaryOp::Ge, &x, &lo)?;
+            let le = b.bin(BinaryOp::Le, &x, &hi)?;
+            let inside = b.bin(BinaryOp::LogicalAnd, &ge, &le)?;
+            vec![Some(b.mask(&inside, &g)?)]
+        }
+        Op::Reduce { op: r, axes, keepdims } => {
+            let (x, y) = (x.expect("reduce input"), y.expect("reduce output"));
+            vec![Some(reduce(&mut b, *r, axes, *keepdims, &x, &y, &g)?)]
+        }
+        Op::ArgReduce { .. } | Op::OneHot { .. } => none(),
+        Op::MatMul => {
+            let (a, c) = (&inputs[0], &inputs[1]);
+            let (ta, tc) = (b.ty(a), b.ty(c));
+            let at = b.op(Op::Transpose { perm: swap_last(ta.rank()) }, std::slice::from_ref(a))?;
+            let ct = b.op(Op::Transpose { perm: swap_last(tc.rank()) }, std::slice::from_ref(c))?;
+            let ga = b.op(Op::MatMul, &[g.clone(), ct])?;
+            let gc = b.op(Op::MatMul, &[at, g])?;
+            vec![Some(b.unbroadcast(ga, &ta)?), Some(b.unbroadcast(gc, &tc)?)]
+        }
+        Op::Reshape { .. } => {
+            let x = x.expect("reshape input");
+            let t = b.ty(&x);
+            if t.dims.iter().filter(|d| d.is_none()).count() > 1 {
+                return Err(unsupported(op, format!("its input {t} has more than one unknown dim")));
+            }
+            let shape = t.dims.iter().map(|d| d.map_or(-1, |d| d as i64)).collect();
+            vec![Some(b.op(Op::Reshape { shape }, &[g])?)]
+        }
+        Op::Transpose { perm } => {
+            let mut inverse = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inverse[p] = i;
+            }
+            vec![Some(b.op(Op::Transpose { perm: inverse }, &[g])?)]
+        }
+        Op::BroadcastTo { .. } => {
+            let t = b.ty(&x.expect("broadcast input"));
+            vec![Some(b.unbroadcast(g, &t)?)]
+        }
+        Op::ExpandDims { axis } => vec![Some(b.op(Op::Squeeze { axes: vec![*axis] }, &[g])?)],
+        Op::Squeeze { axes } => {
+            let mut g = g;
+            for &a in axes {
+                g = b.op(Op::ExpandDims { axis: a }, &[g])?;
+            }
+            vec![Some(g)]
+        }
+        Op::Concat { axis } => {
+            let mut start = 0i64;
+            let mut out = Vec::with_capacity(inputs.len());
+            for x in inputs {
+                let t = b.ty(x);
+                let len = t.dims[*axis].ok_or_else(|| {
+                    unsupported(op, format!("input {t} has an unknown size along the concatenated axis"))
+                })? as i64;
+                let mut specs = vec![SliceSpec::FULL; t.rank()];
+                specs[*axis] = SliceSpec::range(start, start + len);
+                out.push(Some(b.op(Op::Slice { specs }, std::slice::from_ref(&g))?));
+                start += len;
+            }
+            out
+        }
+        Op::Stack { axis } => {
+            let rank = b.ty(&g).rank();
+            let mut out = Vec::with_capacity(inputs.len());
+            for i in 0..inputs.len() as i64 {
+                let mut specs = vec![SliceSpec::FULL; rank];
+                specs[*axis] = SliceSpec::range(i, i + 1);
+                let s = b.op(Op::Slice { specs }, std::slice::from_ref(&g))?;
+                out.push(Some(b.op(Op::Squeeze { axes: vec![*axis] }, &[s])?));
+            }
+            out
+        }
+        Op::Slice { .. } | Op::Gather { .. } => {
+            return Err(unsupported(op, "no VJP rule yet (it needs a scatter/pad op)"));
+        }
+        Op::Call { .. } | Op::Kernel { .. } | Op::Fused { .. } => {
+            return Err(unsupported(
+                op,
+                "differentiate before the implementation selector and fusion, with calls inlined",
+            ));
+        }
+    })
+}
+
+/// The permutation swapping the last two of `rank` axes.
+fn swap_last(rank: usize) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..rank).collect();
+    p.swap(rank - 2, rank - 1);
+    p
+}
+
+fn unary<E: Emitter>(b: &mut B<'_, E>, u: UnaryOp, x: &E::Value, y: &E::Value, g: &E::Value) -> R<Option<E::Value>> {
+    use UnaryOp::*;
+    Ok(Some(match u {
+        Neg => b.neg(g)?,
+        Abs => {
+            let s = b.un(Sign, x)?;
+            b.mul(g, &s)?
+        }
+        Exp => b.mul(g, y)?,
+        Expm1 => {
+            let one = b.k(y, 1.0);
+            let e = b.bin(BinaryOp::Add, y, &one)?;
+            b.mul(g, &e)?
+        }
+        Log => b.div(g, x)?,
+        Log1p => {
+            let one = b.k(x, 1.0);
+            let d = b.bin(BinaryOp::Add, x, &one)?;
+            b.div(g, &d)?
+        }
+        Sqrt => {
+            let h = b.scale(g, 0.5)?;
+            b.div(&h, y)?
+        }
+        Rsqrt => {
+            // d/dx x^-1/2 = -1/2 · y / x
+            let h = b.scale(g, -0.5)?;
+            let h = b.mul(&h, y)?;
+            b.div(&h, x)?
+        }
+        Square => {
+            let two_x = b.scale(x, 2.0)?;
+            b.mul(g, &two_x)?
+        }
+        Reciprocal => {
+            let yy = b.mul(y, y)?;
+            let h = b.mul(g, &yy)?;
+            b.neg(&h)?
+        }
+        Tanh => {
+            let yy = b.mul(y, y)?;
+            let one = b.k(y, 1.0);
+            let d = b.bin(BinaryOp::Sub, &one, &yy)?;
+            b.mul(g, &d)?
+        }
+        Sigmoid => {
+            let one = b.k(y, 1.0);
+            let d = b.bin(BinaryOp::Sub, &one, y)?;
+            let d = b.mul(y, &d)?;
+            b.mul(g, &d)?
+        }
+        Relu => {
+            let zero = b.k(x, 0.0);
+            let pos = b.bin(BinaryOp::Gt, x, &zero)?;
+            b.mask(&pos, g)?
+        }
+        Erf => {
+            // 2/sqrt(pi) · exp(-x²)
+            let xx = b.mul(x, x)?;
+            let n = b.neg(&xx)?;
+            let ex = b.un(Exp, &n)?;
+            let d = b.scale(&ex, std::f64::consts::FRAC_2_SQRT_PI)?;
+            b.mul(g, &d)?
+        }
+        Sin => {
+            let c = b.un(Cos, x)?;
+            b.mul(g, &c)?
+        }
+        Cos => {
+            let s = b.un(Sin, x)?;
+            let h = b.mul(g, &s)?;
+            b.neg(&h)?
+        }
+        Sinh => {
+            let c = b.un(Cosh, x)?;
+            b.mul(g, &c)?
+        }
+        Cosh => {
+            let s = b.un(Sinh, x)?;
+            b.mul(g, &s)?
+        }
+        Softplus => {
+            let s = b.un(Sigmoid, x)?;
+            b.mul(g, &s)?
+        }
+        // Piecewise constant, or not a float function: no gradient.
+        Sign | Floor | Ceil | Round | LogicalNot | IsNan | IsFinite => return Ok(None),
+    }))
+}
+
+/// The cotangents of both operands, before unbroadcasting.
+#[allow(clippy::type_complexity)]
+fn binary<E: Emitter>(
+    b: &mut B<'_, E>,
+    op: BinaryOp,
+    a: &E::Value,
+    c: &E::Value,
+    y: &E::Value,
+    g: &E::Value,
+) -> R<(Option<E::Value>, Option<E::Value>)> {
+    use BinaryOp::*;
+    Ok(match op {
+        Add => (Some(g.clone()), Some(g.clone())),
+        Sub => (Some(g.clone()), Some(b.neg(g)?)),
+        Mul => (Some(b.mul(g, c)?), Some(b.mul(g, a)?)),
+        Div => {
+            let ga = b.div(g, c)?;
+            // -g · a / c² = -g · y / c
+            let h = b.mul(g, y)?;
+            let h = b.div(&h, c)?;
+            (Some(ga), Some(b.neg(&h)?))
+        }
+        Pow => {
+            // d/da = c · a^(c-1); d/dc = y · ln(a) where a > 0, else 0 (TF).
+            let one = b.k(c, 1.0);
+            let cm1 = b.bin(Sub, c, &one)?;
+            let p = b.bin(Pow, a, &cm1)?;
+            let d = b.mul(c, &p)?;
+            let ga = b.mul(g, &d)?;
+            let zero = b.k(a, 0.0);
+            let pos = b.bin(Gt, a, &zero)?;
+            let ln = b.un(UnaryOp::Log, a)?;
+            let ln = b.mask(&pos, &ln)?;
+            let h = b.mul(g, y)?;
+            (Some(ga), Some(b.mul(&h, &ln)?))
+        }
+        Maximum | Minimum => {
+            // Ties go to the first operand, as TF.
+            let first = b.bin(if op == Maximum { Ge } else { Le }, a, c)?;
+            let zero = b.k(g, 0.0);
+            let ga = b.op(Op::Select, &[first.clone(), g.clone(), zero.clone()])?;
+            let gc = b.op(Op::Select, &[first, zero, g.clone()])?;
+            (Some(ga), Some(gc))
+        }
+        Rem => {
+            // a mod c = a - floor(a / c) · c
+            let q = b.div(a, c)?;
+            let f = b.un(UnaryOp::Floor, &q)?;
+            let h = b.mul(g, &f)?;
+            (Some(g.clone()), Some(b.neg(&h)?))
+        }
+        Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => (None, None),
+    })
+}
+
+fn reduce<E: Emitter>(
+    b: &mut B<'_, E>,
+    r: ReduceOp,
+    axes: &[usize],
+    keepdims: bool,
+    x: &E::Value,
+    y: &E::Value,
+    g: &E::Value,
+) -> R<E::Value> {
+    let gb = b.unreduce(g, axes, keepdims, x)?;
+    match r {
+        ReduceOp::Sum => Ok(gb),
+        ReduceOp::Mean => {
+            let n = b.count(x, axes)?;
+            b.div(&gb, &n)
+        }
+        ReduceOp::Max | ReduceOp::Min => {
+            // Shared equally among the elements equal to the result.
+            let yb = b.unreduce(y, axes, keepdims, x)?;
+            let hit = b.bin(BinaryOp::Eq, x, &yb)?;
+            let dtype: DType = b.ty(x).dtype;
+            let ones = b.op(Op::Cast { to: dtype }, std::slice::from_ref(&hit))?;
+            let ties = b.op(Op::Reduce { op: ReduceOp::Sum, axes: axes.to_vec(), keepdims: true }, &[ones])?;
+            let share = b.div(&gb, &ties)?;
+            b.mask(&hit, &share)
+        }
+        ReduceOp::Prod => {
+            // y / x (a zero element gives NaN, as the plain formula does).
+            let yb = b.unreduce(y, axes, keepdims, x)?;
+            let d = b.div(&yb, x)?;
+            b.mul(&gb, &d)
+        }
+    }
+}
