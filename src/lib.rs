@@ -71,11 +71,20 @@ pub use tracejit_trace::{
 };
 pub use tracejit_trace::{OptimizationOptions, PipelineReport};
 
+/// Gradients: [`GradientTape`](autodiff::GradientTape) records ops eagerly
+/// or while tracing, and [`value_and_grad`](autodiff::value_and_grad)
+/// differentiates a closure with respect to variables. The VJP rules are
+/// `tracejit::ir::autodiff`'s.
+pub mod autodiff {
+    pub use tracejit_trace::{value_and_grad, GradientTape, Source};
+}
+pub use tracejit_trace::GradientTape;
+
 /// The names most programs need: `use tracejit::prelude::*;`.
 pub mod prelude {
     pub use tracejit_module::Module;
     pub use tracejit_trace::{
-        function, remember, ConcreteFunction, DType, Error, Function, Nest, Result, SliceSpec, Static, Tensor,
-        TensorSpec, Variable,
+        function, remember, ConcreteFunction, DType, Error, Function, GradientTape, Nest, Result, SliceSpec, Static,
+        Tensor, TensorSpec, Variable,
     };
 }

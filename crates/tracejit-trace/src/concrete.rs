@@ -34,6 +34,10 @@ pub struct ConcreteFunction {
     /// The compiled schedule of `optimized`, when the JIT is on and could
     /// prepare it; otherwise the interpreter runs `optimized`.
     pub(crate) executable: Option<tracejit_jit::Executable>,
+    /// `graph` with every call inlined (composites by their primitive
+    /// bodies): what a gradient tape differentiates a call of this
+    /// function through. Built on first use.
+    pub(crate) differentiable: std::sync::OnceLock<Arc<Graph>>,
 }
 
 impl std::fmt::Debug for ConcreteFunction {
@@ -155,7 +159,28 @@ impl ConcreteFunction {
             return self.record_call(inputs);
         }
         let storages: Vec<Storage> = inputs.iter().map(|t| t.eager_storage().clone()).collect();
-        Ok(self.execute(&storages)?.into_iter().map(Tensor::from_storage).collect())
+        let outs: Vec<Tensor> = self.execute(&storages)?.into_iter().map(Tensor::from_storage).collect();
+        self.record_on_tapes(inputs, &outs)?;
+        Ok(outs)
+    }
+
+    /// Records this call on the gradient tapes of the thread that track one
+    /// of its inputs, as its primitive graph (see `differentiable`).
+    pub(crate) fn record_on_tapes(&self, inputs: &[&Tensor], outputs: &[Tensor]) -> Result<()> {
+        if !crate::tape::recording() {
+            return Ok(());
+        }
+        let graph = match self.differentiable.get() {
+            Some(g) => g.clone(),
+            None => {
+                let mut g = (*self.graph).clone();
+                let cx = tracejit_ir::passes::PassContext::new(self.name.clone());
+                tracejit_ir::passes::Pass::run(&tracejit_ir::passes::Inline, &mut g, &cx);
+                self.differentiable.get_or_init(|| Arc::new(g)).clone()
+            }
+        };
+        crate::tape::record_graph(graph, inputs, outputs);
+        Ok(())
     }
 
     /// Runs the optimized graph on eager values; a panic inside a kernel
@@ -199,6 +224,7 @@ impl ConcreteFunction {
         if stateful {
             context::note_barrier(node, self.optimized.variables.values().map(|v| v.id()));
         }
+        self.record_on_tapes(&all, &outs)?;
         Ok(outs)
     }
 }

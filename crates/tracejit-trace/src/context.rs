@@ -194,6 +194,17 @@ fn with_current_and_outer<R>(f: impl FnOnce(&mut TraceContext, &[TraceContext]) 
 #[track_caller]
 pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> SmallVec<[Tensor; 1]> {
     let location = Location::caller();
+    let recording = crate::tape::recording();
+    let op_for_tape = if recording { Some(op.clone()) } else { None };
+    let out = apply_untaped(op, inputs, location);
+    if let Some(op) = op_for_tape {
+        crate::tape::record(&op, inputs, &out);
+    }
+    out
+}
+
+#[track_caller]
+fn apply_untaped(op: Op, inputs: &[&Tensor], location: &'static Location<'static>) -> SmallVec<[Tensor; 1]> {
     if inputs.iter().all(|t| !t.is_symbolic()) {
         return apply_eager(op, inputs);
     }

@@ -60,6 +60,13 @@ pub enum Error {
         /// The function being traced.
         function: String,
     },
+    /// A gradient could not be computed (a spent tape, an integer source,
+    /// an op without a gradient rule, ...).
+    #[error("gradient: {message}")]
+    Gradient {
+        /// What was wrong.
+        message: String,
+    },
     /// An error from the IR (verifier or interpreter).
     #[error(transparent)]
     Ir(#[from] IrError),

@@ -295,8 +295,9 @@ impl<A: Nest, R: Nest> Function<A, R> {
             return Ok(self.rebuild_output(&cf, outs));
         }
         let storages: SmallVec<[Storage; 4]> = flat.tensors.iter().map(|t| t.eager_storage().clone()).collect();
-        let outs = cf.execute(&storages)?;
-        Ok(self.rebuild_output(&cf, outs.into_iter().map(Tensor::from_storage).collect()))
+        let outs: Vec<Tensor> = cf.execute(&storages)?.into_iter().map(Tensor::from_storage).collect();
+        cf.record_on_tapes(&flat.tensors, &outs)?;
+        Ok(self.rebuild_output(&cf, outs))
     }
 
     /// The ConcreteFunction for a signature given as specs (`TensorSpec`s,
@@ -577,6 +578,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
             output_structure,
             attrs,
             trace_reason: reason.clone(),
+            differentiable: std::sync::OnceLock::new(),
         });
         debug_assert_eq!(cf.graph.params.len(), n_params + cf.implicit_inputs.len());
         let count = self.state.tracing_count.fetch_add(1, Ordering::SeqCst) + 1;

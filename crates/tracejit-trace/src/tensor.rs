@@ -17,6 +17,9 @@ use crate::{context, Error, Result};
 #[derive(Clone)]
 pub struct Tensor {
     repr: Repr,
+    /// Identity for gradient tapes: clones share it, every op result gets
+    /// a new one (see `crate::tape::next_id`).
+    id: u64,
 }
 
 #[derive(Clone)]
@@ -35,16 +38,24 @@ pub(crate) struct Symbolic {
 
 impl Tensor {
     pub(crate) fn from_storage(s: Storage) -> Tensor {
-        Tensor { repr: Repr::Eager(s) }
+        Tensor { repr: Repr::Eager(s), id: crate::tape::next_id() }
     }
 
     pub(crate) fn symbolic(ctx: u64, value: ValueId, ty: TensorType, fn_name: Arc<str>) -> Tensor {
         let shape = ty.shape();
-        Tensor { repr: Repr::Symbolic(Arc::new(Symbolic { ctx, value, ty, shape, fn_name })) }
+        Tensor {
+            repr: Repr::Symbolic(Arc::new(Symbolic { ctx, value, ty, shape, fn_name })),
+            id: crate::tape::next_id(),
+        }
     }
 
     pub(crate) fn repr(&self) -> &Repr {
         &self.repr
+    }
+
+    /// The identity gradient tapes track this value by.
+    pub(crate) fn tape_id(&self) -> u64 {
+        self.id
     }
 
     pub(crate) fn same_symbolic(&self, other: &Tensor) -> bool {

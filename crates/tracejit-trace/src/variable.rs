@@ -200,14 +200,18 @@ impl Variable {
     /// node ordered after the previous write.
     #[track_caller]
     pub fn read(&self) -> Tensor {
-        if context::current_function().is_none() {
-            return self.value();
-        }
-        let (var, control) = self.graph_handle(false);
-        let (node, outs) =
-            context::record_in_current(Op::ReadVariable { var }, &[], &control).expect("a trace is active");
-        self.note_access(node, false);
-        outs.into_iter().next().expect("a read has one output")
+        let value = if context::current_function().is_none() {
+            self.value()
+        } else {
+            let (var, control) = self.graph_handle(false);
+            let (node, outs) =
+                context::record_in_current(Op::ReadVariable { var }, &[], &control).expect("a trace is active");
+            self.note_access(node, false);
+            outs.into_iter().next().expect("a read has one output")
+        };
+        // Gradient tapes watch what trainable variables read.
+        crate::tape::record_variable_read(self, &value);
+        value
     }
 
     /// `v = value`.

@@ -176,6 +176,97 @@ fn backward(
     Ok(cts)
 }
 
+/// The cotangents of `graph`'s inputs, given its `inputs` and the
+/// cotangents of its outputs: the graph's forward is replayed through `e`
+/// (recomputing what the backward needs, as a rematerializing VJP does),
+/// then differentiated. This is how a call of a traced function is
+/// differentiated under a tape: `graph` is the callee with its own calls
+/// inlined (its composites' primitive bodies included).
+pub fn vjp_graph<E: Emitter>(
+    e: &mut E,
+    graph: &Graph,
+    inputs: &[E::Value],
+    cotangents: &[Option<E::Value>],
+) -> Result<Vec<Option<E::Value>>, AutodiffError> {
+    let mut vals: HashMap<ValueId, E::Value> = HashMap::new();
+    for (id, node) in graph.nodes() {
+        let outs: Vec<E::Value> = match &node.op {
+            Op::Parameter { index } => vec![inputs
+                .get(*index)
+                .cloned()
+                .ok_or_else(|| AutodiffError::Request(format!("input {index} of `{}` is missing", graph.name)))?],
+            Op::Constant { value } => vec![e.constant(value.clone())],
+            Op::ReadVariable { .. }
+            | Op::AssignVariable { .. }
+            | Op::Call { .. }
+            | Op::Kernel { .. }
+            | Op::Fused { .. } => {
+                return Err(AutodiffError::Unsupported {
+                    op: node.op.name().to_string(),
+                    message: format!(
+                        "inside the differentiated function `{}` (read variables outside it and pass them in)",
+                        graph.name
+                    ),
+                });
+            }
+            op @ (Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }) => {
+                let ins: Vec<E::Value> = node.inputs.iter().map(|v| vals[v].clone()).collect();
+                e.emit(op.clone(), &ins)?
+            }
+        };
+        for (i, v) in outs.into_iter().enumerate() {
+            vals.insert(ValueId::new(id, i as u32), v);
+        }
+    }
+    let mut cts: HashMap<ValueId, E::Value> = HashMap::new();
+    for (o, ct) in graph.outputs.iter().zip(cotangents) {
+        let Some(ct) = ct else { continue };
+        let sum = match cts.remove(o) {
+            Some(prev) => e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[prev, ct.clone()])?.remove(0),
+            None => ct.clone(),
+        };
+        cts.insert(*o, sum);
+    }
+    let ids: Vec<crate::NodeId> = graph.nodes().map(|(id, _)| id).collect();
+    for &id in ids.iter().rev() {
+        let node = graph.node(id);
+        let outs: Vec<ValueId> = (0..node.outputs.len()).map(|i| ValueId::new(id, i as u32)).collect();
+        let out_cts: Vec<Option<E::Value>> = outs.iter().map(|v| cts.get(v).cloned()).collect();
+        if out_cts.iter().all(Option::is_none) || node.inputs.is_empty() {
+            continue;
+        }
+        let in_vals: Vec<E::Value> = node.inputs.iter().map(|v| vals[v].clone()).collect();
+        let out_vals: Vec<E::Value> = outs.iter().map(|v| vals[v].clone()).collect();
+        let in_cts = vjp(e, &node.op, &in_vals, &out_vals, &out_cts)?;
+        for (x, ct) in node.inputs.iter().zip(in_cts) {
+            let Some(ct) = ct else { continue };
+            let sum = match cts.remove(x) {
+                Some(prev) => e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[prev, ct])?.remove(0),
+                None => ct,
+            };
+            cts.insert(*x, sum);
+        }
+    }
+    Ok(graph.params.iter().map(|&p| cts.remove(&ValueId::from(p))).collect())
+}
+
 /// A scalar constant of `dtype`.
 pub(crate) fn scalar<E: Emitter>(e: &mut E, dtype: DType, v: f64) -> E::Value {
     let value = match dtype {
@@ -219,14 +310,14 @@ pub(crate) fn broadcast_like<E: Emitter>(e: &mut E, v: E::Value, like: &E::Value
     }
 }
 
-/// Ones of `x`'s type.
-pub(crate) fn ones_like<E: Emitter>(e: &mut E, x: E::Value) -> Result<E::Value, AutodiffError> {
+/// Ones of `x`'s type (its shape, even where unknown in the trace).
+pub fn ones_like<E: Emitter>(e: &mut E, x: E::Value) -> Result<E::Value, AutodiffError> {
     let one = scalar(e, e.value_type(&x).dtype, 1.0);
     broadcast_like(e, one, &x)
 }
 
-/// Zeros of `x`'s type.
-pub(crate) fn zeros_like<E: Emitter>(e: &mut E, x: E::Value) -> Result<E::Value, AutodiffError> {
+/// Zeros of `x`'s type (its shape, even where unknown in the trace).
+pub fn zeros_like<E: Emitter>(e: &mut E, x: E::Value) -> Result<E::Value, AutodiffError> {
     let zero = scalar(e, e.value_type(&x).dtype, 0.0);
     broadcast_like(e, zero, &x)
 }

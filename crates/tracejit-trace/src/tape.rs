@@ -1,0 +1,447 @@
+//! [`GradientTape`]: reverse-mode gradients of eager and traced code, with
+//! the VJP rules of [`tracejit_ir::autodiff`].
+//!
+//! A tape records the ops of its thread (every op goes through
+//! `context::apply`, which calls [`record`]) whose inputs it tracks: the
+//! tensors it was asked to [`GradientTape::watch`], the values read from
+//! trainable [`Variable`]s while it is active, and everything computed from
+//! those. [`GradientTape::gradient`] walks the record backwards and applies
+//! each op's VJP rule through ordinary tensor ops, so the same code
+//! differentiates eagerly (the backward ops run at once) and while tracing
+//! (the backward ops become nodes of the same graph: forward, backward and
+//! an optimizer update are one graph the passes fuse).
+//!
+//! Tapes are thread-local: two threads differentiating at once never see
+//! each other's ops. While one tape computes a gradient it stops
+//! recording, but enclosing tapes record the backward ops, which is how a
+//! gradient of a gradient works.
+//!
+//! ```
+//! use tracejit_trace::{GradientTape, Tensor};
+//!
+//! let x = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], &[3]);
+//! let tape = GradientTape::new();
+//! tape.watch(&x);
+//! let y = (&x * &x).sum(&[0], false);
+//! let g = tape.gradient(&y, &[&x])?;
+//! assert_eq!(g[0].as_ref().unwrap().to_vec::<f64>()?, vec![2.0, 4.0, 6.0]);
+//! # Ok::<(), tracejit_trace::Error>(())
+//! ```
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::rc::{Rc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+use tracejit_ir::autodiff::{self, AutodiffError, Emitter};
+use tracejit_ir::{Graph, Op, TensorType};
+use tracejit_tensor::{BinaryOp, Storage};
+
+use crate::{context, Error, Result, Tensor, Variable};
+
+// ---- tensor identities ------------------------------------------------
+
+/// Bits of an id that count within one thread; the bits above say which
+/// thread made the tensor.
+const THREAD_SHIFT: u32 = 40;
+
+thread_local! {
+    static THREAD_TAG: u64 = {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    };
+    static NEXT_ID: Cell<u64> = const { Cell::new(0) };
+    static TAPES: RefCell<Vec<Weak<RefCell<TapeState>>>> = const { RefCell::new(Vec::new()) };
+    /// How many tapes are active on this thread and recording (a cheap
+    /// test on every op).
+    static RECORDING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// A fresh tensor id, unique in the process (thread tag, then a counter).
+pub(crate) fn next_id() -> u64 {
+    let local = NEXT_ID.with(|c| {
+        let v = c.get();
+        c.set(v + 1);
+        v
+    });
+    THREAD_TAG.with(|t| (*t << THREAD_SHIFT) | local)
+}
+
+fn thread_of(id: u64) -> u64 {
+    id >> THREAD_SHIFT
+}
+
+// ---- recording ----------------------------------------------------------
+
+/// What an entry computed.
+enum Recorded {
+    /// A primitive op.
+    Op(Op),
+    /// A call of a traced function, as its graph with calls inlined.
+    Graph(Arc<Graph>),
+}
+
+/// One recorded op or call.
+struct Entry {
+    what: Recorded,
+    inputs: SmallVec<[Tensor; 2]>,
+    outputs: SmallVec<[Tensor; 1]>,
+}
+
+struct TapeState {
+    persistent: bool,
+    /// A non-persistent tape's gradient was taken.
+    spent: bool,
+    /// Suspended while it computes a gradient.
+    paused: bool,
+    /// Ids whose ops are recorded: watched tensors and their descendants.
+    tracked: HashSet<u64>,
+    entries: Vec<Entry>,
+    /// Variable id -> the tensors read from it while recording.
+    reads: HashMap<u64, Vec<Tensor>>,
+}
+
+/// True when some tape of this thread records (checked before every op).
+pub(crate) fn recording() -> bool {
+    RECORDING.with(|r| r.get() > 0)
+}
+
+fn for_each_tape(mut f: impl FnMut(&mut TapeState)) {
+    TAPES.with(|tapes| {
+        for t in tapes.borrow().iter().filter_map(Weak::upgrade) {
+            let mut t = t.borrow_mut();
+            if !t.paused {
+                f(&mut t);
+            }
+        }
+    });
+}
+
+/// Records `op` on every recording tape that tracks one of its inputs.
+pub(crate) fn record(op: &Op, inputs: &[&Tensor], outputs: &[Tensor]) {
+    for_each_tape(|t| {
+        if inputs.iter().any(|x| t.tracked.contains(&x.tape_id())) {
+            t.tracked.extend(outputs.iter().map(Tensor::tape_id));
+            t.entries.push(Entry {
+                what: Recorded::Op(op.clone()),
+                inputs: inputs.iter().map(|x| (*x).clone()).collect(),
+                outputs: outputs.iter().cloned().collect(),
+            });
+        }
+    });
+}
+
+/// Records a call of a traced function (`graph`: its primitive form) on
+/// every recording tape that tracks one of its inputs.
+pub(crate) fn record_graph(graph: Arc<Graph>, inputs: &[&Tensor], outputs: &[Tensor]) {
+    for_each_tape(|t| {
+        if inputs.iter().any(|x| t.tracked.contains(&x.tape_id())) {
+            t.tracked.extend(outputs.iter().map(Tensor::tape_id));
+            t.entries.push(Entry {
+                what: Recorded::Graph(graph.clone()),
+                inputs: inputs.iter().map(|x| (*x).clone()).collect(),
+                outputs: outputs.iter().cloned().collect(),
+            });
+        }
+    });
+}
+
+/// A trainable variable was read: every recording tape watches the value.
+pub(crate) fn record_variable_read(var: &Variable, value: &Tensor) {
+    if !recording() || !var.trainable() || !value.dtype().is_float() {
+        return;
+    }
+    for_each_tape(|t| {
+        t.tracked.insert(value.tape_id());
+        t.reads.entry(var.id()).or_default().push(value.clone());
+    });
+}
+
+// ---- the tape -----------------------------------------------------------
+
+/// Records the ops of this thread that depend on watched tensors and
+/// trainable variables, and computes gradients of a target with respect to
+/// them. Drop it to stop recording. See the module documentation.
+pub struct GradientTape {
+    state: Rc<RefCell<TapeState>>,
+}
+
+impl GradientTape {
+    /// A tape that answers one [`gradient`](Self::gradient) call.
+    pub fn new() -> GradientTape {
+        GradientTape::start(false)
+    }
+
+    /// A tape that answers any number of `gradient` calls.
+    pub fn persistent() -> GradientTape {
+        GradientTape::start(true)
+    }
+
+    fn start(persistent: bool) -> GradientTape {
+        let state = Rc::new(RefCell::new(TapeState {
+            persistent,
+            spent: false,
+            paused: false,
+            tracked: HashSet::new(),
+            entries: Vec::new(),
+            reads: HashMap::new(),
+        }));
+        TAPES.with(|t| t.borrow_mut().push(Rc::downgrade(&state)));
+        RECORDING.with(|r| r.set(r.get() + 1));
+        GradientTape { state }
+    }
+
+    /// Records the ops that use `x` from now on (float tensors; watching
+    /// an integer or bool tensor records nothing, as it has no gradient).
+    pub fn watch(&self, x: &Tensor) {
+        if x.dtype().is_float() {
+            self.state.borrow_mut().tracked.insert(x.tape_id());
+        }
+    }
+
+    /// The gradient of `target` (of its sum, if it is not a scalar) with
+    /// respect to each source: `None` where the target does not depend on
+    /// it. Sources are tensors (`&[&Tensor]`, `&[Tensor]`) or variables
+    /// (`&[Variable]`: the sum over every read of the variable while the
+    /// tape recorded).
+    ///
+    /// Errors: a non-persistent tape asked a second time, an integer or
+    /// bool source, a target made on another thread, an op without a
+    /// gradient rule on the path.
+    pub fn gradient<S: Source + ?Sized>(&self, target: &Tensor, sources: &S) -> Result<Vec<Option<Tensor>>> {
+        {
+            let mut st = self.state.borrow_mut();
+            if st.spent {
+                return Err(grad_error(
+                    "this GradientTape already computed a gradient; use GradientTape::persistent() to ask more than once",
+                ));
+            }
+            st.spent = !st.persistent;
+        }
+        let here = THREAD_TAG.with(|t| *t);
+        if thread_of(target.tape_id()) != here {
+            return Err(grad_error(
+                "the target was computed on another thread; tapes record the ops of their own thread only",
+            ));
+        }
+        let sources = sources.source_tensors(self)?;
+        if !target.dtype().is_float() {
+            return Ok(vec![None; sources.len()]);
+        }
+        // This tape stops recording while it differentiates (enclosing
+        // tapes keep recording, for higher-order gradients). No borrow is
+        // held while ops run: recording borrows every tape.
+        let entries = {
+            let mut st = self.state.borrow_mut();
+            st.paused = true;
+            std::mem::take(&mut st.entries)
+        };
+        let result = backward(&entries, target, &sources);
+        let mut st = self.state.borrow_mut();
+        st.paused = false;
+        st.entries = entries;
+        result
+    }
+}
+
+/// The value of `f()` and its gradient with respect to each of `vars`
+/// (read inside `f`), dense: zeros of the variable's shape where the value
+/// does not depend on it. Works eagerly and inside a traced function.
+///
+/// ```
+/// use tracejit_trace::{value_and_grad, DType, Tensor, Variable};
+///
+/// let w = Variable::new(Tensor::from_vec(vec![3.0f32], &[1]));
+/// let unused = Variable::new(Tensor::zeros(&[2], DType::F32));
+/// let (v, g) = value_and_grad(&[w.clone(), unused], || (w.read() * w.read()).sum_all())?;
+/// assert_eq!(v.to_vec::<f32>()?, vec![9.0]);
+/// assert_eq!(g[0].to_vec::<f32>()?, vec![6.0]);
+/// assert_eq!(g[1].to_vec::<f32>()?, vec![0.0, 0.0]);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+pub fn value_and_grad(vars: &[Variable], f: impl FnOnce() -> Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+    let tape = GradientTape::new();
+    let value = f();
+    let grads = tape.gradient(&value, vars)?;
+    drop(tape);
+    let mut e = TensorEmitter;
+    let dense = grads
+        .into_iter()
+        .zip(vars)
+        .map(|(g, v)| match g {
+            Some(g) => Ok(g),
+            None => autodiff::zeros_like(&mut e, v.read()).map_err(|err| grad_error(err.to_string())),
+        })
+        .collect::<Result<Vec<Tensor>>>()?;
+    Ok((value, dense))
+}
+
+/// Walks `entries` backwards from `target` (seeded with ones) and sums the
+/// cotangents of each source's tensors.
+fn backward(entries: &[Entry], target: &Tensor, sources: &[Vec<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+    let mut e = TensorEmitter;
+    let vjp_error = |err: AutodiffError| grad_error(err.to_string());
+    let mut cts: HashMap<u64, Tensor> = HashMap::new();
+    cts.insert(target.tape_id(), autodiff::ones_like(&mut e, target.clone()).map_err(vjp_error)?);
+    for entry in entries.iter().rev() {
+        let out_cts: Vec<Option<Tensor>> = entry.outputs.iter().map(|o| cts.get(&o.tape_id()).cloned()).collect();
+        if out_cts.iter().all(Option::is_none) {
+            continue;
+        }
+        let in_cts = match &entry.what {
+            Recorded::Op(op) => autodiff::vjp(&mut e, op, &entry.inputs, &entry.outputs, &out_cts),
+            Recorded::Graph(g) => autodiff::vjp_graph(&mut e, g, &entry.inputs, &out_cts),
+        }
+        .map_err(vjp_error)?;
+        for (x, ct) in entry.inputs.iter().zip(in_cts) {
+            let Some(ct) = ct else { continue };
+            let sum = match cts.remove(&x.tape_id()) {
+                Some(prev) => add(&mut e, prev, ct)?,
+                None => ct,
+            };
+            cts.insert(x.tape_id(), sum);
+        }
+    }
+    let mut out = Vec::with_capacity(sources.len());
+    for reads in sources {
+        let mut total: Option<Tensor> = None;
+        for t in reads {
+            if let Some(ct) = cts.get(&t.tape_id()) {
+                total = Some(match total {
+                    Some(prev) => add(&mut e, prev, ct.clone())?,
+                    None => ct.clone(),
+                });
+            }
+        }
+        out.push(total);
+    }
+    Ok(out)
+}
+
+fn add(e: &mut TensorEmitter, a: Tensor, b: Tensor) -> Result<Tensor> {
+    let mut v = e.emit(Op::Binary(BinaryOp::Add), &[a, b]).map_err(|err| grad_error(err.to_string()))?;
+    Ok(v.remove(0))
+}
+
+impl Default for GradientTape {
+    fn default() -> GradientTape {
+        GradientTape::new()
+    }
+}
+
+impl Drop for GradientTape {
+    fn drop(&mut self) {
+        RECORDING.with(|r| r.set(r.get().saturating_sub(1)));
+        TAPES.with(|t| t.borrow_mut().retain(|w| w.upgrade().is_some_and(|s| !Rc::ptr_eq(&s, &self.state))));
+    }
+}
+
+fn grad_error(message: impl Into<String>) -> Error {
+    Error::Gradient { message: message.into() }
+}
+
+/// What [`GradientTape::gradient`] differentiates with respect to:
+/// tensors or variables.
+pub trait Source {
+    /// For each source, the recorded tensors whose cotangents sum to its
+    /// gradient.
+    #[doc(hidden)]
+    fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>>;
+}
+
+fn check_float(t: &Tensor, what: &str) -> Result<()> {
+    if t.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(grad_error(format!("{what} is {} and has no gradient; only float sources are differentiable", t.dtype())))
+    }
+}
+
+impl Source for [&Tensor] {
+    fn source_tensors(&self, _: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
+        self.iter()
+            .enumerate()
+            .map(|(i, t)| check_float(t, &format!("source {i}")).map(|_| vec![(*t).clone()]))
+            .collect()
+    }
+}
+
+impl<const N: usize> Source for [&Tensor; N] {
+    fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
+        self.as_slice().source_tensors(tape)
+    }
+}
+
+impl Source for [Tensor] {
+    fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
+        let refs: Vec<&Tensor> = self.iter().collect();
+        refs.as_slice().source_tensors(tape)
+    }
+}
+
+impl<const N: usize> Source for [Tensor; N] {
+    fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
+        self.as_slice().source_tensors(tape)
+    }
+}
+
+impl Source for Vec<Tensor> {
+    fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
+        self.as_slice().source_tensors(tape)
+    }
+}
+
+impl Source for [Variable] {
+    fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
+        let st = tape.state.borrow();
+        self.iter()
+            .map(|v| {
+                if !v.dtype().is_float() {
+                    return Err(grad_error(format!(
+                        "variable `{}` is {} and has no gradient; only float sources are differentiable",
+                        v.name(),
+                        v.dtype()
+                    )));
+                }
+                Ok(st.reads.get(&v.id()).cloned().unwrap_or_default())
+            })
+            .collect()
+    }
+}
+
+impl<const N: usize> Source for [Variable; N] {
+    fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
+        self.as_slice().source_tensors(tape)
+    }
+}
+
+impl Source for Vec<Variable> {
+    fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
+        self.as_slice().source_tensors(tape)
+    }
+}
+
+// ---- the backward pass ------------------------------------------------
+
+/// The VJP rules' [`Emitter`] over tensors: ops run eagerly on eager
+/// tensors and become graph nodes on symbolic ones.
+struct TensorEmitter;
+
+impl Emitter for TensorEmitter {
+    type Value = Tensor;
+
+    fn emit(&mut self, op: Op, inputs: &[Tensor]) -> std::result::Result<Vec<Tensor>, AutodiffError> {
+        let refs: SmallVec<[&Tensor; 3]> = inputs.iter().collect();
+        Ok(context::apply(op, &refs).into_vec())
+    }
+
+    fn value_type(&self, v: &Tensor) -> TensorType {
+        v.tensor_type()
+    }
+
+    fn constant(&mut self, value: Storage) -> Tensor {
+        Tensor::from_storage(value)
+    }
+}

@@ -1,0 +1,277 @@
+//! GradientTape and value_and_grad: eager gradients against analytic ones
+//! and finite differences, the same code traced inside a function, variables
+//! watched automatically, persistence, unconnected and integer sources,
+//! higher-order gradients, and thread isolation.
+
+use tracejit::autodiff::value_and_grad;
+use tracejit::prelude::*;
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_vec::<f64>().unwrap()
+}
+
+fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * y.abs().max(1.0))
+}
+
+fn x3() -> Tensor {
+    Tensor::from_vec(vec![-1.5f64, 0.5, 2.0], &[3])
+}
+
+#[test]
+fn eager_gradient_of_a_polynomial() {
+    let x = x3();
+    let tape = GradientTape::new();
+    tape.watch(&x);
+    let y = (&x * &x * &x + &x * 2.0).sum(&[0], false);
+    let g = tape.gradient(&y, &[&x]).unwrap();
+    let want: Vec<f64> = vals(&x).iter().map(|v| 3.0 * v * v + 2.0).collect();
+    assert!(close(&vals(g[0].as_ref().unwrap()), &want, 1e-12));
+}
+
+#[test]
+fn a_non_scalar_target_differentiates_its_sum() {
+    let x = x3();
+    let tape = GradientTape::new();
+    tape.watch(&x);
+    let y = x.exp();
+    let g = tape.gradient(&y, std::slice::from_ref(&x)).unwrap();
+    assert!(close(&vals(g[0].as_ref().unwrap()), &vals(&x.exp()), 1e-12));
+}
+
+#[test]
+fn the_same_code_traced_in_a_function() {
+    let grad = |x: &Tensor| {
+        let tape = GradientTape::new();
+        tape.watch(x);
+        let y = (x.tanh() * x).sum(&[0], false);
+        tape.gradient(&y, &[x]).unwrap().remove(0).unwrap()
+    };
+    let f = function(move |x: Tensor| grad(&x));
+    let x = x3();
+    let traced = f.call(x.clone()).unwrap();
+    let eager = grad(&x);
+    assert!(close(&vals(&traced), &vals(&eager), 1e-12));
+    assert_eq!(f.tracing_count(), 1);
+    // Forward and backward are one graph.
+    let g = f.concrete_functions()[0].graph().to_string();
+    assert!(g.contains("tanh") && g.contains("mul"), "{g}");
+    f.call(Tensor::from_vec(vec![0.1f64, 0.2, 0.3], &[3])).unwrap();
+    assert_eq!(f.tracing_count(), 1);
+}
+
+#[test]
+fn trainable_variables_are_watched_and_match_finite_differences() {
+    let w = Variable::new(Tensor::from_vec(vec![0.3f64, -0.2, 0.5, 0.1, -0.4, 0.2], &[3, 2]));
+    let b = Variable::new(Tensor::from_vec(vec![0.05f64, -0.1], &[2]));
+    let frozen = Variable::new(Tensor::from_vec(vec![1.0f64, 1.0], &[2])).with_trainable(false);
+    let x = Tensor::from_vec(vec![1.0f64, 2.0, -1.0, 0.5, 0.0, 3.0, -2.0, 1.0], &[4, 2]);
+    let loss = |w: &Tensor, b: &Tensor| {
+        let h = (x.matmul(&w.transpose(&[1, 0])) + 0.0).tanh(); // [4, 3]
+        let out = h.matmul(w) + b * frozen.read(); // [4, 2]
+        (&out * &out).mean(&[0, 1], false)
+    };
+    let tape = GradientTape::new();
+    let l = loss(&w.read(), &b.read());
+    let g = tape.gradient(&l, &[w.clone(), b.clone(), frozen.clone()]).unwrap();
+    assert!(g[2].is_none(), "a non-trainable variable is not watched");
+    // Finite differences on every element of w and b.
+    for (k, var) in [&w, &b].into_iter().enumerate() {
+        let base = vals(&var.value());
+        let got = vals(g[k].as_ref().unwrap());
+        for i in 0..base.len() {
+            let at = |d: f64| {
+                let mut v = base.clone();
+                v[i] += d;
+                let t = Tensor::from_vec(v, var.value().shape());
+                let l = if k == 0 { loss(&t, &b.value()) } else { loss(&w.value(), &t) };
+                vals(&l)[0]
+            };
+            let fd = (at(1e-6) - at(-1e-6)) / 2e-6;
+            assert!((got[i] - fd).abs() <= 1e-6 * fd.abs().max(1.0), "var {k} elt {i}: {} vs {fd}", got[i]);
+        }
+    }
+}
+
+#[test]
+fn a_tape_answers_once_unless_persistent() {
+    let x = x3();
+    let tape = GradientTape::new();
+    tape.watch(&x);
+    let y = x.square().sum(&[0], false);
+    tape.gradient(&y, &[&x]).unwrap();
+    let e = tape.gradient(&y, &[&x]).unwrap_err().to_string();
+    assert!(e.contains("already computed a gradient") && e.contains("persistent"), "{e}");
+
+    let tape = GradientTape::persistent();
+    tape.watch(&x);
+    let y = x.square().sum(&[0], false);
+    let z = x.sin().sum(&[0], false);
+    let gy = tape.gradient(&y, &[&x]).unwrap().remove(0).unwrap();
+    let gz = tape.gradient(&z, &[&x]).unwrap().remove(0).unwrap();
+    assert!(close(&vals(&gy), &vals(&(&x * 2.0)), 1e-12));
+    assert!(close(&vals(&gz), &vals(&x.cos()), 1e-12));
+}
+
+#[test]
+fn unconnected_and_integer_sources() {
+    let x = x3();
+    let other = Tensor::from_vec(vec![1.0f64], &[1]);
+    let tape = GradientTape::persistent();
+    tape.watch(&x);
+    let y = x.exp().sum(&[0], false);
+    let g = tape.gradient(&y, &[&x, &other]).unwrap();
+    assert!(g[0].is_some() && g[1].is_none());
+    let ints = Tensor::from_vec(vec![1i64, 2], &[2]);
+    let e = tape.gradient(&y, &[&x, &ints]).unwrap_err().to_string();
+    assert!(e.contains("source 1") && e.contains("i64"), "{e}");
+    // value_and_grad gives dense zeros where unconnected.
+    let used = Variable::new(Tensor::from_vec(vec![2.0f64], &[1]));
+    let unused = Variable::new(Tensor::from_vec(vec![5.0f64, 6.0], &[2]));
+    let (v, g) = value_and_grad(&[used.clone(), unused.clone()], || used.read().exp().sum_all()).unwrap();
+    assert!(close(&vals(&v), &[2f64.exp()], 1e-12));
+    assert!(close(&vals(&g[0]), &[2f64.exp()], 1e-12));
+    assert_eq!(vals(&g[1]), vec![0.0, 0.0]);
+}
+
+#[test]
+fn gradient_of_a_gradient() {
+    let x = x3();
+    let outer = GradientTape::new();
+    outer.watch(&x);
+    let inner = GradientTape::new();
+    inner.watch(&x);
+    let y = (&x * &x * &x).sum(&[0], false);
+    let dy = inner.gradient(&y, &[&x]).unwrap().remove(0).unwrap(); // 3x²
+    let d2y = outer.gradient(&dy, &[&x]).unwrap().remove(0).unwrap(); // 6x
+    assert!(close(&vals(&d2y), &vals(&(&x * 6.0)), 1e-12));
+}
+
+#[test]
+fn tapes_are_thread_local() {
+    let handles: Vec<_> = (0..4)
+        .map(|k| {
+            std::thread::spawn(move || {
+                let x = Tensor::from_vec(vec![k as f64, 1.0 + k as f64], &[2]);
+                let tape = GradientTape::new();
+                tape.watch(&x);
+                let mut y = x.clone();
+                for _ in 0..50 {
+                    y = (&y * 1.01).sin();
+                }
+                let g = tape.gradient(&y.sum(&[0], false), &[&x]).unwrap().remove(0).unwrap();
+                (k, vals(&g))
+            })
+        })
+        .collect();
+    let results: Vec<(usize, Vec<f64>)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    // Each thread's answer equals the same computation done here alone.
+    for (k, g) in results {
+        let x = Tensor::from_vec(vec![k as f64, 1.0 + k as f64], &[2]);
+        let tape = GradientTape::new();
+        tape.watch(&x);
+        let mut y = x.clone();
+        for _ in 0..50 {
+            y = (&y * 1.01).sin();
+        }
+        let want = tape.gradient(&y.sum(&[0], false), &[&x]).unwrap().remove(0).unwrap();
+        assert_eq!(g, vals(&want));
+    }
+    // A target made on another thread is an error.
+    let y = std::thread::spawn(|| Tensor::from_vec(vec![1.0f64], &[1])).join().unwrap();
+    let tape = GradientTape::new();
+    let e = tape.gradient(&y, &[&y]).unwrap_err().to_string();
+    assert!(e.contains("another thread"), "{e}");
+}
+
+#[test]
+fn traced_variables_gradients_match_eager() {
+    let w = Variable::new(Tensor::from_vec(vec![0.5f32, -1.0, 2.0], &[3]));
+    let w2 = w.clone();
+    let step = function(move |x: Tensor| {
+        let (loss, g) = value_and_grad(std::slice::from_ref(&w2), || (w2.read() * &x).tanh().sum_all()).unwrap();
+        (loss, g[0].clone())
+    });
+    let x = Tensor::from_vec(vec![1.0f32, 0.5, -0.25], &[3]);
+    let (l, g) = step.call(x.clone()).unwrap();
+    let (le, ge) = value_and_grad(std::slice::from_ref(&w), || (w.read() * &x).tanh().sum_all()).unwrap();
+    let f = |t: &Tensor| t.to_vec::<f32>().unwrap();
+    assert!(f(&l).iter().zip(f(&le)).all(|(a, b)| (a - b).abs() <= 1e-6));
+    assert!(f(&g).iter().zip(f(&ge[0])).all(|(a, b)| (a - b).abs() <= 1e-6));
+}
+
+/// A small classifier: dense + relu, dense, softmax cross-entropy on
+/// integer labels (W6's loss), through the `tracejit::nn` composites.
+fn classifier_loss(x: &Tensor, labels: &Tensor, w1: &Tensor, b1: &Tensor, w2: &Tensor, b2: &Tensor) -> Tensor {
+    use tracejit::nn::{dense, softmax_cross_entropy_with_logits, Activation};
+    let h = dense(x, w1, b1, Activation::Relu);
+    let logits = dense(&h, w2, b2, Activation::Linear);
+    let onehot = labels.one_hot(3, logits.dtype());
+    softmax_cross_entropy_with_logits(&logits, &onehot).mean(&[0], false)
+}
+
+fn params() -> Vec<Variable> {
+    let t = |v: Vec<f64>, s: &[usize]| Variable::new(Tensor::from_vec(v, s));
+    vec![
+        t(vec![0.2, -0.5, 0.3, 0.8, -0.1, 0.4, 0.6, -0.3], &[2, 4]),
+        t(vec![0.05, -0.02, 0.1, 0.0], &[4]),
+        t(vec![0.3, -0.2, 0.1, 0.5, 0.4, -0.6, -0.3, 0.2, 0.7, 0.1, -0.4, 0.25], &[4, 3]),
+        t(vec![0.01, 0.02, -0.03], &[3]),
+    ]
+}
+
+#[test]
+fn gradients_flow_through_composites_and_function_calls() {
+    let x = Tensor::from_vec(vec![1.0f64, -0.5, 0.3, 2.0, -1.2, 0.7, 0.4, 0.4, 2.2, -0.3], &[5, 2]);
+    let labels = Tensor::from_vec(vec![0i64, 2, 1, 1, 0], &[5]);
+    let vars = params();
+    let run = |vals: &[Tensor]| classifier_loss(&x, &labels, &vals[0], &vals[1], &vals[2], &vals[3]);
+    let (loss, grads) = value_and_grad(&vars, || {
+        let r: Vec<Tensor> = vars.iter().map(Variable::read).collect();
+        run(&r)
+    })
+    .unwrap();
+    // Finite differences, element by element.
+    for (k, v) in vars.iter().enumerate() {
+        let base = vals(&v.value());
+        let got = vals(&grads[k]);
+        for i in 0..base.len() {
+            let at = |d: f64| {
+                let mut r: Vec<Tensor> = vars.iter().map(Variable::value).collect();
+                let mut p = base.clone();
+                p[i] += d;
+                r[k] = Tensor::from_vec(p, v.value().shape());
+                vals(&run(&r))[0]
+            };
+            let fd = (at(1e-6) - at(-1e-6)) / 2e-6;
+            assert!((got[i] - fd).abs() <= 1e-6 * fd.abs().max(1.0), "param {k} elt {i}: {} vs {fd}", got[i]);
+        }
+    }
+    // The same step traced: one graph, the same loss and gradients.
+    let (x2, l2, vars2) = (x.clone(), labels.clone(), vars.clone());
+    let step = function(move |()| {
+        let (loss, grads) = value_and_grad(&vars2, || {
+            let r: Vec<Tensor> = vars2.iter().map(Variable::read).collect();
+            classifier_loss(&x2, &l2, &r[0], &r[1], &r[2], &r[3])
+        })
+        .unwrap();
+        (loss, grads)
+    });
+    let (tl, tg) = step.call(()).unwrap();
+    assert!(close(&vals(&tl), &vals(&loss), 1e-12));
+    for (a, b) in tg.iter().zip(&grads) {
+        assert!(close(&vals(a), &vals(b), 1e-10));
+    }
+}
+
+#[test]
+fn a_function_called_under_a_tape_is_differentiated() {
+    let inner = function(|x: Tensor| (x.sin() * &x).sum(&[0], false));
+    let x = x3();
+    let tape = GradientTape::new();
+    tape.watch(&x);
+    let y = inner.call(x.clone()).unwrap() * 2.0;
+    let g = tape.gradient(&y, &[&x]).unwrap().remove(0).expect("the call is recorded");
+    let want: Vec<f64> = vals(&x).iter().map(|v| 2.0 * (v.cos() * v + v.sin())).collect();
+    assert!(close(&vals(&g), &want, 1e-12));
+}
