@@ -246,9 +246,8 @@ pub fn vjp<E: Emitter>(
             }
             out
         }
-        Op::Slice { .. } | Op::Gather { .. } => {
-            return Err(unsupported(op, "no VJP rule yet (it needs a scatter/pad op)"));
-        }
+        Op::Slice { specs } => vec![Some(slice_vjp(&mut b, op, specs, &x.expect("slice input"), g)?)],
+        Op::Gather { axis } => vec![Some(gather_vjp(&mut b, op, *axis, &inputs[0], &inputs[1], g)?), None],
         Op::Call { .. } | Op::Kernel { .. } | Op::Fused { .. } => {
             return Err(unsupported(
                 op,
@@ -256,6 +255,84 @@ pub fn vjp<E: Emitter>(
             ));
         }
     })
+}
+
+/// `g` placed back into zeros of `x`'s shape where a slice read it: per
+/// sliced axis, zeros concatenated before and after. Needs `x`'s shape and
+/// a step of 1 (other steps are an error naming the op).
+fn slice_vjp<E: Emitter>(b: &mut B<'_, E>, op: &Op, specs: &[SliceSpec], x: &E::Value, g: E::Value) -> R<E::Value> {
+    let t = b.ty(x);
+    let shape = t.shape().ok_or_else(|| unsupported(op, format!("its input {t} has unknown dims")))?;
+    let mut g = g;
+    for (axis, spec) in specs.iter().enumerate() {
+        let (start, count, step) = spec.resolve(shape[axis]);
+        if count == shape[axis] {
+            continue;
+        }
+        if step != 1 {
+            return Err(unsupported(op, format!("a step of {step} (only step 1 has a rule so far)")));
+        }
+        let before = start as usize;
+        let after = shape[axis] - before - count;
+        let mut parts = Vec::with_capacity(3);
+        let gshape = b.ty(&g).shape().expect("the input's shape is known, so the slice's is");
+        for (n, at_start) in [(before, true), (after, false)] {
+            if n == 0 {
+                continue;
+            }
+            let mut zshape = gshape.clone();
+            zshape[axis] = n;
+            let zero = b.k(&g, 0.0);
+            let z = b.op(Op::BroadcastTo { shape: zshape }, &[zero])?;
+            if at_start {
+                parts.push(z);
+                parts.push(g.clone());
+            } else {
+                if parts.is_empty() {
+                    parts.push(g.clone());
+                }
+                parts.push(z);
+            }
+        }
+        if parts.is_empty() {
+            parts.push(g.clone());
+        }
+        g = b.op(Op::Concat { axis }, &parts)?;
+    }
+    Ok(g)
+}
+
+/// `g` scattered back (added) into zeros of `params`' shape at the gathered
+/// indices: `one_hot(indices)ᵀ @ g` per outer block. Needs the shapes.
+fn gather_vjp<E: Emitter>(
+    b: &mut B<'_, E>,
+    op: &Op,
+    axis: usize,
+    params: &E::Value,
+    indices: &E::Value,
+    g: E::Value,
+) -> R<E::Value> {
+    let (pt, it) = (b.ty(params), b.ty(indices));
+    let (Some(pshape), Some(ishape)) = (pt.shape(), it.shape()) else {
+        return Err(unsupported(op, format!("params {pt} or indices {it} have unknown dims")));
+    };
+    let n = pshape[axis];
+    let outer: usize = pshape[..axis].iter().product();
+    let inner: usize = pshape[axis + 1..].iter().product();
+    let m: usize = ishape.iter().product();
+    // Negative indices count from the end, as gather reads them.
+    let zero = b.k(indices, 0.0);
+    let neg = b.bin(BinaryOp::Lt, indices, &zero)?;
+    let len = b.k(indices, n as f64);
+    let wrapped = b.bin(BinaryOp::Add, indices, &len)?;
+    let idx = b.op(Op::Select, &[neg, wrapped, indices.clone()])?;
+    let idx = b.op(Op::Reshape { shape: vec![m as i64] }, &[idx])?;
+    let oh = b.op(Op::OneHot { depth: n, dtype: pt.dtype }, &[idx])?; // [m, n]
+    let oht = b.op(Op::Transpose { perm: vec![1, 0] }, &[oh])?; // [n, m]
+    let g3 = b.op(Op::Reshape { shape: vec![outer as i64, m as i64, inner as i64] }, &[g])?;
+    let r = b.op(Op::MatMul, &[oht, g3])?; // [outer, n, inner]
+    let shape = pshape.iter().map(|&d| d as i64).collect();
+    b.op(Op::Reshape { shape }, &[r])
 }
 
 /// The permutation swapping the last two of `rank` axes.

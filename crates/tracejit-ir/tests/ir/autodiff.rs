@@ -231,10 +231,38 @@ fn unknown_dims_in_the_trace() {
 }
 
 #[test]
+fn slices_and_gathers_scatter_back() {
+    let specs = |s: &[(i64, i64)]| s.iter().map(|&(a, b)| SliceSpec::range(a, b)).collect::<Vec<_>>();
+    for (sp, out) in [
+        (vec![SliceSpec::range(1, 3), SliceSpec::FULL], vec![2, 4]),
+        (specs(&[(0, 2), (1, 4)]), vec![2, 3]),
+        (vec![SliceSpec::FULL, SliceSpec { start: Some(-2), stop: None, step: 1 }], vec![4, 2]),
+    ] {
+        let sp2 = sp.clone();
+        let g = loss_graph(&[vec![4, 4]], &move |g, p| node(g, Op::Slice { specs: sp2.clone() }, &[p[0]]), &out);
+        check_grads(&g, &[data(&[4, 4], 40, -1.0, 1.0)]);
+    }
+    // gather along axis 0 and 1, with repeated and negative indices (on
+    // axis 1, of size 3, -1 and 2 are the same column).
+    for (axis, out) in [(0usize, vec![5, 3]), (1, vec![4, 5])] {
+        let g = loss_graph(
+            &[vec![4, 3]],
+            &move |g, p| {
+                let idx = g.add_constant(Storage::from_vec(vec![0i64, 2, -1, 2, 1], &[5]).unwrap());
+                node(g, Op::Gather { axis }, &[p[0], idx])
+            },
+            &out,
+        );
+        check_grads(&g, &[data(&[4, 3], 41 + axis as u64, -1.0, 1.0)]);
+    }
+}
+
+#[test]
 fn ops_without_a_rule_are_errors_naming_them() {
-    let g = loss_graph(&[vec![4]], &|g, p| node(g, Op::Slice { specs: vec![SliceSpec::range(1, 3)] }, &[p[0]]), &[2]);
+    let step2 = SliceSpec { start: None, stop: None, step: 2 };
+    let g = loss_graph(&[vec![4]], &move |g, p| node(g, Op::Slice { specs: vec![step2] }, &[p[0]]), &[2]);
     let e = grad_graph(&g, &[0]).unwrap_err().to_string();
-    assert!(e.contains("`slice`"), "{e}");
+    assert!(e.contains("`slice`") && e.contains("step of 2"), "{e}");
     let e = grad_graph(&g, &[3]).unwrap_err().to_string();
     assert!(e.contains("source 3 is not an input"), "{e}");
 }
