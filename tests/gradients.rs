@@ -275,3 +275,94 @@ fn a_function_called_under_a_tape_is_differentiated() {
     let want: Vec<f64> = vals(&x).iter().map(|v| 2.0 * (v.cos() * v + v.sin())).collect();
     assert!(close(&vals(&g), &want, 1e-12));
 }
+
+mod props {
+    use proptest::prelude::*;
+    use tracejit::prelude::*;
+
+    /// A random program over x [rows, cols] and a bias [cols]: elementwise
+    /// ops, broadcasting, a reduction and a matmul.
+    fn program(x: &Tensor, b: &Tensor, picks: &[u8]) -> Tensor {
+        let mut y = x.clone();
+        for &k in picks {
+            y = match k % 9 {
+                0 => y.tanh(),
+                1 => &y * b,
+                2 => &y + b,
+                3 => y.sigmoid(),
+                4 => (&y * 0.5).exp(),
+                5 => y.softplus(),
+                6 => &y - y.mean(&[1], true),
+                7 => y.maximum(b),
+                _ => y.matmul(&y.transpose(&[1, 0])).matmul(&y) * 0.1,
+            };
+        }
+        y.sum(&[0, 1], false)
+    }
+
+    fn grads(x: &Tensor, b: &Tensor, picks: &[u8]) -> Vec<Option<Tensor>> {
+        let tape = GradientTape::new();
+        tape.watch(x);
+        tape.watch(b);
+        let y = program(x, b, picks);
+        tape.gradient(&y, &[x, b]).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// Eager gradients equal the traced, optimized, JIT-compiled ones
+        /// (f32, within a few ULP-scaled units), odd sizes included.
+        #[test]
+        fn eager_and_traced_gradients_agree(
+            rows in prop::sample::select(vec![1usize, 3, 5]),
+            cols in prop::sample::select(vec![1usize, 2, 7]),
+            seed in 0u64..1000,
+            picks in prop::collection::vec(0u8..9, 1..5),
+        ) {
+            let x = Tensor::randn(&[rows, cols], seed) * 0.5;
+            let b = Tensor::randn(&[cols], seed + 1) * 0.5;
+            let eager = grads(&x, &b, &picks);
+            let p2 = picks.clone();
+            let f = function(move |(x, b): (Tensor, Tensor)| grads(&x, &b, &p2));
+            let traced = f.call((x, b)).unwrap();
+            prop_assert_eq!(eager.iter().map(Option::is_some).collect::<Vec<_>>(), traced.iter().map(Option::is_some).collect::<Vec<_>>());
+            for (e, t) in eager.iter().flatten().zip(traced.iter().flatten()) {
+                let (e, t) = (e.to_vec::<f32>().unwrap(), t.to_vec::<f32>().unwrap());
+                for (a, c) in e.iter().zip(&t) {
+                    prop_assert!((a - c).abs() <= 1e-4 * a.abs().max(1.0), "{a} vs {c}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_registered_backward_kernel_replaces_the_body_eagerly_and_traced() {
+    // The registered gradient is 3x the true one, so it is visibly used.
+    tracejit::composite::register_gradient(
+        "tests.grad.cube",
+        |xs: &[Tensor], _ys: &[Tensor], cts: &[Option<Tensor>]| vec![cts[0].as_ref().map(|g| g * xs[0].square() * 9.0)],
+    );
+    let cube = function(|x: Tensor| &x * &x * &x).implements("tests.grad.cube");
+    let x = x3();
+    let want: Vec<f64> = vals(&x).iter().map(|v| 9.0 * v * v).collect();
+    let c2 = cube.clone();
+    let eager = {
+        let tape = GradientTape::new();
+        tape.watch(&x);
+        let y = c2.call(x.clone()).unwrap();
+        tape.gradient(&y, &[&x]).unwrap().remove(0).unwrap()
+    };
+    assert!(close(&vals(&eager), &want, 1e-12));
+    let traced = function(move |x: Tensor| {
+        let tape = GradientTape::new();
+        tape.watch(&x);
+        let y = cube.call(x.clone()).unwrap();
+        tape.gradient(&y, &[&x]).unwrap().remove(0).unwrap()
+    })
+    .call(x.clone())
+    .unwrap();
+    assert!(close(&vals(&traced), &want, 1e-12));
+    assert!(tracejit::composite::unregister_gradient("tests.grad.cube"));
+}

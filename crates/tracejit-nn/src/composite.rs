@@ -57,6 +57,10 @@ use tracejit_ir::{ExternalKernel, TensorType};
 use tracejit_tensor::Storage;
 use tracejit_trace::{Tensor, TensorSpec};
 
+/// Backward kernels of composites (gradient tapes use them instead of the
+/// primitive body's VJP).
+pub use tracejit_trace::{register_gradient, unregister_gradient, GradientFn};
+
 /// A composite kernel: native code over eager tensors.
 pub type KernelFn = dyn Fn(&[Tensor]) -> Vec<Tensor> + Send + Sync;
 

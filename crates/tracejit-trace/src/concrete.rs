@@ -165,12 +165,13 @@ impl ConcreteFunction {
     }
 
     /// Records this call on the gradient tapes of the thread that track one
-    /// of its inputs, as its primitive graph (see `differentiable`).
+    /// of its inputs: by its registered backward kernel, or as its
+    /// primitive graph (see `differentiable`).
     pub(crate) fn record_on_tapes(&self, inputs: &[&Tensor], outputs: &[Tensor]) -> Result<()> {
         if !crate::tape::recording() {
             return Ok(());
         }
-        let graph = match self.differentiable.get() {
+        let graph = || match self.differentiable.get() {
             Some(g) => g.clone(),
             None => {
                 let mut g = (*self.graph).clone();
@@ -179,7 +180,7 @@ impl ConcreteFunction {
                 self.differentiable.get_or_init(|| Arc::new(g)).clone()
             }
         };
-        crate::tape::record_graph(graph, inputs, outputs);
+        crate::tape::record_call(self.attrs.implements.as_deref(), &graph, inputs, outputs);
         Ok(())
     }
 

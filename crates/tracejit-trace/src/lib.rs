@@ -29,7 +29,7 @@ pub use error::{Error, Result};
 pub use function::{function, Function};
 pub use nest::{Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener};
 pub use ops::{Operand, Scalar};
-pub use tape::{value_and_grad, GradientTape, Source};
+pub use tape::{register_gradient, unregister_gradient, value_and_grad, GradientFn, GradientTape, Source};
 pub use tensor::Tensor;
 pub use tracejit_derive::Nest;
 pub use tracejit_ir::passes::{OptimizationOptions, PipelineReport};

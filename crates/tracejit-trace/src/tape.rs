@@ -76,11 +76,66 @@ fn thread_of(id: u64) -> u64 {
 // ---- recording ----------------------------------------------------------
 
 /// What an entry computed.
+#[derive(Clone)]
 enum Recorded {
     /// A primitive op.
     Op(Op),
     /// A call of a traced function, as its graph with calls inlined.
     Graph(Arc<Graph>),
+    /// A call of a composite with a registered backward kernel.
+    Custom(String, Arc<GradientFn>),
+}
+
+// ---- registered backward kernels ----------------------------------------
+
+/// A backward kernel for a composite op: given the call's inputs, outputs
+/// and output cotangents (`None`: zero), the cotangents of its inputs
+/// (`None`: no gradient). It runs on eager tensors under an eager tape and
+/// on symbolic ones (adding graph nodes) inside a traced function, so it is
+/// written with tensor ops.
+pub type GradientFn = dyn Fn(&[Tensor], &[Tensor], &[Option<Tensor>]) -> Vec<Option<Tensor>> + Send + Sync;
+
+static GRADIENTS: std::sync::LazyLock<std::sync::RwLock<HashMap<String, Arc<GradientFn>>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Registers the backward kernel of the composite op `name` (functions
+/// marked `implements(name)`): tapes use it instead of differentiating the
+/// composite's primitive body, so a fused forward keeps a fused backward.
+/// The latest registration wins; it applies to calls recorded after it.
+///
+/// ```
+/// use tracejit_trace::{function, register_gradient, GradientTape, Tensor};
+///
+/// // A composite `square` whose registered gradient is deliberately 10x.
+/// register_gradient("example.doc.square", |inputs: &[Tensor], _outputs: &[Tensor], cts: &[Option<Tensor>]| {
+///     vec![cts[0].as_ref().map(|g| g * &inputs[0] * 20.0)]
+/// });
+/// let square = function(|x: Tensor| &x * &x).implements("example.doc.square");
+/// let x = Tensor::from_vec(vec![3.0f64], &[1]);
+/// let tape = GradientTape::new();
+/// tape.watch(&x);
+/// let y = square.call(x.clone())?;
+/// let g = tape.gradient(&y, &[&x])?;
+/// assert_eq!(g[0].as_ref().unwrap().to_vec::<f64>()?, vec![60.0]);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+pub fn register_gradient<F>(name: &str, backward: F)
+where
+    F: Fn(&[Tensor], &[Tensor], &[Option<Tensor>]) -> Vec<Option<Tensor>> + Send + Sync + 'static,
+{
+    let mut t = GRADIENTS.write().unwrap_or_else(|e| e.into_inner());
+    if t.insert(name.to_string(), Arc::new(backward)).is_some() {
+        log::info!("tracejit: the backward kernel of `{name}` was replaced");
+    }
+}
+
+/// Removes the backward kernel of `name`; true if there was one.
+pub fn unregister_gradient(name: &str) -> bool {
+    GRADIENTS.write().unwrap_or_else(|e| e.into_inner()).remove(name).is_some()
+}
+
+fn registered_gradient(name: &str) -> Option<Arc<GradientFn>> {
+    GRADIENTS.read().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
 }
 
 /// One recorded op or call.
@@ -133,14 +188,35 @@ pub(crate) fn record(op: &Op, inputs: &[&Tensor], outputs: &[Tensor]) {
     });
 }
 
-/// Records a call of a traced function (`graph`: its primitive form) on
-/// every recording tape that tracks one of its inputs.
-pub(crate) fn record_graph(graph: Arc<Graph>, inputs: &[&Tensor], outputs: &[Tensor]) {
+/// Records a call of a traced function on every recording tape that
+/// tracks one of its inputs: through the backward kernel registered for its
+/// `implements` name if there is one, else as `graph` (its primitive form,
+/// built only when needed).
+pub(crate) fn record_call(
+    implements: Option<&str>,
+    graph: &dyn Fn() -> Arc<Graph>,
+    inputs: &[&Tensor],
+    outputs: &[Tensor],
+) {
+    let tracked = TAPES.with(|tapes| {
+        tapes
+            .borrow()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .any(|t| !t.borrow().paused && inputs.iter().any(|x| t.borrow().tracked.contains(&x.tape_id())))
+    });
+    if !tracked {
+        return;
+    }
+    let what = match implements.and_then(|n| registered_gradient(n).map(|f| (n, f))) {
+        Some((n, f)) => Recorded::Custom(n.to_string(), f),
+        None => Recorded::Graph(graph()),
+    };
     for_each_tape(|t| {
         if inputs.iter().any(|x| t.tracked.contains(&x.tape_id())) {
             t.tracked.extend(outputs.iter().map(Tensor::tape_id));
             t.entries.push(Entry {
-                what: Recorded::Graph(graph.clone()),
+                what: what.clone(),
                 inputs: inputs.iter().map(|x| (*x).clone()).collect(),
                 outputs: outputs.iter().cloned().collect(),
             });
@@ -293,6 +369,17 @@ fn backward(entries: &[Entry], target: &Tensor, sources: &[Vec<Tensor>]) -> Resu
         let in_cts = match &entry.what {
             Recorded::Op(op) => autodiff::vjp(&mut e, op, &entry.inputs, &entry.outputs, &out_cts),
             Recorded::Graph(g) => autodiff::vjp_graph(&mut e, g, &entry.inputs, &out_cts),
+            Recorded::Custom(name, f) => {
+                let cts = f(&entry.inputs, &entry.outputs, &out_cts);
+                if cts.len() != entry.inputs.len() {
+                    return Err(grad_error(format!(
+                        "the backward kernel of `{name}` returned {} cotangents for {} inputs",
+                        cts.len(),
+                        entry.inputs.len()
+                    )));
+                }
+                Ok(cts)
+            }
         }
         .map_err(vjp_error)?;
         for (x, ct) in entry.inputs.iter().zip(in_cts) {
