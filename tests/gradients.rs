@@ -366,3 +366,25 @@ fn a_registered_backward_kernel_replaces_the_body_eagerly_and_traced() {
     assert!(close(&vals(&traced), &want, 1e-12));
     assert!(tracejit::composite::unregister_gradient("tests.grad.cube"));
 }
+
+#[test]
+fn the_readme_training_step_trains() {
+    let w = Variable::new(Tensor::randn(&[3, 2], 0));
+    let w2 = w.clone();
+    let step = function(move |x: Tensor| {
+        let tape = GradientTape::new();
+        let loss = x.matmul(&w2.read()).tanh().square().mean(&[0, 1], false);
+        let g = tape.gradient(&loss, std::slice::from_ref(&w2)).unwrap().remove(0).unwrap();
+        w2.assign_sub(&(g * 0.1));
+        loss
+    });
+    let x = Tensor::randn(&[4, 3], 1);
+    let first = step.call(x.clone()).unwrap().to_vec::<f32>().unwrap()[0];
+    let mut last = first;
+    for _ in 0..20 {
+        last = step.call(x.clone()).unwrap().to_vec::<f32>().unwrap()[0];
+    }
+    assert_eq!(step.tracing_count(), 1);
+    assert!(last < first, "the loss falls: {first} -> {last}");
+    let _ = w.value();
+}
