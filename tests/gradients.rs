@@ -388,3 +388,36 @@ fn the_readme_training_step_trains() {
     assert!(last < first, "the loss falls: {first} -> {last}");
     let _ = w.value();
 }
+
+#[test]
+fn functions_that_read_variables_are_differentiated_eagerly_and_traced() {
+    // The Keras pattern: the model is a function reading its variables; the
+    // tape (eager, or inside a traced train step) is outside it.
+    let w = Variable::new(Tensor::from_vec(vec![0.5f64, -0.3, 0.8, 0.1], &[2, 2]));
+    let b = Variable::new(Tensor::from_vec(vec![0.1f64, -0.2], &[2]));
+    let (w1, b1) = (w.clone(), b.clone());
+    let model = function(move |x: Tensor| (x.matmul(&w1.read()) + b1.read()).tanh());
+    let x = Tensor::from_vec(vec![1.0f64, 2.0, -1.0, 0.5], &[2, 2]);
+    let direct = |w: &Tensor, b: &Tensor| (x.matmul(w) + b).tanh().square().sum_all();
+    // Reference: the same loss without the function.
+    let tape = GradientTape::new();
+    let want = tape.gradient(&direct(&w.read(), &b.read()), &[w.clone(), b.clone()]).unwrap();
+    // Eager tape around the function call.
+    let tape = GradientTape::new();
+    let loss = model.call(x.clone()).unwrap().square().sum_all();
+    let got = tape.gradient(&loss, &[w.clone(), b.clone()]).unwrap();
+    for (g, h) in got.iter().zip(&want) {
+        assert!(close(&vals(g.as_ref().expect("connected")), &vals(h.as_ref().unwrap()), 1e-12));
+    }
+    // A traced train step calling the model function.
+    let (m2, w2, b2, x2) = (model.clone(), w.clone(), b.clone(), x.clone());
+    let step = function(move |()| {
+        let tape = GradientTape::new();
+        let loss = m2.call(x2.clone()).unwrap().square().sum_all();
+        tape.gradient(&loss, &[w2.clone(), b2.clone()]).unwrap().into_iter().map(Option::unwrap).collect::<Vec<_>>()
+    });
+    let traced = step.call(()).unwrap();
+    for (g, h) in traced.iter().zip(&want) {
+        assert!(close(&vals(g), &vals(h.as_ref().unwrap()), 1e-12));
+    }
+}

@@ -80,8 +80,9 @@ fn thread_of(id: u64) -> u64 {
 enum Recorded {
     /// A primitive op.
     Op(Op),
-    /// A call of a traced function, as its graph with calls inlined.
-    Graph(Arc<Graph>),
+    /// A call of a traced function, as its graph with calls inlined, and
+    /// the values of the variables it reads (read again around the call).
+    Graph(Arc<Graph>, Vec<(tracejit_ir::VarId, Tensor)>),
     /// A call of a composite with a registered backward kernel.
     Custom(String, Arc<GradientFn>),
 }
@@ -198,22 +199,28 @@ pub(crate) fn record_call(
     inputs: &[&Tensor],
     outputs: &[Tensor],
 ) {
-    let tracked = TAPES.with(|tapes| {
-        tapes
-            .borrow()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .any(|t| !t.borrow().paused && inputs.iter().any(|x| t.borrow().tracked.contains(&x.tape_id())))
-    });
-    if !tracked {
-        return;
-    }
     let what = match implements.and_then(|n| registered_gradient(n).map(|f| (n, f))) {
         Some((n, f)) => Recorded::Custom(n.to_string(), f),
-        None => Recorded::Graph(graph()),
+        None => {
+            // The variables the callee reads are read again here, so that
+            // the tapes watch them and the backward has their values.
+            let g = graph();
+            let mut vars = Vec::new();
+            for (vid, res) in g.variables.iter() {
+                let read = g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var } if var == vid));
+                if let (true, Some(v)) = (read, Variable::by_id(res.id())) {
+                    vars.push((vid, v.read()));
+                }
+            }
+            Recorded::Graph(g, vars)
+        }
+    };
+    let reads: Vec<&Tensor> = match &what {
+        Recorded::Graph(_, vars) => vars.iter().map(|(_, t)| t).collect(),
+        Recorded::Op(_) | Recorded::Custom(..) => Vec::new(),
     };
     for_each_tape(|t| {
-        if inputs.iter().any(|x| t.tracked.contains(&x.tape_id())) {
+        if inputs.iter().chain(&reads).any(|x| t.tracked.contains(&x.tape_id())) {
             t.tracked.extend(outputs.iter().map(Tensor::tape_id));
             t.entries.push(Entry {
                 what: what.clone(),
@@ -366,9 +373,13 @@ fn backward(entries: &[Entry], target: &Tensor, sources: &[Vec<Tensor>]) -> Resu
         if out_cts.iter().all(Option::is_none) {
             continue;
         }
+        let mut var_cts: Vec<(u64, Option<Tensor>)> = Vec::new();
         let in_cts = match &entry.what {
             Recorded::Op(op) => autodiff::vjp(&mut e, op, &entry.inputs, &entry.outputs, &out_cts),
-            Recorded::Graph(g) => autodiff::vjp_graph(&mut e, g, &entry.inputs, &out_cts),
+            Recorded::Graph(g, vars) => autodiff::vjp_graph(&mut e, g, &entry.inputs, vars, &out_cts).map(|(i, v)| {
+                var_cts = vars.iter().map(|(_, t)| t.tape_id()).zip(v).collect();
+                i
+            }),
             Recorded::Custom(name, f) => {
                 let cts = f(&entry.inputs, &entry.outputs, &out_cts);
                 if cts.len() != entry.inputs.len() {
@@ -382,13 +393,14 @@ fn backward(entries: &[Entry], target: &Tensor, sources: &[Vec<Tensor>]) -> Resu
             }
         }
         .map_err(vjp_error)?;
-        for (x, ct) in entry.inputs.iter().zip(in_cts) {
+        let flows = entry.inputs.iter().map(Tensor::tape_id).zip(in_cts).chain(var_cts);
+        for (id, ct) in flows {
             let Some(ct) = ct else { continue };
-            let sum = match cts.remove(&x.tape_id()) {
+            let sum = match cts.remove(&id) {
                 Some(prev) => add(&mut e, prev, ct)?,
                 None => ct,
             };
-            cts.insert(x.tape_id(), sum);
+            cts.insert(id, sum);
         }
     }
     let mut out = Vec::with_capacity(sources.len());

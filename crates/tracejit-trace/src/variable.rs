@@ -125,7 +125,21 @@ impl Variable {
             }),
         };
         context::note_variable_created(&var);
+        live_variables().lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&var.state));
         var
+    }
+
+    /// The live variable with this id, if any (a graph names variables by
+    /// their resource; gradient tapes need the handle back).
+    pub(crate) fn by_id(id: u64) -> Option<Variable> {
+        let mut live = live_variables().lock().unwrap_or_else(|e| e.into_inner());
+        match live.get(&id).and_then(std::sync::Weak::upgrade) {
+            Some(state) => Some(Variable { state }),
+            None => {
+                live.remove(&id);
+                None
+            }
+        }
     }
 
     /// Names the variable (builder style).
@@ -319,6 +333,13 @@ impl Scope {
     pub fn new() -> Scope {
         Scope::default()
     }
+}
+
+/// Every variable by id, weakly (see `Variable::by_id`).
+fn live_variables() -> &'static std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<VarState>>> {
+    static LIVE: OnceLock<std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<VarState>>>> =
+        OnceLock::new();
+    LIVE.get_or_init(Default::default)
 }
 
 fn global_memo() -> &'static MemoTable {

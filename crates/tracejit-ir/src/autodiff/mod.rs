@@ -184,12 +184,19 @@ fn backward(
 /// then differentiated. This is how a call of a traced function is
 /// differentiated under a tape: `graph` is the callee with its own calls
 /// inlined (its composites' primitive bodies included).
+///
+/// `variables` gives the value each variable the graph reads holds (read
+/// by the caller around the call); the second result holds their
+/// cotangents, in the same order. A graph that writes a variable is an
+/// error.
+#[allow(clippy::type_complexity)]
 pub fn vjp_graph<E: Emitter>(
     e: &mut E,
     graph: &Graph,
     inputs: &[E::Value],
+    variables: &[(crate::VarId, E::Value)],
     cotangents: &[Option<E::Value>],
-) -> Result<Vec<Option<E::Value>>, AutodiffError> {
+) -> Result<(Vec<Option<E::Value>>, Vec<Option<E::Value>>), AutodiffError> {
     let mut vals: HashMap<ValueId, E::Value> = HashMap::new();
     for (id, node) in graph.nodes() {
         let outs: Vec<E::Value> = match &node.op {
@@ -198,15 +205,16 @@ pub fn vjp_graph<E: Emitter>(
                 .cloned()
                 .ok_or_else(|| AutodiffError::Request(format!("input {index} of `{}` is missing", graph.name)))?],
             Op::Constant { value } => vec![e.constant(value.clone())],
-            Op::ReadVariable { .. }
-            | Op::AssignVariable { .. }
-            | Op::Call { .. }
-            | Op::Kernel { .. }
-            | Op::Fused { .. } => {
+            Op::ReadVariable { var } => {
+                let value = variables.iter().find(|(v, _)| v == var).map(|(_, x)| x.clone());
+                vec![value.ok_or_else(|| AutodiffError::Request(format!("no value given for variable {var}")))?]
+            }
+            Op::AssignVariable { .. } | Op::Call { .. } | Op::Kernel { .. } | Op::Fused { .. } => {
                 return Err(AutodiffError::Unsupported {
                     op: node.op.name().to_string(),
                     message: format!(
-                        "inside the differentiated function `{}` (read variables outside it and pass them in)",
+                        "inside the differentiated function `{}` (a function differentiated by a tape may read \
+                         variables but not write them)",
                         graph.name
                     ),
                 });
@@ -266,7 +274,24 @@ pub fn vjp_graph<E: Emitter>(
             cts.insert(*x, sum);
         }
     }
-    Ok(graph.params.iter().map(|&p| cts.remove(&ValueId::from(p))).collect())
+    let input_cts = graph.params.iter().map(|&p| cts.remove(&ValueId::from(p))).collect();
+    // A variable's cotangent: the sum over the graph's reads of it.
+    let mut var_cts = Vec::with_capacity(variables.len());
+    for (var, _) in variables {
+        let mut total: Option<E::Value> = None;
+        for (id, node) in graph.nodes() {
+            if matches!(node.op, Op::ReadVariable { var: v } if v == *var) {
+                if let Some(ct) = cts.remove(&ValueId::new(id, 0)) {
+                    total = Some(match total {
+                        Some(prev) => e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[prev, ct])?.remove(0),
+                        None => ct,
+                    });
+                }
+            }
+        }
+        var_cts.push(total);
+    }
+    Ok((input_cts, var_cts))
 }
 
 /// A scalar constant of `dtype`.
