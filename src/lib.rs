@@ -63,6 +63,8 @@ pub use tracejit_nn as nn;
 /// Composite kernels: `register_kernel(name, kernel)` for functions marked
 /// `implements(name)` (the `tracejit-nn` crate's `composite` module).
 pub use tracejit_nn::composite;
+/// Optimizers: `Sgd`, `Adam`, the `Optimizer` trait (the `tracejit-optim` crate).
+pub use tracejit_optim as optim;
 pub use tracejit_tensor as tensor;
 pub use tracejit_trace::{
     config, function, remember, remember_in, ConcreteFunction, DType, Error, Flattener, Function, Nest, Operand,

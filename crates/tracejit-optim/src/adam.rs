@@ -1,0 +1,141 @@
+//! [`Adam`]: adaptive moment estimation, with AdamW-style decoupled weight
+//! decay and optional AMSGrad.
+
+use std::sync::{Arc, OnceLock};
+
+use tracejit_module::{walk, Module, Visit, Visitor};
+use tracejit_trace::{Tensor, Variable};
+
+use crate::optimizer::{check_update, new_iterations, slots_for, trainable_paths, visit_state, Optimizer, Slots};
+
+/// Adam: with `t` the step (from 1), `m = β1·m + (1-β1)·g`,
+/// `v = β2·v + (1-β2)·g²`, `m̂ = m / (1-β1^t)`, `v̂ = v / (1-β2^t)` (AMSGrad:
+/// the running maximum of `v` instead), and
+/// `w -= lr · (m̂ / (√v̂ + ε) + weight_decay · w)` (decoupled, AdamW).
+#[derive(Clone)]
+pub struct Adam {
+    inner: Arc<AdamState>,
+}
+
+struct AdamState {
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    epsilon: f64,
+    weight_decay: f64,
+    amsgrad: bool,
+    iterations: Variable,
+    slots: OnceLock<Slots>,
+}
+
+impl Adam {
+    /// Adam with learning rate `lr`, β = (0.9, 0.999), ε = 1e-7.
+    pub fn new(lr: f64) -> Adam {
+        Adam {
+            inner: Arc::new(AdamState {
+                lr,
+                beta1: 0.9,
+                beta2: 0.999,
+                epsilon: 1e-7,
+                weight_decay: 0.0,
+                amsgrad: false,
+                iterations: new_iterations(),
+                slots: OnceLock::new(),
+            }),
+        }
+    }
+
+    fn configure(mut self, f: impl FnOnce(&mut AdamState)) -> Adam {
+        f(Arc::get_mut(&mut self.inner).expect("configure an optimizer before cloning or using it"));
+        self
+    }
+
+    /// The moments' decay rates.
+    pub fn betas(self, beta1: f64, beta2: f64) -> Adam {
+        self.configure(|s| (s.beta1, s.beta2) = (beta1, beta2))
+    }
+
+    /// ε, added to `√v̂`.
+    pub fn epsilon(self, epsilon: f64) -> Adam {
+        self.configure(|s| s.epsilon = epsilon)
+    }
+
+    /// Decoupled weight decay (AdamW).
+    pub fn weight_decay(self, weight_decay: f64) -> Adam {
+        self.configure(|s| s.weight_decay = weight_decay)
+    }
+
+    /// AMSGrad: divide by the running maximum of `v` (a `v_max` slot).
+    pub fn amsgrad(self, amsgrad: bool) -> Adam {
+        self.configure(|s| s.amsgrad = amsgrad)
+    }
+
+    fn slots(&self, vars: &[Variable], paths: impl FnOnce() -> Vec<String>) -> &Slots {
+        let names: &[&'static str] = if self.inner.amsgrad { &["m", "v", "v_max"] } else { &["m", "v"] };
+        slots_for(&self.inner.slots, "Adam", names, vars, paths)
+    }
+}
+
+impl Optimizer for Adam {
+    fn apply_gradients(&self, grads: &[Tensor], vars: &[Variable]) {
+        check_update("Adam", grads, vars);
+        let s = &self.inner;
+        let slots = self.slots(vars, || vars.iter().map(Variable::name).collect());
+        let step = s.iterations.read() + 1i64;
+        for (i, (g, v)) in grads.iter().zip(vars).enumerate() {
+            let dtype = v.dtype();
+            let t = step.cast(dtype);
+            let (m, second) = (slots.get(0, i), slots.get(1, i));
+            let m_next = m.read() * s.beta1 + g * (1.0 - s.beta1);
+            let v_next = second.read() * s.beta2 + g.square() * (1.0 - s.beta2);
+            m.assign(&m_next);
+            second.assign(&v_next);
+            let v_used = if s.amsgrad {
+                let v_max = slots.get(2, i);
+                let next = v_max.read().maximum(&v_next);
+                v_max.assign(&next);
+                next
+            } else {
+                v_next
+            };
+            let one = |x: f64| Tensor::full(&[], x, dtype);
+            let m_hat = m_next / (one(1.0) - one(s.beta1).pow(&t));
+            let v_hat = v_used / (one(1.0) - one(s.beta2).pow(&t));
+            let mut update = m_hat / (v_hat.sqrt() + s.epsilon);
+            if s.weight_decay != 0.0 {
+                update = update + v.read() * s.weight_decay;
+            }
+            v.assign_sub(&(update * s.lr));
+        }
+        s.iterations.assign_add(&Tensor::scalar(1i64));
+    }
+
+    fn build(&self, vars: &[Variable]) {
+        self.slots(vars, || vars.iter().map(Variable::name).collect());
+    }
+
+    fn build_for(&self, model: &dyn Module) {
+        let (vars, paths) = trainable_paths(model);
+        self.slots(&vars, || paths);
+    }
+
+    fn iterations(&self) -> Variable {
+        self.inner.iterations.clone()
+    }
+}
+
+impl Module for Adam {
+    fn type_name(&self) -> &'static str {
+        "Adam"
+    }
+
+    fn visit_fields<'m>(&'m self, visitor: &mut dyn Visitor<'m>) {
+        visit_state(&self.inner.iterations, self.inner.slots.get(), visitor);
+    }
+}
+
+impl Visit for Adam {
+    fn visit<'m>(&'m self, visitor: &mut dyn Visitor<'m>) {
+        walk(self, visitor)
+    }
+}

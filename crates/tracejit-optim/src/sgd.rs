@@ -1,0 +1,124 @@
+//! [`Sgd`]: stochastic gradient descent with optional momentum, Nesterov
+//! momentum and (coupled, L2-style) weight decay.
+
+use std::sync::{Arc, OnceLock};
+
+use tracejit_module::{walk, Module, Visit, Visitor};
+use tracejit_trace::{Tensor, Variable};
+
+use crate::optimizer::{check_update, new_iterations, slots_for, trainable_paths, visit_state, Optimizer, Slots};
+
+/// SGD: `g += weight_decay · w`; with momentum `velocity = momentum ·
+/// velocity + g` and `w -= lr · velocity` (Nesterov: `w -= lr · (g +
+/// momentum · velocity)`); without, `w -= lr · g`.
+#[derive(Clone)]
+pub struct Sgd {
+    inner: Arc<SgdState>,
+}
+
+struct SgdState {
+    lr: f64,
+    momentum: f64,
+    nesterov: bool,
+    weight_decay: f64,
+    iterations: Variable,
+    slots: OnceLock<Slots>,
+}
+
+impl Sgd {
+    /// Plain SGD with learning rate `lr`.
+    pub fn new(lr: f64) -> Sgd {
+        Sgd {
+            inner: Arc::new(SgdState {
+                lr,
+                momentum: 0.0,
+                nesterov: false,
+                weight_decay: 0.0,
+                iterations: new_iterations(),
+                slots: OnceLock::new(),
+            }),
+        }
+    }
+
+    fn configure(mut self, f: impl FnOnce(&mut SgdState)) -> Sgd {
+        f(Arc::get_mut(&mut self.inner).expect("configure an optimizer before cloning or using it"));
+        self
+    }
+
+    /// Momentum (a `velocity` slot per variable).
+    pub fn momentum(self, momentum: f64) -> Sgd {
+        self.configure(|s| s.momentum = momentum)
+    }
+
+    /// Nesterov momentum (with [`Sgd::momentum`]).
+    pub fn nesterov(self, nesterov: bool) -> Sgd {
+        self.configure(|s| s.nesterov = nesterov)
+    }
+
+    /// Weight decay added to the gradient (`g + weight_decay · w`).
+    pub fn weight_decay(self, weight_decay: f64) -> Sgd {
+        self.configure(|s| s.weight_decay = weight_decay)
+    }
+
+    fn slots(&self, vars: &[Variable], paths: impl FnOnce() -> Vec<String>) -> Option<&Slots> {
+        (self.inner.momentum != 0.0).then(|| slots_for(&self.inner.slots, "Sgd", &["velocity"], vars, paths))
+    }
+}
+
+impl Optimizer for Sgd {
+    fn apply_gradients(&self, grads: &[Tensor], vars: &[Variable]) {
+        check_update("Sgd", grads, vars);
+        let s = &self.inner;
+        let slots = self.slots(vars, || vars.iter().map(Variable::name).collect());
+        for (i, (g, v)) in grads.iter().zip(vars).enumerate() {
+            let mut g = g.clone();
+            if s.weight_decay != 0.0 {
+                g = g + v.read() * s.weight_decay;
+            }
+            let update = match slots {
+                Some(slots) => {
+                    let velocity = slots.get(0, i);
+                    let next = velocity.read() * s.momentum + &g;
+                    velocity.assign(&next);
+                    if s.nesterov {
+                        g + next * s.momentum
+                    } else {
+                        next
+                    }
+                }
+                None => g,
+            };
+            v.assign_sub(&(update * s.lr));
+        }
+        s.iterations.assign_add(&Tensor::scalar(1i64));
+    }
+
+    fn build(&self, vars: &[Variable]) {
+        self.slots(vars, || vars.iter().map(Variable::name).collect());
+    }
+
+    fn build_for(&self, model: &dyn Module) {
+        let (vars, paths) = trainable_paths(model);
+        self.slots(&vars, || paths);
+    }
+
+    fn iterations(&self) -> Variable {
+        self.inner.iterations.clone()
+    }
+}
+
+impl Module for Sgd {
+    fn type_name(&self) -> &'static str {
+        "Sgd"
+    }
+
+    fn visit_fields<'m>(&'m self, visitor: &mut dyn Visitor<'m>) {
+        visit_state(&self.inner.iterations, self.inner.slots.get(), visitor);
+    }
+}
+
+impl Visit for Sgd {
+    fn visit<'m>(&'m self, visitor: &mut dyn Visitor<'m>) {
+        walk(self, visitor)
+    }
+}

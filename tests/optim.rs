@@ -1,0 +1,207 @@
+//! Optimizers: SGD (momentum, Nesterov, weight decay) and Adam (AdamW decay,
+//! AMSGrad) against plain-Rust references, eager and traced steps alike,
+//! all-or-nothing updates, slots as module state, and checkpoints that
+//! continue bit for bit.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use tracejit::autodiff::value_and_grad;
+use tracejit::optim::{Adam, Optimizer, Sgd};
+use tracejit::prelude::*;
+
+fn vals(v: &Variable) -> Vec<f64> {
+    v.value().to_vec::<f64>().unwrap()
+}
+
+/// loss = Σ (w · c)², gradient 2 c² w.
+fn loss_and_grad(w: &Variable, c: &[f64]) -> Vec<Tensor> {
+    let c = Tensor::from_vec(c.to_vec(), &[c.len()]);
+    value_and_grad(std::slice::from_ref(w), || (w.read() * &c).square().sum_all()).unwrap().1
+}
+
+#[test]
+fn sgd_matches_a_reference() {
+    let c = [0.5, -1.0, 2.0];
+    for (momentum, nesterov, wd) in [(0.0, false, 0.0), (0.9, false, 0.0), (0.9, true, 0.01), (0.0, false, 0.1)] {
+        let w = Variable::new(Tensor::from_vec(vec![1.0f64, -2.0, 0.3], &[3]));
+        let opt = Sgd::new(0.05).momentum(momentum).nesterov(nesterov).weight_decay(wd);
+        let mut rw = vec![1.0f64, -2.0, 0.3];
+        let mut vel = [0.0f64; 3];
+        for _ in 0..4 {
+            let g = loss_and_grad(&w, &c);
+            opt.apply_gradients(&g, std::slice::from_ref(&w));
+            for i in 0..3 {
+                let gi = 2.0 * c[i] * c[i] * rw[i] + wd * rw[i];
+                let upd = if momentum != 0.0 {
+                    vel[i] = momentum * vel[i] + gi;
+                    if nesterov {
+                        gi + momentum * vel[i]
+                    } else {
+                        vel[i]
+                    }
+                } else {
+                    gi
+                };
+                rw[i] -= 0.05 * upd;
+            }
+        }
+        let got = vals(&w);
+        assert!(
+            got.iter().zip(&rw).all(|(a, b)| (a - b).abs() <= 1e-12),
+            "{momentum} {nesterov} {wd}: {got:?} vs {rw:?}"
+        );
+        assert_eq!(opt.iterations().value().to_vec::<i64>().unwrap(), vec![4]);
+    }
+}
+
+#[test]
+fn adam_matches_a_reference() {
+    let c = [0.5, -1.0, 2.0];
+    for (amsgrad, wd) in [(false, 0.0), (true, 0.0), (false, 0.01)] {
+        let w = Variable::new(Tensor::from_vec(vec![1.0f64, -2.0, 0.3], &[3]));
+        let opt = Adam::new(0.1).betas(0.8, 0.99).epsilon(1e-8).weight_decay(wd).amsgrad(amsgrad);
+        let mut rw = vec![1.0f64, -2.0, 0.3];
+        let (mut m, mut v, mut vmax) = ([0.0f64; 3], [0.0f64; 3], [0.0f64; 3]);
+        for t in 1..=5 {
+            let g = loss_and_grad(&w, &c);
+            opt.apply_gradients(&g, std::slice::from_ref(&w));
+            for i in 0..3 {
+                let gi = 2.0 * c[i] * c[i] * rw[i];
+                m[i] = 0.8 * m[i] + 0.2 * gi;
+                v[i] = 0.99 * v[i] + 0.01 * gi * gi;
+                vmax[i] = vmax[i].max(v[i]);
+                let used = if amsgrad { vmax[i] } else { v[i] };
+                let mh = m[i] / (1.0 - 0.8f64.powi(t));
+                let vh = used / (1.0 - 0.99f64.powi(t));
+                rw[i] -= 0.1 * (mh / (vh.sqrt() + 1e-8) + wd * rw[i]);
+            }
+        }
+        let got = vals(&w);
+        assert!(got.iter().zip(&rw).all(|(a, b)| (a - b).abs() <= 1e-12), "{amsgrad} {wd}: {got:?} vs {rw:?}");
+    }
+}
+
+#[test]
+fn a_traced_step_equals_eager_steps() {
+    let c = [0.5f64, -1.0, 2.0];
+    let make = || (Variable::new(Tensor::from_vec(vec![1.0f64, -2.0, 0.3], &[3])), Adam::new(0.1).amsgrad(true));
+    let (we, oe) = make();
+    let (wt, ot) = make();
+    let (w2, o2) = (wt.clone(), ot.clone());
+    let step = function(move |x: Tensor| {
+        let (loss, g) = value_and_grad(std::slice::from_ref(&w2), || (w2.read() * &x).square().sum_all()).unwrap();
+        o2.apply_gradients(&g, std::slice::from_ref(&w2));
+        loss
+    });
+    let x = Tensor::from_vec(c.to_vec(), &[3]);
+    for _ in 0..5 {
+        step.call(x.clone()).unwrap();
+        let g = loss_and_grad(&we, &c);
+        oe.apply_gradients(&g, std::slice::from_ref(&we));
+    }
+    assert_eq!(step.tracing_count(), 1, "slots are created on the first trace only");
+    assert!(vals(&wt).iter().zip(vals(&we)).all(|(a, b)| (a - b).abs() <= 1e-12));
+    assert_eq!(ot.iterations().value().to_vec::<i64>().unwrap(), vec![5]);
+}
+
+#[test]
+fn a_bad_update_changes_nothing_and_names_the_variable() {
+    let a = Variable::new(Tensor::from_vec(vec![1.0f64, 2.0], &[2])).with_name("a");
+    let b = Variable::new(Tensor::from_vec(vec![3.0f64], &[1])).with_name("b");
+    let frozen = Variable::new(Tensor::from_vec(vec![3.0f64], &[1])).with_name("frozen").with_trainable(false);
+    let opt = Sgd::new(0.1).momentum(0.5);
+    let ok = Tensor::from_vec(vec![1.0f64, 1.0], &[2]);
+    let cases: Vec<(Vec<Tensor>, Vec<Variable>, &str)> = vec![
+        (vec![ok.clone()], vec![a.clone(), b.clone()], "1 gradients for 2 variables"),
+        (vec![ok.clone(), ok.clone()], vec![a.clone(), b.clone()], "variable `b` is f64[2]"),
+        (vec![ok.clone(), Tensor::from_vec(vec![1.0f32], &[1])], vec![a.clone(), b.clone()], "variable `b` is f32[1]"),
+        (
+            vec![ok.clone(), Tensor::from_vec(vec![1.0f64], &[1])],
+            vec![a.clone(), frozen.clone()],
+            "`frozen` is not trainable",
+        ),
+    ];
+    for (grads, vars, msg) in cases {
+        let before = (vals(&a), vals(&b));
+        let e = catch_unwind(AssertUnwindSafe(|| opt.apply_gradients(&grads, &vars))).unwrap_err();
+        let e = tracejit::ir::panic_message(&*e);
+        assert!(e.contains(msg), "{e}");
+        assert_eq!((vals(&a), vals(&b)), before, "nothing changed");
+    }
+    assert_eq!(opt.iterations().value().to_vec::<i64>().unwrap(), vec![0]);
+}
+
+#[derive(Module)]
+struct Layer {
+    w: Variable,
+    b: Variable,
+}
+
+#[derive(Module)]
+struct Model {
+    layers: Vec<Layer>,
+}
+
+#[derive(Module)]
+struct TrainState {
+    model: Model,
+    opt: Adam,
+}
+
+fn model() -> Model {
+    let layer = |seed: u64| Layer {
+        w: Variable::new(Tensor::randn(&[2, 2], seed).cast(DType::F64)),
+        b: Variable::new(Tensor::zeros(&[2], DType::F64)),
+    };
+    Model { layers: vec![layer(1), layer(2)] }
+}
+
+fn train(state: &TrainState, steps: usize) {
+    let vars = state.model.trainable_variables();
+    let x = Tensor::from_vec(vec![1.0f64, -0.5, 0.25, 2.0], &[2, 2]);
+    for _ in 0..steps {
+        let (_, g) = value_and_grad(&vars, || {
+            let mut h = x.clone();
+            for l in &state.model.layers {
+                h = (h.matmul(&l.w.read()) + l.b.read()).tanh();
+            }
+            h.square().mean(&[0, 1], false)
+        })
+        .unwrap();
+        state.opt.apply_gradients(&g, &vars);
+    }
+}
+
+#[test]
+fn slots_are_module_state_and_checkpoints_continue_bit_for_bit() {
+    let state = TrainState { model: model(), opt: Adam::new(0.05) };
+    state.opt.build_for(&state.model);
+    let paths: Vec<String> = state.named_variables().into_iter().map(|(p, _)| p).collect();
+    for p in ["opt.iterations", "opt.m.layers[0].w", "opt.v.layers[1].b"] {
+        assert!(paths.contains(&p.to_string()), "{p} in {paths:?}");
+    }
+    // A clone shares the slots.
+    let shared = state.opt.clone();
+    assert_eq!(shared.named_variables().len(), state.opt.named_variables().len());
+
+    train(&state, 3);
+    let dir = std::env::temp_dir().join(format!("tracejit-optim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("state.safetensors");
+    tracejit::checkpoint::save(&state, &file).unwrap();
+    train(&state, 2);
+    let after: Vec<Vec<f64>> = state.model.variables().iter().map(vals).collect();
+
+    let restored = TrainState { model: model(), opt: Adam::new(0.05) };
+    restored.opt.build_for(&restored.model);
+    tracejit::checkpoint::restore(&restored, &file).unwrap();
+    assert_eq!(restored.opt.iterations().value().to_vec::<i64>().unwrap(), vec![3]);
+    train(&restored, 2);
+    let again: Vec<Vec<f64>> = restored.model.variables().iter().map(vals).collect();
+    assert_eq!(after, again, "a restored optimizer continues bit for bit");
+    std::fs::remove_dir_all(&dir).ok();
+
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Adam>();
+    send_sync::<Sgd>();
+}
