@@ -416,8 +416,39 @@ fn build_mlp_forward() -> Body {
 
 // ---- W6 -------------------------------------------------------------------
 
+/// W6's arguments: x [64, 784], integer labels [64], then W5's weights.
+pub type TrainArgs = (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor);
+
+/// W6's closure: W5's forward, softmax cross-entropy on integer labels, the
+/// backward pass through a tape, and SGD (lr 0.01). It is a pure function,
+/// as JAX writes train steps: it returns the loss and the updated weights
+/// (the harness calls it many times on the same inputs and compares modes).
+pub fn mlp_train_step((x, labels, w1, b1, w2, b2, w3, b3): TrainArgs) -> Vec<Tensor> {
+    let params = [w1, b1, w2, b2, w3, b3];
+    let tape = tracejit::GradientTape::new();
+    for p in &params {
+        tape.watch(p);
+    }
+    let [w1, b1, w2, b2, w3, b3] = params.clone();
+    let logits = mlp_forward((x, w1, b1, w2, b2, w3, b3));
+    let onehot = labels.one_hot(10, logits.dtype());
+    let loss = tracejit::nn::softmax_cross_entropy_with_logits(&logits, &onehot).mean(&[0], false);
+    let refs: Vec<&Tensor> = params.iter().collect();
+    let grads = tape.gradient(&loss, refs.as_slice()).expect("every weight is differentiable");
+    let mut out = vec![loss];
+    for (p, g) in params.iter().zip(grads) {
+        out.push(p - g.expect("every weight reaches the loss") * 0.01);
+    }
+    out
+}
+
 fn build_mlp_train_step() -> Body {
-    Body::Unavailable("needs autodiff (not built yet)".to_string())
+    let x = Tensor::randn(&[64, 784], 6);
+    let labels = (Tensor::rand_uniform(&[64], 0.0, 10.0, 60).floor()).cast(DType::I64);
+    let (w1, b1) = dense(784, 512, 50);
+    let (w2, b2) = dense(512, 512, 52);
+    let (w3, b3) = dense(512, 10, 54);
+    Body::Runnable(Box::new(Case::new("mlp_train_step", (x, labels, w1, b1, w2, b2, w3, b3), mlp_train_step)))
 }
 
 // ---- W7 -------------------------------------------------------------------
