@@ -205,3 +205,41 @@ fn slots_are_module_state_and_checkpoints_continue_bit_for_bit() {
     send_sync::<Adam>();
     send_sync::<Sgd>();
 }
+
+#[test]
+fn learning_rate_schedules() {
+    use tracejit::optim::LearningRate;
+    let at = |lr: &LearningRate, t: f64| lr.at(&Tensor::scalar(t), DType::F64).to_vec::<f64>().unwrap()[0];
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+    let exp = LearningRate::ExponentialDecay { initial: 0.1, rate: 0.5, steps: 10.0, staircase: false };
+    assert!(close(at(&exp, 0.0), 0.1) && close(at(&exp, 10.0), 0.05) && close(at(&exp, 5.0), 0.1 * 0.5f64.powf(0.5)));
+    let stair = LearningRate::ExponentialDecay { initial: 0.1, rate: 0.5, steps: 10.0, staircase: true };
+    assert!(close(at(&stair, 9.0), 0.1) && close(at(&stair, 19.0), 0.05));
+    let cos = LearningRate::CosineDecay { initial: 1.0, steps: 100.0, alpha: 0.1 };
+    assert!(close(at(&cos, 0.0), 1.0) && close(at(&cos, 50.0), 0.55) && close(at(&cos, 100.0), 0.1));
+    assert!(close(at(&cos, 500.0), 0.1), "held after the decay");
+    let warm = LearningRate::Warmup { steps: 4.0, then: Box::new(cos.clone()) };
+    assert!(close(at(&warm, 0.0), 0.25) && close(at(&warm, 3.0), 1.0) && close(at(&warm, 54.0), 0.55));
+
+    // Inside a traced step the schedule follows the step count without
+    // retracing; the weights match an eager loop with the same rates.
+    let c = [0.5f64, -1.0, 2.0];
+    let sched = LearningRate::ExponentialDecay { initial: 0.1, rate: 0.5, steps: 2.0, staircase: false };
+    let w = Variable::new(Tensor::from_vec(vec![1.0f64, -2.0, 0.3], &[3]));
+    let opt = Sgd::new(sched.clone());
+    let (w2, o2) = (w.clone(), opt.clone());
+    let step = function(move |x: Tensor| {
+        let (_, g) = value_and_grad(std::slice::from_ref(&w2), || (w2.read() * &x).square().sum_all()).unwrap();
+        o2.apply_gradients(&g, std::slice::from_ref(&w2));
+    });
+    let mut rw = vec![1.0f64, -2.0, 0.3];
+    for t in 0..5 {
+        step.call(Tensor::from_vec(c.to_vec(), &[3])).unwrap();
+        let lr = 0.1 * 0.5f64.powf(t as f64 / 2.0);
+        for i in 0..3 {
+            rw[i] -= lr * 2.0 * c[i] * c[i] * rw[i];
+        }
+    }
+    assert_eq!(step.tracing_count(), 1);
+    assert!(vals(&w).iter().zip(&rw).all(|(a, b)| (a - b).abs() <= 1e-12), "{:?} vs {rw:?}", vals(&w));
+}

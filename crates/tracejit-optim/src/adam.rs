@@ -7,6 +7,7 @@ use tracejit_module::{walk, Module, Visit, Visitor};
 use tracejit_trace::{Tensor, Variable};
 
 use crate::optimizer::{check_update, new_iterations, slots_for, trainable_paths, visit_state, Optimizer, Slots};
+use crate::schedule::LearningRate;
 
 /// Adam: with `t` the step (from 1), `m = β1·m + (1-β1)·g`,
 /// `v = β2·v + (1-β2)·g²`, `m̂ = m / (1-β1^t)`, `v̂ = v / (1-β2^t)` (AMSGrad:
@@ -18,7 +19,7 @@ pub struct Adam {
 }
 
 struct AdamState {
-    lr: f64,
+    lr: LearningRate,
     beta1: f64,
     beta2: f64,
     epsilon: f64,
@@ -29,11 +30,12 @@ struct AdamState {
 }
 
 impl Adam {
-    /// Adam with learning rate `lr`, β = (0.9, 0.999), ε = 1e-7.
-    pub fn new(lr: f64) -> Adam {
+    /// Adam with learning rate `lr` (a number or a [`LearningRate`]
+    /// schedule), β = (0.9, 0.999), ε = 1e-7.
+    pub fn new(lr: impl Into<LearningRate>) -> Adam {
         Adam {
             inner: Arc::new(AdamState {
-                lr,
+                lr: lr.into(),
                 beta1: 0.9,
                 beta2: 0.999,
                 epsilon: 1e-7,
@@ -85,6 +87,7 @@ impl Optimizer for Adam {
         for (i, (g, v)) in grads.iter().zip(vars).enumerate() {
             let dtype = v.dtype();
             let t = step.cast(dtype);
+            let lr = s.lr.at(&(&t - 1.0), dtype);
             let (m, second) = (slots.get(0, i), slots.get(1, i));
             let m_next = m.read() * s.beta1 + g * (1.0 - s.beta1);
             let v_next = second.read() * s.beta2 + g.square() * (1.0 - s.beta2);
@@ -105,7 +108,7 @@ impl Optimizer for Adam {
             if s.weight_decay != 0.0 {
                 update = update + v.read() * s.weight_decay;
             }
-            v.assign_sub(&(update * s.lr));
+            v.assign_sub(&(update * lr));
         }
         s.iterations.assign_add(&Tensor::scalar(1i64));
     }

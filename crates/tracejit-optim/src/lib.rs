@@ -33,9 +33,11 @@
 
 mod adam;
 mod optimizer;
+mod schedule;
 mod sgd;
 
 pub use adam::Adam;
 pub use optimizer::Optimizer;
+pub use schedule::LearningRate;
 pub use sgd::Sgd;
 pub use tracejit_module::Module;

@@ -7,6 +7,7 @@ use tracejit_module::{walk, Module, Visit, Visitor};
 use tracejit_trace::{Tensor, Variable};
 
 use crate::optimizer::{check_update, new_iterations, slots_for, trainable_paths, visit_state, Optimizer, Slots};
+use crate::schedule::LearningRate;
 
 /// SGD: `g += weight_decay · w`; with momentum `velocity = momentum ·
 /// velocity + g` and `w -= lr · velocity` (Nesterov: `w -= lr · (g +
@@ -17,7 +18,7 @@ pub struct Sgd {
 }
 
 struct SgdState {
-    lr: f64,
+    lr: LearningRate,
     momentum: f64,
     nesterov: bool,
     weight_decay: f64,
@@ -26,11 +27,12 @@ struct SgdState {
 }
 
 impl Sgd {
-    /// Plain SGD with learning rate `lr`.
-    pub fn new(lr: f64) -> Sgd {
+    /// Plain SGD with learning rate `lr` (a number or a [`LearningRate`]
+    /// schedule).
+    pub fn new(lr: impl Into<LearningRate>) -> Sgd {
         Sgd {
             inner: Arc::new(SgdState {
-                lr,
+                lr: lr.into(),
                 momentum: 0.0,
                 nesterov: false,
                 weight_decay: 0.0,
@@ -70,7 +72,9 @@ impl Optimizer for Sgd {
         check_update("Sgd", grads, vars);
         let s = &self.inner;
         let slots = self.slots(vars, || vars.iter().map(Variable::name).collect());
+        let step = s.iterations.read();
         for (i, (g, v)) in grads.iter().zip(vars).enumerate() {
+            let lr = s.lr.at(&step.cast(v.dtype()), v.dtype());
             let mut g = g.clone();
             if s.weight_decay != 0.0 {
                 g = g + v.read() * s.weight_decay;
@@ -88,7 +92,7 @@ impl Optimizer for Sgd {
                 }
                 None => g,
             };
-            v.assign_sub(&(update * s.lr));
+            v.assign_sub(&(update * lr));
         }
         s.iterations.assign_add(&Tensor::scalar(1i64));
     }
