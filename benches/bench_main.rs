@@ -1,6 +1,7 @@
 //! criterion microbenchmarks of tracejit: the signature cache (`cache`),
-//! eager per-op overhead against plain ndarray (`eager`), and a fused
-//! kernel's throughput through a traced function (`kernel`).
+//! eager per-op overhead against plain ndarray (`eager`), a fused kernel's
+//! throughput through a traced function (`kernel`), and first-call latency
+//! against graph size (`first_call`).
 //!
 //! `cargo bench --bench bench_main` runs them all; pass a filter such as
 //! `cargo bench --bench bench_main -- cache` to run one group.
@@ -9,4 +10,9 @@ use criterion::criterion_main;
 
 mod benchmarks;
 
-criterion_main!(benchmarks::cache::benches, benchmarks::eager::benches, benchmarks::kernel::benches);
+criterion_main!(
+    benchmarks::cache::benches,
+    benchmarks::eager::benches,
+    benchmarks::kernel::benches,
+    benchmarks::first_call::benches
+);

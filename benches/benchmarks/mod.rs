@@ -2,4 +2,5 @@
 
 pub mod cache;
 pub mod eager;
+pub mod first_call;
 pub mod kernel;
