@@ -17,6 +17,7 @@ use smallvec::SmallVec;
 use tracejit_tensor::{kernels, BinaryOp, Storage};
 
 use crate::infer::resolve_reshape;
+use crate::primitive_ops;
 use crate::{infer, AssignKind, Graph, IrError, Op, TensorType};
 
 /// Runs a primitive op (anything but `Parameter`, `Call` and variable ops) on
@@ -192,25 +193,7 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 SmallVec::new()
             }
             // The primitives: a reference kernel each.
-            op @ (Op::Constant { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }) => {
+            op @ (Op::Constant { .. } | primitive_ops!()) => {
                 check_concrete(graph, op, &args, &node.outputs).map_err(|e| e.into_ir(&broken))?;
                 let refs: SmallVec<[&Storage; 2]> = args.iter().collect();
                 eval_primitive(op, &refs).into_iter().collect()

@@ -26,6 +26,37 @@ pub trait ExternalKernel: Send + Sync + fmt::Debug {
     fn run(&self, inputs: &[Storage]) -> Vec<Storage>;
 }
 
+/// The pattern of the primitive compute ops: stateless, holding no code,
+/// each computed by a reference kernel (`eval_primitive`). Matches that
+/// treat these ops alike use it, so the list is written once; an op that
+/// joins the `Op` enum is either added here (and handled wherever
+/// primitives are, through their own exhaustive matches such as inference
+/// and the reference kernels) or is a compile error in every match over
+/// `Op`.
+#[macro_export]
+macro_rules! primitive_ops {
+    () => {
+        $crate::Op::Unary(_)
+            | $crate::Op::Binary(_)
+            | $crate::Op::Select
+            | $crate::Op::Cast { .. }
+            | $crate::Op::Clamp { .. }
+            | $crate::Op::Reduce { .. }
+            | $crate::Op::ArgReduce { .. }
+            | $crate::Op::MatMul
+            | $crate::Op::Reshape { .. }
+            | $crate::Op::Transpose { .. }
+            | $crate::Op::BroadcastTo { .. }
+            | $crate::Op::ExpandDims { .. }
+            | $crate::Op::Squeeze { .. }
+            | $crate::Op::Concat { .. }
+            | $crate::Op::Stack { .. }
+            | $crate::Op::Slice { .. }
+            | $crate::Op::Gather { .. }
+            | $crate::Op::OneHot { .. }
+    };
+}
+
 /// How an `AssignVariable` node combines the new value with the old.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AssignKind {
@@ -264,27 +295,7 @@ impl Op {
             Op::Call { .. } => None,
             Op::Fused { body } => Some(body.outputs.len()),
             Op::Kernel { outputs, .. } => Some(outputs.len()),
-            Op::Parameter { .. }
-            | Op::Constant { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }
-            | Op::ReadVariable { .. } => Some(1),
+            Op::Parameter { .. } | Op::Constant { .. } | primitive_ops!() | Op::ReadVariable { .. } => Some(1),
         }
     }
 
@@ -299,24 +310,7 @@ impl Op {
             Op::Fused { body } => std::slice::from_ref(body),
             Op::Parameter { .. }
             | Op::Constant { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }
+            | primitive_ops!()
             | Op::Call { .. }
             | Op::Kernel { .. }
             | Op::ReadVariable { .. }
@@ -331,24 +325,7 @@ impl Op {
             Op::Fused { body } => std::slice::from_mut(body),
             Op::Parameter { .. }
             | Op::Constant { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }
+            | primitive_ops!()
             | Op::Call { .. }
             | Op::Kernel { .. }
             | Op::ReadVariable { .. }
@@ -363,26 +340,7 @@ impl Op {
     /// drop an op whose effects are not [`Effects::PURE`].
     pub fn effects(&self, library: &crate::FunctionLibrary) -> Effects {
         match self {
-            Op::Parameter { .. }
-            | Op::Constant { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. } => Effects::PURE,
+            Op::Parameter { .. } | Op::Constant { .. } | primitive_ops!() => Effects::PURE,
             // A kernel must be a pure function of its inputs (its contract).
             Op::Kernel { .. } => Effects::PURE,
             Op::ReadVariable { .. } => Effects::READS,

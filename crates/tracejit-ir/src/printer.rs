@@ -47,6 +47,7 @@ use std::fmt::{self, Write as _};
 use cranelift_entity::EntityRef;
 use tracejit_tensor::{with_array, SliceSpec, Storage};
 
+use crate::primitive_ops;
 use crate::{Graph, Node, NodeId, Op, ValueId};
 
 /// Constants with up to this many elements print every value.
@@ -292,24 +293,7 @@ fn write_dot(s: &mut String, g: &Graph) -> fmt::Result {
             Op::ReadVariable { .. } | Op::AssignVariable { .. } => ", style=filled, fillcolor=\"#ffe5b4\"",
             Op::Call { .. } | Op::Kernel { .. } => ", shape=box3d",
             Op::Fused { .. } => ", style=filled, fillcolor=\"#e2d9f3\"",
-            Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. } => "",
+            primitive_ops!() => "",
         };
         writeln!(s, "  n{} [label={}{style}];", id.index(), dot_string(&full))?;
     }

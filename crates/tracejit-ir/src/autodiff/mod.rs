@@ -35,6 +35,7 @@ use std::collections::HashMap;
 
 use tracejit_tensor::{DType, Storage};
 
+use crate::primitive_ops;
 use crate::{Graph, Op, OpError, TensorType, ValueId};
 
 pub use rules::vjp;
@@ -128,11 +129,11 @@ pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph, AutodiffError> 
             )));
         }
     }
+    // The backward nodes go into a copy; the forward's values keep their ids.
     let mut g = graph.clone();
-    let forward: Vec<crate::NodeId> = g.nodes().map(|(id, _)| id).collect();
     let mut e = GraphEmitter { graph: &mut g };
     let seed = ones_like(&mut e, target)?;
-    let cts = backward(&mut e, &forward, target, seed)?;
+    let cts = backprop(&mut e, graph, &|v| v, HashMap::from([(target, seed)]))?;
     let mut grads = Vec::with_capacity(wrt.len());
     for &p in wrt {
         let param = ValueId::from(e.graph.params[p]);
@@ -147,35 +148,48 @@ pub fn grad_graph(graph: &Graph, wrt: &[usize]) -> Result<Graph, AutodiffError> 
     Ok(g)
 }
 
-/// Runs the VJP rules over `nodes` (in arena order) backwards from
-/// `target` with cotangent `seed`; returns the accumulated cotangent of
-/// every value that has one.
-fn backward(
-    e: &mut GraphEmitter<'_>,
-    nodes: &[crate::NodeId],
-    target: ValueId,
-    seed: ValueId,
-) -> Result<HashMap<ValueId, ValueId>, AutodiffError> {
-    let mut cts: HashMap<ValueId, ValueId> = HashMap::new();
-    cts.insert(target, seed);
-    for &id in nodes.iter().rev() {
-        let node = e.graph.node(id).clone();
+/// Runs the VJP rules over `graph`'s nodes backwards, from the cotangents
+/// `cts` (by value id), reading the forward value of a node's inputs and
+/// outputs through `value`; returns every accumulated cotangent.
+fn backprop<E: Emitter>(
+    e: &mut E,
+    graph: &Graph,
+    value: &dyn Fn(ValueId) -> E::Value,
+    mut cts: HashMap<ValueId, E::Value>,
+) -> Result<HashMap<ValueId, E::Value>, AutodiffError> {
+    let ids: Vec<crate::NodeId> = graph.nodes().map(|(id, _)| id).collect();
+    for &id in ids.iter().rev() {
+        let node = graph.node(id);
         let outs: Vec<ValueId> = (0..node.outputs.len()).map(|i| ValueId::new(id, i as u32)).collect();
-        let out_cts: Vec<Option<ValueId>> = outs.iter().map(|v| cts.get(v).copied()).collect();
+        let out_cts: Vec<Option<E::Value>> = outs.iter().map(|v| cts.get(v).cloned()).collect();
         if out_cts.iter().all(Option::is_none) || node.inputs.is_empty() {
             continue;
         }
-        let in_cts = vjp(e, &node.op, &node.inputs, &outs, &out_cts)?;
+        let in_vals: Vec<E::Value> = node.inputs.iter().map(|&v| value(v)).collect();
+        let out_vals: Vec<E::Value> = outs.iter().map(|&v| value(v)).collect();
+        let in_cts = vjp(e, &node.op, &in_vals, &out_vals, &out_cts)?;
         for (x, ct) in node.inputs.iter().zip(in_cts) {
-            let Some(ct) = ct else { continue };
-            let sum = match cts.get(x) {
-                Some(&prev) => e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[prev, ct])?[0],
-                None => ct,
-            };
-            cts.insert(*x, sum);
+            if let Some(ct) = ct {
+                accumulate(e, &mut cts, *x, ct)?;
+            }
         }
     }
     Ok(cts)
+}
+
+/// `cts[key] += ct` (or `= ct` when there is none yet).
+fn accumulate<E: Emitter>(
+    e: &mut E,
+    cts: &mut HashMap<ValueId, E::Value>,
+    key: ValueId,
+    ct: E::Value,
+) -> Result<(), AutodiffError> {
+    let sum = match cts.remove(&key) {
+        Some(prev) => e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[prev, ct])?.remove(0),
+        None => ct,
+    };
+    cts.insert(key, sum);
+    Ok(())
 }
 
 /// The cotangents of `graph`'s inputs, given its `inputs` and the
@@ -219,24 +233,7 @@ pub fn vjp_graph<E: Emitter>(
                     ),
                 });
             }
-            op @ (Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }) => {
+            op @ (primitive_ops!()) => {
                 let ins: Vec<E::Value> = node.inputs.iter().map(|v| vals[v].clone()).collect();
                 e.emit(op.clone(), &ins)?
             }
@@ -245,35 +242,13 @@ pub fn vjp_graph<E: Emitter>(
             vals.insert(ValueId::new(id, i as u32), v);
         }
     }
-    let mut cts: HashMap<ValueId, E::Value> = HashMap::new();
+    let mut seeds: HashMap<ValueId, E::Value> = HashMap::new();
     for (o, ct) in graph.outputs.iter().zip(cotangents) {
-        let Some(ct) = ct else { continue };
-        let sum = match cts.remove(o) {
-            Some(prev) => e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[prev, ct.clone()])?.remove(0),
-            None => ct.clone(),
-        };
-        cts.insert(*o, sum);
-    }
-    let ids: Vec<crate::NodeId> = graph.nodes().map(|(id, _)| id).collect();
-    for &id in ids.iter().rev() {
-        let node = graph.node(id);
-        let outs: Vec<ValueId> = (0..node.outputs.len()).map(|i| ValueId::new(id, i as u32)).collect();
-        let out_cts: Vec<Option<E::Value>> = outs.iter().map(|v| cts.get(v).cloned()).collect();
-        if out_cts.iter().all(Option::is_none) || node.inputs.is_empty() {
-            continue;
-        }
-        let in_vals: Vec<E::Value> = node.inputs.iter().map(|v| vals[v].clone()).collect();
-        let out_vals: Vec<E::Value> = outs.iter().map(|v| vals[v].clone()).collect();
-        let in_cts = vjp(e, &node.op, &in_vals, &out_vals, &out_cts)?;
-        for (x, ct) in node.inputs.iter().zip(in_cts) {
-            let Some(ct) = ct else { continue };
-            let sum = match cts.remove(x) {
-                Some(prev) => e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[prev, ct])?.remove(0),
-                None => ct,
-            };
-            cts.insert(*x, sum);
+        if let Some(ct) = ct {
+            accumulate(e, &mut seeds, *o, ct.clone())?;
         }
     }
+    let mut cts = backprop(e, graph, &|v| vals[&v].clone(), seeds)?;
     let input_cts = graph.params.iter().map(|&p| cts.remove(&ValueId::from(p))).collect();
     // A variable's cotangent: the sum over the graph's reads of it.
     let mut var_cts = Vec::with_capacity(variables.len());

@@ -28,6 +28,7 @@ use smallvec::SmallVec;
 use tracejit_tensor::Storage;
 
 use crate::passes::has_side_effects;
+use crate::primitive_ops;
 use crate::{infer, ExternalKernel, FuncId, Graph, LibraryFunction, Node, NodeId, Op, OpError, TensorType, ValueId};
 
 /// What to do with a `Call` met while inlining a body.
@@ -144,24 +145,7 @@ impl<'g> Rewriter<'g> {
             // graph's variable table.
             op @ (Op::Parameter { .. }
             | Op::Constant { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }
+            | primitive_ops!()
             | Op::Fused { .. }
             | Op::Kernel { .. }
             | Op::ReadVariable { .. }
@@ -436,28 +420,9 @@ impl<'g> Rewriter<'g> {
             }
             // No reference into the body's tables (a fused body is
             // self-contained).
-            Op::Parameter { .. }
-            | Op::Constant { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }
-            | Op::Fused { .. }
-            | Op::Kernel { .. } => op.clone(),
+            Op::Parameter { .. } | Op::Constant { .. } | primitive_ops!() | Op::Fused { .. } | Op::Kernel { .. } => {
+                op.clone()
+            }
         }
     }
 
