@@ -66,6 +66,9 @@ pub use tracejit_nn::composite;
 /// Optimizers: `Sgd`, `Adam`, the `Optimizer` trait (the `tracejit-optim` crate).
 pub use tracejit_optim as optim;
 pub use tracejit_tensor as tensor;
+/// Control flow on tensor values: plain Rust eagerly, `cond` / `while`
+/// graph nodes (subgraphs traced once) inside a traced function.
+pub use tracejit_trace::{cond, fori_loop, while_loop};
 pub use tracejit_trace::{
     config, function, remember, remember_in, ConcreteFunction, DType, Error, Flattener, Function, Nest, Operand,
     Result, Scalar, Scope, SliceSpec, SpecFlattener, SpecNest, Static, StaticValue, Tensor, TensorSpec, Unflattener,
@@ -86,7 +89,7 @@ pub use tracejit_trace::GradientTape;
 pub mod prelude {
     pub use tracejit_module::Module;
     pub use tracejit_trace::{
-        function, remember, ConcreteFunction, DType, Error, Function, GradientTape, Nest, Result, SliceSpec, Static,
-        Tensor, TensorSpec, Variable,
+        cond, fori_loop, function, remember, while_loop, ConcreteFunction, DType, Error, Function, GradientTape, Nest,
+        Result, SliceSpec, Static, Tensor, TensorSpec, Variable,
     };
 }

@@ -133,6 +133,21 @@ fn op_eq(inner: &mut String, a: &Op, b: &Op) -> bool {
             graph_diff(inner, body, other);
             inner.is_empty()
         }
+        Op::Cond { branches } => {
+            let Op::Cond { branches: other } = b else { return false };
+            branches.iter().zip(other).all(|(x, y)| {
+                graph_diff(inner, x, y);
+                inner.is_empty()
+            })
+        }
+        Op::While { parts, trip_count } => {
+            let Op::While { parts: other, trip_count: t } = b else { return false };
+            trip_count == t
+                && parts.iter().zip(other).all(|(x, y)| {
+                    graph_diff(inner, x, y);
+                    inner.is_empty()
+                })
+        }
         Op::Kernel { name, inputs, outputs, .. } => matches!(
             b,
             Op::Kernel { name: n, inputs: i, outputs: o, .. } if name == n && inputs == i && outputs == o

@@ -302,6 +302,8 @@ pub fn infer(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<Sm
             infer_call(*func, inputs, graph).map_err(err)
         }
         Op::Fused { body } => infer_body("fused region", body, inputs).map_err(err),
+        Op::Cond { branches } => infer_cond(branches, inputs).map_err(err),
+        Op::While { parts, .. } => infer_while(parts, inputs).map_err(err),
         Op::Kernel { name: kernel, inputs: accepted, outputs, .. } => {
             for (i, (p, x)) in accepted.iter().zip(inputs).enumerate() {
                 if !dims_compatible(p, x) {
@@ -410,6 +412,71 @@ fn infer_body(what: &str, body: &Graph, inputs: &[TensorType]) -> Result<Outputs
         }
     }
     Ok(body.output_types().into_iter().collect())
+}
+
+/// A conditional's outputs: what both branches can return (a dim the two
+/// branches give differently is unknown). The predicate must be a bool
+/// scalar and the branches must agree on dtypes and ranks.
+fn infer_cond(branches: &[std::sync::Arc<Graph>; 2], inputs: &[TensorType]) -> Result<Outputs, String> {
+    let pred = &inputs[0];
+    if pred.dtype != DType::Bool || pred.rank() != 0 {
+        return Err(format!("the predicate must be a bool scalar, got {pred}"));
+    }
+    let then = infer_body("the then branch", &branches[0], &inputs[1..])?;
+    let other = infer_body("the else branch", &branches[1], &inputs[1..])?;
+    if then.len() != other.len() {
+        return Err(format!("the then branch returns {} values, the else branch {}", then.len(), other.len()));
+    }
+    then.iter()
+        .zip(&other)
+        .enumerate()
+        .map(|(i, (a, b))| {
+            join_types(a, b).ok_or_else(|| format!("output {i}: the then branch returns {a}, the else branch {b}"))
+        })
+        .collect()
+}
+
+/// The type of values of either `a` or `b`: same dtype and rank, a dim
+/// unknown where they differ; `None` when the dtypes or ranks differ.
+pub fn join_types(a: &TensorType, b: &TensorType) -> Option<TensorType> {
+    if a.dtype != b.dtype || a.rank() != b.rank() {
+        return None;
+    }
+    let dims = a.dims.iter().zip(&b.dims).map(|(&x, &y)| if x == y { x } else { None }).collect();
+    Some(TensorType { dtype: a.dtype, dims })
+}
+
+/// A loop's outputs: the carried values, whose types the body must keep
+/// (the condition returns a bool scalar).
+fn infer_while(parts: &[std::sync::Arc<Graph>; 2], inputs: &[TensorType]) -> Result<Outputs, String> {
+    let [cond, body] = parts;
+    if cond.params.len() != body.params.len() {
+        return Err(format!(
+            "the condition takes {}, the body {}",
+            count(cond.params.len(), "argument"),
+            count(body.params.len(), "argument")
+        ));
+    }
+    let carried = body.outputs.len();
+    if carried > inputs.len() {
+        return Err(format!("the body returns {carried} carried values but the loop has {} inputs", inputs.len()));
+    }
+    let c = infer_body("the condition", cond, inputs)?;
+    if c.len() != 1 || c[0].dtype != DType::Bool || c[0].rank() != 0 {
+        let got: Vec<String> = c.iter().map(|t| t.to_string()).collect();
+        return Err(format!("the condition must return one bool scalar, got ({})", got.join(", ")));
+    }
+    let next = infer_body("the body", body, inputs)?;
+    let params = body.param_types();
+    for (i, (p, n)) in params.iter().zip(&next).enumerate() {
+        if !p.is_compatible_with(n) {
+            return Err(format!(
+                "carried value {i} enters the loop as {p} but the body returns {n}; loop-carried values must keep \
+                 their dtype and shape"
+            ));
+        }
+    }
+    Ok(params[..carried].iter().cloned().collect())
 }
 
 /// Same dtype and rank, and each pair of dims equal or one unknown: some

@@ -44,6 +44,14 @@ pub fn eval_primitive(op: &Op, inputs: &[&Storage]) -> Vec<Storage> {
             Err(e) => panic!("fused region: {e}"),
         };
     }
+    // Control flow runs its subgraphs, like a region its body.
+    if let Op::Cond { .. } | Op::While { .. } = op {
+        let owned: Vec<Storage> = inputs.iter().map(|s| (*s).clone()).collect();
+        return match run_control(op, &owned) {
+            Ok(outs) => outs,
+            Err(e) => panic!("{}: {e}", op.name()),
+        };
+    }
     // A kernel is native code with declared output types; a kernel that
     // breaks its declaration is a bug in that kernel, reported by name.
     if let Op::Kernel { name, kernel, outputs, .. } = op {
@@ -66,7 +74,7 @@ pub fn eval_primitive(op: &Op, inputs: &[&Storage]) -> Vec<Storage> {
         return outs;
     }
     let out = match op {
-        Op::Fused { .. } | Op::Kernel { .. } => unreachable!("handled above"),
+        Op::Fused { .. } | Op::Kernel { .. } | Op::Cond { .. } | Op::While { .. } => unreachable!("handled above"),
         Op::Parameter { .. } | Op::Call { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } => {
             panic!("eval_primitive: `{}` is not a primitive op; interpret the graph that holds it", op.name())
         }
@@ -170,6 +178,7 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 interpret(&graph.library.get(*func).graph, &args)?.into_iter().collect()
             }
             Op::Fused { body } => interpret(body, &args)?.into_iter().collect(),
+            Op::Cond { .. } | Op::While { .. } => run_control(&node.op, &args)?.into_iter().collect(),
             Op::Kernel { .. } => {
                 // Declared output types may hold unknown dims, so only the
                 // inputs are checked here; the outputs are checked below.
@@ -236,6 +245,25 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 })
         })
         .collect()
+}
+
+/// Runs a `cond` or `while` node on concrete operands, interpreting the
+/// subgraphs.
+fn run_control(op: &Op, args: &[Storage]) -> Result<Vec<Storage>, IrError> {
+    let subgraphs = op.subgraphs();
+    let mut run = |k: usize, xs: &[Storage]| interpret(&subgraphs[k], xs);
+    match op {
+        Op::Cond { .. } => crate::control::run_cond(args, &mut run),
+        Op::While { parts, .. } => crate::control::run_while(parts[1].outputs.len(), args, &mut run),
+        Op::Parameter { .. }
+        | Op::Constant { .. }
+        | primitive_ops!()
+        | Op::Call { .. }
+        | Op::Fused { .. }
+        | Op::Kernel { .. }
+        | Op::ReadVariable { .. }
+        | Op::AssignVariable { .. } => unreachable!("run_control runs control flow only"),
+    }
 }
 
 /// The exact type of a concrete value.

@@ -14,6 +14,7 @@
 //! process-wide table of composite kernels they consult.
 
 pub mod autodiff;
+pub mod control;
 mod equality;
 mod error;
 mod graph;
@@ -32,7 +33,7 @@ pub use error::{panic_message, IrError, OpError};
 pub use graph::{
     FuncId, FunctionAttrs, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,
 };
-pub use infer::{broadcast_dims, infer};
+pub use infer::{broadcast_dims, infer, join_types};
 pub use interp::{eval_primitive, interpret};
 pub use op::{AssignKind, Effects, ExternalKernel, Op};
 pub use op_key::OpKey;

@@ -200,6 +200,27 @@ pub enum Op {
         /// The region's computation.
         body: std::sync::Arc<crate::Graph>,
     },
+    /// A conditional: inputs `(pred, operands...)`, `pred` a bool scalar.
+    /// `branches[0]` (then) runs when `pred` is true, `branches[1]` (else)
+    /// otherwise; each takes the operands as its parameters and returns one
+    /// value per output. Only the taken branch runs, so its effects happen
+    /// only then.
+    Cond {
+        /// The then and else graphs.
+        branches: [Arc<crate::Graph>; 2],
+    },
+    /// A loop: inputs `(carried..., captured...)`. `parts[0]`, the
+    /// condition, maps `(carried..., captured...)` to a bool scalar;
+    /// `parts[1]`, the body, maps them to the next carried values (of the
+    /// same types). The outputs are the carried values once the condition
+    /// is false; zero iterations return the initial values.
+    While {
+        /// The condition and the body.
+        parts: [Arc<crate::Graph>; 2],
+        /// The number of iterations when it is known statically
+        /// (`fori_loop`); reverse mode needs it.
+        trip_count: Option<usize>,
+    },
     /// A registered native kernel replacing a composite `Call` (created by the
     /// implementation selector). Inputs are the call's arguments; `inputs`
     /// and `outputs` are the types it was selected for (the kernel itself
@@ -255,6 +276,8 @@ impl Op {
             Op::OneHot { .. } => "one_hot",
             Op::Call { .. } => "call",
             Op::Fused { .. } => "fused",
+            Op::Cond { .. } => "cond",
+            Op::While { .. } => "while",
             Op::Kernel { .. } => "kernel",
             Op::ReadVariable { .. } => "read_variable",
             Op::AssignVariable { .. } => "assign_variable",
@@ -283,6 +306,8 @@ impl Op {
             Op::Select => Some(3),
             Op::Concat { .. } | Op::Stack { .. } | Op::Call { .. } => None,
             Op::Fused { body } => Some(body.params.len()),
+            Op::Cond { branches } => Some(1 + branches[0].params.len()),
+            Op::While { parts, .. } => Some(parts[1].params.len()),
             Op::Kernel { inputs, .. } => Some(inputs.len()),
         }
     }
@@ -294,13 +319,15 @@ impl Op {
             Op::AssignVariable { .. } => Some(0),
             Op::Call { .. } => None,
             Op::Fused { body } => Some(body.outputs.len()),
+            Op::Cond { branches } => Some(branches[0].outputs.len()),
+            Op::While { parts, .. } => Some(parts[1].outputs.len()),
             Op::Kernel { outputs, .. } => Some(outputs.len()),
             Op::Parameter { .. } | Op::Constant { .. } | primitive_ops!() | Op::ReadVariable { .. } => Some(1),
         }
     }
 
-    /// The graphs this op holds and runs (a fused region's body; later the
-    /// branches of a conditional and the body of a loop), tract's
+    /// The graphs this op holds and runs (a fused region's body, the
+    /// branches of a conditional, the condition and body of a loop), tract's
     /// `nested_models`. Passes, the verifier, the printer and the executors
     /// reach nested code only through this, so a new op with subgraphs is a
     /// variant plus its semantics, not a special case in each of them. A
@@ -308,6 +335,8 @@ impl Op {
     pub fn subgraphs(&self) -> &[Arc<crate::Graph>] {
         match self {
             Op::Fused { body } => std::slice::from_ref(body),
+            Op::Cond { branches } => branches,
+            Op::While { parts, .. } => parts,
             Op::Parameter { .. }
             | Op::Constant { .. }
             | primitive_ops!()
@@ -323,6 +352,8 @@ impl Op {
     pub fn subgraphs_mut(&mut self) -> &mut [Arc<crate::Graph>] {
         match self {
             Op::Fused { body } => std::slice::from_mut(body),
+            Op::Cond { branches } => branches,
+            Op::While { parts, .. } => parts,
             Op::Parameter { .. }
             | Op::Constant { .. }
             | primitive_ops!()
@@ -349,7 +380,9 @@ impl Op {
                 Some(f) => f.graph.effects(),
                 None => Effects::WRITES,
             },
-            Op::Fused { .. } => self.subgraphs().iter().fold(Effects::PURE, |e, g| e.union(g.effects())),
+            Op::Fused { .. } | Op::Cond { .. } | Op::While { .. } => {
+                self.subgraphs().iter().fold(Effects::PURE, |e, g| e.union(g.effects()))
+            }
         }
     }
 
@@ -374,6 +407,8 @@ impl Op {
             | Op::OneHot { .. }
             | Op::Call { .. }
             | Op::Fused { .. }
+            | Op::Cond { .. }
+            | Op::While { .. }
             | Op::Kernel { .. }
             | Op::ReadVariable { .. }
             | Op::AssignVariable { .. } => false,
@@ -414,6 +449,8 @@ impl Op {
             | Op::OneHot { .. }
             | Op::Call { .. }
             | Op::Fused { .. }
+            | Op::Cond { .. }
+            | Op::While { .. }
             | Op::Kernel { .. }
             | Op::ReadVariable { .. }
             | Op::AssignVariable { .. } => false,

@@ -93,6 +93,16 @@ impl OpKey {
                 w.push(21);
                 identity = Arc::as_ptr(body) as usize;
             }
+            // Both subgraphs by identity: the first in `identity`, the
+            // second as a word.
+            Op::Cond { branches } => {
+                w.extend([25, Arc::as_ptr(&branches[1]) as usize as u64]);
+                identity = Arc::as_ptr(&branches[0]) as usize;
+            }
+            Op::While { parts, trip_count } => {
+                w.extend([26, Arc::as_ptr(&parts[1]) as usize as u64, trip_count.map_or(u64::MAX, |n| n as u64)]);
+                identity = Arc::as_ptr(&parts[0]) as usize;
+            }
             Op::Kernel { name, kernel, inputs, outputs } => {
                 w.push(22);
                 let mut h = std::collections::hash_map::DefaultHasher::new();

@@ -40,7 +40,7 @@ use crate::graph::FuncId;
 use crate::passes::KernelRegistry;
 use crate::{FunctionAttrs, Graph, LibraryFunction, Node, NodeId, Op, TensorType, ValueId, VariableResource};
 use cursor::Cursor;
-use ops::{parse_op, NodeName, ParsedOp, VarNames};
+use ops::{parse_op, Nested, NodeName, ParsedOp, VarNames};
 
 /// Why a text did not parse. Every variant names the line and the 1-based
 /// column where the problem starts.
@@ -365,17 +365,33 @@ impl<'a> Parser<'a> {
                 break;
             }
             let number = line.number;
-            let fused = self.node_line(&mut g, line, &ops_vars, &mut calls)?;
-            if let Some((id, nodes, column)) = fused {
-                let body = self.graph_block()?;
-                if nodes.is_some_and(|n| n != body.len()) {
-                    return Err(ParseError::Invalid {
-                        line: number,
-                        column,
-                        message: format!("the region says {} nodes, its body has {}", nodes.unwrap_or(0), body.len()),
-                    });
+            let nested = self.node_line(&mut g, line, &ops_vars, &mut calls)?;
+            if let Some((id, kind, column)) = nested {
+                let mut blocks = Vec::with_capacity(kind.blocks());
+                for _ in 0..kind.blocks() {
+                    blocks.push(Arc::new(self.graph_block()?));
                 }
-                g.node_mut(id).op = Op::Fused { body: Arc::new(body) };
+                let [first, ..] = blocks.as_slice() else { unreachable!("every nested op has a block") };
+                g.node_mut(id).op = match kind {
+                    Nested::Fused(nodes) => {
+                        if nodes.is_some_and(|n| n != first.len()) {
+                            return Err(ParseError::Invalid {
+                                line: number,
+                                column,
+                                message: format!(
+                                    "the region says {} nodes, its body has {}",
+                                    nodes.unwrap_or(0),
+                                    first.len()
+                                ),
+                            });
+                        }
+                        Op::Fused { body: first.clone() }
+                    }
+                    Nested::Cond => Op::Cond { branches: [blocks[0].clone(), blocks[1].clone()] },
+                    Nested::While(trip_count) => {
+                        Op::While { parts: [blocks[0].clone(), blocks[1].clone()], trip_count }
+                    }
+                };
             }
         }
         for &(id, _, column) in &params {
@@ -451,7 +467,7 @@ impl<'a> Parser<'a> {
         line: Line<'_>,
         vars: &VarNames<'_>,
         calls: &mut Vec<PendingCall>,
-    ) -> Result<Option<(NodeId, Option<usize>, usize)>, ParseError> {
+    ) -> Result<Option<(NodeId, Nested, usize)>, ParseError> {
         let id = g.len() as u32;
         let mut c = line.cursor();
         let mut results = 0usize;
@@ -533,8 +549,8 @@ impl<'a> Parser<'a> {
                 calls.push(PendingCall { line: line.number, column, func, name });
                 Op::Call { func }
             }
-            ParsedOp::Fused { nodes } => {
-                fused = Some((NodeId::from_u32(id), nodes, op_column));
+            ParsedOp::Nested(kind) => {
+                fused = Some((NodeId::from_u32(id), kind, op_column));
                 // A placeholder until the caller has parsed the body.
                 Op::Fused { body: Arc::new(Graph::default()) }
             }

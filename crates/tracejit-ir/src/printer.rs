@@ -207,6 +207,9 @@ fn write_op(s: &mut String, g: &Graph, op: &Op) -> fmt::Result {
             }
         }
         Op::Fused { body } => write!(s, "[{} nodes]", body.len()),
+        Op::Cond { .. } => Ok(()),
+        Op::While { trip_count: Some(n), .. } => write!(s, "[trips={n}]"),
+        Op::While { trip_count: None, .. } => Ok(()),
         Op::Kernel { name, .. } => write!(s, "[{name:?}]"),
         Op::ReadVariable { var: v } => write!(s, "[var={}]", var(*v)),
         Op::AssignVariable { var: v, kind } => write!(s, "[var={}, kind={}]", var(*v), kind.name()),
@@ -293,6 +296,7 @@ fn write_dot(s: &mut String, g: &Graph) -> fmt::Result {
             Op::ReadVariable { .. } | Op::AssignVariable { .. } => ", style=filled, fillcolor=\"#ffe5b4\"",
             Op::Call { .. } | Op::Kernel { .. } => ", shape=box3d",
             Op::Fused { .. } => ", style=filled, fillcolor=\"#e2d9f3\"",
+            Op::Cond { .. } | Op::While { .. } => ", shape=diamond, style=filled, fillcolor=\"#d1e7dd\"",
             primitive_ops!() => "",
         };
         writeln!(s, "  n{} [label={}{style}];", id.index(), dot_string(&full))?;

@@ -369,6 +369,8 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
             | Op::OneHot { .. }
             | Op::Call { .. }
             | Op::Fused { .. }
+            | Op::Cond { .. }
+            | Op::While { .. }
             | Op::Kernel { .. }
             | Op::ReadVariable { .. }
             | Op::AssignVariable { .. }) => return Err(format!("node {id}: op `{}` is not fusible", other.name())),
@@ -572,6 +574,8 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
             | Op::OneHot { .. }
             | Op::Call { .. }
             | Op::Fused { .. }
+            | Op::Cond { .. }
+            | Op::While { .. }
             | Op::Kernel { .. }
             | Op::ReadVariable { .. }
             | Op::AssignVariable { .. } => unreachable!("rejected during unification"),

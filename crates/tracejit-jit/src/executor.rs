@@ -10,6 +10,8 @@
 //! - **matrix products** through [`crate::matmul`] (a fast GEMM), written
 //!   into a pooled buffer;
 //! - **calls** run the callee's own `Executable`, prepared up front;
+//! - **`cond` and `while`** run their subgraphs as `Executable`s prepared
+//!   (and compiled) once with the graph, never per iteration;
 //! - **variable reads and writes** with the interpreter's semantics;
 //! - **`Op::Fused`** regions compile into one kernel each with
 //!   [`crate::compile_region`] (an unsupported body is interpreted and
@@ -53,6 +55,11 @@ enum StepKind {
     External(Op),
     /// A call of a library function.
     Call(Arc<Executable>),
+    /// A conditional: the then and else branches, prepared once.
+    Cond(Box<[Executable; 2]>),
+    /// A loop: the condition and the body, prepared once, and how many
+    /// of the inputs are carried.
+    While(Box<[Executable; 2]>, usize),
     /// Reads a variable.
     Read(VarId),
     /// Writes a variable.
@@ -97,6 +104,12 @@ fn plan_regions(graph: &Graph) -> Graph {
     let cx = PassContext::new(graph.name.clone()).with_region_acceptor(Arc::new(supports));
     Fusion::default().run(&mut g, &cx);
     g
+}
+
+/// The two subgraphs of a `cond` or `while`, planned and prepared.
+fn prepare_pair(graphs: &[Arc<Graph>; 2], opts: &JitOptions) -> Result<[Executable; 2], JitError> {
+    let prepare = |g: &Arc<Graph>| Executable::build(Arc::new(plan_regions(g)), opts, &mut HashMap::new());
+    Ok([prepare(&graphs[0])?, prepare(&graphs[1])?])
 }
 
 impl Executable {
@@ -193,6 +206,10 @@ impl Executable {
                     };
                     StepKind::Call(exe)
                 }
+                Op::Cond { branches } => StepKind::Cond(Box::new(prepare_pair(branches, opts)?)),
+                Op::While { parts, .. } => {
+                    StepKind::While(Box::new(prepare_pair(parts, opts)?), parts[1].outputs.len())
+                }
                 Op::ReadVariable { var } => StepKind::Read(*var),
                 Op::AssignVariable { var, kind } => StepKind::Assign(*var, *kind),
                 // A region planned by the fusion pass: compiled when this JIT
@@ -269,6 +286,7 @@ impl Executable {
             match &s.kind {
                 StepKind::Primitive(op) => v.push(op.name().to_string()),
                 StepKind::Call(e) => v.extend(e.fallbacks()),
+                StepKind::Cond(subs) | StepKind::While(subs, _) => subs.iter().for_each(|e| v.extend(e.fallbacks())),
                 _ => {}
             }
         }
@@ -344,6 +362,16 @@ impl Executable {
                 StepKind::Call(e) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
                     e.run(&owned)?.into_iter().collect()
+                }
+                StepKind::Cond(subs) => {
+                    let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
+                    tracejit_ir::control::run_cond(&owned, &mut |k, xs| subs[k].run(xs))?.into_iter().collect()
+                }
+                StepKind::While(subs, carried) => {
+                    let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
+                    tracejit_ir::control::run_while(*carried, &owned, &mut |k, xs| subs[k].run(xs))?
+                        .into_iter()
+                        .collect()
                 }
                 StepKind::Read(var) => {
                     let v = g.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;

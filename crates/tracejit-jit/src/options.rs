@@ -166,6 +166,8 @@ fn op_tag(op: &Op) -> u64 {
         | Op::OneHot { .. }
         | Op::Call { .. }
         | Op::Fused { .. }
+        | Op::Cond { .. }
+        | Op::While { .. }
         | Op::Kernel { .. }
         | Op::ReadVariable { .. }
         | Op::AssignVariable { .. } => 11,

@@ -339,3 +339,17 @@ pub(crate) fn note_barrier(node: NodeId, callee_vars: impl Iterator<Item = u64>)
         }
     });
 }
+
+/// A context for a subgraph (a branch or loop body) of the innermost
+/// trace: it inherits whether variables may be created and the `remember`
+/// table, so code behaves the same inside a branch as around it.
+pub(crate) fn subgraph_context(name: String) -> TraceContext {
+    let mut ctx = TraceContext::new(Arc::from(name.as_str()));
+    STACK.with(|s| {
+        if let Some(outer) = s.borrow().last() {
+            ctx.first_trace = outer.first_trace;
+            ctx.memo = outer.memo.clone();
+        }
+    });
+    ctx
+}

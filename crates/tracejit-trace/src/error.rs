@@ -53,8 +53,8 @@ pub enum Error {
     #[error(
         "cannot read the value of a symbolic tensor while tracing function `{function}`: \
          its value exists only when the compiled function runs. Return it from the function \
-         instead, and express value-dependent branching with `cond`/`while_loop` \
-         (not yet available) or `Tensor::select`"
+         instead, and express value-dependent branching with `tracejit::cond` / \
+         `tracejit::while_loop` (graph nodes that run the right branch or any trip count) or `Tensor::select`"
     )]
     SymbolicValue {
         /// The function being traced.

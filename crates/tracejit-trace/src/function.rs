@@ -503,7 +503,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
             return Err(Error::Signature {
                 function: self.config.name.clone(),
                 message: "the function calls itself while being traced; recursion needs `while_loop` \
-                          (not yet available) or a Rust loop unrolled at trace time"
+                          (a loop node traced once) or a Rust loop unrolled at trace time"
                     .into(),
             });
         }

@@ -14,6 +14,7 @@ extern crate self as tracejit;
 mod concrete;
 pub mod config;
 mod context;
+mod control;
 mod error;
 mod function;
 mod nest;
@@ -25,6 +26,7 @@ mod tracelock;
 mod variable;
 
 pub use concrete::ConcreteFunction;
+pub use control::{cond, fori_loop, while_loop};
 pub use error::{Error, Result};
 pub use function::{function, Function};
 pub use nest::{Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener};

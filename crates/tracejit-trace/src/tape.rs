@@ -85,6 +85,9 @@ enum Recorded {
     Graph(Arc<Graph>, Vec<(tracejit_ir::VarId, Tensor)>),
     /// A call of a composite with a registered backward kernel.
     Custom(String, Arc<GradientFn>),
+    /// A `cond` or `while` node, and the values of the variables its
+    /// subgraphs read (by resource id, read again around the node).
+    Control(Op, Vec<(u64, Tensor)>),
 }
 
 // ---- registered backward kernels ----------------------------------------
@@ -215,8 +218,27 @@ pub(crate) fn record_call(
             Recorded::Graph(g, vars)
         }
     };
+    push_entry(what, inputs, outputs);
+}
+
+/// Records a `cond` or `while` node on every recording tape that tracks
+/// one of its inputs or a variable its subgraphs read. Those variables are
+/// read again here, so that the tapes watch them and the rule has their
+/// values.
+pub(crate) fn record_control(op: &Op, inputs: &[&Tensor], outputs: &[Tensor]) {
+    let vars: Vec<(u64, Tensor)> = autodiff::control_variables(op)
+        .iter()
+        .filter_map(|res| Variable::by_id(res.id()).map(|v| (res.id(), v.read())))
+        .collect();
+    push_entry(Recorded::Control(op.clone(), vars), inputs, outputs);
+}
+
+/// Appends an entry to every recording tape that tracks one of its inputs
+/// (or, for calls and control flow, a variable value it reads).
+fn push_entry(what: Recorded, inputs: &[&Tensor], outputs: &[Tensor]) {
     let reads: Vec<&Tensor> = match &what {
         Recorded::Graph(_, vars) => vars.iter().map(|(_, t)| t).collect(),
+        Recorded::Control(_, vars) => vars.iter().map(|(_, t)| t).collect(),
         Recorded::Op(_) | Recorded::Custom(..) => Vec::new(),
     };
     for_each_tape(|t| {
@@ -380,6 +402,12 @@ fn backward(entries: &[Entry], target: &Tensor, sources: &[Vec<Tensor>]) -> Resu
                 var_cts = vars.iter().map(|(_, t)| t.tape_id()).zip(v).collect();
                 i
             }),
+            Recorded::Control(op, vars) => {
+                autodiff::vjp_control(&mut e, op, &entry.inputs, &entry.outputs, &out_cts, vars).map(|(i, v)| {
+                    var_cts = vars.iter().map(|(_, t)| t.tape_id()).zip(v).collect();
+                    i
+                })
+            }
             Recorded::Custom(name, f) => {
                 let cts = f(&entry.inputs, &entry.outputs, &out_cts);
                 if cts.len() != entry.inputs.len() {

@@ -29,6 +29,7 @@
 //! before the selector and fusion, with calls inlined) is an
 //! [`AutodiffError`] naming the op, never a wrong number.
 
+mod control;
 mod rules;
 
 use std::collections::HashMap;
@@ -38,6 +39,7 @@ use tracejit_tensor::{DType, Storage};
 use crate::primitive_ops;
 use crate::{Graph, Op, OpError, TensorType, ValueId};
 
+pub use control::{control_variables, vjp_control};
 pub use rules::vjp;
 
 /// Why a gradient could not be built.
@@ -211,6 +213,18 @@ pub fn vjp_graph<E: Emitter>(
     variables: &[(crate::VarId, E::Value)],
     cotangents: &[Option<E::Value>],
 ) -> Result<(Vec<Option<E::Value>>, Vec<Option<E::Value>>), AutodiffError> {
+    let vals = replay(e, graph, inputs, variables)?;
+    backprop_replayed(e, graph, &vals, variables, cotangents)
+}
+
+/// `graph`'s forward replayed through `e` on `inputs` (variables read as
+/// `variables` gives them): every value of the graph, by id.
+pub(crate) fn replay<E: Emitter>(
+    e: &mut E,
+    graph: &Graph,
+    inputs: &[E::Value],
+    variables: &[(crate::VarId, E::Value)],
+) -> Result<HashMap<ValueId, E::Value>, AutodiffError> {
     let mut vals: HashMap<ValueId, E::Value> = HashMap::new();
     for (id, node) in graph.nodes() {
         let outs: Vec<E::Value> = match &node.op {
@@ -233,6 +247,18 @@ pub fn vjp_graph<E: Emitter>(
                     ),
                 });
             }
+            // Nested control flow is replayed as itself (its rule, not
+            // this walk, differentiates it); one that writes is refused.
+            op @ (Op::Cond { .. } | Op::While { .. }) if !op.effects(&graph.library).writes() => {
+                let ins: Vec<E::Value> = node.inputs.iter().map(|v| vals[v].clone()).collect();
+                e.emit(op.clone(), &ins)?
+            }
+            op @ (Op::Cond { .. } | Op::While { .. }) => {
+                return Err(AutodiffError::Unsupported {
+                    op: op.name().to_string(),
+                    message: format!("writes a variable (inside the differentiated `{}`)", graph.name),
+                });
+            }
             op @ (primitive_ops!()) => {
                 let ins: Vec<E::Value> = node.inputs.iter().map(|v| vals[v].clone()).collect();
                 e.emit(op.clone(), &ins)?
@@ -242,6 +268,19 @@ pub fn vjp_graph<E: Emitter>(
             vals.insert(ValueId::new(id, i as u32), v);
         }
     }
+    Ok(vals)
+}
+
+/// The second half of [`vjp_graph`]: `graph` differentiated from its
+/// `cotangents`, its forward values being `vals` (from [`replay`]).
+#[allow(clippy::type_complexity)]
+pub(crate) fn backprop_replayed<E: Emitter>(
+    e: &mut E,
+    graph: &Graph,
+    vals: &HashMap<ValueId, E::Value>,
+    variables: &[(crate::VarId, E::Value)],
+    cotangents: &[Option<E::Value>],
+) -> Result<(Vec<Option<E::Value>>, Vec<Option<E::Value>>), AutodiffError> {
     let mut seeds: HashMap<ValueId, E::Value> = HashMap::new();
     for (o, ct) in graph.outputs.iter().zip(cotangents) {
         if let Some(ct) = ct {

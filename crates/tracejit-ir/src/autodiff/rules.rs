@@ -4,7 +4,7 @@
 
 use tracejit_tensor::{BinaryOp, DType, ReduceOp, SliceSpec, UnaryOp};
 
-use super::{broadcast_like, scalar, true_like, AutodiffError, Emitter};
+use super::{broadcast_like, scalar, true_like, vjp_control, AutodiffError, Emitter};
 use crate::{Op, TensorType};
 
 type R<T> = Result<T, AutodiffError>;
@@ -121,6 +121,11 @@ pub fn vjp<E: Emitter>(
     cotangents: &[Option<E::Value>],
 ) -> Result<Vec<Option<E::Value>>, AutodiffError> {
     let none = || vec![None; inputs.len()];
+    // Control flow has many outputs and its own rule; without values for
+    // the variables its subgraphs read, it refuses to differentiate those.
+    if let Op::Cond { .. } | Op::While { .. } = op {
+        return Ok(vjp_control(e, op, inputs, outputs, cotangents, &[])?.0);
+    }
     let Some(g) = cotangents.first().cloned().flatten() else {
         return Ok(none());
     };
@@ -248,6 +253,7 @@ pub fn vjp<E: Emitter>(
         }
         Op::Slice { specs } => vec![Some(slice_vjp(&mut b, op, specs, &x.expect("slice input"), g)?)],
         Op::Gather { axis } => vec![Some(gather_vjp(&mut b, op, *axis, &inputs[0], &inputs[1], g)?), None],
+        Op::Cond { .. } | Op::While { .. } => unreachable!("control flow is differentiated above"),
         Op::Call { .. } | Op::Kernel { .. } | Op::Fused { .. } => {
             return Err(unsupported(
                 op,

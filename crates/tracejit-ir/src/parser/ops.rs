@@ -21,11 +21,33 @@ pub(super) enum ParsedOp {
     Op(Op),
     /// `call @f0 "name"`: the callee is checked once the library is parsed.
     Call { func: FuncId, name: String, column: usize },
-    /// `fused[4 nodes]`: the body follows on the next lines.
-    Fused { nodes: Option<usize> },
+    /// `fused[4 nodes]`, `cond`, `while[trips=8]`: the subgraphs follow on
+    /// the next lines.
+    Nested(Nested),
     /// `kernel["name"]` or `kernel["name"](f32[?])` with its declared input
     /// types; the code comes from a kernel registry.
     Kernel { name: String, inputs: Option<Vec<TensorType>>, column: usize },
+}
+
+/// An op whose subgraphs follow its line.
+#[derive(Clone, Copy)]
+pub(super) enum Nested {
+    /// A fused region and the node count it claims.
+    Fused(Option<usize>),
+    /// A conditional: then and else blocks.
+    Cond,
+    /// A loop: condition and body blocks, and its static trip count.
+    While(Option<usize>),
+}
+
+impl Nested {
+    /// How many graph blocks follow.
+    pub(super) fn blocks(self) -> usize {
+        match self {
+            Nested::Fused(_) => 1,
+            Nested::Cond | Nested::While(_) => 2,
+        }
+    }
 }
 
 /// The names and types of the graph's variables, to check references.
@@ -157,7 +179,20 @@ pub(super) fn parse_op(
             } else {
                 None
             };
-            return Ok(ParsedOp::Fused { nodes });
+            return Ok(ParsedOp::Nested(Nested::Fused(nodes)));
+        }
+        "cond" => return Ok(ParsedOp::Nested(Nested::Cond)),
+        "while" => {
+            let trips = if c.eat("[") {
+                c.expect("trips")?;
+                c.expect("=")?;
+                let n = c.number("a trip count")?;
+                c.expect("]")?;
+                Some(n)
+            } else {
+                None
+            };
+            return Ok(ParsedOp::Nested(Nested::While(trips)));
         }
         "kernel" => {
             let column = node.op_column;

@@ -138,6 +138,8 @@ pub fn default_accepts_region(body: &Graph) -> bool {
             | Op::OneHot { .. }
             | Op::Call { .. }
             | Op::Fused { .. }
+            | Op::Cond { .. }
+            | Op::While { .. }
             | Op::Kernel { .. }
             | Op::ReadVariable { .. }
             | Op::AssignVariable { .. } => return false,

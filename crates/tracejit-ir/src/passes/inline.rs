@@ -9,6 +9,10 @@
 //! inlined body are dissolved into plain nodes (fusion is planned again over
 //! the caller), and variables of the body join the caller's table.
 //!
+//! A conditional whose predicate is a constant is replaced by its taken
+//! branch the same way (the branch is inlined in its place), so a `cond` on
+//! a value known at trace time costs nothing.
+//!
 //! Control edges survive: side-effecting nodes of the body wait for the
 //! call's control inputs, and nodes that waited for the call wait for the
 //! body's side effects and results.
@@ -37,7 +41,16 @@ impl Inline {
     /// The rewrite of `g` itself (its subgraphs are done by `run`).
     fn run_here(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
         let keep = |f: &crate::LibraryFunction| cx.keep_composites && f.implements().is_some();
-        let wanted = g.nodes().any(|(_, n)| matches!(n.op, Op::Call { func } if !keep(g.library.get(func))));
+        let constant_pred = |n: &crate::Node| {
+            if !matches!(n.op, Op::Cond { .. }) {
+                return None;
+            }
+            let Op::Constant { value } = &g.node(n.inputs.first()?.node).op else { return None };
+            value.to_vec::<bool>().ok().and_then(|v| v.first().copied())
+        };
+        let wanted = g.nodes().any(|(_, n)| {
+            matches!(n.op, Op::Call { func } if !keep(g.library.get(func))) || constant_pred(n).is_some()
+        });
         if !wanted {
             return PassResult::unchanged();
         }
@@ -45,6 +58,27 @@ impl Inline {
         let mut inlined = 0usize;
         for (id, node) in g.nodes() {
             if rw.is_mapped(id) {
+                continue;
+            }
+            let mut policy = |f: &crate::LibraryFunction, _: &[crate::TensorType]| {
+                if keep(f) {
+                    CallAction::Keep
+                } else {
+                    CallAction::Inline
+                }
+            };
+            if let (Some(taken), Op::Cond { branches }) = (constant_pred(node), &node.op) {
+                let branch = branches[if taken { 0 } else { 1 }].clone();
+                let (args, control) = (rw.inputs(id), rw.control(id));
+                match rw.inline_body(&branch, &args[1..], &control, &mut policy) {
+                    Ok((outs, stands)) => {
+                        rw.map(id, &outs, &stands);
+                        inlined += 1;
+                    }
+                    Err(_) => {
+                        rw.copy(id);
+                    }
+                }
                 continue;
             }
             let Op::Call { func } = node.op else {
@@ -56,13 +90,6 @@ impl Inline {
                 rw.copy(id);
                 continue;
             }
-            let mut policy = |f: &crate::LibraryFunction, _: &[crate::TensorType]| {
-                if keep(f) {
-                    CallAction::Keep
-                } else {
-                    CallAction::Inline
-                }
-            };
             if rw.inline_call(id, &callee.graph, &mut policy) {
                 inlined += 1;
             }

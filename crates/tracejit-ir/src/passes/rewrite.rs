@@ -147,6 +147,8 @@ impl<'g> Rewriter<'g> {
             | Op::Constant { .. }
             | primitive_ops!()
             | Op::Fused { .. }
+            | Op::Cond { .. }
+            | Op::While { .. }
             | Op::Kernel { .. }
             | Op::ReadVariable { .. }
             | Op::AssignVariable { .. }) => op.clone(),
@@ -418,11 +420,15 @@ impl<'g> Rewriter<'g> {
             Op::AssignVariable { var, kind } => {
                 Op::AssignVariable { var: self.new.add_variable(body.variables[*var].clone()), kind: *kind }
             }
-            // No reference into the body's tables (a fused body is
-            // self-contained).
-            Op::Parameter { .. } | Op::Constant { .. } | primitive_ops!() | Op::Fused { .. } | Op::Kernel { .. } => {
-                op.clone()
-            }
+            // No reference into the body's tables (fused bodies, branches
+            // and loop bodies are self-contained graphs).
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | primitive_ops!()
+            | Op::Fused { .. }
+            | Op::Cond { .. }
+            | Op::While { .. }
+            | Op::Kernel { .. } => op.clone(),
         }
     }
 

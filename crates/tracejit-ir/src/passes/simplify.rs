@@ -217,6 +217,8 @@ fn rule(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
         | Op::OneHot { .. }
         | Op::Call { .. }
         | Op::Fused { .. }
+        | Op::Cond { .. }
+        | Op::While { .. }
         | Op::Kernel { .. }
         | Op::ReadVariable { .. }
         | Op::AssignVariable { .. } => None,

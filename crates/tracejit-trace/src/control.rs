@@ -1,0 +1,327 @@
+//! Control flow on tensor values: [`cond`], [`while_loop`] and
+//! [`fori_loop`].
+//!
+//! Eagerly (no trace on this thread) they are plain Rust: an `if` on the
+//! predicate's value, a `loop`. While tracing, each becomes one graph node
+//! (`cond` / `while`) whose branches, condition and body are subgraphs
+//! traced once, so one trace serves every predicate value and every trip
+//! count. A subgraph captures the tensors of the enclosing trace it uses
+//! (they become inputs of the node) and reads and writes Variables like any
+//! traced code; the node is ordered like a variable access with respect to
+//! the rest of the graph, so effects inside it happen when it runs, in
+//! program order.
+//!
+//! Misuse (a predicate that is not a bool scalar, branches returning
+//! different types, a carried value changing its shape) panics with a
+//! message naming both sides; inside a traced function the panic is the
+//! `Err` of the call.
+
+use std::sync::Arc;
+
+use tracejit_ir::{join_types, Graph, Op, TensorType};
+use tracejit_tensor::DType;
+
+use crate::context::{self, push_context, subgraph_context};
+use crate::nest::{Flattener, Nest, StaticValue, Unflattener};
+use crate::Tensor;
+
+/// A traced subgraph and what it needs from the enclosing trace.
+struct Subtrace {
+    graph: Graph,
+    /// Tensors of enclosing traces it uses, one per parameter after the
+    /// explicit ones, in parameter order.
+    captures: Vec<Tensor>,
+    statics: Vec<Arc<dyn StaticValue>>,
+    structure: Vec<u32>,
+}
+
+/// The flattened result of a subgraph closure.
+struct Flat {
+    tensors: Vec<Tensor>,
+    statics: Vec<Arc<dyn StaticValue>>,
+    structure: Vec<u32>,
+}
+
+fn flat<R: Nest>(r: &R) -> Flat {
+    let mut f = Flattener::default();
+    r.flatten(&mut f);
+    Flat {
+        tensors: f.tensors.iter().map(|t| (*t).clone()).collect(),
+        statics: f.statics.iter().map(|s| s.clone_arc()).collect(),
+        structure: f.structure.to_vec(),
+    }
+}
+
+/// Traces `f` on fresh parameters of `params` into a new graph named
+/// `name`. `known_captures` become its first implicit parameters, in
+/// order, whether used or not (so two branches can share a prefix).
+fn trace_subgraph(
+    name: String,
+    params: &[TensorType],
+    known_captures: &[Tensor],
+    f: impl FnOnce(Vec<Tensor>) -> Flat,
+) -> Subtrace {
+    let guard = push_context(subgraph_context(name));
+    let placeholders: Vec<Tensor> = guard.with(|ctx| {
+        params
+            .iter()
+            .map(|ty| {
+                let v = ctx.graph.add_param(ty.clone());
+                ctx.symbolic(v)
+            })
+            .collect()
+    });
+    let known: Vec<&Tensor> = known_captures.iter().collect();
+    context::values_in_current(&known).expect("the subgraph's context is live");
+    let out = f(placeholders);
+    let refs: Vec<&Tensor> = out.tensors.iter().collect();
+    let outputs = context::values_in_current(&refs).expect("the subgraph's context is live");
+    let mut ctx = guard.finish();
+    ctx.graph.outputs = outputs;
+    for v in &ctx.created_variables {
+        context::note_variable_created(v);
+    }
+    Subtrace {
+        graph: ctx.graph,
+        captures: ctx.outer_captures.into_iter().map(|(t, _)| t).collect(),
+        statics: out.statics,
+        structure: out.structure,
+    }
+}
+
+/// The name of the innermost function being traced, for subgraph names.
+fn traced_name() -> Option<Arc<str>> {
+    context::current_function()
+}
+
+#[track_caller]
+fn check_bool_scalar(x: &Tensor, what: &str) {
+    if x.dtype() != DType::Bool || x.tensor_type().rank() != 0 {
+        panic!("{what} must be a bool scalar, got {}", x.tensor_type());
+    }
+}
+
+fn eager_bool(x: &Tensor) -> bool {
+    x.to_vec::<bool>().ok().and_then(|v| v.first().copied()).unwrap_or(false)
+}
+
+fn same_statics(a: &[Arc<dyn StaticValue>], b: &[Arc<dyn StaticValue>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.dyn_eq(&**y))
+}
+
+/// Adds the node for `op` on `inputs` to the innermost trace, ordered
+/// like a variable access when its subgraphs have effects, and records it
+/// on the gradient tapes.
+#[track_caller]
+fn record(op: Op, inputs: &[&Tensor]) -> Vec<Tensor> {
+    let effects = op.subgraphs().iter().fold(tracejit_ir::Effects::PURE, |e, g| e.union(g.effects()));
+    let control = if effects.is_pure() { Vec::new() } else { context::all_variable_accesses() };
+    let vars: Vec<u64> = op.subgraphs().iter().flat_map(|g| g.variables.values().map(|v| v.id())).collect();
+    let tape_op = crate::tape::recording().then(|| op.clone());
+    let (node, outs) = context::record_in_current(op, inputs, &control).expect("a trace is active");
+    if !effects.is_pure() {
+        context::note_barrier(node, vars.into_iter());
+    }
+    if let Some(op) = tape_op {
+        crate::tape::record_control(&op, inputs, &outs);
+    }
+    outs
+}
+
+/// `then()` if `pred` is true, else `other()`: a conditional that works
+/// eagerly and as a graph node.
+///
+/// `pred` is a bool scalar. Eagerly (or when `pred` is known while
+/// tracing) only the taken closure runs. While tracing with a symbolic
+/// `pred`, both closures are traced once into the branches of one `cond`
+/// node and the taken branch runs at each call, so one trace serves both
+/// predicate values. The branches must return the same nest with the same
+/// dtypes; a dim may differ only where the result leaves it unknown
+/// (`f32[?]` and `f32[3]` give `f32[?]`; `f32[3]` and `f32[4]` are an
+/// error naming both).
+///
+/// ```
+/// use tracejit_trace::{cond, function, Tensor};
+///
+/// let f = function(|x: Tensor| {
+///     let positive = x.sum_all().gt(0.0);
+///     cond(&positive, || &x * 2.0, || &x - 1.0)
+/// });
+/// let up = f.call(Tensor::from_vec(vec![1.0f32, 2.0], &[2]))?;
+/// let down = f.call(Tensor::from_vec(vec![-1.0f32, -2.0], &[2]))?;
+/// assert_eq!(up.to_vec::<f32>()?, vec![2.0, 4.0]);
+/// assert_eq!(down.to_vec::<f32>()?, vec![-2.0, -3.0]);
+/// assert_eq!(f.tracing_count(), 1);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+#[track_caller]
+pub fn cond<R: Nest>(pred: &Tensor, then: impl FnOnce() -> R, other: impl FnOnce() -> R) -> R {
+    check_bool_scalar(pred, "cond: the predicate");
+    if !pred.is_symbolic() {
+        return if eager_bool(pred) { then() } else { other() };
+    }
+    let base = traced_name().unwrap_or_else(|| Arc::from("cond"));
+    let t = trace_subgraph(format!("{base}.then"), &[], &[], |_| flat(&then()));
+    let e = trace_subgraph(format!("{base}.else"), &[], &t.captures, |_| flat(&other()));
+    if t.structure != e.structure || !same_statics(&t.statics, &e.statics) {
+        panic!(
+            "cond: the branches return different structures (then: {} values, else: {}); both must return the \
+             same nest",
+            t.graph.outputs.len(),
+            e.graph.outputs.len()
+        );
+    }
+    let (tt, et) = (t.graph.output_types(), e.graph.output_types());
+    if tt.len() != et.len() {
+        panic!("cond: the then branch returns {} tensors, the else branch {}", tt.len(), et.len());
+    }
+    for (i, (a, b)) in tt.iter().zip(&et).enumerate() {
+        let known_differ = a.dims.iter().zip(&b.dims).any(|(x, y)| matches!((x, y), (Some(x), Some(y)) if x != y));
+        if join_types(a, b).is_none() || known_differ {
+            panic!(
+                "cond: output {i}: the then branch returns {a}, the else branch {b}; the branches must return the \
+                 same dtypes and shapes (dims may differ only where one is unknown)"
+            );
+        }
+    }
+    // Both branches take every capture: the then branch those the else
+    // branch added after its own.
+    let mut then_graph = t.graph;
+    for c in &e.captures[t.captures.len()..] {
+        then_graph.add_param(c.tensor_type());
+    }
+    let op = Op::Cond { branches: [Arc::new(then_graph), Arc::new(e.graph)] };
+    let mut inputs: Vec<&Tensor> = vec![pred];
+    inputs.extend(e.captures.iter());
+    let outs = record(op, &inputs);
+    R::unflatten(&mut Unflattener::new(outs, t.statics, t.structure))
+}
+
+/// Runs `body` while `cond` holds, starting from `init`; returns the final
+/// state. Works eagerly (a Rust loop) and as one graph node.
+///
+/// While tracing, `cond` and `body` are traced once into the condition and
+/// body of a `while` node, so any trip count runs with one trace (the loop
+/// is not unrolled). The state is any nest of tensors (tuples, `Vec`s,
+/// `Option`s, `#[derive(Nest)]` structs); every carried tensor keeps its
+/// dtype and shape across iterations (a dim the body changes becomes
+/// unknown if it was unknown-compatible, otherwise it is an error naming
+/// the carried value). Reverse-mode gradients need a static trip count:
+/// use [`fori_loop`].
+///
+/// ```
+/// use tracejit_trace::{function, while_loop, Tensor};
+///
+/// // Doubles x until its sum exceeds 100; counts the steps.
+/// let f = function(|x: Tensor| {
+///     while_loop(
+///         |(_, y): &(Tensor, Tensor)| y.sum_all().le(100.0),
+///         |(i, y): (Tensor, Tensor)| (&i + 1, &y * 2.0),
+///         (Tensor::scalar(0i64), x),
+///     )
+/// });
+/// let (n, y) = f.call(Tensor::from_vec(vec![1.0f32, 2.0], &[2]))?;
+/// assert_eq!(n.to_vec::<i64>()?, vec![6]);
+/// assert_eq!(y.to_vec::<f32>()?, vec![64.0, 128.0]);
+/// let (n, _) = f.call(Tensor::from_vec(vec![60.0f32, 60.0], &[2]))?;
+/// assert_eq!(n.to_vec::<i64>()?, vec![0]);
+/// assert_eq!(f.tracing_count(), 1);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+#[track_caller]
+pub fn while_loop<S: Nest>(cond: impl Fn(&S) -> Tensor, body: impl Fn(S) -> S, init: S) -> S {
+    if traced_name().is_none() {
+        let mut state = init;
+        loop {
+            let c = cond(&state);
+            check_bool_scalar(&c, "while_loop: the condition");
+            if !eager_bool(&c) {
+                return state;
+            }
+            state = body(state);
+        }
+    }
+    traced_while(&cond, &body, init, None)
+}
+
+/// `body(i, state)` for `i` in `lower..upper` (an i64 scalar tensor),
+/// starting from `init`: a loop with a static trip count, so reverse-mode
+/// gradients flow through it (JAX's `fori_loop`). Eagerly a Rust `for`;
+/// traced, one `while` node whose trip count is recorded.
+///
+/// ```
+/// use tracejit_trace::{fori_loop, function, Tensor};
+///
+/// // x * 2^5, one doubling per iteration.
+/// let f = function(|x: Tensor| fori_loop(0, 5, |_i, y: Tensor| &y * 2.0, x));
+/// let y = f.call(Tensor::from_vec(vec![1.0f32, 3.0], &[2]))?;
+/// assert_eq!(y.to_vec::<f32>()?, vec![32.0, 96.0]);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+#[track_caller]
+pub fn fori_loop<S: Nest>(lower: i64, upper: i64, body: impl Fn(Tensor, S) -> S, init: S) -> S {
+    if traced_name().is_none() {
+        let mut state = init;
+        for i in lower..upper {
+            state = body(Tensor::scalar(i), state);
+        }
+        return state;
+    }
+    let trips = usize::try_from(upper.saturating_sub(lower)).unwrap_or(0);
+    let (_, state) = traced_while(
+        &|(i, _): &(Tensor, S)| i.lt(upper),
+        &|(i, s): (Tensor, S)| (&i + 1i64, body(i, s)),
+        (Tensor::scalar(lower), init),
+        Some(trips),
+    );
+    state
+}
+
+/// The `while` node of a loop inside a trace.
+#[track_caller]
+fn traced_while<S: Nest>(cond: &dyn Fn(&S) -> Tensor, body: &dyn Fn(S) -> S, init: S, trip_count: Option<usize>) -> S {
+    let base = traced_name().unwrap_or_else(|| Arc::from("while"));
+    let init = flat(&init);
+    let rebuild =
+        |ts: Vec<Tensor>| S::unflatten(&mut Unflattener::new(ts, init.statics.clone(), init.structure.clone()));
+    // The carried types: the initial ones, made more general (a dim the
+    // body changes becomes unknown) until the body keeps them.
+    let mut types: Vec<TensorType> = init.tensors.iter().map(Tensor::tensor_type).collect();
+    let traced_body = loop {
+        let b = trace_subgraph(format!("{base}.body"), &types, &[], |ps| flat(&body(rebuild(ps))));
+        if b.structure != init.structure || !same_statics(&b.statics, &init.statics) {
+            panic!("while_loop: the body returns a different structure than the loop state it was given");
+        }
+        let outs = b.graph.output_types();
+        let mut general = Vec::with_capacity(types.len());
+        for (i, (p, o)) in types.iter().zip(&outs).enumerate() {
+            let known_differ = p.dims.iter().zip(&o.dims).any(|(a, b)| matches!((a, b), (Some(a), Some(b)) if a != b));
+            match join_types(p, o) {
+                Some(j) if !known_differ => general.push(j),
+                Some(_) | None => panic!(
+                    "while_loop: carried value {i} enters the loop as {p} but the body returns {o}; loop-carried \
+                     values must keep their dtype and shape"
+                ),
+            }
+        }
+        if general == types {
+            break b;
+        }
+        types = general;
+    };
+    let c = trace_subgraph(format!("{base}.cond"), &types, &traced_body.captures, |ps| {
+        let s = rebuild(ps);
+        let c = cond(&s);
+        check_bool_scalar(&c, "while_loop: the condition");
+        Flat { tensors: vec![c], statics: Vec::new(), structure: Vec::new() }
+    });
+    let mut body_graph = traced_body.graph;
+    for x in &c.captures[traced_body.captures.len()..] {
+        body_graph.add_param(x.tensor_type());
+    }
+    let op = Op::While { parts: [Arc::new(c.graph), Arc::new(body_graph)], trip_count };
+    let mut inputs: Vec<&Tensor> = init.tensors.iter().collect();
+    inputs.extend(c.captures.iter());
+    let outs = record(op, &inputs);
+    rebuild(outs)
+}
