@@ -1,4 +1,4 @@
-//! The workloads W1-W7 of shared/WORKLOADS.md, each written once as a
+//! The workloads W1-W8 of shared/WORKLOADS.md, each written once as a
 //! closure over [`Tensor`]s and run in every [`Mode`] from that one closure.
 //!
 //! Inputs are f32 from fixed seeds, built by [`WorkloadSpec::build`] outside
@@ -216,7 +216,7 @@ pub enum Body {
 
 /// A workload's identity and how to build it.
 pub struct WorkloadSpec {
-    /// `W1`..`W7`.
+    /// `W1`..`W8`.
     pub id: &'static str,
     /// The name used in JSON (`small_ops`, `gelu`, ...).
     pub name: &'static str,
@@ -237,7 +237,7 @@ pub struct WorkloadSpec {
 /// Bytes in a MiB.
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// Every workload, in order W1..W7.
+/// Every workload, in order W1..W8.
 pub fn all() -> Vec<WorkloadSpec> {
     vec![
         WorkloadSpec {
@@ -309,6 +309,16 @@ pub fn all() -> Vec<WorkloadSpec> {
             floor_bytes: None,
             modes: COMPOSITE_MODES,
             build: build_lstm_cell,
+        },
+        WorkloadSpec {
+            id: "W8",
+            name: "rnn_loop",
+            what: "32 steps of h = tanh(x[t] @ wx + h @ wh + b) in one while loop node; x [32, 32, 64], hidden 128",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "tanh approximation, compounded over 32 steps",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: build_rnn_loop,
         },
     ]
 }
@@ -506,6 +516,30 @@ fn build_lstm_cell() -> Body {
     Body::Runnable(Box::new(Case::new("lstm_cell", (x, h, c, w_ih, w_hh, b), lstm_step)))
 }
 
+// ---- W8 -------------------------------------------------------------------
+
+/// W8's arguments: x [32, 32, 64] (steps, batch, features), wx [64, 128],
+/// wh [128, 128], b [128].
+pub type RnnArgs = (Tensor, Tensor, Tensor, Tensor);
+
+/// W8's closure: a loop with a static trip count (JAX's `lax.fori_loop`);
+/// traced, one `while` node whose body is compiled once, not 32 unrolled
+/// copies.
+pub fn rnn_loop((xs, wx, wh, b): RnnArgs) -> Tensor {
+    let [steps, batch, hidden] =
+        [xs.dims()[0], xs.dims()[1], wh.dims()[1]].map(|d| d.expect("rnn_loop: the sizes must be known"));
+    let h0 = Tensor::zeros(&[batch, hidden], tracejit::DType::F32);
+    tracejit::fori_loop(0, steps as i64, |t, h: Tensor| (xs.gather(&t, 0).matmul(&wx) + h.matmul(&wh) + &b).tanh(), h0)
+}
+
+fn build_rnn_loop() -> Body {
+    let xs = Tensor::randn(&[32, 32, 64], 30);
+    let wx = Tensor::randn(&[64, 128], 31) * (1.0 / 8.0);
+    let wh = Tensor::randn(&[128, 128], 32) * (1.0 / 12.0);
+    let b = Tensor::randn(&[128], 33) * 0.1;
+    Body::Runnable(Box::new(Case::new("rnn_loop", (xs, wx, wh, b), rnn_loop)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,7 +547,10 @@ mod tests {
     #[test]
     fn names_follow_workloads_md() {
         let names: Vec<&str> = all().iter().map(|w| w.name).collect();
-        assert_eq!(names, ["small_ops", "gelu", "softmax", "layernorm", "mlp_forward", "mlp_train_step", "lstm_cell"]);
+        assert_eq!(
+            names,
+            ["small_ops", "gelu", "softmax", "layernorm", "mlp_forward", "mlp_train_step", "lstm_cell", "rnn_loop"]
+        );
         assert_eq!(selected(Some("gelu")).len(), 1);
         assert_eq!(selected(Some("w7"))[0].name, "lstm_cell");
         assert_eq!(selected(Some("mlp")).len(), 2);

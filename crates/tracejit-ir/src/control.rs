@@ -27,10 +27,7 @@ pub fn predicate(x: &Storage, what: &str) -> Result<bool, IrError> {
 
 /// Runs a conditional on `args = (pred, operands...)`: the then branch
 /// (subgraph 0) or the else branch (subgraph 1) on the operands.
-pub fn run_cond<E: From<IrError>>(
-    args: &[Storage],
-    run: &mut RunSubgraph<'_, E>,
-) -> Result<Vec<Storage>, E> {
+pub fn run_cond<E: From<IrError>>(args: &[Storage], run: &mut RunSubgraph<'_, E>) -> Result<Vec<Storage>, E> {
     let Some((pred, operands)) = args.split_first() else {
         return Err(IrError::Op(crate::OpError::new("cond", "expected a predicate".to_string())).into());
     };
