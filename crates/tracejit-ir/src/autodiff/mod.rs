@@ -23,9 +23,11 @@
 //!   is unknown in the trace is taken to be unbroadcast (equal to the
 //!   result's), as it is for every input signature with `-1`.
 //!
-//! `slice` (step 1) scatters back by concatenating zeros and `gather` by
-//! `one_hot(indices)ᵀ @ g`, both on inputs of known shape. What has no rule
-//! (other slice steps, calls, kernels and fused regions: differentiate
+//! `slice` scatters back by concatenating zeros (step 1) or through a 0/1
+//! selection matrix (any other step, negative too), and `gather` by
+//! `one_hot(indices)ᵀ @ g`, both on inputs of known shape. `cond` and
+//! `while` have their own rule (`control`). What has no rule (calls,
+//! kernels and fused regions: differentiate
 //! before the selector and fusion, with calls inlined) is an
 //! [`AutodiffError`] naming the op, never a wrong number.
 

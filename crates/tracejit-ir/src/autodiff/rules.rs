@@ -263,6 +263,44 @@ pub fn vjp<E: Emitter>(
     })
 }
 
+/// `g` (a slice's cotangent, `count` long on `axis`) scattered back into
+/// `n` entries at `start, start + step, ...` (any step, negative too): a
+/// product with the 0/1 selection matrix `[count, n]`, the axis moved last
+/// and the other axes flattened so any rank works.
+fn strided_scatter<E: Emitter>(
+    b: &mut B<'_, E>,
+    g: E::Value,
+    axis: usize,
+    n: usize,
+    start: i64,
+    count: usize,
+    step: i64,
+) -> R<E::Value> {
+    let gshape = b.ty(&g).shape().expect("the input's shape is known, so the slice's is");
+    let dtype = b.ty(&g).dtype;
+    let rank = gshape.len();
+    let perm: Vec<usize> = (0..rank).filter(|&a| a != axis).chain([axis]).collect();
+    let rest: usize = perm[..rank - 1].iter().map(|&a| gshape[a]).product();
+    let mut select = vec![0.0f64; count * n];
+    for k in 0..count {
+        let i = start + k as i64 * step;
+        select[k * n + i as usize] = 1.0;
+    }
+    let select = tracejit_tensor::Storage::from_vec(select, &[count, n]).expect("count * n entries");
+    let select = b.e.constant(tracejit_tensor::kernels::cast(&select, dtype));
+    let moved = b.op(Op::Transpose { perm: perm.clone() }, &[g])?;
+    let flat = b.op(Op::Reshape { shape: vec![rest as i64, count as i64] }, &[moved])?;
+    let scattered = b.op(Op::MatMul, &[flat, select])?;
+    let mut moved_shape: Vec<i64> = perm[..rank - 1].iter().map(|&a| gshape[a] as i64).collect();
+    moved_shape.push(n as i64);
+    let unflat = b.op(Op::Reshape { shape: moved_shape }, &[scattered])?;
+    let mut inverse = vec![0; rank];
+    for (i, &p) in perm.iter().enumerate() {
+        inverse[p] = i;
+    }
+    b.op(Op::Transpose { perm: inverse }, &[unflat])
+}
+
 /// `g` placed back into zeros of `x`'s shape where a slice read it: per
 /// sliced axis, zeros concatenated before and after. Needs `x`'s shape and
 /// a step of 1 (other steps are an error naming the op).
@@ -272,11 +310,12 @@ fn slice_vjp<E: Emitter>(b: &mut B<'_, E>, op: &Op, specs: &[SliceSpec], x: &E::
     let mut g = g;
     for (axis, spec) in specs.iter().enumerate() {
         let (start, count, step) = spec.resolve(shape[axis]);
-        if count == shape[axis] {
+        if step == 1 && count == shape[axis] {
             continue;
         }
         if step != 1 {
-            return Err(unsupported(op, format!("a step of {step} (only step 1 has a rule so far)")));
+            g = strided_scatter(b, g, axis, shape[axis], start, count, step)?;
+            continue;
         }
         let before = start as usize;
         let after = shape[axis] - before - count;

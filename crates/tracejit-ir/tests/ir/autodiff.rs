@@ -237,6 +237,13 @@ fn slices_and_gathers_scatter_back() {
         (vec![SliceSpec::range(1, 3), SliceSpec::FULL], vec![2, 4]),
         (specs(&[(0, 2), (1, 4)]), vec![2, 3]),
         (vec![SliceSpec::FULL, SliceSpec { start: Some(-2), stop: None, step: 1 }], vec![4, 2]),
+        // Other steps, negative ones too, scatter through a selection matrix.
+        (
+            vec![SliceSpec { start: None, stop: None, step: 2 }, SliceSpec { start: None, stop: None, step: -1 }],
+            vec![2, 4],
+        ),
+        (vec![SliceSpec::FULL, SliceSpec { start: Some(3), stop: Some(0), step: -2 }], vec![4, 2]),
+        (vec![SliceSpec { start: Some(1), stop: None, step: 3 }, SliceSpec::range(1, 3)], vec![1, 2]),
     ] {
         let sp2 = sp.clone();
         let g = loss_graph(&[vec![4, 4]], &move |g, p| node(g, Op::Slice { specs: sp2.clone() }, &[p[0]]), &out);
@@ -259,10 +266,19 @@ fn slices_and_gathers_scatter_back() {
 
 #[test]
 fn ops_without_a_rule_are_errors_naming_them() {
-    let step2 = SliceSpec { start: None, stop: None, step: 2 };
-    let g = loss_graph(&[vec![4]], &move |g, p| node(g, Op::Slice { specs: vec![step2] }, &[p[0]]), &[2]);
+    let g = loss_graph(
+        &[vec![4]],
+        &move |g, p| {
+            let mut body = Graph::new("region");
+            let x = body.add_param(TensorType::known(DType::F64, &[4]));
+            let y = node(&mut body, Op::Unary(UnaryOp::Exp), &[x]);
+            body.outputs.push(y);
+            node(g, Op::Fused { body: std::sync::Arc::new(body) }, &[p[0]])
+        },
+        &[4],
+    );
     let e = grad_graph(&g, &[0]).unwrap_err().to_string();
-    assert!(e.contains("`slice`") && e.contains("step of 2"), "{e}");
+    assert!(e.contains("`fused`") && e.contains("fusion"), "{e}");
     let e = grad_graph(&g, &[3]).unwrap_err().to_string();
     assert!(e.contains("source 3 is not an input"), "{e}");
 }
