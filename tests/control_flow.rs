@@ -408,3 +408,47 @@ proptest! {
         prop_assert!(close(&vals(&got), &vals(&want), 1e-5), "{:?} vs {:?}", vals(&got), vals(&want));
     }
 }
+
+#[test]
+fn a_branch_kept_only_for_its_effect_survives_the_passes() {
+    let v = Variable::new(Tensor::scalar(0i64));
+    let v2 = v.clone();
+    let f = function(move |x: Tensor| {
+        let _unused: Tensor = cond(
+            &x.sum_all().gt(0.0),
+            || {
+                v2.assign_add(&Tensor::scalar(1i64));
+                Tensor::scalar(0.0f32)
+            },
+            || Tensor::scalar(1.0f32),
+        );
+        x * 2.0
+    });
+    for x in [1.0f32, -1.0, 2.0, 3.0] {
+        f.call(Tensor::scalar(x)).unwrap();
+    }
+    assert_eq!(v.value().to_vec::<i64>().unwrap(), vec![3]);
+}
+
+#[test]
+fn threads_run_one_compiled_loop_at_once() {
+    let f = std::sync::Arc::new(function(|x: Tensor| doubling(&x)));
+    let handles: Vec<_> = (0..8)
+        .map(|k| {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                for i in 0..20 {
+                    let x = t(&[1.0 + (k * 20 + i) as f32, 0.5]);
+                    let (n, y) = f.call(x.clone()).unwrap();
+                    let (en, ey) = doubling(&x);
+                    assert_eq!(n.to_vec::<i64>().unwrap(), en.to_vec::<i64>().unwrap());
+                    assert_eq!(vals(&y), vals(&ey));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(f.tracing_count(), 1);
+}
