@@ -11,8 +11,31 @@ use tracejit_tensor::Storage;
 
 use crate::IrError;
 
-/// Runs subgraph `k` of the node on the given values.
-pub type RunSubgraph<'a, E> = dyn FnMut(usize, &[Storage]) -> Result<Vec<Storage>, E> + 'a;
+/// How an executor runs the subgraphs of a control-flow node.
+pub trait SubgraphRunner {
+    /// The executor's error type.
+    type Error: From<IrError>;
+
+    /// Runs subgraph `k` of the node on `inputs`.
+    fn run(&mut self, k: usize, inputs: &[Storage]) -> Result<Vec<Storage>, Self::Error>;
+
+    /// A value the loop no longer holds (the previous iteration's state),
+    /// so an executor can reuse its buffer; dropped by default.
+    fn recycle(&mut self, value: Storage) {
+        drop(value);
+    }
+}
+
+/// A [`SubgraphRunner`] from a closure (values are simply dropped).
+pub struct RunWith<F>(pub F);
+
+impl<E: From<IrError>, F: FnMut(usize, &[Storage]) -> Result<Vec<Storage>, E>> SubgraphRunner for RunWith<F> {
+    type Error = E;
+
+    fn run(&mut self, k: usize, inputs: &[Storage]) -> Result<Vec<Storage>, E> {
+        (self.0)(k, inputs)
+    }
+}
 
 /// The value of a bool scalar (a predicate or a loop condition); `what`
 /// names it in the error.
@@ -27,46 +50,45 @@ pub fn predicate(x: &Storage, what: &str) -> Result<bool, IrError> {
 
 /// Runs a conditional on `args = (pred, operands...)`: the then branch
 /// (subgraph 0) or the else branch (subgraph 1) on the operands.
-pub fn run_cond<E: From<IrError>>(args: &[Storage], run: &mut RunSubgraph<'_, E>) -> Result<Vec<Storage>, E> {
+pub fn run_cond<R: SubgraphRunner>(args: &[Storage], runner: &mut R) -> Result<Vec<Storage>, R::Error> {
     let Some((pred, operands)) = args.split_first() else {
         return Err(IrError::Op(crate::OpError::new("cond", "expected a predicate".to_string())).into());
     };
-    let branch = if predicate(pred, "the predicate")? { 0 } else { 1 };
-    run(branch, operands)
+    let branch = if predicate(pred, "the predicate").map_err(R::Error::from)? { 0 } else { 1 };
+    runner.run(branch, operands)
 }
 
 /// Runs a loop on `args = (carried..., captured...)`: while the condition
 /// (subgraph 0) holds, the body (subgraph 1) computes the next carried
 /// values. Returns the final carried values.
-pub fn run_while<E: From<IrError>>(
+pub fn run_while<R: SubgraphRunner>(
     carried: usize,
     args: &[Storage],
-    run: &mut RunSubgraph<'_, E>,
-) -> Result<Vec<Storage>, E> {
+    runner: &mut R,
+) -> Result<Vec<Storage>, R::Error> {
     let mut state: Vec<Storage> = args.to_vec();
     loop {
-        let c = run(0, &state)?;
+        let c = runner.run(0, &state)?;
         let go = match c.first() {
-            Some(c) => predicate(c, "the loop condition")?,
+            Some(c) => predicate(c, "the loop condition").map_err(R::Error::from)?,
             None => {
-                return Err(E::from(IrError::Op(crate::OpError::new(
-                    "while",
-                    "the condition returned nothing".to_string(),
-                ))))
+                let e = IrError::Op(crate::OpError::new("while", "the condition returned nothing".to_string()));
+                return Err(e.into());
             }
         };
         if !go {
             break;
         }
-        let next = run(1, &state)?;
+        let next = runner.run(1, &state)?;
         if next.len() != carried {
             let message = format!("the body returned {} values for {carried} carried values", next.len());
             return Err(IrError::Op(crate::OpError::new("while", message)).into());
         }
-        // Dropping the old carried values before the next iteration lets
-        // their buffers return to the executor's pool.
+        // The old carried values go back to the executor, whose pool
+        // reuses their buffers in the next iteration.
         for (slot, v) in state.iter_mut().zip(next) {
-            *slot = v;
+            let old = std::mem::replace(slot, v);
+            runner.recycle(old);
         }
     }
     state.truncate(carried);

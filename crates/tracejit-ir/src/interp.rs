@@ -251,7 +251,7 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
 /// subgraphs.
 fn run_control(op: &Op, args: &[Storage]) -> Result<Vec<Storage>, IrError> {
     let subgraphs = op.subgraphs();
-    let mut run = |k: usize, xs: &[Storage]| interpret(&subgraphs[k], xs);
+    let mut run = crate::control::RunWith(|k: usize, xs: &[Storage]| interpret(&subgraphs[k], xs));
     match op {
         Op::Cond { .. } => crate::control::run_cond(args, &mut run),
         Op::While { parts, .. } => crate::control::run_while(parts[1].outputs.len(), args, &mut run),

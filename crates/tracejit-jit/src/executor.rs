@@ -106,6 +106,26 @@ fn plan_regions(graph: &Graph) -> Graph {
     g
 }
 
+/// Runs a control-flow node's subgraphs with the calling executable's
+/// buffer pool: one pool for the whole call, so a loop's iterations reuse
+/// the buffers of the state they replace instead of allocating.
+struct Shared<'a> {
+    subs: &'a [Executable; 2],
+    pool: &'a mut BufPool,
+}
+
+impl tracejit_ir::control::SubgraphRunner for Shared<'_> {
+    type Error = IrError;
+
+    fn run(&mut self, k: usize, inputs: &[Storage]) -> Result<Vec<Storage>, IrError> {
+        self.subs[k].run_in_pool(inputs, self.pool)
+    }
+
+    fn recycle(&mut self, value: Storage) {
+        self.pool.give_if_unique(value);
+    }
+}
+
 /// The two subgraphs of a `cond` or `while`, planned and prepared.
 fn prepare_pair(graphs: &[Arc<Graph>; 2], opts: &JitOptions) -> Result<[Executable; 2], JitError> {
     let prepare = |g: &Arc<Graph>| Executable::build(Arc::new(plan_regions(g)), opts, &mut HashMap::new());
@@ -301,16 +321,7 @@ impl Executable {
     /// Runs on one value per graph param (checked like
     /// `tracejit_ir::interpret` does), returns the outputs.
     pub fn run(&self, inputs: &[Storage]) -> Result<Vec<Storage>, IrError> {
-        let g = &*self.graph;
-        let bad = |message: String| IrError::BadInput { graph: g.name.clone(), message };
-        if inputs.len() != self.param_types.len() {
-            return Err(bad(format!("expected {} inputs, got {}", self.param_types.len(), inputs.len())));
-        }
-        for (i, (ty, x)) in self.param_types.iter().zip(inputs).enumerate() {
-            if !ty.accepts(x.dtype(), x.shape()) {
-                return Err(bad(format!("input {i}: expected {ty}, got {}", TensorType::known(x.dtype(), x.shape()))));
-            }
-        }
+        self.check_inputs(inputs)?;
         let mut values: SmallVec<[Option<Storage>; 8]> = SmallVec::new();
         values.resize(self.n_slots, None);
         let mut pool = BufPool::checkout(&self.pool);
@@ -324,6 +335,28 @@ impl Executable {
         drop(values);
         pool.checkin(&self.pool);
         result
+    }
+
+    /// [`Executable::run`] with the caller's pool (nested subgraphs): the
+    /// outputs stay with the caller, which recycles them.
+    fn run_in_pool(&self, inputs: &[Storage], pool: &mut BufPool) -> Result<Vec<Storage>, IrError> {
+        self.check_inputs(inputs)?;
+        let mut values: SmallVec<[Option<Storage>; 8]> = SmallVec::new();
+        values.resize(self.n_slots, None);
+        self.run_steps(inputs, &mut values, pool)
+    }
+
+    fn check_inputs(&self, inputs: &[Storage]) -> Result<(), IrError> {
+        let bad = |message: String| IrError::BadInput { graph: self.graph.name.clone(), message };
+        if inputs.len() != self.param_types.len() {
+            return Err(bad(format!("expected {} inputs, got {}", self.param_types.len(), inputs.len())));
+        }
+        for (i, (ty, x)) in self.param_types.iter().zip(inputs).enumerate() {
+            if !ty.accepts(x.dtype(), x.shape()) {
+                return Err(bad(format!("input {i}: expected {ty}, got {}", TensorType::known(x.dtype(), x.shape()))));
+            }
+        }
+        Ok(())
     }
 
     fn run_steps(
@@ -365,13 +398,11 @@ impl Executable {
                 }
                 StepKind::Cond(subs) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
-                    tracejit_ir::control::run_cond(&owned, &mut |k, xs| subs[k].run(xs))?.into_iter().collect()
+                    tracejit_ir::control::run_cond(&owned, &mut Shared { subs, pool })?.into_iter().collect()
                 }
                 StepKind::While(subs, carried) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
-                    tracejit_ir::control::run_while(*carried, &owned, &mut |k, xs| subs[k].run(xs))?
-                        .into_iter()
-                        .collect()
+                    tracejit_ir::control::run_while(*carried, &owned, &mut Shared { subs, pool })?.into_iter().collect()
                 }
                 StepKind::Read(var) => {
                     let v = g.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
