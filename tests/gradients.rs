@@ -421,3 +421,33 @@ fn functions_that_read_variables_are_differentiated_eagerly_and_traced() {
         assert!(close(&vals(g), &vals(h.as_ref().unwrap()), 1e-12));
     }
 }
+
+#[test]
+fn eager_f32_composites_with_native_kernels_are_differentiated() {
+    // f32 inputs select the registered native kernels eagerly; the tape
+    // must still see the call. f64 inputs run the primitive bodies: the
+    // reference for the gradients.
+    let losses = |x: &Tensor| {
+        let d = x.dtype();
+        vec![
+            ("gelu", tracejit::nn::gelu(x).sum_all()),
+            ("softmax", (tracejit::nn::softmax(x, -1) * x).sum_all()),
+            (
+                "layer_norm",
+                (tracejit::nn::layer_norm(x, &Tensor::ones(&[3], d), &Tensor::zeros(&[3], d), 1e-5) * x).sum_all(),
+            ),
+        ]
+    };
+    let data = vec![0.5f64, -1.0, 2.0, 0.1, 0.3, -0.7];
+    let x64 = Tensor::from_vec(data.clone(), &[2, 3]);
+    let x32 = x64.cast(DType::F32);
+    let (t64, t32) = (GradientTape::persistent(), GradientTape::persistent());
+    t64.watch(&x64);
+    t32.watch(&x32);
+    for ((name, y64), (_, y32)) in losses(&x64).into_iter().zip(losses(&x32)) {
+        let want = vals(&t64.gradient(&y64, &[&x64]).unwrap()[0].clone().unwrap());
+        let got = t32.gradient(&y32, &[&x32]).unwrap()[0].clone().map(|g| vals(&g.cast(DType::F64)));
+        let got = got.unwrap_or_else(|| panic!("{name}: no gradient reached x"));
+        assert!(close(&got, &want, 1e-4), "{name}: {got:?} vs {want:?}");
+    }
+}

@@ -170,7 +170,10 @@ fn run_composite<R>(
     traced: impl FnOnce() -> tracejit_trace::Result<R>,
 ) -> R {
     crate::composite::ensure_builtins();
-    if inputs.iter().all(|t| !t.is_symbolic()) {
+    // Under a gradient tape the composite runs as a call of its function,
+    // which the tapes record (with its registered backward kernel, if any);
+    // a bare native kernel would hide it from them.
+    if inputs.iter().all(|t| !t.is_symbolic()) && !tracejit_trace::GradientTape::any_recording() {
         let specs: Vec<TensorSpec> = inputs.iter().map(|t| TensorSpec { ty: t.tensor_type() }).collect();
         return match crate::composite::lookup(name, &specs) {
             Some(kernel) => {

@@ -298,6 +298,13 @@ impl GradientTape {
         GradientTape { state }
     }
 
+    /// True when a tape of this thread is recording: code that would run
+    /// native code the tapes cannot see (a composite's kernel) goes through
+    /// a recorded call instead.
+    pub fn any_recording() -> bool {
+        recording()
+    }
+
     /// Records the ops that use `x` from now on (float tensors; watching
     /// an integer or bool tensor records nothing, as it has no gradient).
     pub fn watch(&self, x: &Tensor) {
