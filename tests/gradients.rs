@@ -451,3 +451,48 @@ fn eager_f32_composites_with_native_kernels_are_differentiated() {
         assert!(close(&got, &want, 1e-4), "{name}: {got:?} vs {want:?}");
     }
 }
+
+fn ln_loss(x: &Tensor, g: &Tensor, b: &Tensor, up: &Tensor) -> Tensor {
+    (tracejit::nn::layer_norm(x, g, b, 1e-5) * up).sum_all()
+}
+
+fn ln_grads(x: &Tensor, g: &Tensor, b: &Tensor, up: &Tensor) -> Vec<Tensor> {
+    let tape = GradientTape::new();
+    for t in [x, g, b] {
+        tape.watch(t);
+    }
+    let y = ln_loss(x, g, b, up);
+    tape.gradient(&y, &[x, g, b]).unwrap().into_iter().map(Option::unwrap).collect()
+}
+
+#[test]
+fn the_layer_norm_backward_kernel_matches_finite_differences() {
+    let x = Tensor::from_vec(vec![0.5f64, -1.0, 2.0, 0.1, 0.3, -0.7, 1.5, 0.0, -0.2, 0.9, 0.4, -1.1], &[4, 3]);
+    let up = Tensor::from_vec(vec![0.3f64, -0.8, 1.1, 0.2, 0.5, -0.4, 0.7, 0.6, -0.9, 0.1, 1.3, -0.2], &[4, 3]);
+    for gshape in [vec![3usize], vec![1, 3]] {
+        let gamma = Tensor::from_vec(vec![1.2f64, -0.7, 0.4], &gshape);
+        let beta = Tensor::from_vec(vec![0.1f64, 0.2, -0.3], &gshape);
+        let up2 = up.clone();
+        let traced = function(move |(x, g, b): (Tensor, Tensor, Tensor)| ln_grads(&x, &g, &b, &up2));
+        let eager = ln_grads(&x, &gamma, &beta, &up);
+        let compiled = traced.call((x.clone(), gamma.clone(), beta.clone())).unwrap();
+        let args = [x.clone(), gamma.clone(), beta.clone()];
+        for k in 0..3 {
+            let base = vals(&args[k]);
+            for i in 0..base.len() {
+                let at = |d: f64| {
+                    let mut a = args.clone();
+                    let mut p = base.clone();
+                    p[i] += d;
+                    a[k] = Tensor::from_vec(p, args[k].shape());
+                    vals(&ln_loss(&a[0], &a[1], &a[2], &up))[0]
+                };
+                let fd = (at(1e-6) - at(-1e-6)) / 2e-6;
+                for (what, got) in [("eager", &eager[k]), ("traced", &compiled[k])] {
+                    let got = vals(got)[i];
+                    assert!((got - fd).abs() <= 1e-6 * fd.abs().max(1.0), "{what} arg {k} elt {i}: {got} vs {fd}");
+                }
+            }
+        }
+    }
+}

@@ -77,6 +77,7 @@ pub(crate) fn ensure_builtins() {
         for (name, predicate, kernel) in crate::kernels::builtin_kernels() {
             registry::register_default(name, registration(name, Some(predicate), kernel));
         }
+        crate::backward::register();
     });
 }
 

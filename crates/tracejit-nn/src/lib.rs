@@ -21,9 +21,9 @@
 //! | [`gelu`] | `tracejit.nn.gelu` | f32 |
 //! | [`softmax`] | `tracejit.nn.softmax` (last axis) | f32, rank >= 1 |
 //! | [`log_softmax`] | `tracejit.nn.log_softmax` (last axis) | f32, rank >= 1 |
-//! | [`layer_norm`] | `tracejit.nn.layer_norm` | f32 |
+//! | [`layer_norm`] | `tracejit.nn.layer_norm` | f32, and a backward kernel |
 //! | [`lstm_cell`] | `tracejit.nn.lstm_cell` | f32, rank-2 operands |
-//! | [`softmax_cross_entropy_with_logits`] | `tracejit.nn.softmax_cross_entropy_with_logits` | — |
+//! | [`softmax_cross_entropy_with_logits`] | `tracejit.nn.softmax_cross_entropy_with_logits` | — (a backward kernel) |
 //! | [`dense`] | `tracejit.nn.dense` | — (matmul + fused epilogue) |
 //!
 //! The kernels compute `exp`, `tanh` and `sigmoid` with the JIT's own
@@ -51,6 +51,7 @@
 //! tracer knows nothing of them. The kernel table the tracer consults lives
 //! below both, in `tracejit_ir::registry`; [`composite`] fills it.
 
+mod backward;
 pub mod composite;
 mod composites;
 mod kernels;
