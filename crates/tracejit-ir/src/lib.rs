@@ -15,6 +15,7 @@
 
 pub mod autodiff;
 pub mod control;
+mod boundary;
 mod equality;
 mod error;
 mod graph;
@@ -29,6 +30,7 @@ pub mod registry;
 mod types;
 mod verifier;
 
+pub use boundary::{catch_quietly, in_boundary};
 pub use error::{panic_message, IrError, OpError};
 pub use graph::{
     FuncId, FunctionAttrs, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,

@@ -2,7 +2,6 @@
 //! the graph, the optimized graph, the signature, the captured tensors — and
 //! the way to run it on eager tensors or to call it from another trace.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use tracejit_ir::passes::PipelineReport;
@@ -191,7 +190,7 @@ impl ConcreteFunction {
             Some(exe) => exe.run(inputs),
             None => interpret(&self.optimized, inputs),
         };
-        match catch_unwind(AssertUnwindSafe(run)) {
+        match tracejit_ir::catch_quietly(run) {
             Ok(r) => Ok(r?),
             Err(p) => Err(Error::Signature {
                 function: self.name.clone(),

@@ -49,6 +49,16 @@ pub enum Error {
         /// The panic message.
         message: String,
     },
+    /// The closure panicked while running eagerly (the
+    /// `run_functions_eagerly` switch, or the `Eager` retrace policy): nothing
+    /// was traced.
+    #[error("function `{function}` panicked while running eagerly: {message}")]
+    EagerPanic {
+        /// The function.
+        function: String,
+        /// The panic message.
+        message: String,
+    },
     /// The value of a symbolic tensor was asked for while tracing.
     #[error(
         "cannot read the value of a symbolic tensor while tracing function `{function}`: \

@@ -11,7 +11,6 @@
 
 use std::hash::Hasher;
 use std::marker::PhantomData;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -313,8 +312,8 @@ impl<A: Nest, R: Nest> Function<A, R> {
     }
 
     fn call_eagerly(&self, args: A) -> Result<R> {
-        catch_unwind(AssertUnwindSafe(|| (self.closure)(args)))
-            .map_err(|p| Error::TracePanic { function: self.config.name.clone(), message: panic_message(&*p) })
+        tracejit_ir::catch_quietly(|| (self.closure)(args))
+            .map_err(|p| Error::EagerPanic { function: self.config.name.clone(), message: panic_message(&*p) })
     }
 
     fn rebuild_output(&self, cf: &ConcreteFunction, outs: Vec<Tensor>) -> R {
@@ -536,7 +535,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
                 })
                 .collect()
         });
-        let result = catch_unwind(AssertUnwindSafe(|| {
+        let result = tracejit_ir::catch_quietly(|| {
             let args = A::unflatten(&mut Unflattener::new(placeholders, statics.clone(), structure.clone()));
             let out = (self.closure)(args);
             let mut flat = Flattener::default();
@@ -544,7 +543,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
             let outputs = crate::context::values_in_current(&flat.tensors).expect("trace context is live");
             let out_statics: Vec<Arc<dyn StaticValue>> = flat.statics.iter().map(|s| s.clone_arc()).collect();
             (outputs, out_statics, flat.structure.to_vec())
-        }));
+        });
         let (outputs, output_statics, output_structure) = match result {
             Ok(r) => r,
             Err(p) => {
