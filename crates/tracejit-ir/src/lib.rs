@@ -35,7 +35,7 @@ pub use error::{panic_message, IrError, OpError};
 pub use graph::{
     FuncId, FunctionAttrs, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,
 };
-pub use infer::{broadcast_dims, infer, join_types};
+pub use infer::{broadcast_dims, check_outputs_allocatable, infer, join_types};
 pub use interp::{eval_primitive, interpret};
 pub use op::{AssignKind, Effects, ExternalKernel, Op};
 pub use op_key::OpKey;

@@ -249,7 +249,8 @@ pub(crate) fn values_in_current(ts: &[&Tensor]) -> Option<Vec<ValueId>> {
 fn apply_eager(op: Op, inputs: &[&Tensor]) -> SmallVec<[Tensor; 1]> {
     let storages: SmallVec<[&Storage; 2]> = inputs.iter().map(|t| t.eager_storage()).collect();
     let types: SmallVec<[TensorType; 2]> = storages.iter().map(|s| TensorType::known(s.dtype(), s.shape())).collect();
-    if let Err(e) = infer(&op, &types, None) {
+    let checked = infer(&op, &types, None).and_then(|outs| tracejit_ir::check_outputs_allocatable(&op, &types, &outs));
+    if let Err(e) = checked {
         panic!("{e}");
     }
     eval_primitive(&op, &storages).into_iter().map(Tensor::from_storage).collect()
