@@ -37,6 +37,9 @@ pub struct ConcreteFunction {
     /// bodies): what a gradient tape differentiates a call of this
     /// function through. Built on first use.
     pub(crate) differentiable: std::sync::OnceLock<Arc<Graph>>,
+    /// The owning Function's clock at this trace's latest call, when its
+    /// cache is bounded (least recently used eviction).
+    pub(crate) last_used: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for ConcreteFunction {

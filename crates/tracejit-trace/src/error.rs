@@ -59,6 +59,21 @@ pub enum Error {
         /// The panic message.
         message: String,
     },
+    /// A call needed a new trace, the cache holds `max_traces` of them and
+    /// the retrace policy is `Error`.
+    #[error(
+        "function `{function}`: a new trace is needed ({reason}), but the cache already holds its limit of \
+         {max_traces} trace(s) and the retrace policy is Error; pass an input_signature with -1 dims, use \
+         reduce_retracing(true), or raise max_traces"
+    )]
+    RetraceLimit {
+        /// The function.
+        function: String,
+        /// The bound.
+        max_traces: usize,
+        /// Why the call needed a new trace.
+        reason: String,
+    },
     /// The value of a symbolic tensor was asked for while tracing.
     #[error(
         "cannot read the value of a symbolic tensor while tracing function `{function}`: \

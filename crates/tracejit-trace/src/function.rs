@@ -11,7 +11,7 @@
 
 use std::hash::Hasher;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use dashmap::DashMap;
@@ -27,6 +27,9 @@ use crate::variable::MemoTable;
 use crate::{config, Error, Result, Tensor};
 use tracejit_ir::panic_message;
 
+mod retrace;
+pub use retrace::{CacheStats, RetracePolicy};
+
 /// Wraps a closure into a traced [`Function`].
 pub fn function<A: Nest, R: Nest, F>(f: F) -> Function<A, R>
 where
@@ -41,6 +44,8 @@ where
             implements: None,
             jit: true,
             optimizations: OptimizationOptions::default(),
+            max_traces: None,
+            retrace_policy: None,
         }),
         state: Arc::new(FunctionState::default()),
         _marker: PhantomData,
@@ -67,6 +72,8 @@ struct FunctionConfig {
     implements: Option<std::result::Result<String, String>>,
     jit: bool,
     optimizations: OptimizationOptions,
+    max_traces: Option<usize>,
+    retrace_policy: Option<RetracePolicy>,
 }
 
 /// The cache's keys are already signature hashes: hashing them again (with
@@ -96,6 +103,17 @@ struct FunctionState {
     tracing_count: AtomicUsize,
     trace_lock: Mutex<()>,
     memo: Arc<MemoTable>,
+    /// Ticks on every call of a bounded Function; a ConcreteFunction's
+    /// `last_used` holds the tick of its latest call (LRU eviction).
+    clock: AtomicU64,
+    stats: Mutex<CacheStats>,
+}
+
+/// What a call that missed the cache runs.
+enum Resolved {
+    Traced(Arc<ConcreteFunction>),
+    /// The Eager retrace policy: the closure, eagerly.
+    Eagerly,
 }
 
 /// An exact call signature that a ConcreteFunction was found for.
@@ -287,8 +305,17 @@ impl<A: Nest, R: Nest> Function<A, R> {
             .and_then(|bucket| bucket.iter().find(|e| e.matches(&flat)).map(|e| e.cf.clone()));
         let cf = match cached {
             Some(cf) => cf,
-            None => self.find_or_trace(&flat, hash)?,
+            None => match self.find_or_trace(&flat, hash)? {
+                Resolved::Traced(cf) => cf,
+                Resolved::Eagerly => {
+                    drop(flat);
+                    return self.call_eagerly(args);
+                }
+            },
         };
+        if self.config.trace_limit().is_some() {
+            cf.last_used.store(self.state.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        }
         if !cf.implicit_inputs.is_empty() {
             let outs = cf.call_refs(&flat.tensors)?;
             return Ok(self.rebuild_output(&cf, outs));
@@ -350,7 +377,12 @@ impl<A: Nest, R: Nest> Function<A, R> {
             None => types,
         };
         let reason = self.retrace_reason(&specs, &statics, &structure);
-        self.trace(specs, statics, structure, reason)
+        self.check_statics(&statics)?;
+        // This path must produce a graph: the Eager policy evicts here.
+        let specs = self.make_room(&specs, &statics, &structure, &reason, false)?.unwrap_or(specs);
+        let cf = self.trace(specs, statics, structure, reason)?;
+        self.after_trace(&cf);
+        Ok(cf)
     }
 
     fn find_accepting(
@@ -391,12 +423,12 @@ impl<A: Nest, R: Nest> Function<A, R> {
         Ok(())
     }
 
-    fn find_or_trace(&self, flat: &Flattener<'_>, hash: u64) -> Result<Arc<ConcreteFunction>> {
+    fn find_or_trace(&self, flat: &Flattener<'_>, hash: u64) -> Result<Resolved> {
         let _lock = self.lock_for_tracing()?;
         // Another thread may have traced this signature while we waited.
         if let Some(bucket) = self.state.buckets.get(&hash) {
             if let Some(e) = bucket.iter().find(|e| e.matches(flat)) {
-                return Ok(e.cf.clone());
+                return Ok(Resolved::Traced(e.cf.clone()));
             }
         }
         let types: Vec<TensorType> = flat.tensors.iter().map(|t| t.tensor_type()).collect();
@@ -414,7 +446,14 @@ impl<A: Nest, R: Nest> Function<A, R> {
                     None => types.clone(),
                 };
                 let reason = self.retrace_reason(&types, &statics, &structure);
-                self.trace(specs, statics.clone(), structure.clone(), reason)?
+                self.check_statics(&statics)?;
+                let specs = match self.make_room(&specs, &statics, &structure, &reason, true)? {
+                    Some(specs) => specs,
+                    None => return Ok(Resolved::Eagerly),
+                };
+                let cf = self.trace(specs, statics.clone(), structure.clone(), reason)?;
+                self.after_trace(&cf);
+                cf
             }
         };
         if cf.implicit_inputs.is_empty() {
@@ -426,7 +465,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
             });
             self.state.buckets.entry(hash).or_default().push(entry);
         }
-        Ok(cf)
+        Ok(Resolved::Traced(cf))
     }
 
     /// With reduce_retracing: relax to unknown every dim that differs from a
@@ -578,6 +617,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
             attrs,
             trace_reason: reason.clone(),
             differentiable: std::sync::OnceLock::new(),
+            last_used: AtomicU64::new(0),
         });
         debug_assert_eq!(cf.graph.params.len(), n_params + cf.implicit_inputs.len());
         let count = self.state.tracing_count.fetch_add(1, Ordering::SeqCst) + 1;

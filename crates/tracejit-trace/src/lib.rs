@@ -28,7 +28,7 @@ mod variable;
 pub use concrete::ConcreteFunction;
 pub use control::{cond, fori_loop, while_loop};
 pub use error::{Error, Result};
-pub use function::{function, Function};
+pub use function::{function, CacheStats, Function, RetracePolicy};
 pub use nest::{Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener};
 pub use ops::{Operand, Scalar};
 pub use tape::{register_gradient, unregister_gradient, value_and_grad, GradientFn, GradientTape, Source};
