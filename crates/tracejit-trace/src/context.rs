@@ -206,7 +206,7 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> SmallVec<[Tensor; 1]> {
 #[track_caller]
 fn apply_untaped(op: Op, inputs: &[&Tensor], location: &'static Location<'static>) -> SmallVec<[Tensor; 1]> {
     if inputs.iter().all(|t| !t.is_symbolic()) {
-        return apply_eager(op, inputs);
+        return apply_eager(op, inputs, location);
     }
     let name = op.name();
     let out = with_current_and_outer(|ctx, outer| {
@@ -246,12 +246,15 @@ pub(crate) fn values_in_current(ts: &[&Tensor]) -> Option<Vec<ValueId>> {
 }
 
 #[track_caller]
-fn apply_eager(op: Op, inputs: &[&Tensor]) -> SmallVec<[Tensor; 1]> {
+fn apply_eager(op: Op, inputs: &[&Tensor], location: &'static Location<'static>) -> SmallVec<[Tensor; 1]> {
     let storages: SmallVec<[&Storage; 2]> = inputs.iter().map(|t| t.eager_storage()).collect();
     let types: SmallVec<[TensorType; 2]> = storages.iter().map(|s| TensorType::known(s.dtype(), s.shape())).collect();
     let checked = infer(&op, &types, None).and_then(|outs| tracejit_ir::check_outputs_allocatable(&op, &types, &outs));
     if let Err(e) = checked {
-        panic!("{e}");
+        match crate::eager::current_function() {
+            Some(f) => panic!("{e} (while running function `{f}` eagerly, at {location})"),
+            None => panic!("{e}"),
+        }
     }
     eval_primitive(&op, &storages).into_iter().map(Tensor::from_storage).collect()
 }
@@ -274,9 +277,15 @@ pub(crate) fn in_remember<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// The `remember` table of the innermost Function being traced.
+/// The `remember` table of the innermost Function being traced, or else
+/// of the innermost one running eagerly.
 pub(crate) fn current_memo() -> Option<Arc<MemoTable>> {
-    STACK.with(|s| s.borrow().last().and_then(|c| c.memo.clone()))
+    STACK.with(|s| s.borrow().last().and_then(|c| c.memo.clone())).or_else(crate::eager::current_memo)
+}
+
+/// True inside the closure of a `remember`.
+pub(crate) fn in_remember_now() -> bool {
+    IN_REMEMBER.with(|c| c.get()) > 0
 }
 
 /// Panics unless a variable may be created here: outside of tracing, on a

@@ -27,6 +27,7 @@ use crate::variable::MemoTable;
 use crate::{config, Error, Result, Tensor};
 use tracejit_ir::panic_message;
 
+mod eager_call;
 mod retrace;
 pub use retrace::{CacheStats, RetracePolicy};
 
@@ -107,6 +108,8 @@ struct FunctionState {
     /// `last_used` holds the tick of its latest call (LRU eviction).
     clock: AtomicU64,
     stats: Mutex<CacheStats>,
+    /// The variables the body created while running eagerly.
+    eager_variables: Arc<crate::eager::EagerVariables>,
 }
 
 /// What a call that missed the cache runs.
@@ -336,11 +339,6 @@ impl<A: Nest, R: Nest> Function<A, R> {
         let mut flat = SpecFlattener::default();
         specs.flatten_spec(&mut flat);
         self.concrete_for_types(flat.tensors, flat.statics, flat.structure)
-    }
-
-    fn call_eagerly(&self, args: A) -> Result<R> {
-        tracejit_ir::catch_quietly(|| (self.closure)(args))
-            .map_err(|p| Error::EagerPanic { function: self.config.name.clone(), message: panic_message(&*p) })
     }
 
     fn rebuild_output(&self, cf: &ConcreteFunction, outs: Vec<Tensor>) -> R {

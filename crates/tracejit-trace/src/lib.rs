@@ -15,6 +15,7 @@ mod concrete;
 pub mod config;
 mod context;
 mod control;
+mod eager;
 mod error;
 mod function;
 mod nest;
