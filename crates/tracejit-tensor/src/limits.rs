@@ -21,7 +21,7 @@
 use crate::{DType, TensorError};
 
 /// Buffers at least this big are reserved fallibly before an op allocates
-/// them (see the [module docs](self)).
+/// them (see [`check_allocation`]).
 pub const PROBE_BYTES: usize = 1 << 26;
 
 /// The element count of `shape` (0 if any dim is 0, even when the others
@@ -41,6 +41,13 @@ pub fn byte_size(dtype: DType, shape: &[usize]) -> Option<usize> {
 
 /// `Ok` when a `dtype` tensor of `shape` can be allocated; else
 /// [`TensorError::TooLarge`] with the byte count (`None`: it overflows).
+///
+/// A buffer of [`PROBE_BYTES`] or more is reserved with
+/// `try_reserve_exact` and released at once (its pages are never touched),
+/// so a request the allocator refuses is an error here rather than an
+/// abort later. Under Linux's default overcommit policy that refuses
+/// requests beyond RAM plus swap; with overcommit forced on, no user-space
+/// check can foresee the OOM killer.
 pub fn check_allocation(dtype: DType, shape: &[usize]) -> Result<(), TensorError> {
     let too_large = |bytes| TensorError::TooLarge { dtype, shape: shape.to_vec(), bytes };
     let bytes = byte_size(dtype, shape).ok_or_else(|| too_large(None))?;

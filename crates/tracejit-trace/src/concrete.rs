@@ -79,7 +79,7 @@ impl ConcreteFunction {
         &self.captures
     }
 
-    /// Why this trace happened ("first trace", "argument 0: shape [2] -> [3]").
+    /// Why this trace happened (`"first trace"`, `"argument 0: shape [2] -> [3]"`).
     pub fn trace_reason(&self) -> &str {
         &self.trace_reason
     }
