@@ -183,7 +183,7 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 // Declared output types may hold unknown dims, so only the
                 // inputs are checked here; the outputs are checked below.
                 let types: SmallVec<[TensorType; 2]> = args.iter().map(concrete_type).collect();
-                infer(&node.op, &types, Some(graph))?;
+                infer(&node.op, &types, Some(graph)).map_err(|e| e.at(node.location))?;
                 let refs: SmallVec<[&Storage; 2]> = args.iter().collect();
                 eval_primitive(&node.op, &refs).into_iter().collect()
             }
@@ -192,7 +192,8 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 smallvec::smallvec![v.read()]
             }
             Op::AssignVariable { var, kind } => {
-                check_concrete(graph, &node.op, &args, &node.outputs).map_err(|e| e.into_ir(&broken))?;
+                check_concrete(graph, &node.op, &args, &node.outputs)
+                    .map_err(|e| e.into_ir(&broken).at(node.location))?;
                 let v = graph.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
                 match kind {
                     AssignKind::Assign => v.write(args[0].clone()),
@@ -203,9 +204,9 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
             }
             // The primitives: a reference kernel each.
             op @ (Op::Constant { .. } | primitive_ops!()) => {
-                let (types, outputs) =
-                    check_concrete(graph, op, &args, &node.outputs).map_err(|e| e.into_ir(&broken))?;
-                crate::check_outputs_allocatable(op, &types, &outputs)?;
+                let (types, outputs) = check_concrete(graph, op, &args, &node.outputs)
+                    .map_err(|e| e.into_ir(&broken).at(node.location))?;
+                crate::check_outputs_allocatable(op, &types, &outputs).map_err(|e| e.at(node.location))?;
                 let refs: SmallVec<[&Storage; 2]> = args.iter().collect();
                 eval_primitive(op, &refs).into_iter().collect()
             }

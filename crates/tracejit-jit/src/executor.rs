@@ -393,20 +393,21 @@ impl Executable {
                         args.iter().map(|x| TensorType::known(x.dtype(), x.shape())).collect();
                     // A region's body types its outputs; its concrete sizes
                     // are checked where it plans a launch.
+                    let location = g.node(step.node).location;
                     let outs = if step.check && !matches!(step.kind, StepKind::Region(_)) {
-                        infer(op, &types, Some(g))?
+                        infer(op, &types, Some(g)).map_err(|e| e.at(location))?
                     } else {
                         g.node(step.node).outputs.clone()
                     };
                     if step.probe {
-                        tracejit_ir::check_outputs_allocatable(op, &types, &outs)?;
+                        tracejit_ir::check_outputs_allocatable(op, &types, &outs).map_err(|e| e.at(location))?;
                     }
                 }
             }
             let outs: SmallVec<[Storage; 2]> = match &step.kind {
                 StepKind::Param(i) => smallvec::smallvec![inputs[*i].clone()],
                 StepKind::Constant(c) => smallvec::smallvec![c.clone()],
-                StepKind::Region(r) => r.try_run_pooled(&args, pool)?,
+                StepKind::Region(r) => r.try_run_pooled(&args, pool).map_err(|e| e.at(g.node(step.node).location))?,
                 StepKind::MatMul => {
                     smallvec::smallvec![crate::gemm::matmul_with(args[0], args[1], &mut |d, s| pool.take(d, s))]
                 }

@@ -144,11 +144,13 @@ impl ConcreteFunction {
     /// Calls with a flat list of tensors (the signature's order). Eager
     /// inputs run the graph now; symbolic inputs (a call from inside another
     /// trace) record a `Call` node.
+    #[track_caller]
     pub fn call_flat(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let refs: Vec<&Tensor> = inputs.iter().collect();
         self.call_refs(&refs)
     }
 
+    #[track_caller]
     pub(crate) fn call_refs(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         self.check_inputs(inputs)?;
         // Inside a trace every call is part of the graph, even with eager
@@ -202,6 +204,7 @@ impl ConcreteFunction {
         }
     }
 
+    #[track_caller]
     fn record_call(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         if context::current_function().is_none() {
             return Err(Error::Signature {

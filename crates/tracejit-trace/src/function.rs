@@ -288,6 +288,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
 
     /// Calls the function: finds or traces the ConcreteFunction for the
     /// arguments' signature and runs it.
+    #[track_caller]
     pub fn call(&self, args: A) -> Result<R> {
         if let Some(Err(msg)) = &self.config.implements {
             return Err(Error::Signature { function: self.config.name.clone(), message: msg.clone() });
@@ -347,6 +348,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
 
     /// A call whose tensors are symbolic: we are inside another trace, so
     /// this call becomes a `Call` node.
+    #[track_caller]
     fn call_from_trace(&self, flat: &Flattener<'_>) -> Result<R> {
         let types: Vec<TensorType> = flat.tensors.iter().map(|t| t.tensor_type()).collect();
         let statics: Vec<Arc<dyn StaticValue>> = flat.statics.iter().map(|s| s.clone_arc()).collect();
