@@ -320,3 +320,133 @@ fn a_restored_module_drives_a_compiled_function_again() {
     assert_eq!(f.call(x).unwrap().to_vec::<f32>().unwrap(), before);
     assert_eq!(f.tracing_count(), 1);
 }
+
+/// A xorshift stream for the corruption tests.
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// Where the data region of a safetensors file starts (after the 8-byte
+/// header length and the header).
+fn data_start(bytes: &[u8]) -> usize {
+    8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize
+}
+
+#[test]
+fn every_bit_flip_in_the_data_is_refused_and_changes_nothing() {
+    // Issue #17 failure 6: 307 of 3,000 flips used to restore silently.
+    let dir = TempDir::new("bitflip");
+    let good = dir.file("good.safetensors");
+    checkpoint::save(&all_dtypes(2), &good).unwrap();
+    let bytes = std::fs::read(&good).unwrap();
+    let header = String::from_utf8_lossy(&bytes[8..data_start(&bytes)]).into_owned();
+    assert!(header.contains(r#""tracejit.checksums":"crc32""#), "{header}");
+    assert!(header.contains(r#""tracejit.crc32.layers[0].w":""#), "{header}");
+    let start = data_start(&bytes);
+    let target = all_dtypes(5);
+    let before = snapshot(&target);
+    let bad = dir.file("bad.safetensors");
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..3000 {
+        let mut b = bytes.clone();
+        let at = start + xorshift(&mut seed) as usize % (bytes.len() - start);
+        b[at] ^= 1 << (xorshift(&mut seed) % 8);
+        std::fs::write(&bad, &b).unwrap();
+        let err = checkpoint::restore(&target, &bad).unwrap_err();
+        assert!(matches!(err, CheckpointError::Checksum { .. }), "flip {i} at byte {at}: {err}");
+        assert!(err.to_string().contains("is corrupt") && err.to_string().contains("nothing was restored"));
+        assert!(matches!(checkpoint::read(&bad), Err(CheckpointError::Checksum { .. })));
+    }
+    assert_eq!(snapshot(&target), before);
+}
+
+#[test]
+fn a_bit_flip_in_the_header_never_restores_different_values() {
+    let dir = TempDir::new("headerflip");
+    let good = dir.file("good.safetensors");
+    let m = all_dtypes(2);
+    checkpoint::save(&m, &good).unwrap();
+    let bytes = std::fs::read(&good).unwrap();
+    let (saved, start) = (snapshot(&m), data_start(&bytes));
+    let bad = dir.file("bad.safetensors");
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..1000 {
+        let mut b = bytes.clone();
+        let at = 8 + xorshift(&mut seed) as usize % (start - 8);
+        b[at] ^= 1 << (xorshift(&mut seed) % 8);
+        std::fs::write(&bad, &b).unwrap();
+        let target = all_dtypes(5);
+        let before = snapshot(&target);
+        match checkpoint::restore(&target, &bad) {
+            // A flip in padding or in an unused metadata byte is harmless.
+            Ok(()) => assert_eq!(snapshot(&target), saved, "a header flip at {at} restored other values"),
+            Err(_) => assert_eq!(snapshot(&target), before),
+        }
+    }
+}
+
+/// A safetensors file as another tool writes it: no tracejit metadata.
+fn foreign_file(metadata: &str) -> Vec<u8> {
+    let header = format!(
+        r#"{{{metadata}"w":{{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}},"b":{{"dtype":"F32","shape":[2],"data_offsets":[16,24]}}}}"#
+    );
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    for v in [1.0f32, 2.0, 3.0, 4.0, -1.0, -2.0] {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    bytes
+}
+
+#[test]
+fn files_from_other_tools_load_without_checksums() {
+    let dir = TempDir::new("foreign");
+    let path = dir.file("other.safetensors");
+    for metadata in ["", r#""__metadata__":{"format":"pt"},"#] {
+        std::fs::write(&path, foreign_file(metadata)).unwrap();
+        let d = Dense {
+            w: Variable::new(Tensor::zeros(&[2, 2], DType::F32)),
+            b: Variable::new(Tensor::zeros(&[2], DType::F32)),
+        };
+        checkpoint::restore(&d, &path).unwrap();
+        assert_eq!(d.w.value().to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(d.b.value().to_vec::<f32>().unwrap(), vec![-1.0, -2.0]);
+        assert_eq!(checkpoint::read(&path).unwrap().len(), 2);
+    }
+    // A file that claims tracejit's checksums must have one per tensor.
+    std::fs::write(&path, foreign_file(r#""__metadata__":{"tracejit.checksums":"crc32"},"#)).unwrap();
+    let d = Dense {
+        w: Variable::new(Tensor::zeros(&[2, 2], DType::F32)),
+        b: Variable::new(Tensor::zeros(&[2], DType::F32)),
+    };
+    let err = checkpoint::restore(&d, &path).unwrap_err();
+    assert!(matches!(err, CheckpointError::Checksum { .. }), "{err}");
+    assert_eq!(d.w.value().to_vec::<f32>().unwrap(), vec![0.0; 4]);
+}
+
+#[cfg(unix)]
+#[test]
+fn saving_through_a_symlink_loop_is_an_error_and_keeps_the_links() {
+    // Issue #17 failure 7: the link was replaced by a regular file.
+    let dir = TempDir::new("symloop");
+    let (a, b) = (dir.file("a.safetensors"), dir.file("b.safetensors"));
+    std::os::unix::fs::symlink(&b, &a).unwrap();
+    std::os::unix::fs::symlink(&a, &b).unwrap();
+    let err = checkpoint::save(&all_dtypes(1), &a).unwrap_err();
+    match &err {
+        CheckpointError::Io { action, source, .. } => {
+            assert_eq!(*action, "following the symlink");
+            #[cfg(target_os = "linux")]
+            assert_eq!(source.raw_os_error(), Some(40), "ELOOP: {source}");
+        }
+        other => panic!("expected an I/O error, got {other}"),
+    }
+    for link in [&a, &b] {
+        assert!(std::fs::symlink_metadata(link).unwrap().file_type().is_symlink(), "{} was replaced", link.display());
+    }
+    assert_eq!(dir.entries(), ["a.safetensors", "b.safetensors"], "no temporary file is left");
+    assert!(checkpoint::restore(&all_dtypes(1), &a).is_err());
+}

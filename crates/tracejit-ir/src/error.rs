@@ -19,6 +19,27 @@ impl OpError {
     pub fn new(op: impl Into<String>, message: impl Into<String>) -> OpError {
         OpError { op: op.into(), message: message.into() }
     }
+
+    /// Appends the source line of the node that failed, ` (at src/model.rs:12)`,
+    /// when it is known.
+    pub fn at(mut self, location: Option<&'static std::panic::Location<'static>>) -> OpError {
+        // A nested node (inside a fused region) may have named its line already.
+        if let Some(loc) = location.filter(|_| !self.message.contains(" (at ")) {
+            self.message.push_str(&format!(" (at {}:{})", loc.file(), loc.line()));
+        }
+        self
+    }
+}
+
+impl IrError {
+    /// An op error raised by a node at `location`, naming that line; other
+    /// errors unchanged.
+    pub fn at(self, location: Option<&'static std::panic::Location<'static>>) -> IrError {
+        match self {
+            IrError::Op(e) => IrError::Op(e.at(location)),
+            other => other,
+        }
+    }
 }
 
 /// An error of the IR crate.

@@ -19,7 +19,73 @@ type Outputs = SmallVec<[TensorType; 1]>;
 
 /// The output types of `op` applied to inputs of types `inputs`. `graph` is
 /// needed for `Call` (the library) and variable ops; eager callers pass `None`.
+///
+/// A fully known result whose size overflows (more elements than `usize`
+/// counts, or more than `isize::MAX` bytes) is an error naming the op and
+/// the input types, so no executor ever computes with a wrapped size.
 pub fn infer(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<SmallVec<[TensorType; 1]>, OpError> {
+    let outputs = infer_types(op, inputs, graph)?;
+    for t in &outputs {
+        if let Some(shape) = t.shape() {
+            if tracejit_tensor::byte_size(t.dtype, &shape).is_none() {
+                return Err(OpError::new(
+                    op.name(),
+                    format!(
+                        "the result {t} is too large: its size overflows (more than isize::MAX bytes){}",
+                        inputs_text(inputs)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(outputs)
+}
+
+/// ` (inputs f32[2], f32[3])`, or nothing for an op without inputs.
+pub(crate) fn inputs_text(inputs: &[TensorType]) -> String {
+    if inputs.is_empty() {
+        return String::new();
+    }
+    let types: Vec<String> = inputs.iter().map(ToString::to_string).collect();
+    format!(" (input{} {})", if inputs.len() == 1 { "" } else { "s" }, types.join(", "))
+}
+
+/// `Ok` when every fully known output of `op` can be allocated now (see
+/// [`tracejit_tensor::check_allocation`]); else an error naming the op, the
+/// result and the inputs. Executors call it before running an op with a
+/// big result, so a huge shape is an error, never an abort.
+pub fn check_outputs_allocatable(op: &Op, inputs: &[TensorType], outputs: &[TensorType]) -> Result<(), OpError> {
+    for t in outputs {
+        if let Some(shape) = t.shape() {
+            if let Err(e) = tracejit_tensor::check_allocation(t.dtype, &shape) {
+                return Err(OpError::new(
+                    op_label(op),
+                    format!("cannot allocate the result: {e}{}", inputs_text(inputs)),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The op's name, and for a fused region the ops it runs:
+/// `fused region (broadcast_to, mul)`.
+fn op_label(op: &Op) -> String {
+    match op {
+        Op::Fused { body } => {
+            let mut names: Vec<&str> = Vec::new();
+            for (_, n) in body.nodes() {
+                if !matches!(n.op, Op::Parameter { .. } | Op::Constant { .. }) && !names.contains(&n.op.name()) {
+                    names.push(n.op.name());
+                }
+            }
+            format!("fused region ({})", names.join(", "))
+        }
+        _ => op.name().to_string(),
+    }
+}
+
+fn infer_types(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<Outputs, OpError> {
     let name = op.name();
     let err = |message: String| OpError::new(name, message);
     if let Some(n) = op.num_inputs() {
@@ -231,7 +297,9 @@ pub fn infer(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<Sm
                 for (i, d) in dims.iter_mut().enumerate() {
                     if i == *axis {
                         *d = match (*d, x.dims[i]) {
-                            (Some(p), Some(q)) => Some(p + q),
+                            (Some(p), Some(q)) => Some(p.checked_add(q).ok_or_else(|| {
+                                err(format!("the size of axis {axis} overflows (joining {first} and {x})"))
+                            })?),
                             _ => None,
                         };
                     } else {
@@ -359,7 +427,9 @@ pub fn broadcast_dims(a: &[Dim], b: &[Dim]) -> Option<Dims> {
 /// known element count; the error says what does not fit.
 pub(crate) fn resolve_reshape(target: &[i64], count: usize) -> Result<Vec<usize>, String> {
     check_reshape_target(target)?;
-    let known: usize = target.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product();
+    let known_dims: Vec<usize> = target.iter().filter(|&&d| d >= 0).map(|&d| d as usize).collect();
+    let known = tracejit_tensor::element_count(&known_dims)
+        .ok_or_else(|| format!("the target shape {target:?} has more elements than usize can count"))?;
     let hole = target.iter().position(|&d| d == -1);
     let fill = match hole {
         Some(_) if known == 0 => {

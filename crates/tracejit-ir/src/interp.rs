@@ -183,7 +183,7 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 // Declared output types may hold unknown dims, so only the
                 // inputs are checked here; the outputs are checked below.
                 let types: SmallVec<[TensorType; 2]> = args.iter().map(concrete_type).collect();
-                infer(&node.op, &types, Some(graph))?;
+                infer(&node.op, &types, Some(graph)).map_err(|e| e.at(node.location))?;
                 let refs: SmallVec<[&Storage; 2]> = args.iter().collect();
                 eval_primitive(&node.op, &refs).into_iter().collect()
             }
@@ -192,7 +192,8 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 smallvec::smallvec![v.read()]
             }
             Op::AssignVariable { var, kind } => {
-                check_concrete(graph, &node.op, &args, &node.outputs).map_err(|e| e.into_ir(&broken))?;
+                check_concrete(graph, &node.op, &args, &node.outputs)
+                    .map_err(|e| e.into_ir(&broken).at(node.location))?;
                 let v = graph.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
                 match kind {
                     AssignKind::Assign => v.write(args[0].clone()),
@@ -203,7 +204,9 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
             }
             // The primitives: a reference kernel each.
             op @ (Op::Constant { .. } | primitive_ops!()) => {
-                check_concrete(graph, op, &args, &node.outputs).map_err(|e| e.into_ir(&broken))?;
+                let (types, outputs) = check_concrete(graph, op, &args, &node.outputs)
+                    .map_err(|e| e.into_ir(&broken).at(node.location))?;
+                crate::check_outputs_allocatable(op, &types, &outputs).map_err(|e| e.at(node.location))?;
                 let refs: SmallVec<[&Storage; 2]> = args.iter().collect();
                 eval_primitive(op, &refs).into_iter().collect()
             }
@@ -288,9 +291,18 @@ impl Mismatch {
     }
 }
 
+/// Concrete input and output types of one node.
+type ConcreteTypes = (SmallVec<[TensorType; 2]>, SmallVec<[TensorType; 1]>);
+
 /// Re-runs inference on the concrete operand types and checks the result
-/// against the declared output types.
-fn check_concrete(graph: &Graph, op: &Op, args: &[Storage], declared: &[TensorType]) -> Result<(), Mismatch> {
+/// against the declared output types; returns the concrete input and
+/// output types.
+fn check_concrete(
+    graph: &Graph,
+    op: &Op,
+    args: &[Storage],
+    declared: &[TensorType],
+) -> Result<ConcreteTypes, Mismatch> {
     let types: SmallVec<[TensorType; 2]> = args.iter().map(concrete_type).collect();
     let got = infer(op, &types, Some(graph)).map_err(Mismatch::Op)?;
     if got.len() != declared.len() {
@@ -304,5 +316,5 @@ fn check_concrete(graph: &Graph, op: &Op, args: &[Storage], declared: &[TensorTy
             )));
         }
     }
-    Ok(())
+    Ok((types, got))
 }

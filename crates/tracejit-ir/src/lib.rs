@@ -15,6 +15,7 @@
 
 pub mod autodiff;
 pub mod control;
+mod boundary;
 mod equality;
 mod error;
 mod graph;
@@ -29,11 +30,12 @@ pub mod registry;
 mod types;
 mod verifier;
 
+pub use boundary::{catch_quietly, in_boundary};
 pub use error::{panic_message, IrError, OpError};
 pub use graph::{
     FuncId, FunctionAttrs, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,
 };
-pub use infer::{broadcast_dims, infer, join_types};
+pub use infer::{broadcast_dims, check_outputs_allocatable, infer, join_types};
 pub use interp::{eval_primitive, interpret};
 pub use op::{AssignKind, Effects, ExternalKernel, Op};
 pub use op_key::OpKey;

@@ -5,7 +5,8 @@
 //! adds:
 //!
 //! - Lines are trimmed; blank lines and lines starting with `;` are comments
-//!   (filetests keep their directives there).
+//!   (filetests keep their directives there), and a `;` after a complete
+//!   line starts a comment too (the printer writes source locations there).
 //! - Node ids are implicit in arena order: parameters sit at the ids the
 //!   `graph` line gives them, every other node line takes the next free id,
 //!   and a printed result (`%5 =`) must be that id. A node without outputs

@@ -38,7 +38,9 @@
 //! - A kernel node prints its declared input types, `kernel["name"](f32[?])`,
 //!   when they differ from the types of its inputs.
 //!
-//! Source locations are not printed. Printing never panics, even on a graph
+//! A node that records the user's source line prints it as a trailing
+//! comment, `%2 = mul %0, %1 : f32[3]  ; src/model.rs:12`, which the parser
+//! skips (a location cannot be made from text). Printing never panics, even on a graph
 //! the verifier rejects (a missing function or variable prints as
 //! `<missing>`), because listings are how such graphs get debugged.
 
@@ -67,7 +69,7 @@ impl fmt::Display for Graph {
 
 impl Graph {
     /// The graph in Graphviz DOT form: one box per node labelled with its op,
-    /// attributes and output types; solid edges for data inputs, dashed ones
+    /// attributes, output types and source line; solid edges for data inputs, dashed ones
     /// for control inputs; parameters drawn as inputs and an extra node per
     /// graph output. Library functions are not expanded.
     pub fn to_dot(&self) -> String {
@@ -160,6 +162,9 @@ fn write_node(s: &mut String, g: &Graph, id: NodeId, node: &Node, full: bool) ->
     if !node.control_inputs.is_empty() {
         let ctrl: Vec<String> = node.control_inputs.iter().map(|&c| ValueId::from(c).to_string()).collect();
         write!(s, " ctrl({})", ctrl.join(", "))?;
+    }
+    if let Some(loc) = node.location {
+        write!(s, "  ; {}:{}", loc.file(), loc.line())?;
     }
     Ok(())
 }
@@ -289,7 +294,10 @@ fn write_dot(s: &mut String, g: &Graph) -> fmt::Result {
             _ => format!("{} = ", ValueId::from(id)),
         };
         let types: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
-        let full = format!("{head}{label}\n{}", types.join(", "));
+        let mut full = format!("{head}{label}\n{}", types.join(", "));
+        if let Some(loc) = node.location {
+            write!(full, "\n{}:{}", loc.file(), loc.line())?;
+        }
         let style = match node.op {
             Op::Parameter { .. } => ", shape=invhouse, style=filled, fillcolor=\"#cfe2ff\"",
             Op::Constant { .. } => ", style=filled, fillcolor=\"#eeeeee\"",

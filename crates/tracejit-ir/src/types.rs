@@ -42,9 +42,16 @@ impl TensorType {
         self.dims.iter().copied().collect()
     }
 
-    /// Number of elements if known.
+    /// Number of elements if known; `None` also when the count overflows
+    /// `usize` (inference rejects such types, see [`crate::infer`]).
     pub fn num_elements(&self) -> Option<usize> {
-        self.dims.iter().try_fold(1usize, |acc, d| d.map(|d| acc * d))
+        if self.dims.iter().any(|d| d.is_none()) {
+            return None;
+        }
+        if self.dims.contains(&Some(0)) {
+            return Some(0);
+        }
+        self.dims.iter().try_fold(1usize, |acc, d| d.and_then(|d| acc.checked_mul(d)))
     }
 
     /// True when a concrete value of `dtype` and `shape` fits this type.

@@ -76,6 +76,9 @@ struct Step {
     frees: SmallVec<[usize; 2]>,
     /// Re-check types on concrete operands (some static dim is unknown).
     check: bool,
+    /// Ask the allocator before running: a static output is big enough to
+    /// probe (see `tracejit_tensor::check_allocation`), or unknown.
+    probe: bool,
 }
 
 /// A graph prepared for fast execution: a flat schedule of steps.
@@ -195,6 +198,7 @@ impl Executable {
                     outputs: smallvec::smallvec![slot(&ValueId::new(id, 0))?],
                     frees: SmallVec::new(),
                     check: false,
+                    probe: false,
                 });
                 continue;
             }
@@ -257,7 +261,13 @@ impl Executable {
                 | Op::Gather { .. }
                 | Op::OneHot { .. } => StepKind::Primitive(node.op.clone()),
             };
-            steps.push(Step { kind, node: id, inputs, outputs, frees: SmallVec::new(), check });
+            let probe = matches!(kind, StepKind::Region(_) | StepKind::MatMul | StepKind::Primitive(_))
+                && node.outputs.iter().any(|t| {
+                    t.shape()
+                        .and_then(|s| tracejit_ir::tensor::byte_size(t.dtype, &s))
+                        .is_none_or(|b| b >= tracejit_ir::tensor::PROBE_BYTES)
+                });
+            steps.push(Step { kind, node: id, inputs, outputs, frees: SmallVec::new(), check, probe });
         }
 
         // Last uses; graph outputs live on.
@@ -372,22 +382,32 @@ impl Executable {
             for &x in &step.inputs {
                 args.push(values[x].as_ref().ok_or_else(|| broken(format!("slot {x} is not available")))?);
             }
-            if step.check {
+            if step.check || step.probe {
                 let op = match &step.kind {
-                    StepKind::Primitive(op) | StepKind::External(op) => Some(op.clone()),
-                    StepKind::MatMul => Some(Op::MatMul),
+                    StepKind::Primitive(op) | StepKind::External(op) => Some(op),
+                    StepKind::MatMul | StepKind::Region(_) => Some(&g.node(step.node).op),
                     _ => None,
                 };
                 if let Some(op) = op {
                     let types: SmallVec<[TensorType; 2]> =
                         args.iter().map(|x| TensorType::known(x.dtype(), x.shape())).collect();
-                    infer(&op, &types, Some(g))?;
+                    // A region's body types its outputs; its concrete sizes
+                    // are checked where it plans a launch.
+                    let location = g.node(step.node).location;
+                    let outs = if step.check && !matches!(step.kind, StepKind::Region(_)) {
+                        infer(op, &types, Some(g)).map_err(|e| e.at(location))?
+                    } else {
+                        g.node(step.node).outputs.clone()
+                    };
+                    if step.probe {
+                        tracejit_ir::check_outputs_allocatable(op, &types, &outs).map_err(|e| e.at(location))?;
+                    }
                 }
             }
             let outs: SmallVec<[Storage; 2]> = match &step.kind {
                 StepKind::Param(i) => smallvec::smallvec![inputs[*i].clone()],
                 StepKind::Constant(c) => smallvec::smallvec![c.clone()],
-                StepKind::Region(r) => r.try_run_pooled(&args, pool)?,
+                StepKind::Region(r) => r.try_run_pooled(&args, pool).map_err(|e| e.at(g.node(step.node).location))?,
                 StepKind::MatMul => {
                     smallvec::smallvec![crate::gemm::matmul_with(args[0], args[1], &mut |d, s| pool.take(d, s))]
                 }

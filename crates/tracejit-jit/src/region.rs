@@ -391,7 +391,16 @@ impl CompiledRegion {
         let refs: SmallVec<[&Storage; 4]> = standard.iter().collect();
         let shapes: SmallVec<[&[usize]; 4]> = refs.iter().map(|x| x.shape()).collect();
         match self.plan(&shapes) {
-            Ok(launch) => Ok(self.launch(&refs, &launch, pool)),
+            Ok(launch) => {
+                for (o, shape) in self.an.outputs.iter().zip(&launch.out_shapes) {
+                    if tracejit_ir::tensor::check_allocation(o.dtype, shape).is_err() {
+                        // Probed again to build the message naming the ops.
+                        let op = tracejit_ir::Op::Fused { body: self.body.clone() };
+                        tracejit_ir::check_outputs_allocatable(&op, &[], &[TensorType::known(o.dtype, shape)])?;
+                    }
+                }
+                Ok(self.launch(&refs, &launch, pool))
+            }
             Err(Fallback) => {
                 let owned: Vec<Storage> = inputs.iter().map(|x| (*x).clone()).collect();
                 Ok(tracejit_ir::interpret(&self.body, &owned)?.into())
@@ -428,6 +437,11 @@ impl CompiledRegion {
                 }
             }
             sizes[c] = s;
+        }
+        // A domain whose size overflows cannot be looped over; the
+        // interpreter reports the op whose result overflows.
+        if tracejit_ir::tensor::element_count(&sizes).is_none() {
+            return Err(Fallback);
         }
         // ---- output shapes; each must be what its own operands give ----
         let out_shapes: Vec<SmallVec<[usize; 4]>> =

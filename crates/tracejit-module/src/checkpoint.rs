@@ -11,8 +11,15 @@
 //!   target, and the directory is synced where the platform allows. A crash
 //!   leaves either the old file or the new one, never a half-written file; on
 //!   error the temporary file is removed. Saving through a symlink replaces
-//!   the file it points to (the link stays), the replaced file's permissions
+//!   the file it points to (the link stays; a symlink loop is the OS's
+//!   `ELOOP` error and changes nothing), the replaced file's permissions
 //!   carry over, and temporary files left by a crashed process are skipped.
+//! - **Checksums.** [`save`] records the CRC-32 of every tensor's bytes in
+//!   the file's metadata (`"tracejit.crc32.<key>"`, see the `checksum`
+//!   module); [`restore`] and [`read`] refuse a tensor whose bytes do not
+//!   match ([`CheckpointError::Checksum`]), so a flipped bit is an error, not
+//!   a silently different weight. Files written by other tools carry no
+//!   checksums and load as before.
 //! - **[`restore`] is all or nothing**: every key, dtype and shape is checked
 //!   and every tensor decoded before any variable changes; missing keys,
 //!   unexpected keys and dtype/shape mismatches are reported together in one
@@ -37,6 +44,7 @@ use safetensors::tensor::{Dtype, SafeTensors, View};
 use tracejit_tensor::{DType, Storage};
 use tracejit_trace::{Tensor, Variable};
 
+use crate::checksum;
 use crate::inventory::Inventory;
 use crate::Module;
 
@@ -86,6 +94,17 @@ pub enum CheckpointError {
         /// The checkpoint.
         path: PathBuf,
         /// What the reader found wrong.
+        reason: String,
+    },
+    /// A tensor's bytes do not match the checksum the file records: the
+    /// file was corrupted after it was written. Nothing was restored.
+    #[error("checkpoint {}: tensor `{key}` is corrupt: {reason}; nothing was restored", path.display())]
+    Checksum {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The tensor's key.
+        key: String,
+        /// What does not match.
         reason: String,
     },
     /// The safetensors writer refused the tensors (should not happen for
@@ -152,8 +171,10 @@ pub fn read(path: impl AsRef<Path>) -> Result<BTreeMap<String, Tensor>, Checkpoi
         fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_path_buf(), action: "reading", source })?;
     let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_path_buf(), reason };
     let file = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let metadata = file_metadata(&bytes);
     let mut out = BTreeMap::new();
     for (key, view) in file.iter() {
+        verify_checksum(metadata.as_ref(), key, view.data(), path)?;
         let dtype = from_safetensors_dtype(view.dtype()).ok_or_else(|| {
             corrupt(format!("tensor `{key}` has dtype {:?}, which tracejit does not have", view.dtype()))
         })?;
@@ -161,6 +182,25 @@ pub fn read(path: impl AsRef<Path>) -> Result<BTreeMap<String, Tensor>, Checkpoi
         out.insert(key.to_string(), Tensor::from_raw_storage(storage));
     }
     Ok(out)
+}
+
+/// The `__metadata__` map of a file that parsed (`None` if it has none).
+fn file_metadata(bytes: &[u8]) -> Option<std::collections::HashMap<String, String>> {
+    SafeTensors::read_metadata(bytes).ok().and_then(|(_, m)| m.metadata().clone())
+}
+
+/// Checks tensor `key`'s bytes against the checksums the file records.
+fn verify_checksum(
+    metadata: Option<&std::collections::HashMap<String, String>>,
+    key: &str,
+    data: &[u8],
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    checksum::verify(metadata, key, data).map_err(|problem| CheckpointError::Checksum {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        reason: problem.to_string(),
+    })
 }
 
 /// The distinct variables of `module`, each under its first path.
@@ -263,7 +303,8 @@ fn to_bytes<M: Module + ?Sized>(module: &M) -> Result<Vec<u8>, String> {
             (key, encode(storage))
         })
         .collect();
-    safetensors::serialize(encoded.iter().map(|(k, e)| (k.as_str(), e)), None).map_err(|e| e.to_string())
+    let metadata = checksum::metadata(encoded.iter().map(|(k, e)| (k.as_str(), e.data.as_slice())));
+    safetensors::serialize(encoded.iter().map(|(k, e)| (k.as_str(), e)), Some(metadata)).map_err(|e| e.to_string())
 }
 
 /// The checks and the all-or-nothing update of [`restore`], over the bytes
@@ -275,6 +316,7 @@ pub(crate) fn restore_from_bytes<M: Module + ?Sized>(
 ) -> Result<(), CheckpointError> {
     let file = SafeTensors::deserialize(bytes)
         .map_err(|e| CheckpointError::Corrupt { path: path.to_path_buf(), reason: e.to_string() })?;
+    let metadata = file_metadata(bytes);
     let entries = entries(module);
     let expected: HashSet<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
     let mut missing = Vec::new();
@@ -299,6 +341,7 @@ pub(crate) fn restore_from_bytes<M: Module + ?Sized>(
             });
             continue;
         }
+        verify_checksum(metadata.as_ref(), key, view.data(), path)?;
         let storage = decode(var.dtype(), view.shape(), view.data()).map_err(|e| CheckpointError::Corrupt {
             path: path.to_path_buf(),
             reason: format!("tensor `{key}`: {e}"),
@@ -350,6 +393,15 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
             Some(dir) if next.is_relative() => dir.join(next),
             _ => next,
         };
+    }
+    // A symlink loop (or a chain longer than the OS follows): let the OS
+    // say so (ELOOP) rather than renaming over the last link.
+    if fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
+        let source = match fs::metadata(&target) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => e,
+            _ => std::io::Error::other("more than 40 levels of symbolic links"),
+        };
+        return Err(CheckpointError::Io { path: path.to_path_buf(), action: "following the symlink", source });
     }
     let path = target.as_path();
     let file_name = path.file_name().ok_or_else(|| CheckpointError::Io {

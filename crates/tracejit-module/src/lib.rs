@@ -65,6 +65,7 @@
 //! which is exactly what the derive writes.
 
 pub mod checkpoint;
+mod checksum;
 mod inventory;
 mod module;
 mod naming;

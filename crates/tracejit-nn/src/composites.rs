@@ -183,7 +183,8 @@ fn run_composite<R>(
             None => eager_body(),
         };
     }
-    traced().unwrap_or_else(|e| panic!("{name}: {e}"))
+    // The call node takes the user's line, not this one.
+    tracejit_trace::attributed_to(std::panic::Location::caller(), traced).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 fn first(mut v: Vec<Tensor>) -> Tensor {

@@ -78,8 +78,8 @@ impl Adam {
     }
 }
 
-impl Optimizer for Adam {
-    fn apply_gradients(&self, grads: &[Tensor], vars: &[Variable]) {
+impl Adam {
+    fn apply(&self, grads: &[Tensor], vars: &[Variable]) {
         check_update("Adam", grads, vars);
         let s = &self.inner;
         let slots = self.slots(vars, || vars.iter().map(Variable::name).collect());
@@ -111,6 +111,14 @@ impl Optimizer for Adam {
             v.assign_sub(&(update * lr));
         }
         s.iterations.assign_add(&Tensor::scalar(1i64));
+    }
+}
+
+impl Optimizer for Adam {
+    #[track_caller]
+    fn apply_gradients(&self, grads: &[Tensor], vars: &[Variable]) {
+        // The update's nodes are the user's `apply_gradients` line.
+        tracejit_trace::attributed_to(std::panic::Location::caller(), || self.apply(grads, vars));
     }
 
     fn build(&self, vars: &[Variable]) {

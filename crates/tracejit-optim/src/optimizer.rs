@@ -15,6 +15,7 @@ pub trait Optimizer: tracejit_module::Module + Send + Sync {
     /// trace). Panics, changing nothing, when the lists differ in length, a
     /// gradient's dtype or shape differs from its variable's, or a variable
     /// is not trainable.
+    #[track_caller]
     fn apply_gradients(&self, grads: &[Tensor], vars: &[Variable]);
 
     /// Creates the slot variables for `vars` now (named after

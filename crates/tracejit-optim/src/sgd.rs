@@ -67,8 +67,8 @@ impl Sgd {
     }
 }
 
-impl Optimizer for Sgd {
-    fn apply_gradients(&self, grads: &[Tensor], vars: &[Variable]) {
+impl Sgd {
+    fn apply(&self, grads: &[Tensor], vars: &[Variable]) {
         check_update("Sgd", grads, vars);
         let s = &self.inner;
         let slots = self.slots(vars, || vars.iter().map(Variable::name).collect());
@@ -95,6 +95,14 @@ impl Optimizer for Sgd {
             v.assign_sub(&(update * lr));
         }
         s.iterations.assign_add(&Tensor::scalar(1i64));
+    }
+}
+
+impl Optimizer for Sgd {
+    #[track_caller]
+    fn apply_gradients(&self, grads: &[Tensor], vars: &[Variable]) {
+        // The update's nodes are the user's `apply_gradients` line.
+        tracejit_trace::attributed_to(std::panic::Location::caller(), || self.apply(grads, vars));
     }
 
     fn build(&self, vars: &[Variable]) {

@@ -25,4 +25,22 @@ pub enum TensorError {
         /// Product of the shape.
         expected: usize,
     },
+    /// A tensor too big to allocate: its byte size overflows (`bytes` is
+    /// `None`) or the allocator refused it.
+    #[error("{}", too_large_message(*dtype, shape, *bytes))]
+    TooLarge {
+        /// The element type.
+        dtype: DType,
+        /// The shape asked for.
+        shape: Vec<usize>,
+        /// The bytes it needs, when that fits in `usize`.
+        bytes: Option<usize>,
+    },
+}
+
+fn too_large_message(dtype: DType, shape: &[usize], bytes: Option<usize>) -> String {
+    match bytes {
+        Some(b) => format!("a {dtype} tensor of shape {shape:?} needs {b} bytes, which the allocator cannot give"),
+        None => format!("the size of a {dtype} tensor of shape {shape:?} overflows (more than isize::MAX bytes)"),
+    }
 }

@@ -27,11 +27,13 @@
 mod dtype;
 mod error;
 pub mod kernels;
+mod limits;
 mod ops;
 mod storage;
 
 pub use dtype::{DType, Element};
 pub use error::TensorError;
+pub use limits::{byte_size, check_allocation, element_count, PROBE_BYTES};
 pub use ops::{
     ArgReduceOp, BinaryKind, BinaryOp, Cost, Exactness, ReduceKind, ReduceOp, SliceSpec, UnaryKind, UnaryOp,
 };

@@ -2,7 +2,6 @@
 //! the graph, the optimized graph, the signature, the captured tensors — and
 //! the way to run it on eager tensors or to call it from another trace.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use tracejit_ir::passes::PipelineReport;
@@ -38,6 +37,9 @@ pub struct ConcreteFunction {
     /// bodies): what a gradient tape differentiates a call of this
     /// function through. Built on first use.
     pub(crate) differentiable: std::sync::OnceLock<Arc<Graph>>,
+    /// The owning Function's clock at this trace's latest call, when its
+    /// cache is bounded (least recently used eviction).
+    pub(crate) last_used: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for ConcreteFunction {
@@ -77,7 +79,7 @@ impl ConcreteFunction {
         &self.captures
     }
 
-    /// Why this trace happened ("first trace", "argument 0: shape [2] -> [3]").
+    /// Why this trace happened (`"first trace"`, `"argument 0: shape [2] -> [3]"`).
     pub fn trace_reason(&self) -> &str {
         &self.trace_reason
     }
@@ -142,11 +144,13 @@ impl ConcreteFunction {
     /// Calls with a flat list of tensors (the signature's order). Eager
     /// inputs run the graph now; symbolic inputs (a call from inside another
     /// trace) record a `Call` node.
+    #[track_caller]
     pub fn call_flat(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         let refs: Vec<&Tensor> = inputs.iter().collect();
         self.call_refs(&refs)
     }
 
+    #[track_caller]
     pub(crate) fn call_refs(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         self.check_inputs(inputs)?;
         // Inside a trace every call is part of the graph, even with eager
@@ -191,7 +195,7 @@ impl ConcreteFunction {
             Some(exe) => exe.run(inputs),
             None => interpret(&self.optimized, inputs),
         };
-        match catch_unwind(AssertUnwindSafe(run)) {
+        match tracejit_ir::catch_quietly(run) {
             Ok(r) => Ok(r?),
             Err(p) => Err(Error::Signature {
                 function: self.name.clone(),
@@ -200,6 +204,7 @@ impl ConcreteFunction {
         }
     }
 
+    #[track_caller]
     fn record_call(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         if context::current_function().is_none() {
             return Err(Error::Signature {

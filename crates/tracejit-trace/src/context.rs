@@ -7,7 +7,7 @@
 //! the innermost context's graph, capturing eager inputs as constants and
 //! symbolic tensors of an enclosing trace as implicit parameters.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -117,20 +117,49 @@ fn storage_key(s: &Storage) -> (usize, Vec<usize>, Vec<isize>, u8) {
 
 thread_local! {
     static STACK: RefCell<Vec<TraceContext>> = const { RefCell::new(Vec::new()) };
+    /// Set while tracejit records ops on behalf of one user call (a
+    /// gradient, an optimizer step): those nodes take the call's location.
+    static ATTRIBUTED: Cell<Option<&'static Location<'static>>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with every node it records (eagerly: every op-named panic)
+/// attributed to `location`, the user's call of an API that emits ops on
+/// the user's behalf, such as `GradientTape::gradient` or an optimizer's
+/// `apply_gradients`. An enclosing attribution wins, and a Function traced
+/// inside `f` records its own lines.
+pub fn attributed_to<T>(location: &'static Location<'static>, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<&'static Location<'static>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ATTRIBUTED.with(|a| a.set(self.0));
+        }
+    }
+    let outer = ATTRIBUTED.with(|a| a.replace(Some(a.get().unwrap_or(location))));
+    let _restore = Restore(outer);
+    f()
+}
+
+/// The location a node recorded at `caller` takes.
+fn node_location(caller: &'static Location<'static>) -> &'static Location<'static> {
+    ATTRIBUTED.with(Cell::get).unwrap_or(caller)
 }
 
 /// Pushes a context; the returned guard pops it (also on unwind) and hands
-/// the finished context back through `finish`.
+/// the finished context back through `finish`. The trace records the
+/// closure's own lines, whatever attribution encloses it.
 pub(crate) fn push_context(ctx: TraceContext) -> ContextGuard {
     let id = ctx.id;
     STACK.with(|s| s.borrow_mut().push(ctx));
-    ContextGuard { id, done: false }
+    let attributed = ATTRIBUTED.with(|a| a.take());
+    ContextGuard { id, done: false, attributed }
 }
 
 /// Pops its context when dropped, unless `finish` took it.
 pub(crate) struct ContextGuard {
     id: u64,
     done: bool,
+    /// The attribution to restore when the trace ends.
+    attributed: Option<&'static Location<'static>>,
 }
 
 impl ContextGuard {
@@ -147,6 +176,7 @@ impl ContextGuard {
     /// Pops and returns the context.
     pub fn finish(mut self) -> TraceContext {
         self.done = true;
+        ATTRIBUTED.with(|a| a.set(self.attributed));
         STACK.with(|s| {
             let ctx = s.borrow_mut().pop().expect("tracing context stack is empty");
             assert_eq!(ctx.id, self.id, "tracing contexts were not popped in order");
@@ -158,6 +188,7 @@ impl ContextGuard {
 impl Drop for ContextGuard {
     fn drop(&mut self) {
         if !self.done {
+            ATTRIBUTED.with(|a| a.set(self.attributed));
             STACK.with(|s| {
                 if let Ok(mut s) = s.try_borrow_mut() {
                     if let Some(pos) = s.iter().rposition(|c| c.id == self.id) {
@@ -193,12 +224,12 @@ fn with_current_and_outer<R>(f: impl FnOnce(&mut TraceContext, &[TraceContext]) 
 /// error, plus the function and source line while tracing.
 #[track_caller]
 pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> SmallVec<[Tensor; 1]> {
-    let location = Location::caller();
+    let location = node_location(Location::caller());
     let recording = crate::tape::recording();
     let op_for_tape = if recording { Some(op.clone()) } else { None };
     let out = apply_untaped(op, inputs, location);
     if let Some(op) = op_for_tape {
-        crate::tape::record(&op, inputs, &out);
+        crate::tape::record(&op, inputs, &out, location);
     }
     out
 }
@@ -206,7 +237,7 @@ pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> SmallVec<[Tensor; 1]> {
 #[track_caller]
 fn apply_untaped(op: Op, inputs: &[&Tensor], location: &'static Location<'static>) -> SmallVec<[Tensor; 1]> {
     if inputs.iter().all(|t| !t.is_symbolic()) {
-        return apply_eager(op, inputs);
+        return apply_eager(op, inputs, location);
     }
     let name = op.name();
     let out = with_current_and_outer(|ctx, outer| {
@@ -227,7 +258,7 @@ fn apply_untaped(op: Op, inputs: &[&Tensor], location: &'static Location<'static
 /// returns its id; used for stateful ops.
 #[track_caller]
 pub(crate) fn record_in_current(op: Op, inputs: &[&Tensor], control: &[NodeId]) -> Option<(NodeId, Vec<Tensor>)> {
-    let location = Location::caller();
+    let location = node_location(Location::caller());
     with_current_and_outer(|ctx, outer| {
         let values: SmallVec<[ValueId; 2]> = inputs.iter().map(|t| ctx.value_of(t, outer)).collect();
         let node = match ctx.graph.add_node(op, &values, control, Some(location)) {
@@ -246,11 +277,15 @@ pub(crate) fn values_in_current(ts: &[&Tensor]) -> Option<Vec<ValueId>> {
 }
 
 #[track_caller]
-fn apply_eager(op: Op, inputs: &[&Tensor]) -> SmallVec<[Tensor; 1]> {
+fn apply_eager(op: Op, inputs: &[&Tensor], location: &'static Location<'static>) -> SmallVec<[Tensor; 1]> {
     let storages: SmallVec<[&Storage; 2]> = inputs.iter().map(|t| t.eager_storage()).collect();
     let types: SmallVec<[TensorType; 2]> = storages.iter().map(|s| TensorType::known(s.dtype(), s.shape())).collect();
-    if let Err(e) = infer(&op, &types, None) {
-        panic!("{e}");
+    let checked = infer(&op, &types, None).and_then(|outs| tracejit_ir::check_outputs_allocatable(&op, &types, &outs));
+    if let Err(e) = checked {
+        match crate::eager::current_function() {
+            Some(f) => panic!("{e} (while running function `{f}` eagerly, at {location})"),
+            None => panic!("{e}"),
+        }
     }
     eval_primitive(&op, &storages).into_iter().map(Tensor::from_storage).collect()
 }
@@ -273,9 +308,15 @@ pub(crate) fn in_remember<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// The `remember` table of the innermost Function being traced.
+/// The `remember` table of the innermost Function being traced, or else
+/// of the innermost one running eagerly.
 pub(crate) fn current_memo() -> Option<Arc<MemoTable>> {
-    STACK.with(|s| s.borrow().last().and_then(|c| c.memo.clone()))
+    STACK.with(|s| s.borrow().last().and_then(|c| c.memo.clone())).or_else(crate::eager::current_memo)
+}
+
+/// True inside the closure of a `remember`.
+pub(crate) fn in_remember_now() -> bool {
+    IN_REMEMBER.with(|c| c.get()) > 0
 }
 
 /// Panics unless a variable may be created here: outside of tracing, on a

@@ -49,6 +49,31 @@ pub enum Error {
         /// The panic message.
         message: String,
     },
+    /// The closure panicked while running eagerly (the
+    /// `run_functions_eagerly` switch, or the `Eager` retrace policy): nothing
+    /// was traced.
+    #[error("function `{function}` panicked while running eagerly: {message}")]
+    EagerPanic {
+        /// The function.
+        function: String,
+        /// The panic message.
+        message: String,
+    },
+    /// A call needed a new trace, the cache holds `max_traces` of them and
+    /// the retrace policy is `Error`.
+    #[error(
+        "function `{function}`: a new trace is needed ({reason}), but the cache already holds its limit of \
+         {max_traces} trace(s) and the retrace policy is Error; pass an input_signature with -1 dims, use \
+         reduce_retracing(true), or raise max_traces"
+    )]
+    RetraceLimit {
+        /// The function.
+        function: String,
+        /// The bound.
+        max_traces: usize,
+        /// Why the call needed a new trace.
+        reason: String,
+    },
     /// The value of a symbolic tensor was asked for while tracing.
     #[error(
         "cannot read the value of a symbolic tensor while tracing function `{function}`: \

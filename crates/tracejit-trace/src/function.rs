@@ -11,8 +11,7 @@
 
 use std::hash::Hasher;
 use std::marker::PhantomData;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use dashmap::DashMap;
@@ -28,6 +27,10 @@ use crate::variable::MemoTable;
 use crate::{config, Error, Result, Tensor};
 use tracejit_ir::panic_message;
 
+mod eager_call;
+mod retrace;
+pub use retrace::{CacheStats, RetracePolicy};
+
 /// Wraps a closure into a traced [`Function`].
 pub fn function<A: Nest, R: Nest, F>(f: F) -> Function<A, R>
 where
@@ -42,6 +45,8 @@ where
             implements: None,
             jit: true,
             optimizations: OptimizationOptions::default(),
+            max_traces: None,
+            retrace_policy: None,
         }),
         state: Arc::new(FunctionState::default()),
         _marker: PhantomData,
@@ -68,6 +73,8 @@ struct FunctionConfig {
     implements: Option<std::result::Result<String, String>>,
     jit: bool,
     optimizations: OptimizationOptions,
+    max_traces: Option<usize>,
+    retrace_policy: Option<RetracePolicy>,
 }
 
 /// The cache's keys are already signature hashes: hashing them again (with
@@ -97,6 +104,19 @@ struct FunctionState {
     tracing_count: AtomicUsize,
     trace_lock: Mutex<()>,
     memo: Arc<MemoTable>,
+    /// Ticks on every call of a bounded Function; a ConcreteFunction's
+    /// `last_used` holds the tick of its latest call (LRU eviction).
+    clock: AtomicU64,
+    stats: Mutex<CacheStats>,
+    /// The variables the body created while running eagerly.
+    eager_variables: Arc<crate::eager::EagerVariables>,
+}
+
+/// What a call that missed the cache runs.
+enum Resolved {
+    Traced(Arc<ConcreteFunction>),
+    /// The Eager retrace policy: the closure, eagerly.
+    Eagerly,
 }
 
 /// An exact call signature that a ConcreteFunction was found for.
@@ -268,6 +288,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
 
     /// Calls the function: finds or traces the ConcreteFunction for the
     /// arguments' signature and runs it.
+    #[track_caller]
     pub fn call(&self, args: A) -> Result<R> {
         if let Some(Err(msg)) = &self.config.implements {
             return Err(Error::Signature { function: self.config.name.clone(), message: msg.clone() });
@@ -288,8 +309,17 @@ impl<A: Nest, R: Nest> Function<A, R> {
             .and_then(|bucket| bucket.iter().find(|e| e.matches(&flat)).map(|e| e.cf.clone()));
         let cf = match cached {
             Some(cf) => cf,
-            None => self.find_or_trace(&flat, hash)?,
+            None => match self.find_or_trace(&flat, hash)? {
+                Resolved::Traced(cf) => cf,
+                Resolved::Eagerly => {
+                    drop(flat);
+                    return self.call_eagerly(args);
+                }
+            },
         };
+        if self.config.trace_limit().is_some() {
+            cf.last_used.store(self.state.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        }
         if !cf.implicit_inputs.is_empty() {
             let outs = cf.call_refs(&flat.tensors)?;
             return Ok(self.rebuild_output(&cf, outs));
@@ -312,17 +342,13 @@ impl<A: Nest, R: Nest> Function<A, R> {
         self.concrete_for_types(flat.tensors, flat.statics, flat.structure)
     }
 
-    fn call_eagerly(&self, args: A) -> Result<R> {
-        catch_unwind(AssertUnwindSafe(|| (self.closure)(args)))
-            .map_err(|p| Error::TracePanic { function: self.config.name.clone(), message: panic_message(&*p) })
-    }
-
     fn rebuild_output(&self, cf: &ConcreteFunction, outs: Vec<Tensor>) -> R {
         R::unflatten(&mut Unflattener::new(outs, cf.output_statics.clone(), cf.output_structure.clone()))
     }
 
     /// A call whose tensors are symbolic: we are inside another trace, so
     /// this call becomes a `Call` node.
+    #[track_caller]
     fn call_from_trace(&self, flat: &Flattener<'_>) -> Result<R> {
         let types: Vec<TensorType> = flat.tensors.iter().map(|t| t.tensor_type()).collect();
         let statics: Vec<Arc<dyn StaticValue>> = flat.statics.iter().map(|s| s.clone_arc()).collect();
@@ -351,7 +377,12 @@ impl<A: Nest, R: Nest> Function<A, R> {
             None => types,
         };
         let reason = self.retrace_reason(&specs, &statics, &structure);
-        self.trace(specs, statics, structure, reason)
+        self.check_statics(&statics)?;
+        // This path must produce a graph: the Eager policy evicts here.
+        let specs = self.make_room(&specs, &statics, &structure, &reason, false)?.unwrap_or(specs);
+        let cf = self.trace(specs, statics, structure, reason)?;
+        self.after_trace(&cf);
+        Ok(cf)
     }
 
     fn find_accepting(
@@ -392,12 +423,12 @@ impl<A: Nest, R: Nest> Function<A, R> {
         Ok(())
     }
 
-    fn find_or_trace(&self, flat: &Flattener<'_>, hash: u64) -> Result<Arc<ConcreteFunction>> {
+    fn find_or_trace(&self, flat: &Flattener<'_>, hash: u64) -> Result<Resolved> {
         let _lock = self.lock_for_tracing()?;
         // Another thread may have traced this signature while we waited.
         if let Some(bucket) = self.state.buckets.get(&hash) {
             if let Some(e) = bucket.iter().find(|e| e.matches(flat)) {
-                return Ok(e.cf.clone());
+                return Ok(Resolved::Traced(e.cf.clone()));
             }
         }
         let types: Vec<TensorType> = flat.tensors.iter().map(|t| t.tensor_type()).collect();
@@ -415,7 +446,14 @@ impl<A: Nest, R: Nest> Function<A, R> {
                     None => types.clone(),
                 };
                 let reason = self.retrace_reason(&types, &statics, &structure);
-                self.trace(specs, statics.clone(), structure.clone(), reason)?
+                self.check_statics(&statics)?;
+                let specs = match self.make_room(&specs, &statics, &structure, &reason, true)? {
+                    Some(specs) => specs,
+                    None => return Ok(Resolved::Eagerly),
+                };
+                let cf = self.trace(specs, statics.clone(), structure.clone(), reason)?;
+                self.after_trace(&cf);
+                cf
             }
         };
         if cf.implicit_inputs.is_empty() {
@@ -427,7 +465,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
             });
             self.state.buckets.entry(hash).or_default().push(entry);
         }
-        Ok(cf)
+        Ok(Resolved::Traced(cf))
     }
 
     /// With reduce_retracing: relax to unknown every dim that differs from a
@@ -536,7 +574,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
                 })
                 .collect()
         });
-        let result = catch_unwind(AssertUnwindSafe(|| {
+        let result = tracejit_ir::catch_quietly(|| {
             let args = A::unflatten(&mut Unflattener::new(placeholders, statics.clone(), structure.clone()));
             let out = (self.closure)(args);
             let mut flat = Flattener::default();
@@ -544,7 +582,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
             let outputs = crate::context::values_in_current(&flat.tensors).expect("trace context is live");
             let out_statics: Vec<Arc<dyn StaticValue>> = flat.statics.iter().map(|s| s.clone_arc()).collect();
             (outputs, out_statics, flat.structure.to_vec())
-        }));
+        });
         let (outputs, output_statics, output_structure) = match result {
             Ok(r) => r,
             Err(p) => {
@@ -579,6 +617,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
             attrs,
             trace_reason: reason.clone(),
             differentiable: std::sync::OnceLock::new(),
+            last_used: AtomicU64::new(0),
         });
         debug_assert_eq!(cf.graph.params.len(), n_params + cf.implicit_inputs.len());
         let count = self.state.tracing_count.fetch_add(1, Ordering::SeqCst) + 1;

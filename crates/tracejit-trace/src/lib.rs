@@ -15,6 +15,7 @@ mod concrete;
 pub mod config;
 mod context;
 mod control;
+mod eager;
 mod error;
 mod function;
 mod nest;
@@ -27,8 +28,9 @@ mod variable;
 
 pub use concrete::ConcreteFunction;
 pub use control::{cond, fori_loop, while_loop};
+pub use context::attributed_to;
 pub use error::{Error, Result};
-pub use function::{function, Function};
+pub use function::{function, CacheStats, Function, RetracePolicy};
 pub use nest::{Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener};
 pub use ops::{Operand, Scalar};
 pub use tape::{register_gradient, unregister_gradient, value_and_grad, GradientFn, GradientTape, Source};

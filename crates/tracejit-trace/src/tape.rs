@@ -147,6 +147,8 @@ struct Entry {
     what: Recorded,
     inputs: SmallVec<[Tensor; 2]>,
     outputs: SmallVec<[Tensor; 1]>,
+    /// The user's line that ran the op, for gradient errors.
+    location: Option<&'static std::panic::Location<'static>>,
 }
 
 struct TapeState {
@@ -179,7 +181,12 @@ fn for_each_tape(mut f: impl FnMut(&mut TapeState)) {
 }
 
 /// Records `op` on every recording tape that tracks one of its inputs.
-pub(crate) fn record(op: &Op, inputs: &[&Tensor], outputs: &[Tensor]) {
+pub(crate) fn record(
+    op: &Op,
+    inputs: &[&Tensor],
+    outputs: &[Tensor],
+    location: &'static std::panic::Location<'static>,
+) {
     for_each_tape(|t| {
         if inputs.iter().any(|x| t.tracked.contains(&x.tape_id())) {
             t.tracked.extend(outputs.iter().map(Tensor::tape_id));
@@ -187,6 +194,7 @@ pub(crate) fn record(op: &Op, inputs: &[&Tensor], outputs: &[Tensor]) {
                 what: Recorded::Op(op.clone()),
                 inputs: inputs.iter().map(|x| (*x).clone()).collect(),
                 outputs: outputs.iter().cloned().collect(),
+                location: Some(location),
             });
         }
     });
@@ -248,6 +256,7 @@ fn push_entry(what: Recorded, inputs: &[&Tensor], outputs: &[Tensor]) {
                 what: what.clone(),
                 inputs: inputs.iter().map(|x| (*x).clone()).collect(),
                 outputs: outputs.iter().cloned().collect(),
+                location: None,
             });
         }
     });
@@ -322,7 +331,14 @@ impl GradientTape {
     /// Errors: a non-persistent tape asked a second time, an integer or
     /// bool source, a target made on another thread, an op without a
     /// gradient rule on the path.
+    #[track_caller]
     pub fn gradient<S: Source + ?Sized>(&self, target: &Tensor, sources: &S) -> Result<Vec<Option<Tensor>>> {
+        // The backward ops are the user's `gradient` call, in listings and errors.
+        let at = std::panic::Location::caller();
+        context::attributed_to(at, || self.gradient_at(target, sources))
+    }
+
+    fn gradient_at<S: Source + ?Sized>(&self, target: &Tensor, sources: &S) -> Result<Vec<Option<Tensor>>> {
         {
             let mut st = self.state.borrow_mut();
             if st.spent {
@@ -373,6 +389,7 @@ impl GradientTape {
 /// assert_eq!(g[1].to_vec::<f32>()?, vec![0.0, 0.0]);
 /// # Ok::<(), tracejit_trace::Error>(())
 /// ```
+#[track_caller]
 pub fn value_and_grad(vars: &[Variable], f: impl FnOnce() -> Tensor) -> Result<(Tensor, Vec<Tensor>)> {
     let tape = GradientTape::new();
     let value = f();
@@ -427,7 +444,10 @@ fn backward(entries: &[Entry], target: &Tensor, sources: &[Vec<Tensor>]) -> Resu
                 Ok(cts)
             }
         }
-        .map_err(vjp_error)?;
+        .map_err(|err| match entry.location {
+            Some(at) => grad_error(format!("{err} (the op at {}:{})", at.file(), at.line())),
+            None => vjp_error(err),
+        })?;
         let flows = entry.inputs.iter().map(Tensor::tape_id).zip(in_cts).chain(var_cts);
         for (id, ct) in flows {
             let Some(ct) = ct else { continue };

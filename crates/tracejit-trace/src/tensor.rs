@@ -109,40 +109,58 @@ impl Tensor {
         Tensor::from_storage(Storage::scalar(v))
     }
 
-    /// All zeros.
+    /// All zeros. Panics, naming the shape, if it is too large to allocate.
+    #[track_caller]
     pub fn zeros(shape: &[usize], dtype: DType) -> Tensor {
-        Tensor::full(shape, 0.0, dtype)
+        check_new("zeros", dtype, shape);
+        Tensor::from_storage(Storage::full(shape, dtype, 0.0))
     }
 
-    /// All ones.
+    /// All ones. Panics, naming the shape, if it is too large to allocate.
+    #[track_caller]
     pub fn ones(shape: &[usize], dtype: DType) -> Tensor {
-        Tensor::full(shape, 1.0, dtype)
+        check_new("ones", dtype, shape);
+        Tensor::from_storage(Storage::full(shape, dtype, 1.0))
     }
 
-    /// Every element `value` (converted to `dtype`).
+    /// Every element `value` (converted to `dtype`). Panics, naming the
+    /// shape, if it is too large to allocate.
+    #[track_caller]
     pub fn full(shape: &[usize], value: f64, dtype: DType) -> Tensor {
+        check_new("full", dtype, shape);
         Tensor::from_storage(Storage::full(shape, dtype, value))
     }
 
     /// A zero tensor with the dtype and shape of `like`.
+    #[track_caller]
     pub fn zeros_like(like: &Tensor) -> Tensor {
         Tensor::zeros(like.shape(), like.dtype())
     }
 
     /// `[start, start + step, ...)` below `stop`, as numpy's `arange`.
+    #[track_caller]
     pub fn arange(start: f64, stop: f64, step: f64, dtype: DType) -> Tensor {
         assert!(step != 0.0, "arange: step must not be 0");
+        let count = ((stop - start) / step).ceil();
+        if count.is_finite() && count > 0.0 {
+            // Saturating: a count beyond usize is refused like any huge shape.
+            check_new("arange", dtype, &[count as usize]);
+        }
         Tensor::from_storage(kernels::arange(start, stop, step, dtype))
     }
 
     /// f32 standard normal samples; the same `seed` gives the same values on
     /// every machine and thread count.
+    #[track_caller]
     pub fn randn(shape: &[usize], seed: u64) -> Tensor {
+        check_new("randn", DType::F32, shape);
         Tensor::from_storage(kernels::randn(shape, seed, DType::F32))
     }
 
     /// f32 samples uniform in `[low, high)`, reproducible by `seed`.
+    #[track_caller]
     pub fn rand_uniform(shape: &[usize], low: f64, high: f64, seed: u64) -> Tensor {
+        check_new("rand_uniform", DType::F32, shape);
         Tensor::from_storage(kernels::rand_uniform(shape, low, high, seed, DType::F32))
     }
 
@@ -235,6 +253,18 @@ impl Tensor {
                 function: context::current_function().map(|f| f.to_string()).unwrap_or_default(),
                 message: format!("to_scalar: the tensor has {} elements, not 1", v.len()),
             }),
+        }
+    }
+}
+
+/// Panics, naming the constructor, unless a `dtype` tensor of `shape` can
+/// be allocated (a huge shape would otherwise abort the process).
+#[track_caller]
+fn check_new(op: &str, dtype: DType, shape: &[usize]) {
+    if let Err(e) = tracejit_tensor::check_allocation(dtype, shape) {
+        match context::current_function() {
+            Some(f) => panic!("{op}: {e} (while tracing function `{f}`, at {})", std::panic::Location::caller()),
+            None => panic!("{op}: {e}"),
         }
     }
 }

@@ -112,6 +112,15 @@ impl Variable {
                 context::current_function().as_deref().unwrap_or("?")
             ),
         };
+        // A Function running eagerly creates its variables on the first call
+        // only, as its first trace would (see `crate::eager`).
+        let site = Location::caller();
+        let eager_frame = !context::in_remember_now();
+        if eager_frame {
+            if let Some(v) = crate::eager::existing_variable(site, &storage) {
+                return v;
+            }
+        }
         context::check_variable_creation();
         let id = NEXT_VARIABLE.fetch_add(1, Ordering::Relaxed);
         let var = Variable {
@@ -125,6 +134,9 @@ impl Variable {
             }),
         };
         context::note_variable_created(&var);
+        if eager_frame {
+            crate::eager::note_created(site, &var);
+        }
         live_variables().lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::downgrade(&var.state));
         var
     }

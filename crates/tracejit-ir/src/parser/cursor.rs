@@ -73,10 +73,11 @@ impl<'a> Cursor<'a> {
         ParseError::Invalid { line: self.line, column, message: message.into() }
     }
 
-    /// True at the end of the line (trailing whitespace ignored).
+    /// True at the end of the line (trailing whitespace and a trailing
+    /// `; comment`, such as a node's source location, ignored).
     pub(crate) fn at_end(&mut self) -> bool {
         self.skip_ws();
-        self.rest().is_empty()
+        self.rest().is_empty() || self.rest().starts_with(';')
     }
 
     /// Fails unless the line is finished.

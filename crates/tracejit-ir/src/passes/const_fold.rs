@@ -14,8 +14,6 @@
 //!   out-of-range `gather` index): they are left to fail at run time, as
 //!   they would without the pass.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use smallvec::SmallVec;
 use tracejit_tensor::Storage;
 
@@ -81,7 +79,7 @@ impl ConstantFolding {
                 continue;
             }
             let refs: SmallVec<[&Storage; 2]> = values.iter().collect();
-            let result = catch_unwind(AssertUnwindSafe(|| eval_primitive(&node.op, &refs)));
+            let result = crate::catch_quietly(|| eval_primitive(&node.op, &refs));
             let Ok(outs) = result else {
                 rw.copy(id);
                 continue;

@@ -528,8 +528,10 @@ impl Pass for Fusion {
             let region = bodies[u].take().expect("each region is emitted once");
             let args: Vec<ValueId> = region.inputs.iter().map(|&v| rw.value(v)).collect();
             let outputs = region.outputs.clone();
+            // The region is listed at the line of its last member that has one.
+            let location = units[u].iter().rev().find_map(|&m| g.node(m).location);
             let fused = rw
-                .emit(Op::Fused { body: Arc::new(region.body) }, &args, &[], None)
+                .emit(Op::Fused { body: Arc::new(region.body) }, &args, &[], location)
                 .expect("a region's body takes the types of its inputs");
             for &m in &units[u] {
                 let slots: Vec<Option<ValueId>> = (0..g.node(m).outputs.len())

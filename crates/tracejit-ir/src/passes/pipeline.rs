@@ -22,7 +22,6 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -384,7 +383,7 @@ impl Run<'_> {
         }
         let nodes_before = g.len();
         let started = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| p.run(g, cx))).map_err(|panic| IrError::Verifier {
+        let result = crate::catch_quietly(|| p.run(g, cx)).map_err(|panic| IrError::Verifier {
             graph: g.name.clone(),
             node: NodeId::new(0),
             message: format!("pass `{name}` panicked: {}", crate::panic_message(&*panic)),

@@ -17,7 +17,9 @@
 //!
 //! [`Rewriter::inline_body`] copies a nested graph (a callee or a fused
 //! region's body) into the new graph; the inliner, the implementation
-//! selector and the fusion planner share it.
+//! selector and the fusion planner share it. Nodes inlined from a composite
+//! (a callee with `implements`) take the source location of the call: its
+//! body is tracejit's code, the call is the user's line.
 
 use std::collections::HashMap;
 use std::panic::Location;
@@ -55,6 +57,9 @@ pub struct Rewriter<'g> {
     stand_ins: Vec<Option<SmallVec<[NodeId; 2]>>>,
     /// Library functions already added to the new graph, by body pointer.
     funcs: HashMap<*const Graph, FuncId>,
+    /// While a composite's body is inlined: the call's location, which its
+    /// nodes take.
+    attribute_to: Option<&'static Location<'static>>,
 }
 
 impl<'g> Rewriter<'g> {
@@ -69,6 +74,7 @@ impl<'g> Rewriter<'g> {
             values: old.nodes().map(|(_, n)| smallvec::smallvec![None; n.outputs.len()]).collect(),
             stand_ins: vec![None; old.len()],
             funcs: HashMap::new(),
+            attribute_to: None,
         };
         for &p in &old.params {
             let ty = old.node(p).outputs[0].clone();
@@ -288,7 +294,15 @@ impl<'g> Rewriter<'g> {
     pub(crate) fn inline_call(&mut self, id: NodeId, body: &Graph, policy: CallPolicy<'_>) -> bool {
         let args = self.inputs(id);
         let control = self.control(id);
-        match self.inline_body(body, &args, &control, policy) {
+        let call = self.old.node(id);
+        let composite = matches!(call.op, Op::Call { func } if self.old.library.get(func).implements().is_some());
+        let outer = self.attribute_to;
+        if composite && outer.is_none() {
+            self.attribute_to = call.location;
+        }
+        let inlined = self.inline_body(body, &args, &control, policy);
+        self.attribute_to = outer;
+        match inlined {
             Ok((outs, stand_ins)) => {
                 self.map(id, &outs, &stand_ins);
                 true
@@ -355,8 +369,14 @@ impl<'g> Rewriter<'g> {
             let action = call.map(|f| (f, policy(f, &input_types)));
             let (outs, stands): (Vec<ValueId>, Vec<NodeId>) = match action {
                 Some((callee, CallAction::Inline)) => {
+                    let outer = self.attribute_to;
+                    if callee.implements().is_some() && outer.is_none() {
+                        self.attribute_to = node.location;
+                    }
                     let callee = callee.graph.clone();
-                    self.inline_body(&callee, &inputs, &ctrl, policy)?
+                    let inlined = self.inline_body(&callee, &inputs, &ctrl, policy);
+                    self.attribute_to = outer;
+                    inlined?
                 }
                 Some((callee, CallAction::Kernel(kernel))) => {
                     let name = callee.implements().unwrap_or_default().to_string();
@@ -441,7 +461,7 @@ impl<'g> Rewriter<'g> {
             inputs: inputs.iter().copied().collect(),
             control_inputs: ctrl.iter().copied().collect(),
             outputs,
-            location: like.location,
+            location: self.attribute_to.or(like.location),
         });
         ((0..like.outputs.len()).map(|i| ValueId::new(id, i as u32)).collect(), vec![id])
     }

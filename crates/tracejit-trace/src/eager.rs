@@ -1,0 +1,130 @@
+//! Functions running eagerly: what keeps `run_functions_eagerly(true)` (and
+//! the `Eager` retrace policy) from changing a program's meaning.
+//!
+//! A traced Function memoizes `remember` per Function, and creates the
+//! variables of its body once, on the first trace; later calls run the
+//! graph and create nothing. Running the closure directly would create a
+//! variable on every call and share `remember`ed values between Functions.
+//! So a Function that runs eagerly pushes an [`EagerFrame`] for the call:
+//! `remember` uses the Function's table, and `Variable::new` in the body
+//! returns, from the second call on, the variable the first call created at
+//! the same call site (the n-th creation at a site on a call is the n-th of
+//! the first call). Error messages say "while running eagerly".
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::panic::Location;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tracejit_tensor::Storage;
+
+use crate::variable::MemoTable;
+use crate::Variable;
+
+/// Where a variable was created: its call site and how many creations came
+/// before it at that site during the call.
+type Site = (&'static Location<'static>, usize);
+
+/// The variables a Function's body created while running eagerly, by site.
+#[derive(Default)]
+pub(crate) struct EagerVariables {
+    by_site: Mutex<HashMap<Site, Variable>>,
+    /// Set once a call has completed: later calls may not create variables.
+    complete: AtomicBool,
+}
+
+/// One eager call of a Function on this thread.
+struct EagerFrame {
+    fn_name: Arc<str>,
+    memo: Arc<MemoTable>,
+    variables: Arc<EagerVariables>,
+    /// Creations per call site so far in this call.
+    counts: HashMap<&'static Location<'static>, usize>,
+}
+
+thread_local! {
+    static FRAMES: RefCell<Vec<EagerFrame>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` as an eager call of the Function `fn_name` (its `remember`
+/// table and variables given); a call that returns marks the variables
+/// complete.
+pub(crate) fn run_as<T>(
+    fn_name: Arc<str>,
+    memo: Arc<MemoTable>,
+    variables: Arc<EagerVariables>,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Pop;
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            FRAMES.with(|s| s.borrow_mut().pop());
+        }
+    }
+    let frame = EagerFrame { fn_name, memo, variables: variables.clone(), counts: HashMap::new() };
+    FRAMES.with(|s| s.borrow_mut().push(frame));
+    let _pop = Pop;
+    let out = f();
+    variables.complete.store(true, Ordering::Release);
+    out
+}
+
+/// The Function running eagerly on this thread (innermost), if any.
+pub(crate) fn current_function() -> Option<Arc<str>> {
+    FRAMES.with(|s| s.borrow().last().map(|f| f.fn_name.clone()))
+}
+
+/// The `remember` table of the innermost Function running eagerly.
+pub(crate) fn current_memo() -> Option<Arc<MemoTable>> {
+    FRAMES.with(|s| s.borrow().last().map(|f| f.memo.clone()))
+}
+
+/// For `Variable::new` at `site` with initial value `initial`: the
+/// variable an earlier call of the innermost eager Function created there,
+/// or `None` when a new one is to be created (then [`note_created`] records
+/// it). Panics when a later call creates a variable the first did not, as
+/// a later trace would.
+#[track_caller]
+pub(crate) fn existing_variable(site: &'static Location<'static>, initial: &Storage) -> Option<Variable> {
+    FRAMES.with(|s| {
+        let mut frames = s.borrow_mut();
+        let frame = frames.last_mut()?;
+        let count = frame.counts.entry(site).or_insert(0);
+        let key = (site, *count);
+        *count += 1;
+        let found = frame.variables.by_site.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+        match found {
+            Some(v) if v.dtype() == initial.dtype() && v.shape() == initial.shape() => Some(v),
+            Some(v) => panic!(
+                "Variable::new: function `{}` (running eagerly) creates a {}{:?} variable at {site} where its \
+                 first call created a {}{:?} one; a traced function would create it on a later trace, which \
+                 is an error. Create it outside the function, or wrap the creation in \
+                 `remember(|| Variable::new(...))`",
+                frame.fn_name,
+                initial.dtype(),
+                initial.shape(),
+                v.dtype(),
+                v.shape()
+            ),
+            None if frame.variables.complete.load(Ordering::Acquire) => panic!(
+                "Variable::new: function `{}` (running eagerly) creates a variable at {site} on a later call; \
+                 variables may be created only on a function's first call (its first trace). Create it outside \
+                 the function, or wrap the creation in `remember(|| Variable::new(...))` so it happens once",
+                frame.fn_name
+            ),
+            None => None,
+        }
+    })
+}
+
+/// Records a variable created at `site` by the innermost eager Function
+/// (the site's latest creation, counted by [`existing_variable`]).
+pub(crate) fn note_created(site: &'static Location<'static>, v: &Variable) {
+    FRAMES.with(|s| {
+        if let Some(frame) = s.borrow().last() {
+            let n = frame.counts.get(site).copied().unwrap_or(1);
+            frame.variables.by_site.lock().unwrap_or_else(|e| e.into_inner()).insert((site, n - 1), v.clone());
+        }
+    });
+}
