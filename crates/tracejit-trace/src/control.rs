@@ -123,7 +123,7 @@ fn record(op: Op, inputs: &[&Tensor]) -> Vec<Tensor> {
         context::note_barrier(node, vars.into_iter());
     }
     if let Some(op) = tape_op {
-        crate::tape::record_control(&op, inputs, &outs);
+        crate::tape::record_control(&op, inputs, &outs, std::panic::Location::caller());
     }
     outs
 }

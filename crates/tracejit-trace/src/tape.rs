@@ -226,24 +226,34 @@ pub(crate) fn record_call(
             Recorded::Graph(g, vars)
         }
     };
-    push_entry(what, inputs, outputs);
+    push_entry(what, inputs, outputs, None);
 }
 
 /// Records a `cond` or `while` node on every recording tape that tracks
 /// one of its inputs or a variable its subgraphs read. Those variables are
 /// read again here, so that the tapes watch them and the rule has their
 /// values.
-pub(crate) fn record_control(op: &Op, inputs: &[&Tensor], outputs: &[Tensor]) {
+pub(crate) fn record_control(
+    op: &Op,
+    inputs: &[&Tensor],
+    outputs: &[Tensor],
+    location: &'static std::panic::Location<'static>,
+) {
     let vars: Vec<(u64, Tensor)> = autodiff::control_variables(op)
         .iter()
         .filter_map(|res| Variable::by_id(res.id()).map(|v| (res.id(), v.read())))
         .collect();
-    push_entry(Recorded::Control(op.clone(), vars), inputs, outputs);
+    push_entry(Recorded::Control(op.clone(), vars), inputs, outputs, Some(location));
 }
 
 /// Appends an entry to every recording tape that tracks one of its inputs
 /// (or, for calls and control flow, a variable value it reads).
-fn push_entry(what: Recorded, inputs: &[&Tensor], outputs: &[Tensor]) {
+fn push_entry(
+    what: Recorded,
+    inputs: &[&Tensor],
+    outputs: &[Tensor],
+    location: Option<&'static std::panic::Location<'static>>,
+) {
     let reads: Vec<&Tensor> = match &what {
         Recorded::Graph(_, vars) => vars.iter().map(|(_, t)| t).collect(),
         Recorded::Control(_, vars) => vars.iter().map(|(_, t)| t).collect(),
@@ -256,7 +266,7 @@ fn push_entry(what: Recorded, inputs: &[&Tensor], outputs: &[Tensor]) {
                 what: what.clone(),
                 inputs: inputs.iter().map(|x| (*x).clone()).collect(),
                 outputs: outputs.iter().cloned().collect(),
-                location: None,
+                location,
             });
         }
     });
