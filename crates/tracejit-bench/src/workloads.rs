@@ -534,7 +534,7 @@ pub type RnnArgs = (Tensor, Tensor, Tensor, Tensor);
 pub fn rnn_loop((xs, wx, wh, b): RnnArgs) -> Tensor {
     let [steps, batch, hidden] =
         [xs.dims()[0], xs.dims()[1], wh.dims()[1]].map(|d| d.expect("rnn_loop: the sizes must be known"));
-    let h0 = Tensor::zeros(&[batch, hidden], tracejit::DType::F32);
+    let h0 = Tensor::zeros(&[batch, hidden], xs.dtype());
     tracejit::fori_loop(0, steps as i64, |t, h: Tensor| (xs.gather(&t, 0).matmul(&wx) + h.matmul(&wh) + &b).tanh(), h0)
 }
 
