@@ -74,7 +74,7 @@ pub use tracejit_trace::{
     Operand, Result, RetracePolicy, Scalar, Scope, SliceSpec, SpecFlattener, SpecNest, Static, StaticValue, Tensor,
     TensorSpec, Unflattener, Variable,
 };
-pub use tracejit_trace::{OptimizationOptions, PipelineReport};
+pub use tracejit_trace::{OptimizationOptions, PipelineReport, ScheduleStats};
 
 /// Gradients: [`GradientTape`](autodiff::GradientTape) records ops eagerly
 /// or while tracing, and [`value_and_grad`](autodiff::value_and_grad)

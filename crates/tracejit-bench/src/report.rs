@@ -90,6 +90,17 @@ fn fmt_us(v: f64) -> String {
     }
 }
 
+/// What one compiled call runs, in a few words: "9 kernels (4 fused, 3
+/// GEMM, 2 ref)". Native kernels are named only when there are some.
+pub fn schedule_note(st: &tracejit::ScheduleStats) -> String {
+    let mut parts = vec![format!("{} fused", st.regions), format!("{} GEMM", st.gemms)];
+    if st.native_kernels > 0 {
+        parts.push(format!("{} native", st.native_kernels));
+    }
+    parts.push(format!("{} ref", st.fallbacks));
+    format!("{} kernels ({})", st.kernels(), parts.join(", "))
+}
+
 /// Cells of a row: workload, mode, threads, median, min, max, vs eager,
 /// first call ms, % floor, notes.
 fn cells(res: &Results, row: &Row) -> [String; 10] {
@@ -111,6 +122,9 @@ fn cells(res: &Results, row: &Row) -> [String; 10] {
         if timing.batch > 1 {
             notes.push(format!("batches of {}", timing.batch));
         }
+    }
+    if let Some(st) = row.schedule() {
+        notes.push(schedule_note(st));
     }
     if let Some(n) = threads_note(row.threads) {
         notes.push(n);
@@ -159,6 +173,15 @@ pub fn floors_text(res: &Results) -> Vec<String> {
     lines
 }
 
+/// What one traced-jit call of each workload runs, one line each.
+pub fn schedules_text(res: &Results) -> Vec<String> {
+    res.rows
+        .iter()
+        .filter(|r| r.mode == Mode::TracedJit)
+        .filter_map(|r| Some(format!("one traced-jit call of {} {}: {}", r.id, r.workload, r.schedule()?)))
+        .collect()
+}
+
 /// The table printed on stdout.
 pub fn table(res: &Results) -> String {
     let rows: Vec<[String; 10]> = res.rows.iter().map(|r| cells(res, r)).collect();
@@ -202,6 +225,9 @@ pub fn table(res: &Results) -> String {
     for l in floors_text(res) {
         let _ = writeln!(out, "{l}");
     }
+    for l in schedules_text(res) {
+        let _ = writeln!(out, "{l}");
+    }
     let _ = writeln!(
         out,
         "% floor = bandwidth floor time / median (100% = at the floor). Times are per call; \
@@ -231,13 +257,28 @@ pub fn row_json(res: &Results, row: &Row) -> Value {
     });
     let obj = v.as_object_mut().expect("an object");
     match &row.status {
-        Status::Measured { timing, agreement, executor, .. } => {
+        Status::Measured { timing, agreement, executor, schedule, .. } => {
             obj.insert("status".into(), "ok".into());
             obj.insert("samples".into(), timing.samples.into());
             obj.insert("batch".into(), timing.batch.into());
             obj.insert("max_abs_err".into(), num(Some(agreement.max_abs_err)));
             obj.insert("max_rel_err".into(), num(Some(agreement.max_rel_err)));
             obj.insert("executor".into(), executor.map(Value::from).unwrap_or(Value::Null));
+            if let Some(st) = schedule {
+                obj.insert(
+                    "schedule".into(),
+                    json!({
+                        "kernels": st.kernels(),
+                        "fused_regions": st.regions,
+                        "gemms": st.gemms,
+                        "native_kernels": st.native_kernels,
+                        "reference_ops": st.fallbacks,
+                        "variable_reads": st.reads,
+                        "variable_writes": st.writes,
+                        "calls": st.calls,
+                    }),
+                );
+            }
         }
         Status::NotAvailable(reason) => {
             obj.insert("status".into(), "n/a".into());
@@ -286,7 +327,7 @@ pub fn markdown(res: &Results, machine: &str) -> String {
         if res.quick { "--quick (0.05 s per measurement)" } else { "full (0.5 s per measurement)" },
         res.threads
     );
-    for l in floors_text(res) {
+    for l in floors_text(res).into_iter().chain(schedules_text(res)) {
         let _ = writeln!(out, "- {l}");
     }
     let _ = writeln!(out);

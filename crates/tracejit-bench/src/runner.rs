@@ -22,6 +22,8 @@ pub enum Status {
         agreement: Agreement,
         /// The executor that ran it (`None` for eager).
         executor: Option<&'static str>,
+        /// What one call runs, when the JIT ran it.
+        schedule: Option<tracejit::ScheduleStats>,
     },
     /// The machinery for this mode does not exist yet.
     NotAvailable(String),
@@ -57,6 +59,14 @@ impl Row {
     pub fn first_call_us(&self) -> Option<f64> {
         match &self.status {
             Status::Measured { first_call_us, .. } => *first_call_us,
+            _ => None,
+        }
+    }
+
+    /// What one call of a JIT-run mode executes.
+    pub fn schedule(&self) -> Option<&tracejit::ScheduleStats> {
+        match &self.status {
+            Status::Measured { schedule, .. } => schedule.as_ref(),
             _ => None,
         }
     }
@@ -152,7 +162,7 @@ fn run_eager(case: &dyn Runnable, reference: &[OutputValues], tol: Tolerance, bu
         Ok::<(), String>(())
     });
     match timing {
-        Ok(timing) => Status::Measured { timing, first_call_us: None, agreement, executor: None },
+        Ok(timing) => Status::Measured { timing, first_call_us: None, agreement, executor: None, schedule: None },
         Err(e) => Status::Failed(e),
     }
 }
@@ -205,7 +215,13 @@ fn run_traced(
         return Status::Failed(format!("traced {} times for one signature", runner.tracing_count()));
     }
     match measure(budget, || runner.call_discard()) {
-        Ok(timing) => Status::Measured { timing, first_call_us: Some(first_call_us), agreement, executor },
+        Ok(timing) => Status::Measured {
+            timing,
+            first_call_us: Some(first_call_us),
+            agreement,
+            executor,
+            schedule: runner.schedule_stats(),
+        },
         Err(e) => Status::Failed(e),
     }
 }

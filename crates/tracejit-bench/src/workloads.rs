@@ -101,6 +101,8 @@ pub trait TracedRunner {
     /// The executor of the first ConcreteFunction (`"jit"`, `"interpreter"`),
     /// once something was traced.
     fn executor_kind(&self) -> Option<&'static str>;
+    /// What one call runs (kernels, GEMMs, ...), when the JIT runs it.
+    fn schedule_stats(&self) -> Option<tracejit::ScheduleStats>;
     /// How many times the closure was traced.
     fn tracing_count(&self) -> usize;
 }
@@ -198,6 +200,10 @@ impl<A: Nest + Clone, R: Nest> TracedRunner for BoundFunction<'_, A, R> {
 
     fn executor_kind(&self) -> Option<&'static str> {
         self.f.concrete_functions().first().map(|cf| cf.executor_kind())
+    }
+
+    fn schedule_stats(&self) -> Option<tracejit::ScheduleStats> {
+        self.f.concrete_functions().first().and_then(|cf| cf.schedule_stats())
     }
 
     fn tracing_count(&self) -> usize {
@@ -528,7 +534,7 @@ pub type RnnArgs = (Tensor, Tensor, Tensor, Tensor);
 pub fn rnn_loop((xs, wx, wh, b): RnnArgs) -> Tensor {
     let [steps, batch, hidden] =
         [xs.dims()[0], xs.dims()[1], wh.dims()[1]].map(|d| d.expect("rnn_loop: the sizes must be known"));
-    let h0 = Tensor::zeros(&[batch, hidden], tracejit::DType::F32);
+    let h0 = Tensor::zeros(&[batch, hidden], xs.dtype());
     tracejit::fori_loop(0, steps as i64, |t, h: Tensor| (xs.gather(&t, 0).matmul(&wx) + h.matmul(&wh) + &b).tanh(), h0)
 }
 

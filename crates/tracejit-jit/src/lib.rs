@@ -121,7 +121,7 @@ mod scalar;
 
 pub use analysis::MAX_CONST_ELEMENTS;
 pub use error::JitError;
-pub use executor::Executable;
+pub use executor::{Executable, ScheduleStats};
 pub use gemm::{matmul, matmul_reusing};
 pub use options::JitOptions;
 pub use region::{compile_region, compile_region_with, kernel_cache_len, supports, unsupported_reason, CompiledRegion};

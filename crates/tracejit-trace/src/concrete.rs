@@ -101,6 +101,24 @@ impl ConcreteFunction {
         self.executable.as_ref().map(|e| e.fallbacks()).unwrap_or_default()
     }
 
+    /// What one call runs when the JIT executes this function: fused
+    /// regions (one compiled kernel each), GEMMs, native kernels, ops left
+    /// to the reference kernels, variable reads and writes, counted over
+    /// called functions too. `None` when the interpreter runs it.
+    ///
+    /// ```
+    /// use tracejit_trace::{function, Tensor};
+    ///
+    /// let f = function(|(x, w): (Tensor, Tensor)| (x.matmul(&w) + 1.0).relu().tanh());
+    /// f.call((Tensor::randn(&[4, 3], 0), Tensor::randn(&[3, 2], 1)))?;
+    /// let stats = f.concrete_functions()[0].schedule_stats().expect("the JIT runs it");
+    /// assert_eq!((stats.gemms, stats.regions), (1, 1), "{stats}");
+    /// # Ok::<(), tracejit_trace::Error>(())
+    /// ```
+    pub fn schedule_stats(&self) -> Option<tracejit_jit::ScheduleStats> {
+        self.executable.as_ref().map(|e| e.stats())
+    }
+
     /// What the optimization pipeline did: per pass, the node counts before
     /// and after, whether it changed the graph, and its time. `Display`
     /// prints it as a table.
