@@ -14,8 +14,8 @@
 //! process-wide table of composite kernels they consult.
 
 pub mod autodiff;
-pub mod control;
 mod boundary;
+pub mod control;
 mod equality;
 mod error;
 mod graph;

@@ -27,8 +27,8 @@ mod tracelock;
 mod variable;
 
 pub use concrete::ConcreteFunction;
-pub use control::{cond, fori_loop, while_loop};
 pub use context::attributed_to;
+pub use control::{cond, fori_loop, while_loop};
 pub use error::{Error, Result};
 pub use function::{function, CacheStats, Function, RetracePolicy};
 pub use nest::{Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener};
