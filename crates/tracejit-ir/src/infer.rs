@@ -71,18 +71,14 @@ pub fn check_outputs_allocatable(op: &Op, inputs: &[TensorType], outputs: &[Tens
 /// The op's name, and for a fused region the ops it runs:
 /// `fused region (broadcast_to, mul)`.
 fn op_label(op: &Op) -> String {
-    match op {
-        Op::Fused { body } => {
-            let mut names: Vec<&str> = Vec::new();
-            for (_, n) in body.nodes() {
-                if !matches!(n.op, Op::Parameter { .. } | Op::Constant { .. }) && !names.contains(&n.op.name()) {
-                    names.push(n.op.name());
-                }
-            }
-            format!("fused region ({})", names.join(", "))
+    let Op::Fused { body } = op else { return op.name().to_string() };
+    let mut names: Vec<&str> = Vec::new();
+    for (_, n) in body.nodes() {
+        if !matches!(n.op, Op::Parameter { .. } | Op::Constant { .. }) && !names.contains(&n.op.name()) {
+            names.push(n.op.name());
         }
-        _ => op.name().to_string(),
     }
+    format!("fused region ({})", names.join(", "))
 }
 
 fn infer_types(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<Outputs, OpError> {
