@@ -27,6 +27,7 @@ mod parser;
 pub mod passes;
 mod printer;
 pub mod registry;
+pub mod tolerance;
 mod types;
 mod verifier;
 

@@ -56,7 +56,7 @@ pub use cse::Cse;
 pub use dce::Dce;
 pub use fusion::{default_accepts_region, Fusion, MAX_REGION_NODES};
 pub use inline::Inline;
-pub use pipeline::{FixpointOutcome, OptimizationOptions, PassRecord, Pipeline, PipelineReport, Stage};
+pub use pipeline::{FixpointOutcome, OptimizationOptions, PassRecord, PassSnapshot, Pipeline, PipelineReport, Stage};
 pub use rewrite::Rewriter;
 pub use select::SelectImplementation;
 pub use simplify::Simplify;

@@ -300,6 +300,28 @@ impl Pipeline {
 
     /// Optimizes a copy of `graph` and returns it with the report.
     pub fn run(&self, graph: &Graph, cx: &PassContext) -> Result<(Graph, PipelineReport), IrError> {
+        self.run_with(graph, cx, None)
+    }
+
+    /// [`Pipeline::run`], also returning the graph after every pass that
+    /// changed it, named `pass` or `pass (round n)`: what shadow validation
+    /// bisects to find the pass that made a result differ.
+    pub fn run_recording(
+        &self,
+        graph: &Graph,
+        cx: &PassContext,
+    ) -> Result<(Graph, PipelineReport, Vec<PassSnapshot>), IrError> {
+        let mut snapshots = Vec::new();
+        let (g, report) = self.run_with(graph, cx, Some(&mut snapshots))?;
+        Ok((g, report, snapshots))
+    }
+
+    fn run_with(
+        &self,
+        graph: &Graph,
+        cx: &PassContext,
+        snapshots: Option<&mut Vec<PassSnapshot>>,
+    ) -> Result<(Graph, PipelineReport), IrError> {
         let started = Instant::now();
         let mut g = graph.clone();
         let mut report = PipelineReport {
@@ -322,6 +344,7 @@ impl Pipeline {
             verify: self.options.verify.unwrap_or(cfg!(debug_assertions)),
             dump: self.dump_dir().map(|dir| Dump::new(dir, cx.dump_prefix.as_deref().unwrap_or(&cx.function))),
             report: &mut report,
+            snapshots,
         };
         let selector_stage = self
             .stages
@@ -366,11 +389,16 @@ impl Pipeline {
     }
 }
 
+/// The graph after one pass of [`Pipeline::run_recording`], labelled
+/// `pass` or `pass (round n)`.
+pub type PassSnapshot = (String, Graph);
+
 /// The state of one pipeline run.
 struct Run<'r> {
     verify: bool,
     dump: Option<Dump>,
     report: &'r mut PipelineReport,
+    snapshots: Option<&'r mut Vec<PassSnapshot>>,
 }
 
 impl Run<'_> {
@@ -399,6 +427,10 @@ impl Run<'_> {
                 }
                 other => other,
             })?;
+        }
+        if let (Some(snaps), true) = (&mut self.snapshots, result.changed) {
+            let label = if round == 0 { name.to_string() } else { format!("{name} (round {round})") };
+            snaps.push((label, g.clone()));
         }
         self.report.passes.push(PassRecord {
             pass: name,
