@@ -127,6 +127,95 @@ where
     registry::register(name, registration(name, Some(Arc::new(predicate)), Arc::new(kernel)));
 }
 
+/// Tests `kernel` against the composite's primitive `body` (both over eager
+/// tensors) on random inputs of `specs`: normal samples for floats, zeros
+/// for integers, `false` for bools; every `-1` dim takes the sizes 0, 1, 3
+/// and 5, over several seeds. Float results must agree within a kernel's
+/// tolerance (`tracejit_ir::tolerance::KERNEL_BUDGET` epsilons of the
+/// results' magnitude), others exactly, with the same dtypes and shapes.
+/// `Err` names the input sizes, the output and the largest difference.
+pub fn check_kernel<B, F>(specs: &[TensorSpec], body: B, kernel: F) -> Result<(), String>
+where
+    B: Fn(&[Tensor]) -> Vec<Tensor>,
+    F: Fn(&[Tensor]) -> Vec<Tensor>,
+{
+    use tracejit_ir::tolerance::{self, Budget};
+    for size in [0usize, 1, 3, 5] {
+        for seed in 0..3u64 {
+            let inputs: Vec<Tensor> = specs
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let shape: Vec<usize> = s.ty.dims.iter().map(|d| d.unwrap_or(size)).collect();
+                    match s.ty.dtype {
+                        tracejit_tensor::DType::F32 | tracejit_tensor::DType::F64 => {
+                            Tensor::randn(&shape, seed * 31 + i as u64).cast(s.ty.dtype)
+                        }
+                        _ => Tensor::zeros(&shape, s.ty.dtype),
+                    }
+                })
+                .collect();
+            let shapes: Vec<String> = inputs.iter().map(|t| t.tensor_type().to_string()).collect();
+            let run = |f: &dyn Fn(&[Tensor]) -> Vec<Tensor>| {
+                tracejit_ir::catch_quietly(|| f(&inputs)).map_err(|p| tracejit_ir::panic_message(&*p))
+            };
+            let expected = run(&body).map_err(|m| format!("the body fails on ({}): {m}", shapes.join(", ")))?;
+            let got = run(&kernel).map_err(|m| format!("the kernel fails on ({}): {m}", shapes.join(", ")))?;
+            if got.len() != expected.len() {
+                return Err(format!("the kernel returns {} values, the body {}", got.len(), expected.len()));
+            }
+            for (k, (e, g)) in expected.iter().zip(&got).enumerate() {
+                let (e, g) = (e.storage().map_err(|x| x.to_string())?, g.storage().map_err(|x| x.to_string())?);
+                let scale = inputs
+                    .iter()
+                    .filter_map(|t| t.storage().ok().map(tolerance::magnitude))
+                    .fold(tolerance::magnitude(e), f64::max);
+                let budget = Budget { eps: tolerance::KERNEL_BUDGET, scale: scale.max(1.0), unverifiable: false };
+                if let Some(d) = tolerance::compare(e, g, &budget) {
+                    let found = format!("{}{:?}", g.dtype(), g.shape());
+                    return Err(format!(
+                        "on inputs ({}), output {k} ({found}) differs from the body's: {d}",
+                        shapes.join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`register_kernel`] after [`check_kernel`] passed: a kernel that does
+/// not agree with the composite's primitive `body` on random inputs of
+/// `specs` is not registered, and the `Err` says where it differs.
+///
+/// ```
+/// use tracejit_nn::composite;
+/// use tracejit_trace::{DType, Tensor, TensorSpec};
+///
+/// let specs = [TensorSpec::new(DType::F32, &[-1])];
+/// let body = |x: &[Tensor]| vec![&x[0] * &x[0] + 1.0];
+/// let wrong = composite::register_kernel_checked("example.doc.sq1", &specs, body, |x: &[Tensor]| vec![&x[0] * 2.0]);
+/// assert!(wrong.unwrap_err().contains("differs from the body"));
+/// composite::register_kernel_checked("example.doc.sq1", &specs, body, |x: &[Tensor]| vec![x[0].square() + 1.0])?;
+/// assert!(composite::registered_kernels().contains(&"example.doc.sq1".to_string()));
+/// # Ok::<(), String>(())
+/// ```
+///
+/// # Panics
+///
+/// If `name` is not of the form `org.semantic.opname`.
+#[track_caller]
+pub fn register_kernel_checked<B, F>(name: &str, specs: &[TensorSpec], body: B, kernel: F) -> Result<(), String>
+where
+    B: Fn(&[Tensor]) -> Vec<Tensor>,
+    F: Fn(&[Tensor]) -> Vec<Tensor> + Send + Sync + 'static,
+{
+    assert!(is_valid_name(name), "register_kernel_checked: `{name}` is not of the form `org.semantic.opname`");
+    check_kernel(specs, body, &kernel).map_err(|m| format!("kernel `{name}`: {m}; it was not registered"))?;
+    register_kernel(name, kernel);
+    Ok(())
+}
+
 /// Removes the kernel registered for `name`; true if there was one.
 pub fn unregister(name: &str) -> bool {
     ensure_builtins();

@@ -13,6 +13,15 @@ pub fn run_functions_eagerly(eager: bool) {
     EAGER.store(if eager { 2 } else { 1 }, Ordering::Relaxed);
 }
 
+/// Whether `TRACEJIT_VALIDATE=1` (or `true`) asks every `Function` that
+/// does not say otherwise to validate its calls (`Function::validate`);
+/// read once.
+pub fn validation_from_env() -> bool {
+    static FROM_ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FROM_ENV
+        .get_or_init(|| std::env::var("TRACEJIT_VALIDATE").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true")))
+}
+
 /// Whether `Function`s currently run eagerly.
 pub fn functions_run_eagerly() -> bool {
     match EAGER.load(Ordering::Relaxed) {

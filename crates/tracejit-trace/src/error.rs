@@ -74,6 +74,15 @@ pub enum Error {
         /// Why the call needed a new trace.
         reason: String,
     },
+    /// Shadow validation found an optimized result that differs from the
+    /// graph as traced (see `Function::validate`).
+    #[error("function `{function}`: validation: {message}")]
+    Validation {
+        /// The function.
+        function: String,
+        /// What differs, by how much, and the first differing node.
+        message: String,
+    },
     /// The value of a symbolic tensor was asked for while tracing.
     #[error(
         "cannot read the value of a symbolic tensor while tracing function `{function}`: \

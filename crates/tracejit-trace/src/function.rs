@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use dashmap::DashMap;
 use smallvec::SmallVec;
-use tracejit_ir::passes::{OptimizationOptions, PassContext, Pipeline, PipelineReport};
-use tracejit_ir::{verify, FunctionAttrs, Graph, TensorType};
+use tracejit_ir::passes::OptimizationOptions;
+use tracejit_ir::{verify, FunctionAttrs, TensorType};
 use tracejit_tensor::{DType, Storage};
 
 use crate::concrete::ConcreteFunction;
@@ -28,7 +28,9 @@ use crate::{config, Error, Result, Tensor};
 use tracejit_ir::panic_message;
 
 mod eager_call;
+mod optimize;
 mod retrace;
+mod shadow;
 pub use retrace::{CacheStats, RetracePolicy};
 
 /// Wraps a closure into a traced [`Function`].
@@ -47,6 +49,7 @@ where
             optimizations: OptimizationOptions::default(),
             max_traces: None,
             retrace_policy: None,
+            validate: None,
         }),
         state: Arc::new(FunctionState::default()),
         _marker: PhantomData,
@@ -75,6 +78,8 @@ struct FunctionConfig {
     optimizations: OptimizationOptions,
     max_traces: Option<usize>,
     retrace_policy: Option<RetracePolicy>,
+    /// Shadow-eager validation; `None`: `TRACEJIT_VALIDATE`.
+    validate: Option<bool>,
 }
 
 /// The cache's keys are already signature hashes: hashing them again (with
@@ -325,7 +330,12 @@ impl<A: Nest, R: Nest> Function<A, R> {
             return Ok(self.rebuild_output(&cf, outs));
         }
         let storages: SmallVec<[Storage; 4]> = flat.tensors.iter().map(|t| t.eager_storage().clone()).collect();
-        let outs: Vec<Tensor> = cf.execute(&storages)?.into_iter().map(Tensor::from_storage).collect();
+        let before = self.validating().then(|| crate::validate::snapshot(&cf.graph));
+        let outs = cf.execute(&storages)?;
+        if let Some(before) = before {
+            self.check_call(&cf, &before, &storages, &outs)?;
+        }
+        let outs: Vec<Tensor> = outs.into_iter().map(Tensor::from_storage).collect();
         cf.record_on_tapes(&flat.tensors, &outs)?;
         Ok(self.rebuild_output(&cf, outs))
     }
@@ -574,7 +584,9 @@ impl<A: Nest, R: Nest> Function<A, R> {
                 })
                 .collect()
         });
+        let validating = self.validating();
         let result = tracejit_ir::catch_quietly(|| {
+            let _validating = validating.then(crate::validate::Active::enter);
             let args = A::unflatten(&mut Unflattener::new(placeholders, statics.clone(), structure.clone()));
             let out = (self.closure)(args);
             let mut flat = Flattener::default();
@@ -631,50 +643,6 @@ impl<A: Nest, R: Nest> Function<A, R> {
         }
         self.state.concrete.write().expect("concrete list poisoned").push(cf.clone());
         Ok(cf)
-    }
-}
-
-impl<A: Nest, R: Nest> Function<A, R> {
-    /// Compiles the optimized graph for the JIT executor when `jit(true)`.
-    /// A graph the executor cannot prepare runs in the interpreter instead
-    /// (logged): slower, never wrong.
-    fn prepare_executable(&self, graph: &Graph) -> Option<tracejit_jit::Executable> {
-        if !self.config.jit {
-            return None;
-        }
-        match tracejit_jit::Executable::new(graph) {
-            Ok(exe) => Some(exe),
-            Err(e) => {
-                log::warn!(
-                    "tracejit: `{}` runs in the interpreter: the JIT could not prepare it: {e}",
-                    self.config.name
-                );
-                None
-            }
-        }
-    }
-
-    /// Runs the optimization pipeline over a freshly traced graph; the
-    /// trace lock is held. Composite calls find their kernels in the
-    /// process-wide table (`tracejit_ir::registry`, which
-    /// `tracejit::composite` fills); dumps are named
-    /// `<function>.<trace number>`.
-    fn optimize_graph(&self, graph: &Graph) -> Result<(Graph, PipelineReport)> {
-        let pipeline = Pipeline::default_pipeline().with_options(self.config.optimizations.clone());
-        pipeline.validate().map_err(|message| Error::Signature { function: self.config.name.clone(), message })?;
-        let trace_no = self.state.tracing_count.load(Ordering::SeqCst) + 1;
-        let mut cx = PassContext {
-            dump_prefix: Some(format!("{}.{trace_no}", self.config.name)),
-            ..PassContext::new(self.config.name.clone())
-        }
-        .with_kernels(tracejit_ir::registry::global());
-        if self.config.jit {
-            // Form only regions the JIT compiles (smaller ones where it
-            // would reject a bigger one); `OptimizationOptions::accept_region`
-            // still overrides.
-            cx = cx.with_region_acceptor(Arc::new(tracejit_jit::supports));
-        }
-        Ok(pipeline.run(graph, &cx)?)
     }
 }
 

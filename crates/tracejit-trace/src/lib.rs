@@ -11,6 +11,7 @@
 // inside this crate too.
 extern crate self as tracejit;
 
+mod backward_check;
 mod concrete;
 pub mod config;
 mod context;
@@ -24,6 +25,7 @@ mod ops;
 mod tape;
 mod tensor;
 mod tracelock;
+mod validate;
 mod variable;
 
 pub use concrete::ConcreteFunction;

@@ -84,7 +84,9 @@ enum Recorded {
     /// the values of the variables it reads (read again around the call).
     Graph(Arc<Graph>, Vec<(tracejit_ir::VarId, Tensor)>),
     /// A call of a composite with a registered backward kernel.
-    Custom(String, Arc<GradientFn>),
+    /// In validation mode, also the composite's body, to check the kernel
+    /// against its VJP.
+    Custom(String, Arc<GradientFn>, Option<Arc<Graph>>),
     /// A `cond` or `while` node, and the values of the variables its
     /// subgraphs read (by resource id, read again around the node).
     Control(Op, Vec<(u64, Tensor)>),
@@ -211,7 +213,7 @@ pub(crate) fn record_call(
     outputs: &[Tensor],
 ) {
     let what = match implements.and_then(|n| registered_gradient(n).map(|f| (n, f))) {
-        Some((n, f)) => Recorded::Custom(n.to_string(), f),
+        Some((n, f)) => Recorded::Custom(n.to_string(), f, crate::validate::active().then(graph)),
         None => {
             // The variables the callee reads are read again here, so that
             // the tapes watch them and the backward has their values.
@@ -442,7 +444,7 @@ fn backward(entries: &[Entry], target: &Tensor, sources: &[Vec<Tensor>]) -> Resu
                     i
                 })
             }
-            Recorded::Custom(name, f) => {
+            Recorded::Custom(name, f, body) => {
                 let cts = f(&entry.inputs, &entry.outputs, &out_cts);
                 if cts.len() != entry.inputs.len() {
                     return Err(grad_error(format!(
@@ -450,6 +452,13 @@ fn backward(entries: &[Entry], target: &Tensor, sources: &[Vec<Tensor>]) -> Resu
                         cts.len(),
                         entry.inputs.len()
                     )));
+                }
+                if let Some(body) = body {
+                    crate::backward_check::check(name, f.as_ref(), body, &entry.inputs, &entry.outputs, &out_cts)
+                        .map_err(|m| match entry.location {
+                            Some(at) => grad_error(format!("{m} (the call at {}:{})", at.file(), at.line())),
+                            None => grad_error(m),
+                        })?;
                 }
                 Ok(cts)
             }
@@ -591,7 +600,7 @@ impl Source for Vec<Variable> {
 
 /// The VJP rules' [`Emitter`] over tensors: ops run eagerly on eager
 /// tensors and become graph nodes on symbolic ones.
-struct TensorEmitter;
+pub(crate) struct TensorEmitter;
 
 impl Emitter for TensorEmitter {
     type Value = Tensor;

@@ -1,0 +1,61 @@
+//! Optimizing a fresh trace (the pipeline, with the kernels of the
+//! composite registry and, under the JIT, the regions it compiles) and
+//! preparing the JIT's executable.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tracejit_ir::passes::{PassContext, Pipeline, PipelineReport};
+use tracejit_ir::Graph;
+
+use super::Function;
+use crate::nest::Nest;
+use crate::{Error, Result};
+
+impl<A: Nest, R: Nest> Function<A, R> {
+    /// Compiles the optimized graph for the JIT executor when `jit(true)`.
+    /// A graph the executor cannot prepare runs in the interpreter instead
+    /// (logged): slower, never wrong.
+    pub(super) fn prepare_executable(&self, graph: &Graph) -> Option<tracejit_jit::Executable> {
+        if !self.config.jit {
+            return None;
+        }
+        match tracejit_jit::Executable::new(graph) {
+            Ok(exe) => Some(exe),
+            Err(e) => {
+                log::warn!(
+                    "tracejit: `{}` runs in the interpreter: the JIT could not prepare it: {e}",
+                    self.config.name
+                );
+                None
+            }
+        }
+    }
+
+    /// Runs the optimization pipeline over a freshly traced graph; the
+    /// trace lock is held. Composite calls find their kernels in the
+    /// process-wide table (`tracejit_ir::registry`, which
+    /// `tracejit::composite` fills); dumps are named
+    /// `<function>.<trace number>`.
+    pub(super) fn optimize_graph(&self, graph: &Graph) -> Result<(Graph, PipelineReport)> {
+        let trace_no = self.state.tracing_count.load(Ordering::SeqCst) + 1;
+        let (pipeline, cx) = self.pipeline_and_context(format!("{}.{trace_no}", self.config.name))?;
+        Ok(pipeline.run(graph, &cx)?)
+    }
+
+    /// The pipeline and pass context this Function optimizes with; dumps
+    /// are named `dump_prefix`.
+    pub(super) fn pipeline_and_context(&self, dump_prefix: String) -> Result<(Pipeline, PassContext)> {
+        let pipeline = Pipeline::default_pipeline().with_options(self.config.optimizations.clone());
+        pipeline.validate().map_err(|message| Error::Signature { function: self.config.name.clone(), message })?;
+        let mut cx = PassContext { dump_prefix: Some(dump_prefix), ..PassContext::new(self.config.name.clone()) }
+            .with_kernels(tracejit_ir::registry::global());
+        if self.config.jit {
+            // Form only regions the JIT compiles (smaller ones where it
+            // would reject a bigger one); `OptimizationOptions::accept_region`
+            // still overrides.
+            cx = cx.with_region_acceptor(Arc::new(tracejit_jit::supports));
+        }
+        Ok((pipeline, cx))
+    }
+}
