@@ -16,7 +16,6 @@
 //! The LSTM cell of W7 goes through [`lstm_cell`], the single place that
 //! switches it to the `tracejit::nn::lstm_cell` composite.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use tracejit::{function, DType, Flattener, Function, Nest, StaticValue, Tensor, Unflattener};
@@ -144,7 +143,7 @@ where
     R: Nest + 'static,
 {
     fn eager_call(&self) -> Result<Vec<Tensor>, String> {
-        catch_unwind(AssertUnwindSafe(|| flatten_result(&(self.closure)(self.args.clone()))))
+        tracejit::ir::catch_quietly(|| flatten_result(&(self.closure)(self.args.clone())))
             .map_err(|p| format!("eager call panicked: {}", tracejit::ir::panic_message(&*p)))
     }
 
@@ -162,12 +161,12 @@ where
             .collect();
         let statics: Vec<Arc<dyn StaticValue>> = flat.statics.iter().map(|s| s.clone_arc()).collect();
         let args = A::unflatten(&mut Unflattener::new(tensors, statics, flat.structure.to_vec()));
-        catch_unwind(AssertUnwindSafe(|| {
+        tracejit::ir::catch_quietly(|| {
             flatten_result(&(self.closure)(args))
                 .into_iter()
                 .map(|t| if t.dtype() == DType::F64 { t.cast(DType::F32) } else { t })
                 .collect()
-        }))
+        })
         .map_err(|p| format!("eager f64 call panicked: {}", tracejit::ir::panic_message(&*p)))
     }
 
