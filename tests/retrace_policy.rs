@@ -170,3 +170,32 @@ fn a_static_key_that_is_not_equal_to_itself_is_reported() {
     }
     assert_eq!(f.tracing_count(), 1, "a NaN key never traces");
 }
+
+#[test]
+fn eager_calls_keep_the_functions_variables() {
+    let ones = |n: usize| Tensor::ones(&[n], DType::F32);
+    // `remember` gives the eager calls the variable the trace created.
+    let total = function(|x: Tensor| {
+        let t = remember(|| Variable::new(Tensor::zeros(&[], DType::F32)));
+        t.assign_add(&x.sum_all());
+        t.read()
+    })
+    .max_traces(1)
+    .retrace_policy(RetracePolicy::Eager);
+    for (n, want) in [(2, 2.0f32), (3, 5.0), (2, 7.0), (5, 12.0)] {
+        assert_eq!(total.call(ones(n)).unwrap().to_vec::<f32>().unwrap(), vec![want]);
+    }
+    assert_eq!((total.tracing_count(), total.cache_stats().eager_calls), (1, 2));
+    // A variable created in the body on a later call is the error a later
+    // trace gives, eagerly too.
+    let fresh = function(|x: Tensor| {
+        let v = Variable::new(Tensor::zeros(&[], DType::F32));
+        v.assign_add(&x.sum_all());
+        v.read()
+    })
+    .max_traces(1)
+    .retrace_policy(RetracePolicy::Eager);
+    fresh.call(ones(2)).unwrap();
+    let e = fresh.call(ones(3)).unwrap_err().to_string();
+    assert!(e.contains("running eagerly") && e.contains("later call"), "{e}");
+}

@@ -49,7 +49,11 @@ pub fn catch_quietly<T>(f: impl FnOnce() -> T) -> Result<T, Box<dyn Any + Send>>
             DEPTH.with(|d| d.set(d.get() - 1));
         }
     }
-    wrap_hook();
+    // The hook cannot be replaced while this thread unwinds (a boundary
+    // entered from a destructor); it is wrapped by the next boundary then.
+    if !std::thread::panicking() {
+        wrap_hook();
+    }
     DEPTH.with(|d| d.set(d.get() + 1));
     let _leave = Leave;
     catch_unwind(AssertUnwindSafe(f))

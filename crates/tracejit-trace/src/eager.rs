@@ -41,6 +41,9 @@ struct EagerFrame {
     variables: Arc<EagerVariables>,
     /// Creations per call site so far in this call.
     counts: HashMap<&'static Location<'static>, usize>,
+    /// The Function was traced before: creating a variable now is what a
+    /// later trace would do, an error.
+    after_trace: bool,
 }
 
 thread_local! {
@@ -48,12 +51,14 @@ thread_local! {
 }
 
 /// Runs `f` as an eager call of the Function `fn_name` (its `remember`
-/// table and variables given); a call that returns marks the variables
-/// complete.
+/// table and variables given; `after_trace`: the Function has traced
+/// before, so its body may create no variable); a call that returns marks
+/// the variables complete.
 pub(crate) fn run_as<T>(
     fn_name: Arc<str>,
     memo: Arc<MemoTable>,
     variables: Arc<EagerVariables>,
+    after_trace: bool,
     f: impl FnOnce() -> T,
 ) -> T {
     struct Pop;
@@ -62,7 +67,7 @@ pub(crate) fn run_as<T>(
             FRAMES.with(|s| s.borrow_mut().pop());
         }
     }
-    let frame = EagerFrame { fn_name, memo, variables: variables.clone(), counts: HashMap::new() };
+    let frame = EagerFrame { fn_name, memo, variables: variables.clone(), counts: HashMap::new(), after_trace };
     FRAMES.with(|s| s.borrow_mut().push(frame));
     let _pop = Pop;
     let out = f();
@@ -107,7 +112,7 @@ pub(crate) fn existing_variable(site: &'static Location<'static>, initial: &Stor
                 v.dtype(),
                 v.shape()
             ),
-            None if frame.variables.complete.load(Ordering::Acquire) => panic!(
+            None if frame.after_trace || frame.variables.complete.load(Ordering::Acquire) => panic!(
                 "Variable::new: function `{}` (running eagerly) creates a variable at {site} on a later call; \
                  variables may be created only on a function's first call (its first trace). Create it outside \
                  the function, or wrap the creation in `remember(|| Variable::new(...))` so it happens once",

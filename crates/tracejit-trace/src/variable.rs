@@ -115,7 +115,9 @@ impl Variable {
         // A Function running eagerly creates its variables on the first call
         // only, as its first trace would (see `crate::eager`).
         let site = Location::caller();
-        let eager_frame = !context::in_remember_now();
+        // Inside `remember`, or inside a Function traced from an eager one
+        // (the Eager retrace policy), the usual rules apply.
+        let eager_frame = !context::in_remember_now() && context::current_function().is_none();
         if eager_frame {
             if let Some(v) = crate::eager::existing_variable(site, &storage) {
                 return v;

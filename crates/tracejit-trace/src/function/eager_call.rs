@@ -21,9 +21,10 @@ impl<A: Nest, R: Nest> Function<A, R> {
             let types: Vec<TensorType> = flat.tensors.iter().map(|t| t.tensor_type()).collect();
             self.check_signature(sig, &types)?;
         }
+        let after_trace = self.tracing_count() > 0;
         let (name, memo, vars) =
             (Arc::from(self.config.name.as_str()), self.state.memo.clone(), self.state.eager_variables.clone());
-        tracejit_ir::catch_quietly(|| crate::eager::run_as(name, memo, vars, || (self.closure)(args)))
+        tracejit_ir::catch_quietly(|| crate::eager::run_as(name, memo, vars, after_trace, || (self.closure)(args)))
             .map_err(|p| Error::EagerPanic { function: self.config.name.clone(), message: panic_message(&*p) })
     }
 }
