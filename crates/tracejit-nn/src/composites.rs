@@ -29,6 +29,7 @@ pub enum Activation {
 
 impl Activation {
     /// Applies the activation with primitives.
+    #[track_caller]
     pub fn apply(self, x: &Tensor) -> Tensor {
         match self {
             Activation::Linear => x.clone(),
