@@ -76,7 +76,7 @@ pub use tracejit_trace::{
 };
 pub use tracejit_trace::{OptimizationOptions, PipelineReport, ScheduleStats};
 
-/// Gradients: [`GradientTape`](autodiff::GradientTape) records ops eagerly
+/// Gradients: [`autodiff::GradientTape`] records ops eagerly
 /// or while tracing, and [`value_and_grad`](autodiff::value_and_grad)
 /// differentiates a closure with respect to variables. The VJP rules are
 /// `tracejit::ir::autodiff`'s.

@@ -431,7 +431,7 @@ fn build_mlp_forward() -> Body {
 
 // ---- W6 -------------------------------------------------------------------
 
-/// W6's arguments: x [64, 784], integer labels [64], then W5's weights.
+/// W6's arguments: x `[64, 784]`, integer labels `[64]`, then W5's weights.
 pub type TrainArgs = (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor);
 
 /// W6's closure: W5's forward, softmax cross-entropy on integer labels, the
@@ -502,8 +502,8 @@ pub fn lstm_cell_primitives(
     (h_next, c_next)
 }
 
-/// W7's arguments: x [64, 256], h [64, 256], c [64, 256], w_ih [256, 1024],
-/// w_hh [256, 1024], b [1024].
+/// W7's arguments: x `[64, 256]`, h `[64, 256]`, c `[64, 256]`, w_ih
+/// `[256, 1024]`, w_hh `[256, 1024]`, b `[1024]`.
 pub type LstmArgs = (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor);
 
 /// W7's closure.
@@ -523,8 +523,8 @@ fn build_lstm_cell() -> Body {
 
 // ---- W8 -------------------------------------------------------------------
 
-/// W8's arguments: x [32, 32, 64] (steps, batch, features), wx [64, 128],
-/// wh [128, 128], b [128].
+/// W8's arguments: x `[32, 32, 64]` (steps, batch, features), wx
+/// `[64, 128]`, wh `[128, 128]`, b `[128]`.
 pub type RnnArgs = (Tensor, Tensor, Tensor, Tensor);
 
 /// W8's closure: a loop with a static trip count (JAX's `lax.fori_loop`);
