@@ -5,17 +5,22 @@
 //!
 //! | tracejit | ONNX | why the extra nodes |
 //! |---|---|---|
-//! | `sign` (float) | `Where(IsNaN(x), x, Sign(x))` | ONNX leaves `Sign(NaN)` open; NaN stays NaN here |
-//! | `maximum`/`minimum` (float) | `Where(IsNaN(a) or IsNaN(b), a + b, Max(a, b))` | NaN propagates here |
+//! | `sign` (float) | `Where(x != x, x, Sign(x))` | ONNX leaves `Sign(NaN)` open; NaN stays NaN here |
+//! | `maximum`/`minimum` (float) | `Where(a != a or b != b, a + b, Max(a, b))` | NaN propagates here |
 //! | `div` (int) | `Div` guarded for `b == 0` and `b == -1` | division by 0 gives 0, `MIN / -1` wraps (ONNX: undefined, a crash in practice) |
 //! | `rem` (int) | `Mod(fmod=0)`, guarded likewise | sign of the divisor, as `Mod` |
 //! | `rem` (float) | `Mod(fmod=1)` plus the divisor where the signs differ | ONNX's float `Mod` is C's `fmod` (sign of the dividend); here it is Python's `%` |
+//! | `clamp` (float) | `Where(x != x, x, Clip(x, min, max))` | NaN stays NaN here (runtimes differ) |
+//! | `eq`/`ne` (bool) | `Not(Xor(a, b))`, `Xor(a, b)` | some runtimes compare numbers only |
+//! | `select` (bool) | `(c and a) or (not c and b)` | onnxruntime has no bool `Where` |
+//! | `sinh`/`cosh` (f64) | from `Exp` (a cubic series near 0 for `sinh`) | onnxruntime has no f64 kernels |
+//! | `erf` (f64) | `Erf` in f32, cast back (about 1e-7 relative) | no runtime has an f64 `Erf` |
 //! | `softplus` | `Relu(x) + Log(1 + Exp(-Abs(x)))` | ONNX `Softplus` overflows for large `x` |
 //! | `expm1`, `log1p`, `rsqrt`, `square` | `Exp - 1`, `Log(1 + x)`, `Reciprocal(Sqrt)`, `Mul(x, x)` | no ONNX operator |
-//! | `is_nan`/`is_finite` (int), `floor`/`ceil`/`round` (int) | `Equal(x, x)` forms, `Identity` | ONNX takes floats only |
+//! | `is_nan`, `is_finite` | `Not(Equal(x, x))`, `Equal(x - x, 0)` (`Equal(x, x)` for ints) | one form for every dtype (ONNX's `IsNaN` takes floats, and tract 0.23 types it wrongly for f64) |
+//! | `floor`/`ceil`/`round` (int) | `Identity` | ONNX takes floats only |
 //! | `relu` (int) | `Max(x, 0)` | |
 //! | `one_hot` | `Cast(Equal(Unsqueeze(i, -1), Range(depth)))` | ONNX `OneHot` wraps negative indices; here they give zeros |
-//! | `argmax`/`argmin` (bool) | over `Cast(x, int32)` | ONNX takes numbers only |
 //! | `stack` | `Unsqueeze` each, `Concat` | |
 //!
 //! Documented differences that remain: the sign and payload of NaNs, and
@@ -43,26 +48,35 @@ pub(crate) fn lower(
     match op {
         Op::Unary(u) => unary(b, *u, x, dtype, out),
         Op::Binary(op) => binary(b, *op, x, &ins[1], dtype, out),
+        // onnxruntime has no bool `Where`: pick with logic instead.
+        Op::Select if out_ty.dtype == DType::Bool => {
+            let (c, t, f) = (x, ins[1].as_str(), ins[2].as_str());
+            let take_t = b.op("And", &[c, t], vec![]);
+            let not_c = b.op("Not", &[c], vec![]);
+            let take_f = b.op("And", &[&not_c, f], vec![]);
+            b.to(out, "Or", &[&take_t, &take_f], vec![]);
+        }
         Op::Select => b.to(out, "Where", &[x, &ins[1], &ins[2]], vec![]),
         Op::Cast { to } => b.to(out, "Cast", &[x], vec![attr_int("to", data_type(*to) as i64)]),
         Op::Clamp { min, max } => {
             let lo = b.scalar(dtype, *min);
             let hi = b.scalar(dtype, *max);
-            b.to(out, "Clip", &[x, &lo, &hi], vec![]);
+            if dtype.is_float() {
+                let clipped = b.op("Clip", &[x, &lo, &hi], vec![]);
+                let nan = is_nan(b, x);
+                b.to(out, "Where", &[&nan, x, &clipped], vec![]);
+            } else {
+                b.to(out, "Clip", &[x, &lo, &hi], vec![]);
+            }
         }
         Op::Reduce { op, axes, keepdims } => reduce(b, *op, x, axes, *keepdims, out),
         Op::ArgReduce { op, axis, keepdims } => {
-            let input = if dtype == DType::Bool {
-                b.op("Cast", &[x], vec![attr_int("to", data_type(DType::I32) as i64)])
-            } else {
-                x.to_string()
-            };
             let name = match op {
                 ArgReduceOp::ArgMax => "ArgMax",
                 ArgReduceOp::ArgMin => "ArgMin",
             };
             let attrs = vec![attr_int("axis", *axis as i64), attr_int("keepdims", *keepdims as i64)];
-            b.to(out, name, &[&input], attrs);
+            b.to(out, name, &[x], attrs);
         }
         Op::MatMul => b.to(out, "MatMul", &[x, &ins[1]], vec![]),
         Op::Reshape { shape } => {
@@ -148,7 +162,7 @@ fn unary(b: &mut Body, u: UnaryOp, x: &str, d: DType, out: &str) {
         UnaryOp::Abs => same(b, "Abs"),
         UnaryOp::Sign if float => {
             let s = b.op("Sign", &[x], vec![]);
-            let nan = b.op("IsNaN", &[x], vec![]);
+            let nan = is_nan(b, x);
             b.to(out, "Where", &[&nan, x, &s], vec![]);
         }
         UnaryOp::Sign => same(b, "Sign"),
@@ -178,10 +192,25 @@ fn unary(b: &mut Body, u: UnaryOp, x: &str, d: DType, out: &str) {
             let zero = b.scalar(d, 0.0);
             b.to(out, "Max", &[x, &zero], vec![]);
         }
+        UnaryOp::Erf if d == DType::F64 => {
+            // Runtimes lack an f64 Erf (onnxruntime, tract): computed in
+            // f32, so about 1e-7 relative instead of exact.
+            let narrow = b.op("Cast", &[x], vec![attr_int("to", data_type(DType::F32) as i64)]);
+            let e = b.op("Erf", &[&narrow], vec![]);
+            b.to(out, "Cast", &[&e], vec![attr_int("to", data_type(DType::F64) as i64)]);
+        }
         UnaryOp::Erf => same(b, "Erf"),
         UnaryOp::Sin => same(b, "Sin"),
         UnaryOp::Cos => same(b, "Cos"),
+        UnaryOp::Sinh if d == DType::F64 => sinh_f64(b, x, out),
         UnaryOp::Sinh => same(b, "Sinh"),
+        UnaryOp::Cosh if d == DType::F64 => {
+            // onnxruntime has no f64 Cosh: (e^x + e^-x) / 2 (no cancellation, cosh >= 1).
+            let (e, e_neg) = exp_pair(b, x);
+            let s = b.op("Add", &[&e, &e_neg], vec![]);
+            let half = b.scalar(d, 0.5);
+            b.to(out, "Mul", &[&s, &half], vec![]);
+        }
         UnaryOp::Cosh => same(b, "Cosh"),
         UnaryOp::Softplus => {
             let pos = b.op("Relu", &[x], vec![]);
@@ -198,7 +227,6 @@ fn unary(b: &mut Body, u: UnaryOp, x: &str, d: DType, out: &str) {
         UnaryOp::Round if float => same(b, "Round"),
         UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round => same(b, "Identity"),
         UnaryOp::LogicalNot => same(b, "Not"),
-        UnaryOp::IsNan if float => same(b, "IsNaN"),
         UnaryOp::IsNan => {
             let eq = b.op("Equal", &[x, x], vec![]);
             b.to(out, "Not", &[&eq], vec![]);
@@ -240,6 +268,12 @@ fn binary(b: &mut Body, op: BinaryOp, x: &str, y: &str, d: DType, out: &str) {
             b.to(out, "Where", &[&fix, &shifted, &r], vec![]);
         }
         BinaryOp::Rem => int_division(b, "Mod", x, y, d, out),
+        // Bool equality as logic: some runtimes (tract 0.23) compare numbers only.
+        BinaryOp::Eq if d == DType::Bool => {
+            let ne = b.op("Xor", &[x, y], vec![]);
+            b.to(out, "Not", &[&ne], vec![]);
+        }
+        BinaryOp::Ne if d == DType::Bool => same(b, "Xor"),
         BinaryOp::Eq => same(b, "Equal"),
         BinaryOp::Ne => {
             let eq = b.op("Equal", &[x, y], vec![]);
@@ -257,11 +291,45 @@ fn binary(b: &mut Body, op: BinaryOp, x: &str, y: &str, d: DType, out: &str) {
 /// `Max`/`Min` that return NaN when either operand is NaN.
 fn nan_propagating(b: &mut Body, name: &str, x: &str, y: &str, out: &str) {
     let m = b.op(name, &[x, y], vec![]);
-    let x_nan = b.op("IsNaN", &[x], vec![]);
-    let y_nan = b.op("IsNaN", &[y], vec![]);
+    let x_nan = is_nan(b, x);
+    let y_nan = is_nan(b, y);
     let any = b.op("Or", &[&x_nan, &y_nan], vec![]);
     let nan = b.op("Add", &[x, y], vec![]);
     b.to(out, "Where", &[&any, &nan, &m], vec![]);
+}
+
+/// `e^x` and `e^-x`.
+fn exp_pair(b: &mut Body, x: &str) -> (String, String) {
+    let e = b.op("Exp", &[x], vec![]);
+    let neg = b.op("Neg", &[x], vec![]);
+    let e_neg = b.op("Exp", &[&neg], vec![]);
+    (e, e_neg)
+}
+
+/// f64 `sinh` (onnxruntime has no f64 Sinh): `(e^x - e^-x) / 2`, and
+/// `x + x^3 / 6` where `|x| < 1e-3`, whose cancellation the series avoids.
+fn sinh_f64(b: &mut Body, x: &str, out: &str) {
+    let d = DType::F64;
+    let (e, e_neg) = exp_pair(b, x);
+    let diff = b.op("Sub", &[&e, &e_neg], vec![]);
+    let half = b.scalar(d, 0.5);
+    let wide = b.op("Mul", &[&diff, &half], vec![]);
+    let x2 = b.op("Mul", &[x, x], vec![]);
+    let x3 = b.op("Mul", &[&x2, x], vec![]);
+    let sixth = b.scalar(d, 1.0 / 6.0);
+    let cubic = b.op("Mul", &[&x3, &sixth], vec![]);
+    let series = b.op("Add", &[x, &cubic], vec![]);
+    let abs = b.op("Abs", &[x], vec![]);
+    let small = b.scalar(d, 1e-3);
+    let near_zero = b.op("Less", &[&abs, &small], vec![]);
+    b.to(out, "Where", &[&near_zero, &series, &wide], vec![]);
+}
+
+/// `x != x`: true exactly where `x` is NaN. Used instead of `IsNaN`, which
+/// some runtimes (tract 0.23) type wrongly for f64.
+fn is_nan(b: &mut Body, x: &str) -> String {
+    let eq = b.op("Equal", &[x, x], vec![]);
+    b.op("Not", &[&eq], vec![])
 }
 
 /// Integer `Div` or `Mod` as the reference kernels define them: a zero
@@ -311,26 +379,27 @@ fn slice(b: &mut Body, x: &str, specs: &[SliceSpec], input: &TensorType, out: &s
         if *spec == SliceSpec::FULL {
             continue;
         }
-        let (start, end) = match input.dims.get(axis).copied().flatten() {
+        let (start, end, step) = match input.dims.get(axis).copied().flatten() {
             // A known length: the exact range Python would take. A negative
-            // end means "before index 0", which ONNX spells as i64::MIN.
+            // end means "before index 0", which ONNX spells as i64::MIN; an
+            // empty range is 0..0 forwards, which every runtime takes.
             Some(len) => {
                 let (first, count, step) = spec.resolve(len);
                 if count == 0 {
-                    (0, 0)
+                    (0, 0, 1)
                 } else {
                     let end = first + count as i64 * step;
-                    (first, if end < 0 { i64::MIN } else { end })
+                    (first, if end < 0 { i64::MIN } else { end }, step)
                 }
             }
             // ONNX clamps out-of-range bounds as Python does.
-            None if spec.step > 0 => (spec.start.unwrap_or(0), spec.stop.unwrap_or(i64::MAX)),
-            None => (spec.start.unwrap_or(i64::MAX), spec.stop.unwrap_or(i64::MIN)),
+            None if spec.step > 0 => (spec.start.unwrap_or(0), spec.stop.unwrap_or(i64::MAX), spec.step),
+            None => (spec.start.unwrap_or(i64::MAX), spec.stop.unwrap_or(i64::MIN), spec.step),
         };
         starts.push(start);
         ends.push(end);
         axes.push(axis as i64);
-        steps.push(spec.step);
+        steps.push(step);
     }
     if axes.is_empty() {
         b.to(out, "Identity", &[x], vec![]);

@@ -82,6 +82,26 @@ fn spec(t: &Tensor) -> TensorSpec {
     TensorSpec::new(t.dtype(), &t.shape().iter().map(|&d| d as i64).collect::<Vec<_>>())
 }
 
+/// What tract 0.23 cannot run of a correct file.
+enum Gap {
+    /// It has no kernel for the op and dtype (the test runs the file in
+    /// onnxruntime only, through the saved case).
+    NoKernel,
+    /// Its kernel turns NaN into a number (tract checks finite inputs only).
+    Nan,
+}
+
+fn tract_gap(op: UnaryOp, dtype: DType) -> Option<Gap> {
+    match (op, dtype) {
+        // tract rewrites Mul(x, x) into its Square op, which has no i64 kernel.
+        (UnaryOp::Square, DType::I64) => Some(Gap::NoKernel),
+        (UnaryOp::Sigmoid | UnaryOp::Round, DType::F64) => Some(Gap::NoKernel),
+        (UnaryOp::Tanh | UnaryOp::Sigmoid, DType::F32) => Some(Gap::Nan),
+        (UnaryOp::Relu, DType::F32 | DType::F64) => Some(Gap::Nan),
+        _ => None,
+    }
+}
+
 /// Tolerance of float results against tracejit's (the JIT approximates
 /// f32 transcendentals within a few ULP; runtimes have their own).
 const TOL: f64 = 2e-5;
@@ -96,7 +116,17 @@ proptest! {
                 let x = tensor(dtype, &shape, &raw, true);
                 let cf = function(move |x: Tensor| apply_unary(op, &x)).name(op.name())
                     .get_concrete_function(spec(&x)).unwrap();
-                common::check(&format!("unary_{}_{}", op.name(), dtype), &cf, &[x], TOL);
+                let name = format!("unary_{}_{}", op.name(), dtype);
+                match tract_gap(op, dtype) {
+                    // onnxruntime runs the saved case (scripts/run_onnxruntime.py).
+                    Some(Gap::NoKernel) => common::save_case(&name, &cf, &[x]),
+                    Some(Gap::Nan) => {
+                        common::save_case(&name, &cf, &[x]);
+                        let finite = tensor(dtype, &shape, &raw, false);
+                        common::check(&format!("{name}_finite"), &cf, &[finite], TOL);
+                    }
+                    None => common::check(&name, &cf, &[x], TOL),
+                }
             }
         }
     }
@@ -156,7 +186,7 @@ proptest! {
                 }
             }
         }
-        for dtype in DTYPES {
+        for dtype in DTYPES.into_iter().filter(|d| d.is_numeric()) {
             let x = tensor(dtype, &[rows, cols], &raw, false);
             for axis in [0i64, 1, -1] {
                 let cf = function(move |x: Tensor| Tensor::stack(&[x.argmax(axis, keepdims), x.argmin(axis, keepdims)], 0))
@@ -226,7 +256,16 @@ proptest! {
                 let b = tensor(dtype, &sb, &raw[3..], false);
                 let cf = function(|(a, b): (Tensor, Tensor)| a.matmul(&b))
                     .get_concrete_function((spec(&a), spec(&b))).unwrap();
-                common::check(&format!("matmul_{dtype}_{sa:?}_{sb:?}"), &cf, &[a, b], 1e-5);
+                let name = format!("matmul_{dtype}_{sa:?}_{sb:?}");
+                if dtype == DType::I64 {
+                    // tract 0.23 has no i64 matrix product (it panics);
+                    // onnxruntime runs these through the saved cases.
+                    let model = tracejit_onnx::Exporter::new(&cf).to_model().unwrap();
+                    prop_assert!(model.graph.unwrap().node.iter().any(|n| n.op_type() == "MatMul"));
+                    common::save_case(&name, &cf, &[a, b]);
+                } else {
+                    common::check(&name, &cf, &[a, b], 1e-5);
+                }
             }
         }
     }

@@ -59,6 +59,8 @@ fn from_tract(t: &TractTensor) -> TractResult<Storage> {
         DatumType::I32 => Storage::from_vec(data::<i32>(t)?, &shape),
         DatumType::I64 => Storage::from_vec(data::<i64>(t)?, &shape),
         DatumType::Bool => Storage::from_vec(data::<bool>(t)?, &shape),
+        // tract computes some integer results (casts, shapes) as symbolic dims.
+        DatumType::TDim => Storage::from_vec(data::<i64>(t.cast_to::<i64>()?.as_ref())?, &shape),
         other => return Err(tract_onnx::prelude::TractError::msg(format!("tract returned a {other:?} tensor"))),
     };
     Ok(s.expect("shape matches the data"))
