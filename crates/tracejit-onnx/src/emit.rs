@@ -146,9 +146,8 @@ fn emit_node(
     names: &mut HashMap<ValueId, String>,
     state: &mut ModelState,
 ) -> Result<()> {
-    let out = |names: &mut HashMap<ValueId, String>, body: &mut Body, i: u32| {
-        name_of(names, body, g, ValueId::new(id, i))
-    };
+    let out =
+        |names: &mut HashMap<ValueId, String>, body: &mut Body, i: u32| name_of(names, body, g, ValueId::new(id, i));
     match &node.op {
         Op::Parameter { .. } => {}
         Op::Constant { value } => {

@@ -112,13 +112,7 @@ pub struct Exporter<'a> {
 impl<'a> Exporter<'a> {
     /// An export of `cf` with the default names.
     pub fn new(cf: &'a ConcreteFunction) -> Exporter<'a> {
-        Exporter {
-            cf,
-            input_names: None,
-            output_names: None,
-            variable_names: HashMap::new(),
-            inline_composites: false,
-        }
+        Exporter { cf, input_names: None, output_names: None, variable_names: HashMap::new(), inline_composites: false }
     }
 
     /// Names the graph inputs, one per tensor argument in flattening order.

@@ -9,6 +9,9 @@ use tracejit_onnx::Exporter;
 use tracejit_tensor::DType;
 use tracejit_trace::{function, Tensor, TensorSpec, Variable};
 
+/// A one-argument closure of a case table.
+type Unary = fn(Tensor) -> Tensor;
+
 fn spec(t: &Tensor) -> TensorSpec {
     TensorSpec::new(t.dtype(), &t.shape().iter().map(|&d| d as i64).collect::<Vec<_>>())
 }
@@ -22,7 +25,7 @@ fn local_functions(cf: &tracejit_trace::ConcreteFunction) -> Vec<(String, String
 #[test]
 fn nn_composites_become_local_functions_that_run() {
     let x = Tensor::randn(&[5, 3], 1);
-    let cases: Vec<(&str, fn(Tensor) -> Tensor)> = vec![
+    let cases: Vec<(&str, Unary)> = vec![
         ("gelu", |x| tracejit_nn::gelu(&x)),
         ("softmax", |x| tracejit_nn::softmax(&x, -1)),
         ("log_softmax", |x| tracejit_nn::log_softmax(&x, -1)),
@@ -32,7 +35,7 @@ fn nn_composites_become_local_functions_that_run() {
         let cf = function(f).name(name).get_concrete_function(spec(&x)).unwrap();
         let op = name.trim_end_matches("_axis0");
         assert_eq!(local_functions(&cf), [("tracejit.nn".to_string(), op.to_string())], "{name}");
-        common::check(&format!("nn_{name}"), &cf, &[x.clone()], 1e-5);
+        common::check(&format!("nn_{name}"), &cf, std::slice::from_ref(&x), 1e-5);
     }
 
     let gamma = Tensor::rand_uniform(&[3], 0.5, 1.5, 2);
@@ -118,7 +121,9 @@ fn workloads_w2_to_w5_and_w7() {
 
     // W5: the MLP 784 -> 512 -> 512 -> 10 at batch 64, weights as arguments.
     let x = Tensor::randn(&[64, 784], 5);
-    let dense = |i: usize, o: usize, s: u64| (Tensor::randn(&[i, o], s) * (1.0 / (i as f64).sqrt()), Tensor::randn(&[o], s + 1) * 0.1);
+    let dense = |i: usize, o: usize, s: u64| {
+        (Tensor::randn(&[i, o], s) * (1.0 / (i as f64).sqrt()), Tensor::randn(&[o], s + 1) * 0.1)
+    };
     let ((w1, b1), (w2, b2), (w3, b3)) = (dense(784, 512, 50), dense(512, 512, 52), dense(512, 10, 54));
     let args = [x, w1, b1, w2, b2, w3, b3];
     let specs: Vec<TensorSpec> = args.iter().map(spec).collect();
@@ -129,7 +134,13 @@ fn workloads_w2_to_w5_and_w7() {
     })
     .name("mlp_forward")
     .get_concrete_function((
-        specs[0].clone(), specs[1].clone(), specs[2].clone(), specs[3].clone(), specs[4].clone(), specs[5].clone(), specs[6].clone(),
+        specs[0].clone(),
+        specs[1].clone(),
+        specs[2].clone(),
+        specs[3].clone(),
+        specs[4].clone(),
+        specs[5].clone(),
+        specs[6].clone(),
     ))
     .unwrap();
     common::check("w5_mlp_forward", &cf, &args, 1e-4);
@@ -191,7 +202,7 @@ fn a_dynamic_batch_mlp_runs_at_batch_1_7_and_64_from_one_file() {
     let expanded = prost::Message::encode_to_vec(&common::expand_local_functions(&model));
     for batch in [1usize, 7, 64] {
         let x = Tensor::randn(&[batch, 784], batch as u64);
-        let want = vec![cf.call_flat(&[x.clone()]).unwrap()[0].storage().unwrap().clone()];
+        let want = vec![cf.call_flat(std::slice::from_ref(&x)).unwrap()[0].storage().unwrap().clone()];
         let got = common::run_tract(&expanded, &[x.storage().unwrap().clone()]).unwrap();
         common::assert_close(&format!("mlp at batch {batch}"), &got, &want, 1e-5);
         common::save_case(&format!("dynamic_mlp_batch{batch}"), &cf, &[x]);

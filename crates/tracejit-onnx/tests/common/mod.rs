@@ -165,8 +165,7 @@ pub fn assert_close(what: &str, got: &[Storage], want: &[Storage], tol: f64) {
 /// compares with `cf`'s own results. Also checks the file with composites
 /// inlined by the exporter, and saves the case when asked to.
 pub fn check(name: &str, cf: &ConcreteFunction, inputs: &[Tensor], tol: f64) {
-    let want: Vec<Storage> =
-        cf.call_flat(inputs).unwrap().iter().map(|t| t.storage().unwrap().clone()).collect();
+    let want: Vec<Storage> = cf.call_flat(inputs).unwrap().iter().map(|t| t.storage().unwrap().clone()).collect();
     let storages: Vec<Storage> = inputs.iter().map(|t| t.storage().unwrap().clone()).collect();
     let model = tracejit_onnx::Exporter::new(cf).to_model().unwrap_or_else(|e| panic!("{name}: {e}"));
     let expanded = prost::Message::encode_to_vec(&expand_local_functions(&model));
