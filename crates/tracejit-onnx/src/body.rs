@@ -23,9 +23,17 @@ pub(crate) struct Body {
     /// Initializers (main graph only).
     pub(crate) initializers: Vec<TensorProto>,
     used: HashSet<String>,
+    /// Starts every fresh name: empty for a graph of its own, the holding
+    /// node's name for a subgraph, so its names never shadow outer ones.
+    prefix: String,
 }
 
 impl Body {
+    /// An empty body whose fresh names start with `prefix`.
+    pub(crate) fn with_prefix(prefix: String) -> Body {
+        Body { prefix, ..Body::default() }
+    }
+
     /// Reserves `name` (an input, output or initializer name).
     pub(crate) fn reserve(&mut self, name: &str) {
         self.used.insert(name.to_string());
@@ -33,7 +41,8 @@ impl Body {
 
     /// A name starting with `base` that no value of this body has yet.
     pub(crate) fn fresh(&mut self, base: &str) -> String {
-        let mut name = base.to_string();
+        let base = format!("{}{base}", self.prefix);
+        let mut name = base.clone();
         let mut k = 1usize;
         while self.used.contains(&name) {
             name = format!("{base}_{k}");

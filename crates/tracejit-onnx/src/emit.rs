@@ -37,12 +37,18 @@ pub(crate) struct ModelState {
     pub(crate) variables_done: HashMap<u64, String>,
 }
 
-/// Whether a graph is the model's main graph or a local function's body.
+/// Where a graph is emitted: the model's main graph, a branch or loop body
+/// inside it, or a local function's body.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Scope {
     /// Captured tensors and variables become initializers.
     Main,
-    /// Everything is a node (a function has no initializers).
+    /// A subgraph of the main graph (`If` branch, `Loop` body): constants
+    /// are nodes, variables are the main graph's initializers (outer names
+    /// are visible in subgraphs).
+    Nested,
+    /// Everything is a node (a function has no initializers and sees no
+    /// outer names).
     Function,
 }
 
@@ -51,7 +57,8 @@ pub(crate) struct Emitted {
     pub(crate) body: Body,
 }
 
-/// Emits `g` with these input and output names.
+/// Emits `g` as a graph or function body of its own, with these input and
+/// output names.
 pub(crate) fn emit_graph(
     g: &Graph,
     scope: Scope,
@@ -63,54 +70,99 @@ pub(crate) fn emit_graph(
     for n in input_names.iter().chain(output_names) {
         body.reserve(n);
     }
-    let mut names: HashMap<ValueId, String> = HashMap::new();
-    for (i, &p) in g.params.iter().enumerate() {
-        names.insert(ValueId::new(p, 0), input_names[i].clone());
+    if scope == Scope::Main {
+        emit_variables(g, &mut body, state);
     }
     // A result computed by a node of this graph is written straight to its
     // output name; inputs, initializers and repeated results get an Identity.
+    let mut preset: HashMap<ValueId, String> = HashMap::new();
     let mut needs_identity = Vec::new();
     for (i, &v) in g.outputs.iter().enumerate() {
-        let computed = match g.node(v.node).op {
-            Op::Parameter { .. } | Op::ReadVariable { .. } => false,
-            Op::Constant { .. } => scope == Scope::Function,
-            Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }
-            | Op::Call { .. }
-            | Op::Fused { .. }
-            | Op::Kernel { .. }
-            | Op::AssignVariable { .. } => true,
-        };
-        if computed && !names.contains_key(&v) {
-            names.insert(v, output_names[i].clone());
+        if is_computed(&g.node(v.node).op, scope) && !preset.contains_key(&v) {
+            preset.insert(v, output_names[i].clone());
         } else {
             needs_identity.push(i);
         }
     }
-    for (id, node) in g.nodes() {
-        emit_node(g, id, node, scope, &mut body, &mut names, state)?;
-    }
+    let outs = emit_into(g, scope, &mut body, input_names, preset, state)?;
     for i in needs_identity {
-        let v = g.outputs[i];
-        body.to(&output_names[i], "Identity", &[&names[&v]], vec![]);
+        body.to(&output_names[i], "Identity", &[&outs[i]], vec![]);
     }
     Ok(Emitted { body })
+}
+
+/// True when an output produced by `op` is written by a node of this graph
+/// (so it can carry the graph output's name directly).
+fn is_computed(op: &Op, scope: Scope) -> bool {
+    match op {
+        Op::Parameter { .. } | Op::ReadVariable { .. } => false,
+        Op::Constant { .. } => scope != Scope::Main,
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Select
+        | Op::Cast { .. }
+        | Op::Clamp { .. }
+        | Op::Reduce { .. }
+        | Op::ArgReduce { .. }
+        | Op::MatMul
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::BroadcastTo { .. }
+        | Op::ExpandDims { .. }
+        | Op::Squeeze { .. }
+        | Op::Concat { .. }
+        | Op::Stack { .. }
+        | Op::Slice { .. }
+        | Op::Gather { .. }
+        | Op::OneHot { .. }
+        | Op::Call { .. }
+        | Op::Fused { .. }
+        | Op::Cond { .. }
+        | Op::While { .. }
+        | Op::Kernel { .. }
+        | Op::AssignVariable { .. } => true,
+    }
+}
+
+/// Emits the nodes of `g` into `body` with its parameters bound to the
+/// names `params` (and values in `preset` written to the names given
+/// there); returns the names of `g`'s outputs.
+pub(crate) fn emit_into(
+    g: &Graph,
+    scope: Scope,
+    body: &mut Body,
+    params: &[String],
+    preset: HashMap<ValueId, String>,
+    state: &mut ModelState,
+) -> Result<Vec<String>> {
+    let mut names = preset;
+    for (i, &p) in g.params.iter().enumerate() {
+        names.insert(ValueId::new(p, 0), params[i].clone());
+    }
+    for (id, node) in g.nodes() {
+        emit_node(g, id, node, scope, body, &mut names, state)?;
+    }
+    Ok(g.outputs.iter().map(|v| names[v].clone()).collect())
+}
+
+/// One initializer per variable that `g` or any of its subgraphs reads,
+/// holding its current value, named by the user's path or its own name.
+fn emit_variables(g: &Graph, body: &mut Body, state: &mut ModelState) {
+    for (_, node) in g.nodes() {
+        if let Op::ReadVariable { var } = node.op {
+            let resource = &g.variables[var];
+            let key = resource.id();
+            if !state.variables_done.contains_key(&key) {
+                let wanted = state.variable_names.get(&key).cloned().unwrap_or_else(|| resource.name());
+                let name = body.fresh(&wanted);
+                body.initializers.push(tensor_proto(&name, &resource.read()));
+                state.variables_done.insert(key, name);
+            }
+        }
+        for sub in node.op.subgraphs() {
+            emit_variables(sub, body, state);
+        }
+    }
 }
 
 /// The name of output `v` of a node, fixed on first use.
@@ -154,24 +206,20 @@ fn emit_node(
             let name = out(names, body, 0);
             match scope {
                 Scope::Main => body.initializers.push(tensor_proto(&name, value)),
-                Scope::Function => body.constant_to(&name, value),
+                Scope::Nested | Scope::Function => body.constant_to(&name, value),
             }
         }
         Op::ReadVariable { var } => {
             if scope == Scope::Function {
                 return Err(unsupported(g, id, node, "an ONNX function cannot read the model's initializers"));
             }
-            let resource = &g.variables[*var];
-            let key = resource.id();
-            let name = match state.variables_done.get(&key) {
-                Some(name) => name.clone(),
-                None => {
-                    let wanted = state.variable_names.get(&key).cloned().unwrap_or_else(|| resource.name());
-                    let name = body.fresh(&wanted);
-                    body.initializers.push(tensor_proto(&name, &resource.read()));
-                    state.variables_done.insert(key, name.clone());
-                    name
-                }
+            let Some(name) = state.variables_done.get(&g.variables[*var].id()).cloned() else {
+                return Err(unsupported(
+                    g,
+                    id,
+                    node,
+                    "a variable missed by the initializer walk (a bug in the exporter)",
+                ));
             };
             // Readers (and a trailing Identity, if the value is a result)
             // use the initializer by name.
@@ -210,6 +258,16 @@ fn emit_node(
         }
         Op::Fused { .. } => {
             return Err(unsupported(g, id, node, "a fused region in the export graph (a bug in the exporter)"));
+        }
+        Op::Cond { branches } => {
+            let ins: Vec<String> = node.inputs.iter().map(|&v| names[&v].clone()).collect();
+            let outs: Vec<String> = (0..node.outputs.len() as u32).map(|i| out(names, body, i)).collect();
+            crate::control::emit_if(branches, &ins, &outs, scope, body, state)?;
+        }
+        Op::While { parts, trip_count } => {
+            let ins: Vec<String> = node.inputs.iter().map(|&v| names[&v].clone()).collect();
+            let outs: Vec<String> = (0..node.outputs.len() as u32).map(|i| out(names, body, i)).collect();
+            crate::control::emit_loop(parts, *trip_count, &ins, &outs, scope, body, state)?;
         }
         Op::Kernel { name, .. } => {
             return Err(unsupported(

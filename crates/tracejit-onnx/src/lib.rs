@@ -25,7 +25,8 @@
 //!   as a native kernel in tracejit still exports its body.
 //!
 //! Every primitive op maps (see the table in `ops.rs` for those that need a
-//! few ONNX nodes to agree with the reference kernels). What ONNX cannot
+//! few ONNX nodes to agree with the reference kernels); `cond` becomes an
+//! ONNX `If` and `while` (`while_loop`, `fori_loop`) an ONNX `Loop`. What ONNX cannot
 //! express — a variable assignment, a native kernel whose body is not at
 //! hand — is an [`Error`] naming the node and the user's source line; no
 //! file is written then.
@@ -45,6 +46,7 @@
 //! ```
 
 mod body;
+mod control;
 mod emit;
 mod error;
 mod ops;

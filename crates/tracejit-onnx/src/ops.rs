@@ -145,6 +145,8 @@ pub(crate) fn lower(
         | Op::Constant { .. }
         | Op::Call { .. }
         | Op::Fused { .. }
+        | Op::Cond { .. }
+        | Op::While { .. }
         | Op::Kernel { .. }
         | Op::ReadVariable { .. }
         | Op::AssignVariable { .. } => {

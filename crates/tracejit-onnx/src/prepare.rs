@@ -43,7 +43,7 @@ pub(crate) fn main_graph(cf: &ConcreteFunction, inline_composites: bool) -> Resu
         });
     }
     let mut g = graph.clone();
-    g.library = demote_composites(&g.library, &|f| inline_composites || !f.graph.effects().is_pure());
+    demote_everywhere(&mut g, &|f| inline_composites || !f.graph.effects().is_pure());
     optimize(&mut g, &function)?;
     Ok(g)
 }
@@ -85,6 +85,21 @@ fn demote_nested(g: &Graph, demote: &dyn Fn(&LibraryFunction) -> bool) -> Graph 
     let mut g = g.clone();
     g.library = demote_composites(&g.library, demote);
     g
+}
+
+/// Demotes the composites `demote` picks in `g`'s library and in the
+/// libraries of its subgraphs (branches and loop bodies call through their
+/// own libraries).
+fn demote_everywhere(g: &mut Graph, demote: &dyn Fn(&LibraryFunction) -> bool) {
+    g.library = demote_composites(&g.library, demote);
+    let holders: Vec<_> = g.nodes().filter(|(_, n)| !n.op.subgraphs().is_empty()).map(|(id, _)| id).collect();
+    for id in holders {
+        for sub in g.node_mut(id).op.subgraphs_mut() {
+            let mut inner = (**sub).clone();
+            demote_everywhere(&mut inner, demote);
+            *sub = Arc::new(inner);
+        }
+    }
 }
 
 /// Inlines non-composite calls, then simplifies to a fixpoint.

@@ -93,7 +93,14 @@ fn expand(
     for n in nodes {
         let key = (n.domain().to_string(), n.op_type().to_string(), n.overload().to_string());
         let Some(f) = functions.get(&key) else {
-            out.push(n.clone());
+            // Calls may also sit in subgraphs (If branches, Loop bodies).
+            let mut n = n.clone();
+            for a in &mut n.attribute {
+                if let Some(g) = a.g.as_mut() {
+                    g.node = expand(&g.node, functions, counter);
+                }
+            }
+            out.push(n);
             continue;
         };
         *counter += 1;
