@@ -20,7 +20,8 @@
 //!
 //! This crate is a facade: it re-exports the workspace's crates
 //! (`tracejit-tensor`, `tracejit-ir`, `tracejit-trace`, `tracejit-nn`,
-//! `tracejit-module`) and offers a [`prelude`].
+//! `tracejit-module`, `tracejit-optim`, `tracejit-onnx`) and offers a
+//! [`prelude`].
 //!
 //! State lives in [`Variable`]s held by [`Module`]s (`#[derive(Module)]`),
 //! which list their variables by path ([`Module::named_variables`]) and are
@@ -63,6 +64,10 @@ pub use tracejit_nn as nn;
 /// Composite kernels: `register_kernel(name, kernel)` for functions marked
 /// `implements(name)` (the `tracejit-nn` crate's `composite` module).
 pub use tracejit_nn::composite;
+/// Export to ONNX: `save(&cf, path)`, `to_bytes(&cf)` and the `Exporter`
+/// with names and options (the `tracejit-onnx` crate), so a traced
+/// function runs in ONNX Runtime, Triton or tract.
+pub use tracejit_onnx as onnx;
 /// Optimizers: `Sgd`, `Adam`, the `Optimizer` trait (the `tracejit-optim` crate).
 pub use tracejit_optim as optim;
 pub use tracejit_tensor as tensor;

@@ -101,6 +101,15 @@ pub enum Error {
         /// What was wrong.
         message: String,
     },
+    /// A graph could not be exported (ONNX export, `tracejit::onnx`); the
+    /// message names the node and its source line.
+    #[error("{message}")]
+    Export {
+        /// The function being exported.
+        function: String,
+        /// The exporter's message.
+        message: String,
+    },
     /// An error from the IR (verifier or interpreter).
     #[error(transparent)]
     Ir(#[from] IrError),

@@ -1,0 +1,50 @@
+//! Values into ONNX: dtypes into `TensorProto.DataType` codes, eager values
+//! into `TensorProto`s (little-endian `raw_data`, row-major whatever the
+//! array's layout), and scalar constants of a dtype.
+
+use tracejit_tensor::{DType, Storage};
+
+use crate::pb::tensor_proto::DataType;
+use crate::pb::TensorProto;
+
+/// The ONNX element type of a tracejit dtype. All five map.
+pub(crate) fn data_type(dtype: DType) -> i32 {
+    let t = match dtype {
+        DType::F32 => DataType::Float,
+        DType::F64 => DataType::Double,
+        DType::I32 => DataType::Int32,
+        DType::I64 => DataType::Int64,
+        DType::Bool => DataType::Bool,
+    };
+    t as i32
+}
+
+/// `value` as a named `TensorProto`.
+pub(crate) fn tensor_proto(name: &str, value: &Storage) -> TensorProto {
+    let mut raw = Vec::with_capacity(value.len() * value.dtype().size_of());
+    match value {
+        Storage::F32(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
+        Storage::F64(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
+        Storage::I32(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
+        Storage::I64(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
+        Storage::Bool(a) => raw.extend(a.iter().map(|&v| u8::from(v))),
+    }
+    TensorProto {
+        dims: value.shape().iter().map(|&d| d as i64).collect(),
+        data_type: Some(data_type(value.dtype())),
+        name: Some(name.to_string()),
+        raw_data: Some(raw),
+        ..TensorProto::default()
+    }
+}
+
+/// A 1-D i64 tensor (axes, shapes, slice bounds).
+pub(crate) fn i64s(values: &[i64]) -> Storage {
+    Storage::from_vec(values.to_vec(), &[values.len()]).expect("length matches")
+}
+
+/// A rank-0 tensor of `dtype` holding `value` converted as the reference
+/// kernels convert scalars (integers truncate and saturate, as `as` does).
+pub(crate) fn scalar(dtype: DType, value: f64) -> Storage {
+    Storage::scalar_of(dtype, value)
+}
