@@ -37,6 +37,17 @@ struct VarState {
     value: RwLock<Storage>,
 }
 
+impl Drop for VarState {
+    /// Forgets the variable's entry in the id table: the table's weak
+    /// handle would otherwise keep the state's allocation (and the entry)
+    /// alive for the life of the process, ~250 bytes per variable ever made.
+    fn drop(&mut self) {
+        // `by_id` never drops a state while it holds the lock, so this
+        // cannot deadlock.
+        live_variables().lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+    }
+}
+
 impl fmt::Debug for VarState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Variable({:?}, {}{:?})", self.name.read().expect("name lock"), self.dtype, self.shape)
