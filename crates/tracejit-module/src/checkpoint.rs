@@ -420,15 +420,17 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
         match OpenOptions::new().write(true).create_new(true).open(&tmp) {
             Ok(f) => break (tmp, f),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt + 1 < TEMP_ATTEMPTS => attempt += 1,
-            Err(e) => return Err(io(&tmp, "creating the temporary file")(e)),
+            Err(e) => return Err(io(path, "creating a temporary file next to it")(e)),
         }
     };
+    // Errors name the file the user asked for; the temporary one is gone
+    // by the time they read it.
     let result = (|| {
-        f.write_all(bytes).map_err(io(&tmp, "writing the temporary file"))?;
+        f.write_all(bytes).map_err(io(path, "writing a temporary file next to it"))?;
         if let Some(p) = permissions {
-            f.set_permissions(p).map_err(io(&tmp, "copying the permissions of the file it replaces"))?;
+            f.set_permissions(p).map_err(io(path, "copying its permissions to the temporary file"))?;
         }
-        f.sync_all().map_err(io(&tmp, "syncing the temporary file"))?;
+        f.sync_all().map_err(io(path, "syncing the temporary file next to it"))?;
         fs::rename(&tmp, path).map_err(io(path, "renaming the temporary file over it"))
     })();
     drop(f);
