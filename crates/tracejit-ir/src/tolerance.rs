@@ -15,6 +15,7 @@
 //! | op | own budget (eps units) |
 //! |---|---|
 //! | exact ops (add, mul, max, compare, shape ops, ...) | 0 |
+//! | float `div` (the JIT may multiply by a row invariant's reciprocal) | 1 |
 //! | f32 transcendentals the JIT approximates (`Exactness::ApproxF32`) | 4 |
 //! | float `sum` / `mean` / `prod` over `K` elements | `K` (scale × `K` for sum) |
 //! | float `matmul` with inner size `K` | `K` (scale × `K`) |
@@ -30,7 +31,7 @@
 use std::collections::HashMap;
 
 use cranelift_entity::EntityRef;
-use tracejit_tensor::{with_array, DType, Exactness, ReduceOp, Storage};
+use tracejit_tensor::{with_array, BinaryOp, DType, Exactness, ReduceOp, Storage};
 
 use crate::{Graph, Node, Op, TensorType, ValueId};
 
@@ -159,6 +160,9 @@ pub fn own_budget(graph: &Graph, node: &Node) -> f64 {
             let a = input(0);
             a.dims.last().copied().flatten().unwrap_or(1024) as f64
         }
+        // The JIT may divide by a row invariant as a multiplication by its
+        // reciprocal (one extra rounding).
+        Op::Binary(BinaryOp::Div) if input(0).dtype.is_float() => 1.0,
         Op::Kernel { .. } => KERNEL_BUDGET,
         Op::Call { func } => {
             let f = graph.library.get(*func);

@@ -28,7 +28,9 @@
 //!   loop storing the full-size outputs, and the kept-size outputs stored once
 //!   per row. A value computed in one pass and needed by a later one is
 //!   stored in a scratch row buffer (softmax's `exp(x - max)`) rather than
-//!   recomputed.
+//!   recomputed. The final loop multiplies by the reciprocal of a row
+//!   invariant it divides by (softmax's sum), in a second version of the
+//!   loop chosen per row when that reciprocal is a normal number (`recip`).
 //! - **Column** reductions: accumulators live in scratch buffers of `n`
 //!   elements; flag bit 0 initializes them, every row adds into them in order
 //!   (exactly the reference's summation order), flag bit 1 runs the epilogue
@@ -51,6 +53,7 @@ use crate::options::JitOptions;
 
 mod abi;
 mod loops;
+mod recip;
 mod schedule;
 
 use abi::{SlotId, ARG_COUNT, ARG_FLAGS, ARG_N, ARG_ROWS, ARG_SCRATCH};
@@ -165,6 +168,7 @@ pub(crate) fn build(
             splat: HashMap::new(),
             sources: HashMap::new(),
             memo: HashMap::new(),
+            recip: HashMap::new(),
             chunk_fns,
         };
         g.emit(rows, flags);
@@ -236,6 +240,9 @@ struct Gen<'g, 'a, 'b> {
     splat: HashMap<LNodeId, Value>,
     sources: HashMap<LNodeId, Src>,
     memo: HashMap<LNodeId, Value>,
+    /// Reciprocals (scalar, splat) of invariant divisors in the loop version
+    /// being emitted (see `recip`).
+    recip: HashMap<LNodeId, (Value, Option<Value>)>,
     /// The chunk functions of `sch.staged`, in order.
     chunk_fns: Vec<FuncRef>,
 }
@@ -440,7 +447,7 @@ impl Gen<'_, '_, '_> {
             .map(|(o, out)| (out.node, Dest::Out(self.out_slot(o))))
             .collect();
         if !stores.is_empty() {
-            self.inner(&stores, &[]);
+            self.inner_dividing(&stores);
         }
         self.sources.clear();
         // Kept-size outputs: once per row.

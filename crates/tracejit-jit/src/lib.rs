@@ -70,6 +70,12 @@
 //!   [`JitOptions::stage`], turns this off; CI runs the ULP
 //!   and region tests both ways).
 //!
+//! - In the last loop of a row region, a division by a row invariant (a
+//!   softmax's row sum) is a multiplication by its reciprocal, computed once
+//!   per row: within one epsilon (relative) of the division. Rows whose
+//!   divisor is 0, ±inf, NaN, subnormal or too large for a normal
+//!   reciprocal divide instead, bit for bit (`tests/reductions.rs`).
+//!
 //!   [`fastmath`] offers the same f32 `exp`, `tanh` and `sigmoid` to Rust
 //!   code (the `tracejit-nn` kernels use it): scalar functions and in-place
 //!   slice functions, with the constants the Cranelift and AVX2 code share.

@@ -333,3 +333,66 @@ fn transcendentals_in_every_pass_of_a_row_region() {
         }
     }
 }
+
+/// The final pass of a row region divides by a row invariant as a
+/// multiplication by its reciprocal (see the JIT's `kernel::recip`): within
+/// one epsilon of the division on rows whose divisor has a normal
+/// reciprocal, and bit for bit the division on the others (zero, inf, NaN,
+/// subnormal and huge divisors).
+#[test]
+fn division_by_a_row_invariant_matches_the_division() {
+    for dt in [DType::F32, DType::F64] {
+        let (tiny, huge, sub) = if dt == DType::F32 {
+            (f64::from(f32::MIN_POSITIVE), f64::from(f32::MAX) / 2.0, 1e-40)
+        } else {
+            (f64::MIN_POSITIVE, f64::MAX / 2.0, 1e-310)
+        };
+        // Divisors (one per row); the first rows stay on the fast path.
+        let divisors =
+            [3.0, -0.7, 1e-3, tiny * 4.0, 1e30, 0.0, -0.0, f64::INFINITY, f64::NAN, sub, -sub, huge, tiny / 2.0];
+        let slow_from = 5;
+        for n in [2usize, 3, 5, 17, 1023] {
+            let rows = divisors.len();
+            let mut g = Graph::new("divide");
+            let x = param(&mut g, dt, &[rows, n]);
+            let w = param(&mut g, dt, &[rows, n]);
+            // The divisor is a row reduction, so this is a row region.
+            let s = reduce(&mut g, ReduceOp::Sum, w, &[1], true);
+            // `x + w` ties x's axes to w's (the region's domain); it is x
+            // but for the first column.
+            let num = node(&mut g, Op::Binary(BinaryOp::Add), &[x, w]);
+            let q = node(&mut g, Op::Binary(BinaryOp::Div), &[num, s]);
+            g.outputs.push(q);
+            let xs = data(dt, &[rows, n], 5, true);
+            // Each row sums to its divisor (`d + -0.0 == d`, also for -0).
+            let pairs: Vec<f64> =
+                divisors.iter().flat_map(|&d| std::iter::once(d).chain(std::iter::repeat_n(-0.0, n - 1))).collect();
+            let ws = if dt == DType::F32 {
+                Storage::from_vec(pairs.iter().map(|&d| d as f32).collect::<Vec<_>>(), &[rows, n]).unwrap()
+            } else {
+                Storage::from_vec(pairs, &[rows, n]).unwrap()
+            };
+            let region = tracejit_jit::compile_region(&g).unwrap_or_else(|e| panic!("{e}\n{g}"));
+            let got = f64s(&region.run(&[&xs, &ws])[0]);
+            let want = f64s(&tracejit_ir::interpret(&g, &[xs.clone(), ws.clone()]).unwrap()[0]);
+            let eps = if dt == DType::F32 { f64::from(f32::EPSILON) } else { f64::EPSILON };
+            for (k, (a, b)) in got.iter().zip(want.iter()).enumerate() {
+                let row = k / n;
+                let ok = if row >= slow_from {
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+                } else {
+                    a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= eps * b.abs()
+                };
+                assert!(ok, "{dt} n={n} row {row} (divisor {}): jit {a:e} vs interpreter {b:e}", divisors[row]);
+            }
+        }
+    }
+}
+
+fn f64s(s: &Storage) -> Vec<f64> {
+    match s.dtype() {
+        DType::F32 => s.to_vec::<f32>().unwrap().into_iter().map(f64::from).collect(),
+        DType::F64 => s.to_vec::<f64>().unwrap(),
+        other => panic!("not a float storage: {other}"),
+    }
+}

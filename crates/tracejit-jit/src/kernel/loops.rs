@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{types, BlockArg, InstBuilder, Type, Value};
-use tracejit_ir::tensor::{DType, ReduceOp};
+use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp};
 
 use crate::analysis::{LNodeId, LOp};
 use crate::lower::{mem, sty, Mode};
@@ -285,8 +285,19 @@ impl Gen<'_, '_, '_> {
                 self.load(node.dtype, mode, self.rowptr[SlotId::of_load(*l)], i, off)
             } else {
                 let ins: Vec<LNodeId> = node.inputs.to_vec();
-                let xs: Vec<Value> = ins.iter().map(|&j| self.val(j, mode, i, off)).collect();
-                self.apply(v, mode, &xs)
+                let by_recip = if node.op == LOp::Binary(BinaryOp::Div) && self.recip.contains_key(&ins[1]) {
+                    let x = self.val(ins[0], mode, i, off);
+                    self.divide_by_reciprocal(ins[1], mode, x)
+                } else {
+                    None
+                };
+                match by_recip {
+                    Some(q) => q,
+                    None => {
+                        let xs: Vec<Value> = ins.iter().map(|&j| self.val(j, mode, i, off)).collect();
+                        self.apply(v, mode, &xs)
+                    }
+                }
             }
         };
         self.memo.insert(v, x);
