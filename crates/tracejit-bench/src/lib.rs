@@ -1,6 +1,7 @@
 //! The tracejit benchmark harness as a library: the workloads of
 //! shared/WORKLOADS.md ([`workloads`]), output verification against eager
-//! ([`verify`]), timing ([`measure`]), the machine's floors ([`floors`]), the
+//! ([`verify`]), timing ([`measure`]) and peak memory ([`peak`]), the
+//! machine's floors ([`floors`]), the
 //! per-mode runner ([`runner`]) and the reports ([`report`]). The
 //! `tracejit-bench` binary strings them together; keeping the logic here
 //! makes it testable (a wrong result must fail the run).
@@ -8,6 +9,7 @@
 pub mod cli;
 pub mod floors;
 pub mod measure;
+pub mod peak;
 pub mod report;
 pub mod runner;
 pub mod verify;

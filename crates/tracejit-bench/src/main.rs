@@ -9,9 +9,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tracejit_bench::floors::{
     measure_bandwidth, measure_gemm_mlp_forward, BANDWIDTH_BUFFER_FULL, BANDWIDTH_BUFFER_QUICK,
 };
+use tracejit_bench::peak::PeakAlloc;
 use tracejit_bench::report::{json_lines, report_dir, table, write_reports, Results};
 use tracejit_bench::workloads::{selected, LSTM_CELL_IMPL};
 use tracejit_bench::{cli, run_workload, Budget, RunConfig};
+
+// Counts heap bytes so the report can give each mode's peak memory per call.
+#[global_allocator]
+static ALLOC: PeakAlloc = PeakAlloc;
 
 /// Progress on stderr: a bar on a terminal (advanced when a step ends),
 /// plain lines otherwise (one when a step starts).

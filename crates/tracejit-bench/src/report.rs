@@ -182,6 +182,38 @@ pub fn schedules_text(res: &Results) -> Vec<String> {
         .collect()
 }
 
+/// Peak heap memory of one steady call of each workload, per mode, one
+/// line each (workloads whose modes were all measured without the counting
+/// allocator are left out).
+pub fn peaks_text(res: &Results) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for r in &res.rows {
+        if seen.contains(&r.workload) {
+            continue;
+        }
+        seen.push(r.workload);
+        let parts: Vec<String> = res
+            .rows
+            .iter()
+            .filter(|q| q.workload == r.workload)
+            .filter_map(|q| Some(format!("{} {}", q.mode.name(), fmt_bytes(q.peak_bytes()?))))
+            .collect();
+        if !parts.is_empty() {
+            lines.push(format!("peak heap of one call of {} {}: {}", r.id, r.workload, parts.join(", ")));
+        }
+    }
+    lines
+}
+
+fn fmt_bytes(b: usize) -> String {
+    if b >= 1 << 20 {
+        format!("{:.2} MiB", b as f64 / f64::from(1u32 << 20))
+    } else {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    }
+}
+
 /// The table printed on stdout.
 pub fn table(res: &Results) -> String {
     let rows: Vec<[String; 10]> = res.rows.iter().map(|r| cells(res, r)).collect();
@@ -225,7 +257,7 @@ pub fn table(res: &Results) -> String {
     for l in floors_text(res) {
         let _ = writeln!(out, "{l}");
     }
-    for l in schedules_text(res) {
+    for l in schedules_text(res).into_iter().chain(peaks_text(res)) {
         let _ = writeln!(out, "{l}");
     }
     let _ = writeln!(
@@ -252,6 +284,7 @@ pub fn row_json(res: &Results, row: &Row) -> Value {
         "min_us": num(row.timing().map(|t| t.min_us)),
         "max_us": num(row.timing().map(|t| t.max_us)),
         "first_call_us": num(row.first_call_us()),
+        "peak_bytes": row.peak_bytes().map(Value::from).unwrap_or(Value::Null),
         "speedup_vs_eager": num(res.speedup(row)),
         "floor_pct": num(res.floor_pct(row)),
     });
@@ -327,7 +360,7 @@ pub fn markdown(res: &Results, machine: &str) -> String {
         if res.quick { "--quick (0.05 s per measurement)" } else { "full (0.5 s per measurement)" },
         res.threads
     );
-    for l in floors_text(res).into_iter().chain(schedules_text(res)) {
+    for l in floors_text(res).into_iter().chain(schedules_text(res)).chain(peaks_text(res)) {
         let _ = writeln!(out, "- {l}");
     }
     let _ = writeln!(out);

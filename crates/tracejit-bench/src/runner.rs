@@ -5,6 +5,7 @@
 use tracejit::Tensor;
 
 use crate::measure::{measure, time_once, Budget, Timing};
+use crate::peak::measure_peak;
 use crate::verify::{check_tensors, Agreement, OutputValues, Tolerance};
 use crate::workloads::{Body, Mode, Runnable, WorkloadSpec};
 
@@ -24,6 +25,9 @@ pub enum Status {
         executor: Option<&'static str>,
         /// What one call runs, when the JIT ran it.
         schedule: Option<tracejit::ScheduleStats>,
+        /// How far the heap rose during one steady call, in bytes
+        /// (intermediates and outputs; `None` without the counting allocator).
+        peak_bytes: Option<usize>,
     },
     /// The machinery for this mode does not exist yet.
     NotAvailable(String),
@@ -67,6 +71,14 @@ impl Row {
     pub fn schedule(&self) -> Option<&tracejit::ScheduleStats> {
         match &self.status {
             Status::Measured { schedule, .. } => schedule.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Peak heap bytes of one steady call, when measured.
+    pub fn peak_bytes(&self) -> Option<usize> {
+        match &self.status {
+            Status::Measured { peak_bytes, .. } => *peak_bytes,
             _ => None,
         }
     }
@@ -157,12 +169,15 @@ fn run_eager(case: &dyn Runnable, reference: &[OutputValues], tol: Tolerance, bu
         Ok(a) => a,
         Err(m) => return Status::Failed(format!("eager is not deterministic: {m}")),
     };
+    let ((), peak_bytes) = measure_peak(|| case.eager_call_discard());
     let timing = measure(budget, || {
         case.eager_call_discard();
         Ok::<(), String>(())
     });
     match timing {
-        Ok(timing) => Status::Measured { timing, first_call_us: None, agreement, executor: None, schedule: None },
+        Ok(timing) => {
+            Status::Measured { timing, first_call_us: None, agreement, executor: None, schedule: None, peak_bytes }
+        }
         Err(e) => Status::Failed(e),
     }
 }
@@ -214,6 +229,10 @@ fn run_traced(
     if runner.tracing_count() != 1 {
         return Status::Failed(format!("traced {} times for one signature", runner.tracing_count()));
     }
+    let (steady, peak_bytes) = measure_peak(|| runner.call_discard());
+    if let Err(e) = steady {
+        return Status::Failed(format!("third call: {e}"));
+    }
     match measure(budget, || runner.call_discard()) {
         Ok(timing) => Status::Measured {
             timing,
@@ -221,6 +240,7 @@ fn run_traced(
             agreement,
             executor,
             schedule: runner.schedule_stats(),
+            peak_bytes,
         },
         Err(e) => Status::Failed(e),
     }
