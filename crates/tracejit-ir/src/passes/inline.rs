@@ -55,7 +55,7 @@ impl Inline {
             return PassResult::unchanged();
         }
         let mut rw = Rewriter::new(g);
-        let mut inlined = 0usize;
+        let (mut inlined, mut folded) = (0usize, 0usize);
         for (id, node) in g.nodes() {
             if rw.is_mapped(id) {
                 continue;
@@ -73,7 +73,7 @@ impl Inline {
                 match rw.inline_body(&branch, &args[1..], &control, &mut policy) {
                     Ok((outs, stands)) => {
                         rw.map(id, &outs, &stands);
-                        inlined += 1;
+                        folded += 1;
                     }
                     Err(_) => {
                         rw.copy(id);
@@ -94,10 +94,13 @@ impl Inline {
                 inlined += 1;
             }
         }
-        if inlined == 0 {
+        if inlined + folded == 0 {
             return PassResult::unchanged();
         }
         *g = rw.finish();
-        PassResult::count(inlined, if inlined == 1 { "call inlined" } else { "calls inlined" })
+        PassResult::count(inlined, if inlined == 1 { "call inlined" } else { "calls inlined" }).and(PassResult::count(
+            folded,
+            if folded == 1 { "cond folded to its branch" } else { "conds folded to their branch" },
+        ))
     }
 }
