@@ -2,7 +2,8 @@
 //!
 //! `#[derive(Nest)]` lets a user struct be a `Function`'s argument or
 //! result: its fields flatten in declaration order, exactly as a tuple of the
-//! same fields would.
+//! same fields would, and each tensor leaf's path names the field (`state.h`;
+//! ONNX export names graph inputs and outputs with these paths).
 //!
 //! `#[derive(Module)]` makes a struct a `tracejit::module::Module`: its walk
 //! visits the fields in declaration order, each under a `Field` path segment
@@ -42,28 +43,33 @@ fn nest_impl(input: &DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
         p.bounds.push(syn::parse_quote!(::tracejit::Nest));
     }
     let (impl_g, ty_g, where_g) = generics.split_for_impl();
-    let (flatten, unflatten) = match &data.fields {
+    let (flatten, unflatten, paths) = match &data.fields {
         Fields::Named(f) => {
             let idents: Vec<_> = f.named.iter().map(|f| f.ident.clone().expect("named")).collect();
             let types: Vec<_> = f.named.iter().map(|f| &f.ty).collect();
+            let names: Vec<String> =
+                idents.iter().map(|i| i.to_string().trim_start_matches("r#").to_string()).collect();
             (
                 quote! { #( ::tracejit::Nest::flatten(&self.#idents, out); )* },
                 quote! { #name { #( #idents: <#types as ::tracejit::Nest>::unflatten(src), )* } },
+                quote! { #( ::tracejit::Nest::leaf_paths(&self.#idents, &::tracejit::nest_join_field(path, #names), out); )* },
             )
         }
         Fields::Unnamed(f) => {
             let idx: Vec<syn::Index> = (0..f.unnamed.len()).map(syn::Index::from).collect();
             let types: Vec<_> = f.unnamed.iter().map(|f| &f.ty).collect();
             let vars: Vec<_> = (0..f.unnamed.len()).map(|i| format_ident!("f{i}")).collect();
+            let names: Vec<String> = (0..f.unnamed.len()).map(|i| i.to_string()).collect();
             (
                 quote! { #( ::tracejit::Nest::flatten(&self.#idx, out); )* },
                 quote! {{
                     #( let #vars = <#types as ::tracejit::Nest>::unflatten(src); )*
                     #name( #(#vars),* )
                 }},
+                quote! { #( ::tracejit::Nest::leaf_paths(&self.#idx, &::tracejit::nest_join_field(path, #names), out); )* },
             )
         }
-        Fields::Unit => (quote! {}, quote! { #name }),
+        Fields::Unit => (quote! {}, quote! { #name }, quote! {}),
     };
     Ok(quote! {
         impl #impl_g ::tracejit::Nest for #name #ty_g #where_g {
@@ -74,6 +80,10 @@ fn nest_impl(input: &DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
             fn unflatten(src: &mut ::tracejit::Unflattener) -> Self {
                 let _ = &src;
                 #unflatten
+            }
+            fn leaf_paths(&self, path: &str, out: &mut ::std::vec::Vec<::std::string::String>) {
+                let _ = (&path, &out);
+                #paths
             }
         }
     })

@@ -26,6 +26,10 @@ pub struct ConcreteFunction {
     pub(crate) implicit_inputs: Vec<Tensor>,
     pub(crate) output_statics: Vec<Arc<dyn StaticValue>>,
     pub(crate) output_structure: Vec<u32>,
+    /// The nest path of each tensor argument ([`crate::nest_paths`]).
+    pub(crate) input_paths: Vec<String>,
+    /// The nest path of each tensor result.
+    pub(crate) output_paths: Vec<String>,
     pub(crate) attrs: FunctionAttrs,
     pub(crate) trace_reason: String,
     /// What the optimization pipeline did to `graph`.
@@ -71,6 +75,22 @@ impl ConcreteFunction {
     /// The accepted type of each tensor argument, depth first.
     pub fn signature(&self) -> &[TensorSpec] {
         &self.signature
+    }
+
+    /// The path of each tensor argument in the argument nest, depth first
+    /// (as [`signature`](Self::signature)): `args` for a lone tensor,
+    /// `args.0`, `args.1` for a tuple's elements, `args[2]` for a `Vec`'s,
+    /// and the field names of a `#[derive(Nest)]` struct (`x`, `state.h`).
+    /// See [`crate::Nest::leaf_paths`].
+    pub fn input_paths(&self) -> &[String] {
+        &self.input_paths
+    }
+
+    /// The path of each tensor result in the result nest, spelled as
+    /// [`input_paths`](Self::input_paths) with the root `output`
+    /// (`output`, `output.0`, `output.h`...).
+    pub fn output_paths(&self) -> &[String] {
+        &self.output_paths
     }
 
     /// Eager tensors (rank > 0) the closure used without receiving them;

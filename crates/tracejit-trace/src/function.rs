@@ -588,14 +588,16 @@ impl<A: Nest, R: Nest> Function<A, R> {
         let result = tracejit_ir::catch_quietly(|| {
             let _validating = validating.then(crate::validate::Active::enter);
             let args = A::unflatten(&mut Unflattener::new(placeholders, statics.clone(), structure.clone()));
+            let input_paths = crate::nest::nest_paths(&args, "args");
             let out = (self.closure)(args);
             let mut flat = Flattener::default();
             out.flatten(&mut flat);
             let outputs = crate::context::values_in_current(&flat.tensors).expect("trace context is live");
             let out_statics: Vec<Arc<dyn StaticValue>> = flat.statics.iter().map(|s| s.clone_arc()).collect();
-            (outputs, out_statics, flat.structure.to_vec())
+            let output_paths = crate::nest::nest_paths(&out, "output");
+            (outputs, out_statics, flat.structure.to_vec(), (input_paths, output_paths))
         });
-        let (outputs, output_statics, output_structure) = match result {
+        let (outputs, output_statics, output_structure, (input_paths, output_paths)) = match result {
             Ok(r) => r,
             Err(p) => {
                 drop(guard);
@@ -626,6 +628,8 @@ impl<A: Nest, R: Nest> Function<A, R> {
             implicit_inputs: ctx.outer_captures.into_iter().map(|(t, _)| t).collect(),
             output_statics,
             output_structure,
+            input_paths,
+            output_paths,
             attrs,
             trace_reason: reason.clone(),
             differentiable: std::sync::OnceLock::new(),

@@ -33,7 +33,9 @@ pub use context::attributed_to;
 pub use control::{cond, fori_loop, while_loop};
 pub use error::{Error, Result};
 pub use function::{function, CacheStats, Function, RetracePolicy};
-pub use nest::{Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener};
+pub use nest::{
+    nest_join_field, nest_paths, Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener,
+};
 pub use ops::{Operand, Scalar};
 pub use tape::{register_gradient, unregister_gradient, value_and_grad, GradientFn, GradientTape, Source};
 pub use tensor::Tensor;

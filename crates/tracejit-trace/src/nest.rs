@@ -123,6 +123,49 @@ pub trait Nest: Sized + Send + Sync + 'static {
     fn flatten<'a>(&'a self, out: &mut Flattener<'a>);
     /// Rebuilds a value from streams produced by `flatten` of the same shape.
     fn unflatten(src: &mut Unflattener) -> Self;
+
+    /// Pushes the path of each tensor leaf below `path`, in flattening
+    /// order, spelled as Module paths are: a struct field adds `.name`, a
+    /// tuple element `.0`, a `Vec` or array element `[i]`; `Option` and
+    /// `Box` add nothing. Export names graph inputs and outputs with them.
+    /// The default (for hand-written impls) numbers the leaves `.0`, `.1`,
+    /// ... (a single leaf keeps `path`).
+    fn leaf_paths(&self, path: &str, out: &mut Vec<String>) {
+        let mut flat = Flattener::default();
+        self.flatten(&mut flat);
+        match flat.tensors.len() {
+            1 => out.push(path.to_string()),
+            n => out.extend((0..n).map(|i| nest_join_field(path, &i.to_string()))),
+        }
+    }
+}
+
+/// `path.field` (just `field` at the root, whose path is empty).
+pub fn nest_join_field(path: &str, field: &str) -> String {
+    if path.is_empty() {
+        field.to_string()
+    } else {
+        format!("{path}.{field}")
+    }
+}
+
+/// The paths of `value`'s tensor leaves ([`Nest::leaf_paths`]) rooted at
+/// `root`: a leaf at the root is `root` itself, tuple elements are
+/// `root.0`, ..., `Vec` elements `root[0]`, ...; the fields of a struct at
+/// the root keep their own names (`x`, `state.h`), which the user chose.
+pub fn nest_paths<N: Nest>(value: &N, root: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    value.leaf_paths("", &mut paths);
+    for p in &mut paths {
+        if p.is_empty() {
+            *p = root.to_string();
+        } else if p.starts_with('[') {
+            *p = format!("{root}{p}");
+        } else if p.starts_with(|c: char| c.is_ascii_digit()) {
+            *p = format!("{root}.{p}");
+        }
+    }
+    paths
 }
 
 /// The flattened form of a signature: the type of every tensor leaf, the
@@ -181,6 +224,9 @@ impl Nest for Tensor {
     fn unflatten(src: &mut Unflattener) -> Self {
         src.tensor()
     }
+    fn leaf_paths(&self, path: &str, out: &mut Vec<String>) {
+        out.push(path.to_string());
+    }
 }
 
 impl SpecNest for Tensor {
@@ -202,6 +248,7 @@ impl<T: Hash + Eq + Clone + Send + Sync + 'static> Nest for Static<T> {
     fn unflatten(src: &mut Unflattener) -> Self {
         Static(src.static_value::<T>())
     }
+    fn leaf_paths(&self, _path: &str, _out: &mut Vec<String>) {}
 }
 
 impl<T: Hash + Eq + Clone + Send + Sync + 'static> SpecNest for Static<T> {
@@ -213,6 +260,7 @@ impl<T: Hash + Eq + Clone + Send + Sync + 'static> SpecNest for Static<T> {
 impl Nest for () {
     fn flatten<'a>(&'a self, _out: &mut Flattener<'a>) {}
     fn unflatten(_src: &mut Unflattener) -> Self {}
+    fn leaf_paths(&self, _path: &str, _out: &mut Vec<String>) {}
 }
 
 impl SpecNest for () {
@@ -229,6 +277,11 @@ impl<T: Nest> Nest for Vec<T> {
     fn unflatten(src: &mut Unflattener) -> Self {
         let n = src.token() as usize;
         (0..n).map(|_| T::unflatten(src)).collect()
+    }
+    fn leaf_paths(&self, path: &str, out: &mut Vec<String>) {
+        for (i, x) in self.iter().enumerate() {
+            x.leaf_paths(&format!("{path}[{i}]"), out);
+        }
     }
 }
 
@@ -259,6 +312,11 @@ impl<T: Nest, const N: usize> Nest for [T; N] {
     fn unflatten(src: &mut Unflattener) -> Self {
         std::array::from_fn(|_| T::unflatten(src))
     }
+    fn leaf_paths(&self, path: &str, out: &mut Vec<String>) {
+        for (i, x) in self.iter().enumerate() {
+            x.leaf_paths(&format!("{path}[{i}]"), out);
+        }
+    }
 }
 
 impl<T: SpecNest, const N: usize> SpecNest for [T; N] {
@@ -285,6 +343,11 @@ impl<T: Nest> Nest for Option<T> {
             _ => Some(T::unflatten(src)),
         }
     }
+    fn leaf_paths(&self, path: &str, out: &mut Vec<String>) {
+        if let Some(x) = self {
+            x.leaf_paths(path, out);
+        }
+    }
 }
 
 impl<T: SpecNest> SpecNest for Option<T> {
@@ -306,6 +369,9 @@ impl<T: Nest> Nest for Box<T> {
     fn unflatten(src: &mut Unflattener) -> Self {
         Box::new(T::unflatten(src))
     }
+    fn leaf_paths(&self, path: &str, out: &mut Vec<String>) {
+        (**self).leaf_paths(path, out)
+    }
 }
 
 impl<T: SpecNest + ?Sized> SpecNest for &T {
@@ -324,6 +390,15 @@ macro_rules! tuple_nest {
             }
             fn unflatten(src: &mut Unflattener) -> Self {
                 ($($name::unflatten(src),)+)
+            }
+            #[allow(non_snake_case)]
+            fn leaf_paths(&self, path: &str, out: &mut Vec<String>) {
+                let ($($name,)+) = self;
+                let mut _i = 0usize;
+                $(
+                    $name.leaf_paths(&nest_join_field(path, &_i.to_string()), out);
+                    _i += 1;
+                )+
             }
         }
         impl<$($name: SpecNest),+> SpecNest for ($($name,)+) {
