@@ -10,11 +10,21 @@
 //! - opset 17 of the default domain and IR version 10 (what current
 //!   runtimes load; onnxruntime 1.31 reads IR versions up to 13);
 //! - one graph input per tensor argument and one output per tensor result,
-//!   in flattening order (depth first), named `input_<i>` / `output_<i>` or
-//!   as [`Exporter::input_names`] / [`Exporter::output_names`] say; dtypes
-//!   f32, f64, i32, i64 and bool; an unknown dim (`-1` in an input
-//!   signature) is the symbolic dim `<input>_dim<axis>`, so one file serves
-//!   every batch size;
+//!   in flattening order (depth first), named after the function's
+//!   signature by their nest paths
+//!   ([`ConcreteFunction::input_paths`](tracejit_trace::ConcreteFunction::input_paths)):
+//!   `args` for a lone tensor argument, `args.0`, `args.1` for a tuple's
+//!   elements, `args[2]` for a `Vec`'s, the field names of a
+//!   `#[derive(Nest)]` struct (`x`, `state.h`); results likewise under
+//!   `output` (`output`, `output.0`, `output.h`), prefixed `output.` where
+//!   a path is also an input's. [`Exporter::input_names`] /
+//!   [`Exporter::output_names`] override them. Dtypes f32, f64, i32, i64
+//!   and bool;
+//! - an unknown dim (`-1` in an input signature) is the symbolic dim
+//!   `<input>_dim<axis>` (or as [`Exporter::dim_param`] names it), so one
+//!   file serves every batch size; an output dim the shape rules tie to an
+//!   input dim carries the same name (a runtime sees `batch` flow
+//!   through), any other unknown output dim a fresh `<output>_dim<axis>`;
 //! - captured tensors and variables as initializers holding their current
 //!   values, a variable named by its name (a Module path with
 //!   [`Exporter::variable_names`]);
@@ -39,14 +49,24 @@
 //! let bytes = tracejit_onnx::to_bytes(&cf)?;
 //! let model = tracejit_onnx::decode(&bytes)?;
 //! let graph = model.graph.as_ref().unwrap();
-//! assert_eq!(graph.input[0].name(), "input_0");
-//! assert_eq!(graph.output[0].name(), "output_0");
+//! assert_eq!(graph.input[0].name(), "args");
+//! assert_eq!(graph.output[0].name(), "output");
 //! assert_eq!(model.ir_version(), 10);
+//!
+//! // The unknown batch dim flows from the input to the output.
+//! use tracejit_onnx::pb::{tensor_shape_proto::dimension::Value, type_proto};
+//! let first_dim = |v: &tracejit_onnx::pb::ValueInfoProto| match &v.r#type.as_ref().unwrap().value {
+//!     Some(type_proto::Value::TensorType(t)) => t.shape.as_ref().unwrap().dim[0].value.clone(),
+//!     _ => None,
+//! };
+//! assert_eq!(first_dim(&graph.input[0]), Some(Value::DimParam("args_dim0".into())));
+//! assert_eq!(first_dim(&graph.output[0]), Some(Value::DimParam("args_dim0".into())));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod body;
 mod control;
+mod dims;
 mod emit;
 mod error;
 mod ops;
@@ -54,7 +74,7 @@ pub mod pb;
 mod prepare;
 mod tensor_proto;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use prost::Message;
@@ -108,22 +128,32 @@ pub struct Exporter<'a> {
     input_names: Option<Vec<String>>,
     output_names: Option<Vec<String>>,
     variable_names: HashMap<u64, String>,
+    dim_params: HashMap<(String, usize), String>,
     inline_composites: bool,
 }
 
 impl<'a> Exporter<'a> {
     /// An export of `cf` with the default names.
     pub fn new(cf: &'a ConcreteFunction) -> Exporter<'a> {
-        Exporter { cf, input_names: None, output_names: None, variable_names: HashMap::new(), inline_composites: false }
+        Exporter {
+            cf,
+            input_names: None,
+            output_names: None,
+            variable_names: HashMap::new(),
+            dim_params: HashMap::new(),
+            inline_composites: false,
+        }
     }
 
-    /// Names the graph inputs, one per tensor argument in flattening order.
+    /// Names the graph inputs, one per tensor argument in flattening order
+    /// (instead of their nest paths).
     pub fn input_names<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
         self.input_names = Some(names.into_iter().map(Into::into).collect());
         self
     }
 
-    /// Names the graph outputs, one per tensor result in flattening order.
+    /// Names the graph outputs, one per tensor result in flattening order
+    /// (instead of their nest paths).
     pub fn output_names<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
         self.output_names = Some(names.into_iter().map(Into::into).collect());
         self
@@ -134,6 +164,15 @@ impl<'a> Exporter<'a> {
     /// own names.
     pub fn variable_names(mut self, named: impl IntoIterator<Item = (String, Variable)>) -> Self {
         self.variable_names.extend(named.into_iter().map(|(path, v)| (v.id(), path)));
+        self
+    }
+
+    /// Names the unknown dim `axis` of the graph input `input` (by its
+    /// exported name) `name`, say `batch`, instead of `<input>_dim<axis>`.
+    /// Outputs whose dim equals it carry the same name; two inputs given
+    /// one name are declared the same size.
+    pub fn dim_param(mut self, input: impl Into<String>, axis: usize, name: impl Into<String>) -> Self {
+        self.dim_params.insert((input.into(), axis), name.into());
         self
     }
 
@@ -149,18 +188,53 @@ impl<'a> Exporter<'a> {
         let cf = self.cf;
         let function = cf.name().to_string();
         let g = prepare::main_graph(cf, self.inline_composites)?;
-        let inputs = names(&function, "input names", "input", g.params.len(), &self.input_names)?;
-        let outputs = names(&function, "output names", "output", g.outputs.len(), &self.output_names)?;
+        let (default_inputs, default_outputs) = default_names(cf);
+        let inputs = names(&function, "input names", default_inputs, &self.input_names)?;
+        let outputs = names(&function, "output names", default_outputs, &self.output_names)?;
+        if let Some(clash) = inputs.iter().find(|n| outputs.contains(n)) {
+            return Err(Error::Function {
+                function,
+                message: format!("`{clash}` names both an input and an output; ONNX names must be unique"),
+            });
+        }
         let mut state = emit::ModelState { variable_names: self.variable_names.clone(), ..Default::default() };
         let emitted = emit::emit_graph(&g, emit::Scope::Main, &inputs, &outputs, &mut state)?;
+        let param_dims: Vec<Vec<Option<String>>> = g
+            .param_types()
+            .iter()
+            .zip(&inputs)
+            .map(|(ty, name)| {
+                (0..ty.rank())
+                    .map(|axis| {
+                        ty.dims[axis].is_none().then(|| {
+                            self.dim_params
+                                .get(&(name.clone(), axis))
+                                .cloned()
+                                .unwrap_or_else(|| format!("{name}_dim{axis}"))
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        let output_dims = dims::output_dims(&g, &param_dims);
         let input_info = g
             .param_types()
             .iter()
             .zip(&inputs)
-            .map(|(ty, name)| emit::value_info(name, ty, |axis| Some(format!("{name}_dim{axis}"))))
+            .zip(&param_dims)
+            .map(|((ty, name), syms)| emit::value_info(name, ty, |axis| syms[axis].clone()))
             .collect();
-        let output_info =
-            g.output_types().iter().zip(&outputs).map(|(ty, name)| emit::value_info(name, ty, |_| None)).collect();
+        let output_info = g
+            .output_types()
+            .iter()
+            .zip(&outputs)
+            .zip(&output_dims)
+            .map(|((ty, name), syms)| {
+                emit::value_info(name, ty, |axis| {
+                    Some(syms.get(axis).cloned().flatten().unwrap_or_else(|| format!("{name}_dim{axis}")))
+                })
+            })
+            .collect();
         let graph = pb::GraphProto {
             name: Some(function.clone()),
             node: emitted.body.nodes,
@@ -230,16 +304,41 @@ impl<'a> Exporter<'a> {
     }
 }
 
-/// The user's names, checked for count and uniqueness, or `<prefix>_<i>`.
+/// The names graph inputs and outputs get unless the user gives others:
+/// their nest paths ([`ConcreteFunction::input_paths`]), made unique. An
+/// output path equal to an input's (a struct passed in and returned, such
+/// as an RNN's `state.h`) is prefixed `output.`; any other repeat (only a
+/// hand-written `Nest` impl makes one) gets a `_1`, `_2`... suffix.
+fn default_names(cf: &ConcreteFunction) -> (Vec<String>, Vec<String>) {
+    let mut taken = HashSet::new();
+    let mut unique = |want: String| -> String {
+        let mut name = want.clone();
+        let mut i = 0;
+        while !taken.insert(name.clone()) {
+            i += 1;
+            name = format!("{want}_{i}");
+        }
+        name
+    };
+    let inputs: Vec<String> = cf.input_paths().iter().map(|p| unique(p.clone())).collect();
+    let outputs = cf
+        .output_paths()
+        .iter()
+        .map(|p| unique(if inputs.contains(p) { format!("output.{p}") } else { p.clone() }))
+        .collect();
+    (inputs, outputs)
+}
+
+/// The user's names, checked for count and uniqueness, or the defaults.
 fn names(
     function: &str,
     what: &'static str,
-    prefix: &str,
-    count: usize,
+    defaults: Vec<String>,
     given: &Option<Vec<String>>,
 ) -> Result<Vec<String>> {
+    let count = defaults.len();
     let Some(given) = given else {
-        return Ok((0..count).map(|i| format!("{prefix}_{i}")).collect());
+        return Ok(defaults);
     };
     if given.len() != count {
         return Err(Error::Names { function: function.to_string(), what, expected: count, got: given.len() });

@@ -14,7 +14,7 @@
 //! | `eq`/`ne` (bool) | `Not(Xor(a, b))`, `Xor(a, b)` | some runtimes compare numbers only |
 //! | `select` (bool) | `(c and a) or (not c and b)` | onnxruntime has no bool `Where` |
 //! | `sinh`/`cosh` (f64) | from `Exp` (a cubic series near 0 for `sinh`) | onnxruntime has no f64 kernels |
-//! | `erf` (f64) | `Erf` in f32, cast back (about 1e-7 relative) | no runtime has an f64 `Erf` |
+//! | `erf` (f64) | Cody's rational approximations (1969) from `Exp`, `Mul`, `Add`, `Div`, `Where`: within 5e-16 relative of libm | no runtime has an f64 `Erf` (casting through f32 lost 1e-7 relative) |
 //! | `softplus` | `Relu(x) + Log(1 + Exp(-Abs(x)))` | ONNX `Softplus` overflows for large `x` |
 //! | `expm1`, `log1p`, `rsqrt`, `square` | `Exp - 1`, `Log(1 + x)`, `Reciprocal(Sqrt)`, `Mul(x, x)` | no ONNX operator |
 //! | `is_nan`, `is_finite` | `Not(Equal(x, x))`, `Equal(x - x, 0)` (`Equal(x, x)` for ints) | one form for every dtype (ONNX's `IsNaN` takes floats, and tract 0.23 types it wrongly for f64) |
@@ -194,13 +194,7 @@ fn unary(b: &mut Body, u: UnaryOp, x: &str, d: DType, out: &str) {
             let zero = b.scalar(d, 0.0);
             b.to(out, "Max", &[x, &zero], vec![]);
         }
-        UnaryOp::Erf if d == DType::F64 => {
-            // Runtimes lack an f64 Erf (onnxruntime, tract): computed in
-            // f32, so about 1e-7 relative instead of exact.
-            let narrow = b.op("Cast", &[x], vec![attr_int("to", data_type(DType::F32) as i64)]);
-            let e = b.op("Erf", &[&narrow], vec![]);
-            b.to(out, "Cast", &[&e], vec![attr_int("to", data_type(DType::F64) as i64)]);
-        }
+        UnaryOp::Erf if d == DType::F64 => erf_f64(b, x, out),
         UnaryOp::Erf => same(b, "Erf"),
         UnaryOp::Sin => same(b, "Sin"),
         UnaryOp::Cos => same(b, "Cos"),
@@ -325,6 +319,128 @@ fn sinh_f64(b: &mut Body, x: &str, out: &str) {
     let small = b.scalar(d, 1e-3);
     let near_zero = b.op("Less", &[&abs, &small], vec![]);
     b.to(out, "Where", &[&near_zero, &series, &wide], vec![]);
+}
+
+/// Horner's rule in ONNX nodes: `((lead * t + c[0]) * t + c[1]) ... + c[n-1]`,
+/// where `lead` is a value (a coefficient times `t`, or `t` itself).
+fn horner(b: &mut Body, lead: String, t: &str, coeffs: &[f64]) -> String {
+    let d = DType::F64;
+    let mut acc = lead;
+    for (i, &c) in coeffs.iter().enumerate() {
+        let k = b.scalar(d, c);
+        acc = b.op("Add", &[&acc, &k], vec![]);
+        if i + 1 < coeffs.len() {
+            acc = b.op("Mul", &[&acc, t], vec![]);
+        }
+    }
+    acc
+}
+
+/// f64 `erf` with W. J. Cody's rational Chebyshev approximations ("Rational
+/// Chebyshev approximations for the error function", Math. Comp. 23, 1969;
+/// netlib specfun `calerf`): `x·R(x²)` for `|x| <= 0.46875`, and
+/// `1 - erfc(|x|)` (sign restored) with `erfc = e^-x²·R(|x|)` up to 4 and
+/// `e^-x²·(1/√π - z·R(z)) / |x|` with `z = 1/x²` beyond. Every branch is
+/// computed and `Where` picks one (a branch's overflow elsewhere is never
+/// selected). Measured against libm on 200,000 points in [-7, 7] at several
+/// scales: at most 4.7e-16 relative; NaN stays NaN, ±Inf gives ±1.
+fn erf_f64(b: &mut Body, x: &str, out: &str) {
+    const A: [f64; 5] = [
+        3.16112374387056560e00,
+        1.13864154151050156e02,
+        3.77485237685302021e02,
+        3.20937758913846947e03,
+        1.85777706184603153e-1,
+    ];
+    const B: [f64; 4] =
+        [2.36012909523441209e01, 2.44024637934444173e02, 1.28261652607737228e03, 2.84423683343917062e03];
+    const C: [f64; 9] = [
+        5.64188496988670089e-1,
+        8.88314979438837594e00,
+        6.61191906371416295e01,
+        2.98635138197400131e02,
+        8.81952221241769090e02,
+        1.71204761263407058e03,
+        2.05107837782607147e03,
+        1.23033935479799725e03,
+        2.15311535474403846e-8,
+    ];
+    const D: [f64; 8] = [
+        1.57449261107098347e01,
+        1.17693950891312499e02,
+        5.37181101862009858e02,
+        1.62138957456669019e03,
+        3.29079923573345963e03,
+        4.36261909014324716e03,
+        3.43936767414372164e03,
+        1.23033935480374942e03,
+    ];
+    const P: [f64; 6] = [
+        3.05326634961232344e-1,
+        3.60344899949804439e-1,
+        1.25781726111229246e-1,
+        1.60837851487422766e-2,
+        6.58749161529837803e-4,
+        1.63153871373020978e-2,
+    ];
+    const Q: [f64; 5] = [
+        2.56852019228982242e00,
+        1.87295284992346725e00,
+        5.27905102951428412e-1,
+        6.05183413124413191e-2,
+        2.33520497626869185e-3,
+    ];
+    const FRAC_1_SQRT_PI: f64 = 5.6418958354775628695e-1;
+    let d = DType::F64;
+    let y = b.op("Abs", &[x], vec![]);
+    let t = b.op("Mul", &[&y, &y], vec![]);
+    // |x| <= 0.46875: erf = x · A(t) / B(t).
+    let lead = {
+        let k = b.scalar(d, A[4]);
+        b.op("Mul", &[&k, &t], vec![])
+    };
+    let num = horner(b, lead, &t, &A[..4]);
+    let den = horner(b, t.clone(), &t, &B);
+    let ratio = b.op("Div", &[&num, &den], vec![]);
+    let small = b.op("Mul", &[x, &ratio], vec![]);
+    // e^-x², shared by both erfc branches.
+    let neg_t = b.op("Neg", &[&t], vec![]);
+    let gauss = b.op("Exp", &[&neg_t], vec![]);
+    // 0.46875 < |x| <= 4: erfc = e^-x² · C(y) / D(y).
+    let lead = {
+        let k = b.scalar(d, C[8]);
+        b.op("Mul", &[&k, &y], vec![])
+    };
+    let num = horner(b, lead, &y, &C[..8]);
+    let den = horner(b, y.clone(), &y, &D);
+    let ratio = b.op("Div", &[&num, &den], vec![]);
+    let erfc_mid = b.op("Mul", &[&gauss, &ratio], vec![]);
+    // |x| > 4: erfc = e^-x² · (1/√π - z · P(z) / Q(z)) / y, z = 1/x².
+    let z = b.op("Reciprocal", &[&t], vec![]);
+    let lead = {
+        let k = b.scalar(d, P[5]);
+        b.op("Mul", &[&k, &z], vec![])
+    };
+    let num = horner(b, lead, &z, &P[..5]);
+    let den = horner(b, z.clone(), &z, &Q);
+    let ratio = b.op("Div", &[&num, &den], vec![]);
+    let r = b.op("Mul", &[&z, &ratio], vec![]);
+    let k = b.scalar(d, FRAC_1_SQRT_PI);
+    let diff = b.op("Sub", &[&k, &r], vec![]);
+    let scaled = b.op("Div", &[&diff, &y], vec![]);
+    let erfc_far = b.op("Mul", &[&gauss, &scaled], vec![]);
+    let four = b.scalar(d, 4.0);
+    let mid = b.op("LessOrEqual", &[&y, &four], vec![]);
+    let erfc = b.op("Where", &[&mid, &erfc_mid, &erfc_far], vec![]);
+    let one = b.scalar(d, 1.0);
+    let pos = b.op("Sub", &[&one, &erfc], vec![]);
+    let neg = b.op("Neg", &[&pos], vec![]);
+    let zero = b.scalar(d, 0.0);
+    let negative = b.op("Less", &[x, &zero], vec![]);
+    let large = b.op("Where", &[&negative, &neg, &pos], vec![]);
+    let bound = b.scalar(d, 0.46875);
+    let is_small = b.op("LessOrEqual", &[&y, &bound], vec![]);
+    b.to(out, "Where", &[&is_small, &small, &large], vec![]);
 }
 
 /// `x != x`: true exactly where `x` is NaN. Used instead of `IsNaN`, which

@@ -239,7 +239,7 @@ fn results_that_are_inputs_or_repeated_get_their_own_names() {
     .unwrap();
     let model = Exporter::new(&cf).to_model().unwrap();
     let names: Vec<&str> = model.graph.as_ref().unwrap().output.iter().map(|o| o.name()).collect();
-    assert_eq!(names, ["output_0", "output_1", "output_2", "output_3"]);
+    assert_eq!(names, ["output.0", "output.1", "output.2", "output.3"]);
     common::check("outputs_aliasing", &cf, &[x], 1e-6);
 }
 
