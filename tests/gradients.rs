@@ -149,7 +149,8 @@ fn gradient_of_a_gradient() {
 
 #[test]
 fn tapes_are_thread_local() {
-    let handles: Vec<_> = (0..4)
+    // Eight threads differentiate at once, each with its own tape.
+    let handles: Vec<_> = (0..8)
         .map(|k| {
             std::thread::spawn(move || {
                 let x = Tensor::from_vec(vec![k as f64, 1.0 + k as f64], &[2]);

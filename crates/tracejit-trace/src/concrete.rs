@@ -201,19 +201,16 @@ impl ConcreteFunction {
             return self.record_call(inputs);
         }
         let storages: Vec<Storage> = inputs.iter().map(|t| t.eager_storage().clone()).collect();
+        let before = self.variables_before_call();
         let outs: Vec<Tensor> = self.execute(&storages)?.into_iter().map(Tensor::from_storage).collect();
-        self.record_on_tapes(inputs, &outs)?;
+        self.record_on_tapes(inputs, &outs, before)?;
         Ok(outs)
     }
 
-    /// Records this call on the gradient tapes of the thread that track one
-    /// of its inputs: by its registered backward kernel, or as its
-    /// primitive graph (see `differentiable`).
-    pub(crate) fn record_on_tapes(&self, inputs: &[&Tensor], outputs: &[Tensor]) -> Result<()> {
-        if !crate::tape::recording() {
-            return Ok(());
-        }
-        let graph = || match self.differentiable.get() {
+    /// `graph` with every call inlined: what a tape differentiates a call
+    /// of this function through.
+    fn differentiable_graph(&self) -> Arc<Graph> {
+        match self.differentiable.get() {
             Some(g) => g.clone(),
             None => {
                 let mut g = (*self.graph).clone();
@@ -221,8 +218,40 @@ impl ConcreteFunction {
                 tracejit_ir::passes::Pass::run(&tracejit_ir::passes::Inline, &mut g, &cx);
                 self.differentiable.get_or_init(|| Arc::new(g)).clone()
             }
-        };
-        crate::tape::record_call(self.attrs.implements.as_deref(), &graph, inputs, outputs);
+        }
+    }
+
+    /// For a call that a tape will differentiate through its graph and
+    /// that assigns variables: the values of the variables it reads, read
+    /// before it runs (what its first reads see). `None` otherwise (the
+    /// values read after the call are the same then).
+    pub(crate) fn variables_before_call(&self) -> Option<crate::tape::CallVariables> {
+        if !crate::tape::recording() || !self.graph.effects().writes() {
+            return None;
+        }
+        if crate::tape::has_registered_gradient(self.attrs.implements.as_deref()) {
+            return None;
+        }
+        Some(crate::tape::call_variable_values(&self.differentiable_graph()))
+    }
+
+    /// Records this call on the gradient tapes of the thread that track one
+    /// of its inputs: by its registered backward kernel, or as its
+    /// primitive graph (see `differentiable`).
+    ///
+    /// `before`: the variables' values read before the call
+    /// ([`Self::variables_before_call`]); `None`: read them now.
+    pub(crate) fn record_on_tapes(
+        &self,
+        inputs: &[&Tensor],
+        outputs: &[Tensor],
+        before: Option<crate::tape::CallVariables>,
+    ) -> Result<()> {
+        if !crate::tape::recording() {
+            return Ok(());
+        }
+        let graph = || self.differentiable_graph();
+        crate::tape::record_call(self.attrs.implements.as_deref(), &graph, before, inputs, outputs);
         Ok(())
     }
 
@@ -263,12 +292,15 @@ impl ConcreteFunction {
         // A callee with side effects is ordered like a write of every
         // variable: after all earlier accesses, before all later ones.
         let stateful = tracejit_ir::passes::graph_has_side_effects(&self.optimized);
+        // Read before the accesses are collected, so the call is ordered
+        // after these reads (they see the values from before the call).
+        let before = self.variables_before_call();
         let control = if stateful { context::all_variable_accesses() } else { Vec::new() };
         let (node, outs) = context::record_in_current(Op::Call { func }, &all, &control).expect("a trace is active");
         if stateful {
             context::note_barrier(node, self.optimized.variables.values().map(|v| v.id()));
         }
-        self.record_on_tapes(&all, &outs)?;
+        self.record_on_tapes(&all, &outs, before)?;
         Ok(outs)
     }
 }

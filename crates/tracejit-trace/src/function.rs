@@ -331,12 +331,13 @@ impl<A: Nest, R: Nest> Function<A, R> {
         }
         let storages: SmallVec<[Storage; 4]> = flat.tensors.iter().map(|t| t.eager_storage().clone()).collect();
         let before = self.validating().then(|| crate::validate::snapshot(&cf.graph));
+        let variables = cf.variables_before_call();
         let outs = cf.execute(&storages)?;
         if let Some(before) = before {
             self.check_call(&cf, &before, &storages, &outs)?;
         }
         let outs: Vec<Tensor> = outs.into_iter().map(Tensor::from_storage).collect();
-        cf.record_on_tapes(&flat.tensors, &outs)?;
+        cf.record_on_tapes(&flat.tensors, &outs, variables)?;
         Ok(self.rebuild_output(&cf, outs))
     }
 

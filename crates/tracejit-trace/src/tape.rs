@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 use tracejit_ir::autodiff::{self, AutodiffError, Emitter};
-use tracejit_ir::{Graph, Op, TensorType};
+use tracejit_ir::{Graph, Op, TensorType, VarId};
 use tracejit_tensor::{BinaryOp, Storage};
 
 use crate::{context, Error, Result, Tensor, Variable};
@@ -209,26 +209,42 @@ pub(crate) fn record(
 pub(crate) fn record_call(
     implements: Option<&str>,
     graph: &dyn Fn() -> Arc<Graph>,
+    before: Option<CallVariables>,
     inputs: &[&Tensor],
     outputs: &[Tensor],
 ) {
     let what = match implements.and_then(|n| registered_gradient(n).map(|f| (n, f))) {
         Some((n, f)) => Recorded::Custom(n.to_string(), f, crate::validate::active().then(graph)),
         None => {
-            // The variables the callee reads are read again here, so that
-            // the tapes watch them and the backward has their values.
             let g = graph();
-            let mut vars = Vec::new();
-            for (vid, res) in g.variables.iter() {
-                let read = g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var } if var == vid));
-                if let (true, Some(v)) = (read, Variable::by_id(res.id())) {
-                    vars.push((vid, v.read()));
-                }
-            }
+            let vars = before.unwrap_or_else(|| call_variable_values(&g));
             Recorded::Graph(g, vars)
         }
     };
     push_entry(what, inputs, outputs, None);
+}
+
+/// The variables a called graph reads, each with a value read under the
+/// tape (so the tapes watch it and the backward has it).
+pub(crate) type CallVariables = Vec<(VarId, Tensor)>;
+
+/// The variables `g` reads, read now: after a call that only reads them,
+/// or before one that also assigns them (its first reads see those values;
+/// the replay gives later reads the assigned values).
+pub(crate) fn call_variable_values(g: &Graph) -> CallVariables {
+    let mut vars = Vec::new();
+    for (vid, res) in g.variables.iter() {
+        let read = g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var } if var == vid));
+        if let (true, Some(v)) = (read, Variable::by_id(res.id())) {
+            vars.push((vid, v.read()));
+        }
+    }
+    vars
+}
+
+/// True when a backward kernel is registered for this `implements` name.
+pub(crate) fn has_registered_gradient(implements: Option<&str>) -> bool {
+    implements.is_some_and(|n| registered_gradient(n).is_some())
 }
 
 /// Records a `cond` or `while` node on every recording tape that tracks

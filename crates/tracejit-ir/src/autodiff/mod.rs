@@ -25,7 +25,11 @@
 //!
 //! `slice` scatters back by concatenating zeros (step 1) or through a 0/1
 //! selection matrix (any other step, negative too), and `gather` by
-//! `one_hot(indices)ᵀ @ g`, both on inputs of known shape. `cond` and
+//! `one_hot(indices)ᵀ @ g`. With dims unknown in the trace, a step-1
+//! slice takes its zeros from slices of the input itself (so their sizes
+//! follow the run-time shape), `gather` needs its gathered axis known and
+//! at most one other unknown dim, and `concat` at most one input of
+//! unknown length along its axis; what remains is refused by name. `cond` and
 //! `while` have their own rule (`control`). What has no rule (calls,
 //! kernels and fused regions: differentiate
 //! before the selector and fusion, with calls inlined) is an
@@ -220,7 +224,14 @@ pub fn vjp_graph<E: Emitter>(
 }
 
 /// `graph`'s forward replayed through `e` on `inputs` (variables read as
-/// `variables` gives them): every value of the graph, by id.
+/// `variables` gives them, their values before the call): every value of
+/// the graph, by id.
+///
+/// A variable the graph assigns is read afterwards with the value it was
+/// given (`assign`, `assign_add`, `assign_sub` replayed on the values), as
+/// the call read it; the write itself is not differentiated (as in
+/// TensorFlow, a read's cotangent goes to the variable, never into the
+/// value assigned before it).
 pub(crate) fn replay<E: Emitter>(
     e: &mut E,
     graph: &Graph,
@@ -228,6 +239,7 @@ pub(crate) fn replay<E: Emitter>(
     variables: &[(crate::VarId, E::Value)],
 ) -> Result<HashMap<ValueId, E::Value>, AutodiffError> {
     let mut vals: HashMap<ValueId, E::Value> = HashMap::new();
+    let mut variables: Vec<(crate::VarId, E::Value)> = variables.to_vec();
     for (id, node) in graph.nodes() {
         let outs: Vec<E::Value> = match &node.op {
             Op::Parameter { index } => vec![inputs
@@ -239,12 +251,31 @@ pub(crate) fn replay<E: Emitter>(
                 let value = variables.iter().find(|(v, _)| v == var).map(|(_, x)| x.clone());
                 vec![value.ok_or_else(|| AutodiffError::Request(format!("no value given for variable {var}")))?]
             }
-            Op::AssignVariable { .. } | Op::Call { .. } | Op::Kernel { .. } | Op::Fused { .. } => {
+            Op::AssignVariable { var, kind } => {
+                // Only a later read needs the new value; without one the
+                // variable was given no value (nothing reads it).
+                if let Some(slot) = variables.iter().position(|(v, _)| v == var) {
+                    let x = vals[&node.inputs[0]].clone();
+                    let old = variables[slot].1.clone();
+                    let new = match kind {
+                        crate::AssignKind::Assign => x,
+                        crate::AssignKind::Add => {
+                            e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[old, x])?.remove(0)
+                        }
+                        crate::AssignKind::Sub => {
+                            e.emit(Op::Binary(tracejit_tensor::BinaryOp::Sub), &[old, x])?.remove(0)
+                        }
+                    };
+                    variables[slot].1 = new;
+                }
+                vec![]
+            }
+            Op::Call { .. } | Op::Kernel { .. } | Op::Fused { .. } => {
                 return Err(AutodiffError::Unsupported {
                     op: node.op.name().to_string(),
                     message: format!(
-                        "inside the differentiated function `{}` (a function differentiated by a tape may read \
-                         variables but not write them)",
+                        "inside the differentiated function `{}` (differentiate it with its calls inlined, before \
+                         the implementation selector and fusion; a bug in tracejit)",
                         graph.name
                     ),
                 });
@@ -256,9 +287,26 @@ pub(crate) fn replay<E: Emitter>(
                 e.emit(op.clone(), &ins)?
             }
             op @ (Op::Cond { .. } | Op::While { .. }) => {
+                let written: Vec<String> = op
+                    .subgraphs()
+                    .iter()
+                    .flat_map(|sub| {
+                        sub.nodes().filter_map(|(_, n)| {
+                            let Op::AssignVariable { var, .. } = n.op else { return None };
+                            Some(format!("`{}`", sub.variables[var].name()))
+                        })
+                    })
+                    .collect();
                 return Err(AutodiffError::Unsupported {
                     op: op.name().to_string(),
-                    message: format!("writes a variable (inside the differentiated `{}`)", graph.name),
+                    message: format!(
+                        "it writes a variable ({}) inside a branch or loop body of the function `{}` called under \
+                         the tape{}; a tape differentiates a call whose control flow only reads variables (assign \
+                         outside the `cond`/`while_loop`)",
+                        written.join(", "),
+                        graph.name,
+                        node.location.map(|l| format!(", at {}:{}", l.file(), l.line())).unwrap_or_default()
+                    ),
                 });
             }
             op @ (primitive_ops!()) => {

@@ -225,21 +225,7 @@ pub fn vjp<E: Emitter>(
             }
             vec![Some(g)]
         }
-        Op::Concat { axis } => {
-            let mut start = 0i64;
-            let mut out = Vec::with_capacity(inputs.len());
-            for x in inputs {
-                let t = b.ty(x);
-                let len = t.dims[*axis].ok_or_else(|| {
-                    unsupported(op, format!("input {t} has an unknown size along the concatenated axis"))
-                })? as i64;
-                let mut specs = vec![SliceSpec::FULL; t.rank()];
-                specs[*axis] = SliceSpec::range(start, start + len);
-                out.push(Some(b.op(Op::Slice { specs }, std::slice::from_ref(&g))?));
-                start += len;
-            }
-            out
-        }
+        Op::Concat { axis } => concat_vjp(&mut b, op, *axis, inputs, &g)?,
         Op::Stack { axis } => {
             let rank = b.ty(&g).rank();
             let mut out = Vec::with_capacity(inputs.len());
@@ -302,11 +288,14 @@ fn strided_scatter<E: Emitter>(
 }
 
 /// `g` placed back into zeros of `x`'s shape where a slice read it: per
-/// sliced axis, zeros concatenated before and after. Needs `x`'s shape and
-/// a step of 1 (other steps are an error naming the op).
+/// sliced axis, zeros concatenated before and after (step 1) or a 0/1
+/// selection matrix (other steps). Inputs with dims unknown in the trace
+/// take [`slice_vjp_unknown`].
 fn slice_vjp<E: Emitter>(b: &mut B<'_, E>, op: &Op, specs: &[SliceSpec], x: &E::Value, g: E::Value) -> R<E::Value> {
     let t = b.ty(x);
-    let shape = t.shape().ok_or_else(|| unsupported(op, format!("its input {t} has unknown dims")))?;
+    let Some(shape) = t.shape() else {
+        return slice_vjp_unknown(b, op, specs, x, g);
+    };
     let mut g = g;
     for (axis, spec) in specs.iter().enumerate() {
         let (start, count, step) = spec.resolve(shape[axis]);
@@ -347,8 +336,122 @@ fn slice_vjp<E: Emitter>(b: &mut B<'_, E>, op: &Op, specs: &[SliceSpec], x: &E::
     Ok(g)
 }
 
+/// [`slice_vjp`] for an input whose shape is not fully known in the trace
+/// (an input signature with `-1`): the zeros around `g` on each sliced axis
+/// are slices of `x` itself (`x[..start]` and `x[stop..]`, zeroed by
+/// `select`), so their sizes are right whatever the run-time length. That
+/// partition of the axis holds for step 1 when both bounds have one sign
+/// (or are absent); `x[s:e]` with `s >= 0 > e` is `x[s:][:e]`, done in two
+/// steps. A bound pair that is empty for every length gives zeros. What
+/// remains (a strided slice, or `s < 0 <= e`, of an axis of unknown
+/// length) is an error naming the slice.
+fn slice_vjp_unknown<E: Emitter>(
+    b: &mut B<'_, E>,
+    op: &Op,
+    specs: &[SliceSpec],
+    x: &E::Value,
+    g: E::Value,
+) -> R<E::Value> {
+    let t = b.ty(x);
+    let mut g = g;
+    for (axis, spec) in specs.iter().enumerate() {
+        if *spec == SliceSpec::FULL {
+            continue;
+        }
+        if let Some(n) = t.dims[axis] {
+            let (_, count, step) = spec.resolve(n);
+            if step == 1 && count == n {
+                continue;
+            }
+        }
+        if spec.step != 1 {
+            return Err(unsupported(
+                op,
+                format!(
+                    "a slice with step {} of {t}, whose dims are not all known in the trace: a strided slice \
+                     differentiates only with its input's shape known (trace with a concrete shape)",
+                    spec.step
+                ),
+            ));
+        }
+        // The shape `g` has now on every other axis: `x` whole on this and
+        // the earlier (already restored) axes, sliced on the later ones.
+        let mut ref_specs = specs.to_vec();
+        for s in &mut ref_specs[..=axis] {
+            *s = SliceSpec::FULL;
+        }
+        let reference = if ref_specs.iter().all(|s| *s == SliceSpec::FULL) {
+            x.clone()
+        } else {
+            b.op(Op::Slice { specs: ref_specs }, std::slice::from_ref(x))?
+        };
+        let (start, stop) = (spec.start, spec.stop);
+        let always_empty = matches!((start, stop), (Some(s), Some(e)) if (s >= 0) == (e >= 0) && s >= e);
+        if always_empty {
+            return super::zeros_like(b.e, x.clone());
+        }
+        g = match (start, stop) {
+            (Some(s), Some(e)) if s < 0 && e >= 0 => {
+                return Err(unsupported(
+                    op,
+                    format!(
+                        "slice {s}..{e} of axis {axis} of {t}, whose length is unknown in the trace: with a negative \
+                         start and a non-negative stop, which elements it reads depends on the length; give both \
+                         bounds one sign"
+                    ),
+                ));
+            }
+            (Some(s), Some(e)) if s > 0 && e < 0 => {
+                // x[s:e] = x[s:][:e]: restore the tail, then the head.
+                let tail_spec = SliceSpec { start: Some(s), stop: None, step: 1 };
+                let tail = axis_slice(b, &reference, axis, tail_spec)?;
+                let g_tail = pad_axis(b, g, &tail, axis, None, Some(e))?;
+                pad_axis(b, g_tail, &reference, axis, Some(s), None)?
+            }
+            _ => pad_axis(b, g, &reference, axis, start, stop)?,
+        };
+    }
+    Ok(g)
+}
+
+/// `v[..]` with `spec` on `axis` only.
+fn axis_slice<E: Emitter>(b: &mut B<'_, E>, v: &E::Value, axis: usize, spec: SliceSpec) -> R<E::Value> {
+    let mut specs = vec![SliceSpec::FULL; b.ty(v).rank()];
+    specs[axis] = spec;
+    b.op(Op::Slice { specs }, std::slice::from_ref(v))
+}
+
+/// `g` (the cotangent of `reference[start:stop]` on `axis`) with zeros
+/// shaped like `reference[..start]` before and `reference[stop..]` after.
+fn pad_axis<E: Emitter>(
+    b: &mut B<'_, E>,
+    g: E::Value,
+    reference: &E::Value,
+    axis: usize,
+    start: Option<i64>,
+    stop: Option<i64>,
+) -> R<E::Value> {
+    let mut parts = Vec::with_capacity(3);
+    if let Some(s) = start.filter(|&s| s != 0) {
+        let head = axis_slice(b, reference, axis, SliceSpec { start: None, stop: Some(s), step: 1 })?;
+        parts.push(super::zeros_like(b.e, head)?);
+    }
+    parts.push(g);
+    if let Some(e) = stop {
+        let rest = axis_slice(b, reference, axis, SliceSpec { start: Some(e), stop: None, step: 1 })?;
+        parts.push(super::zeros_like(b.e, rest)?);
+    }
+    if parts.len() == 1 {
+        return Ok(parts.remove(0));
+    }
+    b.op(Op::Concat { axis }, &parts)
+}
+
 /// `g` scattered back (added) into zeros of `params`' shape at the gathered
-/// indices: `one_hot(indices)ᵀ @ g` per outer block. Needs the shapes.
+/// indices: `one_hot(indices)ᵀ @ g` per outer block. The gathered axis must
+/// be known in the trace (it is the one-hot depth); of the dims before it,
+/// the indices' dims and the dims after it, one group may hold one unknown
+/// dim (a batch of indices, or a batch of params).
 fn gather_vjp<E: Emitter>(
     b: &mut B<'_, E>,
     op: &Op,
@@ -358,26 +461,82 @@ fn gather_vjp<E: Emitter>(
     g: E::Value,
 ) -> R<E::Value> {
     let (pt, it) = (b.ty(params), b.ty(indices));
-    let (Some(pshape), Some(ishape)) = (pt.shape(), it.shape()) else {
-        return Err(unsupported(op, format!("params {pt} or indices {it} have unknown dims")));
-    };
-    let n = pshape[axis];
-    let outer: usize = pshape[..axis].iter().product();
-    let inner: usize = pshape[axis + 1..].iter().product();
-    let m: usize = ishape.iter().product();
+    let n = pt.dims[axis].ok_or_else(|| {
+        unsupported(op, format!("params {pt} have an unknown size along the gathered axis {axis} in the trace"))
+    })?;
+    let product = |dims: &[Option<usize>]| -> Option<usize> { dims.iter().copied().product() };
+    let outer = product(&pt.dims[..axis]);
+    let inner = product(&pt.dims[axis + 1..]);
+    let m = product(&it.dims);
+    let unknown_groups = [outer, m, inner].iter().filter(|d| d.is_none()).count();
+    let unknown_params = pt.dims.iter().filter(|d| d.is_none()).count();
+    if unknown_groups > 1 || unknown_params > 1 {
+        return Err(unsupported(
+            op,
+            format!(
+                "params {pt} with indices {it}: more than one dim is unknown in the trace among the dims before \
+                 the gathered axis, the indices' and the dims after it; trace with more of them known"
+            ),
+        ));
+    }
+    let size = |d: Option<usize>| d.map_or(-1, |d| d as i64);
     // Negative indices count from the end, as gather reads them.
     let zero = b.k(indices, 0.0);
     let neg = b.bin(BinaryOp::Lt, indices, &zero)?;
     let len = b.k(indices, n as f64);
     let wrapped = b.bin(BinaryOp::Add, indices, &len)?;
     let idx = b.op(Op::Select, &[neg, wrapped, indices.clone()])?;
-    let idx = b.op(Op::Reshape { shape: vec![m as i64] }, &[idx])?;
+    let idx = b.op(Op::Reshape { shape: vec![-1] }, &[idx])?;
     let oh = b.op(Op::OneHot { depth: n, dtype: pt.dtype }, &[idx])?; // [m, n]
     let oht = b.op(Op::Transpose { perm: vec![1, 0] }, &[oh])?; // [n, m]
-    let g3 = b.op(Op::Reshape { shape: vec![outer as i64, m as i64, inner as i64] }, &[g])?;
+    let g3 = b.op(Op::Reshape { shape: vec![size(outer), size(m), size(inner)] }, &[g])?;
     let r = b.op(Op::MatMul, &[oht, g3])?; // [outer, n, inner]
-    let shape = pshape.iter().map(|&d| d as i64).collect();
+    let shape = pt.dims.iter().map(|&d| size(d)).collect();
     b.op(Op::Reshape { shape }, &[r])
+}
+
+/// Each input's part of `g` along the concatenated axis. One input may
+/// have a length unknown in the trace: parts before it start at known
+/// offsets, parts after it are counted from the end.
+fn concat_vjp<E: Emitter>(
+    b: &mut B<'_, E>,
+    op: &Op,
+    axis: usize,
+    inputs: &[E::Value],
+    g: &E::Value,
+) -> R<Vec<Option<E::Value>>> {
+    let lens: Vec<Option<usize>> = inputs.iter().map(|x| b.ty(x).dims[axis]).collect();
+    if lens.iter().filter(|l| l.is_none()).count() > 1 {
+        let types: Vec<String> = inputs.iter().map(|x| b.ty(x).to_string()).collect();
+        return Err(unsupported(
+            op,
+            format!(
+                "inputs {} have more than one size unknown in the trace along the concatenated axis {axis}",
+                types.join(", ")
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(inputs.len());
+    let mut start = Some(0i64);
+    for (i, len) in lens.iter().enumerate() {
+        // Every length after this one is known (at most one is unknown).
+        let after: i64 = lens[i + 1..].iter().map(|l| l.unwrap_or(0) as i64).sum();
+        let spec = match (start, len) {
+            (_, Some(0)) => SliceSpec::range(0, 0),
+            (Some(s), Some(l)) => SliceSpec::range(s, s + *l as i64),
+            (Some(s), None) => SliceSpec { start: Some(s), stop: (after > 0).then_some(-after), step: 1 },
+            (None, Some(l)) => {
+                SliceSpec { start: Some(-(*l as i64 + after)), stop: (after > 0).then_some(-after), step: 1 }
+            }
+            (None, None) => unreachable!("at most one length is unknown"),
+        };
+        out.push(Some(axis_slice(b, g, axis, spec)?));
+        start = match (start, len) {
+            (Some(s), Some(l)) => Some(s + *l as i64),
+            _ => None,
+        };
+    }
+    Ok(out)
 }
 
 /// The permutation swapping the last two of `rank` axes.

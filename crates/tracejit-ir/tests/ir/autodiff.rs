@@ -13,7 +13,7 @@ use tracejit_ir::{interpret, verify, Graph, Op, TensorType, ValueId};
 use crate::common::node;
 
 /// Deterministic f64 data in `[lo, hi]`.
-fn data(shape: &[usize], seed: u64, lo: f64, hi: f64) -> Storage {
+pub(crate) fn data(shape: &[usize], seed: u64, lo: f64, hi: f64) -> Storage {
     let n: usize = shape.iter().product();
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
     let v = (0..n)
@@ -47,7 +47,7 @@ fn scalar_of(s: &Storage) -> f64 {
 
 /// Checks the gradient of `loss` w.r.t. every input against central
 /// differences at `inputs`.
-fn check_grads(g: &Graph, inputs: &[Storage]) {
+pub(crate) fn check_grads(g: &Graph, inputs: &[Storage]) {
     verify(g).unwrap();
     let wrt: Vec<usize> = (0..inputs.len()).collect();
     let dg = grad_graph(g, &wrt).unwrap_or_else(|e| panic!("{e}\n{g}"));

@@ -6,6 +6,7 @@
 //! need no kernels.
 
 mod autodiff;
+mod autodiff_unknown;
 mod common;
 mod filetests;
 mod infer;
