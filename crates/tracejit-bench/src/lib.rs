@@ -4,11 +4,13 @@
 //! machine's floors ([`floors`]), the
 //! per-mode runner ([`runner`]) and the reports ([`report`]). The
 //! `tracejit-bench` binary strings them together; keeping the logic here
-//! makes it testable (a wrong result must fail the run).
+//! makes it testable (a wrong result must fail the run). [`micro`] adds rows
+//! beside the workloads: a backward kernel against its body's VJP.
 
 pub mod cli;
 pub mod floors;
 pub mod measure;
+pub mod micro;
 pub mod peak;
 pub mod report;
 pub mod runner;

@@ -242,7 +242,7 @@ pub struct WorkloadSpec {
 /// Bytes in a MiB.
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// Every workload, in order W1..W8.
+/// Every workload, in order W1..W8, then the micro rows ([`crate::micro`]).
 pub fn all() -> Vec<WorkloadSpec> {
     vec![
         WorkloadSpec {
@@ -326,6 +326,9 @@ pub fn all() -> Vec<WorkloadSpec> {
             build: build_rnn_loop,
         },
     ]
+    .into_iter()
+    .chain(crate::micro::specs())
+    .collect()
 }
 
 /// The workloads whose name contains `filter` (ASCII case-insensitive) or
@@ -553,9 +556,10 @@ mod tests {
     fn names_follow_workloads_md() {
         let names: Vec<&str> = all().iter().map(|w| w.name).collect();
         assert_eq!(
-            names,
+            names[..8],
             ["small_ops", "gelu", "softmax", "layernorm", "mlp_forward", "mlp_train_step", "lstm_cell", "rnn_loop"]
         );
+        assert_eq!(names[8..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
         assert_eq!(selected(Some("gelu")).len(), 1);
         assert_eq!(selected(Some("w7"))[0].name, "lstm_cell");
         assert_eq!(selected(Some("mlp")).len(), 2);
