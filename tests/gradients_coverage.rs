@@ -269,7 +269,7 @@ fn stateful(v: &Variable, counter: &Variable, x: &Tensor) -> Tensor {
 /// The gradients of `y` with respect to `x` and to `v`.
 fn grads(tape: &GradientTape, y: &Tensor, x: &Tensor, v: &Variable) -> Vec<Tensor> {
     let dx = tape.gradient(y, &[x]).unwrap().remove(0).expect("x reaches y");
-    let dv = tape.gradient(y, &[v.clone()]).unwrap().remove(0).expect("v reaches y");
+    let dv = tape.gradient(y, std::slice::from_ref(v)).unwrap().remove(0).expect("v reaches y");
     vec![dx, dv]
 }
 
