@@ -144,7 +144,8 @@ fn errors_name_the_users_line() {
 
 #[test]
 fn a_gradient_error_names_the_op_and_its_line() {
-    // gather's rule needs known shapes; this input's length is unknown.
+    // gather's rule needs the gathered axis known (the one-hot depth); this
+    // input's length is unknown.
     let f = function(|(x, i): (Tensor, Tensor)| {
         let tape = GradientTape::new();
         tape.watch(&x);
@@ -158,7 +159,7 @@ fn a_gradient_error_names_the_op_and_its_line() {
     let x = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], &[3]);
     let e = f.call((x, Tensor::from_vec(vec![0i64, 2], &[2]))).unwrap_err().to_string();
     let line = line_of("let picked = x.gather(&i, 0);");
-    assert!(e.contains("gather") && e.contains("unknown dims"), "{e}");
+    assert!(e.contains("gather") && e.contains("unknown size along the gathered axis"), "{e}");
     assert!(e.contains(&format!("{THIS_FILE}:{line}")), "{e}");
 }
 
