@@ -4,7 +4,7 @@
 //! composite, whose backward kernel is registered) and
 //! `layernorm_backward_body` the same layer norm written with primitives
 //! (W4's closure), whose gradient is the VJP of the body. Same shapes as W4
-//! ([1024, 1024], gamma and beta of [1024]), the same upstream cotangent;
+//! (`[1024, 1024]`, gamma and beta of `[1024]`), the same upstream cotangent;
 //! both return the gradients of x, gamma and beta, and run in every mode,
 //! checked against eager (and an f64 eager reference) before timing.
 
