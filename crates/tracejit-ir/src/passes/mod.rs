@@ -16,6 +16,7 @@
 //! |---|---|---|
 //! | `inline` | [`Inline`] | inlines every `Call`, except composites (`implements`) while the selector is still to run |
 //! | `selector` | [`SelectImplementation`] | a composite `Call` becomes its registered [`Op::Kernel`], or is inlined |
+//! | `hoist` | [`HoistLoopProducts`] | a counted loop's `gather(xs, i) @ w` becomes one product `xs @ w` before the loop |
 //! | `const_fold` | [`ConstantFolding`] | evaluates small, pure, constant-input nodes with the reference kernels |
 //! | `simplify` | [`Simplify`] | algebraic rewrites that are exact under IEEE 754 |
 //! | `cse` | [`Cse`] | merges structurally identical pure nodes |
@@ -45,6 +46,7 @@ mod const_fold;
 mod cse;
 mod dce;
 mod fusion;
+mod hoist;
 mod inline;
 mod pipeline;
 mod rewrite;
@@ -55,6 +57,7 @@ pub use const_fold::ConstantFolding;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use fusion::{default_accepts_region, Fusion, MAX_REGION_NODES};
+pub use hoist::HoistLoopProducts;
 pub use inline::Inline;
 pub use pipeline::{FixpointOutcome, OptimizationOptions, PassRecord, PassSnapshot, Pipeline, PipelineReport, Stage};
 pub use rewrite::Rewriter;

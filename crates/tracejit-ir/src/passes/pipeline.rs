@@ -7,6 +7,7 @@
 //! ```text
 //! inline                        every non-composite call
 //! selector                      composite calls -> kernel, or inlined
+//! hoist                         a counted loop's input projection, before the loop
 //! fixpoint "simplify" (cap 8):  const_fold, simplify, cse, dce
 //! fusion                        elementwise/reduction regions
 //! ```
@@ -28,8 +29,8 @@ use std::time::{Duration, Instant};
 use cranelift_entity::EntityRef;
 
 use crate::passes::{
-    AcceptRegion, ConstantFolding, Cse, Dce, Fusion, Inline, Pass, PassContext, SelectImplementation, Simplify,
-    DEFAULT_FOLD_LIMIT,
+    AcceptRegion, ConstantFolding, Cse, Dce, Fusion, HoistLoopProducts, Inline, Pass, PassContext,
+    SelectImplementation, Simplify, DEFAULT_FOLD_LIMIT,
 };
 use crate::{verify, Graph, IrError, NodeId};
 
@@ -251,6 +252,7 @@ impl Pipeline {
         Pipeline::new(vec![
             Stage::pass(Inline),
             Stage::pass(SelectImplementation),
+            Stage::pass(HoistLoopProducts),
             Stage::Fixpoint {
                 name: "simplify",
                 passes: vec![Box::new(ConstantFolding), Box::new(Simplify), Box::new(Cse), Box::new(Dce)],
@@ -483,7 +485,7 @@ mod tests {
     #[test]
     fn the_default_pipeline_reads_top_to_bottom() {
         let p = Pipeline::default_pipeline();
-        assert_eq!(p.pass_names(), ["inline", "selector", "const_fold", "simplify", "cse", "dce", "fusion"]);
+        assert_eq!(p.pass_names(), ["inline", "selector", "hoist", "const_fold", "simplify", "cse", "dce", "fusion"]);
         assert!(p.validate().is_ok());
         let bad = Pipeline::default_pipeline().with_options(OptimizationOptions::default().disable("csee"));
         assert!(bad.validate().unwrap_err().contains("unknown pass `csee`"));

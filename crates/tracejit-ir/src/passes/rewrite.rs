@@ -85,6 +85,13 @@ impl<'g> Rewriter<'g> {
         rw
     }
 
+    /// Adds a parameter after the old graph's (a pass that gives a nested
+    /// graph a new input); call it before copying any other node, so that
+    /// parameters stay first.
+    pub fn add_param(&mut self, ty: TensorType) -> ValueId {
+        self.new.add_param(ty)
+    }
+
     /// The graph being rebuilt.
     pub fn old(&self) -> &'g Graph {
         self.old

@@ -605,7 +605,8 @@ fn golden_default_pipeline() {
     assert_is_filetest_input("pipeline_default", &call_graph());
     assert!(report.changed_by("inline") && report.changed_by("selector") && report.changed_by("fusion"));
     let text = report.to_string();
-    for name in ["inline", "selector", "const_fold", "simplify", "cse", "dce", "fusion", "fixpoint `simplify`"] {
+    for name in ["inline", "selector", "hoist", "const_fold", "simplify", "cse", "dce", "fusion", "fixpoint `simplify`"]
+    {
         assert!(text.contains(name), "{text}");
     }
     assert_eq!(report.nodes_before, call_graph().len());
