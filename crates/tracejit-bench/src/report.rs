@@ -91,14 +91,20 @@ fn fmt_us(v: f64) -> String {
 }
 
 /// What one compiled call runs, in a few words: "9 kernels (4 fused, 3
-/// GEMM, 2 ref)". Native kernels are named only when there are some.
+/// GEMM, 2 ref) + 1 view". Native kernels and views (transposes and
+/// one-index gathers, no kernel) are named only when there are some.
 pub fn schedule_note(st: &tracejit::ScheduleStats) -> String {
     let mut parts = vec![format!("{} fused", st.regions), format!("{} GEMM", st.gemms)];
     if st.native_kernels > 0 {
         parts.push(format!("{} native", st.native_kernels));
     }
     parts.push(format!("{} ref", st.fallbacks));
-    format!("{} kernels ({})", st.kernels(), parts.join(", "))
+    let views = match st.views {
+        0 => String::new(),
+        1 => " + 1 view".to_string(),
+        n => format!(" + {n} views"),
+    };
+    format!("{} kernels ({}){views}", st.kernels(), parts.join(", "))
 }
 
 /// Cells of a row: workload, mode, threads, median, min, max, vs eager,
@@ -306,6 +312,7 @@ pub fn row_json(res: &Results, row: &Row) -> Value {
                         "gemms": st.gemms,
                         "native_kernels": st.native_kernels,
                         "reference_ops": st.fallbacks,
+                        "views": st.views,
                         "variable_reads": st.reads,
                         "variable_writes": st.writes,
                         "calls": st.calls,

@@ -49,6 +49,9 @@ enum StepKind {
     Region(Arc<CompiledRegion>),
     /// A matrix product.
     MatMul,
+    /// A view of its input (no copy): a transpose, or a gather of one
+    /// index.
+    View(View),
     /// A reference kernel (or an unsupported fused region, interpreted).
     Primitive(Op),
     /// A registered native kernel (`Op::Kernel`).
@@ -64,6 +67,16 @@ enum StepKind {
     Read(VarId),
     /// Writes a variable.
     Assign(VarId, AssignKind),
+}
+
+/// The views the executor makes itself.
+enum View {
+    /// `transpose` with this permutation (a strided view, as the reference
+    /// kernel's).
+    Transpose(Vec<usize>),
+    /// `gather` along this axis with a scalar index: the index's slice,
+    /// sharing the input's buffer (the reference kernel copies it).
+    Index(usize),
 }
 
 struct Step {
@@ -93,8 +106,11 @@ pub struct ScheduleStats {
     /// Registered native kernels (composites swapped for their kernel).
     pub native_kernels: usize,
     /// Ops run by the reference kernels instead (shape ops such as
-    /// `reshape` and `transpose`, and anything the JIT does not compile).
+    /// `reshape`, and anything the JIT does not compile).
     pub fallbacks: usize,
+    /// Views made without copying or a kernel: transposes, and gathers of
+    /// one index (a loop's `x[t]`). Not counted as kernels.
+    pub views: usize,
     /// Variable reads.
     pub reads: usize,
     /// Variable writes.
@@ -111,8 +127,10 @@ pub struct ScheduleStats {
 impl ScheduleStats {
     /// Adds `other`'s counts to these.
     fn add(&mut self, other: &ScheduleStats) {
-        let ScheduleStats { regions, gemms, native_kernels, fallbacks, reads, writes, calls, control_flow } = *other;
+        let ScheduleStats { regions, gemms, native_kernels, fallbacks, views, reads, writes, calls, control_flow } =
+            *other;
         self.regions += regions;
+        self.views += views;
         self.gemms += gemms;
         self.native_kernels += native_kernels;
         self.fallbacks += fallbacks;
@@ -133,13 +151,14 @@ impl std::fmt::Display for ScheduleStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} kernels: {} fused regions, {} GEMMs, {} native kernels, {} reference ops; \
+            "{} kernels: {} fused regions, {} GEMMs, {} native kernels, {} reference ops; {} views, \
              {} variable reads, {} writes, {} calls, {} control-flow nodes",
             self.kernels(),
             self.regions,
             self.gemms,
             self.native_kernels,
             self.fallbacks,
+            self.views,
             self.reads,
             self.writes,
             self.calls,
@@ -174,6 +193,54 @@ fn plan_regions(graph: &Graph) -> Graph {
     let cx = PassContext::new(graph.name.clone()).with_region_acceptor(Arc::new(supports));
     Fusion::default().run(&mut g, &cx);
     g
+}
+
+/// `$body` applied to whichever array `$x` holds, as a `Storage` of the
+/// same dtype (a clone of an `ArcArray` only counts a reference, so a view
+/// shares the buffer).
+macro_rules! view_of {
+    ($x:expr, $a:ident => $body:expr) => {
+        match $x {
+            Storage::F32($a) => Storage::F32($body),
+            Storage::F64($a) => Storage::F64($body),
+            Storage::I32($a) => Storage::I32($body),
+            Storage::I64($a) => Storage::I64($body),
+            Storage::Bool($a) => Storage::Bool($body),
+        }
+    };
+}
+
+impl View {
+    /// The view of `args`, or `None` when the reference kernel must run
+    /// (an index out of range, an invalid permutation: it reports them).
+    fn apply(&self, args: &[&Storage]) -> Option<Storage> {
+        match self {
+            View::Transpose(perm) => {
+                let x = args[0];
+                let mut seen = [false; 16];
+                let valid = perm.len() == x.rank()
+                    && perm.len() <= seen.len()
+                    && perm.iter().all(|&p| p < perm.len() && !std::mem::replace(&mut seen[p], true));
+                valid.then(|| view_of!(x, a => a.clone().permuted_axes(ndarray::IxDyn(perm))))
+            }
+            View::Index(axis) => {
+                let (x, index) = (args[0], args[1]);
+                let i = match index {
+                    Storage::I64(a) if a.ndim() == 0 => *a.iter().next()?,
+                    Storage::I32(a) if a.ndim() == 0 => i64::from(*a.iter().next()?),
+                    Storage::I32(_) | Storage::I64(_) | Storage::F32(_) | Storage::F64(_) | Storage::Bool(_) => {
+                        return None
+                    }
+                };
+                let len = *x.shape().get(*axis)? as i64;
+                // Negative indices count from the end, as the reference's.
+                let j = if i < 0 { i + len } else { i };
+                (0..len)
+                    .contains(&j)
+                    .then(|| view_of!(x, a => a.clone().index_axis_move(ndarray::Axis(*axis), j as usize)))
+            }
+        }
+    }
 }
 
 /// Runs a control-flow node's subgraphs with the calling executable's
@@ -309,6 +376,8 @@ impl Executable {
                 Op::Fused { .. } => StepKind::Primitive(node.op.clone()),
                 // A registered native kernel runs as itself.
                 Op::Kernel { .. } => StepKind::External(node.op.clone()),
+                Op::Transpose { perm } => StepKind::View(View::Transpose(perm.clone())),
+                Op::Gather { axis } if g.value_type(node.inputs[1]).rank() == 0 => StepKind::View(View::Index(*axis)),
                 Op::Constant { .. }
                 | Op::Unary(_)
                 | Op::Binary(_)
@@ -320,7 +389,6 @@ impl Executable {
                 | Op::ExpandDims { .. }
                 | Op::ArgReduce { .. }
                 | Op::Reshape { .. }
-                | Op::Transpose { .. }
                 | Op::Squeeze { .. }
                 | Op::Concat { .. }
                 | Op::Stack { .. }
@@ -427,6 +495,7 @@ impl Executable {
                 StepKind::Region(_) => st.regions += 1,
                 StepKind::MatMul => st.gemms += 1,
                 StepKind::Primitive(_) => st.fallbacks += 1,
+                StepKind::View(_) => st.views += 1,
                 StepKind::External(_) => st.native_kernels += 1,
                 StepKind::Call(e) => {
                     st.calls += 1;
@@ -466,7 +535,9 @@ impl Executable {
     /// outputs stay with the caller, which recycles them.
     fn run_in_pool(&self, inputs: &[Storage], pool: &mut BufPool) -> Result<Vec<Storage>, IrError> {
         self.check_inputs(inputs)?;
-        let mut values: SmallVec<[Option<Storage>; 8]> = SmallVec::new();
+        // Loop bodies run once per trip: a slot table on the stack for
+        // bodies of up to 16 values (W8's fits) costs no allocation.
+        let mut values: SmallVec<[Option<Storage>; 16]> = SmallVec::new();
         values.resize(self.n_slots, None);
         self.run_steps(inputs, &mut values, pool)
     }
@@ -500,7 +571,7 @@ impl Executable {
             if step.check || step.probe {
                 let op = match &step.kind {
                     StepKind::Primitive(op) | StepKind::External(op) => Some(op),
-                    StepKind::MatMul | StepKind::Region(_) => Some(&g.node(step.node).op),
+                    StepKind::MatMul | StepKind::Region(_) | StepKind::View(_) => Some(&g.node(step.node).op),
                     _ => None,
                 };
                 if let Some(op) = op {
@@ -526,6 +597,11 @@ impl Executable {
                 StepKind::MatMul => {
                     smallvec::smallvec![crate::gemm::matmul_with(args[0], args[1], &mut |d, s| pool.take(d, s))]
                 }
+                StepKind::View(view) => match view.apply(&args) {
+                    Some(v) => smallvec::smallvec![v],
+                    // Out of range: the reference kernel reports it.
+                    None => eval_primitive(&g.node(step.node).op, &args).into_iter().collect(),
+                },
                 StepKind::Primitive(op) | StepKind::External(op) => eval_primitive(op, &args).into_iter().collect(),
                 StepKind::Call(e) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();

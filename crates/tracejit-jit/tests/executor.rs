@@ -74,7 +74,8 @@ fn softmax_graph_is_one_region() {
 
 #[test]
 fn fallbacks_calls_and_checks() {
-    // transpose (fallback) -> call of a library function (x * 2 + 1).
+    // reshape (fallback) -> transpose (a view) -> call of a library
+    // function (x * 2 + 1).
     let mut f = Graph::new("affine");
     let p = param(&mut f, DType::F32, &[3, 2]);
     let two = scalar(&mut f, DType::F32, 2.0);
@@ -85,11 +86,14 @@ fn fallbacks_calls_and_checks() {
     let mut g = Graph::new("main");
     let fid = g.library.add(LibraryFunction { name: "affine".into(), attrs: Default::default(), graph: Arc::new(f) });
     let x = param(&mut g, DType::F32, &[2, 3]);
-    let t = node(&mut g, Op::Transpose { perm: vec![1, 0] }, &[x]);
+    let r = node(&mut g, Op::Reshape { shape: vec![3, 2] }, &[x]);
+    let t = node(&mut g, Op::Transpose { perm: vec![1, 0] }, &[r]);
+    let t = node(&mut g, Op::Transpose { perm: vec![1, 0] }, &[t]);
     let c = node(&mut g, Op::Call { func: fid }, &[t]);
     g.outputs.push(c);
     let exe = Executable::new(&g).unwrap();
-    assert_eq!(exe.fallbacks(), vec!["transpose".to_string()]);
+    assert_eq!(exe.fallbacks(), vec!["reshape".to_string()]);
+    assert_eq!(exe.stats().views, 2);
     let ins = vec![data(DType::F32, &[2, 3], 1, true)];
     exact_eq(&exe.run(&ins).unwrap()[0], &tracejit_ir::interpret(&g, &ins).unwrap()[0]).unwrap();
     // Bad inputs are an error, as in the interpreter.
