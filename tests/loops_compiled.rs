@@ -79,6 +79,12 @@ fn the_product_leaves_the_loop_and_x_t_is_a_view() {
     let body = &body[body.find(".body").unwrap()..];
     assert_eq!(body.matches("matmul").count(), 1, "{text}");
     assert_eq!(text.matches("matmul").count(), 2, "{text}");
+    // The pass is idempotent and leaves a graph the verifier accepts.
+    let mut again = cf.optimized_graph().clone();
+    let cx = tracejit::ir::passes::PassContext::new("again");
+    let pass = tracejit::ir::passes::HoistLoopProducts;
+    assert!(!tracejit::ir::passes::Pass::run(&pass, &mut again, &cx).changed);
+    tracejit::ir::verify(cf.optimized_graph()).unwrap();
     let stats = cf.schedule_stats().unwrap();
     // Outer product; per trip: one GEMM, one region, the counter ops.
     assert_eq!(stats.gemms, 2, "{stats}");

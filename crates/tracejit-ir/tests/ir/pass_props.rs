@@ -4,7 +4,8 @@
 
 use proptest::prelude::*;
 use tracejit_ir::passes::{
-    ConstantFolding, Cse, Dce, Fusion, Inline, Pass, PassContext, Pipeline, SelectImplementation, Simplify,
+    ConstantFolding, Cse, Dce, Fusion, HoistLoopProducts, Inline, Pass, PassContext, Pipeline, SelectImplementation,
+    Simplify,
 };
 use tracejit_ir::tensor::{BinaryOp, ReduceOp, Storage, UnaryOp};
 use tracejit_ir::{interpret, verify, Graph, Op, ValueId};
@@ -184,6 +185,7 @@ fn all_passes() -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(Inline),
         Box::new(SelectImplementation),
+        Box::new(HoistLoopProducts),
         Box::new(ConstantFolding),
         Box::new(Simplify),
         Box::new(Cse),
