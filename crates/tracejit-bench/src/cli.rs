@@ -9,7 +9,7 @@ pub struct Options {
     pub quick: bool,
     /// `--json`: JSON lines on stdout instead of the table.
     pub json: bool,
-    /// `--threads N` (recorded; tracejit is single-threaded for now).
+    /// `--threads N`: the JIT's thread count (`tracejit::config::set_num_threads`); 1 by default.
     pub threads: usize,
     /// `--filter NAME`: only workloads whose name contains NAME (or whose id is NAME).
     pub filter: Option<String>,
@@ -45,7 +45,7 @@ to target/bench-report/.
 
   --quick          0.05 s per measurement (0.5 s otherwise), 64 MiB bandwidth buffer
   --json           one JSON object per line on stdout instead of the table
-  --threads N      threads to use (recorded; tracejit is single-threaded for now)
+  --threads N      threads the JIT's large kernels and GEMMs use (default 1; eager ops use one)
   --filter NAME    only workloads whose name contains NAME (or whose id is NAME, e.g. W3)
   --no-report      do not write target/bench-report/
   --inject-wrong-result NAME

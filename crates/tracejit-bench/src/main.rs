@@ -73,6 +73,9 @@ fn main() -> ExitCode {
         println!("{}", cli::USAGE);
         return ExitCode::SUCCESS;
     }
+    // Before the floors: the GEMM floor runs through the JIT's GEMM, with
+    // the same threads as the workloads.
+    tracejit::config::set_num_threads(opts.threads);
     let budget = if opts.quick { Budget::QUICK } else { Budget::FULL };
     let specs = selected(opts.filter.as_deref());
     if specs.is_empty() {

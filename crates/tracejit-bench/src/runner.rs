@@ -44,7 +44,7 @@ pub struct Row {
     pub workload: &'static str,
     /// The mode.
     pub mode: Mode,
-    /// Threads requested with `--threads` (tracejit runs on one).
+    /// The JIT's thread count during the run (`--threads`).
     pub threads: usize,
     /// The outcome.
     pub status: Status,
@@ -83,6 +83,16 @@ impl Row {
         }
     }
 
+    /// Threads the mode's kernels may use: the JIT's count for the JIT
+    /// modes; eager ops and the interpreter's reference kernels run on one.
+    pub fn threads_used(&self) -> usize {
+        if self.mode.needs_jit() {
+            self.threads
+        } else {
+            1
+        }
+    }
+
     /// True when the run must fail.
     pub fn failed(&self) -> bool {
         matches!(self.status, Status::Failed(_))
@@ -94,7 +104,8 @@ impl Row {
 pub struct RunConfig {
     /// Timing budget per measurement.
     pub budget: Budget,
-    /// Threads requested (recorded; tracejit is single-threaded).
+    /// The JIT's thread count (`--threads`; the caller sets it with
+    /// `tracejit::config::set_num_threads`).
     pub threads: usize,
     /// For testing the harness itself: the workload whose traced results get
     /// one element perturbed, which must make the run fail.

@@ -71,35 +71,52 @@ macro_rules! gemm_scalar {
                 rsc: isize,
                 csc: isize,
             ) {
-                // SAFETY: forwarded from the caller; gemm takes (column, row) strides
-                // and computes dst = alpha·dst + beta·(lhs·rhs).
-                unsafe {
-                    gemm::gemm(
-                        m,
-                        n,
-                        k,
-                        c,
-                        csc,
-                        rsc,
-                        false,
-                        a,
-                        csa,
-                        rsa,
-                        b,
-                        csb,
-                        rsb,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        gemm::Parallelism::None,
-                    )
-                }
+                let (a, b, c) = (SendPtr(a as *mut Self), SendPtr(b as *mut Self), SendPtr(c));
+                crate::threads::with_gemm_parallelism(m, n, k, move |parallelism| {
+                    // SAFETY: forwarded from the caller; gemm takes (column, row) strides
+                    // and computes dst = alpha·dst + beta·(lhs·rhs).
+                    unsafe {
+                        gemm::gemm(
+                            m,
+                            n,
+                            k,
+                            c.get(),
+                            csc,
+                            rsc,
+                            false,
+                            a.get(),
+                            csa,
+                            rsa,
+                            b.get(),
+                            csb,
+                            rsb,
+                            0.0,
+                            1.0,
+                            false,
+                            false,
+                            false,
+                            parallelism,
+                        )
+                    }
+                })
             }
         }
     };
 }
+/// A pointer moved into the pool's closure (the caller waits for it).
+#[derive(Clone, Copy)]
+struct SendPtr<T>(*mut T);
+// SAFETY: the pointee outlives the call that waits for the closure, and
+// `gemm` gives each thread disjoint output tiles.
+unsafe impl<T> Send for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    /// The pointer (a method, so that closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
 gemm_scalar!(f32, F32);
 gemm_scalar!(f64, F64);
 

@@ -28,6 +28,15 @@
 //! Concurrent calls never share a pool: a call that finds the pool busy runs
 //! with an empty one.
 //!
+//! # Threads
+//!
+//! Large region kernels and f32/f64 matrix products split across a thread
+//! pool ([`threads`]: `set_num_threads`, default the cores available or
+//! `TRACEJIT_NUM_THREADS`); small ones run on the calling thread. Results
+//! are bit-identical for every thread count: kernels split only where
+//! outputs are independent (rows of a row reduction, element ranges,
+//! columns of a column reduction), and never along a reduced axis.
+//!
 //! # Which regions compile
 //!
 //! See [`supports`]: elementwise regions over any broadcasting; *row*
@@ -112,6 +121,7 @@
 mod analysis;
 mod chunkmath;
 mod constpool;
+mod dispatch;
 mod error;
 mod executor;
 pub mod fastmath;
@@ -124,6 +134,7 @@ mod math;
 mod options;
 mod region;
 mod scalar;
+pub mod threads;
 
 pub use analysis::MAX_CONST_ELEMENTS;
 pub use error::JitError;

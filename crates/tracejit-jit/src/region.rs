@@ -33,8 +33,9 @@ use tracejit_ir::tensor::{kernels, DType, Storage};
 use tracejit_ir::{Graph, IrError, TensorType};
 
 use crate::analysis::{analyze, Analysis, KernelKind, LoadId, LoadSource};
+use crate::dispatch::Calls;
 use crate::jit::{self, KernelCode};
-use crate::kernel::{self, Schedule, ARG_SLOTS, FLAG_FINAL, FLAG_INIT};
+use crate::kernel::{self, Schedule};
 use crate::options::{JitOptions, KernelKey};
 use crate::JitError;
 
@@ -608,61 +609,26 @@ impl CompiledRegion {
         // A staged kernel's scratch holds one chunk per staged node.
         let scratch_len = sch.scratch_slots * if sch.chunk > 0 { sch.chunk } else { l.n };
         let mut scratch: Vec<u64> = std::mem::take(&mut pool.scratch);
-        scratch.clear();
-        scratch.reserve(scratch_len);
 
-        let nslots = an.loads.len() + an.outputs.len();
-        let mut args: SmallVec<[i64; 32]> = SmallVec::from_elem(0, ARG_SLOTS + 2 * nslots);
-        args[0] = l.rows as i64;
-        args[1] = l.n as i64;
-        args[3] = scratch.as_mut_ptr() as i64;
-        args[4] = l.count as i64;
         let mut base: SmallVec<[i64; 8]> = load_ptrs;
         for o in outs.iter_mut() {
             base.push(o.ptr());
         }
-        for s in 0..nslots {
-            args[ARG_SLOTS + 2 * s + 1] = l.row_strides[s] as i64;
-        }
-        let total_outer: usize = l.outer.iter().map(|d| d.0).product();
-        let column = an.kind == KernelKind::Column;
-        let skip = !column && (l.rows == 0 || total_outer == 0 || (an.kind == KernelKind::Elementwise && l.n == 0));
-        if !skip {
-            let calls = if column { total_outer.max(1) } else { total_outer };
-            let mut idx: SmallVec<[usize; 4]> = SmallVec::from_elem(0, l.outer.len());
-            for call in 0..calls {
-                for s in 0..nslots {
-                    let mut p = base[s];
-                    for (d, (_, st)) in l.outer.iter().enumerate() {
-                        p += idx[d] as i64 * st[s] as i64;
-                    }
-                    args[ARG_SLOTS + 2 * s] = p;
-                }
-                let mut flags = 0;
-                if call == 0 {
-                    flags |= FLAG_INIT;
-                }
-                if call + 1 == calls {
-                    flags |= FLAG_FINAL;
-                }
-                args[2] = flags;
-                if column && total_outer == 0 {
-                    args[0] = 0;
-                }
-                // SAFETY: every pointer addresses a live buffer (inputs, held
-                // materializations, constants, outputs with capacity for their
-                // shapes, scratch of `scratch_slots * n` 8-byte elements), and
-                // the rows/strides/n were derived from those shapes.
-                unsafe { self.kernel.code.call(&args) };
-                for d in (0..idx.len()).rev() {
-                    idx[d] += 1;
-                    if idx[d] < l.outer[d].0 {
-                        break;
-                    }
-                    idx[d] = 0;
-                }
-            }
-        }
+        let calls = Calls {
+            code: &self.kernel.code,
+            an,
+            rows: l.rows,
+            n: l.n,
+            count: l.count,
+            base: &base,
+            row_strides: &l.row_strides,
+            outer: &l.outer,
+            scratch_len,
+        };
+        // SAFETY: every pointer addresses a live buffer (inputs, held
+        // materializations, constants, outputs with capacity for their
+        // shapes), and the rows/strides/n were derived from those shapes.
+        unsafe { calls.run(&mut scratch) };
         drop(held);
         pool.scratch = scratch;
         outs.into_iter()

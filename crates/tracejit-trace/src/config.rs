@@ -1,6 +1,8 @@
 //! Process-wide switches. `run_functions_eagerly(true)` (or the environment
 //! variable `TRACEJIT_EAGER=1`) makes every `Function` call its closure
 //! directly on eager tensors, which is how a traced program is debugged.
+//! [`set_num_threads`] (or `TRACEJIT_NUM_THREADS`) sets how many threads
+//! large compiled kernels and matrix products share.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -33,4 +35,75 @@ pub fn functions_run_eagerly() -> bool {
         }
         v => v == 2,
     }
+}
+
+/// Sets how many threads large compiled kernels and matrix products may
+/// use, from the next kernel that starts (one already running finishes
+/// with the count it started with, so this is safe at any time, from any
+/// thread). `0` restores the default: `TRACEJIT_NUM_THREADS` if set, else
+/// the cores available.
+///
+/// What it affects: in traced functions, fused region kernels whose work
+/// is large (split by rows, element ranges or columns) and f32/f64 matrix
+/// products past about 2·10⁶ multiply-adds, and the composite kernels that
+/// use the JIT's GEMM (`lstm_cell`). Eager ops and the reference kernels
+/// stay on the calling thread, and small kernels never touch the pool.
+///
+/// Results are bit-identical for every count: work is only split where
+/// outputs are independent (whole rows of a row reduction, element ranges,
+/// whole columns of a column reduction), and a product's accumulation
+/// order depends only on its sizes.
+///
+/// ```
+/// use tracejit_trace::config::{num_threads, set_num_threads};
+/// use tracejit_trace::{function, Tensor};
+///
+/// let softmax = function(|x: Tensor| {
+///     let e = (&x - &x.max(&[-1], true)).exp();
+///     &e / &e.sum(&[-1], true)
+/// });
+/// let x = Tensor::randn(&[512, 1024], 0);
+/// set_num_threads(1);
+/// let one = softmax.call(x.clone())?.to_vec::<f32>()?;
+/// set_num_threads(2);
+/// assert_eq!(num_threads(), 2);
+/// let two = softmax.call(x)?.to_vec::<f32>()?;
+/// // The same bits, whatever the thread count.
+/// assert!(one.iter().zip(&two).all(|(a, b)| a.to_bits() == b.to_bits()));
+/// set_num_threads(0); // back to the default
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+pub fn set_num_threads(n: usize) {
+    tracejit_jit::threads::set_num_threads(n);
+}
+
+/// The number of threads large kernels and matrix products use now (at
+/// least 1): the last [`set_num_threads`], else `TRACEJIT_NUM_THREADS`
+/// (a positive integer; another value is ignored with a `log` warning
+/// naming it), else the cores available.
+///
+/// ```
+/// assert!(tracejit_trace::config::num_threads() >= 1);
+/// ```
+pub fn num_threads() -> usize {
+    tracejit_jit::threads::num_threads()
+}
+
+/// How many times calls made on this thread have split a kernel or a
+/// matrix product across the thread pool: a diagnostic, e.g. to check that
+/// a function's small kernels stay on the calling thread.
+///
+/// ```
+/// use tracejit_trace::config::{pool_dispatches, set_num_threads};
+/// use tracejit_trace::{function, Tensor};
+///
+/// set_num_threads(2);
+/// let f = function(|x: Tensor| &x * 2.0 + 1.0);
+/// let before = pool_dispatches();
+/// f.call(Tensor::randn(&[16], 0))?;
+/// assert_eq!(pool_dispatches(), before); // 16 elements: no pool
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+pub fn pool_dispatches() -> u64 {
+    tracejit_jit::threads::pool_dispatches()
 }

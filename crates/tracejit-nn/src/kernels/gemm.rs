@@ -18,34 +18,37 @@ pub(super) fn gemm_acc(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: &mut [
     }
     let (a_rs, a_cs) = (a.strides()[0], a.strides()[1]);
     let (b_rs, b_cs) = (b.strides()[0], b.strides()[1]);
-    // SAFETY: `a` and `b` are live ndarray views whose pointers and element
-    // strides address exactly their `m x k` and `k x n` elements; `c` holds
-    // `m * n` elements, row-major (column stride 1, row stride n). `gemm`
-    // computes `dst = alpha * dst + beta * lhs * rhs` (read_dst: true, both
-    // factors 1), single-threaded.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            true,
-            a.as_ptr(),
-            a_cs,
-            a_rs,
-            b.as_ptr(),
-            b_cs,
-            b_rs,
-            1.0f32,
-            1.0f32,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
+    // Large products split across the JIT's pool (same bits either way).
+    tracejit_jit::threads::with_gemm_parallelism(m, n, k, move |parallelism| {
+        // SAFETY: `a` and `b` are live ndarray views whose pointers and
+        // element strides address exactly their `m x k` and `k x n`
+        // elements; `c` holds `m * n` elements, row-major (column stride 1,
+        // row stride n). `gemm` computes `dst = alpha * dst + beta * lhs *
+        // rhs` (read_dst: true, both factors 1).
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                c.as_mut_ptr(),
+                1,
+                n as isize,
+                true,
+                a.as_ptr(),
+                a_cs,
+                a_rs,
+                b.as_ptr(),
+                b_cs,
+                b_rs,
+                1.0f32,
+                1.0f32,
+                false,
+                false,
+                false,
+                parallelism,
+            );
+        }
+    });
 }
 
 #[cfg(test)]

@@ -1,0 +1,283 @@
+//! The thread pool behind large kernels and matrix products, and the
+//! process-wide thread count (`tracejit::config::set_num_threads`).
+//!
+//! What runs on the pool: fused region kernels whose estimated work is
+//! large (split by rows, by element ranges, or — column reductions — by
+//! columns; see [`crate::CompiledRegion`]), and f32/f64 matrix products
+//! past a size (through the `gemm` crate's own parallelism). Everything
+//! else — reference kernels, eager ops, small kernels — runs on the
+//! calling thread, which is why a call of a few small kernels (W1) never
+//! pays for the pool.
+//!
+//! # Determinism
+//!
+//! Results never depend on the thread count: every element's arithmetic
+//! is the same whoever computes it. A region kernel is split only where its
+//! outputs are independent — whole rows of a row reduction, element ranges
+//! of an elementwise kernel (at multiples of 512 elements, so every element
+//! keeps its place in the vector loops), whole columns of a column
+//! reduction, each column still summed over its rows in the reference's
+//! order. A reduction's partial results are never combined across threads.
+//! A matrix product's accumulation order over `k` is set by its sizes
+//! (the `gemm` crate's cache blocking), not by how its output tiles are
+//! shared out.
+//!
+//! # Pool
+//!
+//! One [rayon] pool of `n` threads, built the first time a large kernel
+//! runs with `n > 1` and rebuilt when the count changes; a kernel already
+//! running keeps the pool (and count) it started with. The calling thread
+//! waits while the pool works.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The environment variable giving the default thread count.
+pub const ENV_VAR: &str = "TRACEJIT_NUM_THREADS";
+
+/// The thread count; 0 until decided (read from the environment).
+static NUM_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the number of threads large kernels and matrix products may use,
+/// for every call that starts from now on (a kernel already running
+/// finishes with the count it started with, so this is safe at any time,
+/// from any thread). `0` restores the default: `TRACEJIT_NUM_THREADS` if
+/// set, else the cores available.
+///
+/// It affects fused region kernels and f32/f64 matrix products of the JIT
+/// executor (traced functions) and the composite kernels that use the
+/// JIT's GEMM; eager ops and the reference kernels stay on the calling
+/// thread. Results are bit-identical for every count.
+///
+/// ```
+/// use tracejit_jit::threads::{num_threads, set_num_threads};
+///
+/// set_num_threads(2);
+/// assert_eq!(num_threads(), 2);
+/// set_num_threads(1); // everything on the calling thread
+/// assert_eq!(num_threads(), 1);
+/// set_num_threads(0); // back to the default
+/// assert!(num_threads() >= 1);
+/// ```
+pub fn set_num_threads(n: usize) {
+    let n = if n == 0 { default_num_threads() } else { n };
+    NUM_THREADS.store(n, Ordering::Relaxed);
+}
+
+/// The number of threads large kernels and matrix products use now (at
+/// least 1): the last [`set_num_threads`], else the default
+/// (`TRACEJIT_NUM_THREADS` if set, else the cores available).
+///
+/// ```
+/// assert!(tracejit_jit::threads::num_threads() >= 1);
+/// ```
+pub fn num_threads() -> usize {
+    match NUM_THREADS.load(Ordering::Relaxed) {
+        0 => {
+            // A concurrent `set_num_threads` wins over the default.
+            let _ = NUM_THREADS.compare_exchange(0, default_num_threads(), Ordering::Relaxed, Ordering::Relaxed);
+            NUM_THREADS.load(Ordering::Relaxed)
+        }
+        n => n,
+    }
+}
+
+/// The count used when none was set: `TRACEJIT_NUM_THREADS` when it holds
+/// a valid count, else the cores available. The environment is read once
+/// per process; an invalid value is reported once (a `log` warning naming
+/// the variable and the value) and ignored.
+pub fn default_num_threads() -> usize {
+    static DEFAULT: OnceLock<usize> = OnceLock::new();
+    *DEFAULT.get_or_init(|| {
+        let cores = available_cores();
+        match std::env::var(ENV_VAR) {
+            Ok(v) => match parse_num_threads(&v) {
+                Ok(n) => n,
+                Err(e) => {
+                    log::warn!("tracejit: {e}; using the {cores} cores available");
+                    cores
+                }
+            },
+            Err(std::env::VarError::NotPresent) => cores,
+            Err(std::env::VarError::NotUnicode(v)) => {
+                log::warn!("tracejit: {ENV_VAR}={v:?} is not valid Unicode; using the {cores} cores available");
+                cores
+            }
+        }
+    })
+}
+
+/// The cores this process may use (1 when unknown).
+fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Most threads a count may ask for: far past any core count, it only
+/// guards against a typo spawning thousands of threads.
+pub const MAX_THREADS: usize = 1024;
+
+/// Parses a thread count as `TRACEJIT_NUM_THREADS` holds it: a positive
+/// integer up to [`MAX_THREADS`], surrounding spaces allowed. The error
+/// names the variable, the value and what was expected.
+///
+/// ```
+/// use tracejit_jit::threads::parse_num_threads;
+///
+/// assert_eq!(parse_num_threads(" 3 "), Ok(3));
+/// let e = parse_num_threads("two").unwrap_err();
+/// assert!(e.contains("TRACEJIT_NUM_THREADS=\"two\""), "{e}");
+/// assert!(parse_num_threads("0").is_err());
+/// ```
+pub fn parse_num_threads(value: &str) -> Result<usize, String> {
+    let bad = |why: &str| format!("{ENV_VAR}={value:?} {why}");
+    match value.trim().parse::<usize>() {
+        Ok(0) => {
+            Err(bad("is not a thread count: expected a positive integer (1 runs everything on the calling thread)"))
+        }
+        Ok(n) if n > MAX_THREADS => Err(bad(&format!("asks for more than {MAX_THREADS} threads"))),
+        Ok(n) => Ok(n),
+        Err(_) => Err(bad("is not a thread count: expected a positive integer such as 2")),
+    }
+}
+
+thread_local! {
+    /// Pool dispatches started by this thread.
+    static DISPATCHES: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many times calls made on this thread have split a kernel or matrix
+/// product across the pool. A diagnostic (tests use it to check that
+/// small calls never touch the pool); counted per thread so that other
+/// threads' calls do not disturb it.
+pub fn pool_dispatches() -> u64 {
+    DISPATCHES.with(Cell::get)
+}
+
+/// A pool of worker threads and its size.
+pub(crate) struct Pool {
+    threads: usize,
+    rayon: rayon::ThreadPool,
+}
+
+/// The pool for the current count, or `None` when the count is 1 (or the
+/// pool cannot be built: the work then runs on the calling thread).
+pub(crate) fn pool() -> Option<Arc<Pool>> {
+    let n = num_threads();
+    if n <= 1 {
+        return None;
+    }
+    static CURRENT: Mutex<Option<Arc<Pool>>> = Mutex::new(None);
+    let mut cur = CURRENT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = cur.as_ref().filter(|p| p.threads == n) {
+        return Some(p.clone());
+    }
+    let built = rayon::ThreadPoolBuilder::new().num_threads(n).thread_name(|i| format!("tracejit-{i}")).build();
+    match built {
+        Ok(rayon) => {
+            // The old pool's threads exit once the kernels using it finish.
+            let p = Arc::new(Pool { threads: n, rayon });
+            *cur = Some(p.clone());
+            Some(p)
+        }
+        Err(e) => {
+            log::warn!("tracejit: cannot start {n} worker threads ({e}); running on the calling thread");
+            None
+        }
+    }
+}
+
+impl Pool {
+    /// Threads in the pool.
+    pub(crate) fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs `f(t)` for every `t` in `0..tasks` on the pool and waits for
+    /// all of them; `f` sees each task exactly once.
+    pub(crate) fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        DISPATCHES.with(|d| d.set(d.get() + 1));
+        self.rayon.install(|| split_tasks(0..tasks, f));
+    }
+
+    /// Runs `f` on the pool (for a library that splits its own work over
+    /// the current rayon pool, such as `gemm`) and waits for it.
+    pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        DISPATCHES.with(|d| d.set(d.get() + 1));
+        self.rayon.install(f)
+    }
+}
+
+/// Halves the range with `rayon::join` until single tasks remain (no heap
+/// allocation, unlike spawning).
+fn split_tasks(range: std::ops::Range<usize>, f: &(dyn Fn(usize) + Sync)) {
+    if range.len() <= 1 {
+        if range.len() == 1 {
+            f(range.start);
+        }
+        return;
+    }
+    let mid = range.start + range.len() / 2;
+    rayon::join(|| split_tasks(range.start..mid, f), || split_tasks(mid..range.end, f));
+}
+
+/// Runs a `gemm` call with the parallelism a product of `m×k` by `k×n`
+/// deserves: the pool's threads when it has at least [`gemm_threshold`]
+/// multiply-adds and the count is above 1, else none. The closure gets the
+/// `gemm::Parallelism` to pass on. Results are the same either way (see
+/// the module documentation).
+pub fn with_gemm_parallelism<R: Send>(
+    m: usize,
+    n: usize,
+    k: usize,
+    f: impl FnOnce(gemm::Parallelism) -> R + Send,
+) -> R {
+    let flops = m.saturating_mul(n).saturating_mul(k);
+    if flops >= gemm_threshold() {
+        if let Some(p) = pool() {
+            let threads = p.threads();
+            return p.install(|| f(gemm::Parallelism::Rayon(threads)));
+        }
+    }
+    f(gemm::Parallelism::None)
+}
+
+/// The default of [`gemm_threshold`] (measured with `examples/threads.rs`).
+pub const DEFAULT_GEMM_THRESHOLD: usize = 1 << 21;
+
+static GEMM_THRESHOLD: AtomicUsize = AtomicUsize::new(DEFAULT_GEMM_THRESHOLD);
+
+/// Matrix products with fewer multiply-adds (`m·k·n`) than this stay on the
+/// calling thread.
+pub fn gemm_threshold() -> usize {
+    GEMM_THRESHOLD.load(Ordering::Relaxed)
+}
+
+/// Sets [`gemm_threshold`], for experiments and tests. It changes only when
+/// work is split, never the results.
+pub fn set_gemm_threshold(flops: usize) {
+    GEMM_THRESHOLD.store(flops, Ordering::Relaxed);
+}
+
+/// The default of [`split_threshold`]: about 60 µs of kernel time on the
+/// machine of `WORKLOADS.md`, against a few µs to wake a worker and join
+/// it (the measurement is in `examples/threads.rs`).
+pub const DEFAULT_SPLIT_THRESHOLD: u64 = 1 << 18;
+
+static SPLIT_THRESHOLD: AtomicU64 = AtomicU64::new(DEFAULT_SPLIT_THRESHOLD);
+
+/// The least estimated work (in cost units: elements times a per-element
+/// cost from the kernel's ops, about a vector lane's simple op each) that
+/// a region kernel gives each thread: a kernel splits into at most
+/// `work / split_threshold()` parts (and at most one per thread), so a
+/// kernel under twice this stays on the calling thread.
+pub fn split_threshold() -> u64 {
+    SPLIT_THRESHOLD.load(Ordering::Relaxed)
+}
+
+/// Sets [`split_threshold`] (at least 1), for experiments and for tests
+/// that exercise the split paths on small tensors. It changes only when
+/// work is split, never the results.
+pub fn set_split_threshold(work: u64) {
+    SPLIT_THRESHOLD.store(work.max(1), Ordering::Relaxed);
+}

@@ -1,0 +1,124 @@
+//! `tracejit::config::set_num_threads` through traced functions: the
+//! workloads' kernels give the same bits with 1, 2 and 3 threads (and the
+//! eager results within the usual tolerance), and W1-sized calls never
+//! enter the pool. The count is process-wide, so the tests take turns.
+
+use std::sync::{Mutex, MutexGuard};
+
+use tracejit::config::{num_threads, pool_dispatches, set_num_threads};
+use tracejit::prelude::*;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect()
+}
+
+/// Calls `f` with 1, 2 and 3 threads; the results must agree bit for bit.
+/// Returns the 1-thread result.
+fn same_with_each_count<A: Nest + Clone>(f: &Function<A, Tensor>, args: A) -> Tensor {
+    set_num_threads(1);
+    let one = f.call(args.clone()).unwrap();
+    for t in [2, 3] {
+        set_num_threads(t);
+        assert_eq!(num_threads(), t);
+        let got = f.call(args.clone()).unwrap();
+        assert!(bits(&got) == bits(&one), "{t} threads give other bits than 1");
+    }
+    set_num_threads(1);
+    one
+}
+
+fn assert_close(got: &Tensor, want: &Tensor, tol: f32) {
+    let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+    assert_eq!(g.len(), w.len());
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!((a - b).abs() <= tol * (1.0 + b.abs()), "element {i}: {a} vs eager {b}");
+    }
+}
+
+#[test]
+fn w1_sized_calls_never_enter_the_pool() {
+    let _s = serial();
+    let f = function(|x: Tensor| {
+        let mut x = x;
+        for _ in 0..50 {
+            x = &x * 1.0001 + 0.001;
+        }
+        x
+    });
+    let x = Tensor::randn(&[16], 1);
+    set_num_threads(2);
+    f.call(x.clone()).unwrap();
+    let before = pool_dispatches();
+    for _ in 0..100 {
+        f.call(x.clone()).unwrap();
+    }
+    assert_eq!(pool_dispatches(), before);
+    set_num_threads(1);
+}
+
+#[test]
+fn softmax_gelu_and_layernorm_give_the_same_bits_with_any_count() {
+    let _s = serial();
+    let softmax = function(|x: Tensor| {
+        let e = (&x - &x.max(&[-1], true)).exp();
+        &e / &e.sum(&[-1], true)
+    });
+    let x = Tensor::randn(&[301, 1023], 2);
+    let got = same_with_each_count(&softmax, x.clone());
+    let e = (&x - &x.max(&[-1], true)).exp();
+    assert_close(&got, &(&e / &e.sum(&[-1], true)), 1e-5);
+
+    let gelu = function(|x: Tensor| 0.5 * &x * (((&x + 0.044715 * (&x * &x * &x)) * 0.7978845608).tanh() + 1.0));
+    let x = Tensor::randn(&[100_003], 3);
+    let got = same_with_each_count(&gelu, x.clone());
+    assert_close(&got, &(0.5 * &x * (((&x + 0.044715 * (&x * &x * &x)) * 0.7978845608).tanh() + 1.0)), 1e-5);
+
+    let layernorm = function(|(x, gamma): (Tensor, Tensor)| {
+        let xc = &x - &x.mean(&[-1], true);
+        let var = (&xc * &xc).mean(&[-1], true);
+        &xc * (var + 1e-5).rsqrt() * &gamma
+    });
+    let gamma = Tensor::randn(&[1024], 5);
+    let got = same_with_each_count(&layernorm, (Tensor::randn(&[257, 1024], 4), gamma));
+    assert_eq!(got.dims(), [Some(257), Some(1024)]);
+}
+
+#[test]
+fn mlp_and_lstm_give_the_same_bits_with_any_count() {
+    let _s = serial();
+    let mlp = function(|(x, w1, b1, w2): (Tensor, Tensor, Tensor, Tensor)| {
+        let h = (x.matmul(&w1) + &b1).relu();
+        let y = h.matmul(&w2);
+        // A column reduction (a bias gradient's shape) over the batch.
+        y.sum(&[0], false)
+    });
+    let args = (
+        Tensor::randn(&[64, 784], 6),
+        Tensor::randn(&[784, 512], 7),
+        Tensor::randn(&[512], 8),
+        Tensor::randn(&[512, 500], 9),
+    );
+    let got = same_with_each_count(&mlp, args.clone());
+    let (x, w1, b1, w2) = args;
+    assert_close(&got, &(x.matmul(&w1) + &b1).relu().matmul(&w2).sum(&[0], false), 1e-3);
+
+    // W7's composite kernel: its GEMMs split through the same pool.
+    let lstm = function(|(x, h, c, w_ih, w_hh, b): (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)| {
+        let (h2, c2) = tracejit::nn::lstm_cell(&x, &h, &c, &w_ih, &w_hh, &b);
+        h2 + c2
+    });
+    let args = (
+        Tensor::randn(&[64, 256], 10),
+        Tensor::randn(&[64, 256], 11),
+        Tensor::randn(&[64, 256], 12),
+        Tensor::randn(&[256, 1024], 13) * 0.05,
+        Tensor::randn(&[256, 1024], 14) * 0.05,
+        Tensor::randn(&[1024], 15),
+    );
+    same_with_each_count(&lstm, args);
+}
