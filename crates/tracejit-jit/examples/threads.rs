@@ -99,9 +99,19 @@ fn sweep(name: &str, sizes: &[usize], build: fn(usize) -> (Graph, u64), shape: f
         let one = median(&run);
         set_num_threads(2);
         set_split_threshold(1);
+        let d0 = tracejit_jit::threads::pool_dispatches();
+        run();
+        let dispatches = tracejit_jit::threads::pool_dispatches() - d0;
         let two = median(&run);
         set_split_threshold(DEFAULT_SPLIT_THRESHOLD);
-        println!("  {elems:>8} {:>9} {:>9.2} {:>9.2} {:>6.2}x", elems as u64 * cost, one * 1e6, two * 1e6, one / two);
+        println!(
+            "  {elems:>8} {:>9} {:>9.2} {:>9.2} {:>6.2}x  ({dispatches} dispatches, {} kernels)",
+            elems as u64 * cost,
+            one * 1e6,
+            two * 1e6,
+            one / two,
+            exe.num_regions()
+        );
     }
 }
 

@@ -26,8 +26,9 @@
 //!
 //! One [rayon] pool of `n` threads, built the first time a large kernel
 //! runs with `n > 1` and rebuilt when the count changes; a kernel already
-//! running keeps the pool (and count) it started with. The calling thread
-//! waits while the pool works.
+//! running keeps the pool (and count) it started with. A split kernel's
+//! calling thread takes parts itself alongside the workers; a GEMM's
+//! calling thread waits while the pool works.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -154,6 +155,47 @@ pub fn pool_dispatches() -> u64 {
     DISPATCHES.with(Cell::get)
 }
 
+/// `f` of a [`Job`], shared with workers (see `Pool::run`).
+struct FnPtr(&'static (dyn Fn(usize) + Sync));
+
+/// One split kernel call: tasks claimed in order by the caller and the
+/// workers that arrive in time.
+struct Job {
+    f: FnPtr,
+    tasks: usize,
+    next: AtomicUsize,
+    /// Workers inside `work`.
+    active: AtomicUsize,
+    /// Set by the caller once every task is claimed and it stops waiting
+    /// for newcomers.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Job {
+    /// Claims and runs tasks until none are left.
+    fn work(&self) {
+        loop {
+            let t = self.next.fetch_add(1, Ordering::Relaxed);
+            if t >= self.tasks {
+                break;
+            }
+            (self.f.0)(t);
+        }
+    }
+
+    /// A worker's entry: true (and counted in `active`) if the caller is
+    /// still waiting for workers. Both sides use `SeqCst`: either the
+    /// caller's wait sees this increment, or this load sees `closed`.
+    fn enter(&self) -> bool {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            self.active.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+}
+
 /// A pool of worker threads and its size.
 pub(crate) struct Pool {
     threads: usize,
@@ -193,11 +235,47 @@ impl Pool {
         self.threads
     }
 
-    /// Runs `f(t)` for every `t` in `0..tasks` on the pool and waits for
-    /// all of them; `f` sees each task exactly once.
+    /// Runs `f(t)` for every `t` in `0..tasks` and waits for all of them;
+    /// `f` sees each task exactly once. The calling thread works too: it
+    /// wakes `tasks - 1` workers and claims tasks alongside them. It never
+    /// waits for a worker that has not started: a worker that wakes after
+    /// the tasks are gone (on a loaded machine) returns without touching
+    /// `f`, so a late worker costs nothing but its wake-up.
     pub(crate) fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         DISPATCHES.with(|d| d.set(d.get() + 1));
-        self.rayon.install(|| split_tasks(0..tasks, f));
+        // SAFETY: the lifetime is erased only to hand `f` to workers that
+        // outlive this call; `Job::enter` lets a worker use `f` only while
+        // `closed` is unset, and this function returns only after setting
+        // it and seeing every worker that entered leave (`active == 0`).
+        let f: &'static (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
+        let job = Arc::new(Job {
+            f: FnPtr(f),
+            tasks,
+            next: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        });
+        for _ in 1..tasks.min(self.threads) {
+            let job = job.clone();
+            self.rayon.spawn(move || {
+                if job.enter() {
+                    job.work();
+                    job.active.fetch_sub(1, Ordering::SeqCst);
+                }
+            });
+        }
+        job.work();
+        job.closed.store(true, Ordering::SeqCst);
+        // Workers still inside finish tasks they claimed (bounded time).
+        let mut spins = 0u32;
+        while job.active.load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            if spins < 1 << 10 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
     }
 
     /// Runs `f` on the pool (for a library that splits its own work over
@@ -206,19 +284,6 @@ impl Pool {
         DISPATCHES.with(|d| d.set(d.get() + 1));
         self.rayon.install(f)
     }
-}
-
-/// Halves the range with `rayon::join` until single tasks remain (no heap
-/// allocation, unlike spawning).
-fn split_tasks(range: std::ops::Range<usize>, f: &(dyn Fn(usize) + Sync)) {
-    if range.len() <= 1 {
-        if range.len() == 1 {
-            f(range.start);
-        }
-        return;
-    }
-    let mid = range.start + range.len() / 2;
-    rayon::join(|| split_tasks(range.start..mid, f), || split_tasks(mid..range.end, f));
 }
 
 /// Runs a `gemm` call with the parallelism a product of `m×k` by `k×n`
