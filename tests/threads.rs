@@ -107,7 +107,7 @@ fn mlp_and_lstm_give_the_same_bits_with_any_count() {
     let (x, w1, b1, w2) = args;
     assert_close(&got, &(x.matmul(&w1) + &b1).relu().matmul(&w2).sum(&[0], false), 1e-3);
 
-    // W7's composite kernel: its GEMMs split through the same pool.
+    // W7's composite kernel (its GEMMs use the pool past the GEMM threshold).
     let lstm = function(|(x, h, c, w_ih, w_hh, b): (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)| {
         let (h2, c2) = tracejit::nn::lstm_cell(&x, &h, &c, &w_ih, &w_hh, &b);
         h2 + c2

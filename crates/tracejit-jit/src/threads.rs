@@ -307,8 +307,14 @@ pub fn with_gemm_parallelism<R: Send>(
     f(gemm::Parallelism::None)
 }
 
-/// The default of [`gemm_threshold`] (measured with `examples/threads.rs`).
-pub const DEFAULT_GEMM_THRESHOLD: usize = 1 << 21;
+/// The default of [`gemm_threshold`]: 2^26 multiply-adds, past W5-W7's
+/// products (at most 64·784·512 ≈ 2^24.6). On the shared 2-core VM of
+/// `WORKLOADS.md` the `gemm` crate's own parallelism lost at every size
+/// measured (`examples/threads.rs`: 0.6-0.9x for 64×256×256 up to
+/// 64×784×512; with `tracejit-bench`, W5 958 → 1327 µs median at 2
+/// threads): it waits for every worker, and a worker there often waits for
+/// a core. [`set_gemm_threshold`] lowers it where cores are free.
+pub const DEFAULT_GEMM_THRESHOLD: usize = 1 << 26;
 
 static GEMM_THRESHOLD: AtomicUsize = AtomicUsize::new(DEFAULT_GEMM_THRESHOLD);
 

@@ -278,8 +278,12 @@ proptest! {
         let y = node(&mut g, Op::MatMul, &[a, b]);
         g.outputs.push(y);
         let ins = [data(dt, &[m, k], seed, false), data(dt, &[k, n], seed + 1, false)];
+        // A threshold low enough that most of these products split.
+        threads::set_gemm_threshold(1 << 16);
         let big = m * k * n >= threads::gemm_threshold();
-        let got = run_each_count(&g, &ins, big).map_err(TestCaseError::fail)?;
+        let got = run_each_count(&g, &ins, big);
+        threads::set_gemm_threshold(threads::DEFAULT_GEMM_THRESHOLD);
+        let got = got.map_err(TestCaseError::fail)?;
         let want = tracejit_ir::tensor::kernels::matmul(&ins[0], &ins[1]);
         // Within k·ε·Σ|aᵢbᵢ| of the reference (a blocked sum of its own).
         let abs = |x: &Storage| tracejit_ir::tensor::kernels::unary(UnaryOp::Abs, x);
@@ -352,7 +356,7 @@ fn large_kernels_enter_the_pool() {
     let before = pool_dispatches();
     exe.run(std::slice::from_ref(&x)).unwrap();
     assert_eq!(pool_dispatches(), before);
-    // A product past the GEMM threshold goes through the pool too.
+    // A product goes through the pool past the GEMM threshold.
     let mut g = Graph::new("mm");
     let a = param(&mut g, DType::F32, &[128, 256]);
     let b = param(&mut g, DType::F32, &[256, 128]);
@@ -363,7 +367,12 @@ fn large_kernels_enter_the_pool() {
     set_num_threads(2);
     let before = pool_dispatches();
     exe.run(&ins).unwrap();
-    assert_eq!(pool_dispatches(), before + 1, "a 128x256x128 product did not use the pool");
+    assert_eq!(pool_dispatches(), before, "a 128x256x128 product used the pool under the default threshold");
+    threads::set_gemm_threshold(1 << 21);
+    let before = pool_dispatches();
+    exe.run(&ins).unwrap();
+    threads::set_gemm_threshold(threads::DEFAULT_GEMM_THRESHOLD);
+    assert_eq!(pool_dispatches(), before + 1, "a 128x256x128 product did not use the pool past the threshold");
     set_num_threads(1);
 }
 
