@@ -121,10 +121,52 @@ fn main() {
     sweep("tanh(x * a)", &sizes, heavy, |n| vec![n]);
     sweep("softmax [rows, 1024]", &[1, 2, 4, 8, 16, 32, 64, 256, 1024], softmax, |r| vec![r, 1024]);
 
-    println!("\nmatmul [m, k] x [k, n]: multiply-adds, 1 thread µs, 2 threads µs, ratio");
-    for (m, kk, n) in [(32, 64, 128), (32, 128, 128), (64, 128, 128), (64, 256, 256), (64, 256, 1024), (64, 784, 512)] {
+    println!(
+        "\nmatmul [m, k] x [k, n]: multiply-adds, blocks, one gemm call µs, 1 thread µs, 2 threads µs, 2 vs 1 thread"
+    );
+    for (m, kk, n) in [
+        (32, 64, 128),
+        (32, 128, 128),
+        (64, 128, 128),
+        (64, 256, 256),
+        (64, 256, 1024),
+        (64, 784, 512),
+        (64, 512, 784),
+        (784, 64, 512),
+        (512, 64, 512),
+    ] {
         let (a, b) = (data(&[m, kk]), data(&[kk, n]));
         let run = || drop(tracejit_jit::matmul(&a, &b));
+        let blocks = tracejit_jit::threads::gemm_blocks(m, n, kk).count;
+        let (av, bv) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        let mut c = vec![0f32; m * n];
+        let c_ptr = c.as_mut_ptr() as usize;
+        // The product as one `gemm` call, unblocked: what cutting it into
+        // blocks costs on one thread.
+        let whole = || unsafe {
+            gemm::gemm(
+                m,
+                n,
+                kk,
+                c_ptr as *mut f32,
+                1,
+                n as isize,
+                false,
+                av.as_ptr(),
+                1,
+                kk as isize,
+                bv.as_ptr(),
+                1,
+                n as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        };
+        let one_call = median(&whole);
         set_num_threads(1);
         let one = median(&run);
         set_num_threads(2);
@@ -132,7 +174,15 @@ fn main() {
         set_gemm_threshold(0);
         let two = median(&run);
         set_gemm_threshold(DEFAULT_GEMM_THRESHOLD);
-        println!("  {m}x{kk}x{n}: {:>9} {:>9.2} {:>9.2} {:>6.2}x", m * kk * n, one * 1e6, two * 1e6, one / two);
+        println!(
+            "  {m}x{kk}x{n}: {:>9} {blocks:>3} {:>9.2} {:>9.2} {:>9.2} {:>6.2}x",
+            m * kk * n,
+            one_call * 1e6,
+            one * 1e6,
+            two * 1e6,
+            one / two
+        );
+        drop(c);
     }
     set_num_threads(0);
 }

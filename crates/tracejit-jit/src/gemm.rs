@@ -72,22 +72,26 @@ macro_rules! gemm_scalar {
                 csc: isize,
             ) {
                 let (a, b, c) = (SendPtr(a as *mut Self), SendPtr(b as *mut Self), SendPtr(c));
-                crate::threads::with_gemm_parallelism(m, n, k, move |parallelism| {
-                    // SAFETY: forwarded from the caller; gemm takes (column, row) strides
-                    // and computes dst = alpha·dst + beta·(lhs·rhs).
+                crate::threads::run_gemm_blocks(m, n, k, &|rows, cols| {
+                    let (r0, c0) = (rows.start as isize, cols.start as isize);
+                    // SAFETY: forwarded from the caller; the block's rows of
+                    // `a`, columns of `b` and part of `c` lie inside the
+                    // matrices, and blocks write disjoint parts of `c`. gemm
+                    // takes (column, row) strides and computes
+                    // dst = alpha·dst + beta·(lhs·rhs).
                     unsafe {
                         gemm::gemm(
-                            m,
-                            n,
+                            rows.len(),
+                            cols.len(),
                             k,
-                            c.get(),
+                            c.get().offset(r0 * rsc + c0 * csc),
                             csc,
                             rsc,
                             false,
-                            a.get(),
+                            a.get().offset(r0 * rsa),
                             csa,
                             rsa,
-                            b.get(),
+                            b.get().offset(c0 * csb),
                             csb,
                             rsb,
                             0.0,
@@ -95,7 +99,7 @@ macro_rules! gemm_scalar {
                             false,
                             false,
                             false,
-                            parallelism,
+                            gemm::Parallelism::None,
                         )
                     }
                 })
@@ -103,12 +107,14 @@ macro_rules! gemm_scalar {
         }
     };
 }
-/// A pointer moved into the pool's closure (the caller waits for it).
+/// A pointer shared with the pool's workers (the caller waits for them).
 #[derive(Clone, Copy)]
 struct SendPtr<T>(*mut T);
-// SAFETY: the pointee outlives the call that waits for the closure, and
-// `gemm` gives each thread disjoint output tiles.
+// SAFETY: the pointee outlives the call that waits for the blocks, and
+// blocks write disjoint parts of the output.
 unsafe impl<T> Send for SendPtr<T> {}
+// SAFETY: as above; workers only read `a`, `b` and write their own block.
+unsafe impl<T> Sync for SendPtr<T> {}
 
 impl<T> SendPtr<T> {
     /// The pointer (a method, so that closures capture the whole `Send` wrapper).

@@ -4,7 +4,7 @@
 //! What runs on the pool: fused region kernels whose estimated work is
 //! large (split by rows, by element ranges, or — column reductions — by
 //! columns; see [`crate::CompiledRegion`]), and f32/f64 matrix products
-//! past a size (through the `gemm` crate's own parallelism). Everything
+//! past a size (in output blocks fixed by the sizes, [`run_gemm_blocks`]). Everything
 //! else — reference kernels, eager ops, small kernels — runs on the
 //! calling thread, which is why a call of a few small kernels (W1) never
 //! pays for the pool.
@@ -18,19 +18,21 @@
 //! keeps its place in the vector loops), whole columns of a column
 //! reduction, each column still summed over its rows in the reference's
 //! order. A reduction's partial results are never combined across threads.
-//! A matrix product's accumulation order over `k` is set by its sizes
-//! (the `gemm` crate's cache blocking), not by how its output tiles are
-//! shared out.
+//! A matrix product is cut into output blocks chosen from its sizes alone
+//! ([`gemm_blocks`]); each block is one single-threaded `gemm` call
+//! whoever runs it, so its accumulation order over `k` does not depend on
+//! the thread count either.
 //!
 //! # Pool
 //!
 //! One [rayon] pool of `n` threads, built the first time a large kernel
 //! runs with `n > 1` and rebuilt when the count changes; a kernel already
-//! running keeps the pool (and count) it started with. A split kernel's
-//! calling thread takes parts itself alongside the workers; a GEMM's
-//! calling thread waits while the pool works.
+//! running keeps the pool (and count) it started with. A split kernel's or
+//! product's calling thread takes parts itself alongside the workers, and
+//! never waits for a worker that has not started.
 
 use std::cell::Cell;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -277,44 +279,100 @@ impl Pool {
             }
         }
     }
-
-    /// Runs `f` on the pool (for a library that splits its own work over
-    /// the current rayon pool, such as `gemm`) and waits for it.
-    pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        DISPATCHES.with(|d| d.set(d.get() + 1));
-        self.rayon.install(f)
-    }
 }
 
-/// Runs a `gemm` call with the parallelism a product of `m×k` by `k×n`
-/// deserves: the pool's threads when it has at least [`gemm_threshold`]
-/// multiply-adds and the count is above 1, else none. The closure gets the
-/// `gemm::Parallelism` to pass on. Results are the same either way (see
-/// the module documentation).
-pub fn with_gemm_parallelism<R: Send>(
-    m: usize,
-    n: usize,
-    k: usize,
-    f: impl FnOnce(gemm::Parallelism) -> R + Send,
-) -> R {
-    let flops = m.saturating_mul(n).saturating_mul(k);
-    if flops >= gemm_threshold() {
+/// Runs a matrix product of `m×k` by `k×n` as output blocks: `block(rows,
+/// cols)` must compute the product's `rows × cols` part of the output with
+/// `gemm::Parallelism::None`. The blocks are fixed by the sizes alone
+/// ([`gemm_blocks`]) — never by the thread count — so every output element
+/// is computed by the same call with the same accumulation order over `k`
+/// however many threads share the blocks out. Blocks run on the pool (the
+/// caller taking blocks alongside the workers, see `Pool::run`) when the
+/// product has at least [`gemm_threshold`] multiply-adds and the count is
+/// above 1, else in order on the calling thread.
+///
+/// ```
+/// use std::sync::Mutex;
+/// use tracejit_jit::threads::run_gemm_blocks;
+///
+/// let seen = Mutex::new(vec![0u8; 64 * 4096]);
+/// run_gemm_blocks(64, 4096, 512, &|rows, cols| {
+///     let mut seen = seen.lock().unwrap();
+///     for r in rows {
+///         for c in cols.clone() {
+///             seen[r * 4096 + c] += 1;
+///         }
+///     }
+/// });
+/// assert!(seen.into_inner().unwrap().iter().all(|&v| v == 1));
+/// ```
+pub fn run_gemm_blocks(m: usize, n: usize, k: usize, block: &(dyn Fn(Range<usize>, Range<usize>) + Sync)) {
+    let b = gemm_blocks(m, n, k);
+    let part = |t: usize| {
+        let r = t * b.size..((t + 1) * b.size).min(if b.by_rows { m } else { n });
+        if b.by_rows {
+            block(r, 0..n)
+        } else {
+            block(0..m, r)
+        }
+    };
+    if b.count > 1 && m.saturating_mul(n).saturating_mul(k) >= gemm_threshold() {
         if let Some(p) = pool() {
-            let threads = p.threads();
-            return p.install(|| f(gemm::Parallelism::Rayon(threads)));
+            p.run(b.count, &part);
+            return;
         }
     }
-    f(gemm::Parallelism::None)
+    (0..b.count).for_each(part);
 }
 
-/// The default of [`gemm_threshold`]: 2^26 multiply-adds, past W5-W7's
-/// products (at most 64·784·512 ≈ 2^24.6). On the shared 2-core VM of
-/// `WORKLOADS.md` the `gemm` crate's own parallelism lost at every size
-/// measured (`examples/threads.rs`: 0.6-0.9x for 64×256×256 up to
-/// 64×784×512; with `tracejit-bench`, W5 958 → 1327 µs median at 2
-/// threads): it waits for every worker, and a worker there often waits for
-/// a core. [`set_gemm_threshold`] lowers it where cores are free.
-pub const DEFAULT_GEMM_THRESHOLD: usize = 1 << 26;
+/// How [`run_gemm_blocks`] cuts a product's output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmBlocks {
+    /// Whether the blocks are ranges of rows (else of columns).
+    pub by_rows: bool,
+    /// Rows or columns per block (the last may have fewer).
+    pub size: usize,
+    /// Number of blocks (at least 1).
+    pub count: usize,
+}
+
+/// Least multiply-adds a block of a split product gets: about 12 µs of a
+/// core's GEMM, far above a dispatch's cost (0.1-0.3 µs) and the repacking
+/// of the shared operand per block.
+pub const GEMM_BLOCK_WORK: usize = 1 << 20;
+/// Most blocks a product is cut into: enough for a late worker to be
+/// balanced by the others taking its share, few enough that the shared
+/// operand is not packed again and again.
+pub const GEMM_MAX_BLOCKS: usize = 4;
+/// Block sizes are multiples of this many rows or columns (a multiple of
+/// the `gemm` crate's register tiles, so no block adds a ragged edge tile
+/// inside the output).
+pub const GEMM_GRANULE: usize = 64;
+
+/// The blocks of an `m×k` by `k×n` product: along the longer of `m` and
+/// `n` (so the operand every block shares is the smaller one), at least
+/// [`GEMM_BLOCK_WORK`] multiply-adds each, at most [`GEMM_MAX_BLOCKS`],
+/// sizes a multiple of [`GEMM_GRANULE`]. A function of the sizes only.
+///
+/// ```
+/// use tracejit_jit::threads::gemm_blocks;
+///
+/// let b = gemm_blocks(64, 512, 784); // W5's first layer
+/// assert!(!b.by_rows && b.count > 1 && b.size % 64 == 0);
+/// assert_eq!(gemm_blocks(32, 128, 64).count, 1); // small: one block
+/// ```
+pub fn gemm_blocks(m: usize, n: usize, k: usize) -> GemmBlocks {
+    let by_rows = m > n;
+    let dim = if by_rows { m } else { n };
+    let work = m.saturating_mul(n).saturating_mul(k);
+    let want = (work / GEMM_BLOCK_WORK).min(GEMM_MAX_BLOCKS).min(dim / GEMM_GRANULE).max(1);
+    let size = dim.div_ceil(want).next_multiple_of(GEMM_GRANULE).max(1);
+    GemmBlocks { by_rows, size, count: dim.div_ceil(size).max(1) }
+}
+
+/// The default of [`gemm_threshold`]: 2^21 multiply-adds, the least
+/// product that [`gemm_blocks`] cuts in two.
+pub const DEFAULT_GEMM_THRESHOLD: usize = 2 * GEMM_BLOCK_WORK;
 
 static GEMM_THRESHOLD: AtomicUsize = AtomicUsize::new(DEFAULT_GEMM_THRESHOLD);
 

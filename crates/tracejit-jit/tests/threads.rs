@@ -280,7 +280,7 @@ proptest! {
         let ins = [data(dt, &[m, k], seed, false), data(dt, &[k, n], seed + 1, false)];
         // A threshold low enough that most of these products split.
         threads::set_gemm_threshold(1 << 16);
-        let big = m * k * n >= threads::gemm_threshold();
+        let big = m * k * n >= threads::gemm_threshold() && threads::gemm_blocks(m, n, k).count > 1;
         let got = run_each_count(&g, &ins, big);
         threads::set_gemm_threshold(threads::DEFAULT_GEMM_THRESHOLD);
         let got = got.map_err(TestCaseError::fail)?;
@@ -356,23 +356,29 @@ fn large_kernels_enter_the_pool() {
     let before = pool_dispatches();
     exe.run(std::slice::from_ref(&x)).unwrap();
     assert_eq!(pool_dispatches(), before);
-    // A product goes through the pool past the GEMM threshold.
-    let mut g = Graph::new("mm");
-    let a = param(&mut g, DType::F32, &[128, 256]);
-    let b = param(&mut g, DType::F32, &[256, 128]);
-    let y = node(&mut g, Op::MatMul, &[a, b]);
-    g.outputs.push(y);
-    let exe = Executable::new(&g).unwrap();
-    let ins = [data(DType::F32, &[128, 256], 1, false), data(DType::F32, &[256, 128], 2, false)];
+    // A product goes through the pool past the GEMM threshold, not under it.
+    let product = |m: usize, k: usize, n: usize| {
+        let mut g = Graph::new("mm");
+        let a = param(&mut g, DType::F32, &[m, k]);
+        let b = param(&mut g, DType::F32, &[k, n]);
+        let y = node(&mut g, Op::MatMul, &[a, b]);
+        g.outputs.push(y);
+        (Executable::new(&g).unwrap(), [data(DType::F32, &[m, k], 1, false), data(DType::F32, &[k, n], 2, false)])
+    };
     set_num_threads(2);
+    let (exe, ins) = product(64, 128, 128);
     let before = pool_dispatches();
     exe.run(&ins).unwrap();
-    assert_eq!(pool_dispatches(), before, "a 128x256x128 product used the pool under the default threshold");
-    threads::set_gemm_threshold(1 << 21);
+    assert_eq!(pool_dispatches(), before, "a 64x128x128 product used the pool under the default threshold");
+    let (exe, ins) = product(128, 256, 128);
+    let before = pool_dispatches();
+    exe.run(&ins).unwrap();
+    assert_eq!(pool_dispatches(), before + 1, "a 128x256x128 product did not use the pool past the default threshold");
+    threads::set_gemm_threshold(1 << 24);
     let before = pool_dispatches();
     exe.run(&ins).unwrap();
     threads::set_gemm_threshold(threads::DEFAULT_GEMM_THRESHOLD);
-    assert_eq!(pool_dispatches(), before + 1, "a 128x256x128 product did not use the pool past the threshold");
+    assert_eq!(pool_dispatches(), before, "a 128x256x128 product used the pool under a raised threshold");
     set_num_threads(1);
 }
 
@@ -436,4 +442,37 @@ fn zero_restores_the_default() {
     assert_eq!(threads::num_threads(), threads::default_num_threads());
     assert!(threads::num_threads() >= 1);
     set_num_threads(1);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Blocks tile the output exactly once, along the longer side, in at
+    /// most `GEMM_MAX_BLOCKS` granule-multiple pieces of enough work each.
+    #[test]
+    fn gemm_blocks_tile_the_output_once(m in 0usize..3000, n in 0usize..3000, k in 0usize..2000) {
+        let _s = serial();
+        let b = threads::gemm_blocks(m, n, k);
+        let dim = if b.by_rows { m } else { n };
+        prop_assert_eq!(b.by_rows, m > n);
+        prop_assert!(b.count >= 1 && b.count <= threads::GEMM_MAX_BLOCKS);
+        prop_assert!(b.size % threads::GEMM_GRANULE == 0, "{:?}", b);
+        prop_assert!(b.count == 1 || (b.count - 1) * b.size < dim, "{:?} leaves an empty block of {}", b, dim);
+        prop_assert!(b.count * b.size >= dim, "{:?} misses part of {}", b, dim);
+        if b.count > 1 {
+            prop_assert!(m * n * k / b.count >= threads::GEMM_BLOCK_WORK / 2, "{:?}: too little work per block", b);
+        }
+        let seen = std::sync::Mutex::new(vec![0u8; m * n]);
+        set_num_threads(2);
+        threads::run_gemm_blocks(m, n, k, &|rows, cols| {
+            let mut seen = seen.lock().unwrap();
+            for r in rows {
+                for c in cols.clone() {
+                    seen[r * n + c] += 1;
+                }
+            }
+        });
+        set_num_threads(1);
+        prop_assert!(seen.into_inner().unwrap().iter().all(|&v| v == 1));
+    }
 }

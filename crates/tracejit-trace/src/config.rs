@@ -46,7 +46,7 @@ pub fn functions_run_eagerly() -> bool {
 /// What it affects: in traced functions, fused region kernels whose work
 /// is large (split by rows, element ranges or columns) and f32/f64 matrix
 /// products past `tracejit_jit::threads::gemm_threshold()` multiply-adds
-/// (2^26 by default), and the composite kernels that
+/// (2^21 by default, in output blocks fixed by the sizes), and the composite kernels that
 /// use the JIT's GEMM (`lstm_cell`). Eager ops and the reference kernels
 /// stay on the calling thread, and small kernels never touch the pool.
 ///

@@ -18,26 +18,30 @@ pub(super) fn gemm_acc(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: &mut [
     }
     let (a_rs, a_cs) = (a.strides()[0], a.strides()[1]);
     let (b_rs, b_cs) = (b.strides()[0], b.strides()[1]);
-    // Large products split across the JIT's pool (same bits either way).
-    tracejit_jit::threads::with_gemm_parallelism(m, n, k, move |parallelism| {
+    let (a_ptr, b_ptr, c_ptr) = (Shared(a.as_ptr() as *mut f32), Shared(b.as_ptr() as *mut f32), Shared(c.as_mut_ptr()));
+    // Large products split across the JIT's pool in blocks fixed by the
+    // sizes (same bits for any thread count).
+    tracejit_jit::threads::run_gemm_blocks(m, n, k, &|rows, cols| {
+        let (r0, c0) = (rows.start as isize, cols.start as isize);
         // SAFETY: `a` and `b` are live ndarray views whose pointers and
         // element strides address exactly their `m x k` and `k x n`
         // elements; `c` holds `m * n` elements, row-major (column stride 1,
-        // row stride n). `gemm` computes `dst = alpha * dst + beta * lhs *
-        // rhs` (read_dst: true, both factors 1).
+        // row stride n); the block's rows/columns lie inside them and
+        // blocks write disjoint parts of `c`. `gemm` computes `dst = alpha *
+        // dst + beta * lhs * rhs` (read_dst: true, both factors 1).
         unsafe {
             gemm::gemm(
-                m,
-                n,
+                rows.len(),
+                cols.len(),
                 k,
-                c.as_mut_ptr(),
+                c_ptr.get().offset(r0 * n as isize + c0),
                 1,
                 n as isize,
                 true,
-                a.as_ptr(),
+                a_ptr.get().offset(r0 * a_rs),
                 a_cs,
                 a_rs,
-                b.as_ptr(),
+                b_ptr.get().offset(c0 * b_cs),
                 b_cs,
                 b_rs,
                 1.0f32,
@@ -45,10 +49,26 @@ pub(super) fn gemm_acc(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: &mut [
                 false,
                 false,
                 false,
-                parallelism,
+                gemm::Parallelism::None,
             );
         }
     });
+}
+
+/// A pointer shared with the pool's workers, which the caller waits for.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: the buffers outlive `run_gemm_blocks`, which waits for every
+// block; blocks read `a`/`b` and write disjoint parts of `c`.
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// The pointer (a method, so closures capture the whole wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
 }
 
 #[cfg(test)]
