@@ -396,3 +396,44 @@ fn f64s(s: &Storage) -> Vec<f64> {
         other => panic!("not a float storage: {other}"),
     }
 }
+
+/// Max and min take a NaN-blind vector step and reduce a row that holds a
+/// NaN again in order: the result is the reference's bit for bit — the
+/// row's first NaN with its payload, wherever it sits (unrolled loop,
+/// one-vector loop, scalar tail), and the plain extremum elsewhere.
+#[test]
+fn max_and_min_keep_the_first_nan_of_a_row_bit_for_bit() {
+    let quiet = [f32::from_bits(0x7fc0_0001), f32::from_bits(0xffc0_1234)];
+    for op in [ReduceOp::Max, ReduceOp::Min] {
+        for n in [2usize, 3, 4, 5, 17, 37, 1023] {
+            for at in [0, n / 3, n / 2, n.saturating_sub(2), n - 1] {
+                let mut g = Graph::new("nan_row");
+                let x = param(&mut g, DType::F32, &[3, n]);
+                let r = reduce(&mut g, op, x, &[1], false);
+                g.outputs.push(r);
+                let mut v: Vec<f32> = (0..3 * n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.25).collect();
+                // Row 0: one NaN; row 1: two NaNs with different payloads
+                // (the first wins); row 2: none, with infinities.
+                v[at] = quiet[0];
+                v[n + at] = quiet[1];
+                v[n + n - 1] = quiet[0];
+                v[2 * n + at] = f32::INFINITY;
+                v[2 * n] = f32::NEG_INFINITY;
+                let xs = Storage::from_vec(v, &[3, n]).unwrap();
+                let region = tracejit_jit::compile_region(&g).unwrap();
+                let got = region.run(&[&xs]);
+                let want = tracejit_ir::interpret(&g, std::slice::from_ref(&xs)).unwrap();
+                let (got, want) = (got[0].to_vec::<f32>().unwrap(), want[0].to_vec::<f32>().unwrap());
+                for (row, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        a.to_bits() == b.to_bits() || (*a == 0.0 && *b == 0.0),
+                        "{} n={n} NaN at {at}, row {row}: {a:?} ({:#x}) vs reference {b:?} ({:#x})",
+                        op.name(),
+                        a.to_bits(),
+                        b.to_bits()
+                    );
+                }
+            }
+        }
+    }
+}

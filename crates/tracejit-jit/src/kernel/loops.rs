@@ -10,6 +10,7 @@ use cranelift_codegen::ir::{types, BlockArg, InstBuilder, Type, Value};
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp};
 
 use crate::analysis::{LNodeId, LOp};
+use cranelift_codegen::ir::condcodes::FloatCC;
 use crate::lower::{mem, sty, Mode};
 
 use super::abi::SlotId;
@@ -79,41 +80,91 @@ impl Gen<'_, '_, '_> {
                 (op, an.nodes[r].dtype)
             })
             .collect();
+        // Float max/min take the NaN-blind one-instruction step in the
+        // vector loops and note NaNs aside (see `nan_guarded`).
+        let guarded: Vec<bool> = ops.iter().map(|&(op, t)| self.vector && nan_guarded(op, t)).collect();
         let zero = self.e.b.ins().iconst(types::I64, 0);
-        let (i, scalars) = if self.vector {
-            let u = self.unroll;
+        let (i, scalars, any_nan) = if self.vector {
+            let u = self.unroll as usize;
             let w = self.w;
-            let init: Vec<Value> = ops
-                .iter()
-                .flat_map(|&(op, t)| {
+            let mut init: Vec<Value> = Vec::new();
+            for &(op, t) in &ops {
+                let id = self.e.identity(op, t, Mode::Vector);
+                init.extend(std::iter::repeat_n(id, u));
+            }
+            let mut masks = 0;
+            for (j, &(op, t)) in ops.iter().enumerate() {
+                if guarded[j] {
+                    // An all-false lane mask of the comparison's type.
                     let id = self.e.identity(op, t, Mode::Vector);
-                    std::iter::repeat_n(id, u as usize)
-                })
-                .collect();
+                    let none = self.e.fcmp(FloatCC::Unordered, id, id);
+                    init.extend(std::iter::repeat_n(none, u));
+                    masks += 1;
+                }
+            }
+            let nops = ops.len();
+            // Carried: `nops × u` accumulators, then `masks × u` NaN masks.
+            let split = |accs: &[Value], k: usize| -> (Vec<Value>, Vec<Option<Value>>) {
+                let mut m = 0;
+                let a = (0..nops).map(|j| accs[j * u + k]).collect();
+                let nan = (0..nops)
+                    .map(|j| {
+                        guarded[j].then(|| {
+                            m += 1;
+                            accs[(nops + m - 1) * u + k]
+                        })
+                    })
+                    .collect();
+                (a, nan)
+            };
             let n_main = self.n_main;
-            let (i1, accs) = self.rotated_loop(zero, n_main, w * u, init, |g, i, accs| {
+            let (i1, accs) = self.rotated_loop(zero, n_main, w * u as i64, init, |g, i, accs| {
                 let mut accs = accs.to_vec();
                 for k in 0..u {
-                    let mut a: Vec<Value> = (0..ops.len()).map(|j| accs[j * u as usize + k as usize]).collect();
-                    g.body(Mode::Vector, i, k * w, stores, reds, &mut a);
-                    for j in 0..ops.len() {
-                        accs[j * u as usize + k as usize] = a[j];
+                    let (mut a, mut nan) = split(&accs, k);
+                    g.body(Mode::Vector, i, k as i64 * w, stores, reds, &mut a, &mut nan);
+                    let mut m = 0;
+                    for j in 0..nops {
+                        accs[j * u + k] = a[j];
+                        if let Some(v) = nan[j] {
+                            accs[(nops + m) * u + k] = v;
+                            m += 1;
+                        }
                     }
                 }
                 accs
             });
+            // The unrolled accumulators (NaN-free where guarded) combined in
+            // a fixed order; the masks or-ed.
             let mut comb = Vec::new();
             for (j, &(op, t)) in ops.iter().enumerate() {
-                let mut acc = accs[j * u as usize];
-                for k in 1..u as usize {
-                    acc = self.e.reduce_step(op, t, Mode::Vector, acc, accs[j * u as usize + k]);
+                let mut acc = accs[j * u];
+                for k in 1..u {
+                    acc = self.e.reduce_step(op, t, Mode::Vector, acc, accs[j * u + k]);
+                }
+                comb.push(acc);
+            }
+            for m in 0..masks {
+                let mut acc = accs[(nops + m) * u];
+                for k in 1..u {
+                    acc = self.e.or(acc, accs[(nops + m) * u + k]);
                 }
                 comb.push(acc);
             }
             let n_vec = self.n_vec;
             let (i2, vaccs) = self.rotated_loop(i1, n_vec, w, comb, |g, i, accs| {
-                let mut a = accs.to_vec();
-                g.body(Mode::Vector, i, 0, stores, reds, &mut a);
+                let mut a = accs[..nops].to_vec();
+                let mut m = 0;
+                let mut nan: Vec<Option<Value>> = (0..nops)
+                    .map(|j| {
+                        guarded[j].then(|| {
+                            m += 1;
+                            accs[nops + m - 1]
+                        })
+                    })
+                    .collect();
+                g.body(Mode::Vector, i, 0, stores, reds, &mut a, &mut nan);
+                a.extend(nan.into_iter().flatten());
                 a
             });
             let mut scalars = Vec::new();
@@ -125,23 +176,67 @@ impl Gen<'_, '_, '_> {
                 }
                 scalars.push(s);
             }
-            (i2, scalars)
+            let mut m = 0;
+            let any_nan: Vec<Option<Value>> = (0..nops)
+                .map(|j| {
+                    guarded[j].then(|| {
+                        m += 1;
+                        self.e.b.ins().vany_true(vaccs[nops + m - 1])
+                    })
+                })
+                .collect();
+            (i2, scalars, any_nan)
         } else {
             let scalars = ops.iter().map(|&(op, t)| self.e.identity(op, t, Mode::Scalar)).collect();
-            (zero, scalars)
+            (zero, scalars, vec![None; ops.len()])
         };
         let n = self.n;
         // The scalar tail accumulates separately and is folded in last.
         let tail_init: Vec<Value> = ops.iter().map(|&(op, t)| self.e.identity(op, t, Mode::Scalar)).collect();
         let (_, tails) = self.rotated_loop(i, n, 1, tail_init, |g, i, accs| {
             let mut a = accs.to_vec();
-            g.body(Mode::Scalar, i, 0, stores, reds, &mut a);
+            let mut nan = vec![None; a.len()];
+            g.body(Mode::Scalar, i, 0, stores, reds, &mut a, &mut nan);
             a
         });
-        ops.iter()
+        let results: Vec<Value> = ops
+            .iter()
             .zip(scalars.into_iter().zip(tails))
             .map(|(&(op, t), (s, tl))| self.e.reduce_step(op, t, Mode::Scalar, s, tl))
+            .collect();
+        results
+            .into_iter()
+            .enumerate()
+            .map(|(j, r)| match any_nan[j] {
+                Some(flag) => self.rescan_if(flag, reds[j], r),
+                None => r,
+            })
             .collect()
+    }
+
+    /// `fast` unless `flag` (a NaN was seen): then the reduction `red`
+    /// computed again over the row by the exact scalar step in element
+    /// order — the reference's result, NaN and all.
+    fn rescan_if(&mut self, flag: Value, red: LNodeId, fast: Value) -> Value {
+        let LOp::Reduce(op) = self.an.nodes[red].op else { unreachable!("a guarded reduction") };
+        let t = self.an.nodes[red].dtype;
+        let ty = self.e.b.func.dfg.value_type(fast);
+        let slow_blk = self.e.b.create_block();
+        let join_blk = self.e.b.create_block();
+        self.e.b.append_block_param(join_blk, ty);
+        self.e.b.ins().brif(flag, slow_blk, &[], join_blk, &[BlockArg::Value(fast)]);
+        self.e.b.switch_to_block(slow_blk);
+        let zero = self.e.b.ins().iconst(types::I64, 0);
+        let id = self.e.identity(op, t, Mode::Scalar);
+        let n = self.n;
+        let (_, exact) = self.rotated_loop(zero, n, 1, vec![id], |g, i, accs| {
+            let mut a = accs.to_vec();
+            g.body(Mode::Scalar, i, 0, &[], &[red], &mut a, &mut [None]);
+            a
+        });
+        self.e.b.ins().jump(join_blk, &[BlockArg::Value(exact[0])]);
+        self.e.b.switch_to_block(join_blk);
+        self.e.b.block_params(join_blk)[0]
     }
 
     /// One element (scalar) or one vector at `i + off`.
@@ -153,6 +248,7 @@ impl Gen<'_, '_, '_> {
         stores: &[(LNodeId, Dest)],
         reds: &[LNodeId],
         accs: &mut [Value],
+        nan: &mut [Option<Value>],
     ) {
         self.memo.clear();
         let an = self.an;
@@ -184,8 +280,29 @@ impl Gen<'_, '_, '_> {
         for (j, &r) in reds.iter().enumerate() {
             let LOp::Reduce(op) = an.nodes[r].op else { unreachable!() };
             let x = self.val(an.nodes[r].inputs[0], mode, i, off);
-            accs[j] = self.e.reduce_step(op, an.nodes[r].dtype, mode, accs[j], x);
+            match nan[j] {
+                Some(seen) => {
+                    let is_nan = self.e.fcmp(FloatCC::Unordered, x, x);
+                    nan[j] = Some(self.e.or(seen, is_nan));
+                    accs[j] = self.nan_blind_step(op, accs[j], x);
+                }
+                None => accs[j] = self.e.reduce_step(op, an.nodes[r].dtype, mode, accs[j], x),
+            }
         }
+    }
+
+    /// `x` if it is greater (max) or less (min) than `acc`, else `acc`: one
+    /// `maxps`/`minps`, keeping `acc` on ties like the exact step. A NaN
+    /// `x` is dropped (the caller notes it aside).
+    fn nan_blind_step(&mut self, op: ReduceOp, acc: Value, x: Value) -> Value {
+        // Operands in the order Cranelift matches to `maxps x, acc` /
+        // `minps x, acc` (a `<` compare selecting between the same values).
+        let m = match op {
+            ReduceOp::Max => self.e.fcmp(FloatCC::LessThan, acc, x),
+            ReduceOp::Min => self.e.fcmp(FloatCC::LessThan, x, acc),
+            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod => unreachable!("only max and min are NaN-guarded"),
+        };
+        self.e.sel(m, x, acc)
     }
 
     /// Computes every invariant the loop roots depend on (and its splat).
@@ -366,4 +483,18 @@ impl Gen<'_, '_, '_> {
             }
         }
     }
+}
+
+/// Whether a vector reduction by `op` over `t` takes the NaN-blind step
+/// (one `maxps`/`minps` instead of the exact step's compare, compare, or
+/// and select) with NaNs noted in a lane mask: float max and min, whose
+/// exact step made a row max about three times slower than a row sum
+/// (W3's first pass). A row that holds a NaN is reduced again by the
+/// exact step, in order.
+fn nan_guarded(op: ReduceOp, t: DType) -> bool {
+    t.is_float()
+        && match op {
+            ReduceOp::Max | ReduceOp::Min => true,
+            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Prod => false,
+        }
 }
