@@ -127,8 +127,8 @@ pub(crate) fn build(
             None if is_heavy(an) => 2,
             None => 4,
         };
-        let n_main = b.ins().band_imm_s(n, -(w * unroll));
-        let n_vec = b.ins().band_imm_s(n, -w);
+        let n_main = round_down(&mut b, n, w * unroll);
+        let n_vec = round_down(&mut b, n, w);
         let mut scratch_ptrs: PrimaryMap<ScratchId, Value> = PrimaryMap::new();
         for k in 0..sch.scratch_slots {
             let bytes = if sch.chunk > 0 {
@@ -191,6 +191,15 @@ pub(crate) fn build(
     }
     module.clear_context(ctx);
     Ok(id)
+}
+
+/// `n` rounded down to a multiple of `step` (a power of two), as
+/// `n - (n & (step - 1))`: Cranelift rematerializes an `and` with a
+/// constant in every block that uses it, so the plain `n & -step` was
+/// recomputed (two instructions) in every iteration of the loop it bounds.
+fn round_down(b: &mut FunctionBuilder<'_>, n: Value, step: i64) -> Value {
+    let rem = b.ins().band_imm_s(n, step - 1);
+    b.ins().isub(n, rem)
 }
 
 /// Where a loop reads a node from instead of computing it.
@@ -348,8 +357,8 @@ impl Gen<'_, '_, '_> {
             let len = g.e.b.ins().iconst(types::I64, chunk);
             let len = g.e.b.ins().smin(rem, len);
             g.n = len;
-            g.n_main = g.e.b.ins().band_imm_s(len, -vec_step);
-            g.n_vec = g.e.b.ins().band_imm_s(len, -w);
+            g.n_main = round_down(&mut g.e.b, len, vec_step);
+            g.n_vec = round_down(&mut g.e.b, len, w);
             let mut moved = PrimaryMap::with_capacity(row.len());
             for ((_, &p), st) in row.iter().zip(&step) {
                 moved.push(match st {
