@@ -82,6 +82,8 @@ enum Split {
 pub(crate) struct Calls<'a> {
     pub code: &'a KernelCode,
     pub an: &'a Analysis,
+    /// [`cost_per_element`] of `an`.
+    pub cost: u64,
     /// Kernel rows per call.
     pub rows: usize,
     /// Inner extent.
@@ -162,7 +164,7 @@ impl Calls<'_> {
             return None;
         }
         let elements = (total_rows as u64).saturating_mul(self.n.max(1) as u64);
-        let work = elements.saturating_mul(cost_per_element(self.an));
+        let work = elements.saturating_mul(self.cost);
         let by_work = usize::try_from(work / crate::threads::split_threshold()).unwrap_or(usize::MAX);
         let parts = threads.min(by_work);
         if parts < 2 {
