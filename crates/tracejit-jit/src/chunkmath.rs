@@ -77,7 +77,7 @@ pub(crate) fn symbols() -> Vec<(&'static str, *const u8)> {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     use crate::fastmath::{
@@ -85,7 +85,8 @@ mod avx2 {
         TANH_Q,
     };
 
-    type V = __m256;
+    /// Eight f32 lanes.
+    pub(crate) type V = __m256;
 
     #[inline(always)]
     unsafe fn k(x: f32) -> V {
@@ -108,8 +109,11 @@ mod avx2 {
     }
 
     /// `math::exp_f32`, `fastmath::exp`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA, enabled in the caller.
     #[inline(always)]
-    unsafe fn exp(x: V) -> V {
+    pub(crate) unsafe fn exp(x: V) -> V {
         // SAFETY: AVX2 and FMA are enabled in every caller.
         unsafe {
             let x = clamp(x, EXP_MIN, EXP_MAX);

@@ -58,6 +58,12 @@ unsafe impl Send for KernelCode {}
 unsafe impl Sync for KernelCode {}
 
 impl KernelCode {
+    /// A hand-written kernel (`crate::native`): a Rust function with the
+    /// generated kernels' signature and argument block.
+    pub(crate) fn native(entry: *const u8) -> KernelCode {
+        KernelCode { module: None, entry }
+    }
+
     /// Runs the kernel on an argument block laid out as `kernel` documents.
     ///
     /// # Safety

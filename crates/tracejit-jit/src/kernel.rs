@@ -357,8 +357,8 @@ impl Gen<'_, '_, '_> {
             let len = g.e.b.ins().iconst(types::I64, chunk);
             let len = g.e.b.ins().smin(rem, len);
             g.n = len;
-            g.n_main = round_down(&mut g.e.b, len, vec_step);
-            g.n_vec = round_down(&mut g.e.b, len, w);
+            g.n_main = round_down(g.e.b, len, vec_step);
+            g.n_vec = round_down(g.e.b, len, w);
             let mut moved = PrimaryMap::with_capacity(row.len());
             for ((_, &p), st) in row.iter().zip(&step) {
                 moved.push(match st {

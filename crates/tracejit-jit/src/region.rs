@@ -43,6 +43,8 @@ use crate::JitError;
 struct Kernel {
     code: KernelCode,
     schedule: Schedule,
+    /// The hand-written kernel's name when `code` is one (`crate::native`).
+    native: Option<&'static str>,
 }
 
 /// Kernels by their structure and the options they were built with.
@@ -85,8 +87,17 @@ pub fn compile_region_with(body: &tracejit_ir::Graph, opts: &JitOptions) -> Resu
             Some(k) => k.clone(),
             None => {
                 let schedule = kernel::schedule(&an, opts);
-                let code = jit::compile(&an, &schedule, opts)?;
-                let k = Arc::new(Kernel { code, schedule });
+                let native = crate::native::kernel_for(&an, opts);
+                let code = match native {
+                    Some((name, entry)) => {
+                        if opts.dump {
+                            eprintln!("== kernel {}: the hand-written {name} (crate::native)", an.key);
+                        }
+                        jit::KernelCode::native(entry)
+                    }
+                    None => jit::compile(&an, &schedule, opts)?,
+                };
+                let k = Arc::new(Kernel { code, schedule, native: native.map(|n| n.0) });
                 c.insert(key, k.clone());
                 k
             }
@@ -340,6 +351,15 @@ fn data_ptr(s: &Storage) -> i64 {
 }
 
 impl CompiledRegion {
+    /// The name of the hand-written kernel this region runs instead of
+    /// generated code (`"row softmax"`), or `None` for generated code.
+    /// Hand-written kernels serve region shapes where Cranelift's 128-bit
+    /// code falls short; they take the same arguments and split across
+    /// threads the same way.
+    pub fn native_kernel(&self) -> Option<&'static str> {
+        self.kernel.native
+    }
+
     /// Runs on concrete inputs (one per body param, in order); allocates and
     /// returns the outputs.
     ///

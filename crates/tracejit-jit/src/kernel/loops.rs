@@ -10,8 +10,8 @@ use cranelift_codegen::ir::{types, BlockArg, InstBuilder, Type, Value};
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp};
 
 use crate::analysis::{LNodeId, LOp};
-use cranelift_codegen::ir::condcodes::FloatCC;
 use crate::lower::{mem, sty, Mode};
+use cranelift_codegen::ir::condcodes::FloatCC;
 
 use super::abi::SlotId;
 use super::{Dest, Gen, Src};
@@ -239,7 +239,10 @@ impl Gen<'_, '_, '_> {
         self.e.b.block_params(join_blk)[0]
     }
 
-    /// One element (scalar) or one vector at `i + off`.
+    /// One element (scalar) or one vector at `i + off`. `nan` holds, for a
+    /// NaN-guarded reduction in a vector loop, its NaN lane mask (see
+    /// `nan_guarded`), else `None`.
+    #[allow(clippy::too_many_arguments)] // the loop state, passed apart from `self` for the borrow checker
     pub(super) fn body(
         &mut self,
         mode: Mode,
