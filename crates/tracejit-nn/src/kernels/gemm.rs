@@ -18,7 +18,8 @@ pub(super) fn gemm_acc(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: &mut [
     }
     let (a_rs, a_cs) = (a.strides()[0], a.strides()[1]);
     let (b_rs, b_cs) = (b.strides()[0], b.strides()[1]);
-    let (a_ptr, b_ptr, c_ptr) = (Shared(a.as_ptr() as *mut f32), Shared(b.as_ptr() as *mut f32), Shared(c.as_mut_ptr()));
+    let (a_ptr, b_ptr, c_ptr) =
+        (Shared(a.as_ptr() as *mut f32), Shared(b.as_ptr() as *mut f32), Shared(c.as_mut_ptr()));
     // Large products split across the JIT's pool in blocks fixed by the
     // sizes (same bits for any thread count).
     tracejit_jit::threads::run_gemm_blocks(m, n, k, &|rows, cols| {
