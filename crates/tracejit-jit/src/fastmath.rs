@@ -145,6 +145,40 @@ pub fn sigmoid_in_place(v: &mut [f32]) {
     apply(v, UnaryOp::Sigmoid, sigmoid);
 }
 
+/// `y = exp(x - max(x)) / sum(exp(x - max(x)))` over one row: the JIT's
+/// own row softmax (the hand-written AVX2 kernel its f32 softmax regions
+/// run, where the CPU has AVX2 and FMA; else the same steps in scalar
+/// code). `exp` is [`exp`]; the max is the first NaN if any, else the
+/// largest value; the last step multiplies by the sum's reciprocal when it
+/// is a normal number, else divides.
+///
+/// ```
+/// let x = [1.0f32, 2.0, 3.0];
+/// let mut y = [0.0f32; 3];
+/// tracejit_jit::fastmath::softmax_row(&x, &mut y);
+/// assert!((y.iter().sum::<f32>() - 1.0).abs() < 1e-6 && y[2] > y[1]);
+/// ```
+///
+/// # Panics
+/// If `x` and `y` differ in length.
+pub fn softmax_row(x: &[f32], y: &mut [f32]) {
+    if crate::native::softmax_row(x, y) || x.is_empty() {
+        return;
+    }
+    let m = x.iter().fold(f32::NEG_INFINITY, |m, &v| if m.is_nan() || m >= v { m } else { v });
+    let mut s = 0.0f32;
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = exp(v - m);
+        s += *o;
+    }
+    if s.abs() >= f32::MIN_POSITIVE && s.abs() <= 2f32.powi(126) {
+        let r = 1.0 / s;
+        y.iter_mut().for_each(|v| *v *= r);
+    } else {
+        y.iter_mut().for_each(|v| *v /= s);
+    }
+}
+
 fn apply(v: &mut [f32], op: UnaryOp, scalar: fn(f32) -> f32) {
     match crate::chunkmath::chunk_fn(op) {
         // SAFETY: `v` holds `v.len()` writable f32 values, and `chunk_fn`

@@ -43,6 +43,23 @@ pub(crate) fn kernel_for(an: &Analysis, opts: &JitOptions) -> Option<(&'static s
     None
 }
 
+/// `y = softmax(x)` over one row with the hand-written kernel; false (and
+/// `y` untouched) where this CPU lacks AVX2 and FMA.
+pub(crate) fn softmax_row(x: &[f32], y: &mut [f32]) -> bool {
+    assert_eq!(x.len(), y.len(), "softmax_row: input and output lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if !x.is_empty() {
+                // SAFETY: the features are present; the slices have equal lengths.
+                unsafe { avx2::row(x, y) };
+            }
+            return true;
+        }
+    }
+    false
+}
+
 /// True for a row region of one contiguous f32 input `x` and one full-size
 /// f32 output `exp(x - max(x)) / sum(exp(x - max(x)))`, reduced over the
 /// row, with nothing else computed.
@@ -100,9 +117,12 @@ mod avx2 {
         }
     }
 
-    /// One row: `y = softmax(x)`.
+    /// One row: `y = softmax(x)`, `x` not empty, `y` as long.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn row(x: &[f32], y: &mut [f32]) {
+    pub(super) unsafe fn row(x: &[f32], y: &mut [f32]) {
         let n = x.len();
         // SAFETY: AVX2 and FMA are enabled; every load and store below is
         // at an index `i` with `i + 8 <= n` (vectors) or `i < n` (scalars).

@@ -142,10 +142,8 @@ fn per_row(inputs: &[Tensor], mut f: impl FnMut(&[f32], &mut [f32])) -> Vec<Tens
 }
 
 fn softmax(inputs: &[Tensor]) -> Vec<Tensor> {
-    per_row(inputs, |row, o| {
-        let inv = 1.0 / exp_shifted(row, max(row), o);
-        o.iter_mut().for_each(|v| *v *= inv);
-    })
+    // The JIT's row softmax: the kernel its f32 softmax regions run.
+    per_row(inputs, fastmath::softmax_row)
 }
 
 fn log_softmax(inputs: &[Tensor]) -> Vec<Tensor> {
