@@ -187,29 +187,32 @@ mod avx2 {
                 s += e;
             }
             // y / s, as x * (1 / s) when 1 / s is a normal number.
-            let normal = s.abs() >= f32::MIN_POSITIVE && s.abs() <= 2f32.powi(126);
-            if normal {
+            if s.abs() >= f32::MIN_POSITIVE && s.abs() <= 2f32.powi(126) {
                 let r = 1.0 / s;
                 let rv = _mm256_set1_ps(r);
-                let mut i = 0;
-                while i + 8 <= n {
-                    _mm256_storeu_ps(py.add(i), _mm256_mul_ps(_mm256_loadu_ps(py.add(i)), rv));
-                    i += 8;
-                }
-                for v in &mut y[i..] {
-                    *v *= r;
-                }
+                map(y, |v| _mm256_mul_ps(v, rv), |v| v * r);
             } else {
                 let sv = _mm256_set1_ps(s);
-                let mut i = 0;
-                while i + 8 <= n {
-                    _mm256_storeu_ps(py.add(i), _mm256_div_ps(_mm256_loadu_ps(py.add(i)), sv));
-                    i += 8;
-                }
-                for v in &mut y[i..] {
-                    *v /= s;
-                }
+                map(y, |v| _mm256_div_ps(v, sv), |v| v / s);
             }
+        }
+    }
+
+    /// `y[i] = f(y[i])`, eight at a time, the tail by `tail`.
+    #[inline(always)]
+    unsafe fn map(y: &mut [f32], f: impl Fn(V) -> V, tail: impl Fn(f32) -> f32) {
+        let (n, py) = (y.len(), y.as_mut_ptr());
+        let mut i = 0;
+        // SAFETY: the caller has AVX enabled; every vector access is at
+        // `i + 8 <= n`.
+        unsafe {
+            while i + 8 <= n {
+                _mm256_storeu_ps(py.add(i), f(_mm256_loadu_ps(py.add(i))));
+                i += 8;
+            }
+        }
+        for v in &mut y[i..] {
+            *v = tail(*v);
         }
     }
 }
