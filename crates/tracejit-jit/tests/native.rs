@@ -144,6 +144,12 @@ fn strided_batched_and_threaded_rows() {
         assert!(o[0].bit_eq(&outs[0][0]), "thread counts disagree");
     }
     agree(&outs[0][0], &want[0], 1023).unwrap();
+    // A softmax over two trailing axes: rows of 3 * 37.
+    let g2 = softmax(DType::F32, &[4, 3, 37], &[1, 2], None);
+    let x2 = Storage::from_vec(rows(4, 3 * 37, 6, true), &[4, 3, 37]).unwrap();
+    let got = tracejit_jit::compile_region_with(&g2, &staged()).unwrap().run(&[&x2]);
+    let want = tracejit_ir::interpret(&g2, std::slice::from_ref(&x2)).unwrap();
+    agree(&got[0], &want[0], 3 * 37).unwrap();
     // A view with a row stride of its own: every other row of a [6, 1023].
     let g = softmax(DType::F32, &[3, 1023], &[1], None);
     let big = Storage::from_vec(rows(6, 1023, 4, false), &[6, 1023]).unwrap();
