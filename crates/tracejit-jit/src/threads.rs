@@ -283,13 +283,20 @@ impl Pool {
 
 /// Runs a matrix product of `m×k` by `k×n` as output blocks: `block(rows,
 /// cols)` must compute the product's `rows × cols` part of the output with
-/// `gemm::Parallelism::None`. The blocks are fixed by the sizes alone
-/// ([`gemm_blocks`]) — never by the thread count — so every output element
-/// is computed by the same call with the same accumulation order over `k`
-/// however many threads share the blocks out. Blocks run on the pool (the
-/// caller taking blocks alongside the workers, see `Pool::run`) when the
-/// product has at least [`gemm_threshold`] multiply-adds and the count is
-/// above 1, else in order on the calling thread.
+/// one `gemm::gemm` call without parallelism. The blocks are fixed by the
+/// sizes alone ([`gemm_blocks`]) — never by the thread count. They run on
+/// the pool (the caller taking blocks alongside the workers, see
+/// `Pool::run`) when the product has at least [`gemm_threshold`]
+/// multiply-adds and the count is above 1; on one thread, as one call for
+/// the whole output when [`GemmBlocks::same_as_whole`] (saving the shared
+/// operand's packing per block), else block by block.
+///
+/// Why one call gives the blocks' bits: in the `gemm` crate an output
+/// element is accumulated in order over `k` by one micro-kernel, in depth
+/// blocks whose size depends on `k` alone, once the product takes the
+/// general path — which the whole and every block do when no side is
+/// short enough for its special cases (`same_as_whole`). The tests compare
+/// 1, 2 and 3 threads bit for bit.
 ///
 /// ```
 /// use std::sync::Mutex;
@@ -308,8 +315,10 @@ impl Pool {
 /// ```
 pub fn run_gemm_blocks(m: usize, n: usize, k: usize, block: &(dyn Fn(Range<usize>, Range<usize>) + Sync)) {
     let b = gemm_blocks(m, n, k);
+    let dim = if b.by_rows { m } else { n };
     let part = |t: usize| {
-        let r = t * b.size..((t + 1) * b.size).min(if b.by_rows { m } else { n });
+        let end = if t + 1 == b.count { dim } else { (t + 1) * b.size };
+        let r = t * b.size..end;
         if b.by_rows {
             block(r, 0..n)
         } else {
@@ -322,7 +331,11 @@ pub fn run_gemm_blocks(m: usize, n: usize, k: usize, block: &(dyn Fn(Range<usize
             return;
         }
     }
-    (0..b.count).for_each(part);
+    if b.same_as_whole {
+        block(0..m, 0..n);
+    } else {
+        (0..b.count).for_each(part);
+    }
 }
 
 /// How [`run_gemm_blocks`] cuts a product's output.
@@ -330,10 +343,17 @@ pub fn run_gemm_blocks(m: usize, n: usize, k: usize, block: &(dyn Fn(Range<usize
 pub struct GemmBlocks {
     /// Whether the blocks are ranges of rows (else of columns).
     pub by_rows: bool,
-    /// Rows or columns per block (the last may have fewer).
+    /// Rows or columns per block; the last block takes the rest (between
+    /// `GEMM_GRANULE / 2 + 1` and `size + GEMM_GRANULE / 2` of them).
     pub size: usize,
     /// Number of blocks (at least 1).
     pub count: usize,
+    /// Whether one `gemm` call for the whole output computes the same bits
+    /// as the blocks: there is more than one block, the product's depth and
+    /// short side are at least 4 (no special path for tiny products,
+    /// vectors or thin depths), and every block is over 64 wide (the
+    /// general path, as for the whole).
+    pub same_as_whole: bool,
 }
 
 /// Least multiply-adds a block of a split product gets: about 12 µs of a
@@ -345,33 +365,39 @@ pub const GEMM_BLOCK_WORK: usize = 1 << 20;
 /// operand is not packed again and again.
 pub const GEMM_MAX_BLOCKS: usize = 4;
 /// Block sizes are multiples of this many rows or columns (a multiple of
-/// the `gemm` crate's register tiles, so no block adds a ragged edge tile
-/// inside the output).
-pub const GEMM_GRANULE: usize = 64;
+/// the `gemm` crate's register tiles, and over the 64 below which it
+/// takes its small-product path).
+pub const GEMM_GRANULE: usize = 128;
 
 /// The blocks of an `m×k` by `k×n` product: along the longer of `m` and
 /// `n` (so the operand every block shares is the smaller one), at least
 /// [`GEMM_BLOCK_WORK`] multiply-adds each, at most [`GEMM_MAX_BLOCKS`],
-/// sizes a multiple of [`GEMM_GRANULE`]. A function of the sizes only.
+/// sizes a multiple of [`GEMM_GRANULE`], a short remainder joined to the
+/// last block. A function of the sizes only.
 ///
 /// ```
 /// use tracejit_jit::threads::gemm_blocks;
 ///
 /// let b = gemm_blocks(64, 512, 784); // W5's first layer
-/// assert!(!b.by_rows && b.count > 1 && b.size % 64 == 0);
+/// assert!(!b.by_rows && b.count == 4 && b.size == 128 && b.same_as_whole);
+/// assert_eq!(gemm_blocks(784, 512, 64).count, 3); // 256 + 256 + 272 rows
 /// assert_eq!(gemm_blocks(32, 128, 64).count, 1); // small: one block
 /// ```
 pub fn gemm_blocks(m: usize, n: usize, k: usize) -> GemmBlocks {
     let by_rows = m > n;
-    let dim = if by_rows { m } else { n };
+    let (dim, short) = if by_rows { (m, n) } else { (n, m) };
     let work = m.saturating_mul(n).saturating_mul(k);
     let want = (work / GEMM_BLOCK_WORK).min(GEMM_MAX_BLOCKS).min(dim / GEMM_GRANULE).max(1);
     let size = dim.div_ceil(want).next_multiple_of(GEMM_GRANULE).max(1);
-    GemmBlocks { by_rows, size, count: dim.div_ceil(size).max(1) }
+    let (full, rest) = (dim / size, dim % size);
+    // A remainder of at most half a granule joins the last full block.
+    let count = if full == 0 || rest > GEMM_GRANULE / 2 { full + 1 } else { full };
+    let same_as_whole = count > 1 && short >= 4 && k >= 4;
+    GemmBlocks { by_rows, size, count, same_as_whole }
 }
 
 /// The default of [`gemm_threshold`]: 2^21 multiply-adds, the least
-/// product that [`gemm_blocks`] cuts in two.
+/// product that [`gemm_blocks`] may cut in two.
 pub const DEFAULT_GEMM_THRESHOLD: usize = 2 * GEMM_BLOCK_WORK;
 
 static GEMM_THRESHOLD: AtomicUsize = AtomicUsize::new(DEFAULT_GEMM_THRESHOLD);
