@@ -194,8 +194,9 @@ impl BufPool {
         if len == 0 {
             return None;
         }
-        let i = self.bufs.iter().position(|s| s.dtype() == dtype && s.len() == len && is_unique(s))?;
-        let s = self.bufs.swap_remove(i);
+        // The most recently freed match: the likeliest to be in cache.
+        let i = self.bufs.iter().rposition(|s| s.dtype() == dtype && s.len() == len && is_unique(s))?;
+        let s = self.bufs.remove(i);
         // Pairs with the release decrement of the last other holder's drop:
         // its accesses happen before our writes.
         fence(Ordering::Acquire);
