@@ -259,11 +259,13 @@ fn w6_loss(x: &Tensor, labels: &Tensor, p: &[Tensor]) -> Tensor {
 }
 
 /// What a W6 step may allocate besides bookkeeping: the `gemm` crate's
-/// packing buffers (it takes them per product: about 370 KiB over W6's
-/// eight products) and the native softmax kernel's [64, 10] result. Neither
-/// is the size of a weight (the smallest matrix is 20 KiB, the largest
-/// 1.6 MiB; a bias is 2 KiB), which is what the tests check by size.
-const W6_WORKSPACE_BYTES: usize = 512 * 1024;
+/// packing buffers (it takes them per product, and since products split
+/// into output blocks per block: about 1.1 MiB over W6's eight products,
+/// was 370 KiB) and the native softmax kernel's [64, 10] result. None of
+/// them is the size of a weight (the smallest matrix is 20 KiB, the largest
+/// 1.6 MiB; a bias is 2 KiB) or an activation, which is what the tests
+/// check by size; the bound only catches a wholesale regression.
+const W6_WORKSPACE_BYTES: usize = 2 * 1024 * 1024;
 
 /// Checks a steady W6 step's allocations: bounded, and none the size of a
 /// tensor in `sizes` (weights, slots, results of at least [`BIG`] bytes).
