@@ -1,7 +1,8 @@
 //! An optimizer update compiled inside a function is one fused region per
 //! variable: each region reads one gradient and the variable's slots, and
-//! its outputs go straight into the variable and slot assignments, with no
-//! temporary of the variable's size in between. (Variables of at most one
+//! its outputs go straight into the variable and slot assignments (plain
+//! `assign`s of the new values: the `w - lr · u` is inside the region), with
+//! no temporary of the variable's size in between. (Variables of at most one
 //! element are the exception: the fusion planner leaves one-element work to
 //! the scalar reference ops.) Checked on the optimized
 //! graph and through `ConcreteFunction::schedule_stats`, for SGD (plain,
@@ -12,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
-use tracejit::ir::{Graph, NodeId, Op};
+use tracejit::ir::{AssignKind, Graph, NodeId, Op};
 use tracejit::optim::{Adam, Optimizer, Sgd};
 use tracejit::prelude::*;
 
@@ -94,6 +95,13 @@ fn check_one_region_per_variable(g: &Graph, shapes: &[Vec<usize>], slots: usize)
         let assigns = users.get(&r).map(Vec::as_slice).unwrap_or_default();
         if let Some(u) = assigns.iter().find(|&&u| !matches!(g.node(u).op, Op::AssignVariable { .. })) {
             return Err(format!("region {r}'s output goes to {} ({u}), not to an assignment", g.node(*u).op.name()));
+        }
+        // The region computes the new values themselves (`w - lr · u`), so
+        // no assign_add/assign_sub runs a reference kernel afterwards.
+        if let Some(u) =
+            assigns.iter().find(|&&u| !matches!(g.node(u).op, Op::AssignVariable { kind: AssignKind::Assign, .. }))
+        {
+            return Err(format!("region {r} feeds {} ({u}), not a plain assignment", g.node(*u).op.name()));
         }
         if assigns.len() != 1 + slots {
             return Err(format!("region {r} feeds {} assignments, expected {}", assigns.len(), 1 + slots));

@@ -20,6 +20,7 @@ fn w6_reports_its_kernels_and_gemms() {
     let st = *jit.schedule().expect("the JIT's schedule is recorded");
     assert_eq!(st.gemms, 8, "3 forward + 5 backward products: {st}");
     assert!(st.regions >= 3, "bias/relu epilogues, the loss and the updates are fused: {st}");
+    assert_eq!(st.fallbacks, 0, "the labels' one_hot runs inside the loss region: {st}");
     assert_eq!(st.kernels(), st.regions + st.gemms + st.native_kernels + st.fallbacks);
     for r in rows.iter().filter(|r| r.mode != Mode::TracedJit) {
         assert!(r.schedule().is_none(), "{:?} runs no compiled schedule", r.mode);

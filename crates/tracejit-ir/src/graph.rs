@@ -92,6 +92,15 @@ pub trait VariableResource: Send + Sync + fmt::Debug {
     fn read(&self) -> Storage;
     /// Replaces the value (same dtype and shape, checked by the caller).
     fn write(&self, value: Storage);
+    /// [`VariableResource::write`] that hands back the value it replaced,
+    /// so an executor can reuse its buffer once nothing else holds it (a
+    /// training step then writes each variable into the buffer it held the
+    /// step before instead of allocating).
+    fn replace(&self, value: Storage) -> Storage {
+        let old = self.read();
+        self.write(value);
+        old
+    }
     /// Replaces the value by `f(current)` atomically with respect to other
     /// updates, so concurrent `assign_add`s never lose an increment.
     fn update(&self, f: &mut dyn FnMut(&Storage) -> Storage) {

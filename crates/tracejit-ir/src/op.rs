@@ -416,10 +416,13 @@ impl Op {
     }
 
     /// True for ops that may join a fused region: elementwise ops, the
-    /// broadcasts that feed them, and reductions. The fusion pass and the
-    /// JIT executor's own grouping share this one rule.
+    /// broadcasts that feed them, `one_hot` (elementwise over its output:
+    /// `labels[i] == j`), and reductions. The fusion pass and the JIT
+    /// executor's own grouping share this one rule; the region acceptor
+    /// still decides (the default rule takes no `one_hot`).
     pub fn is_fusible(&self) -> bool {
-        self.is_elementwise() || matches!(self, Op::Reduce { .. } | Op::BroadcastTo { .. } | Op::ExpandDims { .. })
+        self.is_elementwise()
+            || matches!(self, Op::Reduce { .. } | Op::BroadcastTo { .. } | Op::ExpandDims { .. } | Op::OneHot { .. })
     }
 
     /// True when the op's per-element cost makes recomputing it unacceptable

@@ -18,9 +18,12 @@
 //!
 //! - Live nodes (those reaching an output) are only `Parameter`, `Constant`,
 //!   `Unary`, `Binary`, `Select`, `Cast`, `Clamp`, `BroadcastTo`,
-//!   `ExpandDims` and `Reduce`; a constant is either a scalar (one element,
-//!   baked into the code) or a tensor of at most [`MAX_CONST_ELEMENTS`]
-//!   elements (read like an input).
+//!   `ExpandDims`, `OneHot` and `Reduce`; a constant is either a scalar (one
+//!   element, baked into the code) or a tensor of at most
+//!   [`MAX_CONST_ELEMENTS`] elements (read like an input). A `one_hot` of
+//!   depth at most [`MAX_CONST_ELEMENTS`] adds a class of that size after
+//!   its labels' and lowers to `cast(labels == iota)`, the iota a constant
+//!   `[0, depth)` read along the new class.
 //! - No value holds one class on two axes (no "diagonals", such as
 //!   `x + expand_dims(x, 1)`), and every value's classes are in domain order.
 //! - **Elementwise regions** (no `Reduce`): all outputs have the same classes,
@@ -50,6 +53,7 @@ use tracejit_ir::{Graph, Op, ValueId};
 
 use crate::options::KernelKey;
 pub(crate) use crate::scalar::Scalar;
+use crate::unify::{aligned, Ax, UnionFind};
 
 /// Constants larger than this are not folded into a region.
 pub const MAX_CONST_ELEMENTS: usize = 1 << 16;
@@ -166,48 +170,6 @@ pub(crate) struct Analysis {
     pub has_max_min: bool,
     /// The structural key of the kernel (with the options, the cache key).
     pub key: KernelKey,
-}
-
-/// One axis of a value during unification.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Ax {
-    Unit,
-    Class(u32),
-}
-
-struct UnionFind {
-    parent: Vec<u32>,
-}
-
-impl UnionFind {
-    fn fresh(&mut self) -> u32 {
-        self.parent.push(self.parent.len() as u32);
-        self.parent.len() as u32 - 1
-    }
-    fn find(&mut self, mut x: u32) -> u32 {
-        while self.parent[x as usize] != x {
-            let p = self.parent[x as usize];
-            self.parent[x as usize] = self.parent[p as usize];
-            x = p;
-        }
-        x
-    }
-    fn union(&mut self, a: u32, b: u32) {
-        let (a, b) = (self.find(a), self.find(b));
-        if a != b {
-            self.parent[b as usize] = a;
-        }
-    }
-}
-
-/// Right-aligns `axes` (rank r) to rank `rank`: position j of the result.
-fn aligned(axes: &[Ax], rank: usize, j: usize) -> Ax {
-    let off = rank - axes.len();
-    if j < off {
-        Ax::Unit
-    } else {
-        axes[j - off]
-    }
 }
 
 /// Analyzes a region body. `Err` carries why it is not supported.
@@ -328,6 +290,22 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
                 }
                 out
             }
+            Op::OneHot { depth, .. } => {
+                // `out[.., j] = labels[..] == j`: the labels' axes and a new
+                // inner axis of `depth`, indexed by an iota constant.
+                if *depth > MAX_CONST_ELEMENTS {
+                    return Err(format!("one_hot {id} has depth {depth}"));
+                }
+                let mut out = input_axes(0).clone();
+                out.push(if *depth == 1 {
+                    Ax::Unit
+                } else {
+                    let c = uf.fresh();
+                    static_raw.push((c, *depth));
+                    Ax::Class(c)
+                });
+                out
+            }
             Op::ExpandDims { axis } => {
                 let mut out = input_axes(0).clone();
                 if *axis > out.len() {
@@ -366,7 +344,6 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
             | Op::Stack { .. }
             | Op::Slice { .. }
             | Op::Gather { .. }
-            | Op::OneHot { .. }
             | Op::Call { .. }
             | Op::Fused { .. }
             | Op::Cond { .. }
@@ -513,7 +490,7 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
             continue;
         }
         let dtype = node.outputs[0].dtype;
-        let ins: SmallVec<[LNodeId; 3]> =
+        let mut ins: SmallVec<[LNodeId; 3]> =
             node.inputs.iter().map(|v| map[v.node.index()].expect("inputs are lowered first")).collect();
         key.word(dtype as u64);
         key.op(&node.op);
@@ -562,6 +539,47 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
                 has_max_min |= matches!(op, ReduceOp::Max | ReduceOp::Min);
                 LOp::Reduce(*op)
             }
+            Op::OneHot { depth, .. } => {
+                // `cast(labels == iota)`: an out-of-range or negative label
+                // equals no position, so its row is all zeros (the
+                // reference's rule).
+                let from = body.value_type(node.inputs[0]).dtype;
+                let axes = to_pos(i);
+                let depth_axis = *axes.last().expect("one_hot adds an axis");
+                key.word(*depth as u64);
+                key.word(from as u64);
+                let iota = match depth_axis {
+                    None => LOp::Const(Scalar::from_f64_as(from, 0.0)),
+                    Some(p) => {
+                        let held = inner.iter().filter(|&&q| q == p).count();
+                        if held != 0 && held != inner.len() {
+                            return Err(format!("one_hot {id} holds only part of the inner axes"));
+                        }
+                        let value = tracejit_ir::tensor::kernels::arange(0.0, *depth as f64, 1.0, from);
+                        key.positions(&[Some(p)]);
+                        let contig = held != 0;
+                        LOp::Load(loads.push(LoadInfo {
+                            source: LoadSource::Const(value),
+                            dtype: from,
+                            axes: vec![Some(p)],
+                            contig,
+                        }))
+                    }
+                };
+                let varying = matches!(iota, LOp::Load(l) if loads[l].contig);
+                let stage = lnodes[ins[0]].stage;
+                let iota = lnodes.push(LNode { op: iota, inputs: SmallVec::new(), dtype: from, varying, stage: 0 });
+                let eq = lnodes.push(LNode {
+                    op: LOp::Binary(BinaryOp::Eq),
+                    inputs: smallvec::smallvec![ins[0], iota],
+                    dtype: DType::Bool,
+                    varying: holds_inner(i)?,
+                    stage,
+                });
+                ins = smallvec::smallvec![eq];
+                key.word(DType::Bool as u64);
+                LOp::Cast
+            }
             Op::ArgReduce { .. }
             | Op::MatMul
             | Op::Reshape { .. }
@@ -571,7 +589,6 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
             | Op::Stack { .. }
             | Op::Slice { .. }
             | Op::Gather { .. }
-            | Op::OneHot { .. }
             | Op::Call { .. }
             | Op::Fused { .. }
             | Op::Cond { .. }

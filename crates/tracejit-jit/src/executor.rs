@@ -516,9 +516,10 @@ impl Executable {
     /// `tracejit_ir::interpret` does), returns the outputs.
     pub fn run(&self, inputs: &[Storage]) -> Result<Vec<Storage>, IrError> {
         self.check_inputs(inputs)?;
-        let mut values: SmallVec<[Option<Storage>; 8]> = SmallVec::new();
-        values.resize(self.n_slots, None);
         let mut pool = BufPool::checkout(&self.pool);
+        // The slot table is kept with the pool: a train step's is a few KiB.
+        let mut values = std::mem::take(&mut pool.table);
+        values.resize(self.n_slots, None);
         let result = self.run_steps(inputs, &mut values, &mut pool);
         if let Ok(outs) = &result {
             // Kept so the buffers can be reused once the caller drops them.
@@ -526,7 +527,8 @@ impl Executable {
                 pool.give(v.clone());
             }
         }
-        drop(values);
+        values.clear();
+        pool.table = values;
         pool.checkin(&self.pool);
         result
     }
@@ -626,7 +628,9 @@ impl Executable {
                     // `update` holds the variable's lock across read and
                     // write, so concurrent assign_adds lose no increment.
                     match kind {
-                        AssignKind::Assign => v.write(args[0].clone()),
+                        // The replaced value's buffer goes to the pool: an
+                        // update region writes the next step's value into it.
+                        AssignKind::Assign => pool.give_if_unique(v.replace(args[0].clone())),
                         AssignKind::Add => v.update(&mut |cur| kernels::binary(BinaryOp::Add, cur, args[0])),
                         AssignKind::Sub => v.update(&mut |cur| kernels::binary(BinaryOp::Sub, cur, args[0])),
                     }

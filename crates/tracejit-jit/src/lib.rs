@@ -146,6 +146,7 @@ mod options;
 mod region;
 mod scalar;
 pub mod threads;
+mod unify;
 
 pub use analysis::MAX_CONST_ELEMENTS;
 pub use error::JitError;

@@ -153,6 +153,7 @@ fn op_tag(op: &Op) -> u64 {
         Op::Reduce { op, .. } => 8 * WIDE + *op as u64,
         Op::BroadcastTo { .. } => 9,
         Op::ExpandDims { .. } => 10,
+        Op::OneHot { dtype, .. } => 12 * WIDE + *dtype as u64,
         // Rejected before the key is built; tagged all the same.
         Op::ArgReduce { .. }
         | Op::MatMul
@@ -163,7 +164,6 @@ fn op_tag(op: &Op) -> u64 {
         | Op::Stack { .. }
         | Op::Slice { .. }
         | Op::Gather { .. }
-        | Op::OneHot { .. }
         | Op::Call { .. }
         | Op::Fused { .. }
         | Op::Cond { .. }

@@ -143,7 +143,7 @@ pub struct CompiledRegion {
 }
 
 /// Most buffers a pool keeps.
-const POOL_MAX: usize = 16;
+const POOL_MAX: usize = 64;
 
 /// Buffers kept for reuse as kernel outputs, so that a steady-state call
 /// takes no fresh pages. An entry may still be held elsewhere (a result the
@@ -158,11 +158,32 @@ pub(crate) struct BufPool {
     bufs: Vec<Storage>,
     /// The row kernels' scratch space, kept between calls.
     scratch: Vec<u64>,
+    /// An executable's slot table, kept between calls (empty between them).
+    pub(crate) table: Vec<Option<Storage>>,
 }
 
 /// True when no other `Storage` shares `s`'s buffer.
 fn is_unique(s: &Storage) -> bool {
     tracejit_ir::tensor::with_array!(s, a => a.is_unique())
+}
+
+/// The whole buffer under `s` (uniquely held, in any axis order that
+/// covers a contiguous block) as a flat array, without copying; `None` when
+/// its elements are not one block.
+fn whole_buffer(s: Storage) -> Option<Storage> {
+    macro_rules! flat {
+        ($($v:ident),*) => {
+            match s {
+                $(Storage::$v(a) => {
+                    a.as_slice_memory_order()?;
+                    // Unique: `into_owned` takes the buffer as it is.
+                    let (v, _) = a.into_owned().into_raw_vec_and_offset();
+                    Some(Storage::$v(ndarray::ArcArray::from_vec(v).into_dyn()))
+                })*
+            }
+        };
+    }
+    flat!(F32, F64, I32, I64, Bool)
 }
 
 impl BufPool {
@@ -173,8 +194,9 @@ impl BufPool {
         if len == 0 {
             return None;
         }
-        let i = self.bufs.iter().position(|s| s.dtype() == dtype && s.len() == len && is_unique(s))?;
-        let s = self.bufs.swap_remove(i);
+        // The most recently freed match: the likeliest to be in cache.
+        let i = self.bufs.iter().rposition(|s| s.dtype() == dtype && s.len() == len && is_unique(s))?;
+        let s = self.bufs.remove(i);
         // Pairs with the release decrement of the last other holder's drop:
         // its accesses happen before our writes.
         fence(Ordering::Acquire);
@@ -202,10 +224,17 @@ impl BufPool {
         self.bufs.push(s);
     }
 
-    /// Keeps `s` if nothing else holds it (a freed intermediate).
+    /// Keeps `s` if nothing else holds it (a freed intermediate). A
+    /// transposed view holding the last reference to its buffer (a GEMM
+    /// operand) gives the buffer back, flat.
     pub(crate) fn give_if_unique(&mut self, s: Storage) {
-        if is_unique(&s) {
+        if !is_unique(&s) {
+            return;
+        }
+        if s.is_standard_layout() {
             self.give(s);
+        } else if let Some(flat) = whole_buffer(s) {
+            self.give(flat);
         }
     }
 
@@ -228,6 +257,9 @@ impl BufPool {
                 }
                 if p.scratch.capacity() < self.scratch.capacity() {
                     p.scratch = self.scratch;
+                }
+                if p.table.capacity() < self.table.capacity() {
+                    p.table = self.table;
                 }
             }
         }

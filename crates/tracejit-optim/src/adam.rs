@@ -105,10 +105,13 @@ impl Adam {
             let m_hat = m_next / (one(1.0) - one(s.beta1).pow(&t));
             let v_hat = v_used / (one(1.0) - one(s.beta2).pow(&t));
             let mut update = m_hat / (v_hat.sqrt() + s.epsilon);
+            let w = v.read();
             if s.weight_decay != 0.0 {
-                update = update + v.read() * s.weight_decay;
+                update = update + &w * s.weight_decay;
             }
-            v.assign_sub(&(update * lr));
+            // `assign(w - ..)`, not `assign_sub(..)`: the subtraction joins
+            // the update's fused region, whose output is the new value.
+            v.assign(&(w - update * lr));
         }
         s.iterations.assign_add(&Tensor::scalar(1i64));
     }

@@ -75,9 +75,10 @@ impl Sgd {
         let step = s.iterations.read();
         for (i, (g, v)) in grads.iter().zip(vars).enumerate() {
             let lr = s.lr.at(&step.cast(v.dtype()), v.dtype());
+            let w = v.read();
             let mut g = g.clone();
             if s.weight_decay != 0.0 {
-                g = g + v.read() * s.weight_decay;
+                g = g + &w * s.weight_decay;
             }
             let update = match slots {
                 Some(slots) => {
@@ -92,7 +93,9 @@ impl Sgd {
                 }
                 None => g,
             };
-            v.assign_sub(&(update * lr));
+            // `assign(w - ..)`, not `assign_sub(..)`: the subtraction joins
+            // the update's fused region, whose output is the new value.
+            v.assign(&(w - update * lr));
         }
         s.iterations.assign_add(&Tensor::scalar(1i64));
     }

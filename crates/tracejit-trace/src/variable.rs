@@ -70,6 +70,9 @@ impl VariableResource for VarState {
     fn write(&self, value: Storage) {
         *self.value.write().unwrap_or_else(|e| e.into_inner()) = value;
     }
+    fn replace(&self, value: Storage) -> Storage {
+        std::mem::replace(&mut *self.value.write().unwrap_or_else(|e| e.into_inner()), value)
+    }
     fn update(&self, f: &mut dyn FnMut(&Storage) -> Storage) {
         let mut guard = self.value.write().unwrap_or_else(|e| e.into_inner());
         let new = f(&guard);

@@ -7,7 +7,9 @@
 //!
 //! *Fusible* nodes are elementwise ops (unary, binary with broadcasting,
 //! select, cast, clamp), `broadcast_to` and `expand_dims` (cheap index
-//! remappings), and reductions, without control inputs or side effects.
+//! remappings), `one_hot` (elementwise over its output, iterating over it;
+//! only an executor that accepts it fuses it: the default rule does not),
+//! and reductions, without control inputs or side effects.
 //! Everything else — matmul, other shape ops, gathers, calls, kernels,
 //! variable ops, existing regions — is a region boundary. Walking the graph
 //! in order, each fusible node starts a group and then tries to join the
