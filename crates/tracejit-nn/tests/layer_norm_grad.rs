@@ -1,9 +1,9 @@
 //! `tracejit.nn.layer_norm_grad`, the backward of `layer_norm`: its native
 //! kernel against the composite's primitive body (run by the interpreter)
 //! on odd shapes, broadcast gamma and beta, NaN and Inf rows, and random
-//! inputs; the gradients against central finite differences in f64; traced
-//! gradients against eager ones; and the selector choosing the kernel in a
-//! traced training step.
+//! inputs; the gradients (and a gradient of the gradient) against central
+//! finite differences in f64; traced gradients against eager ones; and the
+//! selector choosing the kernel in a traced training step.
 
 use proptest::prelude::*;
 use tracejit_ir::tolerance::{self, Budget};
@@ -255,6 +255,37 @@ fn the_selector_turned_off_inlines_the_body() {
     let step = function(tape_grads).selector(false);
     step.call(args).unwrap();
     assert!(kernels_in(&step).is_empty());
+}
+
+/// A gradient of the gradient: under an outer tape, the inner tape's
+/// backward runs `layer_norm_grad` as a recorded call, differentiated
+/// through its body.
+#[test]
+fn second_order_gradients_match_finite_differences() {
+    let ins = inputs(DType::F64, &[2, 4], &[4], 51);
+    let (x, gamma, beta, up) = (ins[0].clone(), ins[1].clone(), ins[2].clone(), ins[4].clone());
+    let w = Tensor::randn(&[2, 4], 52).cast(DType::F64);
+    let h = |x: &Tensor| {
+        let inner = GradientTape::new();
+        inner.watch(x);
+        let y = (tracejit_nn::layer_norm(x, &gamma, &beta, EPS) * &up).sum_all();
+        let dx = inner.gradient(&y, &[x]).unwrap()[0].clone().unwrap();
+        (dx * &w).sum_all()
+    };
+    let outer = GradientTape::new();
+    outer.watch(&x);
+    let got = outer.gradient(&h(&x), &[&x]).unwrap()[0].clone().expect("connected").to_vec::<f64>().unwrap();
+    drop(outer);
+    let base = x.to_vec::<f64>().unwrap();
+    for i in 0..base.len() {
+        let at = |d: f64| {
+            let mut p = base.clone();
+            p[i] += d;
+            h(&Tensor::from_vec(p, x.shape())).to_vec::<f64>().unwrap()[0]
+        };
+        let fd = (at(1e-5) - at(-1e-5)) / 2e-5;
+        assert!((got[i] - fd).abs() <= 1e-5 * fd.abs().max(1.0), "element {i}: {} vs {fd}", got[i]);
+    }
 }
 
 proptest! {

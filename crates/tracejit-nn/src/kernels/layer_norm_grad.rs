@@ -278,7 +278,7 @@ fn fold<T: Real>(acc: [T; LANES]) -> T {
     while w > 1 {
         w /= 2;
         for k in 0..w {
-            v[k] = v[k] + v[k + w];
+            v[k] += v[k + w];
         }
     }
     v[0]
