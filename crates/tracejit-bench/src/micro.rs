@@ -1,7 +1,9 @@
 //! Micro rows beside the workloads: what a registered backward kernel buys.
 //!
 //! `layernorm_backward` differentiates `tracejit::nn::layer_norm` (the
-//! composite, whose backward kernel is registered) and
+//! composite, whose registered backward calls `tracejit::nn::layer_norm_grad`:
+//! inside a traced function the selector runs its native kernel, the whole
+//! step one kernel) and
 //! `layernorm_backward_body` the same layer norm written with primitives
 //! (W4's closure), whose gradient is the VJP of the body. Same shapes as W4
 //! (`[1024, 1024]`, gamma and beta of `[1024]`), the same upstream cotangent;
@@ -31,7 +33,8 @@ fn layer_norm_grads(
     grads.into_iter().map(|g| g.expect("every input reaches the result")).collect()
 }
 
-/// Through the composite: its registered backward kernel.
+/// Through the composite: its registered backward, the native
+/// `layer_norm_grad` kernel.
 pub fn layernorm_backward(args: LayerNormGradArgs) -> Vec<Tensor> {
     layer_norm_grads(args, |x, g, b| tracejit::nn::layer_norm(x, g, b, 1e-5))
 }
@@ -72,7 +75,7 @@ pub fn specs() -> Vec<WorkloadSpec> {
     vec![
         spec(
             "layernorm_backward",
-            "gradients of sum(layer_norm(x) * up) for x [1024, 1024], gamma, beta: the registered backward kernel",
+            "gradients of sum(layer_norm(x) * up) for x [1024, 1024], gamma, beta: the native layer_norm_grad kernel",
             build_kernel as fn() -> Body,
         ),
         spec(

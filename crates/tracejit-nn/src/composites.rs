@@ -74,6 +74,43 @@ fn layer_norm_body(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: &Tensor) -> T
     d * (var + eps).rsqrt() * gamma + beta
 }
 
+/// The gradients of [`layer_norm_body`] for the cotangent `dy` of its
+/// result, in closed form: with `xhat = (x - mean) * rstd` over the last
+/// axis, `dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))`
+/// where `dxhat = dy * gamma`; `dgamma = sum(dy * xhat)` and
+/// `dbeta = sum(dy)` over the axes `gamma` and `beta` were broadcast along.
+fn layer_norm_grad_body(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: &Tensor, dy: &Tensor) -> [Tensor; 3] {
+    let mean = x.mean(&[-1], true);
+    let xc = x - &mean;
+    let rstd = ((&xc * &xc).mean(&[-1], true) + eps).rsqrt();
+    let xhat = &xc * &rstd;
+    let dxhat = dy * gamma;
+    let dx = &rstd * (&dxhat - dxhat.mean(&[-1], true) - &xhat * (&dxhat * &xhat).mean(&[-1], true));
+    let dgamma = unbroadcast(dy * &xhat, &gamma.dims());
+    let dbeta = unbroadcast(dy.clone(), &beta.dims());
+    [dx, dgamma, dbeta]
+}
+
+/// `g` (a cotangent of a broadcast result) summed back to `shape` (the
+/// dims of an operand that was broadcast against it).
+fn unbroadcast(g: Tensor, shape: &[Option<usize>]) -> Tensor {
+    let dims = g.dims();
+    let lead = dims.len().saturating_sub(shape.len());
+    let mut g = g;
+    if lead > 0 {
+        let axes: Vec<i64> = (0..lead as i64).collect();
+        g = g.sum(&axes, false);
+    }
+    let gd = g.dims();
+    let axes: Vec<i64> =
+        (0..shape.len()).filter(|&i| shape[i] == Some(1) && gd[i] != Some(1)).map(|i| i as i64).collect();
+    if axes.is_empty() {
+        g
+    } else {
+        g.sum(&axes, true)
+    }
+}
+
 /// The LSTM cell (gate order i, f, g, o).
 #[track_caller]
 fn lstm_cell_body(x: &Tensor, h: &Tensor, c: &Tensor, w_ih: &Tensor, w_hh: &Tensor, b: &Tensor) -> (Tensor, Tensor) {
@@ -121,6 +158,20 @@ fn layer_norm_fn() -> &'static F4 {
         function(|(x, g, b, eps): (Tensor, Tensor, Tensor, Tensor)| layer_norm_body(&x, &g, &b, &eps))
             .name("layer_norm")
             .implements("tracejit.nn.layer_norm")
+    })
+}
+
+type FLnGrad = Function<(Tensor, Tensor, Tensor, Tensor, Tensor), (Tensor, Tensor, Tensor)>;
+
+fn layer_norm_grad_fn() -> &'static FLnGrad {
+    static F: OnceLock<FLnGrad> = OnceLock::new();
+    F.get_or_init(|| {
+        function(|(x, g, b, eps, dy): (Tensor, Tensor, Tensor, Tensor, Tensor)| {
+            let [dx, dg, db] = layer_norm_grad_body(&x, &g, &b, &eps, &dy);
+            (dx, dg, db)
+        })
+        .name("layer_norm_grad")
+        .implements("tracejit.nn.layer_norm_grad")
     })
 }
 
@@ -192,6 +243,12 @@ fn first(mut v: Vec<Tensor>) -> Tensor {
     v.swap_remove(0)
 }
 
+fn triple(v: Vec<Tensor>) -> (Tensor, Tensor, Tensor) {
+    let mut it = v.into_iter();
+    let mut next = || it.next().expect("three results");
+    (next(), next(), next())
+}
+
 fn pair(v: Vec<Tensor>) -> (Tensor, Tensor) {
     let mut it = v.into_iter();
     (it.next().expect("two results"), it.next().expect("two results"))
@@ -257,6 +314,56 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Tensor
         first,
         || layer_norm_body(x, gamma, beta, &eps),
         || layer_norm_fn().call((x.clone(), gamma.clone(), beta.clone(), eps.clone())),
+    )
+}
+
+/// The gradients of [`layer_norm`]`(x, gamma, beta, eps)` with respect to
+/// `x`, `gamma` and `beta`, given `dy`, the cotangent of its result (of
+/// `x`'s shape): `(dx, dgamma, dbeta)`, of the shapes of `x`, `gamma` and
+/// `beta`. This is the backward kernel gradient tapes use for
+/// [`layer_norm`]; it is itself a composite,
+/// `tracejit.nn.layer_norm_grad`, whose native kernel (f32 and f64) reads
+/// `x` and `dy` once, so inside a traced function the selector runs it as
+/// one step.
+///
+/// ```
+/// use tracejit_trace::Tensor;
+///
+/// let x = Tensor::from_vec(vec![1.0f64, 2.0, 4.0], &[1, 3]);
+/// let (gamma, beta) = (Tensor::ones(&[3], x.dtype()), Tensor::zeros(&[3], x.dtype()));
+/// let dy = Tensor::ones(&[1, 3], x.dtype());
+/// let (dx, dgamma, dbeta) = tracejit_nn::layer_norm_grad(&x, &gamma, &beta, 1e-5, &dy);
+/// // A normalized row sums to 0 whatever x is: a uniform dy gives x no gradient.
+/// assert!(dx.to_vec::<f64>()?.iter().all(|v| v.abs() < 1e-9));
+/// assert_eq!(dbeta.to_vec::<f64>()?, vec![1.0; 3]);
+/// assert_eq!(dgamma.shape(), &[3]);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+#[track_caller]
+pub fn layer_norm_grad(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64, dy: &Tensor) -> (Tensor, Tensor, Tensor) {
+    let eps = Tensor::full(&[], eps, x.dtype());
+    layer_norm_grad_with(x, gamma, beta, &eps, dy)
+}
+
+/// [`layer_norm_grad`] with `eps` as the rank-0 tensor [`layer_norm`]
+/// passes its composite.
+#[track_caller]
+pub(crate) fn layer_norm_grad_with(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: &Tensor,
+    dy: &Tensor,
+) -> (Tensor, Tensor, Tensor) {
+    run_composite(
+        "tracejit.nn.layer_norm_grad",
+        &[x, gamma, beta, eps, dy],
+        triple,
+        || {
+            let [dx, dg, db] = layer_norm_grad_body(x, gamma, beta, eps, dy);
+            (dx, dg, db)
+        },
+        || layer_norm_grad_fn().call((x.clone(), gamma.clone(), beta.clone(), eps.clone(), dy.clone())),
     )
 }
 

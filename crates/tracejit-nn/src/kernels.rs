@@ -1,6 +1,6 @@
 //! The native kernels of `tracejit::nn`, and the predicates saying which
-//! argument specs each accepts: f32 only, hand-fused loops over contiguous
-//! slices. [`builtin_kernels`] lists them for
+//! argument specs each accepts: f32 only (the layer-norm backward also
+//! f64), hand-fused loops over contiguous slices. [`builtin_kernels`] lists them for
 //! `composite::ensure_builtins`, which registers them lazily.
 //!
 //! The kernels compute `exp`, `tanh` and `sigmoid` with
@@ -21,6 +21,7 @@ use tracejit_trace::{Tensor, TensorSpec};
 use crate::composite::{KernelFn, KernelPredicate};
 
 mod gemm;
+mod layer_norm_grad;
 
 /// The built-in kernels: (composite name, predicate, kernel).
 pub(crate) fn builtin_kernels() -> Vec<(&'static str, Arc<KernelPredicate>, Arc<KernelFn>)> {
@@ -38,6 +39,7 @@ pub(crate) fn builtin_kernels() -> Vec<(&'static str, Arc<KernelPredicate>, Arc<
         ),
         ("tracejit.nn.layer_norm", Arc::new(layer_norm_accepts), Arc::new(layer_norm)),
         ("tracejit.nn.lstm_cell", Arc::new(lstm_accepts), Arc::new(lstm_cell)),
+        ("tracejit.nn.layer_norm_grad", Arc::new(layer_norm_grad::accepts), Arc::new(layer_norm_grad::layer_norm_grad)),
     ]
 }
 

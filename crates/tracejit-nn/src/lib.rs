@@ -21,7 +21,8 @@
 //! | [`gelu`] | `tracejit.nn.gelu` | f32 |
 //! | [`softmax`] | `tracejit.nn.softmax` (last axis) | f32, rank >= 1 |
 //! | [`log_softmax`] | `tracejit.nn.log_softmax` (last axis) | f32, rank >= 1 |
-//! | [`layer_norm`] | `tracejit.nn.layer_norm` | f32, and a backward kernel |
+//! | [`layer_norm`] | `tracejit.nn.layer_norm` | f32, and a backward kernel ([`layer_norm_grad`]) |
+//! | [`layer_norm_grad`] | `tracejit.nn.layer_norm_grad` | f32 and f64 |
 //! | [`lstm_cell`] | `tracejit.nn.lstm_cell` | f32, rank-2 operands |
 //! | [`softmax_cross_entropy_with_logits`] | `tracejit.nn.softmax_cross_entropy_with_logits` | — (a backward kernel) |
 //! | [`dense`] | `tracejit.nn.dense` | — (matmul + fused epilogue) |
@@ -57,5 +58,6 @@ mod composites;
 mod kernels;
 
 pub use composites::{
-    dense, gelu, layer_norm, log_softmax, lstm_cell, softmax, softmax_cross_entropy_with_logits, Activation,
+    dense, gelu, layer_norm, layer_norm_grad, log_softmax, lstm_cell, softmax, softmax_cross_entropy_with_logits,
+    Activation,
 };

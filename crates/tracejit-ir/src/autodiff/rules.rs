@@ -205,7 +205,16 @@ pub fn vjp<E: Emitter>(
             let x = x.expect("reshape input");
             let t = b.ty(&x);
             if t.dims.iter().filter(|d| d.is_none()).count() > 1 {
-                return Err(unsupported(op, format!("its input {t} has more than one unknown dim")));
+                // Reshaping the cotangent back needs x's run-time shape, and
+                // a reshape names at most one `-1`: it would take an op that
+                // reshapes to another value's shape, which the IR lacks.
+                return Err(unsupported(
+                    op,
+                    format!(
+                        "its input {t} has more than one unknown dim, and the cotangent cannot be reshaped back \
+                         to a run-time shape (a reshape resolves at most one -1)"
+                    ),
+                ));
             }
             let shape = t.dims.iter().map(|d| d.map_or(-1, |d| d as i64)).collect();
             vec![Some(b.op(Op::Reshape { shape }, &[g])?)]

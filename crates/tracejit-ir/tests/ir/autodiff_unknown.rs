@@ -175,3 +175,22 @@ fn slices_still_refused_name_the_slice() {
     refuse(spec(Some(-2), Some(3)), "negative start and a non-negative stop");
     refuse(SliceSpec { start: None, stop: None, step: 2 }, "step 2");
 }
+
+#[test]
+fn reshapes_of_one_unknown_dim_and_the_refusal_of_two() {
+    let reshape =
+        |shape: Vec<i64>| move |g: &mut Graph, p: &[ValueId]| node(g, Op::Reshape { shape: shape.clone() }, &[p[0]]);
+    let g = loss_graph(&[vec![-1, 3]], &reshape(vec![-1]));
+    for n in [0usize, 1, 3] {
+        check_grads(&g, &[data(&[n, 3], 110 + n as u64, -1.0, 1.0)]);
+    }
+    let g = loss_graph(&[vec![2, -1, 3]], &reshape(vec![3, -1, 2]));
+    for n in [0usize, 1, 5] {
+        check_grads(&g, &[data(&[2, n, 3], 120 + n as u64, -1.0, 1.0)]);
+    }
+    // Two unknown dims merged into one: the cotangent would need x's
+    // run-time shape. Refused by name.
+    let g = loss_graph(&[vec![-1, -1]], &reshape(vec![-1]));
+    let e = grad_graph(&g, &[0]).unwrap_err().to_string();
+    assert!(e.contains("`reshape`") && e.contains("more than one unknown dim"), "{e}");
+}
