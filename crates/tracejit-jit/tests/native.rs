@@ -166,3 +166,22 @@ fn strided_batched_and_threaded_rows() {
         agree(&got[0], &want[0], 1023).unwrap();
     }
 }
+
+/// No rows at all: an empty result.
+#[test]
+fn no_rows_give_an_empty_result() {
+    let g = softmax_spec(DType::F32, &[-1, -1], &[1], None);
+    let region = tracejit_jit::compile_region_with(&g, &staged()).unwrap();
+    let none = region.run(&[&Storage::full(&[0, 5], DType::F32, 0.0)]);
+    assert_eq!(none[0].shape(), &[0, 5]);
+}
+
+/// Rows of no elements are refused before any kernel runs, as the
+/// reference refuses a max over an empty axis.
+#[test]
+#[should_panic(expected = "cannot reduce an empty axis")]
+fn empty_rows_are_refused_like_the_reference() {
+    let g = softmax_spec(DType::F32, &[-1, -1], &[1], None);
+    let region = tracejit_jit::compile_region_with(&g, &staged()).unwrap();
+    region.run(&[&Storage::full(&[4, 0], DType::F32, 0.0)]);
+}

@@ -62,27 +62,22 @@ trait Real:
     fn from_len(n: usize) -> Self;
 }
 
-impl Real for f32 {
-    const ZERO: f32 = 0.0;
-    const ONE: f32 = 1.0;
-    fn sqrt(self) -> f32 {
-        f32::sqrt(self)
-    }
-    fn from_len(n: usize) -> f32 {
-        n as f32
-    }
+macro_rules! real {
+    ($t:ty) => {
+        impl Real for $t {
+            const ZERO: $t = 0.0;
+            const ONE: $t = 1.0;
+            fn sqrt(self) -> $t {
+                <$t>::sqrt(self)
+            }
+            fn from_len(n: usize) -> $t {
+                n as $t
+            }
+        }
+    };
 }
-
-impl Real for f64 {
-    const ZERO: f64 = 0.0;
-    const ONE: f64 = 1.0;
-    fn sqrt(self) -> f64 {
-        f64::sqrt(self)
-    }
-    fn from_len(n: usize) -> f64 {
-        n as f64
-    }
-}
+real!(f32);
+real!(f64);
 
 /// `(dx, dgamma, dbeta)` of `layer_norm(x, gamma, beta, eps)` for the
 /// cotangent `dy`, with the dtypes and shapes of `x`, `gamma` and `beta`.
