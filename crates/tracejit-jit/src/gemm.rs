@@ -9,7 +9,7 @@
 //! reference kernel (a blocked GEMM of its own) within the usual
 //! `k·ε·Σ|aᵢbᵢ|` bound, not bit for bit.
 
-use ndarray::{ArcArray, Axis, IxDyn};
+use ndarray::{ArcArray, ArrayView2, Axis, IxDyn};
 use tracejit_ir::tensor::{kernels, DType, Storage};
 
 use crate::region::BufPool;
@@ -22,7 +22,8 @@ trait GemmScalar: Copy + Default + 'static {
     fn from_storage(s: Storage) -> Option<ArcArray<Self, IxDyn>>;
     /// Wraps an array.
     fn into_storage(a: ArcArray<Self, IxDyn>) -> Storage;
-    /// `C = A·B` for strided row/column views (strides in elements).
+    /// `C = A·B` (or `C += A·B` with `accumulate`) for strided row/column
+    /// views (strides in elements).
     ///
     /// # Safety
     /// Pointers and strides must describe valid `m×k`, `k×n` and `m×n`
@@ -41,6 +42,7 @@ trait GemmScalar: Copy + Default + 'static {
         c: *mut Self,
         rsc: isize,
         csc: isize,
+        accumulate: bool,
     );
 }
 
@@ -70,6 +72,7 @@ macro_rules! gemm_scalar {
                 c: *mut Self,
                 rsc: isize,
                 csc: isize,
+                accumulate: bool,
             ) {
                 let (a, b, c) = (SendPtr(a as *mut Self), SendPtr(b as *mut Self), SendPtr(c));
                 crate::threads::run_gemm_blocks(m, n, k, &|rows, cols| {
@@ -87,14 +90,14 @@ macro_rules! gemm_scalar {
                             c.get().offset(r0 * rsc + c0 * csc),
                             csc,
                             rsc,
-                            false,
+                            accumulate,
                             a.get().offset(r0 * rsa),
                             csa,
                             rsa,
                             b.get().offset(c0 * csb),
                             csb,
                             rsb,
-                            0.0,
+                            if accumulate { 1.0 } else { 0.0 },
                             1.0,
                             false,
                             false,
@@ -125,6 +128,51 @@ impl<T> SendPtr<T> {
 
 gemm_scalar!(f32, F32);
 gemm_scalar!(f64, F64);
+
+/// `c += a · b` with `a [m, k]` and `b [k, n]` views (any strides, negative
+/// too) and
+/// `c [m, n]` row-major and contiguous: the GEMM of [`matmul`], with its
+/// blocks and threads ([`crate::threads::run_gemm_blocks`]), for kernels
+/// that pre-fill `c` (a bias) and accumulate into it.
+///
+/// ```
+/// use ndarray::array;
+///
+/// let (a, b) = (array![[1.0f32, 2.0]], array![[3.0f32], [4.0]]);
+/// let mut c = [10.0f32];
+/// tracejit_jit::gemm_acc_f32(a.view(), b.view(), &mut c);
+/// assert_eq!(c, [21.0]);
+/// ```
+///
+/// # Panics
+/// If the inner dims differ or `c` does not hold `m · n` values.
+pub fn gemm_acc_f32(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: &mut [f32]) {
+    let ((m, k), (k2, n)) = (a.dim(), b.dim());
+    assert!(k == k2 && c.len() == m * n, "gemm_acc_f32: shapes [{m}, {k}] x [{k2}, {n}] into {}", c.len());
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    let (sa, sb) = (a.strides(), b.strides());
+    // SAFETY: the views describe m×k and k×n matrices with these strides;
+    // `c` is a unique, contiguous m×n buffer that aliases neither.
+    unsafe {
+        <f32 as GemmScalar>::product(
+            m,
+            k,
+            n,
+            a.as_ptr(),
+            sa[0],
+            sa[1],
+            b.as_ptr(),
+            sb[0],
+            sb[1],
+            c.as_mut_ptr(),
+            n as isize,
+            1,
+            true,
+        )
+    }
+}
 
 /// Matrix product of the last two axes (batch axes broadcast, numpy rules),
 /// through a fast GEMM for f32/f64 and the reference kernel otherwise. Panics
@@ -203,7 +251,21 @@ fn batched<T: GemmScalar>(
         // `k×n` view with its own strides; `out` is a fresh or unique
         // standard-layout `rows×n` buffer.
         unsafe {
-            T::product(rows, k, n, a.as_ptr(), k as isize, 1, b.as_ptr(), sb0, sb1, out.as_mut_ptr(), n as isize, 1)
+            T::product(
+                rows,
+                k,
+                n,
+                a.as_ptr(),
+                k as isize,
+                1,
+                b.as_ptr(),
+                sb0,
+                sb1,
+                out.as_mut_ptr(),
+                n as isize,
+                1,
+                false,
+            )
         };
         return Some(T::into_storage(out));
     }
@@ -223,7 +285,7 @@ fn batched<T: GemmScalar>(
         let (rsa, csa, rsb, csb, rsc, csc) = (sa[0], sa[1], sb[0], sb[1], sc[0], sc[1]);
         // SAFETY: the views describe m×k, k×n and m×n matrices with these
         // strides; the output is unique to this call and does not alias.
-        unsafe { T::product(m, k, n, pa.as_ptr(), rsa, csa, pb.as_ptr(), rsb, csb, pc.as_mut_ptr(), rsc, csc) };
+        unsafe { T::product(m, k, n, pa.as_ptr(), rsa, csa, pb.as_ptr(), rsb, csb, pc.as_mut_ptr(), rsc, csc, false) };
         for d in (0..nb).rev() {
             idx[d] += 1;
             if idx[d] < batch[d] {

@@ -8,68 +8,10 @@
 use ndarray::ArrayView2;
 
 /// `c += a · b` with `a [m, k]`, `b [k, n]` (any strides) and `c [m, n]`
-/// row-major and contiguous.
+/// row-major and contiguous: the JIT's own entry
+/// ([`tracejit_jit::gemm_acc_f32`]), so blocks and threads are shared.
 pub(super) fn gemm_acc(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: &mut [f32]) {
-    let (m, k) = a.dim();
-    let n = b.ncols();
-    assert!(b.nrows() == k && c.len() == m * n, "gemm_acc: shapes [{m}, {k}] x {:?} into {}", b.dim(), c.len());
-    if m == 0 || n == 0 || k == 0 {
-        return;
-    }
-    let (a_rs, a_cs) = (a.strides()[0], a.strides()[1]);
-    let (b_rs, b_cs) = (b.strides()[0], b.strides()[1]);
-    let (a_ptr, b_ptr, c_ptr) =
-        (Shared(a.as_ptr() as *mut f32), Shared(b.as_ptr() as *mut f32), Shared(c.as_mut_ptr()));
-    // Large products split across the JIT's pool in blocks fixed by the
-    // sizes (same bits for any thread count).
-    tracejit_jit::threads::run_gemm_blocks(m, n, k, &|rows, cols| {
-        let (r0, c0) = (rows.start as isize, cols.start as isize);
-        // SAFETY: `a` and `b` are live ndarray views whose pointers and
-        // element strides address exactly their `m x k` and `k x n`
-        // elements; `c` holds `m * n` elements, row-major (column stride 1,
-        // row stride n); the block's rows/columns lie inside them and
-        // blocks write disjoint parts of `c`. `gemm` computes `dst = alpha *
-        // dst + beta * lhs * rhs` (read_dst: true, both factors 1).
-        unsafe {
-            gemm::gemm(
-                rows.len(),
-                cols.len(),
-                k,
-                c_ptr.get().offset(r0 * n as isize + c0),
-                1,
-                n as isize,
-                true,
-                a_ptr.get().offset(r0 * a_rs),
-                a_cs,
-                a_rs,
-                b_ptr.get().offset(c0 * b_cs),
-                b_cs,
-                b_rs,
-                1.0f32,
-                1.0f32,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
-    });
-}
-
-/// A pointer shared with the pool's workers, which the caller waits for.
-#[derive(Clone, Copy)]
-struct Shared(*mut f32);
-// SAFETY: the buffers outlive `run_gemm_blocks`, which waits for every
-// block; blocks read `a`/`b` and write disjoint parts of `c`.
-unsafe impl Send for Shared {}
-// SAFETY: as above.
-unsafe impl Sync for Shared {}
-
-impl Shared {
-    /// The pointer (a method, so closures capture the whole wrapper).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
+    tracejit_jit::gemm_acc_f32(a, b, c);
 }
 
 #[cfg(test)]
