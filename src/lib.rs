@@ -79,7 +79,7 @@ pub use tracejit_trace::{
     Flattener, Function, Nest, Operand, Result, RetracePolicy, Scalar, Scope, SliceSpec, SpecFlattener, SpecNest,
     Static, StaticValue, Tensor, TensorSpec, Unflattener, Variable,
 };
-pub use tracejit_trace::{OptimizationOptions, PipelineReport, ScheduleStats};
+pub use tracejit_trace::{OptimizationOptions, PipelineReport, Profile, ScheduleStats, StepTime};
 
 /// Gradients: [`autodiff::GradientTape`] records ops eagerly
 /// or while tracing, and [`value_and_grad`](autodiff::value_and_grad)

@@ -15,6 +15,9 @@ pub struct Options {
     pub filter: Option<String>,
     /// `--no-report`: do not write target/bench-report/.
     pub no_report: bool,
+    /// `--profile`: per-step times of each selected workload's traced-jit
+    /// call instead of the table.
+    pub profile: bool,
     /// `--help`.
     pub help: bool,
     /// `--inject-wrong-result NAME` (testing the harness): perturb NAME's
@@ -36,7 +39,7 @@ impl std::error::Error for UsageError {}
 
 /// The `--help` text.
 pub const USAGE: &str = "\
-usage: tracejit-bench [--quick] [--json] [--threads N] [--filter NAME] [--no-report]
+usage: tracejit-bench [--quick] [--json] [--threads N] [--filter NAME] [--no-report] [--profile]
 
 Runs the workloads of shared/WORKLOADS.md (W1-W8) eager, traced-interp and
 traced-jit, verifies every result against eager, and prints per-call times
@@ -48,6 +51,8 @@ to target/bench-report/.
   --threads N      threads the JIT's large kernels and GEMMs use (default 1; eager ops use one)
   --filter NAME    only workloads whose name contains NAME (or whose id is NAME, e.g. W3)
   --no-report      do not write target/bench-report/
+  --profile        instead of the table: where one traced-jit call of each workload
+                   spends its time, step by step (GEMMs, fused regions, ...), slowest first
   --inject-wrong-result NAME
                    (tests the harness) perturb NAME's traced results: the run must fail
   -h, --help       this text";
@@ -68,6 +73,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Options, UsageEr
             "--quick" => o.quick = true,
             "--json" => o.json = true,
             "--no-report" => o.no_report = true,
+            "--profile" => o.profile = true,
             "-h" | "--help" => o.help = true,
             "--threads" => {
                 let v = value("--threads")?;
@@ -97,7 +103,8 @@ mod tests {
     #[test]
     fn parses_every_option() {
         let o = p(&["--quick", "--json", "--threads", "2", "--filter=gelu"]).unwrap();
-        assert!(o.quick && o.json && !o.help);
+        assert!(o.quick && o.json && !o.help && !o.profile);
+        assert!(p(&["--profile"]).unwrap().profile);
         assert_eq!(o.threads, 2);
         assert_eq!(o.filter.as_deref(), Some("gelu"));
         assert_eq!(p(&[]).unwrap().threads, 1);

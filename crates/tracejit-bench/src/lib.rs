@@ -18,6 +18,6 @@ pub mod verify;
 pub mod workloads;
 
 pub use measure::{Budget, Timing};
-pub use runner::{run_case, run_workload, Row, RunConfig, Status};
+pub use runner::{profile_workload, run_case, run_workload, Row, RunConfig, Status};
 pub use verify::{check_outputs, check_tensors, Mismatch, OutputValues, Tolerance};
 pub use workloads::{Mode, WorkloadSpec};

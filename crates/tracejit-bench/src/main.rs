@@ -12,7 +12,7 @@ use tracejit_bench::floors::{
 use tracejit_bench::peak::PeakAlloc;
 use tracejit_bench::report::{json_lines, report_dir, table, write_reports, Results};
 use tracejit_bench::workloads::{selected, LSTM_CELL_IMPL};
-use tracejit_bench::{cli, run_workload, Budget, RunConfig};
+use tracejit_bench::{cli, profile_workload, run_workload, Budget, RunConfig, WorkloadSpec};
 
 // Counts heap bytes so the report can give each mode's peak memory per call.
 #[global_allocator]
@@ -82,6 +82,9 @@ fn main() -> ExitCode {
         eprintln!("tracejit-bench: --filter {:?} matches no workload", opts.filter.unwrap_or_default());
         return ExitCode::from(2);
     }
+    if opts.profile {
+        return print_profiles(&specs, budget);
+    }
     let total = 2 + specs.iter().map(|s| s.modes.len() as u64).sum::<u64>();
     let mut progress = Progress::new(total);
 
@@ -129,4 +132,23 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// `--profile`: each workload's traced-jit call, step by step.
+fn print_profiles(specs: &[WorkloadSpec], budget: Budget) -> ExitCode {
+    let mut failed = false;
+    for spec in specs {
+        match profile_workload(spec, budget) {
+            Ok(p) => println!("{} {}: {p}", spec.id, spec.name),
+            Err(e) => {
+                failed = true;
+                eprintln!("tracejit-bench: {} {}: no profile: {e}", spec.id, spec.name);
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }

@@ -257,6 +257,22 @@ fn run_traced(
     }
 }
 
+/// Where one traced-jit call of `spec` spends its time (`--profile`): the
+/// function is traced and called twice, then profiled over as many calls
+/// as fit in `budget` (at least 3). `Err` says why there is no profile.
+pub fn profile_workload(spec: &WorkloadSpec, budget: Budget) -> Result<tracejit::Profile, String> {
+    let case = match (spec.build)() {
+        Body::Unavailable(reason) => return Err(reason),
+        Body::Runnable(case) => case,
+    };
+    let mut runner = case.traced(Mode::TracedJit)?;
+    runner.call()?;
+    let (once_us, second) = time_once(|| runner.call());
+    second?;
+    let runs = ((budget.measure.as_secs_f64() * 1e6 / once_us.max(1.0)) as usize).max(3);
+    runner.profile(runs).unwrap_or_else(|| Err("the JIT executor does not run it".to_string()))
+}
+
 /// The same tensors with the first element of the first output moved by 1%
 /// (plus 1e-3): a deliberately wrong result.
 pub fn perturb(outs: &[Tensor]) -> Vec<Tensor> {

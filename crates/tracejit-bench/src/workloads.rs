@@ -104,6 +104,9 @@ pub trait TracedRunner {
     fn schedule_stats(&self) -> Option<tracejit::ScheduleStats>;
     /// How many times the closure was traced.
     fn tracing_count(&self) -> usize;
+    /// Per-step times of `runs` calls of the first trace (`--profile`);
+    /// `None` before a call or when the interpreter runs it.
+    fn profile(&mut self, runs: usize) -> Option<Result<tracejit::Profile, String>>;
 }
 
 /// The flattened tensors of a result nest.
@@ -207,6 +210,14 @@ impl<A: Nest + Clone, R: Nest> TracedRunner for BoundFunction<'_, A, R> {
 
     fn tracing_count(&self) -> usize {
         self.f.tracing_count()
+    }
+
+    fn profile(&mut self, runs: usize) -> Option<Result<tracejit::Profile, String>> {
+        let cf = self.f.concrete_functions().into_iter().next()?;
+        let mut flat = Flattener::default();
+        self.args.flatten(&mut flat);
+        let inputs: Vec<Tensor> = flat.tensors.iter().map(|t| (*t).clone()).collect();
+        cf.profile(&inputs, runs).map_err(|e| e.to_string()).transpose()
     }
 }
 

@@ -39,6 +39,9 @@ use tracejit_ir::{
 use crate::region::{BufPool, CompiledRegion};
 use crate::{compile_region_with, supports, JitError, JitOptions};
 
+mod profile;
+pub use profile::{Profile, StepTime};
+
 /// What one step does.
 enum StepKind {
     /// Graph input `n`.
@@ -515,12 +518,18 @@ impl Executable {
     /// Runs on one value per graph param (checked like
     /// `tracejit_ir::interpret` does), returns the outputs.
     pub fn run(&self, inputs: &[Storage]) -> Result<Vec<Storage>, IrError> {
+        self.run_timed(inputs, None)
+    }
+
+    /// [`Executable::run`], adding each step's nanoseconds to `clock`
+    /// (one entry per step) when given.
+    fn run_timed(&self, inputs: &[Storage], clock: Option<&mut [u64]>) -> Result<Vec<Storage>, IrError> {
         self.check_inputs(inputs)?;
         let mut pool = BufPool::checkout(&self.pool);
         // The slot table is kept with the pool: a train step's is a few KiB.
         let mut values = std::mem::take(&mut pool.table);
         values.resize(self.n_slots, None);
-        let result = self.run_steps(inputs, &mut values, &mut pool);
+        let result = self.run_steps(inputs, &mut values, &mut pool, clock);
         if let Ok(outs) = &result {
             // Kept so the buffers can be reused once the caller drops them.
             for v in outs {
@@ -541,7 +550,7 @@ impl Executable {
         // bodies of up to 16 values (W8's fits) costs no allocation.
         let mut values: SmallVec<[Option<Storage>; 16]> = SmallVec::new();
         values.resize(self.n_slots, None);
-        self.run_steps(inputs, &mut values, pool)
+        self.run_steps(inputs, &mut values, pool, None)
     }
 
     fn check_inputs(&self, inputs: &[Storage]) -> Result<(), IrError> {
@@ -562,9 +571,11 @@ impl Executable {
         inputs: &[Storage],
         values: &mut [Option<Storage>],
         pool: &mut BufPool,
+        mut clock: Option<&mut [u64]>,
     ) -> Result<Vec<Storage>, IrError> {
         let g = &*self.graph;
-        for step in &self.steps {
+        for (i, step) in self.steps.iter().enumerate() {
+            let started = clock.is_some().then(std::time::Instant::now);
             let broken = |message: String| IrError::Verifier { graph: g.name.clone(), node: step.node, message };
             let mut args: SmallVec<[&Storage; 3]> = SmallVec::new();
             for &x in &step.inputs {
@@ -648,6 +659,9 @@ impl Executable {
                 if let Some(v) = values[f].take() {
                     pool.give_if_unique(v);
                 }
+            }
+            if let (Some(clock), Some(started)) = (clock.as_deref_mut(), started) {
+                clock[i] += started.elapsed().as_nanos() as u64;
             }
         }
         let outputs = &self.outputs;

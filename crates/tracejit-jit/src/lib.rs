@@ -150,7 +150,7 @@ mod unify;
 
 pub use analysis::MAX_CONST_ELEMENTS;
 pub use error::JitError;
-pub use executor::{Executable, ScheduleStats};
+pub use executor::{Executable, Profile, ScheduleStats, StepTime};
 pub use gemm::{gemm_acc_f32, matmul, matmul_reusing};
 pub use options::JitOptions;
 pub use region::{compile_region, compile_region_with, kernel_cache_len, supports, unsupported_reason, CompiledRegion};

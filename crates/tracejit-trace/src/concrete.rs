@@ -139,6 +139,44 @@ impl ConcreteFunction {
         self.executable.as_ref().map(|e| e.stats())
     }
 
+    /// Runs this function `runs` times on eager `inputs` (flat, in the
+    /// signature's order, as [`call_flat`](Self::call_flat)) and returns
+    /// how long each step of the compiled schedule took: which GEMM or
+    /// fused region the time goes to, named by its ops and output type.
+    /// `Ok(None)` when the interpreter runs this function. Variables the
+    /// function assigns are assigned `runs` times.
+    ///
+    /// ```
+    /// use tracejit_trace::{function, Tensor};
+    ///
+    /// let f = function(|(x, w): (Tensor, Tensor)| (x.matmul(&w) + 1.0).relu());
+    /// let (x, w) = (Tensor::randn(&[64, 32], 0), Tensor::randn(&[32, 16], 1));
+    /// f.call((x.clone(), w.clone()))?;
+    /// let profile = f.concrete_functions()[0].profile(&[x, w], 20)?.expect("the JIT runs it");
+    /// assert!(profile.steps.iter().any(|s| s.kind == "gemm"));
+    /// println!("{profile}"); // slowest steps first
+    /// # Ok::<(), tracejit_trace::Error>(())
+    /// ```
+    pub fn profile(&self, inputs: &[Tensor], runs: usize) -> Result<Option<tracejit_jit::Profile>> {
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        self.check_inputs(&refs)?;
+        let Some(exe) = &self.executable else { return Ok(None) };
+        if let Some(i) = inputs.iter().position(|t| t.is_symbolic()) {
+            return Err(Error::Signature {
+                function: self.name.clone(),
+                message: format!("profile needs eager tensors; argument {i} is symbolic (called inside a trace)"),
+            });
+        }
+        let storages: Vec<Storage> = inputs.iter().map(|t| t.eager_storage().clone()).collect();
+        match tracejit_ir::catch_quietly(|| exe.profile(&storages, runs)) {
+            Ok(r) => Ok(Some(r?)),
+            Err(p) => Err(Error::Signature {
+                function: self.name.clone(),
+                message: format!("panicked while running: {}", tracejit_ir::panic_message(&*p)),
+            }),
+        }
+    }
+
     /// What the optimization pipeline did: per pass, the node counts before
     /// and after, whether it changed the graph, and its time. `Display`
     /// prints it as a table.

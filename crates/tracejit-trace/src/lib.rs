@@ -41,6 +41,6 @@ pub use tape::{register_gradient, unregister_gradient, value_and_grad, GradientF
 pub use tensor::Tensor;
 pub use tracejit_derive::Nest;
 pub use tracejit_ir::passes::{OptimizationOptions, PipelineReport};
-pub use tracejit_jit::ScheduleStats;
+pub use tracejit_jit::{Profile, ScheduleStats, StepTime};
 pub use tracejit_tensor::{DType, SliceSpec};
 pub use variable::{remember, remember_in, Scope, Variable};
