@@ -37,15 +37,28 @@ fn every_step_is_timed_and_named() {
     assert_eq!(gemm.what, "matmul -> f32[64, 16]");
     assert!(gemm.total > std::time::Duration::ZERO);
     let region = p.steps.iter().find(|s| s.kind == "region" && s.what.contains("relu")).expect("bias + relu region");
-    assert!(region.what.contains("add") && region.what.ends_with("-> f32[64, 16]"), "{}", region.what);
-    // Indices follow the schedule; the listing names the slowest first.
-    assert!(p.steps.iter().enumerate().all(|(i, s)| s.index == i));
+    // It writes over the product, which dies there.
+    assert_eq!(region.what, "add,relu -> f32[64, 16] (in place of input 0)");
+    // The loop body's steps follow the loop, under its path, timed over
+    // every trip (3 per run).
+    let w = p.steps.iter().find(|s| s.kind == "while").unwrap();
+    let body: Vec<_> = p.steps.iter().filter(|s| s.path.starts_with(&format!("{}.body.", w.path))).collect();
+    let tanh = body.iter().find(|s| s.what.contains("tanh")).expect("the body's tanh region");
+    assert!(tanh.depth == 1 && tanh.kind == "region" && tanh.total > std::time::Duration::ZERO, "{p}");
+    assert!(tanh.total <= w.total);
+    assert!(p.steps.iter().any(|s| s.path.starts_with(&format!("{}.cond.", w.path))));
+    // Top-level indices follow the schedule; the listing names the slowest
+    // first.
+    let top: Vec<_> = p.steps.iter().filter(|s| s.depth == 0).collect();
+    assert!(top.iter().enumerate().all(|(i, s)| s.index == i && s.path == i.to_string()));
+    let sum: std::time::Duration = top.iter().map(|s| s.total).sum();
+    assert_eq!(p.per_run(), sum / 7);
     assert!(p.per_run() > std::time::Duration::ZERO);
     let text = p.to_string();
     assert!(text.starts_with(&format!("profile of {} over 7 runs:", cf.name())), "{text}");
     let first_line = text.lines().nth(1).unwrap();
     let slowest = p.steps.iter().max_by_key(|s| s.total).unwrap();
-    assert!(first_line.contains(&format!("#{}", slowest.index)), "{text}");
+    assert!(first_line.contains(&format!("#{} ", slowest.path)), "{text}");
 }
 
 #[test]

@@ -20,7 +20,10 @@
 //! - **everything else** through `tracejit_ir::eval_primitive`, listed by
 //!   [`Executable::fallbacks`].
 //!
-//! Values live in a slot table and are dropped right after their last use.
+//! Values live in a slot table and are dropped right after their last use;
+//! an elementwise region may write its output over an input that dies at
+//! its step, when nothing else holds that input's buffer (see
+//! `CompiledRegion::may_write_in_place`).
 //! Inputs are checked like `tracejit_ir::interpret` checks them; nodes whose
 //! static types have unknown dimensions are re-checked against their
 //! concrete operands (an [`IrError::Op`] instead of a kernel panic).
@@ -40,7 +43,9 @@ use crate::region::{BufPool, CompiledRegion};
 use crate::{compile_region_with, supports, JitError, JitOptions};
 
 mod profile;
+mod stats;
 pub use profile::{Profile, StepTime};
+pub use stats::ScheduleStats;
 
 /// What one step does.
 enum StepKind {
@@ -90,84 +95,14 @@ struct Step {
     outputs: SmallVec<[usize; 1]>,
     /// Slots whose last use is this step.
     frees: SmallVec<[usize; 2]>,
+    /// A region's input (by position) whose buffer its output may take
+    /// in place, the input dying here ([`CompiledRegion::may_write_in_place`]).
+    in_place: Option<usize>,
     /// Re-check types on concrete operands (some static dim is unknown).
     check: bool,
     /// Ask the allocator before running: a static output is big enough to
     /// probe (see `tracejit_tensor::check_allocation`), or unknown.
     probe: bool,
-}
-
-/// What one run of an [`Executable`] executes, counted by kind of step
-/// ([`Executable::stats`]). Parameters and constants cost nothing and are
-/// not counted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ScheduleStats {
-    /// Fused regions compiled by the JIT: one kernel call each.
-    pub regions: usize,
-    /// Matrix products through the GEMM.
-    pub gemms: usize,
-    /// Registered native kernels (composites swapped for their kernel).
-    pub native_kernels: usize,
-    /// Ops run by the reference kernels instead (shape ops such as
-    /// `reshape`, and anything the JIT does not compile).
-    pub fallbacks: usize,
-    /// Views made without copying or a kernel: transposes, and gathers of
-    /// one index (a loop's `x[t]`). Not counted as kernels.
-    pub views: usize,
-    /// Variable reads.
-    pub reads: usize,
-    /// Variable writes.
-    pub writes: usize,
-    /// Calls of library functions (their steps are counted in the fields
-    /// above).
-    pub calls: usize,
-    /// `cond` and `while` nodes. Their subgraphs' steps are counted in the
-    /// fields above once each: both branches of a `cond` (one runs per
-    /// call), a `while`'s condition and body (they run once per trip).
-    pub control_flow: usize,
-}
-
-impl ScheduleStats {
-    /// Adds `other`'s counts to these.
-    fn add(&mut self, other: &ScheduleStats) {
-        let ScheduleStats { regions, gemms, native_kernels, fallbacks, views, reads, writes, calls, control_flow } =
-            *other;
-        self.regions += regions;
-        self.views += views;
-        self.gemms += gemms;
-        self.native_kernels += native_kernels;
-        self.fallbacks += fallbacks;
-        self.reads += reads;
-        self.writes += writes;
-        self.calls += calls;
-        self.control_flow += control_flow;
-    }
-
-    /// Every step that computes: regions, GEMMs, native kernels and
-    /// fallbacks.
-    pub fn kernels(&self) -> usize {
-        self.regions + self.gemms + self.native_kernels + self.fallbacks
-    }
-}
-
-impl std::fmt::Display for ScheduleStats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} kernels: {} fused regions, {} GEMMs, {} native kernels, {} reference ops; {} views, \
-             {} variable reads, {} writes, {} calls, {} control-flow nodes",
-            self.kernels(),
-            self.regions,
-            self.gemms,
-            self.native_kernels,
-            self.fallbacks,
-            self.views,
-            self.reads,
-            self.writes,
-            self.calls,
-            self.control_flow
-        )
-    }
 }
 
 /// A graph prepared for fast execution: a flat schedule of steps.
@@ -180,6 +115,9 @@ pub struct Executable {
     /// Freed intermediates and earlier results, reused for region outputs
     /// (see [`BufPool`]).
     pool: Mutex<BufPool>,
+    /// Nanoseconds per step, summed while [`Executable::profile`] runs
+    /// (empty otherwise).
+    clock: Mutex<Vec<u64>>,
 }
 
 impl std::fmt::Debug for Executable {
@@ -334,6 +272,7 @@ impl Executable {
                     inputs: SmallVec::new(),
                     outputs: smallvec::smallvec![slot(&ValueId::new(id, 0))?],
                     frees: SmallVec::new(),
+                    in_place: None,
                     check: false,
                     probe: false,
                 });
@@ -405,7 +344,7 @@ impl Executable {
                         .and_then(|s| tracejit_ir::tensor::byte_size(t.dtype, &s))
                         .is_none_or(|b| b >= tracejit_ir::tensor::PROBE_BYTES)
                 });
-            steps.push(Step { kind, node: id, inputs, outputs, frees: SmallVec::new(), check, probe });
+            steps.push(Step { kind, node: id, inputs, outputs, frees: SmallVec::new(), in_place: None, check, probe });
         }
 
         // Last uses; graph outputs live on.
@@ -422,6 +361,21 @@ impl Executable {
         for (x, l) in last.iter().enumerate() {
             if let Some(i) = l {
                 steps[*i].frees.push(x);
+            }
+        }
+        // The caller's inputs and constants are never unique at run time:
+        // only an intermediate can lend its buffer.
+        let lent: Vec<usize> = steps
+            .iter()
+            .filter(|s| matches!(s.kind, StepKind::Param(_) | StepKind::Constant(_)))
+            .flat_map(|s| s.outputs.iter().copied())
+            .collect();
+        for s in &mut steps {
+            if let StepKind::Region(r) = &s.kind {
+                s.in_place = (0..s.inputs.len()).find(|&p| {
+                    let x = s.inputs[p];
+                    s.frees.contains(&x) && !lent.contains(&x) && r.may_write_in_place(p)
+                });
             }
         }
         // Constants read only inside regions need no slot at run time.
@@ -444,7 +398,15 @@ impl Executable {
         outputs.iter_mut().for_each(&mut renum);
         let n_slots = n_used;
         let param_types = g.param_types();
-        Ok(Executable { graph, steps, n_slots, outputs, param_types, pool: Mutex::new(BufPool::default()) })
+        Ok(Executable {
+            graph,
+            steps,
+            n_slots,
+            outputs,
+            param_types,
+            pool: Mutex::new(BufPool::default()),
+            clock: Mutex::default(),
+        })
     }
 
     /// Names of the ops that fell back to the reference kernels, for stats().
@@ -466,70 +428,15 @@ impl Executable {
         self.steps.iter().filter(|s| matches!(s.kind, StepKind::Region(_))).count()
     }
 
-    /// What one run executes, by kind of step, with the steps of called
-    /// functions counted in (a callee is prepared once but runs once per
-    /// call step).
-    ///
-    /// ```
-    /// use tracejit_ir::tensor::{BinaryOp, DType, Storage, UnaryOp};
-    /// use tracejit_ir::{Graph, Op, TensorType, ValueId};
-    /// use tracejit_jit::Executable;
-    ///
-    /// // relu(x @ w + 1): the product is a GEMM, the bias and relu one kernel.
-    /// let mut g = Graph::new("dense");
-    /// let x = g.add_param(TensorType::known(DType::F32, &[4, 3]));
-    /// let w = g.add_param(TensorType::known(DType::F32, &[3, 2]));
-    /// let one = g.add_constant(Storage::scalar(1.0f32));
-    /// let mut op = |g: &mut Graph, op, ins: &[ValueId]| ValueId::new(g.add_node(op, ins, &[], None).unwrap(), 0);
-    /// let y = op(&mut g, Op::MatMul, &[x, w]);
-    /// let z = op(&mut g, Op::Binary(BinaryOp::Add), &[y, one]);
-    /// let r = op(&mut g, Op::Unary(UnaryOp::Relu), &[z]);
-    /// g.outputs.push(r);
-    /// let stats = Executable::new(&g)?.stats();
-    /// assert_eq!((stats.gemms, stats.regions, stats.fallbacks), (1, 1, 0));
-    /// assert_eq!(stats.kernels(), 2);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn stats(&self) -> ScheduleStats {
-        let mut st = ScheduleStats::default();
-        for s in &self.steps {
-            match &s.kind {
-                StepKind::Param(_) | StepKind::Constant(_) => {}
-                StepKind::Region(_) => st.regions += 1,
-                StepKind::MatMul => st.gemms += 1,
-                StepKind::Primitive(_) => st.fallbacks += 1,
-                StepKind::View(_) => st.views += 1,
-                StepKind::External(_) => st.native_kernels += 1,
-                StepKind::Call(e) => {
-                    st.calls += 1;
-                    st.add(&e.stats());
-                }
-                StepKind::Cond(subs) | StepKind::While(subs, _) => {
-                    st.control_flow += 1;
-                    subs.iter().for_each(|e| st.add(&e.stats()));
-                }
-                StepKind::Read(_) => st.reads += 1,
-                StepKind::Assign(..) => st.writes += 1,
-            }
-        }
-        st
-    }
-
     /// Runs on one value per graph param (checked like
     /// `tracejit_ir::interpret` does), returns the outputs.
     pub fn run(&self, inputs: &[Storage]) -> Result<Vec<Storage>, IrError> {
-        self.run_timed(inputs, None)
-    }
-
-    /// [`Executable::run`], adding each step's nanoseconds to `clock`
-    /// (one entry per step) when given.
-    fn run_timed(&self, inputs: &[Storage], clock: Option<&mut [u64]>) -> Result<Vec<Storage>, IrError> {
         self.check_inputs(inputs)?;
         let mut pool = BufPool::checkout(&self.pool);
         // The slot table is kept with the pool: a train step's is a few KiB.
         let mut values = std::mem::take(&mut pool.table);
         values.resize(self.n_slots, None);
-        let result = self.run_steps(inputs, &mut values, &mut pool, clock);
+        let result = self.run_steps(inputs, &mut values, &mut pool);
         if let Ok(outs) = &result {
             // Kept so the buffers can be reused once the caller drops them.
             for v in outs {
@@ -550,7 +457,7 @@ impl Executable {
         // bodies of up to 16 values (W8's fits) costs no allocation.
         let mut values: SmallVec<[Option<Storage>; 16]> = SmallVec::new();
         values.resize(self.n_slots, None);
-        self.run_steps(inputs, &mut values, pool, None)
+        self.run_steps(inputs, &mut values, pool)
     }
 
     fn check_inputs(&self, inputs: &[Storage]) -> Result<(), IrError> {
@@ -571,12 +478,19 @@ impl Executable {
         inputs: &[Storage],
         values: &mut [Option<Storage>],
         pool: &mut BufPool,
-        mut clock: Option<&mut [u64]>,
     ) -> Result<Vec<Storage>, IrError> {
         let g = &*self.graph;
+        let mut clock: Option<SmallVec<[u64; 16]>> =
+            profile::profiling().then(|| smallvec::smallvec![0; self.steps.len()]);
         for (i, step) in self.steps.iter().enumerate() {
             let started = clock.is_some().then(std::time::Instant::now);
             let broken = |message: String| IrError::Verifier { graph: g.name.clone(), node: step.node, message };
+            // Taken before the operands are borrowed: the address to write
+            // in place while the dying input is still unique.
+            let alias = match step.in_place {
+                Some(p) => values[step.inputs[p]].as_mut().and_then(crate::region::unique_mut_ptr).map(|ptr| (p, ptr)),
+                None => None,
+            };
             let mut args: SmallVec<[&Storage; 3]> = SmallVec::new();
             for &x in &step.inputs {
                 args.push(values[x].as_ref().ok_or_else(|| broken(format!("slot {x} is not available")))?);
@@ -606,7 +520,9 @@ impl Executable {
             let outs: SmallVec<[Storage; 2]> = match &step.kind {
                 StepKind::Param(i) => smallvec::smallvec![inputs[*i].clone()],
                 StepKind::Constant(c) => smallvec::smallvec![c.clone()],
-                StepKind::Region(r) => r.try_run_pooled(&args, pool).map_err(|e| e.at(g.node(step.node).location))?,
+                StepKind::Region(r) => {
+                    r.try_run_pooled(&args, pool, alias).map_err(|e| e.at(g.node(step.node).location))?
+                }
                 StepKind::MatMul => {
                     smallvec::smallvec![crate::gemm::matmul_with(args[0], args[1], &mut |d, s| pool.take(d, s))]
                 }
@@ -660,9 +576,12 @@ impl Executable {
                     pool.give_if_unique(v);
                 }
             }
-            if let (Some(clock), Some(started)) = (clock.as_deref_mut(), started) {
+            if let (Some(clock), Some(started)) = (clock.as_mut(), started) {
                 clock[i] += started.elapsed().as_nanos() as u64;
             }
+        }
+        if let Some(clock) = clock {
+            profile::record(self, &clock);
         }
         let outputs = &self.outputs;
         outputs

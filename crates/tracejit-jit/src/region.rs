@@ -39,6 +39,10 @@ use crate::kernel::{self, Schedule};
 use crate::options::{JitOptions, KernelKey};
 use crate::JitError;
 
+mod output;
+pub(crate) use output::unique_mut_ptr;
+use output::{data_ptr, OutBuf};
+
 /// A compiled kernel and its scratch plan, shared through the cache.
 struct Kernel {
     code: KernelCode,
@@ -315,73 +319,6 @@ fn class_strides(axes: &[Option<usize>], shape: &[usize], rank: usize) -> SmallV
     out
 }
 
-enum OutBuf {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    I32(Vec<i32>),
-    I64(Vec<i64>),
-    Bool(Vec<bool>),
-    /// A buffer from the pool, uniquely owned here, already of the output's shape.
-    Reused(Storage),
-}
-
-impl OutBuf {
-    fn new(dtype: DType, len: usize) -> OutBuf {
-        match dtype {
-            DType::F32 => OutBuf::F32(Vec::with_capacity(len)),
-            DType::F64 => OutBuf::F64(Vec::with_capacity(len)),
-            DType::I32 => OutBuf::I32(Vec::with_capacity(len)),
-            DType::I64 => OutBuf::I64(Vec::with_capacity(len)),
-            DType::Bool => OutBuf::Bool(Vec::with_capacity(len)),
-        }
-    }
-
-    fn ptr(&mut self) -> i64 {
-        match self {
-            OutBuf::F32(v) => v.as_mut_ptr() as i64,
-            OutBuf::F64(v) => v.as_mut_ptr() as i64,
-            OutBuf::I32(v) => v.as_mut_ptr() as i64,
-            OutBuf::I64(v) => v.as_mut_ptr() as i64,
-            OutBuf::Bool(v) => v.as_mut_ptr() as i64,
-            // Unique, so `as_mut_ptr` copies nothing; standard layout, so the
-            // elements follow the pointer.
-            OutBuf::Reused(s) => match s {
-                Storage::F32(a) => a.as_mut_ptr() as i64,
-                Storage::F64(a) => a.as_mut_ptr() as i64,
-                Storage::I32(a) => a.as_mut_ptr() as i64,
-                Storage::I64(a) => a.as_mut_ptr() as i64,
-                Storage::Bool(a) => a.as_mut_ptr() as i64,
-            },
-        }
-    }
-
-    /// # Safety
-    /// The kernel wrote all `len` elements (bools as 0 or 1).
-    unsafe fn finish(self, shape: &[usize]) -> Storage {
-        let len: usize = shape.iter().product();
-        macro_rules! fin {
-            ($v:ident) => {{
-                let mut v = $v;
-                // SAFETY: the caller guarantees every element was written.
-                unsafe { v.set_len(len) };
-                Storage::from_vec(v, shape).expect("length matches the shape")
-            }};
-        }
-        match self {
-            OutBuf::F32(v) => fin!(v),
-            OutBuf::F64(v) => fin!(v),
-            OutBuf::I32(v) => fin!(v),
-            OutBuf::I64(v) => fin!(v),
-            OutBuf::Bool(v) => fin!(v),
-            OutBuf::Reused(s) => s,
-        }
-    }
-}
-
-fn data_ptr(s: &Storage) -> i64 {
-    tracejit_ir::tensor::with_array!(s, a => a.as_ptr() as i64)
-}
-
 impl CompiledRegion {
     /// The name of the hand-written kernel this region runs instead of
     /// generated code (`"row softmax"`), or `None` for generated code.
@@ -407,7 +344,7 @@ impl CompiledRegion {
     /// instead of panicking when the inputs do not fit.
     pub fn try_run(&self, inputs: &[&Storage]) -> Result<Vec<Storage>, IrError> {
         let mut pool = BufPool::checkout(&self.pool);
-        let outs = self.try_run_pooled(inputs, &mut pool);
+        let outs = self.try_run_pooled(inputs, &mut pool, None);
         if let Ok(outs) = &outs {
             for o in outs {
                 pool.give(o.clone());
@@ -419,10 +356,15 @@ impl CompiledRegion {
 
     /// [`CompiledRegion::try_run`] with outputs taken from `pool` where it
     /// has a free buffer of the right dtype and size.
+    ///
+    /// `alias`: input `p` may take output 0 in place, its buffer at the
+    /// address given ([`CompiledRegion::may_write_in_place`] said so; used
+    /// when the launch walks both alike, else ignored).
     pub(crate) fn try_run_pooled(
         &self,
         inputs: &[&Storage],
         pool: &mut BufPool,
+        alias: Option<(usize, i64)>,
     ) -> Result<SmallVec<[Storage; 2]>, IrError> {
         let bad = |message: String| IrError::BadInput { graph: self.body.name.clone(), message };
         if inputs.len() != self.param_types.len() {
@@ -438,7 +380,7 @@ impl CompiledRegion {
         };
         if fast {
             let launch = self.static_launch.as_ref().expect("static shapes come with a plan");
-            return Ok(self.launch(inputs, launch, pool));
+            return Ok(self.launch(inputs, launch, pool, alias));
         }
         for (i, (t, x)) in self.param_types.iter().zip(inputs).enumerate() {
             if !t.accepts(x.dtype(), x.shape()) {
@@ -457,7 +399,7 @@ impl CompiledRegion {
                         tracejit_ir::check_outputs_allocatable(&op, &[], &[TensorType::known(o.dtype, shape)])?;
                     }
                 }
-                Ok(self.launch(&refs, &launch, pool))
+                Ok(self.launch(&refs, &launch, pool, None))
             }
             Err(Fallback) => {
                 let owned: Vec<Storage> = inputs.iter().map(|x| (*x).clone()).collect();
@@ -633,7 +575,13 @@ impl CompiledRegion {
     }
 
     /// Allocates the outputs and calls the kernel.
-    fn launch(&self, inputs: &[&Storage], l: &Launch, pool: &mut BufPool) -> SmallVec<[Storage; 2]> {
+    fn launch(
+        &self,
+        inputs: &[&Storage],
+        l: &Launch,
+        pool: &mut BufPool,
+        alias: Option<(usize, i64)>,
+    ) -> SmallVec<[Storage; 2]> {
         let an = &self.an;
         let mut held: SmallVec<[Storage; 2]> = SmallVec::new();
         let mut load_ptrs: SmallVec<[i64; 8]> = SmallVec::new();
@@ -653,13 +601,17 @@ impl CompiledRegion {
             load_ptrs[*li] = data_ptr(&m);
             held.push(m);
         }
+        let mut in_place = self.in_place_output(inputs, l, alias);
         let mut outs: SmallVec<[OutBuf; 2]> = an
             .outputs
             .iter()
             .zip(&l.out_shapes)
-            .map(|(o, s)| match pool.take(o.dtype, s) {
-                Some(b) => OutBuf::Reused(b),
-                None => OutBuf::new(o.dtype, s.iter().product()),
+            .map(|(o, s)| match in_place.take() {
+                Some(b) => b,
+                None => match pool.take(o.dtype, s) {
+                    Some(b) => OutBuf::Reused(b),
+                    None => OutBuf::new(o.dtype, s.iter().product()),
+                },
             })
             .collect();
         let sch = &self.kernel.schedule;

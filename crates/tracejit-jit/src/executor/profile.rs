@@ -2,6 +2,7 @@
 //! ([`Executable::profile`]): the diagnostic for "which kernel is slow",
 //! without an external profiler and with the graph's own names.
 
+use std::cell::Cell;
 use std::fmt;
 use std::time::Duration;
 
@@ -14,55 +15,144 @@ use super::{Executable, Step, StepKind};
 /// runs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepTime {
-    /// Position in the schedule (0 = first step that runs).
+    /// Position in its schedule (0 = first step that runs).
     pub index: usize,
+    /// Where the step is: its index at the top level (`"8"`), or inside a
+    /// control-flow node's or call's subgraph, the parent's path, the
+    /// subgraph (`body`, `cond`, `then`, `else`, `call`) and the index
+    /// (`"7.body.3"`).
+    pub path: String,
+    /// How deep it is: 0 for the top level, 1 inside a `while` body, ...
+    /// A nested step's time is part of its parent's.
+    pub depth: usize,
     /// What kind of step: `"region"`, `"gemm"`, `"native"`, `"reference"`,
     /// `"view"`, `"call"`, `"cond"`, `"while"`, `"read"`, `"assign"`,
     /// `"param"` or `"constant"`.
     pub kind: &'static str,
-    /// The node it runs (a region's last member), for the graph listing.
+    /// The node it runs (a region's last member) in its graph.
     pub node: NodeId,
     /// The ops it runs (a region's members in order, `matmul`, ...) and its
-    /// first output's type, e.g. `sub,mul -> f32[784, 512]`.
+    /// first output's type, e.g. `sub,mul -> f32[784, 512]`, and for a
+    /// region that may write its output over an input dying at this step
+    /// (when that input's buffer is unique at run time), which input:
+    /// `mul,sub -> f32[784, 512] (in place of input 1)`.
     pub what: String,
-    /// Total time over all runs.
+    /// Total time over all runs (a loop body's steps: over every trip).
     pub total: Duration,
 }
 
 /// Per-step times of a compiled graph over some runs
 /// ([`Executable::profile`]). `Display` prints the steps that took time,
-/// slowest first, with their share of the total.
+/// slowest first, with their share of the call (nested steps of loops,
+/// branches and calls too, under their paths).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Profile {
     /// The graph's name.
     pub graph: String,
     /// How many runs the times add up.
     pub runs: usize,
-    /// Every step of the schedule, in schedule order (a `while`'s or a
-    /// call's subgraph is timed as its one step).
+    /// Every step of the schedule, in schedule order, each control-flow
+    /// node's or call's steps right after it.
     pub steps: Vec<StepTime>,
 }
 
 impl Profile {
-    /// The steps' total time per run.
+    /// The time of one run: the top-level steps' total over the runs.
     pub fn per_run(&self) -> Duration {
-        self.steps.iter().map(|s| s.total).sum::<Duration>() / self.runs.max(1) as u32
+        self.top_level_total() / self.runs.max(1) as u32
+    }
+
+    fn top_level_total(&self) -> Duration {
+        self.steps.iter().filter(|s| s.depth == 0).map(|s| s.total).sum()
     }
 }
 
 impl fmt::Display for Profile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let runs = self.runs.max(1) as f64;
-        let total: f64 = self.steps.iter().map(|s| s.total.as_secs_f64()).sum();
+        let total = self.top_level_total().as_secs_f64();
         writeln!(f, "profile of {} over {} runs: {:.1} µs per run", self.graph, self.runs, total / runs * 1e6)?;
         let mut order: Vec<&StepTime> = self.steps.iter().filter(|s| s.total > Duration::ZERO).collect();
         order.sort_by_key(|s| std::cmp::Reverse(s.total));
         for s in order {
             let t = s.total.as_secs_f64();
             let share = if total > 0.0 { t / total * 100.0 } else { 0.0 };
-            writeln!(f, "{:>9.1} µs {share:>5.1}%  #{:<3} {:<9} {}", t / runs * 1e6, s.index, s.kind, s.what)?;
+            let path = format!("#{}", s.path);
+            writeln!(f, "{:>9.1} µs {share:>5.1}%  {path:<10} {:<9} {}", t / runs * 1e6, s.kind, s.what)?;
         }
         Ok(())
+    }
+}
+
+thread_local! {
+    /// Whether executables run on this thread record their step times.
+    static PROFILING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is running [`Executable::profile`].
+pub(super) fn profiling() -> bool {
+    PROFILING.with(Cell::get)
+}
+
+/// Adds one run's step times to `exe`'s clock.
+pub(super) fn record(exe: &Executable, nanos: &[u64]) {
+    let mut clock = exe.clock.lock().unwrap_or_else(|e| e.into_inner());
+    clock.resize(nanos.len(), 0);
+    clock.iter_mut().zip(nanos).for_each(|(c, n)| *c += n);
+}
+
+/// Turns profiling off again when dropped (also on a panic).
+struct Profiling;
+
+impl Drop for Profiling {
+    fn drop(&mut self) {
+        PROFILING.with(|p| p.set(false));
+    }
+}
+
+/// `exe`'s subgraphs: the executables a step runs, with their names.
+fn subgraphs(kind: &StepKind) -> Vec<(&'static str, &Executable)> {
+    match kind {
+        StepKind::Call(e) => vec![("call", &**e)],
+        StepKind::Cond(subs) => vec![("then", &subs[0]), ("else", &subs[1])],
+        StepKind::While(subs, _) => vec![("cond", &subs[0]), ("body", &subs[1])],
+        StepKind::Param(_)
+        | StepKind::Constant(_)
+        | StepKind::Region(_)
+        | StepKind::MatMul
+        | StepKind::View(_)
+        | StepKind::Primitive(_)
+        | StepKind::External(_)
+        | StepKind::Read(_)
+        | StepKind::Assign(..) => Vec::new(),
+    }
+}
+
+/// Clears `exe`'s clocks and its subgraphs'.
+fn reset(exe: &Executable) {
+    exe.clock.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    for step in &exe.steps {
+        subgraphs(&step.kind).into_iter().for_each(|(_, sub)| reset(sub));
+    }
+}
+
+/// Appends `exe`'s step times (and its subgraphs') to `out`.
+fn collect(exe: &Executable, prefix: &str, depth: usize, out: &mut Vec<StepTime>) {
+    let clock = exe.clock.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for (index, step) in exe.steps.iter().enumerate() {
+        let path = format!("{prefix}{index}");
+        out.push(StepTime {
+            index,
+            path: path.clone(),
+            depth,
+            kind: kind_name(&step.kind),
+            node: step.node,
+            what: describe(exe, step),
+            total: Duration::from_nanos(clock.get(index).copied().unwrap_or(0)),
+        });
+        for (name, sub) in subgraphs(&step.kind) {
+            collect(sub, &format!("{path}.{name}."), depth + 1, out);
+        }
     }
 }
 
@@ -86,8 +176,11 @@ fn kind_name(kind: &StepKind) -> &'static str {
 
 impl Executable {
     /// Runs the graph `runs` times on `inputs` (like [`Executable::run`],
-    /// outputs dropped) and returns how long each step took in total: the
-    /// place to look when a compiled function is slower than expected.
+    /// outputs dropped) and returns how long each step took in total —
+    /// loop bodies', branches' and called functions' steps too: the place
+    /// to look when a compiled function is slower than expected. Calls of
+    /// this executable from other threads meanwhile are not counted;
+    /// profiling it from two threads at once mixes their times.
     ///
     /// ```
     /// use tracejit_ir::tensor::{BinaryOp, DType, Storage, UnaryOp};
@@ -110,25 +203,18 @@ impl Executable {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn profile(&self, inputs: &[Storage], runs: usize) -> Result<Profile, IrError> {
-        let mut clock = vec![0u64; self.steps.len()];
-        for _ in 0..runs {
-            drop(self.run_timed(inputs, Some(&mut clock))?);
+        reset(self);
+        {
+            PROFILING.with(|p| p.set(true));
+            let _off = Profiling;
+            for _ in 0..runs {
+                drop(self.run(inputs)?);
+            }
         }
-        let g = &*self.graph;
-        let steps = self
-            .steps
-            .iter()
-            .zip(&clock)
-            .enumerate()
-            .map(|(index, (step, &nanos))| StepTime {
-                index,
-                kind: kind_name(&step.kind),
-                node: step.node,
-                what: describe(self, step),
-                total: Duration::from_nanos(nanos),
-            })
-            .collect();
-        Ok(Profile { graph: g.name.clone(), runs, steps })
+        let mut steps = Vec::new();
+        collect(self, "", 0, &mut steps);
+        reset(self);
+        Ok(Profile { graph: self.graph.name.clone(), runs, steps })
     }
 }
 
@@ -139,8 +225,11 @@ fn describe(exe: &Executable, step: &Step) -> String {
         Op::Fused { body } => body.nodes().filter_map(|(_, n)| op_label(&n.op)).collect::<Vec<_>>().join(","),
         op => op.name().to_string(),
     };
+    // A region that may write over a dying input (when it is unique at
+    // run time) says which.
+    let in_place = step.in_place.map(|p| format!(" (in place of input {p})")).unwrap_or_default();
     match node.outputs.first() {
-        Some(t) => format!("{ops} -> {t}"),
+        Some(t) => format!("{ops} -> {t}{in_place}"),
         None => ops,
     }
 }
