@@ -20,6 +20,9 @@
 //! - **everything else** through `tracejit_ir::eval_primitive`, listed by
 //!   [`Executable::fallbacks`].
 //!
+//! With more than one thread, two independent large products close
+//! together run side by side (`pairs`).
+//!
 //! Values live in a slot table and are dropped right after their last use;
 //! an elementwise region may write its output over an input that dies at
 //! its step, when nothing else holds that input's buffer (see
@@ -42,6 +45,7 @@ use tracejit_ir::{
 use crate::region::{BufPool, CompiledRegion};
 use crate::{compile_region_with, supports, JitError, JitOptions};
 
+mod pairs;
 mod profile;
 mod stats;
 pub use profile::{Profile, StepTime};
@@ -98,6 +102,8 @@ struct Step {
     /// A region's input (by position) whose buffer its output may take
     /// in place, the input dying here ([`CompiledRegion::may_write_in_place`]).
     in_place: Option<usize>,
+    /// Whether this product runs alongside another ([`pairs::Pair`]).
+    pair: pairs::Pair,
     /// Re-check types on concrete operands (some static dim is unknown).
     check: bool,
     /// Ask the allocator before running: a static output is big enough to
@@ -273,6 +279,7 @@ impl Executable {
                     outputs: smallvec::smallvec![slot(&ValueId::new(id, 0))?],
                     frees: SmallVec::new(),
                     in_place: None,
+                    pair: pairs::Pair::None,
                     check: false,
                     probe: false,
                 });
@@ -344,9 +351,20 @@ impl Executable {
                         .and_then(|s| tracejit_ir::tensor::byte_size(t.dtype, &s))
                         .is_none_or(|b| b >= tracejit_ir::tensor::PROBE_BYTES)
                 });
-            steps.push(Step { kind, node: id, inputs, outputs, frees: SmallVec::new(), in_place: None, check, probe });
+            steps.push(Step {
+                kind,
+                node: id,
+                inputs,
+                outputs,
+                frees: SmallVec::new(),
+                in_place: None,
+                pair: pairs::Pair::None,
+                check,
+                probe,
+            });
         }
 
+        pairs::hoist_views(&mut steps, g, crate::threads::gemm_threshold());
         // Last uses; graph outputs live on.
         let outputs: Vec<usize> = g.outputs.iter().map(&slot).collect::<Result<_, _>>()?;
         let mut last: Vec<Option<usize>> = vec![None; n_slots];
@@ -397,6 +415,7 @@ impl Executable {
         }
         outputs.iter_mut().for_each(&mut renum);
         let n_slots = n_used;
+        pairs::pair_products(&mut steps, g, crate::threads::gemm_threshold());
         let param_types = g.param_types();
         Ok(Executable {
             graph,
@@ -473,6 +492,44 @@ impl Executable {
         Ok(())
     }
 
+    /// Drops the values whose last use is `step`, their buffers to the pool.
+    fn free_slots(&self, step: &Step, values: &mut [Option<Storage>], pool: &mut BufPool) {
+        for &f in &step.frees {
+            if let Some(v) = values[f].take() {
+                pool.give_if_unique(v);
+            }
+        }
+    }
+
+    /// Re-checks a step's types on its concrete operands, and probes the
+    /// allocator for its outputs, when the step asks for it.
+    fn check_step(&self, step: &Step, args: &[&Storage]) -> Result<(), IrError> {
+        let g = &*self.graph;
+        if step.check || step.probe {
+            let op = match &step.kind {
+                StepKind::Primitive(op) | StepKind::External(op) => Some(op),
+                StepKind::MatMul | StepKind::Region(_) | StepKind::View(_) => Some(&g.node(step.node).op),
+                _ => None,
+            };
+            if let Some(op) = op {
+                let types: SmallVec<[TensorType; 2]> =
+                    args.iter().map(|x| TensorType::known(x.dtype(), x.shape())).collect();
+                // A region's body types its outputs; its concrete sizes
+                // are checked where it plans a launch.
+                let location = g.node(step.node).location;
+                let outs = if step.check && !matches!(step.kind, StepKind::Region(_)) {
+                    infer(op, &types, Some(g)).map_err(|e| e.at(location))?
+                } else {
+                    g.node(step.node).outputs.clone()
+                };
+                if step.probe {
+                    tracejit_ir::check_outputs_allocatable(op, &types, &outs).map_err(|e| e.at(location))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn run_steps(
         &self,
         inputs: &[Storage],
@@ -484,6 +541,11 @@ impl Executable {
             profile::profiling().then(|| smallvec::smallvec![0; self.steps.len()]);
         for (i, step) in self.steps.iter().enumerate() {
             let started = clock.is_some().then(std::time::Instant::now);
+            if step.pair == pairs::Pair::Second && values[step.outputs[0]].is_some() {
+                // Computed alongside its partner: only its last uses remain.
+                self.free_slots(step, values, pool);
+                continue;
+            }
             let broken = |message: String| IrError::Verifier { graph: g.name.clone(), node: step.node, message };
             // Taken before the operands are borrowed: the address to write
             // in place while the dying input is still unique.
@@ -495,28 +557,8 @@ impl Executable {
             for &x in &step.inputs {
                 args.push(values[x].as_ref().ok_or_else(|| broken(format!("slot {x} is not available")))?);
             }
-            if step.check || step.probe {
-                let op = match &step.kind {
-                    StepKind::Primitive(op) | StepKind::External(op) => Some(op),
-                    StepKind::MatMul | StepKind::Region(_) | StepKind::View(_) => Some(&g.node(step.node).op),
-                    _ => None,
-                };
-                if let Some(op) = op {
-                    let types: SmallVec<[TensorType; 2]> =
-                        args.iter().map(|x| TensorType::known(x.dtype(), x.shape())).collect();
-                    // A region's body types its outputs; its concrete sizes
-                    // are checked where it plans a launch.
-                    let location = g.node(step.node).location;
-                    let outs = if step.check && !matches!(step.kind, StepKind::Region(_)) {
-                        infer(op, &types, Some(g)).map_err(|e| e.at(location))?
-                    } else {
-                        g.node(step.node).outputs.clone()
-                    };
-                    if step.probe {
-                        tracejit_ir::check_outputs_allocatable(op, &types, &outs).map_err(|e| e.at(location))?;
-                    }
-                }
-            }
+            self.check_step(step, &args)?;
+            let mut partner_out: Option<(usize, Storage)> = None;
             let outs: SmallVec<[Storage; 2]> = match &step.kind {
                 StepKind::Param(i) => smallvec::smallvec![inputs[*i].clone()],
                 StepKind::Constant(c) => smallvec::smallvec![c.clone()],
@@ -524,7 +566,27 @@ impl Executable {
                     r.try_run_pooled(&args, pool, alias).map_err(|e| e.at(g.node(step.node).location))?
                 }
                 StepKind::MatMul => {
-                    smallvec::smallvec![crate::gemm::matmul_with(args[0], args[1], &mut |d, s| pool.take(d, s))]
+                    let paired = match step.pair {
+                        pairs::Pair::First(j) => {
+                            let other = &self.steps[j];
+                            let b: SmallVec<[&Storage; 2]> = other
+                                .inputs
+                                .iter()
+                                .map(|&x| {
+                                    values[x].as_ref().ok_or_else(|| broken(format!("slot {x} is not available")))
+                                })
+                                .collect::<Result<_, _>>()?;
+                            self.check_step(other, &b)?;
+                            pairs::run_pair([args[0], b[0]], [args[1], b[1]], pool).map(|[x, y]| {
+                                partner_out = Some((other.outputs[0], y));
+                                x
+                            })
+                        }
+                        pairs::Pair::None | pairs::Pair::Second => None,
+                    };
+                    let out = paired
+                        .unwrap_or_else(|| crate::gemm::matmul_with(args[0], args[1], &mut |d, s| pool.take(d, s)));
+                    smallvec::smallvec![out]
                 }
                 StepKind::View(view) => match view.apply(&args) {
                     Some(v) => smallvec::smallvec![v],
@@ -565,17 +627,16 @@ impl Executable {
                 }
             };
             drop(args);
+            if let Some((slot, v)) = partner_out {
+                values[slot] = Some(v);
+            }
             if outs.len() != step.outputs.len() {
                 return Err(broken(format!("produced {} values for {} outputs", outs.len(), step.outputs.len())));
             }
             for (&s, x) in step.outputs.iter().zip(outs) {
                 values[s] = Some(x);
             }
-            for &f in &step.frees {
-                if let Some(v) = values[f].take() {
-                    pool.give_if_unique(v);
-                }
-            }
+            self.free_slots(step, values, pool);
             if let (Some(clock), Some(started)) = (clock.as_mut(), started) {
                 clock[i] += started.elapsed().as_nanos() as u64;
             }

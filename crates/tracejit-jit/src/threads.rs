@@ -3,8 +3,10 @@
 //!
 //! What runs on the pool: fused region kernels whose estimated work is
 //! large (split by rows, by element ranges, or — column reductions — by
-//! columns; see [`crate::CompiledRegion`]), and f32/f64 matrix products
-//! past a size (in output blocks fixed by the sizes, [`run_gemm_blocks`]). Everything
+//! columns; see [`crate::CompiledRegion`]), f32/f64 matrix products past
+//! a size (in output blocks fixed by the sizes, [`run_gemm_blocks`]), and
+//! two independent products of that size close together in a schedule,
+//! side by side, each whole on one thread (see `crate::Executable`). Everything
 //! else — reference kernels, eager ops, small kernels — runs on the
 //! calling thread, which is why a call of a few small kernels (W1) never
 //! pays for the pool.
@@ -171,6 +173,9 @@ struct Job {
     /// Set by the caller once every task is claimed and it stops waiting
     /// for newcomers.
     closed: std::sync::atomic::AtomicBool,
+    /// A worker's panic, raised again on the caller (a panic escaping a
+    /// rayon job would abort the process).
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
 }
 
 impl Job {
@@ -204,11 +209,33 @@ pub(crate) struct Pool {
     rayon: rayon::ThreadPool,
 }
 
-/// The pool for the current count, or `None` when the count is 1 (or the
-/// pool cannot be built: the work then runs on the calling thread).
+thread_local! {
+    /// Set while this thread runs one of several tasks in parallel (see
+    /// [`serial`]).
+    static SERIAL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with everything it starts on the calling thread: [`pool`] is
+/// `None` inside, so kernels and products run as on one thread (with the
+/// same bits). For tasks that are themselves one of several running in
+/// parallel.
+pub(crate) fn serial<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SERIAL.with(|s| s.set(self.0));
+        }
+    }
+    let _restore = Restore(SERIAL.with(|s| s.replace(true)));
+    f()
+}
+
+/// The pool for the current count, or `None` when the count is 1, inside
+/// [`serial`], or when the pool cannot be built (the work then runs on
+/// the calling thread).
 pub(crate) fn pool() -> Option<Arc<Pool>> {
     let n = num_threads();
-    if n <= 1 {
+    if n <= 1 || SERIAL.with(Cell::get) {
         return None;
     }
     static CURRENT: Mutex<Option<Arc<Pool>>> = Mutex::new(None);
@@ -238,7 +265,9 @@ impl Pool {
     }
 
     /// Runs `f(t)` for every `t` in `0..tasks` and waits for all of them;
-    /// `f` sees each task exactly once. The calling thread works too: it
+    /// `f` sees each task exactly once — or, after a panic in one, no
+    /// further task starts and the panic is raised again here once every
+    /// thread has left `f`. The calling thread works too: it
     /// wakes `tasks - 1` workers and claims tasks alongside them. It never
     /// waits for a worker that has not started: a worker that wakes after
     /// the tasks are gone (on a loaded machine) returns without touching
@@ -256,17 +285,27 @@ impl Pool {
             next: AtomicUsize::new(0),
             active: AtomicUsize::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
+            panic: Mutex::new(None),
         });
         for _ in 1..tasks.min(self.threads) {
             let job = job.clone();
             self.rayon.spawn(move || {
                 if job.enter() {
-                    job.work();
+                    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work())) {
+                        *job.panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+                        // No task is claimed after a panic: the caller
+                        // stops at the next claim too.
+                        job.next.store(job.tasks, Ordering::Relaxed);
+                    }
                     job.active.fetch_sub(1, Ordering::SeqCst);
                 }
             });
         }
-        job.work();
+        // The caller's own panic waits for the workers too: they use `f`.
+        let own = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work()));
+        if own.is_err() {
+            job.next.store(job.tasks, Ordering::Relaxed);
+        }
         job.closed.store(true, Ordering::SeqCst);
         // Workers still inside finish tasks they claimed (bounded time).
         let mut spins = 0u32;
@@ -277,6 +316,13 @@ impl Pool {
             } else {
                 std::thread::yield_now();
             }
+        }
+        if let Err(p) = own {
+            std::panic::resume_unwind(p);
+        }
+        let worker = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = worker {
+            std::panic::resume_unwind(p);
         }
     }
 }

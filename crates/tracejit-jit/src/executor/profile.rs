@@ -227,7 +227,12 @@ fn describe(exe: &Executable, step: &Step) -> String {
     };
     // A region that may write over a dying input (when it is unique at
     // run time) says which.
-    let in_place = step.in_place.map(|p| format!(" (in place of input {p})")).unwrap_or_default();
+    let mut in_place = step.in_place.map(|p| format!(" (in place of input {p})")).unwrap_or_default();
+    match step.pair {
+        super::pairs::Pair::First(j) => in_place.push_str(&format!(" (with #{j} alongside)")),
+        super::pairs::Pair::Second => in_place.push_str(" (alongside an earlier product)"),
+        super::pairs::Pair::None => {}
+    }
     match node.outputs.first() {
         Some(t) => format!("{ops} -> {t}{in_place}"),
         None => ops,
