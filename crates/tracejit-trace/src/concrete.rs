@@ -168,13 +168,7 @@ impl ConcreteFunction {
             });
         }
         let storages: Vec<Storage> = inputs.iter().map(|t| t.eager_storage().clone()).collect();
-        match tracejit_ir::catch_quietly(|| exe.profile(&storages, runs)) {
-            Ok(r) => Ok(Some(r?)),
-            Err(p) => Err(Error::Signature {
-                function: self.name.clone(),
-                message: format!("panicked while running: {}", tracejit_ir::panic_message(&*p)),
-            }),
-        }
+        self.guarded(|| exe.profile(&storages, runs)).map(Some)
     }
 
     /// What the optimization pipeline did: per pass, the node counts before
@@ -300,6 +294,12 @@ impl ConcreteFunction {
             Some(exe) => exe.run(inputs),
             None => interpret(&self.optimized, inputs),
         };
+        self.guarded(run)
+    }
+
+    /// Runs `run` (this function's graph on eager values); a panic inside
+    /// a kernel becomes an `Err` naming the function.
+    fn guarded<T>(&self, run: impl FnOnce() -> std::result::Result<T, tracejit_ir::IrError>) -> Result<T> {
         match tracejit_ir::catch_quietly(run) {
             Ok(r) => Ok(r?),
             Err(p) => Err(Error::Signature {

@@ -10,6 +10,7 @@
 //! products run exactly as on one thread (`threads::serial`), so results
 //! keep their bits whatever the thread count.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use tracejit_ir::tensor::Storage;
@@ -46,51 +47,54 @@ fn static_work(g: &Graph, s: &Step) -> Option<usize> {
     (k == k2 && node.outputs.first().is_some_and(|t| t.dtype.is_float())).then(|| m * k * n)
 }
 
+/// Whether step `s` is a static 2-D float product of at least `min_work`
+/// multiply-adds: worth a thread of its own.
+fn big_product(g: &Graph, s: &Step, min_work: usize) -> bool {
+    matches!(s.kind, StepKind::MatMul) && static_work(g, s).is_some_and(|w| w >= min_work)
+}
+
+/// The step making each slot (slots are assigned once).
+fn producers(steps: &[Step]) -> HashMap<usize, usize> {
+    steps.iter().enumerate().flat_map(|(i, s)| s.outputs.iter().map(move |&o| (o, i))).collect()
+}
+
 /// Moves views (transposes) that a later product reads to just before an
 /// earlier independent product, so that the two become a pair for
 /// [`pair_products`]: `dy·wᵀ` after `xᵀ·dy` reads a `wᵀ` made between them.
 /// A view is cheap and shares its input's buffer, so making it earlier
 /// changes no buffer's lifetime.
 pub(super) fn hoist_views(steps: &mut Vec<Step>, g: &Graph, min_work: usize) {
-    let mut i = 0;
-    while i < steps.len() {
-        if !matches!(steps[i].kind, StepKind::MatMul) || static_work(g, &steps[i]).is_none_or(|w| w < min_work) {
-            i += 1;
+    let mut made_at = producers(steps);
+    for i in 0..steps.len() {
+        if !big_product(g, &steps[i], min_work) {
             continue;
         }
-        let made_before = |steps: &[Step], x: usize| steps[..i].iter().any(|s| s.outputs.contains(&x));
+        let before = |x: &usize| made_at.get(x).is_some_and(|&p| p < i);
         let end = (i + 1 + WINDOW).min(steps.len());
-        for j in i + 1..end {
-            if !matches!(steps[j].kind, StepKind::MatMul) || static_work(g, &steps[j]).is_none_or(|w| w < min_work) {
-                continue;
-            }
-            // Each input: made before `i`, or by a view in between whose
-            // inputs were.
-            let mut views = Vec::new();
-            let ok = steps[j].inputs.iter().all(|&x| {
-                made_before(steps, x)
-                    || (i + 1..j).any(|v| {
-                        let s = &steps[v];
-                        let hoistable = matches!(s.kind, StepKind::View(_))
-                            && s.outputs.contains(&x)
-                            && s.inputs.iter().all(|&y| made_before(steps, y));
-                        if hoistable {
-                            views.push(v);
-                        }
-                        hoistable
-                    })
-            });
-            if ok {
-                views.sort_unstable();
-                views.dedup();
-                for (moved, v) in views.into_iter().enumerate() {
-                    let step = steps.remove(v);
-                    steps.insert(i + moved, step);
+        // The first product ahead whose inputs are each made before `i`
+        // (`None`) or by a view in between whose inputs were (`Some(v)`).
+        let views = (i + 1..end).filter(|&j| big_product(g, &steps[j], min_work)).find_map(|j| {
+            let source = |x: &usize| -> Option<Option<usize>> {
+                if before(x) {
+                    return Some(None);
                 }
-                break;
-            }
+                let v = made_at.get(x).copied().filter(|&v| v > i && v < j)?;
+                let s = &steps[v];
+                (matches!(s.kind, StepKind::View(_)) && s.inputs.iter().all(before)).then_some(Some(v))
+            };
+            steps[j].inputs.iter().map(source).collect::<Option<Vec<_>>>()
+        });
+        let mut views: Vec<usize> = views.into_iter().flatten().flatten().collect();
+        if views.is_empty() {
+            continue;
         }
-        i += 1;
+        views.sort_unstable();
+        views.dedup();
+        for (moved, v) in views.into_iter().enumerate() {
+            let step = steps.remove(v);
+            steps.insert(i + moved, step);
+        }
+        made_at = producers(steps);
     }
 }
 
@@ -98,25 +102,16 @@ pub(super) fn hoist_views(steps: &mut Vec<Step>, g: &Graph, min_work: usize) {
 /// float products of at least `min_work` multiply-adds, the later one
 /// within [`WINDOW`] steps and reading only values made before the first.
 pub(super) fn pair_products(steps: &mut [Step], g: &Graph, min_work: usize) {
-    let mut made_at = std::collections::HashMap::new();
-    for (i, s) in steps.iter().enumerate() {
-        for &o in &s.outputs {
-            made_at.insert(o, i);
-        }
-    }
+    let made_at = producers(steps);
     for i in 0..steps.len() {
-        if steps[i].pair != Pair::None || !matches!(steps[i].kind, StepKind::MatMul) {
-            continue;
-        }
-        if static_work(g, &steps[i]).is_none_or(|w| w < min_work) {
+        if steps[i].pair != Pair::None || !big_product(g, &steps[i], min_work) {
             continue;
         }
         let end = (i + 1 + WINDOW).min(steps.len());
         let partner = (i + 1..end).find(|&j| {
             let s = &steps[j];
-            matches!(s.kind, StepKind::MatMul)
-                && s.pair == Pair::None
-                && static_work(g, s).is_some_and(|w| w >= min_work)
+            s.pair == Pair::None
+                && big_product(g, s, min_work)
                 && s.inputs.iter().all(|x| made_at.get(x).is_some_and(|&p| p < i))
         });
         if let Some(j) = partner {
