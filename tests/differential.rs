@@ -73,7 +73,7 @@ fn values(n: usize, dtype: DType, seed: u64) -> Tensor {
     let raw: Vec<f64> = (0..n)
         .map(|i| {
             let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed;
-            if h % 7 == 0 {
+            if h.is_multiple_of(7) {
                 special[(h as usize / 7) % special.len()]
             } else {
                 ((h >> 11) % 2001) as f64 / 100.0 - 10.0

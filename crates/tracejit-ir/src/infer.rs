@@ -436,7 +436,7 @@ pub(crate) fn resolve_reshape(target: &[i64], count: usize) -> Result<Vec<usize>
         Some(_) if known == 0 => {
             return Err(format!("cannot infer the -1 in {target:?} from {count} elements: the other dims hold 0"))
         }
-        Some(_) if count % known != 0 => {
+        Some(_) if !count.is_multiple_of(known) => {
             return Err(format!(
                 "cannot reshape {count} elements into {target:?}: {count} is not a multiple of {known}"
             ))

@@ -3,7 +3,7 @@
 //! kernels), and the constants every form of it shares.
 //!
 //! Three places compute these functions: the JIT's in-line Cranelift code
-//! (the `math` module, scalar and `f32x4`), the 256-bit AVX2 chunk
+//! (the `math` module, scalar and `f32x4`), the AVX-512 and AVX2 chunk
 //! functions of staged kernels (`chunkmath`), and the functions here. All
 //! three follow one recipe operation for operation, with the constants
 //! below declared once, and every multiply-add fused (one rounding, whether
@@ -25,7 +25,8 @@
 //!   `1 / (1 + e)` otherwise.
 //!
 //! [`exp_in_place`], [`tanh_in_place`] and [`sigmoid_in_place`] run the
-//! AVX2 chunk functions when the CPU has AVX2 and FMA, and the scalar
+//! vector chunk functions when the CPU has AVX-512F or AVX2 and FMA
+//! (the width [`crate::JitOptions::global`] allows), and the scalar
 //! functions otherwise (slower where `mul_add` has no FMA instruction under
 //! it, never different).
 //!
@@ -146,8 +147,8 @@ pub fn sigmoid_in_place(v: &mut [f32]) {
 }
 
 /// `y = exp(x - max(x)) / sum(exp(x - max(x)))` over one row: the JIT's
-/// own row softmax (the hand-written AVX2 kernel its f32 softmax regions
-/// run, where the CPU has AVX2 and FMA; else the same steps in scalar
+/// own row softmax (the hand-written vector kernel its f32 softmax regions
+/// run, where the CPU has AVX-512F or AVX2 and FMA; else the same steps in scalar
 /// code). `exp` is [`exp`]; the max is the first NaN if any, else the
 /// largest value; the last step multiplies by the sum's reciprocal when it
 /// is a normal number, else divides.
@@ -180,7 +181,7 @@ pub fn softmax_row(x: &[f32], y: &mut [f32]) {
 }
 
 fn apply(v: &mut [f32], op: UnaryOp, scalar: fn(f32) -> f32) {
-    match crate::chunkmath::chunk_fn(op) {
+    match crate::chunkmath::chunk_fn(op, &crate::options::JitOptions::global()) {
         // SAFETY: `v` holds `v.len()` writable f32 values, and `chunk_fn`
         // hands out a function only when the CPU has the features it needs.
         Some((_, chunk)) => unsafe { chunk(v.as_mut_ptr(), v.len() as i64) },
@@ -207,7 +208,7 @@ mod tests {
         assert_eq!(sigmoid(0.0), 0.5);
     }
 
-    /// The slice forms (AVX2 here when the CPU has it) give the scalar
+    /// The slice forms (vector code here when the CPU has it) give the scalar
     /// functions' bits, tails included.
     #[test]
     fn slices_match_the_scalar_functions() {

@@ -69,9 +69,11 @@
 //!   (ULP distances are counted in f32 values; near zero, where a result is
 //!   subnormal, the same count applies.)
 //!
-//!   On x86_64 CPUs with AVX2 and FMA, the f32 `exp`, `tanh` and `sigmoid`
-//!   of elementwise and row regions run in 256-bit functions compiled by
-//!   rustc (Cranelift emits 128-bit vectors only): the kernel stores their
+//!   On x86_64 CPUs with AVX-512F, or AVX2 and FMA, the f32 `exp`, `tanh`
+//!   and `sigmoid` of elementwise and row regions run in 512-bit or 256-bit
+//!   functions compiled by rustc (Cranelift emits 128-bit vectors only;
+//!   `TRACEJIT_JIT_AVX512=0` or [`JitOptions::avx512`] keeps them at 256
+//!   bits, and both widths compute the same bits): the kernel stores their
 //!   argument into a scratch buffer (a chunk of 512 elements, or the row of
 //!   a row region), calls the function and reads the results back. They
 //!   follow the same recipes operation for operation, so the bounds above
@@ -87,11 +89,11 @@
 //!
 //!   [`fastmath`] offers the same f32 `exp`, `tanh` and `sigmoid` to Rust
 //!   code (the `tracejit-nn` kernels use it): scalar functions and in-place
-//!   slice functions, with the constants the Cranelift and AVX2 code share.
+//!   slice functions, with the constants the Cranelift and vector code share.
 //!   The in-line code, the chunk functions and `fastmath` compute the same
 //!   bits for every non-NaN result (`tests/agreement.rs`), so the exp,
 //!   tanh and sigmoid rows of the table above hold for all three. (Why
-//!   256-bit code pays, with figures: `examples/throughput.rs` and the
+//!   wider code pays, with figures: `examples/throughput.rs` and the
 //!   benchmark table in the README.)
 //! - f64 transcendentals and f32/f64 `expm1`, `log1p`, `sin`, `cos`, `sinh`,
 //!   `cosh`, `softplus`, `pow`
@@ -106,13 +108,16 @@
 //!   leading axes (column regions) the order is the reference's, so the
 //!   result is exact.
 //! - Hand-written kernels: an f32 row softmax region (`exp(x - max(x)) /
-//!   sum(...)` over the row, nothing else) runs a Rust AVX2 kernel with the
+//!   sum(...)` over the row, nothing else) runs a Rust kernel with the
 //!   generated kernels' arguments instead of Cranelift code
-//!   ([`CompiledRegion::native_kernel`] names it): every pass in 256-bit
-//!   vectors, `exp` written straight into the output, the same `exp` bits,
-//!   max and reciprocal rule as the generated kernel, the sum in four
-//!   8-lane partials (within the sum bound above). W3 went from about 940 to
-//!   about 650 µs with it on one core. Needs AVX2 + FMA and staging on
+//!   ([`CompiledRegion::native_kernel`] names it): every pass in 512-bit
+//!   (AVX-512F) or 256-bit (AVX2) vectors, `exp` written straight into the
+//!   output, the same `exp` bits, max and reciprocal rule as the generated
+//!   kernel, the sum in four 16- or 8-lane partials (within the sum bound
+//!   above). W3 went from about 940 to about 650 µs with the 256-bit kernel
+//!   on one core, and to about 425 µs with the 512-bit one on a Zen 4 (whose
+//!   32 vector registers hold every constant of `exp`; the 256-bit loop
+//!   spills). Needs AVX2 + FMA or AVX-512F, and staging on
 //!   (`TRACEJIT_JIT_STAGE=0` keeps the generated kernel; `tests/native.rs`
 //!   compares the two).
 

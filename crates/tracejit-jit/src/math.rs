@@ -22,8 +22,8 @@
 //!   beyond |x| ≥ 3.8325.
 //!
 //! The constants of `exp`, `tanh` and `sigmoid` are declared once, in
-//! `fastmath`, which also holds the same recipes as Rust code; the AVX2
-//! chunk functions (`chunkmath`) are a third form. All three compute the
+//! `fastmath`, which also holds the same recipes as Rust code; the vector
+//! chunk functions (`chunkmath`, 256- and 512-bit) are a third form. All three compute the
 //! same bits (`tests/agreement.rs`).
 //!
 //! NaN inputs give NaN and `-0.0` keeps its sign where the function is odd.

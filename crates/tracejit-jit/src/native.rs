@@ -4,21 +4,22 @@
 //!
 //! Today one shape: the row softmax `exp(x - max(x)) / sum(exp(x - max(x)))`
 //! over f32 rows (W3, and the softmax inside attention-style code). Its
-//! generated kernel runs four passes in 128-bit vectors around the 256-bit
+//! generated kernel runs four passes in 128-bit vectors around the vector
 //! `exp` chunk function, and the passes around `exp` cost more than `exp`
-//! itself; this kernel runs every pass in 256-bit AVX2 code with `exp`
-//! computed straight into the output row.
+//! itself; this kernel runs every pass in 512-bit AVX-512 or 256-bit AVX2
+//! code (`chunkmath::width`) with `exp` computed straight into the output
+//! row.
 //!
 //! Results: the max is the reference's (a NaN row is scanned again in
 //! order, as the generated kernel does); every `exp` is the JIT's own
 //! approximation bit for bit ([`crate::fastmath::exp`]); the row sum adds in
-//! a different order than the generated kernel's (four 8-lane partials),
-//! so outputs agree with it within the sum's rounding, the tolerance every
+//! a different order than the generated kernel's (four partial vectors,
+//! 8 or 16 lanes), so outputs agree with it within the sum's rounding, the tolerance every
 //! float reduction of the JIT is checked against; the last pass multiplies
 //! by the sum's reciprocal when that is a normal number, else divides,
 //! like the generated kernel (`kernel::recip`).
 //!
-//! Only on x86_64 with AVX2 and FMA, and only when staging is on
+//! Only on x86_64 with AVX2 and FMA or AVX-512F, and only when staging is on
 //! (`JitOptions::stage`, which the `TRACEJIT_JIT_STAGE=0` test run turns off
 //! to exercise the generated code).
 
@@ -26,6 +27,7 @@ use cranelift_entity::EntityRef;
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, UnaryOp};
 
 use crate::analysis::{Analysis, KernelKind, LNodeId, LOp, LoadId};
+use crate::chunkmath::{width, Width};
 use crate::options::JitOptions;
 
 /// The name and entry of a hand-written kernel for `an`, if one fits it and
@@ -36,30 +38,37 @@ pub(crate) fn kernel_for(an: &Analysis, opts: &JitOptions) -> Option<(&'static s
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            return Some(("row softmax", avx2::softmax_rows as *const u8));
+        match width(opts)? {
+            Width::W16 => Some(("row softmax (16 lanes)", simd::softmax_rows_x16 as *const u8)),
+            Width::W8 => Some(("row softmax (8 lanes)", simd::softmax_rows_x8 as *const u8)),
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
     None
 }
 
-/// `y = softmax(x)` over one row with the hand-written kernel; false (and
-/// `y` untouched) where this CPU lacks AVX2 and FMA.
+/// `y = softmax(x)` over one row with the hand-written kernel at the
+/// process's width ([`JitOptions::global`]); false (and `y` untouched)
+/// where this CPU has neither AVX2 + FMA nor AVX-512F.
 pub(crate) fn softmax_row(x: &[f32], y: &mut [f32]) -> bool {
     assert_eq!(x.len(), y.len(), "softmax_row: input and output lengths differ");
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            if !x.is_empty() {
-                // SAFETY: the features are present; the slices have equal lengths.
-                unsafe { avx2::row(x, y) };
+        let Some(w) = width(&JitOptions::global()) else { return false };
+        if !x.is_empty() {
+            // SAFETY: `width` found the features; the slices have equal lengths.
+            unsafe {
+                match w {
+                    Width::W16 => simd::row_x16(x, y),
+                    Width::W8 => simd::row_x8(x, y),
+                }
             }
-            return true;
         }
+        true
     }
+    #[cfg(not(target_arch = "x86_64"))]
     false
 }
-
 /// True for a row region of one contiguous f32 input `x` and one full-size
 /// f32 output `exp(x - max(x)) / sum(exp(x - max(x)))`, reduced over the
 /// row, with nothing else computed.
@@ -85,21 +94,46 @@ fn is_row_softmax(an: &Analysis) -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+mod simd {
     use std::arch::x86_64::*;
 
-    use crate::chunkmath::avx2::{exp, V};
+    use crate::chunkmath::lanes::Lanes;
+    use crate::chunkmath::recipes::exp;
 
-    /// Row softmax over the ABI's argument block: `rows` rows of `n` f32
-    /// values, input slot 0, output slot 1 (pointer and byte row stride
-    /// each), inner elements contiguous.
-    ///
-    /// # Safety
-    /// `args` is an argument block whose pointers address `rows` rows of
-    /// `n` readable (input) and writable (output) f32 values at those
-    /// strides, the output not aliasing the input; the CPU has AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe extern "C" fn softmax_rows(args: *const i64) {
+    macro_rules! entry_points {
+        ($rows:ident, $row:ident, $v:ty, $features:literal) => {
+            /// Row softmax over the ABI's argument block: `rows` rows of `n`
+            /// f32 values, input slot 0, output slot 1 (pointer and byte row
+            /// stride each), inner elements contiguous.
+            ///
+            /// # Safety
+            /// `args` is an argument block whose pointers address `rows`
+            /// rows of `n` readable (input) and writable (output) f32 values
+            /// at those strides, the output not aliasing the input; the CPU
+            /// has the features.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe extern "C" fn $rows(args: *const i64) {
+                // SAFETY: forwarded from the caller.
+                unsafe { rows::<$v>(args) }
+            }
+
+            /// One row: `y = softmax(x)`, `x` not empty, `y` as long.
+            ///
+            /// # Safety
+            /// The CPU has the features.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $row(x: &[f32], y: &mut [f32]) {
+                // SAFETY: forwarded from the caller.
+                unsafe { row::<$v>(x, y) }
+            }
+        };
+    }
+    entry_points!(softmax_rows_x8, row_x8, __m256, "avx2,fma");
+    entry_points!(softmax_rows_x16, row_x16, __m512, "avx512f");
+
+    /// See the entry points.
+    #[inline(always)]
+    unsafe fn rows<V: Lanes>(args: *const i64) {
         // SAFETY: forwarded from the caller (the layout of `kernel::abi`).
         unsafe {
             let a = |i: usize| *args.add(i);
@@ -112,107 +146,104 @@ mod avx2 {
             for r in 0..rows as i64 {
                 let xr = (x + r * xs) as *const f32;
                 let yr = (y + r * ys) as *mut f32;
-                row(std::slice::from_raw_parts(xr, n), std::slice::from_raw_parts_mut(yr, n));
+                row::<V>(std::slice::from_raw_parts(xr, n), std::slice::from_raw_parts_mut(yr, n));
             }
         }
     }
 
-    /// One row: `y = softmax(x)`, `x` not empty, `y` as long.
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn row(x: &[f32], y: &mut [f32]) {
-        let n = x.len();
-        // SAFETY: AVX2 and FMA are enabled; every load and store below is
-        // at an index `i` with `i + 8 <= n` (vectors) or `i < n` (scalars).
+    /// Lanes of `v`, first to last.
+    #[inline(always)]
+    unsafe fn lanes<V: Lanes>(v: V) -> [f32; 16] {
+        let mut out = [0.0f32; 16];
+        // SAFETY: `out` has room for every width's lanes.
+        unsafe { v.store(out.as_mut_ptr()) };
+        out
+    }
+
+    /// One row at width `V`, `x` not empty, `y` as long.
+    #[inline(always)]
+    unsafe fn row<V: Lanes>(x: &[f32], y: &mut [f32]) {
+        let (n, w) = (x.len(), V::LANES);
+        // SAFETY: the caller enabled `V`'s features; every load and store
+        // below is at an index `i` with `i + w <= n` (vectors) or `i < n`
+        // (scalars).
         unsafe {
             let px = x.as_ptr();
             let py = y.as_mut_ptr();
             // Max: one `vmaxps` per vector, NaNs noted aside.
-            let mut acc = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
-            let mut nan = _mm256_setzero_ps();
+            let mut acc = [V::splat(f32::NEG_INFINITY); 4];
+            let mut nan = V::zero();
             let mut i = 0;
-            while i + 32 <= n {
+            while i + 4 * w <= n {
                 for (k, a) in acc.iter_mut().enumerate() {
-                    let v = _mm256_loadu_ps(px.add(i + 8 * k));
-                    *a = _mm256_max_ps(v, *a);
-                    nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+                    let v = V::load(px.add(i + w * k));
+                    *a = v.max(*a);
+                    nan = v.or_nan(nan);
                 }
-                i += 32;
+                i += 4 * w;
             }
-            while i + 8 <= n {
-                let v = _mm256_loadu_ps(px.add(i));
-                acc[0] = _mm256_max_ps(v, acc[0]);
-                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
-                i += 8;
+            while i + w <= n {
+                let v = V::load(px.add(i));
+                acc[0] = v.max(acc[0]);
+                nan = v.or_nan(nan);
+                i += w;
             }
-            let v = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
-            let mut lanes = [0.0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-            let mut m = lanes.iter().fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+            let v = acc[0].max(acc[1]).max(acc[2].max(acc[3]));
+            let mut m = lanes(v)[..w].iter().fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
             let mut tail_nan = false;
             for &v in &x[i..] {
                 tail_nan |= v.is_nan();
                 m = if v > m { v } else { m };
             }
-            if tail_nan || _mm256_movemask_ps(nan) != 0 {
+            if tail_nan || nan.any() {
                 // The reference's max: its first NaN, payload and all.
                 m = x.iter().fold(f32::NEG_INFINITY, |m, &v| if m.is_nan() || m >= v { m } else { v });
             }
-            // exp(x - m) into y, summed in four 8-lane partials.
-            let mv = _mm256_set1_ps(m);
-            let mut sum = [_mm256_setzero_ps(); 4];
+            // exp(x - m) into y, summed in four partial vectors.
+            let mv = V::splat(m);
+            let mut sum = [V::zero(); 4];
             let mut i = 0;
-            while i + 32 <= n {
+            while i + 4 * w <= n {
                 for (k, s) in sum.iter_mut().enumerate() {
-                    let e: V = exp(_mm256_sub_ps(_mm256_loadu_ps(px.add(i + 8 * k)), mv));
-                    _mm256_storeu_ps(py.add(i + 8 * k), e);
-                    *s = _mm256_add_ps(*s, e);
+                    let e = exp(V::load(px.add(i + w * k)).sub(mv));
+                    e.store(py.add(i + w * k));
+                    *s = s.add(e);
                 }
-                i += 32;
+                i += 4 * w;
             }
-            while i + 8 <= n {
-                let e = exp(_mm256_sub_ps(_mm256_loadu_ps(px.add(i)), mv));
-                _mm256_storeu_ps(py.add(i), e);
-                sum[0] = _mm256_add_ps(sum[0], e);
-                i += 8;
+            while i + w <= n {
+                let e = exp(V::load(px.add(i)).sub(mv));
+                e.store(py.add(i));
+                sum[0] = sum[0].add(e);
+                i += w;
             }
-            let v = _mm256_add_ps(_mm256_add_ps(sum[0], sum[1]), _mm256_add_ps(sum[2], sum[3]));
-            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-            let mut s = lanes.iter().sum::<f32>();
+            let v = sum[0].add(sum[1]).add(sum[2].add(sum[3]));
+            let mut s = lanes(v)[..w].iter().sum::<f32>();
             for j in i..n {
                 let e = crate::fastmath::exp(x[j] - m);
                 y[j] = e;
                 s += e;
             }
-            // y / s, as x * (1 / s) when 1 / s is a normal number.
-            if s.abs() >= f32::MIN_POSITIVE && s.abs() <= 2f32.powi(126) {
-                let r = 1.0 / s;
-                let rv = _mm256_set1_ps(r);
-                map(y, |v| _mm256_mul_ps(v, rv), |v| v * r);
+            // y / s, as y * (1 / s) when 1 / s is a normal number.
+            let scale = s.abs() >= f32::MIN_POSITIVE && s.abs() <= 2f32.powi(126);
+            let (r, sv) = (1.0 / s, V::splat(s));
+            let rv = V::splat(r);
+            let mut i = 0;
+            // Both loops written out: a closure would be compiled without
+            // the entry point's target features.
+            if scale {
+                while i + w <= n {
+                    V::load(py.add(i)).mul(rv).store(py.add(i));
+                    i += w;
+                }
+                y[i..].iter_mut().for_each(|v| *v *= r);
             } else {
-                let sv = _mm256_set1_ps(s);
-                map(y, |v| _mm256_div_ps(v, sv), |v| v / s);
+                while i + w <= n {
+                    V::load(py.add(i)).div(sv).store(py.add(i));
+                    i += w;
+                }
+                y[i..].iter_mut().for_each(|v| *v /= s);
             }
-        }
-    }
-
-    /// `y[i] = f(y[i])`, eight at a time, the tail by `tail`.
-    #[inline(always)]
-    unsafe fn map(y: &mut [f32], f: impl Fn(V) -> V, tail: impl Fn(f32) -> f32) {
-        let (n, py) = (y.len(), y.as_mut_ptr());
-        let mut i = 0;
-        // SAFETY: the caller has AVX enabled; every vector access is at
-        // `i + 8 <= n`.
-        unsafe {
-            while i + 8 <= n {
-                _mm256_storeu_ps(py.add(i), f(_mm256_loadu_ps(py.add(i))));
-                i += 8;
-            }
-        }
-        for v in &mut y[i..] {
-            *v = tail(*v);
         }
     }
 }

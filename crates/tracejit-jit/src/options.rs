@@ -21,7 +21,7 @@ use tracejit_ir::Op;
 ///
 /// // The environment's options (`TRACEJIT_JIT_*`), read once per process.
 /// let opts = JitOptions::global();
-/// // In-line transcendentals even where AVX2 chunk functions exist.
+/// // In-line transcendentals even where vector chunk functions exist.
 /// let inline = JitOptions { stage: false, ..opts };
 /// assert!(!inline.stage);
 /// ```
@@ -31,10 +31,16 @@ pub struct JitOptions {
     /// (2 for kernels with in-line transcendentals, 4 otherwise).
     /// Environment: `TRACEJIT_JIT_UNROLL`.
     pub unroll: Option<u8>,
-    /// Compute f32 `exp`/`tanh`/`sigmoid` of a region in 256-bit chunk
-    /// functions where the CPU has AVX2 and FMA (on by default).
+    /// Compute f32 `exp`/`tanh`/`sigmoid` of a region in vector chunk
+    /// functions where the CPU has AVX2 and FMA or AVX-512F (on by default).
     /// Environment: `TRACEJIT_JIT_STAGE=0` turns it off.
     pub stage: bool,
+    /// Run the chunk functions and hand-written kernels (see `stage`) in
+    /// 512-bit AVX-512 code where the CPU has AVX-512F (on by default; off,
+    /// or without AVX-512F, they run in 256-bit AVX2 code). Both compute the
+    /// same bits; the row softmax's sum adds in a different order.
+    /// Environment: `TRACEJIT_JIT_AVX512=0` turns it off.
+    pub avx512: bool,
     /// Print each kernel's Cranelift IR and machine code to stderr when it
     /// is compiled. Environment: `TRACEJIT_JIT_DUMP` (any value).
     pub dump: bool,
@@ -43,7 +49,7 @@ pub struct JitOptions {
 impl Default for JitOptions {
     /// The built-in defaults, ignoring the environment.
     fn default() -> JitOptions {
-        JitOptions { unroll: None, stage: true, dump: false }
+        JitOptions { unroll: None, stage: true, avx512: true, dump: false }
     }
 }
 
@@ -55,6 +61,7 @@ impl JitOptions {
         JitOptions {
             unroll: unroll.filter(|u| [1, 2, 4, 8].contains(u)),
             stage: std::env::var("TRACEJIT_JIT_STAGE").map_or(true, |v| v != "0"),
+            avx512: std::env::var("TRACEJIT_JIT_AVX512").map_or(true, |v| v != "0"),
             dump: std::env::var_os("TRACEJIT_JIT_DUMP").is_some(),
         }
     }
@@ -208,6 +215,6 @@ mod tests {
 
     #[test]
     fn defaults_ignore_the_environment() {
-        assert_eq!(JitOptions::default(), JitOptions { unroll: None, stage: true, dump: false });
+        assert_eq!(JitOptions::default(), JitOptions { unroll: None, stage: true, avx512: true, dump: false });
     }
 }

@@ -57,8 +57,16 @@ fn check(op: UnaryOp, scalar: fn(f32) -> f32, in_place: fn(&mut [f32])) {
     let base = JitOptions::from_env();
     let inline = region(op, &xs, &JitOptions { stage: false, ..base });
     assert_same(op, "in-line JIT code", &xs, &inline, &want);
-    let staged = region(op, &xs, &JitOptions { stage: true, ..base });
-    assert_same(op, "staged JIT code", &xs, &staged, &want);
+    for avx512 in [true, false] {
+        let staged = region(op, &xs, &JitOptions { stage: true, avx512, ..base });
+        assert_same(
+            op,
+            if avx512 { "staged JIT code (16 lanes)" } else { "staged JIT code (8 lanes)" },
+            &xs,
+            &staged,
+            &want,
+        );
+    }
 
     // The in-line code's scalar form: a region of 3 elements has no vector
     // iteration. Every 97th input and every special value go through it.

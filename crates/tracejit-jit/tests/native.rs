@@ -51,16 +51,43 @@ fn avx2() -> bool {
     }
 }
 
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 fn staged() -> JitOptions {
     JitOptions { stage: true, ..JitOptions::default() }
+}
+
+/// Staged, at 16 lanes where the CPU has them (`wide`) or at 8.
+fn staged_at(wide: bool) -> JitOptions {
+    JitOptions { avx512: wide, ..staged() }
+}
+
+/// The hand-written kernel's name under `opts`, if this CPU runs one.
+fn expected(opts: &JitOptions) -> Option<&'static str> {
+    if opts.avx512 && avx512() {
+        Some("row softmax (16 lanes)")
+    } else {
+        avx2().then_some("row softmax (8 lanes)")
+    }
 }
 
 #[test]
 fn only_the_f32_row_softmax_gets_the_hand_written_kernel() {
     let native = |g: &Graph, opts: &JitOptions| tracejit_jit::compile_region_with(g, opts).unwrap().native_kernel();
-    let want = avx2().then_some("row softmax");
-    assert_eq!(native(&softmax(DType::F32, &[4, 37], &[1], None), &staged()), want);
-    assert_eq!(native(&softmax(DType::F32, &[2, 3, 37], &[2], None), &staged()), want);
+    for wide in [true, false] {
+        let want = expected(&staged_at(wide));
+        assert_eq!(native(&softmax(DType::F32, &[4, 37], &[1], None), &staged_at(wide)), want);
+        assert_eq!(native(&softmax(DType::F32, &[2, 3, 37], &[2], None), &staged_at(wide)), want);
+    }
     // Staging off (TRACEJIT_JIT_STAGE=0): generated code.
     assert_eq!(native(&softmax(DType::F32, &[4, 37], &[1], None), &JitOptions { stage: false, ..staged() }), None);
     // f64, a prologue, another epilogue: generated code.
@@ -105,15 +132,15 @@ proptest! {
     fn matches_the_interpreter_and_the_generated_kernel(
         r in prop::sample::select(vec![1usize, 2, 3, 7]),
         n in prop::sample::select(vec![1usize, 3, 5, 7, 8, 9, 31, 32, 33, 40, 255, 1023, 1024]),
-        special in any::<bool>(), seed in 0u64..1000,
+        special in any::<bool>(), seed in 0u64..1000, wide in any::<bool>(),
     ) {
         // Dims unknown when compiled (rows of 1 are then allowed too).
         let g = softmax_spec(DType::F32, &[-1, -1], &[1], None);
         let xs = Storage::from_vec(rows(r, n, seed, special), &[r, n]).unwrap();
-        let native = tracejit_jit::compile_region_with(&g, &staged()).unwrap();
+        let native = tracejit_jit::compile_region_with(&g, &staged_at(wide)).unwrap();
         let generated = tracejit_jit::compile_region_with(&g, &JitOptions { stage: false, ..staged() }).unwrap();
         prop_assert!(generated.native_kernel().is_none());
-        prop_assert_eq!(native.native_kernel(), avx2().then_some("row softmax"));
+        prop_assert_eq!(native.native_kernel(), expected(&staged_at(wide)));
         let got = native.run(&[&xs]);
         let gen = generated.run(&[&xs]);
         let want = tracejit_ir::interpret(&g, std::slice::from_ref(&xs)).unwrap();
@@ -125,12 +152,18 @@ proptest! {
 /// Rows that are not contiguous in memory (a transposed input is
 /// materialized or read with strides by the launcher), a leading batch
 /// axis, and the row split across threads: same results as one thread, bit
-/// for bit.
+/// for bit; at both vector widths.
 #[test]
 fn strided_batched_and_threaded_rows() {
+    for wide in [true, false] {
+        strided_batched_and_threaded_rows_at(&staged_at(wide));
+    }
+}
+
+fn strided_batched_and_threaded_rows_at(opts: &JitOptions) {
     let g = softmax(DType::F32, &[3, 64, 1023], &[2], None);
     let xs = Storage::from_vec(rows(3 * 64, 1023, 9, true), &[3, 64, 1023]).unwrap();
-    let region = tracejit_jit::compile_region_with(&g, &staged()).unwrap();
+    let region = tracejit_jit::compile_region_with(&g, opts).unwrap();
     let want = tracejit_ir::interpret(&g, std::slice::from_ref(&xs)).unwrap();
     tracejit_jit::threads::set_split_threshold(1);
     let mut outs = Vec::new();
@@ -147,7 +180,7 @@ fn strided_batched_and_threaded_rows() {
     // A softmax over two trailing axes: rows of 3 * 37.
     let g2 = softmax(DType::F32, &[4, 3, 37], &[1, 2], None);
     let x2 = Storage::from_vec(rows(4, 3 * 37, 6, true), &[4, 3, 37]).unwrap();
-    let got = tracejit_jit::compile_region_with(&g2, &staged()).unwrap().run(&[&x2]);
+    let got = tracejit_jit::compile_region_with(&g2, opts).unwrap().run(&[&x2]);
     let want = tracejit_ir::interpret(&g2, std::slice::from_ref(&x2)).unwrap();
     agree(&got[0], &want[0], 3 * 37).unwrap();
     // A view with a row stride of its own: every other row of a [6, 1023].
@@ -159,7 +192,7 @@ fn strided_batched_and_threaded_rows() {
     // And a transposed input, whose rows are not contiguous at all.
     let tall = Storage::from_vec(rows(1023, 3, 5, false), &[1023, 3]).unwrap();
     let t = tracejit_ir::tensor::kernels::transpose(&tall, &[1, 0]);
-    let region = tracejit_jit::compile_region_with(&g, &staged()).unwrap();
+    let region = tracejit_jit::compile_region_with(&g, opts).unwrap();
     for x in [view, t] {
         let got = region.run(&[&x]);
         let want = tracejit_ir::interpret(&g, std::slice::from_ref(&x)).unwrap();

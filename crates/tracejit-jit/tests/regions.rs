@@ -52,8 +52,8 @@ fn gen(seed: u64, allow_approx: bool) -> Case {
         let drop = if domain.is_empty() { 0 } else { (r.next() % (domain.len() as u64 + 1)) as usize };
         let drop = if k == 0 { 0 } else { drop };
         let shape: Vec<usize> =
-            domain[drop..].iter().map(|&d| if k > 0 && r.next() % 3 == 0 { 1 } else { d }).collect();
-        let dt = if r.next() % 5 == 0 { DType::ALL[(r.next() % 5) as usize] } else { main };
+            domain[drop..].iter().map(|&d| if k > 0 && r.next().is_multiple_of(3) { 1 } else { d }).collect();
+        let dt = if r.next().is_multiple_of(5) { DType::ALL[(r.next() % 5) as usize] } else { main };
         let p = param(&mut g, dt, &shape);
         inputs.push(data(dt, &shape, r.next(), true));
         vals.push((p, dt));
@@ -79,7 +79,7 @@ fn gen(seed: u64, allow_approx: bool) -> Case {
                     continue;
                 }
                 let same: Vec<ValueId> = vals.iter().filter(|(_, t)| *t == at).map(|(v, _)| *v).collect();
-                let b = if r.next() % 3 == 0 {
+                let b = if r.next().is_multiple_of(3) {
                     let c = match at {
                         DType::Bool => r.next() % 2,
                         DType::I32 | DType::I64 => r.next() % 7,
@@ -90,7 +90,7 @@ fn gen(seed: u64, allow_approx: bool) -> Case {
                 } else {
                     same[(r.next() % same.len() as u64) as usize]
                 };
-                let (x, y) = if r.next() % 2 == 0 { (a, b) } else { (b, a) };
+                let (x, y) = if r.next().is_multiple_of(2) { (a, b) } else { (b, a) };
                 g.add_node(Op::Binary(op), &[x, y], &[], None)
             }
             7 => {
@@ -145,7 +145,7 @@ fn maybe_second_output(case: &mut Case, seed: u64) {
         .map(|(v, _)| *v)
         .filter(|v| case.g.value_type(*v).dims == first.dims && *v != case.g.outputs[0])
         .collect();
-    if !cands.is_empty() && seed % 2 == 0 {
+    if !cands.is_empty() && seed.is_multiple_of(2) {
         case.g.outputs.push(cands[(seed / 2 % cands.len() as u64) as usize]);
     }
 }

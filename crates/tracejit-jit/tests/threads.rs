@@ -456,7 +456,7 @@ proptest! {
         let dim = if b.by_rows { m } else { n };
         prop_assert_eq!(b.by_rows, m > n);
         prop_assert!(b.count >= 1 && b.count <= threads::GEMM_MAX_BLOCKS);
-        prop_assert!(b.size % threads::GEMM_ROUND == 0 || b.count == 1, "{:?}", b);
+        prop_assert!(b.size.is_multiple_of(threads::GEMM_ROUND) || b.count == 1, "{:?}", b);
         if b.count > 1 {
             // Every block over 64 wide (the gemm crate's general path); the
             // last takes the rest.

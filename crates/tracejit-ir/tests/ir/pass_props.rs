@@ -64,7 +64,7 @@ fn data(shape: &[usize], seed: u64) -> Storage {
             s ^= s << 13;
             s ^= s >> 7;
             s ^= s << 17;
-            if s % 3 == 0 {
+            if s.is_multiple_of(3) {
                 SPECIAL[(s >> 8) as usize % SPECIAL.len()]
             } else {
                 ((s >> 11) % 1000) as f32 / 250.0 - 2.0

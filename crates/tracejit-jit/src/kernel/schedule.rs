@@ -1,6 +1,6 @@
 //! Scheduling before emission: which values of a kernel live in scratch
 //! buffers (row values a later pass reads, column accumulators) and which
-//! f32 transcendentals are staged through the 256-bit chunk functions.
+//! f32 transcendentals are staged through the vector chunk functions.
 
 use std::collections::HashMap;
 
@@ -30,7 +30,7 @@ pub(crate) struct Schedule {
     pub(super) stored_in: HashMap<LNodeId, u32>,
     /// Column regions: reduce node -> accumulator slot.
     pub(super) acc: HashMap<LNodeId, ScratchId>,
-    /// f32 `exp`/`tanh`/`sigmoid` nodes computed by a 256-bit chunk
+    /// f32 `exp`/`tanh`/`sigmoid` nodes computed by a vector chunk
     /// function ([`crate::chunkmath`]) instead of in-line, in node order.
     pub staged: Vec<Staged>,
     /// Elements per chunk of a staged kernel (scratch buffers hold one
@@ -68,7 +68,7 @@ pub(super) fn stageable(an: &Analysis, opts: &JitOptions) -> Vec<(LNodeId, Unary
         .iter()
         .filter_map(|(i, n)| {
             let LOp::Unary(op) = n.op else { return None };
-            (n.dtype == DType::F32 && n.varying && crate::chunkmath::chunk_fn(op).is_some()).then_some((i, op))
+            (n.dtype == DType::F32 && n.varying && crate::chunkmath::chunk_fn(op, opts).is_some()).then_some((i, op))
         })
         .collect()
 }

@@ -46,10 +46,10 @@ pub fn data(dtype: DType, shape: &[usize], seed: u64, special: bool) -> Storage 
         DType::F32 | DType::F64 => {
             let v: Vec<f64> = (0..n)
                 .map(|_| {
-                    if special && r.next() % 8 == 0 {
+                    if special && r.next().is_multiple_of(8) {
                         fspecial[(r.next() % fspecial.len() as u64) as usize]
                     } else {
-                        (r.unit() * 8.0 - 4.0) * if r.next() % 4 == 0 { 10.0 } else { 1.0 }
+                        (r.unit() * 8.0 - 4.0) * if r.next().is_multiple_of(4) { 10.0 } else { 1.0 }
                     }
                 })
                 .collect();
@@ -63,7 +63,7 @@ pub fn data(dtype: DType, shape: &[usize], seed: u64, special: bool) -> Storage 
             let ispecial = [i32::MIN, i32::MAX, 0, -1, 1];
             let v: Vec<i32> = (0..n)
                 .map(|_| {
-                    if special && r.next() % 8 == 0 {
+                    if special && r.next().is_multiple_of(8) {
                         ispecial[(r.next() % 5) as usize]
                     } else {
                         (r.next() % 21) as i32 - 10
@@ -76,7 +76,7 @@ pub fn data(dtype: DType, shape: &[usize], seed: u64, special: bool) -> Storage 
             let ispecial = [i64::MIN, i64::MAX, 0, -1, 1];
             let v: Vec<i64> = (0..n)
                 .map(|_| {
-                    if special && r.next() % 8 == 0 {
+                    if special && r.next().is_multiple_of(8) {
                         ispecial[(r.next() % 5) as usize]
                     } else {
                         (r.next() % 21) as i64 - 10
@@ -86,7 +86,7 @@ pub fn data(dtype: DType, shape: &[usize], seed: u64, special: bool) -> Storage 
             Storage::from_vec(v, shape).unwrap()
         }
         DType::Bool => {
-            let v: Vec<bool> = (0..n).map(|_| r.next() % 2 == 0).collect();
+            let v: Vec<bool> = (0..n).map(|_| r.next().is_multiple_of(2)).collect();
             Storage::from_vec(v, shape).unwrap()
         }
     }
