@@ -28,13 +28,20 @@ thread_local! {
     static SIZES: Cell<([usize; KEPT], usize)> = const { Cell::new(([0; KEPT], 0)) };
 }
 
-fn note(bytes: usize) {
+/// Alignment from which an allocation is a SIMD workspace (the `gemm`
+/// crate's packing buffers are 128-byte aligned), never a tensor: tensor
+/// buffers are `Vec`s, aligned to their element. Such workspaces count
+/// towards the bytes but are not remembered by size, where one could match
+/// a tensor's size by coincidence (`k·n` floats of a `[k, n]` operand).
+const WORKSPACE_ALIGN: usize = 64;
+
+fn note(bytes: usize, align: usize) {
     // `try_with`: the allocator also runs while thread-locals are torn down.
     let _ = ON.try_with(|on| {
         if on.get() {
             let _ = BYTES.try_with(|b| b.set(b.get() + bytes));
             let _ = COUNT.try_with(|c| c.set(c.get() + 1));
-            if bytes >= BIG {
+            if bytes >= BIG && align < WORKSPACE_ALIGN {
                 let _ = SIZES.try_with(|s| {
                     let (mut sizes, n) = s.get();
                     if n < KEPT {
@@ -56,17 +63,17 @@ fn big_allocations() -> Vec<usize> {
 // SAFETY: forwards to the system allocator; only counts.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
+        note(layout.size(), layout.align());
         // SAFETY: forwarded.
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note(layout.size());
+        note(layout.size(), layout.align());
         // SAFETY: forwarded.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note(new_size);
+        note(new_size, layout.align());
         // SAFETY: forwarded.
         unsafe { System.realloc(ptr, layout, new_size) }
     }

@@ -14,6 +14,8 @@ use tracejit_ir::tensor::{kernels, DType, Storage};
 
 use crate::region::BufPool;
 
+pub(crate) mod micro;
+
 /// Element types the fast path handles.
 trait GemmScalar: Copy + Default + 'static {
     /// The dtype of `Self`.
@@ -47,7 +49,7 @@ trait GemmScalar: Copy + Default + 'static {
 }
 
 macro_rules! gemm_scalar {
-    ($t:ty, $v:ident) => {
+    ($t:ty, $v:ident, $gemm:path) => {
         impl GemmScalar for $t {
             const DTYPE: DType = DType::$v;
             fn from_storage(s: Storage) -> Option<ArcArray<Self, IxDyn>> {
@@ -83,7 +85,7 @@ macro_rules! gemm_scalar {
                     // takes (column, row) strides and computes
                     // dst = alpha·dst + beta·(lhs·rhs).
                     unsafe {
-                        gemm::gemm(
+                        $gemm(
                             rows.len(),
                             cols.len(),
                             k,
@@ -99,10 +101,6 @@ macro_rules! gemm_scalar {
                             rsb,
                             if accumulate { 1.0 } else { 0.0 },
                             1.0,
-                            false,
-                            false,
-                            false,
-                            gemm::Parallelism::None,
                         )
                     }
                 })
@@ -126,8 +124,53 @@ impl<T> SendPtr<T> {
     }
 }
 
-gemm_scalar!(f32, F32);
-gemm_scalar!(f64, F64);
+gemm_scalar!(f32, F32, micro::gemm_f32);
+gemm_scalar!(f64, F64, gemm_f64);
+
+/// `gemm::gemm` for f64 on this thread, in [`micro::gemm_f32`]'s shape.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_f64(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut f64,
+    dst_cs: isize,
+    dst_rs: isize,
+    read_dst: bool,
+    lhs: *const f64,
+    lhs_cs: isize,
+    lhs_rs: isize,
+    rhs: *const f64,
+    rhs_cs: isize,
+    rhs_rs: isize,
+    alpha: f64,
+    beta: f64,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            dst_cs,
+            dst_rs,
+            read_dst,
+            lhs,
+            lhs_cs,
+            lhs_rs,
+            rhs,
+            rhs_cs,
+            rhs_rs,
+            alpha,
+            beta,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
 
 /// `c += a · b` with `a [m, k]` and `b [k, n]` views (any strides, negative
 /// too) and
