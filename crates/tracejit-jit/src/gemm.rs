@@ -7,7 +7,9 @@
 //! faster on every one, by 1.8x on the thin 64×512×10 (the measurement and
 //! its figures are in the git history of this file). Results match the
 //! reference kernel (a blocked GEMM of its own) within the usual
-//! `k·ε·Σ|aᵢbᵢ|` bound, not bit for bit.
+//! `k·ε·Σ|aᵢbᵢ|` bound, not bit for bit. f32 products pick the crate's
+//! 16-lane (AVX-512F) or 8-lane (AVX2) kernels per product, by operand
+//! layout ([`micro`]); f64 products take the crate's own choice.
 
 use ndarray::{ArcArray, ArrayView2, Axis, IxDyn};
 use tracejit_ir::tensor::{kernels, DType, Storage};

@@ -14,7 +14,8 @@
 //! order, as the generated kernel does); every `exp` is the JIT's own
 //! approximation bit for bit ([`crate::fastmath::exp`]); the row sum adds in
 //! a different order than the generated kernel's (four partial vectors,
-//! 8 or 16 lanes), so outputs agree with it within the sum's rounding, the tolerance every
+//! 8 or 16 lanes, and the elements before the output reaches a vector's
+//! alignment apart), so outputs agree with it within the sum's rounding, the tolerance every
 //! float reduction of the JIT is checked against; the last pass multiplies
 //! by the sum's reciprocal when that is a normal number, else divides,
 //! like the generated kernel (`kernel::recip`).
@@ -164,6 +165,11 @@ mod simd {
     #[inline(always)]
     unsafe fn row<V: Lanes>(x: &[f32], y: &mut [f32]) {
         let (n, w) = (x.len(), V::LANES);
+        // Elements before `p` reaches a vector's alignment (a heap block is
+        // 16-byte aligned; off it, every 64-byte access spans two cache
+        // lines): the max pass aligns its loads and the last pass its
+        // stores, which changes no bit (a max, and one product per element).
+        let head = |p: *const f32| ((p as usize).wrapping_neg() % (w * 4) / 4).min(n);
         // SAFETY: the caller enabled `V`'s features; every load and store
         // below is at an index `i` with `i + w <= n` (vectors) or `i < n`
         // (scalars).
@@ -171,9 +177,16 @@ mod simd {
             let px = x.as_ptr();
             let py = y.as_mut_ptr();
             // Max: one `vmaxps` per vector, NaNs noted aside.
+            let h = head(px);
+            let mut m = f32::NEG_INFINITY;
+            let mut scalar_nan = false;
+            for &v in &x[..h] {
+                scalar_nan |= v.is_nan();
+                m = if v > m { v } else { m };
+            }
             let mut acc = [V::splat(f32::NEG_INFINITY); 4];
             let mut nan = V::zero();
-            let mut i = 0;
+            let mut i = h;
             while i + 4 * w <= n {
                 for (k, a) in acc.iter_mut().enumerate() {
                     let v = V::load(px.add(i + w * k));
@@ -189,61 +202,111 @@ mod simd {
                 i += w;
             }
             let v = acc[0].max(acc[1]).max(acc[2].max(acc[3]));
-            let mut m = lanes(v)[..w].iter().fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
-            let mut tail_nan = false;
+            m = lanes(v)[..w].iter().fold(m, |m, &l| if l > m { l } else { m });
             for &v in &x[i..] {
-                tail_nan |= v.is_nan();
+                scalar_nan |= v.is_nan();
                 m = if v > m { v } else { m };
             }
-            if tail_nan || nan.any() {
+            if scalar_nan || nan.any() {
                 // The reference's max: its first NaN, payload and all.
                 m = x.iter().fold(f32::NEG_INFINITY, |m, &v| if m.is_nan() || m >= v { m } else { v });
             }
-            // exp(x - m) into y, summed in four partial vectors.
+            // exp(x - m) into `t`, summed in four partial vectors (and the
+            // tail aside): `y`, or a scratch row on the stack where
+            // `y` lies a few bytes past a multiple of 4 KiB from `x` (two
+            // heap blocks allocated one after the other): there every load
+            // of `x` would wait for the store to `y` just before it, whose
+            // address matches in the low 12 bits (4K aliasing; W3 ran 15%
+            // slower with such buffers).
+            let mut scratch = [std::mem::MaybeUninit::<f32>::uninit(); SCRATCH + SCRATCH_SLACK];
+            let t = if n <= SCRATCH && aliases(px, py) {
+                scratch_row(scratch.as_mut_ptr().cast::<f32>(), px, py)
+            } else {
+                py
+            };
+            // Partials by index from the row's start, whatever the
+            // buffers' alignment: the sum's order, and so the result's bits,
+            // depend on the row alone.
             let mv = V::splat(m);
             let mut sum = [V::zero(); 4];
             let mut i = 0;
             while i + 4 * w <= n {
                 for (k, s) in sum.iter_mut().enumerate() {
                     let e = exp(V::load(px.add(i + w * k)).sub(mv));
-                    e.store(py.add(i + w * k));
+                    e.store(t.add(i + w * k));
                     *s = s.add(e);
                 }
                 i += 4 * w;
             }
             while i + w <= n {
                 let e = exp(V::load(px.add(i)).sub(mv));
-                e.store(py.add(i));
+                e.store(t.add(i));
                 sum[0] = sum[0].add(e);
                 i += w;
             }
             let v = sum[0].add(sum[1]).add(sum[2].add(sum[3]));
             let mut s = lanes(v)[..w].iter().sum::<f32>();
-            for j in i..n {
-                let e = crate::fastmath::exp(x[j] - m);
-                y[j] = e;
+            for (j, &xj) in x.iter().enumerate().skip(i) {
+                let e = crate::fastmath::exp(xj - m);
+                *t.add(j) = e;
                 s += e;
             }
-            // y / s, as y * (1 / s) when 1 / s is a normal number.
+            // y = t / s, as t * (1 / s) when 1 / s is a normal number.
             let scale = s.abs() >= f32::MIN_POSITIVE && s.abs() <= 2f32.powi(126);
             let (r, sv) = (1.0 / s, V::splat(s));
             let rv = V::splat(r);
-            let mut i = 0;
+            let h = head(py);
+            let mut i = h;
             // Both loops written out: a closure would be compiled without
             // the entry point's target features.
             if scale {
+                (0..h).for_each(|j| *py.add(j) = *t.add(j) * r);
                 while i + w <= n {
-                    V::load(py.add(i)).mul(rv).store(py.add(i));
+                    V::load(t.add(i)).mul(rv).store(py.add(i));
                     i += w;
                 }
-                y[i..].iter_mut().for_each(|v| *v *= r);
+                (i..n).for_each(|j| *py.add(j) = *t.add(j) * r);
             } else {
+                (0..h).for_each(|j| *py.add(j) = *t.add(j) / s);
                 while i + w <= n {
-                    V::load(py.add(i)).div(sv).store(py.add(i));
+                    V::load(t.add(i)).div(sv).store(py.add(i));
                     i += w;
                 }
-                y[i..].iter_mut().for_each(|v| *v /= s);
+                (i..n).for_each(|j| *py.add(j) = *t.add(j) / s);
             }
         }
+    }
+
+    /// Longest row that goes through the stack scratch row when its
+    /// buffers alias (16 KiB, with the input and output rows within L1).
+    const SCRATCH: usize = 4096;
+    /// Room to place the scratch row away from both buffers' 4 KiB offsets.
+    const SCRATCH_SLACK: usize = 1024;
+    /// Distance in bytes, modulo 4 KiB, below which a store to one buffer
+    /// and a load from the other are taken for the same address.
+    const NEAR: usize = 256;
+
+    /// Circular distance of two addresses' offsets within a 4 KiB page.
+    fn page_distance(a: *const f32, b: *const f32) -> usize {
+        let d = (a as usize).wrapping_sub(b as usize) % 4096;
+        d.min(4096 - d)
+    }
+
+    /// True when a row of `x` and the row of `y` at the same index are
+    /// nearly a multiple of 4 KiB apart.
+    fn aliases(x: *const f32, y: *const f32) -> bool {
+        page_distance(x, y) < NEAR
+    }
+
+    /// A place for a row in `buf` (`SCRATCH + SCRATCH_SLACK` floats),
+    /// 64-byte aligned and at least [`NEAR`] bytes (modulo 4 KiB) from both
+    /// `x` and `y`: at most 16 of a page's 64 aligned offsets are near one
+    /// of them, and the slack spans 63.
+    fn scratch_row(buf: *mut f32, x: *const f32, y: *const f32) -> *mut f32 {
+        let base = buf.wrapping_add((buf as usize).wrapping_neg() % 64 / 4);
+        (0..SCRATCH_SLACK / 16 - 1)
+            .map(|k| base.wrapping_add(16 * k))
+            .find(|&t| page_distance(t, x) >= NEAR && page_distance(t, y) >= NEAR)
+            .unwrap_or(base)
     }
 }

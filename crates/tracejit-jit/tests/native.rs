@@ -218,3 +218,41 @@ fn empty_rows_are_refused_like_the_reference() {
     let region = tracejit_jit::compile_region_with(&g, &staged()).unwrap();
     region.run(&[&Storage::full(&[4, 0], DType::F32, 0.0)]);
 }
+
+/// Rows whose output lies a few bytes past a multiple of 4 KiB from the
+/// input (the kernel then writes `exp` into a scratch row first), with
+/// every head length before the output's vector alignment: the same bits
+/// as with unrelated buffers, and the values of an f64 softmax.
+#[test]
+fn rows_a_multiple_of_4k_apart_give_the_same_values() {
+    for n in [1usize, 3, 5, 17, 1023, 1024, 4096, 4097] {
+        let x = rows(1, n, n as u64, true);
+        let mut apart = vec![0f32; n];
+        tracejit_jit::fastmath::softmax_row(&x, &mut apart);
+        let m = x.iter().fold(f32::NEG_INFINITY, |m, &v| if m.is_nan() || m >= v { m } else { v });
+        let e: Vec<f64> = x.iter().map(|&v| (f64::from(v) - f64::from(m)).exp()).collect();
+        let total: f64 = e.iter().sum();
+        let pages = n.div_ceil(1024) + 1;
+        for gap in [1024 * pages, 1024 * pages + 4, 1024 * pages - 4, 1024 * pages + 3, 1024 * (pages + 1) + 7] {
+            for shift in 0..4 {
+                // x at `shift`, y `gap` floats later, in one buffer.
+                let mut buf = vec![0f32; shift + gap + n + 16];
+                buf[shift..shift + n].copy_from_slice(&x);
+                let (a, b) = buf.split_at_mut(shift + gap);
+                let y = &mut b[..n];
+                tracejit_jit::fastmath::softmax_row(&a[shift..shift + n], y);
+                let (got, want) =
+                    (Storage::from_vec(y.to_vec(), &[n]).unwrap(), Storage::from_vec(apart.clone(), &[n]).unwrap());
+                // Bit for bit: the sum's order depends on the row alone.
+                assert!(got.bit_eq(&want), "n {n} gap {gap} shift {shift}: not the bits of unrelated buffers");
+                for (j, g) in y.iter().enumerate() {
+                    let w = e[j] / total;
+                    assert!(
+                        (g.is_nan() && w.is_nan()) || (f64::from(*g) - w).abs() <= 1e-5 * w.max(1e-30) + 1e-12,
+                        "n {n} gap {gap} shift {shift}: y[{j}] = {g}, f64 softmax {w}"
+                    );
+                }
+            }
+        }
+    }
+}
