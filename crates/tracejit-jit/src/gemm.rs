@@ -51,7 +51,7 @@ trait GemmScalar: Copy + Default + 'static {
 }
 
 macro_rules! gemm_scalar {
-    ($t:ty, $v:ident, $gemm:path) => {
+    ($t:ty, $v:ident, $run:ident) => {
         impl GemmScalar for $t {
             const DTYPE: DType = DType::$v;
             fn from_storage(s: Storage) -> Option<ArcArray<Self, IxDyn>> {
@@ -87,23 +87,24 @@ macro_rules! gemm_scalar {
                     // takes (column, row) strides and computes
                     // dst = alpha·dst + beta·(lhs·rhs).
                     unsafe {
-                        $gemm(
-                            rows.len(),
-                            cols.len(),
+                        micro::Product {
+                            m: rows.len(),
+                            n: cols.len(),
                             k,
-                            c.get().offset(r0 * rsc + c0 * csc),
-                            csc,
-                            rsc,
-                            accumulate,
-                            a.get().offset(r0 * rsa),
-                            csa,
-                            rsa,
-                            b.get().offset(c0 * csb),
-                            csb,
-                            rsb,
-                            if accumulate { 1.0 } else { 0.0 },
-                            1.0,
-                        )
+                            dst: c.get().offset(r0 * rsc + c0 * csc),
+                            dst_cs: csc,
+                            dst_rs: rsc,
+                            read_dst: accumulate,
+                            lhs: a.get().offset(r0 * rsa),
+                            lhs_cs: csa,
+                            lhs_rs: rsa,
+                            rhs: b.get().offset(c0 * csb),
+                            rhs_cs: csb,
+                            rhs_rs: rsb,
+                            alpha: if accumulate { 1.0 } else { 0.0 },
+                            beta: 1.0,
+                        }
+                        .$run()
                     }
                 })
             }
@@ -126,53 +127,9 @@ impl<T> SendPtr<T> {
     }
 }
 
-gemm_scalar!(f32, F32, micro::gemm_f32);
-gemm_scalar!(f64, F64, gemm_f64);
-
-/// `gemm::gemm` for f64 on this thread, in [`micro::gemm_f32`]'s shape.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_f64(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut f64,
-    dst_cs: isize,
-    dst_rs: isize,
-    read_dst: bool,
-    lhs: *const f64,
-    lhs_cs: isize,
-    lhs_rs: isize,
-    rhs: *const f64,
-    rhs_cs: isize,
-    rhs_rs: isize,
-    alpha: f64,
-    beta: f64,
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst,
-            dst_cs,
-            dst_rs,
-            read_dst,
-            lhs,
-            lhs_cs,
-            lhs_rs,
-            rhs,
-            rhs_cs,
-            rhs_rs,
-            alpha,
-            beta,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
-}
+// f32 chooses its kernels per product; f64 takes the crate's choice.
+gemm_scalar!(f32, F32, run);
+gemm_scalar!(f64, F64, run_crate);
 
 /// `c += a · b` with `a [m, k]` and `b [k, n]` views (any strides, negative
 /// too) and

@@ -29,173 +29,188 @@ pub(crate) enum Kernels {
     Crate,
 }
 
-/// `dst = alpha·dst + beta·(lhs·rhs)` (when `read_dst`; else
-/// `beta·(lhs·rhs)`), `m×k` by `k×n`, strides as `gemm::gemm` takes them
-/// (column stride first), on this thread.
-///
-/// # Safety
-/// As `gemm::gemm`: the pointers and strides describe valid matrices, `dst`
-/// aliasing neither operand.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm_f32(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut f32,
-    dst_cs: isize,
-    dst_rs: isize,
-    read_dst: bool,
-    lhs: *const f32,
-    lhs_cs: isize,
-    lhs_rs: isize,
-    rhs: *const f32,
-    rhs_cs: isize,
-    rhs_rs: isize,
-    alpha: f32,
-    beta: f32,
-) {
-    // SAFETY: forwarded.
-    unsafe {
-        gemm_f32_with(
-            None, m, n, k, dst, dst_cs, dst_rs, read_dst, lhs, lhs_cs, lhs_rs, rhs, rhs_cs, rhs_rs, alpha, beta,
-        )
+/// One product as `gemm::gemm` takes it: `dst = alpha·dst + beta·(lhs·rhs)`
+/// (when `read_dst`; else `beta·(lhs·rhs)`), `m×k` by `k×n`, strides in
+/// elements, column stride first.
+#[derive(Clone, Copy)]
+pub(crate) struct Product<T> {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub dst: *mut T,
+    pub dst_cs: isize,
+    pub dst_rs: isize,
+    pub read_dst: bool,
+    pub lhs: *const T,
+    pub lhs_cs: isize,
+    pub lhs_rs: isize,
+    pub rhs: *const T,
+    pub rhs_cs: isize,
+    pub rhs_rs: isize,
+    pub alpha: T,
+    pub beta: T,
+}
+
+impl<T: Copy + 'static> Product<T> {
+    /// The crate's canonical form (as `gemm::gemm` builds it): destination
+    /// column-major, then every stride the kernels walk positive. The same
+    /// product.
+    fn canonical(self) -> Self {
+        let mut p = if self.dst_cs.abs() < self.dst_rs.abs() {
+            Product {
+                m: self.n,
+                n: self.m,
+                dst_cs: self.dst_rs,
+                dst_rs: self.dst_cs,
+                lhs: self.rhs,
+                lhs_cs: self.rhs_rs,
+                lhs_rs: self.rhs_cs,
+                rhs: self.lhs,
+                rhs_cs: self.lhs_rs,
+                rhs_rs: self.lhs_cs,
+                ..self
+            }
+        } else {
+            self
+        };
+        if p.dst_rs < 0 && p.m > 0 {
+            p.dst = p.dst.wrapping_offset((p.m - 1) as isize * p.dst_rs);
+            p.dst_rs = -p.dst_rs;
+            p.lhs = p.lhs.wrapping_offset((p.m - 1) as isize * p.lhs_rs);
+            p.lhs_rs = -p.lhs_rs;
+        }
+        if p.dst_cs < 0 && p.n > 0 {
+            p.dst = p.dst.wrapping_offset((p.n - 1) as isize * p.dst_cs);
+            p.dst_cs = -p.dst_cs;
+            p.rhs = p.rhs.wrapping_offset((p.n - 1) as isize * p.rhs_cs);
+            p.rhs_cs = -p.rhs_cs;
+        }
+        if p.lhs_cs < 0 && p.k > 0 {
+            p.lhs = p.lhs.wrapping_offset((p.k - 1) as isize * p.lhs_cs);
+            p.lhs_cs = -p.lhs_cs;
+            p.rhs = p.rhs.wrapping_offset((p.k - 1) as isize * p.rhs_rs);
+            p.rhs_rs = -p.rhs_rs;
+        }
+        p
+    }
+
+    /// Through `gemm::gemm` with the crate's own kernel choice, on this
+    /// thread.
+    ///
+    /// # Safety
+    /// As `gemm::gemm`: the pointers and strides describe valid matrices,
+    /// `dst` aliasing neither operand.
+    pub(crate) unsafe fn run_crate(self) {
+        let p = self;
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            gemm::gemm(
+                p.m,
+                p.n,
+                p.k,
+                p.dst,
+                p.dst_cs,
+                p.dst_rs,
+                p.read_dst,
+                p.lhs,
+                p.lhs_cs,
+                p.lhs_rs,
+                p.rhs,
+                p.rhs_cs,
+                p.rhs_rs,
+                p.alpha,
+                p.beta,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        }
     }
 }
 
-/// [`gemm_f32`] with the kernel set forced (`Some`, for tests; a set this
-/// CPU lacks falls back to the next narrower one) or chosen by layout.
-///
-/// # Safety
-/// As [`gemm_f32`].
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm_f32_with(
-    force: Option<Kernels>,
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: *mut f32,
-    dst_cs: isize,
-    dst_rs: isize,
-    read_dst: bool,
-    lhs: *const f32,
-    lhs_cs: isize,
-    lhs_rs: isize,
-    rhs: *const f32,
-    rhs_cs: isize,
-    rhs_rs: isize,
-    alpha: f32,
-    beta: f32,
-) {
-    // The crate's canonical form (as `gemm::gemm` builds it): destination
-    // column-major, then every stride the kernels walk positive.
-    let (m, n, mut dst, mut dst_cs, mut dst_rs, mut lhs, mut lhs_cs, mut lhs_rs, mut rhs, mut rhs_cs, mut rhs_rs) =
-        if dst_cs.abs() < dst_rs.abs() {
-            (n, m, dst, dst_rs, dst_cs, rhs, rhs_rs, rhs_cs, lhs, lhs_rs, lhs_cs)
-        } else {
-            (m, n, dst, dst_cs, dst_rs, lhs, lhs_cs, lhs_rs, rhs, rhs_cs, rhs_rs)
-        };
-    if dst_rs < 0 && m > 0 {
-        dst = dst.wrapping_offset((m - 1) as isize * dst_rs);
-        dst_rs = -dst_rs;
-        lhs = lhs.wrapping_offset((m - 1) as isize * lhs_rs);
-        lhs_rs = -lhs_rs;
+impl Product<f32> {
+    /// On this thread, with the kernels the layout suits (see the module).
+    ///
+    /// # Safety
+    /// As [`Product::run_crate`].
+    pub(crate) unsafe fn run(self) {
+        // SAFETY: forwarded.
+        unsafe { self.run_with(None) }
     }
-    if dst_cs < 0 && n > 0 {
-        dst = dst.wrapping_offset((n - 1) as isize * dst_cs);
-        dst_cs = -dst_cs;
-        rhs = rhs.wrapping_offset((n - 1) as isize * rhs_cs);
-        rhs_cs = -rhs_cs;
-    }
-    if lhs_cs < 0 && k > 0 {
-        lhs = lhs.wrapping_offset((k - 1) as isize * lhs_cs);
-        lhs_cs = -lhs_cs;
-        rhs = rhs.wrapping_offset((k - 1) as isize * rhs_rs);
-        rhs_rs = -rhs_rs;
-    }
-    let want = force.unwrap_or(if lhs_rs == 1 { Kernels::Wide } else { Kernels::Narrow });
-    #[cfg(target_arch = "x86_64")]
-    {
-        use gemm_common::simd::{MixedSimd, V3, V4};
-        macro_rules! drive {
-            ($simd:expr, $module:ident, $lanes:expr) => {{
-                use gemm_f32::microkernel::$module::f32 as uk;
-                // SAFETY: forwarded from the caller, in the canonical form
-                // the driver expects; `$simd` proves the CPU features.
-                unsafe {
-                    gemm_common::gemm::gemm_basic_generic::<
-                        _,
-                        f32,
-                        { $lanes },
-                        { uk::MR_DIV_N * $lanes },
-                        { uk::NR },
-                        { uk::MR_DIV_N },
-                        { uk::H_M },
-                        { uk::H_N },
-                    >(
-                        $simd,
-                        m,
-                        n,
-                        k,
-                        dst,
-                        dst_cs,
-                        dst_rs,
-                        read_dst,
-                        lhs,
-                        lhs_cs,
-                        lhs_rs,
-                        rhs,
-                        rhs_cs,
-                        rhs_rs,
-                        alpha,
-                        beta,
-                        false,
-                        false,
-                        false,
-                        |a, b, c| a * b + c,
-                        &uk::UKR,
-                        &uk::H_UKR,
-                        false,
-                        gemm_common::Parallelism::None,
-                    )
+
+    /// [`Product::run`] with the kernel set forced (`Some`, for tests; a
+    /// set this CPU lacks falls back to the next narrower one).
+    ///
+    /// # Safety
+    /// As [`Product::run_crate`].
+    pub(crate) unsafe fn run_with(self, force: Option<Kernels>) {
+        let p = self.canonical();
+        let Product { m, n, k, dst, dst_cs, dst_rs, read_dst, lhs, lhs_cs, lhs_rs, rhs, rhs_cs, rhs_rs, alpha, beta } =
+            p;
+        let want = force.unwrap_or(if lhs_rs == 1 { Kernels::Wide } else { Kernels::Narrow });
+        #[cfg(target_arch = "x86_64")]
+        {
+            use gemm_common::simd::{MixedSimd, V3, V4};
+            macro_rules! drive {
+                ($simd:expr, $module:ident, $lanes:expr) => {{
+                    use gemm_f32::microkernel::$module::f32 as uk;
+                    // SAFETY: forwarded from the caller, in the canonical form
+                    // the driver expects; `$simd` proves the CPU features.
+                    unsafe {
+                        gemm_common::gemm::gemm_basic_generic::<
+                            _,
+                            f32,
+                            { $lanes },
+                            { uk::MR_DIV_N * $lanes },
+                            { uk::NR },
+                            { uk::MR_DIV_N },
+                            { uk::H_M },
+                            { uk::H_N },
+                        >(
+                            $simd,
+                            m,
+                            n,
+                            k,
+                            dst,
+                            dst_cs,
+                            dst_rs,
+                            read_dst,
+                            lhs,
+                            lhs_cs,
+                            lhs_rs,
+                            rhs,
+                            rhs_cs,
+                            rhs_rs,
+                            alpha,
+                            beta,
+                            false,
+                            false,
+                            false,
+                            |a, b, c| a * b + c,
+                            &uk::UKR,
+                            &uk::H_UKR,
+                            false,
+                            gemm_common::Parallelism::None,
+                        )
+                    }
+                    return;
+                }};
+            }
+            if want == Kernels::Wide && (force.is_some() || JitOptions::global().avx512) {
+                if let Some(simd) = <V4 as MixedSimd<f32, f32, f32, f32>>::try_new() {
+                    drive!(simd, avx512f, 16);
                 }
-                return;
-            }};
-        }
-        if want == Kernels::Wide && (force.is_some() || JitOptions::global().avx512) {
-            if let Some(simd) = <V4 as MixedSimd<f32, f32, f32, f32>>::try_new() {
-                drive!(simd, avx512f, 16);
+            }
+            if want != Kernels::Crate {
+                if let Some(simd) = <V3 as MixedSimd<f32, f32, f32, f32>>::try_new() {
+                    drive!(simd, fma, 8);
+                }
             }
         }
-        if want != Kernels::Crate {
-            if let Some(simd) = <V3 as MixedSimd<f32, f32, f32, f32>>::try_new() {
-                drive!(simd, fma, 8);
-            }
-        }
-    }
-    let _ = want;
-    // SAFETY: forwarded; already canonical, which `gemm::gemm` keeps.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst,
-            dst_cs,
-            dst_rs,
-            read_dst,
-            lhs,
-            lhs_cs,
-            lhs_rs,
-            rhs,
-            rhs_cs,
-            rhs_rs,
-            alpha,
-            beta,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
+        let _ = want;
+        // SAFETY: forwarded; already canonical, which `gemm::gemm` keeps.
+        unsafe { p.run_crate() }
     }
 }
 
@@ -263,24 +278,24 @@ mod tests {
                         }
                         // SAFETY: the views address the buffers' elements.
                         unsafe {
-                            gemm_f32_with(
-                                Some(force),
+                            Product {
                                 m,
                                 n,
                                 k,
-                                c.as_mut_ptr().offset(vc.off),
-                                vc.cs,
-                                vc.rs,
-                                acc,
-                                a2.as_ptr().offset(va.off),
-                                va.cs,
-                                va.rs,
-                                b2.as_ptr().offset(vb.off),
-                                vb.cs,
-                                vb.rs,
-                                if acc { 1.0 } else { 0.0 },
-                                1.0,
-                            )
+                                dst: c.as_mut_ptr().offset(vc.off),
+                                dst_cs: vc.cs,
+                                dst_rs: vc.rs,
+                                read_dst: acc,
+                                lhs: a2.as_ptr().offset(va.off),
+                                lhs_cs: va.cs,
+                                lhs_rs: va.rs,
+                                rhs: b2.as_ptr().offset(vb.off),
+                                rhs_cs: vb.cs,
+                                rhs_rs: vb.rs,
+                                alpha: if acc { 1.0 } else { 0.0 },
+                                beta: 1.0,
+                            }
+                            .run_with(Some(force))
                         };
                         for i in 0..m {
                             for j in 0..n {
