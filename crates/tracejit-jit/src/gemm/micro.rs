@@ -6,9 +6,10 @@
 //! operand that becomes the kernel's left-hand side is not column-major
 //! after the crate's canonical transposition: `a · bᵀ` with `b` stored
 //! `[n, k]` (W6's `dy · wᵀ`) runs 2.2x *slower* at 16 lanes (64×512×512:
-//! 833 vs 368 µs; the 16-lane path reads that operand at a stride of `k`
-//! elements instead of packing it, and a power-of-two stride then thrashes
-//! the L1 sets). The crate picks one kernel set per process, so this
+//! 833 vs 368 µs, 64×512×1024 likewise; at k = 784 the two sets tie,
+//! which points at that operand being read at a stride of `k` elements
+//! and a power-of-two stride crowding the L1 sets). The crate picks one
+//! kernel set per process, so this
 //! module repeats its canonical form (destination column-major, strides
 //! positive) and calls its generic driver with the set that suits the
 //! layout: 16 lanes when that operand's rows are adjacent, else 8.
