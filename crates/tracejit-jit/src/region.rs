@@ -321,7 +321,8 @@ fn class_strides(axes: &[Option<usize>], shape: &[usize], rank: usize) -> SmallV
 
 impl CompiledRegion {
     /// The name of the hand-written kernel this region runs instead of
-    /// generated code (`"row softmax"`), or `None` for generated code.
+    /// generated code (`"row softmax (16 lanes)"`, or `"row softmax (8
+    /// lanes)"` without AVX-512F), or `None` for generated code.
     /// Hand-written kernels serve region shapes where Cranelift's 128-bit
     /// code falls short; they take the same arguments and split across
     /// threads the same way.
