@@ -58,23 +58,30 @@ pub(crate) fn width(opts: &JitOptions) -> Option<Width> {
     None
 }
 
+/// The exp, tanh and sigmoid chunk functions of width `w`, with their
+/// symbol names.
+#[cfg(target_arch = "x86_64")]
+fn table(w: Width) -> [(&'static str, ChunkFn); 3] {
+    match w {
+        Width::W16 => [
+            ("tracejit_chunk_exp_f32x16", avx512::exp_chunk),
+            ("tracejit_chunk_tanh_f32x16", avx512::tanh_chunk),
+            ("tracejit_chunk_sigmoid_f32x16", avx512::sigmoid_chunk),
+        ],
+        Width::W8 => [
+            ("tracejit_chunk_exp_f32x8", avx2::exp_chunk),
+            ("tracejit_chunk_tanh_f32x8", avx2::tanh_chunk),
+            ("tracejit_chunk_sigmoid_f32x8", avx2::sigmoid_chunk),
+        ],
+    }
+}
+
 /// The chunk function for `op` on this CPU under `opts`, with its symbol
 /// name.
 pub(crate) fn chunk_fn(op: UnaryOp, opts: &JitOptions) -> Option<(&'static str, ChunkFn)> {
     #[cfg(target_arch = "x86_64")]
     {
-        let f: [(&'static str, ChunkFn); 3] = match width(opts)? {
-            Width::W16 => [
-                ("tracejit_chunk_exp_f32x16", avx512::exp_chunk),
-                ("tracejit_chunk_tanh_f32x16", avx512::tanh_chunk),
-                ("tracejit_chunk_sigmoid_f32x16", avx512::sigmoid_chunk),
-            ],
-            Width::W8 => [
-                ("tracejit_chunk_exp_f32x8", avx2::exp_chunk),
-                ("tracejit_chunk_tanh_f32x8", avx2::tanh_chunk),
-                ("tracejit_chunk_sigmoid_f32x8", avx2::sigmoid_chunk),
-            ],
-        };
+        let f = table(width(opts)?);
         match op {
             UnaryOp::Exp => Some(f[0]),
             UnaryOp::Tanh => Some(f[1]),
@@ -112,17 +119,21 @@ pub(crate) fn chunk_fn(op: UnaryOp, opts: &JitOptions) -> Option<(&'static str, 
     }
 }
 
-/// Every chunk function this CPU has, at every width: (symbol name,
+/// Every chunk function this CPU has, at each width it has: (symbol name,
 /// address), for the JIT's symbol table.
 pub(crate) fn symbols() -> Vec<(&'static str, *const u8)> {
-    let widths = [JitOptions::default(), JitOptions { avx512: false, ..JitOptions::default() }];
-    let mut out: Vec<(&'static str, *const u8)> = widths
-        .iter()
-        .flat_map(|o| [UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Sigmoid].into_iter().filter_map(|op| chunk_fn(op, o)))
-        .map(|(name, f)| (name, f as *const u8))
-        .collect();
-    out.dedup_by_key(|s| s.0);
-    out
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut widths: Vec<Width> = [JitOptions::default(), JitOptions { avx512: false, ..JitOptions::default() }]
+            .iter()
+            .filter_map(width)
+            .collect();
+        // Without AVX-512F both options give 8 lanes.
+        widths.dedup();
+        widths.into_iter().flat_map(table).map(|(name, f)| (name, f as *const u8)).collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Vec::new()
 }
 
 /// The recipes, generic over the vector width.

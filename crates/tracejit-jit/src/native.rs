@@ -14,11 +14,12 @@
 //! order, as the generated kernel does); every `exp` is the JIT's own
 //! approximation bit for bit ([`crate::fastmath::exp`]); the row sum adds in
 //! a different order than the generated kernel's (four partial vectors,
-//! 8 or 16 lanes, and the elements before the output reaches a vector's
-//! alignment apart), so outputs agree with it within the sum's rounding, the tolerance every
-//! float reduction of the JIT is checked against; the last pass multiplies
-//! by the sum's reciprocal when that is a normal number, else divides,
-//! like the generated kernel (`kernel::recip`).
+//! 8 or 16 lanes, by index from the row's start, so the bits depend on the
+//! row alone, not on where its buffers lie), so outputs agree with it
+//! within the sum's rounding, the tolerance every float reduction of the
+//! JIT is checked against; the last pass multiplies by the sum's
+//! reciprocal when that is a normal number, else divides, like the
+//! generated kernel (`kernel::recip`).
 //!
 //! Only on x86_64 with AVX2 and FMA or AVX-512F, and only when staging is on
 //! (`JitOptions::stage`, which the `TRACEJIT_JIT_STAGE=0` test run turns off
@@ -165,11 +166,6 @@ mod simd {
     #[inline(always)]
     unsafe fn row<V: Lanes>(x: &[f32], y: &mut [f32]) {
         let (n, w) = (x.len(), V::LANES);
-        // Elements before `p` reaches a vector's alignment (a heap block is
-        // 16-byte aligned; off it, every 64-byte access spans two cache
-        // lines): the max pass aligns its loads and the last pass its
-        // stores, which changes no bit (a max, and one product per element).
-        let head = |p: *const f32| ((p as usize).wrapping_neg() % (w * 4) / 4).min(n);
         // SAFETY: the caller enabled `V`'s features; every load and store
         // below is at an index `i` with `i + w <= n` (vectors) or `i < n`
         // (scalars).
@@ -177,16 +173,9 @@ mod simd {
             let px = x.as_ptr();
             let py = y.as_mut_ptr();
             // Max: one `vmaxps` per vector, NaNs noted aside.
-            let h = head(px);
-            let mut m = f32::NEG_INFINITY;
-            let mut scalar_nan = false;
-            for &v in &x[..h] {
-                scalar_nan |= v.is_nan();
-                m = if v > m { v } else { m };
-            }
             let mut acc = [V::splat(f32::NEG_INFINITY); 4];
             let mut nan = V::zero();
-            let mut i = h;
+            let mut i = 0;
             while i + 4 * w <= n {
                 for (k, a) in acc.iter_mut().enumerate() {
                     let v = V::load(px.add(i + w * k));
@@ -202,12 +191,13 @@ mod simd {
                 i += w;
             }
             let v = acc[0].max(acc[1]).max(acc[2].max(acc[3]));
-            m = lanes(v)[..w].iter().fold(m, |m, &l| if l > m { l } else { m });
+            let mut m = lanes(v)[..w].iter().fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+            let mut tail_nan = false;
             for &v in &x[i..] {
-                scalar_nan |= v.is_nan();
+                tail_nan |= v.is_nan();
                 m = if v > m { v } else { m };
             }
-            if scalar_nan || nan.any() {
+            if tail_nan || nan.any() {
                 // The reference's max: its first NaN, payload and all.
                 m = x.iter().fold(f32::NEG_INFINITY, |m, &v| if m.is_nan() || m >= v { m } else { v });
             }
@@ -224,9 +214,6 @@ mod simd {
             } else {
                 py
             };
-            // Partials by index from the row's start, whatever the
-            // buffers' alignment: the sum's order, and so the result's bits,
-            // depend on the row alone.
             let mv = V::splat(m);
             let mut sum = [V::zero(); 4];
             let mut i = 0;
@@ -255,19 +242,16 @@ mod simd {
             let scale = s.abs() >= f32::MIN_POSITIVE && s.abs() <= 2f32.powi(126);
             let (r, sv) = (1.0 / s, V::splat(s));
             let rv = V::splat(r);
-            let h = head(py);
-            let mut i = h;
+            let mut i = 0;
             // Both loops written out: a closure would be compiled without
             // the entry point's target features.
             if scale {
-                (0..h).for_each(|j| *py.add(j) = *t.add(j) * r);
                 while i + w <= n {
                     V::load(t.add(i)).mul(rv).store(py.add(i));
                     i += w;
                 }
                 (i..n).for_each(|j| *py.add(j) = *t.add(j) * r);
             } else {
-                (0..h).for_each(|j| *py.add(j) = *t.add(j) / s);
                 while i + w <= n {
                     V::load(t.add(i)).div(sv).store(py.add(i));
                     i += w;

@@ -38,7 +38,9 @@ pub struct JitOptions {
     /// Run the chunk functions and hand-written kernels (see `stage`) in
     /// 512-bit AVX-512 code where the CPU has AVX-512F (on by default; off,
     /// or without AVX-512F, they run in 256-bit AVX2 code). Both compute the
-    /// same bits; the row softmax's sum adds in a different order.
+    /// same bits; the row softmax's sum adds in a different order. f32
+    /// matrix products follow the process's setting ([`JitOptions::global`]):
+    /// 16-lane `gemm` kernels where the operand layout suits them.
     /// Environment: `TRACEJIT_JIT_AVX512=0` turns it off.
     pub avx512: bool,
     /// Print each kernel's Cranelift IR and machine code to stderr when it
