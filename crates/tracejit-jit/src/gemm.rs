@@ -17,6 +17,7 @@ use tracejit_ir::tensor::{kernels, DType, Storage};
 use crate::region::BufPool;
 
 pub(crate) mod micro;
+mod transpose;
 
 /// Element types the fast path handles.
 trait GemmScalar: Copy + Default + 'static {

@@ -266,28 +266,38 @@ proptest! {
 
     #[test]
     fn matmuls_give_the_same_bits_with_any_thread_count(
-        m in prop::sample::select(vec![1usize, 3, 4, 64, 65, 127, 300, 784]),
-        k in prop::sample::select(vec![1usize, 3, 5, 129, 300, 1100]),
+        m in prop::sample::select(vec![1usize, 3, 4, 9, 40, 64, 65, 127, 300, 784]),
+        k in prop::sample::select(vec![1usize, 3, 5, 129, 300, 1024, 1100]),
         n in prop::sample::select(vec![1usize, 17, 128, 255, 513, 700]),
         dt in float_dtype(), seed in 0u64..1000,
+        // `a · bᵀ` with `b` stored `[n, k]`: the layout whose operand the
+        // GEMM may copy column-major first (per block when split).
+        transposed in any::<bool>(),
     ) {
         let _s = serial();
         let mut g = Graph::new("mm");
         let a = param(&mut g, dt, &[m, k]);
-        let b = param(&mut g, dt, &[k, n]);
+        let b = if transposed {
+            let b = param(&mut g, dt, &[n, k]);
+            node(&mut g, Op::Transpose { perm: vec![1, 0] }, &[b])
+        } else {
+            param(&mut g, dt, &[k, n])
+        };
         let y = node(&mut g, Op::MatMul, &[a, b]);
         g.outputs.push(y);
-        let ins = [data(dt, &[m, k], seed, false), data(dt, &[k, n], seed + 1, false)];
+        let b_data = data(dt, &if transposed { [n, k] } else { [k, n] }, seed + 1, false);
+        let b_value = if transposed { tracejit_ir::tensor::kernels::transpose(&b_data, &[1, 0]) } else { b_data.clone() };
+        let ins = [data(dt, &[m, k], seed, false), b_data];
         // A threshold low enough that most of these products split.
         threads::set_gemm_threshold(1 << 16);
         let big = m * k * n >= threads::gemm_threshold() && threads::gemm_blocks(m, n, k).count > 1;
         let got = run_each_count(&g, &ins, big);
         threads::set_gemm_threshold(threads::DEFAULT_GEMM_THRESHOLD);
         let got = got.map_err(TestCaseError::fail)?;
-        let want = tracejit_ir::tensor::kernels::matmul(&ins[0], &ins[1]);
+        let want = tracejit_ir::tensor::kernels::matmul(&ins[0], &b_value);
         // Within k·ε·Σ|aᵢbᵢ| of the reference (a blocked sum of its own).
         let abs = |x: &Storage| tracejit_ir::tensor::kernels::unary(UnaryOp::Abs, x);
-        let bound = tracejit_ir::tensor::kernels::matmul(&abs(&ins[0]), &abs(&ins[1]));
+        let bound = tracejit_ir::tensor::kernels::matmul(&abs(&ins[0]), &abs(&b_value));
         let eps = if dt == DType::F32 { f64::from(f32::EPSILON) } else { f64::EPSILON };
         let (g, w, b) = (f64s(&got[0]), f64s(&want), f64s(&bound));
         for (i, ((x, y), s)) in g.iter().zip(&w).zip(&b).enumerate() {

@@ -14,9 +14,14 @@
 //! positive) and calls its generic driver with the set that suits the
 //! layout: 16 lanes when that operand's rows are adjacent, else 8.
 //!
+//! A row-major left-hand side in that form (`a · bᵀ` with `b` stored
+//! `[n, k]`) is copied column-major first where the crate's packing of it
+//! is slow ([`Product::repacks`]).
+//!
 //! `JitOptions::avx512` off (`TRACEJIT_JIT_AVX512=0`) keeps every product
 //! at 8 lanes. CPUs without AVX2 + FMA go through `gemm::gemm` unchanged.
 
+use super::transpose;
 use crate::options::JitOptions;
 
 /// Which microkernels a product runs.
@@ -130,6 +135,25 @@ impl<T: Copy + 'static> Product<T> {
     }
 }
 
+/// The narrowest canonical `n` (the original product's rows, for a
+/// row-major destination) at which a row-major lhs is repacked.
+const REPACK_MIN_N: usize = 8;
+
+/// The largest repacking buffer (in values, 16 MiB) a thread keeps
+/// between products; a larger one is freed after its product.
+const KEEP_SCRATCH: usize = 1 << 22;
+
+/// 64 bytes of f32, so the repacked operand starts on a cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+thread_local! {
+    /// Each thread's buffer for repacked operands, grown to the largest
+    /// and kept, so that a steady-state call allocates nothing here.
+    static SCRATCH: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Product<f32> {
     /// On this thread, with the kernels the layout suits (see the module).
     ///
@@ -147,6 +171,69 @@ impl Product<f32> {
     /// As [`Product::run_crate`].
     pub(crate) unsafe fn run_with(self, force: Option<Kernels>) {
         let p = self.canonical();
+        if force != Some(Kernels::Crate) && p.repacks() {
+            let mut p = p;
+            return SCRATCH.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut lines) => {
+                    let values = p.m * p.k;
+                    if lines.len() * 16 < values {
+                        lines.resize(values.div_ceil(16), Line([0.0; 16]));
+                    }
+                    // SAFETY: `Line` is 16 f32 values without padding.
+                    let scratch = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<f32>(), values) };
+                    // SAFETY: forwarded; the canonical lhs is `m` rows of
+                    // `k` adjacent values at stride `lhs_rs`.
+                    unsafe { transpose::to_column_major(p.lhs, p.m, p.k, p.lhs_rs, scratch) };
+                    (p.lhs, p.lhs_rs, p.lhs_cs) = (scratch.as_ptr(), 1, p.m as isize);
+                    // SAFETY: as the caller's product, with the lhs copied;
+                    // still canonical.
+                    unsafe { p.drive(force) };
+                    if lines.len() * 16 > KEEP_SCRATCH {
+                        *lines = Vec::new();
+                    }
+                }
+                // A product inside a product (never, today): no repacking.
+                // SAFETY: forwarded.
+                Err(_) => unsafe { p.drive(force) },
+            });
+        }
+        // SAFETY: forwarded.
+        unsafe { p.drive(force) }
+    }
+
+    /// Whether the canonical lhs is copied column-major before the call.
+    /// It is, when it is row-major (`a · bᵀ` with `b` stored `[n, k]`:
+    /// linear layers with `[out, in]` weights, the backward pass's
+    /// `dy · wᵀ`) and the crate's own packing of it from rows is slow:
+    /// products of 8 to 63 rows (the canonical `n`; 32×512×512 218 vs 308
+    /// µs, 8×1024×256 130 vs 357, 32×128×128 11 vs 14), and rows 4 KiB
+    /// apart (64×1024×256 430 vs 619). From 64 rows at other strides the
+    /// crate packs as fast as the copy (64×512×512 373 vs 376; 64×256×1024
+    /// 429 vs 376 would lose); below 8 the copy of the whole operand
+    /// outweighs the product.
+    ///
+    /// The same answer for a product and each of its thread blocks, so
+    /// that results keep their bits whatever the thread count: a split
+    /// axis has blocks over 64 wide (`threads::GemmBlocks`), on the same
+    /// side of every threshold here as the whole.
+    fn repacks(&self) -> bool {
+        let thin = (REPACK_MIN_N..64).contains(&self.n);
+        let aliasing = self.lhs_rs.unsigned_abs().is_multiple_of(1024);
+        self.lhs_cs == 1
+            && self.lhs_rs != 1
+            && self.m >= 8
+            && self.k >= 8
+            && self.n >= REPACK_MIN_N
+            && (thin || aliasing)
+    }
+
+    /// The canonical product through the crate's driver with the kernels
+    /// the layout suits, or `force`.
+    ///
+    /// # Safety
+    /// As [`Product::run_crate`], and `self` canonical.
+    unsafe fn drive(self, force: Option<Kernels>) {
+        let p = self;
         let Product { m, n, k, dst, dst_cs, dst_rs, read_dst, lhs, lhs_cs, lhs_rs, rhs, rhs_cs, rhs_rs, alpha, beta } =
             p;
         let want = force.unwrap_or(if lhs_rs == 1 { Kernels::Wide } else { Kernels::Narrow });
@@ -248,7 +335,8 @@ mod tests {
             seed ^= seed << 5;
             (seed % 2001) as f32 / 1000.0 - 1.0
         };
-        let shapes = [(1, 1, 1), (3, 5, 1), (5, 3, 17), (17, 33, 5), (64, 512, 48), (40, 64, 33), (2, 0, 3)];
+        let shapes =
+            [(1, 1, 1), (3, 5, 1), (5, 3, 17), (17, 33, 5), (64, 512, 48), (40, 64, 33), (70, 1024, 9), (2, 0, 3)];
         for (m, k, n) in shapes {
             let a: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rnd()).collect();
