@@ -101,10 +101,9 @@ fn measure<T>(f: impl FnOnce() -> T) -> (T, usize, usize) {
 /// result vectors, tensor handles): small and independent of tensor sizes.
 const BOOKKEEPING_BYTES: usize = 2048;
 
-/// Calls averaged over by [`steady_state`]: the thread pool's queue (rayon's
-/// injector) allocates a block of about 2 KiB once per 63 dispatches, so a
-/// single call may see it; a buffer allocated per call shows in the mean in
-/// full.
+/// Calls averaged over by [`steady_state`]: an allocation made once in a
+/// while (a thread's buffers growing) shows as a fraction of itself; a
+/// buffer allocated per call shows in the mean in full.
 const CALLS: usize = 64;
 
 /// Runs `f` a few times to warm up (trace, compile, fill the pool), then

@@ -27,11 +27,16 @@
 //!
 //! # Pool
 //!
-//! One [rayon] pool of `n` threads, built the first time a large kernel
-//! runs with `n > 1` and rebuilt when the count changes; a kernel already
+//! `n - 1` worker threads of our own (the caller is the `n`th), started
+//! the first time a large kernel runs with `n > 1` and replaced when the
+//! count changes; a kernel already
 //! running keeps the pool (and count) it started with. A split kernel's or
 //! product's calling thread takes parts itself alongside the workers, and
 //! never waits for a worker that has not started.
+
+mod pool;
+
+pub(crate) use pool::Pool;
 
 use std::cell::Cell;
 use std::ops::Range;
@@ -159,56 +164,6 @@ pub fn pool_dispatches() -> u64 {
     DISPATCHES.with(Cell::get)
 }
 
-/// `f` of a [`Job`], shared with workers (see `Pool::run`).
-struct FnPtr(&'static (dyn Fn(usize) + Sync));
-
-/// One split kernel call: tasks claimed in order by the caller and the
-/// workers that arrive in time.
-struct Job {
-    f: FnPtr,
-    tasks: usize,
-    next: AtomicUsize,
-    /// Workers inside `work`.
-    active: AtomicUsize,
-    /// Set by the caller once every task is claimed and it stops waiting
-    /// for newcomers.
-    closed: std::sync::atomic::AtomicBool,
-    /// A worker's panic, raised again on the caller (a panic escaping a
-    /// rayon job would abort the process).
-    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
-}
-
-impl Job {
-    /// Claims and runs tasks until none are left.
-    fn work(&self) {
-        loop {
-            let t = self.next.fetch_add(1, Ordering::Relaxed);
-            if t >= self.tasks {
-                break;
-            }
-            (self.f.0)(t);
-        }
-    }
-
-    /// A worker's entry: true (and counted in `active`) if the caller is
-    /// still waiting for workers. Both sides use `SeqCst`: either the
-    /// caller's wait sees this increment, or this load sees `closed`.
-    fn enter(&self) -> bool {
-        self.active.fetch_add(1, Ordering::SeqCst);
-        if self.closed.load(Ordering::SeqCst) {
-            self.active.fetch_sub(1, Ordering::SeqCst);
-            return false;
-        }
-        true
-    }
-}
-
-/// A pool of worker threads and its size.
-pub(crate) struct Pool {
-    threads: usize,
-    rayon: rayon::ThreadPool,
-}
-
 thread_local! {
     /// Set while this thread runs one of several tasks in parallel (see
     /// [`serial`]).
@@ -240,89 +195,19 @@ pub(crate) fn pool() -> Option<Arc<Pool>> {
     }
     static CURRENT: Mutex<Option<Arc<Pool>>> = Mutex::new(None);
     let mut cur = CURRENT.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(p) = cur.as_ref().filter(|p| p.threads == n) {
+    if let Some(p) = cur.as_ref().filter(|p| p.threads() == n) {
         return Some(p.clone());
     }
-    let built = rayon::ThreadPoolBuilder::new().num_threads(n).thread_name(|i| format!("tracejit-{i}")).build();
-    match built {
-        Ok(rayon) => {
+    match Pool::new(n) {
+        Ok(p) => {
             // The old pool's threads exit once the kernels using it finish.
-            let p = Arc::new(Pool { threads: n, rayon });
+            let p = Arc::new(p);
             *cur = Some(p.clone());
             Some(p)
         }
         Err(e) => {
             log::warn!("tracejit: cannot start {n} worker threads ({e}); running on the calling thread");
             None
-        }
-    }
-}
-
-impl Pool {
-    /// Threads in the pool.
-    pub(crate) fn threads(&self) -> usize {
-        self.threads
-    }
-
-    /// Runs `f(t)` for every `t` in `0..tasks` and waits for all of them;
-    /// `f` sees each task exactly once — or, after a panic in one, no
-    /// further task starts and the panic is raised again here once every
-    /// thread has left `f`. The calling thread works too: it
-    /// wakes `tasks - 1` workers and claims tasks alongside them. It never
-    /// waits for a worker that has not started: a worker that wakes after
-    /// the tasks are gone (on a loaded machine) returns without touching
-    /// `f`, so a late worker costs nothing but its wake-up.
-    pub(crate) fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
-        DISPATCHES.with(|d| d.set(d.get() + 1));
-        // SAFETY: the lifetime is erased only to hand `f` to workers that
-        // outlive this call; `Job::enter` lets a worker use `f` only while
-        // `closed` is unset, and this function returns only after setting
-        // it and seeing every worker that entered leave (`active == 0`).
-        let f: &'static (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
-        let job = Arc::new(Job {
-            f: FnPtr(f),
-            tasks,
-            next: AtomicUsize::new(0),
-            active: AtomicUsize::new(0),
-            closed: std::sync::atomic::AtomicBool::new(false),
-            panic: Mutex::new(None),
-        });
-        for _ in 1..tasks.min(self.threads) {
-            let job = job.clone();
-            self.rayon.spawn(move || {
-                if job.enter() {
-                    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work())) {
-                        *job.panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
-                        // No task is claimed after a panic: the caller
-                        // stops at the next claim too.
-                        job.next.store(job.tasks, Ordering::Relaxed);
-                    }
-                    job.active.fetch_sub(1, Ordering::SeqCst);
-                }
-            });
-        }
-        // The caller's own panic waits for the workers too: they use `f`.
-        let own = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work()));
-        if own.is_err() {
-            job.next.store(job.tasks, Ordering::Relaxed);
-        }
-        job.closed.store(true, Ordering::SeqCst);
-        // Workers still inside finish tasks they claimed (bounded time).
-        let mut spins = 0u32;
-        while job.active.load(Ordering::SeqCst) != 0 {
-            spins += 1;
-            if spins < 1 << 10 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-        if let Err(p) = own {
-            std::panic::resume_unwind(p);
-        }
-        let worker = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(p) = worker {
-            std::panic::resume_unwind(p);
         }
     }
 }
@@ -390,8 +275,9 @@ pub struct GemmBlocks {
     /// Whether the blocks are ranges of rows (else of columns).
     pub by_rows: bool,
     /// Rows or columns per block (a multiple of [`GEMM_ROUND`], at least
-    /// [`GEMM_GRANULE`] when split); the last block takes the rest (over 64
-    /// and at most `size + GEMM_ROUND / 2` of them).
+    /// [`GEMM_GRANULE`] when split, or [`SMALL_GRANULE`] for the two halves
+    /// of a mid-sized product); the last block takes the rest (over 64
+    /// and at most `size + GEMM_ROUND / 2` of them, or any rest of halves).
     pub size: usize,
     /// Number of blocks (at least 1).
     pub count: usize,
@@ -399,7 +285,8 @@ pub struct GemmBlocks {
     /// as the blocks: there is more than one block, the product's depth and
     /// short side are at least 4 (no special path for tiny products,
     /// vectors or thin depths), and every block is over 64 wide (the
-    /// general path, as for the whole).
+    /// general path, as for the whole) or the depth at most 512 (where the
+    /// small-product path sums over `k` in the same one block).
     pub same_as_whole: bool,
 }
 
@@ -407,6 +294,15 @@ pub struct GemmBlocks {
 /// core's GEMM, far above a dispatch's cost (0.1-0.3 µs) and the repacking
 /// of the shared operand per block.
 pub const GEMM_BLOCK_WORK: usize = 1 << 20;
+/// Least multiply-adds of a product cut in two halves narrower than
+/// [`GEMM_GRANULE`] (about 5 µs of a core's GEMM, the least that two threads
+/// finish sooner than one, measured on W8's recurrent step).
+pub const SMALL_SPLIT_WORK: usize = 1 << 19;
+/// Least rows or columns of each half of such a product.
+pub const SMALL_GRANULE: usize = 64;
+/// The depth up to which the `gemm` crate's small-product path and its
+/// general path both accumulate over `k` in one block.
+const SMALL_PATH_DEPTH: usize = 512;
 /// Most blocks a product is cut into: enough for a late worker to be
 /// balanced by the others taking its share, few enough that the shared
 /// operand is not packed again and again.
@@ -426,7 +322,9 @@ pub const GEMM_ROUND: usize = 16;
 /// [`GEMM_BLOCK_WORK`] multiply-adds each, at most [`GEMM_MAX_BLOCKS`],
 /// at least [`GEMM_GRANULE`] wide, near equal (sizes rounded up to a
 /// multiple of [`GEMM_ROUND`]), a short remainder joined to the last
-/// block. A function of the sizes only.
+/// block; a product of at least [`SMALL_SPLIT_WORK`] that gets one block
+/// by these rules is cut in two halves instead, if each half is at least
+/// [`SMALL_GRANULE`] wide. A function of the sizes only.
 ///
 /// ```
 /// use tracejit_jit::threads::gemm_blocks;
@@ -436,6 +334,8 @@ pub const GEMM_ROUND: usize = 16;
 /// let dw1 = gemm_blocks(784, 512, 64); // W6's first weight gradient
 /// assert_eq!((dw1.count, dw1.size), (4, 208)); // 3 x 208 + 160 rows
 /// assert_eq!(gemm_blocks(32, 128, 64).count, 1); // small: one block
+/// let step = gemm_blocks(32, 128, 128); // W8's recurrent step: two halves
+/// assert!(!step.by_rows && step.count == 2 && step.size == 64 && step.same_as_whole);
 /// ```
 pub fn gemm_blocks(m: usize, n: usize, k: usize) -> GemmBlocks {
     let by_rows = m > n;
@@ -449,12 +349,25 @@ pub fn gemm_blocks(m: usize, n: usize, k: usize) -> GemmBlocks {
     // A remainder of at most half a rounding step joins the last full block.
     let count = if full == 0 || rest > GEMM_ROUND / 2 { full + 1 } else { full };
     let same_as_whole = count > 1 && short >= 4 && k >= 4;
+    if count == 1 && work >= SMALL_SPLIT_WORK && dim >= 2 * SMALL_GRANULE {
+        // Two halves of a mid-sized product (a recurrent step's `h · w`):
+        // each half runs at the whole's rate (32×128×128: 5.2 µs per half,
+        // 10.3 for the whole), and inside a loop nothing else can use the
+        // second thread. Halves of at most 64 take the crate's
+        // small-product path, whose depth blocks are 512 deep where the
+        // general path's are `k` itself up to 512: one call gives the
+        // halves' bits only up to that depth (else one thread runs them
+        // as halves too; 2% slower than one call on W8's step).
+        let size = (dim / 2).next_multiple_of(GEMM_ROUND);
+        let same_as_whole = short >= 4 && (4..=SMALL_PATH_DEPTH).contains(&k);
+        return GemmBlocks { by_rows, size, count: 2, same_as_whole };
+    }
     GemmBlocks { by_rows, size, count, same_as_whole }
 }
 
-/// The default of [`gemm_threshold`]: 2^21 multiply-adds, the least
+/// The default of [`gemm_threshold`]: 2^19 multiply-adds, the least
 /// product that [`gemm_blocks`] may cut in two.
-pub const DEFAULT_GEMM_THRESHOLD: usize = 2 * GEMM_BLOCK_WORK;
+pub const DEFAULT_GEMM_THRESHOLD: usize = SMALL_SPLIT_WORK;
 
 static GEMM_THRESHOLD: AtomicUsize = AtomicUsize::new(DEFAULT_GEMM_THRESHOLD);
 

@@ -376,10 +376,15 @@ fn large_kernels_enter_the_pool() {
         (Executable::new(&g).unwrap(), [data(DType::F32, &[m, k], 1, false), data(DType::F32, &[k, n], 2, false)])
     };
     set_num_threads(2);
-    let (exe, ins) = product(64, 128, 128);
+    let (exe, ins) = product(32, 128, 64);
     let before = pool_dispatches();
     exe.run(&ins).unwrap();
-    assert_eq!(pool_dispatches(), before, "a 64x128x128 product used the pool under the default threshold");
+    assert_eq!(pool_dispatches(), before, "a 32x128x64 product used the pool under the default threshold");
+    // W8's recurrent step: two halves.
+    let (exe, ins) = product(32, 128, 128);
+    let before = pool_dispatches();
+    exe.run(&ins).unwrap();
+    assert_eq!(pool_dispatches(), before + 1, "a 32x128x128 product was not cut in halves");
     let (exe, ins) = product(128, 256, 256);
     let before = pool_dispatches();
     exe.run(&ins).unwrap();
@@ -458,7 +463,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     /// Blocks tile the output exactly once, along the longer side, in at
-    /// most `GEMM_MAX_BLOCKS` near-equal pieces of enough work each.
+    /// most `GEMM_MAX_BLOCKS` near-equal pieces of enough work each (or
+    /// two halves of a mid-sized product).
     #[test]
     fn gemm_blocks_tile_the_output_once(m in 0usize..3000, n in 0usize..3000, k in 0usize..2000) {
         let _s = serial();
@@ -467,18 +473,29 @@ proptest! {
         prop_assert_eq!(b.by_rows, m > n);
         prop_assert!(b.count >= 1 && b.count <= threads::GEMM_MAX_BLOCKS);
         prop_assert!(b.size.is_multiple_of(threads::GEMM_ROUND) || b.count == 1, "{:?}", b);
-        if b.count > 1 {
+        let work = m * n * k;
+        let regular = work >= 2 * threads::GEMM_BLOCK_WORK && dim >= 2 * threads::GEMM_GRANULE;
+        if !regular {
+            // One block, or two halves of a mid-sized product.
+            let halves = work >= threads::SMALL_SPLIT_WORK && dim >= 2 * threads::SMALL_GRANULE;
+            prop_assert_eq!(b.count, if halves { 2 } else { 1 }, "{:?}", b);
+            if halves {
+                let last = dim - b.size;
+                prop_assert!(b.size >= threads::SMALL_GRANULE && b.size.is_multiple_of(threads::GEMM_ROUND), "{:?}", b);
+                prop_assert!(last >= 1 && last <= b.size && b.size - last < 2 * threads::GEMM_ROUND, "{:?}: last {}", b, last);
+                prop_assert_eq!(b.same_as_whole, m.min(n) >= 4 && (4..=512).contains(&k));
+            }
+        } else {
             // Every block over 64 wide (the gemm crate's general path); the
             // last takes the rest.
+            prop_assert!(b.count > 1, "{:?}", b);
             let last = dim - (b.count - 1) * b.size;
             prop_assert!(b.size >= threads::GEMM_GRANULE, "{:?}", b);
             prop_assert!(last > 64 && last <= b.size + threads::GEMM_ROUND / 2, "{:?}: last block {} of {}", b, last, dim);
             // Near equal: no block more than a rounding step over the mean.
             prop_assert!(b.size <= dim.div_ceil(b.count) + threads::GEMM_ROUND, "{:?}: blocks of {} for {}", b, b.size, dim);
             prop_assert_eq!(b.same_as_whole, m.min(n) >= 4 && k >= 4);
-        }
-        if b.count > 1 {
-            prop_assert!(m * n * k / b.count >= threads::GEMM_BLOCK_WORK / 2, "{:?}: too little work per block", b);
+            prop_assert!(work / b.count >= threads::GEMM_BLOCK_WORK / 2, "{:?}: too little work per block", b);
         }
         let seen = std::sync::Mutex::new(vec![0u8; m * n]);
         set_num_threads(2);

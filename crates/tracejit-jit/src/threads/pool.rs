@@ -1,0 +1,218 @@
+//! The worker threads: `n - 1` of them for a thread count of `n` (the
+//! calling thread takes tasks too), each spinning a while for the next
+//! split kernel before it sleeps.
+//!
+//! Why not rayon's pool, which ran these tasks before: a loop body dispatches a split
+//! product every ~8 µs (W8's step at two threads), and rayon's idle
+//! workers went to sleep between them, so the caller finished its half
+//! and then waited for a worker still waking (12% of its time in the wait,
+//! the worker 14% in the scheduler); with as many workers as threads the
+//! spare one's `sched_yield` loop took the caller's core instead. Here a
+//! worker that ran a task watches for the next one for [`SPIN`] before it
+//! parks, and the caller never waits for a worker that has not started.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long an idle worker watches for the next task before it parks:
+/// long enough to span the gaps between a loop's steps, short enough
+/// that a core is not held long after the last call.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// `f` of a [`Job`], shared with workers (see [`Pool::run`]).
+struct FnPtr(&'static (dyn Fn(usize) + Sync));
+
+/// One split kernel call: tasks claimed in order by the caller and the
+/// workers that arrive in time.
+struct Job {
+    f: FnPtr,
+    tasks: usize,
+    next: AtomicUsize,
+    /// Workers inside `work`.
+    active: AtomicUsize,
+    /// Set by the caller once every task is claimed and it stops waiting
+    /// for newcomers.
+    closed: AtomicBool,
+    /// A worker's panic, raised again on the caller.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+}
+
+impl Job {
+    /// Claims and runs tasks until none are left.
+    fn work(&self) {
+        loop {
+            let t = self.next.fetch_add(1, Ordering::Relaxed);
+            if t >= self.tasks {
+                break;
+            }
+            (self.f.0)(t);
+        }
+    }
+
+    /// A worker's entry: true (and counted in `active`) if the caller is
+    /// still waiting for workers. Both sides use `SeqCst`: either the
+    /// caller's wait sees this increment, or this load sees `closed`.
+    fn enter(&self) -> bool {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            self.active.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// A worker's turn at the job: its tasks, a panic kept for the caller.
+    fn join_in(&self) {
+        if !self.enter() {
+            return;
+        }
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.work())) {
+            *self.panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+            // No task is claimed after a panic: the caller stops at the
+            // next claim too.
+            self.next.store(self.tasks, Ordering::Relaxed);
+        }
+        self.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What the caller and the workers share.
+struct Board {
+    /// Bumped once per job posted (after `job` is set).
+    posted: AtomicU64,
+    /// The latest job.
+    job: Mutex<Option<Arc<Job>>>,
+    /// Parked workers wait here (with `job`'s lock) for `posted` to move.
+    wake: Condvar,
+    /// Set when the pool is dropped: workers return.
+    closing: AtomicBool,
+}
+
+/// A pool of worker threads and the thread count it serves (its workers
+/// and the calling thread).
+pub(crate) struct Pool {
+    threads: usize,
+    board: Arc<Board>,
+}
+
+impl Pool {
+    /// Starts `threads - 1` workers.
+    pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
+        let board = Arc::new(Board {
+            posted: AtomicU64::new(0),
+            job: Mutex::new(None),
+            wake: Condvar::new(),
+            closing: AtomicBool::new(false),
+        });
+        let pool = Pool { threads, board };
+        for i in 1..threads {
+            let board = pool.board.clone();
+            // On an error, dropping `pool` stops the workers started so far.
+            std::thread::Builder::new().name(format!("tracejit-{i}")).spawn(move || worker(&board))?;
+        }
+        Ok(pool)
+    }
+
+    /// Threads the pool serves (its workers and the caller).
+    pub(crate) fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Runs `f(t)` for every `t` in `0..tasks` and waits for all of them;
+    /// `f` sees each task exactly once — or, after a panic in one, no
+    /// further task starts and the panic is raised again here once every
+    /// thread has left `f`. The calling thread works too: it posts the job
+    /// for the workers and claims tasks alongside them. It never waits for
+    /// a worker that has not started: a worker that comes after the tasks
+    /// are gone returns without touching `f`, so a late worker costs
+    /// nothing but its wake-up.
+    pub(crate) fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        super::DISPATCHES.with(|d| d.set(d.get() + 1));
+        // SAFETY: the lifetime is erased only to hand `f` to workers that
+        // outlive this call; `Job::enter` lets a worker use `f` only while
+        // `closed` is unset, and this function returns only after setting
+        // it and seeing every worker that entered leave (`active == 0`).
+        let f: &'static (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
+        let job = Arc::new(Job {
+            f: FnPtr(f),
+            tasks,
+            next: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            panic: Mutex::new(None),
+        });
+        if tasks > 1 {
+            let mut slot = self.board.job.lock().unwrap_or_else(|e| e.into_inner());
+            *slot = Some(job.clone());
+            self.board.posted.fetch_add(1, Ordering::SeqCst);
+            // Under the lock: a worker about to park either saw `posted`
+            // move or is already waiting.
+            self.board.wake.notify_all();
+        }
+        // The caller's own panic waits for the workers too: they use `f`.
+        let own = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work()));
+        if own.is_err() {
+            job.next.store(job.tasks, Ordering::Relaxed);
+        }
+        job.closed.store(true, Ordering::SeqCst);
+        // Workers still inside finish tasks they claimed (bounded time).
+        let mut spins = 0u32;
+        while job.active.load(Ordering::SeqCst) != 0 {
+            spins += 1;
+            if spins < 1 << 10 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        if let Err(p) = own {
+            std::panic::resume_unwind(p);
+        }
+        let worker = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(p) = worker {
+            std::panic::resume_unwind(p);
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let _slot = self.board.job.lock().unwrap_or_else(|e| e.into_inner());
+        self.board.closing.store(true, Ordering::SeqCst);
+        self.board.wake.notify_all();
+    }
+}
+
+/// A worker: joins each job posted after the last one it saw, watching
+/// for the next for [`SPIN`] and then parking until one is posted.
+fn worker(board: &Board) {
+    let mut seen = board.posted.load(Ordering::SeqCst);
+    loop {
+        let since = Instant::now();
+        let mut spins = 0u32;
+        while board.posted.load(Ordering::SeqCst) == seen && !board.closing.load(Ordering::SeqCst) {
+            spins = spins.wrapping_add(1);
+            // The clock is read every 64 spins (~1-2 µs).
+            if spins.is_multiple_of(64) && since.elapsed() > SPIN {
+                let mut slot = board.job.lock().unwrap_or_else(|e| e.into_inner());
+                while board.posted.load(Ordering::SeqCst) == seen && !board.closing.load(Ordering::SeqCst) {
+                    slot = board.wake.wait(slot).unwrap_or_else(|e| e.into_inner());
+                }
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if board.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        let job = {
+            let slot = board.job.lock().unwrap_or_else(|e| e.into_inner());
+            seen = board.posted.load(Ordering::SeqCst);
+            slot.clone()
+        };
+        if let Some(job) = job {
+            job.join_in();
+        }
+    }
+}
