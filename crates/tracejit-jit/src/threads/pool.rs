@@ -83,6 +83,8 @@ struct Board {
     posted: AtomicU64,
     /// The latest job.
     job: Mutex<Option<Arc<Job>>>,
+    /// Workers the latest job still wants (its tasks but the caller's).
+    wanted: AtomicUsize,
     /// Parked workers wait here (with `job`'s lock) for `posted` to move.
     wake: Condvar,
     /// Set when the pool is dropped: workers return.
@@ -101,6 +103,7 @@ impl Pool {
     pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
         let board = Arc::new(Board {
             posted: AtomicU64::new(0),
+            wanted: AtomicUsize::new(0),
             job: Mutex::new(None),
             wake: Condvar::new(),
             closing: AtomicBool::new(false),
@@ -145,6 +148,7 @@ impl Pool {
         if tasks > 1 {
             let mut slot = self.board.job.lock().unwrap_or_else(|e| e.into_inner());
             *slot = Some(job.clone());
+            self.board.wanted.store((tasks - 1).min(self.threads - 1), Ordering::SeqCst);
             self.board.posted.fetch_add(1, Ordering::SeqCst);
             // Under the lock: a worker about to park either saw `posted`
             // move or is already waiting.
@@ -184,17 +188,23 @@ impl Drop for Pool {
     }
 }
 
-/// A worker: joins each job posted after the last one it saw, watching
-/// for the next for [`SPIN`] and then parking until one is posted.
+/// A worker: joins each job posted after the last one it saw while the
+/// job wants more workers; after a job it watches for the next for
+/// [`SPIN`] and then parks until one is posted. A worker the job did not
+/// want parks at once, so that on a machine of many cores a two-task
+/// kernel keeps one worker busy, not all of them spinning.
 fn worker(board: &Board) {
-    let mut seen = board.posted.load(Ordering::SeqCst);
+    // Workers start with the board, before any post: a job posted before
+    // this thread first runs is still new to it.
+    let mut seen = 0;
+    let mut worked = false;
     loop {
         let since = Instant::now();
         let mut spins = 0u32;
         while board.posted.load(Ordering::SeqCst) == seen && !board.closing.load(Ordering::SeqCst) {
             spins = spins.wrapping_add(1);
             // The clock is read every 64 spins (~1-2 µs).
-            if spins.is_multiple_of(64) && since.elapsed() > SPIN {
+            if !worked || (spins.is_multiple_of(64) && since.elapsed() > SPIN) {
                 let mut slot = board.job.lock().unwrap_or_else(|e| e.into_inner());
                 while board.posted.load(Ordering::SeqCst) == seen && !board.closing.load(Ordering::SeqCst) {
                     slot = board.wake.wait(slot).unwrap_or_else(|e| e.into_inner());
@@ -206,13 +216,107 @@ fn worker(board: &Board) {
         if board.closing.load(Ordering::SeqCst) {
             return;
         }
+        // The job and its count of wanted workers change together, under
+        // the lock (see `Pool::run`).
         let job = {
             let slot = board.job.lock().unwrap_or_else(|e| e.into_inner());
             seen = board.posted.load(Ordering::SeqCst);
+            worked = board.wanted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| w.checked_sub(1)).is_ok();
             slot.clone()
         };
-        if let Some(job) = job {
+        if let (true, Some(job)) = (worked, job) {
             job.join_in();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// Waits (up to a generous limit, so a loaded machine only slows the
+    /// test) until `count` reaches `want`.
+    fn wait_for(count: &AtomicUsize, want: usize) -> bool {
+        let start = Instant::now();
+        while count.load(Ordering::SeqCst) < want {
+            if start.elapsed() > Duration::from_secs(20) {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        true
+    }
+
+    /// Two tasks that each wait for the other to start can only finish if
+    /// a worker takes one: the pool's workers do join, job after job
+    /// (parked or spinning), and each task runs once.
+    #[test]
+    fn a_worker_joins_every_job() {
+        let pool = Pool::new(2).unwrap();
+        for round in 0..50 {
+            let started = AtomicUsize::new(0);
+            let threads = Mutex::new(HashSet::new());
+            pool.run(2, &|_| {
+                started.fetch_add(1, Ordering::SeqCst);
+                assert!(wait_for(&started, 2), "round {round}: no worker took the second task");
+                threads.lock().unwrap().insert(std::thread::current().id());
+            });
+            assert_eq!(started.load(Ordering::SeqCst), 2);
+            assert_eq!(threads.lock().unwrap().len(), 2);
+            if round % 10 == 9 {
+                // Long enough for the worker to stop watching and park.
+                std::thread::sleep(SPIN * 3);
+            }
+        }
+    }
+
+    /// On a pool of three threads a two-task job runs on the caller and
+    /// one worker (the other is not wanted, and parks), and a three-task
+    /// job gets both workers.
+    #[test]
+    fn jobs_get_the_workers_they_want() {
+        let pool = Pool::new(3).unwrap();
+        for _ in 0..20 {
+            let started = AtomicUsize::new(0);
+            let threads = Mutex::new(HashSet::new());
+            pool.run(2, &|_| {
+                started.fetch_add(1, Ordering::SeqCst);
+                assert!(wait_for(&started, 2), "no worker took the second task");
+                threads.lock().unwrap().insert(std::thread::current().id());
+            });
+            assert_eq!(threads.lock().unwrap().len(), 2);
+        }
+        // Three tasks on three threads: both workers are wanted.
+        let started = AtomicUsize::new(0);
+        pool.run(3, &|_| {
+            started.fetch_add(1, Ordering::SeqCst);
+            assert!(wait_for(&started, 3), "a wanted worker did not come");
+        });
+    }
+
+    /// A panic in a worker's task is raised on the caller, after which the
+    /// pool still runs jobs.
+    #[test]
+    fn a_workers_panic_reaches_the_caller_and_the_pool_goes_on() {
+        let pool = Pool::new(2).unwrap();
+        let caller = std::thread::current().id();
+        let started = AtomicUsize::new(0);
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run(2, &|_| {
+                started.fetch_add(1, Ordering::SeqCst);
+                assert!(wait_for(&started, 2));
+                if std::thread::current().id() != caller {
+                    panic!("worker task failed");
+                }
+            })
+        }));
+        let message = got.expect_err("the panic was lost");
+        assert_eq!(message.downcast_ref::<&str>(), Some(&"worker task failed"));
+        let done = AtomicUsize::new(0);
+        pool.run(4, &|_| {
+            done.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(done.load(Ordering::SeqCst), 4);
     }
 }
