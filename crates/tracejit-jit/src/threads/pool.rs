@@ -248,22 +248,28 @@ mod tests {
         true
     }
 
-    /// Two tasks that each wait for the other to start can only finish if
-    /// a worker takes one: the pool's workers do join, job after job
-    /// (parked or spinning), and each task runs once.
+    /// Runs `tasks` tasks that each wait for all of them to start (so
+    /// they finish only if `tasks - 1` workers join) and returns how many
+    /// threads ran them.
+    fn meeting(pool: &Pool, tasks: usize) -> usize {
+        let started = AtomicUsize::new(0);
+        let threads = Mutex::new(HashSet::new());
+        pool.run(tasks, &|_| {
+            started.fetch_add(1, Ordering::SeqCst);
+            assert!(wait_for(&started, tasks), "a wanted worker did not come");
+            threads.lock().unwrap().insert(std::thread::current().id());
+        });
+        assert_eq!(started.load(Ordering::SeqCst), tasks);
+        threads.into_inner().unwrap().len()
+    }
+
+    /// The pool's workers do join, job after job (parked or spinning),
+    /// and each task runs once.
     #[test]
     fn a_worker_joins_every_job() {
         let pool = Pool::new(2).unwrap();
         for round in 0..50 {
-            let started = AtomicUsize::new(0);
-            let threads = Mutex::new(HashSet::new());
-            pool.run(2, &|_| {
-                started.fetch_add(1, Ordering::SeqCst);
-                assert!(wait_for(&started, 2), "round {round}: no worker took the second task");
-                threads.lock().unwrap().insert(std::thread::current().id());
-            });
-            assert_eq!(started.load(Ordering::SeqCst), 2);
-            assert_eq!(threads.lock().unwrap().len(), 2);
+            assert_eq!(meeting(&pool, 2), 2);
             if round % 10 == 9 {
                 // Long enough for the worker to stop watching and park.
                 std::thread::sleep(SPIN * 3);
@@ -278,21 +284,9 @@ mod tests {
     fn jobs_get_the_workers_they_want() {
         let pool = Pool::new(3).unwrap();
         for _ in 0..20 {
-            let started = AtomicUsize::new(0);
-            let threads = Mutex::new(HashSet::new());
-            pool.run(2, &|_| {
-                started.fetch_add(1, Ordering::SeqCst);
-                assert!(wait_for(&started, 2), "no worker took the second task");
-                threads.lock().unwrap().insert(std::thread::current().id());
-            });
-            assert_eq!(threads.lock().unwrap().len(), 2);
+            assert_eq!(meeting(&pool, 2), 2);
         }
-        // Three tasks on three threads: both workers are wanted.
-        let started = AtomicUsize::new(0);
-        pool.run(3, &|_| {
-            started.fetch_add(1, Ordering::SeqCst);
-            assert!(wait_for(&started, 3), "a wanted worker did not come");
-        });
+        assert_eq!(meeting(&pool, 3), 3);
     }
 
     /// A panic in a worker's task is raised on the caller, after which the
