@@ -450,3 +450,27 @@ fn saving_through_a_symlink_loop_is_an_error_and_keeps_the_links() {
     assert_eq!(dir.entries(), ["a.safetensors", "b.safetensors"], "no temporary file is left");
     assert!(checkpoint::restore(&all_dtypes(1), &a).is_err());
 }
+
+/// `?` on checkpoint calls works in a function returning `tracejit::Result`
+/// (DESIGN.md's form), and a failure arrives as `tracejit::Error` naming the
+/// file.
+#[test]
+fn checkpoint_errors_convert_into_tracejit_errors() {
+    let dir = TempDir::new("question-mark");
+    let path = dir.file("m.safetensors");
+    let round_trip = |p: &Path| -> tracejit::Result<()> {
+        let m = all_dtypes(2);
+        checkpoint::save(&m, p)?;
+        checkpoint::restore(&m, p)?;
+        Ok(())
+    };
+    round_trip(&path).unwrap();
+    let missing = dir.file("absent/never.safetensors");
+    let restore_missing = || -> tracejit::Result<()> {
+        checkpoint::restore(&all_dtypes(2), &missing)?;
+        Ok(())
+    };
+    let e = restore_missing().unwrap_err();
+    assert!(matches!(e, tracejit::Error::Checkpoint { .. }), "{e}");
+    assert!(e.to_string().contains("never.safetensors"), "{e}");
+}

@@ -497,3 +497,50 @@ fn the_layer_norm_backward_kernel_matches_finite_differences() {
         }
     }
 }
+
+/// A way of asking a tape for gradients.
+type Form<'a> = dyn Fn(&GradientTape, &Tensor) -> Vec<Option<Tensor>> + 'a;
+
+/// Every source form DESIGN.md names works, borrowed or owned, slices,
+/// arrays and vectors, and all give the same gradients.
+#[test]
+fn sources_by_reference_array_slice_or_vector_agree() {
+    let x = x3();
+    let w = Variable::new(Tensor::from_vec(vec![0.5f64, -1.5, 2.0], &[3]));
+    let run = |f: &Form<'_>| {
+        let tape = GradientTape::persistent();
+        tape.watch(&x);
+        let y = (&x * &x * w.read()).sum(&[0], false);
+        f(&tape, &y).into_iter().map(|g| vals(&g.unwrap())).collect::<Vec<_>>()
+    };
+    let want = run(&|t, y| {
+        let mut g = t.gradient(y, &[&x]).unwrap();
+        g.extend(t.gradient(y, std::slice::from_ref(&w)).unwrap());
+        g
+    });
+    let forms: [&Form<'_>; 4] = [
+        &|t, y| {
+            let mut g = t.gradient(y, &vec![&x]).unwrap();
+            g.extend(t.gradient(y, &vec![&w]).unwrap());
+            g
+        },
+        &|t, y| {
+            let mut g = t.gradient(y, &[x.clone()][..]).unwrap();
+            g.extend(t.gradient(y, &[&w]).unwrap());
+            g
+        },
+        &|t, y| {
+            let mut g = t.gradient(y, &vec![x.clone()]).unwrap();
+            g.extend(t.gradient(y, &[&w][..]).unwrap());
+            g
+        },
+        &|t, y| {
+            let mut g = t.gradient(y, &[&x][..]).unwrap();
+            g.extend(t.gradient(y, &vec![w.clone()]).unwrap());
+            g
+        },
+    ];
+    for (i, f) in forms.iter().enumerate() {
+        assert_eq!(run(f), want, "form {i}");
+    }
+}

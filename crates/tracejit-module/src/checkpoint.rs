@@ -73,6 +73,14 @@ impl fmt::Display for TensorMismatch {
     }
 }
 
+impl From<CheckpointError> for tracejit_trace::Error {
+    /// Lets `?` on a checkpoint call work in functions returning
+    /// `tracejit::Result`.
+    fn from(e: CheckpointError) -> tracejit_trace::Error {
+        tracejit_trace::Error::Checkpoint { message: e.to_string() }
+    }
+}
+
 /// An error saving or restoring a checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {

@@ -110,6 +110,13 @@ pub enum Error {
         /// The exporter's message.
         message: String,
     },
+    /// A checkpoint could not be saved or restored (`tracejit::checkpoint`);
+    /// the message names the file and what failed.
+    #[error("{message}")]
+    Checkpoint {
+        /// The checkpoint layer's message.
+        message: String,
+    },
     /// An error from the IR (verifier or interpreter).
     #[error(transparent)]
     Ir(#[from] IrError),

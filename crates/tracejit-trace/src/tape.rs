@@ -612,6 +612,31 @@ impl Source for Vec<Variable> {
     }
 }
 
+impl Source for Vec<&Tensor> {
+    fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
+        self.as_slice().source_tensors(tape)
+    }
+}
+
+impl Source for [&Variable] {
+    fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
+        let owned: Vec<Variable> = self.iter().map(|v| (*v).clone()).collect();
+        owned.as_slice().source_tensors(tape)
+    }
+}
+
+impl<const N: usize> Source for [&Variable; N] {
+    fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
+        self.as_slice().source_tensors(tape)
+    }
+}
+
+impl Source for Vec<&Variable> {
+    fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
+        self.as_slice().source_tensors(tape)
+    }
+}
+
 // ---- the backward pass ------------------------------------------------
 
 /// The VJP rules' [`Emitter`] over tensors: ops run eagerly on eager
