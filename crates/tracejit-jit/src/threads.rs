@@ -336,6 +336,8 @@ pub const GEMM_ROUND: usize = 16;
 /// assert_eq!(gemm_blocks(32, 128, 64).count, 1); // small: one block
 /// let step = gemm_blocks(32, 128, 128); // W8's recurrent step: two halves
 /// assert!(!step.by_rows && step.count == 2 && step.size == 64 && step.same_as_whole);
+/// let odd = gemm_blocks(1409, 187, 2); // odd halves: 720 + 689 rows
+/// assert!(odd.by_rows && odd.count == 2 && odd.size == 720);
 /// ```
 pub fn gemm_blocks(m: usize, n: usize, k: usize) -> GemmBlocks {
     let by_rows = m > n;
@@ -358,7 +360,8 @@ pub fn gemm_blocks(m: usize, n: usize, k: usize) -> GemmBlocks {
         // general path's are `k` itself up to 512: one call gives the
         // halves' bits only up to that depth (else one thread runs them
         // as halves too; 2% slower than one call on W8's step).
-        let size = (dim / 2).next_multiple_of(GEMM_ROUND);
+        // Rounded up: the first half is never the smaller (1409 rows: 720 + 689).
+        let size = dim.div_ceil(2).next_multiple_of(GEMM_ROUND);
         let same_as_whole = short >= 4 && (4..=SMALL_PATH_DEPTH).contains(&k);
         return GemmBlocks { by_rows, size, count: 2, same_as_whole };
     }
