@@ -582,21 +582,26 @@ impl Source for Vec<Tensor> {
     }
 }
 
+/// The recorded reads of each variable: the one rule for variables
+/// given by value or by reference.
+fn variable_sources<'a>(tape: &GradientTape, vars: impl Iterator<Item = &'a Variable>) -> Result<Vec<Vec<Tensor>>> {
+    let st = tape.state.borrow();
+    vars.map(|v| {
+        if !v.dtype().is_float() {
+            return Err(grad_error(format!(
+                "variable `{}` is {} and has no gradient; only float sources are differentiable",
+                v.name(),
+                v.dtype()
+            )));
+        }
+        Ok(st.reads.get(&v.id()).cloned().unwrap_or_default())
+    })
+    .collect()
+}
+
 impl Source for [Variable] {
     fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
-        let st = tape.state.borrow();
-        self.iter()
-            .map(|v| {
-                if !v.dtype().is_float() {
-                    return Err(grad_error(format!(
-                        "variable `{}` is {} and has no gradient; only float sources are differentiable",
-                        v.name(),
-                        v.dtype()
-                    )));
-                }
-                Ok(st.reads.get(&v.id()).cloned().unwrap_or_default())
-            })
-            .collect()
+        variable_sources(tape, self.iter())
     }
 }
 
@@ -620,8 +625,7 @@ impl Source for Vec<&Tensor> {
 
 impl Source for [&Variable] {
     fn source_tensors(&self, tape: &GradientTape) -> Result<Vec<Vec<Tensor>>> {
-        let owned: Vec<Variable> = self.iter().map(|v| (*v).clone()).collect();
-        owned.as_slice().source_tensors(tape)
+        variable_sources(tape, self.iter().copied())
     }
 }
 
