@@ -29,6 +29,10 @@ struct Job {
     f: FnPtr,
     tasks: usize,
     next: AtomicUsize,
+    /// Workers the job still wants (its tasks but the caller's): each
+    /// worker that sees the job takes one, and one that finds none left
+    /// parks at once.
+    wanted: AtomicUsize,
     /// Workers inside `work`.
     active: AtomicUsize,
     /// Set by the caller once every task is claimed and it stops waiting
@@ -81,14 +85,20 @@ impl Job {
 struct Board {
     /// Bumped once per job posted (after `job` is set).
     posted: AtomicU64,
-    /// The latest job.
-    job: Mutex<Option<Arc<Job>>>,
-    /// Workers the latest job still wants (its tasks but the caller's).
-    wanted: AtomicUsize,
-    /// Parked workers wait here (with `job`'s lock) for `posted` to move.
+    /// The latest job, and how many workers are parked.
+    slot: Mutex<Slot>,
+    /// Parked workers wait here (with `slot`'s lock) for `posted` to move.
     wake: Condvar,
     /// Set when the pool is dropped: workers return.
     closing: AtomicBool,
+}
+
+/// What [`Board::slot`]'s lock guards.
+struct Slot {
+    job: Option<Arc<Job>>,
+    /// Workers waiting on [`Board::wake`]: a post wakes only as many as
+    /// the job wants, and none (no futex call) while all of them spin.
+    parked: usize,
 }
 
 /// A pool of worker threads and the thread count it serves (its workers
@@ -103,8 +113,7 @@ impl Pool {
     pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
         let board = Arc::new(Board {
             posted: AtomicU64::new(0),
-            wanted: AtomicUsize::new(0),
-            job: Mutex::new(None),
+            slot: Mutex::new(Slot { job: None, parked: 0 }),
             wake: Condvar::new(),
             closing: AtomicBool::new(false),
         });
@@ -141,18 +150,20 @@ impl Pool {
             f: FnPtr(f),
             tasks,
             next: AtomicUsize::new(0),
+            wanted: AtomicUsize::new(tasks.saturating_sub(1).min(self.threads - 1)),
             active: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             panic: Mutex::new(None),
         });
         if tasks > 1 {
-            let mut slot = self.board.job.lock().unwrap_or_else(|e| e.into_inner());
-            *slot = Some(job.clone());
-            self.board.wanted.store((tasks - 1).min(self.threads - 1), Ordering::SeqCst);
+            let mut slot = self.board.slot.lock().unwrap_or_else(|e| e.into_inner());
+            slot.job = Some(job.clone());
             self.board.posted.fetch_add(1, Ordering::SeqCst);
             // Under the lock: a worker about to park either saw `posted`
-            // move or is already waiting.
-            self.board.wake.notify_all();
+            // move or is already counted in `parked`.
+            for _ in 0..slot.parked.min(tasks - 1) {
+                self.board.wake.notify_one();
+            }
         }
         // The caller's own panic waits for the workers too: they use `f`.
         let own = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.work()));
@@ -182,7 +193,7 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        let _slot = self.board.job.lock().unwrap_or_else(|e| e.into_inner());
+        let _slot = self.board.slot.lock().unwrap_or_else(|e| e.into_inner());
         self.board.closing.store(true, Ordering::SeqCst);
         self.board.wake.notify_all();
     }
@@ -205,10 +216,12 @@ fn worker(board: &Board) {
             spins = spins.wrapping_add(1);
             // The clock is read every 64 spins (~1-2 µs).
             if !worked || (spins.is_multiple_of(64) && since.elapsed() > SPIN) {
-                let mut slot = board.job.lock().unwrap_or_else(|e| e.into_inner());
+                let mut slot = board.slot.lock().unwrap_or_else(|e| e.into_inner());
+                slot.parked += 1;
                 while board.posted.load(Ordering::SeqCst) == seen && !board.closing.load(Ordering::SeqCst) {
                     slot = board.wake.wait(slot).unwrap_or_else(|e| e.into_inner());
                 }
+                slot.parked -= 1;
                 break;
             }
             std::hint::spin_loop();
@@ -216,17 +229,20 @@ fn worker(board: &Board) {
         if board.closing.load(Ordering::SeqCst) {
             return;
         }
-        // The job and its count of wanted workers change together, under
-        // the lock (see `Pool::run`).
+        // `posted` and the job change together, under the lock (see
+        // `Pool::run`).
         let job = {
-            let slot = board.job.lock().unwrap_or_else(|e| e.into_inner());
+            let slot = board.slot.lock().unwrap_or_else(|e| e.into_inner());
             seen = board.posted.load(Ordering::SeqCst);
-            worked = board.wanted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| w.checked_sub(1)).is_ok();
-            slot.clone()
+            slot.job.clone()
         };
-        if let (true, Some(job)) = (worked, job) {
-            job.join_in();
-        }
+        worked = job.is_some_and(|job| {
+            let wanted = job.wanted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| w.checked_sub(1)).is_ok();
+            if wanted {
+                job.join_in();
+            }
+            wanted
+        });
     }
 }
 
