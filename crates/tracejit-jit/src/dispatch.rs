@@ -156,6 +156,32 @@ impl Calls<'_> {
         }
     }
 
+    /// Calls the kernel on flattened rows `rows`, every column, with
+    /// scratch at `scratch` (`scratch_len` elements of its own); for
+    /// elementwise and row kernels (a column reduction runs whole).
+    ///
+    /// # Safety
+    /// As [`Calls::run`]; concurrent calls take disjoint rows and scratch.
+    pub(crate) unsafe fn rows_part(&self, rows: Range<usize>, scratch: i64) {
+        debug_assert!(self.an.kind != KernelKind::Column);
+        self.part(rows, 0..self.n, scratch)
+    }
+
+    /// Calls an elementwise kernel of one row on its elements `cols`
+    /// (at multiples of [`ELEMENT_GRANULE`], but for the last).
+    ///
+    /// # Safety
+    /// As [`Calls::rows_part`].
+    pub(crate) unsafe fn elements_part(&self, cols: Range<usize>, scratch: i64) {
+        debug_assert!(self.an.kind == KernelKind::Elementwise && self.total_rows() == 1);
+        self.part(0..1, cols, scratch)
+    }
+
+    /// Flattened rows of the domain (outer dims times kernel rows).
+    fn total_rows(&self) -> usize {
+        self.outer.iter().map(|d| d.0).product::<usize>() * self.rows
+    }
+
     /// How to share out `total_rows` rows of `n`, if the work is worth it
     /// (the part count here is an upper bound; the pool's size caps it).
     fn split(&self, total_rows: usize) -> Option<Split> {

@@ -45,6 +45,7 @@ use tracejit_ir::{
 use crate::region::{BufPool, CompiledRegion};
 use crate::{compile_region_with, supports, JitError, JitOptions};
 
+mod epilogue;
 mod pairs;
 mod profile;
 mod stats;
@@ -416,6 +417,7 @@ impl Executable {
         outputs.iter_mut().for_each(&mut renum);
         let n_slots = n_used;
         pairs::pair_products(&mut steps, g, crate::threads::gemm_threshold());
+        epilogue::plan(&mut steps, g);
         let param_types = g.param_types();
         Ok(Executable {
             graph,
@@ -541,8 +543,9 @@ impl Executable {
             profile::profiling().then(|| smallvec::smallvec![0; self.steps.len()]);
         for (i, step) in self.steps.iter().enumerate() {
             let started = clock.is_some().then(std::time::Instant::now);
-            if step.pair == pairs::Pair::Second && values[step.outputs[0]].is_some() {
-                // Computed alongside its partner: only its last uses remain.
+            let done = matches!(step.pair, pairs::Pair::Second | pairs::Pair::After);
+            if done && values[step.outputs[0]].is_some() {
+                // Computed with its partner: only its last uses remain.
                 self.free_slots(step, values, pool);
                 continue;
             }
@@ -558,7 +561,7 @@ impl Executable {
                 args.push(values[x].as_ref().ok_or_else(|| broken(format!("slot {x} is not available")))?);
             }
             self.check_step(step, &args)?;
-            let mut partner_out: Option<(usize, Storage)> = None;
+            let mut partner_out: SmallVec<[(usize, Storage); 2]> = SmallVec::new();
             let outs: SmallVec<[Storage; 2]> = match &step.kind {
                 StepKind::Param(i) => smallvec::smallvec![inputs[*i].clone()],
                 StepKind::Constant(c) => smallvec::smallvec![c.clone()],
@@ -578,11 +581,15 @@ impl Executable {
                                 .collect::<Result<_, _>>()?;
                             self.check_step(other, &b)?;
                             pairs::run_pair([args[0], b[0]], [args[1], b[1]], pool).map(|[x, y]| {
-                                partner_out = Some((other.outputs[0], y));
+                                partner_out.push((other.outputs[0], y));
                                 x
                             })
                         }
-                        pairs::Pair::None | pairs::Pair::Second => None,
+                        pairs::Pair::Then(j) => epilogue::run(self, step, j, &args, values, pool)?.map(|(x, made)| {
+                            partner_out = made;
+                            x
+                        }),
+                        pairs::Pair::None | pairs::Pair::Second | pairs::Pair::After => None,
                     };
                     let out = paired
                         .unwrap_or_else(|| crate::gemm::matmul_with(args[0], args[1], &mut |d, s| pool.take(d, s)));
@@ -627,7 +634,7 @@ impl Executable {
                 }
             };
             drop(args);
-            if let Some((slot, v)) = partner_out {
+            for (slot, v) in partner_out {
                 values[slot] = Some(v);
             }
             if outs.len() != step.outputs.len() {

@@ -177,6 +177,64 @@ pub fn gemm_acc_f32(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: &mut [f32
     }
 }
 
+/// Rows `rows` of the 2-D product `a · b` (both f32 or both f64) into
+/// `out`, computed on the calling thread as one product of those rows
+/// ([`crate::threads::serial`]); false (nothing written) for other
+/// dtypes or ranks.
+///
+/// # Safety
+/// `out` is the element pointer of a standard-layout `[m, n]` buffer of
+/// the operands' dtype that aliases neither operand, and `rows` lies in
+/// `0..m`; concurrent calls take disjoint rows.
+pub(crate) unsafe fn product_rows(a: &Storage, b: &Storage, out: i64, rows: std::ops::Range<usize>) -> bool {
+    fn go<T: GemmScalar>(
+        x: &ArcArray<T, IxDyn>,
+        y: &ArcArray<T, IxDyn>,
+        out: i64,
+        rows: std::ops::Range<usize>,
+    ) -> bool {
+        let (&[m, k], &[k2, n]) = (x.shape(), y.shape()) else { return false };
+        if k != k2 || rows.end > m {
+            return false;
+        }
+        if rows.is_empty() || k == 0 || n == 0 {
+            // An empty sum is zero (the buffer may hold old values).
+            for r in rows {
+                // SAFETY: the caller's contract: row `r` of the output.
+                unsafe { std::slice::from_raw_parts_mut((out as *mut T).add(r * n), n) }.fill(T::default());
+            }
+            return true;
+        }
+        let (sx, sy) = (x.strides(), y.strides());
+        let r0 = rows.start as isize;
+        // SAFETY: the caller's contract; the rows' part of `x` and of the
+        // output lie inside their buffers.
+        crate::threads::serial(|| unsafe {
+            T::product(
+                rows.len(),
+                k,
+                n,
+                x.as_ptr().offset(r0 * sx[0]),
+                sx[0],
+                sx[1],
+                y.as_ptr(),
+                sy[0],
+                sy[1],
+                (out as *mut T).add(rows.start * n),
+                n as isize,
+                1,
+                false,
+            )
+        });
+        true
+    }
+    match (a, b) {
+        (Storage::F32(x), Storage::F32(y)) => go(x, y, out, rows),
+        (Storage::F64(x), Storage::F64(y)) => go(x, y, out, rows),
+        _ => false,
+    }
+}
+
 /// Matrix product of the last two axes (batch axes broadcast, numpy rules),
 /// through a fast GEMM for f32/f64 and the reference kernel otherwise. Panics
 /// like the reference kernel on operands it rejects. The output is a fresh

@@ -39,7 +39,10 @@ use crate::kernel::{self, Schedule};
 use crate::options::{JitOptions, KernelKey};
 use crate::JitError;
 
+mod epilogue;
 mod output;
+
+pub(crate) use epilogue::Product;
 pub(crate) use output::unique_mut_ptr;
 use output::{data_ptr, OutBuf};
 
@@ -583,6 +586,27 @@ impl CompiledRegion {
         pool: &mut BufPool,
         alias: Option<(usize, i64)>,
     ) -> SmallVec<[Storage; 2]> {
+        // SAFETY: `launch_with` resolves the pointers as `Calls::run` needs
+        // them, which calls the kernel over the whole domain.
+        let mut run = |calls: &Calls<'_>, scratch: &mut Vec<u64>| unsafe { calls.run(scratch) };
+        // SAFETY: as above.
+        unsafe { self.launch_with(inputs, l, pool, alias, &mut run) }
+    }
+
+    /// [`CompiledRegion::launch`], the kernel called by `run` on the
+    /// resolved calls and the pool's scratch.
+    ///
+    /// # Safety
+    /// `run` calls the kernel over every row of the domain (the outputs
+    /// are taken as written), within `Calls::run`'s contract.
+    unsafe fn launch_with(
+        &self,
+        inputs: &[&Storage],
+        l: &Launch,
+        pool: &mut BufPool,
+        alias: Option<(usize, i64)>,
+        run: &mut dyn FnMut(&Calls<'_>, &mut Vec<u64>),
+    ) -> SmallVec<[Storage; 2]> {
         let an = &self.an;
         let mut held: SmallVec<[Storage; 2]> = SmallVec::new();
         let mut load_ptrs: SmallVec<[i64; 8]> = SmallVec::new();
@@ -636,10 +660,10 @@ impl CompiledRegion {
             outer: &l.outer,
             scratch_len,
         };
-        // SAFETY: every pointer addresses a live buffer (inputs, held
+        // Every pointer addresses a live buffer (inputs, held
         // materializations, constants, outputs with capacity for their
         // shapes), and the rows/strides/n were derived from those shapes.
-        unsafe { calls.run(&mut scratch) };
+        run(&calls, &mut scratch);
         drop(held);
         pool.scratch = scratch;
         outs.into_iter()

@@ -368,6 +368,38 @@ pub fn gemm_blocks(m: usize, n: usize, k: usize) -> GemmBlocks {
     GemmBlocks { by_rows, size, count, same_as_whole }
 }
 
+/// Most elements of `b` in a product run with its consumer in row halves
+/// ([`epilogue_rows`]): 128 KiB of f32, which each thread then reads
+/// whole from its own cache (a wider `b` is better cut by columns).
+pub const EPILOGUE_RHS: usize = 1 << 15;
+
+/// Rows of the first of the two halves in which an `m×k` by `k×n`
+/// product is computed together with the region that consumes it, each
+/// half's rows of the region right after its product, on the same thread:
+/// for a mid-sized product ([`gemm_blocks`] cuts it in at most two, of at
+/// least [`SMALL_SPLIT_WORK`] multiply-adds) with a small `b` (at most
+/// [`EPILOGUE_RHS`] elements), at least 16 rows, and a depth of 4 to 512,
+/// where the halves have the bits of one call for the whole (so one
+/// thread runs the whole product, then the whole region). A function of
+/// the sizes only.
+///
+/// ```
+/// use tracejit_jit::threads::epilogue_rows;
+///
+/// assert_eq!(epilogue_rows(32, 128, 128), Some(16)); // W8's step
+/// assert_eq!(epilogue_rows(64, 512, 784), None); // W5: wide b, deep
+/// assert_eq!(epilogue_rows(8, 128, 128), None); // too small
+/// ```
+pub fn epilogue_rows(m: usize, n: usize, k: usize) -> Option<usize> {
+    let work = m.saturating_mul(n).saturating_mul(k);
+    let mid = work >= SMALL_SPLIT_WORK && gemm_blocks(m, n, k).count <= 2;
+    if !mid || k.saturating_mul(n) > EPILOGUE_RHS || !(4..=SMALL_PATH_DEPTH).contains(&k) || m < 16 || n < 4 {
+        return None;
+    }
+    let size = (m / 2).next_multiple_of(8);
+    Some(if m - size < 8 { m / 2 } else { size })
+}
+
 /// The default of [`gemm_threshold`]: 2^19 multiply-adds, the least
 /// product that [`gemm_blocks`] may cut in two.
 pub const DEFAULT_GEMM_THRESHOLD: usize = SMALL_SPLIT_WORK;

@@ -29,6 +29,12 @@ pub(super) enum Pair {
     First(usize),
     /// Already computed by its partner when its output slot is filled.
     Second,
+    /// A product run with its consumer, the region at step `j`, in row
+    /// halves ([`super::epilogue`]).
+    Then(usize),
+    /// A region already run by the product before it when its output slot
+    /// is filled.
+    After,
 }
 
 /// How many steps ahead a partner is looked for.

@@ -231,6 +231,8 @@ fn describe(exe: &Executable, step: &Step) -> String {
     match step.pair {
         super::pairs::Pair::First(j) => in_place.push_str(&format!(" (with #{j} alongside)")),
         super::pairs::Pair::Second => in_place.push_str(" (alongside an earlier product)"),
+        super::pairs::Pair::Then(j) => in_place.push_str(&format!(" (with #{j} in row halves)")),
+        super::pairs::Pair::After => in_place.push_str(" (with the product before it)"),
         super::pairs::Pair::None => {}
     }
     match node.outputs.first() {

@@ -1,0 +1,122 @@
+//! A mid-sized matrix product and the region right after it that consumes
+//! it, run together in row halves: each thread computes its rows of the
+//! product and then the region's rows that read them
+//! ([`crate::threads::epilogue_rows`], `CompiledRegion::try_run_after`).
+//!
+//! Why: a loop step `h = tanh(x_t + h · wh + b)` (W8) ran its product in
+//! halves on two threads and then the region on the calling thread only,
+//! which read half of the product from the other core's cache; and the
+//! next step's product read all of `h` from both. In halves of rows, a
+//! thread's rows of `h` stay in its own core from one step to the next.
+
+use smallvec::SmallVec;
+use tracejit_ir::tensor::{DType, Storage};
+use tracejit_ir::{Graph, IrError, Op};
+
+use super::pairs::Pair;
+use super::{Executable, Step, StepKind};
+use crate::region::{unique_mut_ptr, BufPool, Product};
+
+/// Sizes `(m, k, n)` of a static 2-D float product at step `s`.
+fn product_sizes(g: &Graph, s: &Step) -> Option<(usize, usize, usize)> {
+    let node = g.node(s.node);
+    if !matches!(s.kind, StepKind::MatMul) || !matches!(node.op, Op::MatMul) || node.inputs.len() != 2 {
+        return None;
+    }
+    let a = g.value_type(node.inputs[0]).shape()?;
+    let b = g.value_type(node.inputs[1]).shape()?;
+    let (&[m, k], &[k2, n]) = (&a[..], &b[..]) else { return None };
+    (k == k2 && node.outputs.first().is_some_and(|t| t.dtype.is_float())).then_some((m, k, n))
+}
+
+/// Marks each product whose next step is a region reading it for the last
+/// time, where the two can run in row halves: the product
+/// `Pair::Then(j)`, the region `Pair::After`.
+pub(super) fn plan(steps: &mut [Step], g: &Graph) {
+    for i in 0..steps.len().saturating_sub(1) {
+        let (this, next) = (&steps[i], &steps[i + 1]);
+        if this.pair != Pair::None || next.pair != Pair::None || next.check {
+            continue;
+        }
+        let Some((m, k, n)) = product_sizes(g, this) else { continue };
+        let StepKind::Region(r) = &next.kind else { continue };
+        let product = this.outputs[0];
+        let fits = crate::threads::epilogue_rows(m, n, k).is_some_and(|half| r.product_row_map(m, n, half).is_some())
+            && next.inputs.contains(&product)
+            && next.frees.contains(&product);
+        if fits {
+            steps[i].pair = Pair::Then(i + 1);
+            steps[i + 1].pair = Pair::After;
+        }
+    }
+}
+
+/// What [`run`] made: the product and the region's outputs by slot.
+pub(super) type Made = (Storage, SmallVec<[(usize, Storage); 2]>);
+
+/// Runs the product at `step` (operands `args`) and the region at step
+/// `j` together. `Ok(None)` when the operands are not 2-D floats of sizes
+/// [`crate::threads::epilogue_rows`] takes (the caller runs the product
+/// alone); the region's outputs are missing from the result when its
+/// inputs do not fit its static launch (its own step runs it).
+pub(super) fn run(
+    exe: &Executable,
+    step: &Step,
+    j: usize,
+    args: &[&Storage],
+    values: &[Option<Storage>],
+    pool: &mut BufPool,
+) -> Result<Option<Made>, IrError> {
+    let next = &exe.steps[j];
+    let StepKind::Region(r) = &next.kind else { return Ok(None) };
+    let (a, b) = (args[0], args[1]);
+    let (&[m, k], &[k2, n]) = (a.shape(), b.shape()) else { return Ok(None) };
+    let float = a.dtype() == b.dtype() && a.dtype().is_float();
+    let Some(half) = crate::threads::epilogue_rows(m, n, k).filter(|_| k == k2 && float) else { return Ok(None) };
+    let fresh = || match a.dtype() {
+        DType::F64 => Storage::from_vec(vec![0f64; m * n], &[m, n]),
+        _ => Storage::from_vec(vec![0f32; m * n], &[m, n]),
+    };
+    let mut product = match pool.take(a.dtype(), &[m, n]) {
+        Some(buf) => buf,
+        None => fresh().map_err(|e| IrError::BadInput { graph: exe.graph.name.clone(), message: e.to_string() })?,
+    };
+    let Some(out) = unique_mut_ptr(&mut product) else { return Ok(None) };
+    let slot = step.outputs[0];
+    let alias = next.in_place.filter(|&p| next.inputs[p] == slot).map(|p| (p, out));
+    let rows = |rows: std::ops::Range<usize>| {
+        // SAFETY: `out` addresses the unique `[m, n]` buffer of `product`,
+        // which aliases neither operand; blocks take disjoint rows.
+        let done = unsafe { crate::gemm::product_rows(a, b, out, rows) };
+        debug_assert!(done, "2-D float operands");
+    };
+    let mut inputs: SmallVec<[&Storage; 4]> = SmallVec::new();
+    for &x in &next.inputs {
+        inputs.push(if x == slot {
+            &product
+        } else {
+            values[x].as_ref().ok_or_else(|| IrError::Verifier {
+                graph: exe.graph.name.clone(),
+                node: next.node,
+                message: format!("slot {x} is not available"),
+            })?
+        });
+    }
+    exe.check_step(next, &inputs)?;
+    // One block on one thread: the halves have the whole's bits.
+    let (halves, whole) = ([0..half, half..m], 0..m);
+    let blocks = if crate::threads::num_threads() > 1 { &halves[..] } else { std::slice::from_ref(&whole) };
+    let outs = match r.product_row_map(m, n, half) {
+        Some(map) => r.try_run_after(&inputs, pool, alias, Product { m, n, map, blocks, rows: &rows }),
+        None => None,
+    };
+    drop(inputs);
+    let made = match outs {
+        Some(outs) => next.outputs.iter().copied().zip(outs).collect(),
+        None => {
+            rows(0..m);
+            SmallVec::new()
+        }
+    };
+    Ok(Some((product, made)))
+}

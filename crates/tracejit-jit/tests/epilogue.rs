@@ -1,0 +1,150 @@
+//! A mid-sized product and the region that consumes it, run together in
+//! row halves (each thread: its rows of the product, then of the region),
+//! give the bits of the two run apart — with 1, 2 and 3 threads, on NaN
+//! and infinities, for elementwise and row (softmax) consumers, in place
+//! or not — and run so where `threads::epilogue_rows` says.
+
+mod common;
+use common::*;
+use proptest::prelude::*;
+use std::sync::{Mutex, MutexGuard};
+use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, Storage, UnaryOp};
+use tracejit_ir::{Graph, Op, ValueId};
+use tracejit_jit::threads::{self, pool_dispatches, set_num_threads};
+use tracejit_jit::Executable;
+
+/// Serializes the tests that change the process-wide thread count.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What reads the product.
+#[derive(Clone, Copy, Debug)]
+enum Consumer {
+    /// `tanh(x + p + bias)`: a loop step's update (W8).
+    Step,
+    /// `softmax(p)` along rows.
+    Softmax,
+    /// `p * p - p`: the product alone, so written in place.
+    Square,
+}
+
+/// `a·b` and its consumer; with `keep`, the product is an output too (so
+/// it outlives the region, which then runs apart).
+fn graph(dt: DType, (m, k, n): (usize, usize, usize), consumer: Consumer, keep: bool) -> Graph {
+    let mut g = Graph::new("epilogue");
+    let a = param(&mut g, dt, &[m, k]);
+    let b = param(&mut g, dt, &[k, n]);
+    let x = param(&mut g, dt, &[m, n]);
+    let bias = param(&mut g, dt, &[n]);
+    let p = node(&mut g, Op::MatMul, &[a, b]);
+    let bin = |g: &mut Graph, op, l: ValueId, r: ValueId| node(g, Op::Binary(op), &[l, r]);
+    let y = match consumer {
+        Consumer::Step => {
+            let s = bin(&mut g, BinaryOp::Add, x, p);
+            let s = bin(&mut g, BinaryOp::Add, s, bias);
+            node(&mut g, Op::Unary(UnaryOp::Tanh), &[s])
+        }
+        Consumer::Softmax => {
+            let red = |g: &mut Graph, op, v| node(g, Op::Reduce { op, axes: vec![1], keepdims: true }, &[v]);
+            let mx = red(&mut g, ReduceOp::Max, p);
+            let d = bin(&mut g, BinaryOp::Sub, p, mx);
+            let e = node(&mut g, Op::Unary(UnaryOp::Exp), &[d]);
+            let s = red(&mut g, ReduceOp::Sum, e);
+            bin(&mut g, BinaryOp::Div, e, s)
+        }
+        Consumer::Square => {
+            let sq = bin(&mut g, BinaryOp::Mul, p, p);
+            bin(&mut g, BinaryOp::Sub, sq, p)
+        }
+    };
+    g.outputs.push(y);
+    if keep {
+        g.outputs.push(p);
+    }
+    g
+}
+
+/// Whether a step of `exe` ran as a product with its consumer.
+fn runs_in_halves(exe: &Executable, inputs: &[Storage]) -> bool {
+    let profile = exe.profile(inputs, 1).expect("runs");
+    profile.steps.iter().any(|s| s.what.contains("in row halves"))
+}
+
+fn consumer() -> impl Strategy<Value = Consumer> {
+    prop::sample::select(vec![Consumer::Step, Consumer::Softmax, Consumer::Square])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_product_with_its_consumer_has_the_bits_of_the_two_apart(
+        m in prop::sample::select(vec![16usize, 17, 23, 32, 40, 64, 100, 130]),
+        k in prop::sample::select(vec![4usize, 5, 64, 128, 300, 512, 600]),
+        n in prop::sample::select(vec![4usize, 17, 64, 128, 200]),
+        dt in prop::sample::select(vec![DType::F32, DType::F64]),
+        consumer in consumer(),
+        seed in 0u64..1000,
+        special in any::<bool>(),
+    ) {
+        let _s = serial();
+        let sizes = (m, k, n);
+        let inputs = [
+            data(dt, &[m, k], seed, special),
+            data(dt, &[k, n], seed + 1, false),
+            data(dt, &[m, n], seed + 2, special),
+            data(dt, &[n], seed + 3, false),
+        ];
+        let together = Executable::new(&graph(dt, sizes, consumer, false)).unwrap();
+        let apart = Executable::new(&graph(dt, sizes, consumer, true)).unwrap();
+        // `Square`'s region is one flat row of `m·n` elements, cut only at
+        // multiples of the 512-element granule; the others walk rows.
+        let planned = threads::epilogue_rows(m, n, k)
+            .is_some_and(|half| !matches!(consumer, Consumer::Square) || (half * n).is_multiple_of(512));
+        set_num_threads(2);
+        prop_assert_eq!(runs_in_halves(&together, &inputs), planned, "{:?}", sizes);
+        prop_assert!(!runs_in_halves(&apart, &inputs));
+        for t in [1, 2, 3] {
+            set_num_threads(t);
+            let before = pool_dispatches();
+            let got = together.run(&inputs).unwrap();
+            prop_assert!(!planned || t == 1 || pool_dispatches() > before, "{t} threads did not split");
+            let want = apart.run(&inputs).unwrap();
+            if let Err(e) = exact_eq(&got[0], &want[0]) {
+                set_num_threads(1);
+                return Err(TestCaseError::fail(format!("{t} threads: {e}")));
+            }
+        }
+        set_num_threads(1);
+    }
+}
+
+/// A recurrent step `h = tanh(x + h·w + b)` of W8's sizes, its output fed
+/// back eight times, runs in halves and keeps one thread's bits.
+#[test]
+fn repeated_recurrent_steps_keep_their_bits() {
+    let _s = serial();
+    let dt = DType::F32;
+    let g = graph(dt, (32, 128, 128), Consumer::Step, false);
+    let inputs = [
+        data(dt, &[32, 128], 7, false),
+        data(dt, &[128, 128], 8, false),
+        data(dt, &[32, 128], 9, false),
+        data(dt, &[128], 10, false),
+    ];
+    let exe = Executable::new(&g).unwrap();
+    set_num_threads(1);
+    let mut one = inputs.clone();
+    let mut two = inputs.clone();
+    for _ in 0..8 {
+        set_num_threads(1);
+        one[0] = exe.run(&one).unwrap().remove(0);
+        set_num_threads(2);
+        two[0] = exe.run(&two).unwrap().remove(0);
+        exact_eq(&one[0], &two[0]).unwrap();
+    }
+    set_num_threads(1);
+    assert!(runs_in_halves(&exe, &inputs));
+}
