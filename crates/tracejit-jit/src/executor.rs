@@ -48,6 +48,7 @@ use crate::{compile_region_with, supports, JitError, JitOptions};
 mod epilogue;
 mod pairs;
 mod profile;
+mod scalars;
 mod stats;
 pub use profile::{Profile, StepTime};
 pub use stats::ScheduleStats;
@@ -397,8 +398,14 @@ impl Executable {
                 });
             }
         }
-        // Constants read only inside regions need no slot at run time.
-        steps.retain(|s| !matches!(s.kind, StepKind::Constant(_)) || s.frees.len() != 1 || s.frees[0] != s.outputs[0]);
+        // Constants read only inside regions, and inputs nothing reads (a
+        // loop's condition gets the whole state and reads the counter),
+        // need no slot at run time.
+        steps.retain(|s| {
+            !matches!(s.kind, StepKind::Constant(_) | StepKind::Param(_))
+                || s.frees.len() != 1
+                || s.frees[0] != s.outputs[0]
+        });
         let _ = n;
         // Renumber the slots the schedule uses densely, so that a call's slot
         // table is small.
@@ -600,7 +607,13 @@ impl Executable {
                     // Out of range: the reference kernel reports it.
                     None => eval_primitive(&g.node(step.node).op, &args).into_iter().collect(),
                 },
-                StepKind::Primitive(op) | StepKind::External(op) => eval_primitive(op, &args).into_iter().collect(),
+                StepKind::Primitive(op) | StepKind::External(op) => {
+                    let scalar = if let Op::Binary(b) = op { scalars::binary(*b, &args, pool) } else { None };
+                    match scalar {
+                        Some(x) => smallvec::smallvec![x],
+                        None => eval_primitive(op, &args).into_iter().collect(),
+                    }
+                }
                 StepKind::Call(e) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
                     e.run(&owned)?.into_iter().collect()
