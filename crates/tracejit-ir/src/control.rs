@@ -76,6 +76,8 @@ pub fn run_while<R: SubgraphRunner>(
                 return Err(e.into());
             }
         };
+        // The condition's buffer too: the next trip's comparison reuses it.
+        c.into_iter().for_each(|v| runner.recycle(v));
         if !go {
             break;
         }

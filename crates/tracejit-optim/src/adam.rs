@@ -31,14 +31,15 @@ struct AdamState {
 
 impl Adam {
     /// Adam with learning rate `lr` (a number or a [`LearningRate`]
-    /// schedule), β = (0.9, 0.999), ε = 1e-7.
+    /// schedule), β = (0.9, 0.999), ε = 1e-8 (PyTorch's default and the
+    /// original paper's; Keras uses 1e-7: set it with [`Adam::epsilon`]).
     pub fn new(lr: impl Into<LearningRate>) -> Adam {
         Adam {
             inner: Arc::new(AdamState {
                 lr: lr.into(),
                 beta1: 0.9,
                 beta2: 0.999,
-                epsilon: 1e-7,
+                epsilon: 1e-8,
                 weight_decay: 0.0,
                 amsgrad: false,
                 iterations: new_iterations(),
