@@ -31,11 +31,17 @@ enum Consumer {
 }
 
 /// `a·b` and its consumer; with `keep`, the product is an output too (so
-/// it outlives the region, which then runs apart).
-fn graph(dt: DType, (m, k, n): (usize, usize, usize), consumer: Consumer, keep: bool) -> Graph {
+/// it outlives the region, which then runs apart). With `transposed`, `b`
+/// is given `[n, k]` and transposed in the graph (a strided view).
+fn graph(dt: DType, (m, k, n): (usize, usize, usize), consumer: Consumer, keep: bool, transposed: bool) -> Graph {
     let mut g = Graph::new("epilogue");
     let a = param(&mut g, dt, &[m, k]);
-    let b = param(&mut g, dt, &[k, n]);
+    let b = if transposed {
+        let bt = param(&mut g, dt, &[n, k]);
+        node(&mut g, Op::Transpose { perm: vec![1, 0] }, &[bt])
+    } else {
+        param(&mut g, dt, &[k, n])
+    };
     let x = param(&mut g, dt, &[m, n]);
     let bias = param(&mut g, dt, &[n]);
     let p = node(&mut g, Op::MatMul, &[a, b]);
@@ -88,17 +94,18 @@ proptest! {
         consumer in consumer(),
         seed in 0u64..1000,
         special in any::<bool>(),
+        transposed in any::<bool>(),
     ) {
         let _s = serial();
         let sizes = (m, k, n);
         let inputs = [
             data(dt, &[m, k], seed, special),
-            data(dt, &[k, n], seed + 1, false),
+            data(dt, &if transposed { [n, k] } else { [k, n] }, seed + 1, false),
             data(dt, &[m, n], seed + 2, special),
             data(dt, &[n], seed + 3, false),
         ];
-        let together = Executable::new(&graph(dt, sizes, consumer, false)).unwrap();
-        let apart = Executable::new(&graph(dt, sizes, consumer, true)).unwrap();
+        let together = Executable::new(&graph(dt, sizes, consumer, false, transposed)).unwrap();
+        let apart = Executable::new(&graph(dt, sizes, consumer, true, transposed)).unwrap();
         // `Square`'s region is one flat row of `m·n` elements, cut only at
         // multiples of the 512-element granule; the others walk rows.
         let planned = threads::epilogue_rows(m, n, k)
@@ -127,7 +134,7 @@ proptest! {
 fn repeated_recurrent_steps_keep_their_bits() {
     let _s = serial();
     let dt = DType::F32;
-    let g = graph(dt, (32, 128, 128), Consumer::Step, false);
+    let g = graph(dt, (32, 128, 128), Consumer::Step, false, false);
     let inputs = [
         data(dt, &[32, 128], 7, false),
         data(dt, &[128, 128], 8, false),
