@@ -32,8 +32,11 @@ enum Consumer {
 
 /// `a·b` and its consumer; with `keep`, the product is an output too (so
 /// it outlives the region, which then runs apart). With `transposed`, `b`
-/// is given `[n, k]` and transposed in the graph (a strided view).
-fn graph(dt: DType, (m, k, n): (usize, usize, usize), consumer: Consumer, keep: bool, transposed: bool) -> Graph {
+/// is given `[n, k]` and transposed in the graph (a strided view); with
+/// `x_view`, so is `x` (the region then gets a strided input, off its
+/// static plan: the two run apart at run time).
+fn graph(dt: DType, (m, k, n): (usize, usize, usize), consumer: Consumer, keep: bool, views: (bool, bool)) -> Graph {
+    let (transposed, x_view) = views;
     let mut g = Graph::new("epilogue");
     let a = param(&mut g, dt, &[m, k]);
     let b = if transposed {
@@ -42,7 +45,12 @@ fn graph(dt: DType, (m, k, n): (usize, usize, usize), consumer: Consumer, keep: 
     } else {
         param(&mut g, dt, &[k, n])
     };
-    let x = param(&mut g, dt, &[m, n]);
+    let x = if x_view {
+        let xt = param(&mut g, dt, &[n, m]);
+        node(&mut g, Op::Transpose { perm: vec![1, 0] }, &[xt])
+    } else {
+        param(&mut g, dt, &[m, n])
+    };
     let bias = param(&mut g, dt, &[n]);
     let p = node(&mut g, Op::MatMul, &[a, b]);
     let bin = |g: &mut Graph, op, l: ValueId, r: ValueId| node(g, Op::Binary(op), &[l, r]);
@@ -95,17 +103,18 @@ proptest! {
         seed in 0u64..1000,
         special in any::<bool>(),
         transposed in any::<bool>(),
+        x_view in any::<bool>(),
     ) {
         let _s = serial();
         let sizes = (m, k, n);
         let inputs = [
             data(dt, &[m, k], seed, special),
             data(dt, &if transposed { [n, k] } else { [k, n] }, seed + 1, false),
-            data(dt, &[m, n], seed + 2, special),
+            data(dt, &if x_view { [n, m] } else { [m, n] }, seed + 2, special),
             data(dt, &[n], seed + 3, false),
         ];
-        let together = Executable::new(&graph(dt, sizes, consumer, false, transposed)).unwrap();
-        let apart = Executable::new(&graph(dt, sizes, consumer, true, transposed)).unwrap();
+        let together = Executable::new(&graph(dt, sizes, consumer, false, (transposed, x_view))).unwrap();
+        let apart = Executable::new(&graph(dt, sizes, consumer, true, (transposed, x_view))).unwrap();
         // `Square`'s region is one flat row of `m·n` elements, cut only at
         // multiples of the 512-element granule; the others walk rows.
         let planned = threads::epilogue_rows(m, n, k)
@@ -117,7 +126,10 @@ proptest! {
             set_num_threads(t);
             let before = pool_dispatches();
             let got = together.run(&inputs).unwrap();
-            prop_assert!(!planned || t == 1 || pool_dispatches() > before, "{t} threads did not split");
+            // A strided `x` falls back to the plain product (split or not
+            // by its own rules).
+            let halves = planned && !x_view;
+            prop_assert!(!halves || t == 1 || pool_dispatches() > before, "{t} threads did not split");
             let want = apart.run(&inputs).unwrap();
             if let Err(e) = exact_eq(&got[0], &want[0]) {
                 set_num_threads(1);
@@ -134,7 +146,7 @@ proptest! {
 fn repeated_recurrent_steps_keep_their_bits() {
     let _s = serial();
     let dt = DType::F32;
-    let g = graph(dt, (32, 128, 128), Consumer::Step, false, false);
+    let g = graph(dt, (32, 128, 128), Consumer::Step, false, (false, false));
     let inputs = [
         data(dt, &[32, 128], 7, false),
         data(dt, &[128, 128], 8, false),

@@ -88,7 +88,7 @@ pub(super) fn run(
         // SAFETY: `out` addresses the unique `[m, n]` buffer of `product`,
         // which aliases neither operand; blocks take disjoint rows.
         let done = unsafe { crate::gemm::product_rows(a, b, out, rows) };
-        debug_assert!(done, "2-D float operands");
+        assert!(done, "2-D float operands of one dtype");
     };
     let mut inputs: SmallVec<[&Storage; 4]> = SmallVec::new();
     for &x in &next.inputs {
@@ -111,12 +111,21 @@ pub(super) fn run(
         None => None,
     };
     drop(inputs);
-    let made = match outs {
-        Some(outs) => next.outputs.iter().copied().zip(outs).collect(),
-        None => {
-            rows(0..m);
-            SmallVec::new()
+    match outs {
+        Some(outs) if outs.len() == next.outputs.len() => {
+            Ok(Some((product, next.outputs.iter().copied().zip(outs).collect())))
         }
-    };
-    Ok(Some((product, made)))
+        Some(outs) => Err(IrError::Verifier {
+            graph: exe.graph.name.clone(),
+            node: next.node,
+            message: format!("produced {} values for {} outputs", outs.len(), next.outputs.len()),
+        }),
+        // Inputs off the static plan (a strided view): the product as the
+        // plain step computes it (split in blocks), the region at its own
+        // step.
+        None => {
+            let mut buf = Some(product);
+            Ok(Some((crate::gemm::matmul_with(a, b, &mut |_, _| buf.take()), SmallVec::new())))
+        }
+    }
 }

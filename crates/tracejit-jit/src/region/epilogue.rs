@@ -74,7 +74,7 @@ impl CompiledRegion {
     /// pool when it has more than one thread, else in order on this one.
     /// `None` (nothing run) when the inputs are not of the region's static
     /// shapes or the launch does not walk the product's rows
-    /// ([`CompiledRegion::rows_per_product_row`]): the caller runs the
+    /// ([`CompiledRegion::product_row_map`]): the caller runs the
     /// product and the region apart.
     ///
     /// `alias` as for `try_run_pooled` (an in-place output over the
