@@ -305,6 +305,31 @@ mod tests {
         assert_eq!(meeting(&pool, 3), 3);
     }
 
+    /// Callers on several threads share one pool: each job's tasks run
+    /// exactly once, whichever jobs the workers join.
+    #[test]
+    fn concurrent_callers_each_get_all_their_tasks() {
+        let pool = Arc::new(Pool::new(3).unwrap());
+        let callers: Vec<_> = (0..3)
+            .map(|c| {
+                let pool = pool.clone();
+                std::thread::spawn(move || {
+                    for round in 0..2000 {
+                        let tasks = 1 + (round + c) % 5;
+                        let seen: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+                        pool.run(tasks, &|t| {
+                            seen[t].fetch_add(1, Ordering::SeqCst);
+                        });
+                        assert!(seen.iter().all(|s| s.load(Ordering::SeqCst) == 1), "caller {c}, round {round}");
+                    }
+                })
+            })
+            .collect();
+        for c in callers {
+            c.join().unwrap();
+        }
+    }
+
     /// A panic in a worker's task is raised on the caller, after which the
     /// pool still runs jobs.
     #[test]
