@@ -39,18 +39,8 @@ fn graph(dt: DType, (m, k, n): (usize, usize, usize), consumer: Consumer, keep: 
     let (transposed, x_view) = views;
     let mut g = Graph::new("epilogue");
     let a = param(&mut g, dt, &[m, k]);
-    let b = if transposed {
-        let bt = param(&mut g, dt, &[n, k]);
-        node(&mut g, Op::Transpose { perm: vec![1, 0] }, &[bt])
-    } else {
-        param(&mut g, dt, &[k, n])
-    };
-    let x = if x_view {
-        let xt = param(&mut g, dt, &[n, m]);
-        node(&mut g, Op::Transpose { perm: vec![1, 0] }, &[xt])
-    } else {
-        param(&mut g, dt, &[m, n])
-    };
+    let b = matrix_param(&mut g, dt, (k, n), transposed);
+    let x = matrix_param(&mut g, dt, (m, n), x_view);
     let bias = param(&mut g, dt, &[n]);
     let p = node(&mut g, Op::MatMul, &[a, b]);
     let bin = |g: &mut Graph, op, l: ValueId, r: ValueId| node(g, Op::Binary(op), &[l, r]);

@@ -277,12 +277,7 @@ proptest! {
         let _s = serial();
         let mut g = Graph::new("mm");
         let a = param(&mut g, dt, &[m, k]);
-        let b = if transposed {
-            let b = param(&mut g, dt, &[n, k]);
-            node(&mut g, Op::Transpose { perm: vec![1, 0] }, &[b])
-        } else {
-            param(&mut g, dt, &[k, n])
-        };
+        let b = matrix_param(&mut g, dt, (k, n), transposed);
         let y = node(&mut g, Op::MatMul, &[a, b]);
         g.outputs.push(y);
         let b_data = data(dt, &if transposed { [n, k] } else { [k, n] }, seed + 1, false);

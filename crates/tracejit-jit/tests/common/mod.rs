@@ -6,6 +6,17 @@
 use tracejit_ir::tensor::{DType, Storage};
 use tracejit_ir::{Graph, Op, TensorType, ValueId};
 
+/// A `[rows, cols]` parameter or, with `transposed`, a `[cols, rows]` one
+/// transposed in the graph (a strided view of its buffer).
+pub fn matrix_param(g: &mut Graph, dtype: DType, (rows, cols): (usize, usize), transposed: bool) -> ValueId {
+    if transposed {
+        let t = param(g, dtype, &[cols, rows]);
+        node(g, Op::Transpose { perm: vec![1, 0] }, &[t])
+    } else {
+        param(g, dtype, &[rows, cols])
+    }
+}
+
 /// Adds a node, panicking with the inference error.
 pub fn node(g: &mut Graph, op: Op, inputs: &[ValueId]) -> ValueId {
     ValueId::from(g.add_node(op, inputs, &[], None).unwrap_or_else(|e| panic!("{e}")))
