@@ -37,6 +37,28 @@ impl Scalar {
         }
     }
 
+    /// Its dtype.
+    pub(crate) fn dtype(self) -> DType {
+        match self {
+            Scalar::F32(_) => DType::F32,
+            Scalar::F64(_) => DType::F64,
+            Scalar::I32(_) => DType::I32,
+            Scalar::I64(_) => DType::I64,
+            Scalar::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// A fresh 0-d storage holding it ([`Scalar::of_storage`]'s inverse).
+    pub(crate) fn to_storage(self) -> Storage {
+        match self {
+            Scalar::F32(x) => Storage::scalar(x),
+            Scalar::F64(x) => Storage::scalar(x),
+            Scalar::I32(x) => Storage::scalar(x),
+            Scalar::I64(x) => Storage::scalar(x),
+            Scalar::Bool(x) => Storage::scalar(x),
+        }
+    }
+
     /// The raw bits, zero-extended (for keys and constant pools).
     pub(crate) fn bits(self) -> u64 {
         match self {

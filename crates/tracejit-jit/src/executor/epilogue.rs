@@ -11,23 +11,11 @@
 
 use smallvec::SmallVec;
 use tracejit_ir::tensor::{DType, Storage};
-use tracejit_ir::{Graph, IrError, Op};
+use tracejit_ir::{Graph, IrError};
 
-use super::pairs::Pair;
+use super::pairs::{self, Pair};
 use super::{Executable, Step, StepKind};
 use crate::region::{unique_mut_ptr, BufPool, Product};
-
-/// Sizes `(m, k, n)` of a static 2-D float product at step `s`.
-fn product_sizes(g: &Graph, s: &Step) -> Option<(usize, usize, usize)> {
-    let node = g.node(s.node);
-    if !matches!(s.kind, StepKind::MatMul) || !matches!(node.op, Op::MatMul) || node.inputs.len() != 2 {
-        return None;
-    }
-    let a = g.value_type(node.inputs[0]).shape()?;
-    let b = g.value_type(node.inputs[1]).shape()?;
-    let (&[m, k], &[k2, n]) = (&a[..], &b[..]) else { return None };
-    (k == k2 && node.outputs.first().is_some_and(|t| t.dtype.is_float())).then_some((m, k, n))
-}
 
 /// Marks each product whose next step is a region reading it for the last
 /// time, where the two can run in row halves: the product
@@ -38,7 +26,10 @@ pub(super) fn plan(steps: &mut [Step], g: &Graph) {
         if this.pair != Pair::None || next.pair != Pair::None || next.check {
             continue;
         }
-        let Some((m, k, n)) = product_sizes(g, this) else { continue };
+        if !matches!(this.kind, StepKind::MatMul) {
+            continue;
+        }
+        let Some((m, k, n)) = pairs::product_sizes(g, this) else { continue };
         let StepKind::Region(r) = &next.kind else { continue };
         let product = this.outputs[0];
         let fits = crate::threads::epilogue_rows(m, n, k).is_some_and(|half| r.product_row_map(m, n, half).is_some())

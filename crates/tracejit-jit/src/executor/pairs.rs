@@ -40,9 +40,9 @@ pub(super) enum Pair {
 /// How many steps ahead a partner is looked for.
 const WINDOW: usize = 8;
 
-/// Multiply-adds of a static 2-D product at step `s`, if its types are
-/// fully known (so it cannot fail on a worker thread).
-fn static_work(g: &Graph, s: &Step) -> Option<usize> {
+/// Sizes `(m, k, n)` of a static 2-D float product at step `s`, if its
+/// types are fully known (so it cannot fail on a worker thread).
+pub(super) fn product_sizes(g: &Graph, s: &Step) -> Option<(usize, usize, usize)> {
     let node = g.node(s.node);
     if !matches!(node.op, Op::MatMul) || node.inputs.len() != 2 {
         return None;
@@ -50,7 +50,12 @@ fn static_work(g: &Graph, s: &Step) -> Option<usize> {
     let a = g.value_type(node.inputs[0]).shape()?;
     let b = g.value_type(node.inputs[1]).shape()?;
     let (&[m, k], &[k2, n]) = (&a[..], &b[..]) else { return None };
-    (k == k2 && node.outputs.first().is_some_and(|t| t.dtype.is_float())).then(|| m * k * n)
+    (k == k2 && node.outputs.first().is_some_and(|t| t.dtype.is_float())).then_some((m, k, n))
+}
+
+/// Multiply-adds of a static 2-D product at step `s` ([`product_sizes`]).
+fn static_work(g: &Graph, s: &Step) -> Option<usize> {
+    product_sizes(g, s).map(|(m, k, n)| m * k * n)
 }
 
 /// Whether step `s` is a static 2-D float product of at least `min_work`

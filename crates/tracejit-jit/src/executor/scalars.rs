@@ -8,7 +8,7 @@
 //! Rust's operators as the reference kernel's, so the result is the same.
 
 use tracejit_ir::tensor::kernels::scalar as element;
-use tracejit_ir::tensor::{BinaryKind, BinaryOp, DType, Storage};
+use tracejit_ir::tensor::{BinaryKind, BinaryOp, Storage};
 
 use crate::region::{unique_mut_ptr, BufPool};
 use crate::scalar::Scalar;
@@ -61,22 +61,7 @@ pub(super) fn binary(op: BinaryOp, args: &[&Storage], pool: &mut BufPool) -> Opt
         return None;
     }
     let v = apply(op, Scalar::of_storage(a), Scalar::of_storage(b))?;
-    let dtype = match v {
-        Scalar::F32(_) => DType::F32,
-        Scalar::F64(_) => DType::F64,
-        Scalar::I32(_) => DType::I32,
-        Scalar::I64(_) => DType::I64,
-        Scalar::Bool(_) => DType::Bool,
-    };
-    let Some(mut out) = pool.take(dtype, &[]) else {
-        return Some(match v {
-            Scalar::F32(x) => Storage::scalar(x),
-            Scalar::F64(x) => Storage::scalar(x),
-            Scalar::I32(x) => Storage::scalar(x),
-            Scalar::I64(x) => Storage::scalar(x),
-            Scalar::Bool(x) => Storage::scalar(x),
-        });
-    };
+    let Some(mut out) = pool.take(v.dtype(), &[]) else { return Some(v.to_storage()) };
     let p = unique_mut_ptr(&mut out)?;
     // SAFETY: `out` is a unique 0-d buffer of `dtype`: one element at `p`.
     unsafe {
