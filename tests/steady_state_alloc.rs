@@ -208,14 +208,17 @@ fn staged_transcendentals_allocate_nothing() {
 fn loop_iterations_reuse_their_buffers() {
     // 16 iterations over a 256 KiB state: a buffer per iteration would be
     // 4 MiB; only bookkeeping (argument and result vectors) may grow with
-    // the trip count.
+    // the trip count. With more than one thread the loop runs in two row
+    // blocks, and when the pool's workers are busy with another caller
+    // (the other tests here) this thread runs both blocks' trips: twice
+    // the bookkeeping.
     let f =
         function(|(h, w): (Tensor, Tensor)| tracejit::fori_loop(0, 16, |_, h: Tensor| (h.matmul(&w) * 0.5).tanh(), h));
     let h = Tensor::randn(&[256, 256], 6);
     let w = Tensor::randn(&[256, 256], 7) * (1.0 / 16.0);
     let (bytes, count, out) = steady_state(&f, (h, w), nbytes);
     assert!(
-        bytes <= out + BOOKKEEPING_BYTES + 16 * 1024,
+        bytes <= out + BOOKKEEPING_BYTES + 2 * 16 * 1024,
         "a steady-state call allocated {bytes} bytes in {count} allocations (outputs {out} bytes)"
     );
 }

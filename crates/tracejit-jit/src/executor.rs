@@ -21,7 +21,9 @@
 //!   [`Executable::fallbacks`].
 //!
 //! With more than one thread, two independent large products close
-//! together run side by side (`pairs`).
+//! together run side by side (`pairs`), and a loop whose batch rows never
+//! meet runs as one loop per block of rows, each on its own thread
+//! (`batch`).
 //!
 //! Values live in a slot table and are dropped right after their last use;
 //! an elementwise region may write its output over an input that dies at
@@ -45,6 +47,7 @@ use tracejit_ir::{
 use crate::region::{BufPool, CompiledRegion};
 use crate::{compile_region_with, supports, JitError, JitOptions};
 
+mod batch;
 mod epilogue;
 mod pairs;
 mod profile;
@@ -76,7 +79,7 @@ enum StepKind {
     Cond(Box<[Executable; 2]>),
     /// A loop: the condition and the body, prepared once, and how many
     /// of the inputs are carried.
-    While(Box<[Executable; 2]>, usize),
+    While(Box<[Executable; 2]>, usize, Option<Box<batch::Split>>),
     /// Reads a variable.
     Read(VarId),
     /// Writes a variable.
@@ -316,8 +319,10 @@ impl Executable {
                     StepKind::Call(exe)
                 }
                 Op::Cond { branches } => StepKind::Cond(Box::new(prepare_pair(branches, opts)?)),
-                Op::While { parts, .. } => {
-                    StepKind::While(Box::new(prepare_pair(parts, opts)?), parts[1].outputs.len())
+                Op::While { parts, trip_count } => {
+                    let carried = parts[1].outputs.len();
+                    let split = batch::plan(parts, carried, *trip_count, opts).map(Box::new);
+                    StepKind::While(Box::new(prepare_pair(parts, opts)?), carried, split)
                 }
                 Op::ReadVariable { var } => StepKind::Read(*var),
                 Op::AssignVariable { var, kind } => StepKind::Assign(*var, *kind),
@@ -444,7 +449,7 @@ impl Executable {
             match &s.kind {
                 StepKind::Primitive(op) => v.push(op.name().to_string()),
                 StepKind::Call(e) => v.extend(e.fallbacks()),
-                StepKind::Cond(subs) | StepKind::While(subs, _) => subs.iter().for_each(|e| v.extend(e.fallbacks())),
+                StepKind::Cond(subs) | StepKind::While(subs, ..) => subs.iter().for_each(|e| v.extend(e.fallbacks())),
                 _ => {}
             }
         }
@@ -622,9 +627,14 @@ impl Executable {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
                     tracejit_ir::control::run_cond(&owned, &mut Shared { subs, pool })?.into_iter().collect()
                 }
-                StepKind::While(subs, carried) => {
+                StepKind::While(subs, carried, split) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
-                    tracejit_ir::control::run_while(*carried, &owned, &mut Shared { subs, pool })?.into_iter().collect()
+                    match split.as_ref().and_then(|s| s.run(*carried, &owned)) {
+                        Some(out) => out?.into_iter().collect(),
+                        None => tracejit_ir::control::run_while(*carried, &owned, &mut Shared { subs, pool })?
+                            .into_iter()
+                            .collect(),
+                    }
                 }
                 StepKind::Read(var) => {
                     let v = g.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;

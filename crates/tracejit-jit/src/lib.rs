@@ -134,6 +134,7 @@
 //! options.
 
 mod analysis;
+mod batch;
 mod chunkmath;
 mod constpool;
 mod dispatch;

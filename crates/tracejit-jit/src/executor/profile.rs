@@ -115,7 +115,7 @@ fn subgraphs(kind: &StepKind) -> Vec<(&'static str, &Executable)> {
     match kind {
         StepKind::Call(e) => vec![("call", &**e)],
         StepKind::Cond(subs) => vec![("then", &subs[0]), ("else", &subs[1])],
-        StepKind::While(subs, _) => vec![("cond", &subs[0]), ("body", &subs[1])],
+        StepKind::While(subs, ..) => vec![("cond", &subs[0]), ("body", &subs[1])],
         StepKind::Param(_)
         | StepKind::Constant(_)
         | StepKind::Region(_)
@@ -234,6 +234,10 @@ fn describe(exe: &Executable, step: &Step) -> String {
         super::pairs::Pair::Then(j) => in_place.push_str(&format!(" (with #{j} in row halves)")),
         super::pairs::Pair::After => in_place.push_str(" (with the product before it)"),
         super::pairs::Pair::None => {}
+    }
+    if let StepKind::While(_, _, Some(_)) = &step.kind {
+        // Its trips run in the blocks' own schedules, not listed here.
+        in_place.push_str(" (row blocks, one per thread)");
     }
     match node.outputs.first() {
         Some(t) => format!("{ops} -> {t}{in_place}"),

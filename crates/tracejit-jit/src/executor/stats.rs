@@ -31,13 +31,27 @@ pub struct ScheduleStats {
     /// fields above once each: both branches of a `cond` (one runs per
     /// call), a `while`'s condition and body (they run once per trip).
     pub control_flow: usize,
+    /// `while` nodes whose batch rows never meet: with more than one
+    /// thread each block of rows runs the whole loop on its own thread
+    /// (one fork and join per call instead of one per trip).
+    pub row_loops: usize,
 }
 
 impl ScheduleStats {
     /// Adds `other`'s counts to these.
     fn add(&mut self, other: &ScheduleStats) {
-        let ScheduleStats { regions, gemms, native_kernels, fallbacks, views, reads, writes, calls, control_flow } =
-            *other;
+        let ScheduleStats {
+            regions,
+            gemms,
+            native_kernels,
+            fallbacks,
+            views,
+            reads,
+            writes,
+            calls,
+            control_flow,
+            row_loops,
+        } = *other;
         self.regions += regions;
         self.views += views;
         self.gemms += gemms;
@@ -47,6 +61,7 @@ impl ScheduleStats {
         self.writes += writes;
         self.calls += calls;
         self.control_flow += control_flow;
+        self.row_loops += row_loops;
     }
 
     /// Every step that computes: regions, GEMMs, native kernels and
@@ -61,7 +76,7 @@ impl std::fmt::Display for ScheduleStats {
         write!(
             f,
             "{} kernels: {} fused regions, {} GEMMs, {} native kernels, {} reference ops; {} views, \
-             {} variable reads, {} writes, {} calls, {} control-flow nodes",
+             {} variable reads, {} writes, {} calls, {} control-flow nodes ({} loops in row blocks)",
             self.kernels(),
             self.regions,
             self.gemms,
@@ -71,7 +86,8 @@ impl std::fmt::Display for ScheduleStats {
             self.reads,
             self.writes,
             self.calls,
-            self.control_flow
+            self.control_flow,
+            self.row_loops
         )
     }
 }
@@ -115,8 +131,9 @@ impl Executable {
                     st.calls += 1;
                     st.add(&e.stats());
                 }
-                StepKind::Cond(subs) | StepKind::While(subs, _) => {
+                StepKind::Cond(subs) | StepKind::While(subs, ..) => {
                     st.control_flow += 1;
+                    st.row_loops += usize::from(matches!(s.kind, StepKind::While(_, _, Some(_))));
                     subs.iter().for_each(|e| st.add(&e.stats()));
                 }
                 StepKind::Read(_) => st.reads += 1,

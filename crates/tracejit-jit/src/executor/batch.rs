@@ -1,0 +1,173 @@
+//! A loop run as one loop per block of its batch rows, each on one
+//! thread of the pool ([`crate::batch`] finds the loops and the rows).
+
+use std::sync::{Arc, Mutex};
+
+use tracejit_ir::tensor::{kernels, Storage};
+use tracejit_ir::{Graph, IrError};
+
+use super::{plan_regions, BufPool, Executable, Shared};
+use crate::batch::{self, LoopRows, Rows};
+use crate::JitOptions;
+
+/// A block's loop: its carried values, or its error.
+type Outcome = Result<Vec<Storage>, IrError>;
+
+/// What a `while` step needs to run split: the rows, the subgraphs to
+/// write for a block size, and the blocks' executables and buffers.
+pub(super) struct Split {
+    rows: LoopRows,
+    parts: [Arc<Graph>; 2],
+    opts: JitOptions,
+    /// The condition and body for a block of that many rows, prepared on
+    /// first use (the thread count may change between calls).
+    built: Mutex<Vec<(usize, Arc<[Executable; 2]>)>>,
+    /// One buffer pool per block position, kept across calls.
+    pools: Mutex<Vec<Arc<Mutex<BufPool>>>>,
+}
+
+/// The split of a loop with subgraphs `parts` and `carried` carried
+/// values, when its rows are independent ([`batch::plan_loop`]), its
+/// trips do enough work on rows to pay for a fork and a join (a loop of
+/// unknown trip count is taken as one trip), the blocks would repeat
+/// little of it, what their products share stays in cache
+/// ([`batch::SHARED_MAX`]), and a block's products give the bits of the
+/// whole (so results do not depend on the thread count).
+pub(super) fn plan(parts: &[Arc<Graph>; 2], carried: usize, trips: Option<usize>, opts: &JitOptions) -> Option<Split> {
+    let rows = batch::plan_loop(parts, carried)?;
+    let costs = batch::trip_costs(&parts[1], &rows.parts[1]);
+    let pays = costs.rows.saturating_mul(trips.unwrap_or(1)) >= crate::threads::gemm_threshold()
+        && costs.repeated.saturating_mul(8) <= costs.rows
+        && costs.shared <= batch::SHARED_MAX
+        && costs.exact;
+    if !pays {
+        return None;
+    }
+    Some(Split { rows, parts: parts.clone(), opts: *opts, built: Mutex::default(), pools: Mutex::default() })
+}
+
+/// Rows `0..b` cut in `n` near-equal blocks (the first ones the larger).
+fn blocks(b: usize, n: usize) -> Vec<std::ops::Range<usize>> {
+    let (q, r) = (b / n, b % n);
+    let mut at = 0;
+    (0..n)
+        .map(|i| {
+            let len = q + usize::from(i < r);
+            at += len;
+            at - len..at
+        })
+        .collect()
+}
+
+/// `x`'s rows `r` along axis `a`: a view sharing its buffer.
+fn rows_view(x: &Storage, a: usize, r: std::ops::Range<usize>) -> Storage {
+    let s = ndarray::Slice::from(r);
+    macro_rules! cut {
+        ($v:expr) => {{
+            let mut v = $v.clone();
+            v.slice_axis_inplace(ndarray::Axis(a), s);
+            v
+        }};
+    }
+    match x {
+        Storage::F32(v) => Storage::F32(cut!(v)),
+        Storage::F64(v) => Storage::F64(cut!(v)),
+        Storage::I32(v) => Storage::I32(cut!(v)),
+        Storage::I64(v) => Storage::I64(cut!(v)),
+        Storage::Bool(v) => Storage::Bool(cut!(v)),
+    }
+}
+
+impl Split {
+    /// The condition and body for blocks of `p` rows.
+    fn executables(&self, p: usize) -> Option<Arc<[Executable; 2]>> {
+        let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, e)) = built.iter().find(|(q, _)| *q == p) {
+            return Some(e.clone());
+        }
+        let prepare = |k: usize| {
+            let g = batch::retype(&self.parts[k], &self.rows.parts[k], p)?;
+            Executable::build(Arc::new(plan_regions(&g)), &self.opts, &mut Default::default()).ok()
+        };
+        let e = Arc::new([prepare(0)?, prepare(1)?]);
+        built.push((p, e.clone()));
+        Some(e)
+    }
+
+    /// Runs the loop on `args` in blocks of rows across the pool: `None`
+    /// (nothing run) with one thread, inside another split kernel, when
+    /// the batch is too small for two blocks, or when a block's subgraphs
+    /// cannot be prepared; the caller then runs the loop whole.
+    pub(super) fn run(&self, carried: usize, args: &[Storage]) -> Option<Result<Vec<Storage>, IrError>> {
+        let pool = crate::threads::pool()?;
+        let LoopRows { b, inputs: rows, .. } = &self.rows;
+        let n = pool.threads().min(b / batch::MIN_ROWS);
+        let fits = args.len() == rows.len()
+            && args.iter().zip(rows).all(|(x, r)| match r {
+                Rows::Free => true,
+                Rows::Axis(a) => x.shape().get(*a) == Some(b),
+            });
+        if n < 2 || !fits {
+            return None;
+        }
+        let blocks = blocks(*b, n);
+        let mut exes = Vec::with_capacity(n);
+        for r in &blocks {
+            exes.push(self.executables(r.len())?);
+        }
+        let pools: Vec<Arc<Mutex<BufPool>>> = {
+            let mut p = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+            while p.len() < n {
+                p.push(Arc::default());
+            }
+            p[..n].to_vec()
+        };
+        let results: Vec<Mutex<Option<Outcome>>> = (0..n).map(|_| Mutex::new(None)).collect();
+        let task = |t: usize| {
+            let inputs: Vec<Storage> = args
+                .iter()
+                .zip(rows)
+                .map(|(x, r)| match r {
+                    Rows::Free => x.clone(),
+                    Rows::Axis(a) => rows_view(x, *a, blocks[t].clone()),
+                })
+                .collect();
+            let mut bufs = BufPool::checkout(&pools[t]);
+            // A block's kernels stay on its thread.
+            let out = crate::threads::serial(|| {
+                tracejit_ir::control::run_while(carried, &inputs, &mut Shared { subs: &exes[t], pool: &mut bufs })
+            });
+            bufs.checkin(&pools[t]);
+            *results[t].lock().unwrap_or_else(|e| e.into_inner()) = Some(out);
+        };
+        pool.run(n, &task);
+        let mut outs: Vec<Vec<Storage>> = Vec::with_capacity(n);
+        for r in results {
+            match r.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                Some(Ok(v)) if v.len() == carried => outs.push(v),
+                Some(Ok(v)) => {
+                    let message = format!("a block of the loop returned {} values for {carried}", v.len());
+                    return Some(Err(IrError::Op(tracejit_ir::OpError::new("while", message))));
+                }
+                Some(Err(e)) => return Some(Err(e)),
+                None => return Some(Err(IrError::Op(tracejit_ir::OpError::new("while", "a block did not run")))),
+            }
+        }
+        let joined = (0..carried)
+            .map(|k| match rows[k] {
+                // The same in every block.
+                Rows::Free => outs[0][k].clone(),
+                Rows::Axis(a) => {
+                    let parts: Vec<&Storage> = outs.iter().map(|o| &o[k]).collect();
+                    kernels::concat(&parts, a)
+                }
+            })
+            .collect();
+        // The blocks' results go back to their pools for the next call.
+        for (o, p) in outs.into_iter().zip(&pools) {
+            let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
+            o.into_iter().for_each(|v| p.give_if_unique(v));
+        }
+        Some(Ok(joined))
+    }
+}
