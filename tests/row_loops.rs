@@ -275,3 +275,26 @@ fn products_whose_blocks_round_differently_run_whole() {
     assert_eq!(row_loops(&function(chain), &sized(600)), 0, "h · w1 with depth 600");
     assert_eq!(row_loops(&function(chain), &sized(500)), 1, "the same at depth 500 splits");
 }
+
+/// Callers on several threads share one split loop (its block schedules
+/// and buffers): each gets its own inputs' result, with one thread's bits.
+#[test]
+fn concurrent_callers_share_a_split_loop() {
+    let _guard = serial();
+    let f = function(|a: Args| recurrence(Step::Rnn, &a, 4));
+    let inputs: Vec<Args> = (0..4).map(|s| args(4, 24, 5, 16, 100 + s, None)).collect();
+    assert_eq!(row_loops(&f, &inputs[0]), 1);
+    set_num_threads(1);
+    let want: Vec<Vec<u32>> = inputs.iter().map(|a| bits(&f.call(a.clone()).unwrap())).collect();
+    set_num_threads(2);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = inputs
+            .iter()
+            .map(|a| s.spawn(|| (0..20).map(|_| bits(&f.call(a.clone()).unwrap())).collect::<Vec<_>>()))
+            .collect();
+        for (h, w) in handles.into_iter().zip(&want) {
+            assert!(h.join().unwrap().iter().all(|got| got == w), "a caller got another's rows");
+        }
+    });
+    set_num_threads(1);
+}
