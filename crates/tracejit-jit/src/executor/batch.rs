@@ -13,6 +13,9 @@ use crate::JitOptions;
 /// A block's loop: its carried values, or its error.
 type Outcome = Result<Vec<Storage>, IrError>;
 
+/// A block's condition and body.
+type Parts = Arc<[Executable; 2]>;
+
 /// What a `while` step needs to run split: the rows, the subgraphs to
 /// write for a block size, and the blocks' executables and buffers.
 pub(super) struct Split {
@@ -20,8 +23,9 @@ pub(super) struct Split {
     parts: [Arc<Graph>; 2],
     opts: JitOptions,
     /// The condition and body for a block of that many rows, prepared on
-    /// first use (the thread count may change between calls).
-    built: Mutex<Vec<(usize, Arc<[Executable; 2]>)>>,
+    /// first use (the thread count may change between calls); `None` if
+    /// they could not be, so that no call tries again.
+    built: Mutex<Vec<(usize, Option<Parts>)>>,
     /// One buffer pool per block position, kept across calls.
     pools: Mutex<Vec<Arc<Mutex<BufPool>>>>,
 }
@@ -80,18 +84,18 @@ fn rows_view(x: &Storage, a: usize, r: std::ops::Range<usize>) -> Storage {
 
 impl Split {
     /// The condition and body for blocks of `p` rows.
-    fn executables(&self, p: usize) -> Option<Arc<[Executable; 2]>> {
+    fn executables(&self, p: usize) -> Option<Parts> {
         let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, e)) = built.iter().find(|(q, _)| *q == p) {
-            return Some(e.clone());
+            return e.clone();
         }
         let prepare = |k: usize| {
             let g = batch::retype(&self.parts[k], &self.rows.parts[k], p)?;
             Executable::build(Arc::new(plan_regions(&g)), &self.opts, &mut Default::default()).ok()
         };
-        let e = Arc::new([prepare(0)?, prepare(1)?]);
+        let e = prepare(0).zip(prepare(1)).map(|(c, b)| Arc::new([c, b]));
         built.push((p, e.clone()));
-        Some(e)
+        e
     }
 
     /// Runs the loop on `args` in blocks of rows across the pool: `None`
