@@ -9,7 +9,7 @@
 
 use proptest::prelude::*;
 use std::sync::{Mutex, MutexGuard};
-use tracejit::config::set_num_threads;
+use tracejit::config::{pool_dispatches, set_num_threads};
 use tracejit::prelude::*;
 use tracejit_jit::threads::{gemm_threshold, set_gemm_threshold};
 
@@ -50,6 +50,9 @@ enum Step {
     Softmax,
     /// `tanh((whᵀ · hᵀ)ᵀ + b)`: the state on the right of a product.
     Transposed,
+    /// `tanh(x_t · wx + h · whᵀ + b)`: a weight stored `[out, in]` (a
+    /// strided view), which some `gemm` paths take for small products.
+    WeightT,
 }
 
 type Args = (Tensor, Tensor, Tensor, Tensor);
@@ -63,6 +66,7 @@ fn step(kind: Step, x_t: &Tensor, h: &Tensor, (wx, wh, b): (&Tensor, &Tensor, &T
             &e / &e.sum(&[1], true)
         }
         Step::Transposed => (wh.t().matmul(&h.t()).t() + b).tanh(),
+        Step::WeightT => (x_t.matmul(wx) + h.matmul(&wh.t()) + b).tanh(),
     }
 }
 
@@ -102,11 +106,12 @@ proptest! {
 
     #[test]
     fn row_blocks_give_one_threads_bits(
-        kind in prop::sample::select(vec![Step::Rnn, Step::Softmax, Step::Transposed]),
+        kind in prop::sample::select(vec![Step::Rnn, Step::Softmax, Step::Transposed, Step::WeightT]),
         steps in prop::sample::select(vec![1usize, 3, 5]),
         batch in prop::sample::select(vec![16usize, 17, 24, 33]),
         k in prop::sample::select(vec![4usize, 7]),
-        hidden in prop::sample::select(vec![4usize, 5, 16]),
+        // Blocks of at least 8 rows make products of over 256 outputs.
+        hidden in prop::sample::select(vec![33usize, 48]),
         threads in 2usize..=3,
         special in prop::sample::select(vec![None, Some(f32::NAN), Some(f32::INFINITY)]),
         seed in 0u64..1000,
@@ -119,9 +124,14 @@ proptest! {
         set_num_threads(1);
         let one = f.call(a.clone()).unwrap();
         set_num_threads(threads);
+        let before = pool_dispatches();
         let split = f.call(a.clone());
+        let dispatches = pool_dispatches() - before;
         set_num_threads(1);
         let split = split.unwrap();
+        // The blocks' one fork: every trip's kernels are below the split
+        // thresholds, so a loop run whole would not enter the pool.
+        prop_assert_eq!(dispatches, 1, "the loop ran in row blocks");
         prop_assert_eq!(split.dims(), want.dims());
         prop_assert_eq!(bits(&split), bits(&one), "{} threads against one", threads);
         close(&vals(&split), &vals(&want), 1e-4).map_err(TestCaseError::fail)?;
@@ -140,7 +150,10 @@ fn w8_sized_loop_splits_with_the_default_thresholds() {
     set_num_threads(1);
     let one = f.call(a.clone()).unwrap();
     set_num_threads(2);
+    let before = pool_dispatches();
     let two = f.call(a.clone());
+    // The hoisted input projection's blocks and the loop's: not one per trip.
+    assert_eq!(pool_dispatches() - before, 2);
     set_num_threads(1);
     assert_eq!(bits(&two.unwrap()), bits(&one));
 }
@@ -238,7 +251,7 @@ fn conditions_on_rows_and_variable_writes_run_whole() {
 #[test]
 fn an_error_in_a_block_is_the_loops_error() {
     let _guard = serial();
-    let a = args(3, 16, 4, 8, 9, None);
+    let a = args(3, 16, 4, 40, 9, None);
     let f = function(|a: Args| recurrence(Step::Rnn, &a, 5));
     assert_eq!(row_loops(&f, &a), 1);
     set_num_threads(1);
@@ -263,14 +276,27 @@ fn products_whose_blocks_round_differently_run_whole() {
     let a = args(2, 16, 4, 3, 11, None);
     let thin = function(|a: Args| recurrence(Step::Rnn, &a, 2));
     assert_eq!(row_loops(&thin, &a), 0, "h · wh with 3 outputs across");
-    // h · w1 · w2 with h [16, depth], w1 [depth, 4], w2 [4, depth].
+    // Blocks of 40 rows by 4 outputs (160) would take the `gemm` crate's
+    // horizontal path, the whole (320) not: 65 rows a block at least.
+    let small = args(2, 80, 4, 4, 12, None);
+    let weight_t = function(|a: Args| recurrence(Step::WeightT, &a, 2));
+    assert_eq!(row_loops(&weight_t, &small), 0, "[80, 4] · [4, 4]ᵀ");
+    set_num_threads(1);
+    let one = weight_t.call(small.clone()).unwrap();
+    set_num_threads(2);
+    let two = weight_t.call(small.clone());
+    set_num_threads(1);
+    assert_eq!(bits(&two.unwrap()), bits(&one), "[80, 4] · [4, 4]ᵀ at two threads");
+    let tall = args(2, 160, 4, 4, 13, None);
+    assert_eq!(row_loops(&weight_t, &tall), 1, "[160, 4] · [4, 4]ᵀ in blocks of 80");
+    // h · w1 · w2 with h [16, depth], w1 [depth, 40], w2 [40, depth].
     let chain = |(xs, w1, w2, _): Args| {
         let h0 = xs.gather(&Tensor::scalar(0i64), 0);
         fori_loop(0, 2, |_, h: Tensor| h.matmul(&w1).matmul(&w2).tanh(), h0)
     };
     let sized = |depth: usize| {
         let w = |shape: &[usize], seed| Tensor::randn(shape, seed);
-        (w(&[1, 16, depth], 1), w(&[depth, 4], 2), w(&[4, depth], 3), Tensor::scalar(0f32))
+        (w(&[1, 16, depth], 1), w(&[depth, 40], 2), w(&[40, depth], 3), Tensor::scalar(0f32))
     };
     assert_eq!(row_loops(&function(chain), &sized(600)), 0, "h · w1 with depth 600");
     assert_eq!(row_loops(&function(chain), &sized(500)), 1, "the same at depth 500 splits");
@@ -282,7 +308,7 @@ fn products_whose_blocks_round_differently_run_whole() {
 fn concurrent_callers_share_a_split_loop() {
     let _guard = serial();
     let f = function(|a: Args| recurrence(Step::Rnn, &a, 4));
-    let inputs: Vec<Args> = (0..4).map(|s| args(4, 24, 5, 16, 100 + s, None)).collect();
+    let inputs: Vec<Args> = (0..4).map(|s| args(4, 24, 5, 40, 100 + s, None)).collect();
     assert_eq!(row_loops(&f, &inputs[0]), 1);
     set_num_threads(1);
     let want: Vec<Vec<u32>> = inputs.iter().map(|a| bits(&f.call(a.clone()).unwrap())).collect();

@@ -354,15 +354,33 @@ pub(crate) struct TripCosts {
     /// Elements of the largest operand a product shares across blocks.
     pub shared: usize,
     /// Whether every product on batch rows computes a block's rows with
-    /// the bits of one call for all rows: a depth of 4 to 512 and at
-    /// least 4 outputs across (see [`crate::threads::GemmBlocks`]), so
-    /// that results do not depend on the thread count.
+    /// the bits of one call for all rows: a depth of 4 to 512, at least 4
+    /// outputs across (see [`crate::threads::GemmBlocks`]) and the batch
+    /// on the rows (or columns) of a matrix, not among stacked matrices,
+    /// so that results do not depend on the thread count — given blocks
+    /// of at least [`exact_rows`] rows.
     pub exact: bool,
+    /// The fewest outputs across (per batch row) of a product on batch
+    /// rows; `usize::MAX` without one.
+    pub across: usize,
+}
+
+/// The most outputs of a product that the `gemm` crate may compute on its
+/// "horizontal" path (each output summed in vector lanes, then across
+/// them), which rounds differently from its other paths; a block of rows
+/// must make a larger product than this for its bits to be the whole's.
+const HORIZONTAL_MAX: usize = 256;
+
+/// The least rows of a block for a loop body of [`TripCosts`] `c` to keep
+/// the whole loop's bits: every product on the rows then has more than
+/// [`HORIZONTAL_MAX`] outputs in the block as in the whole.
+pub(crate) fn exact_rows(c: &TripCosts) -> usize {
+    (HORIZONTAL_MAX / c.across.max(1) + 1).max(MIN_ROWS)
 }
 
 /// [`TripCosts`] of `g` annotated as `a`.
 pub(crate) fn trip_costs(g: &Graph, a: &Annotated) -> TripCosts {
-    let mut c = TripCosts { exact: true, ..TripCosts::default() };
+    let mut c = TripCosts { exact: true, across: usize::MAX, ..TripCosts::default() };
     for (id, n) in g.nodes() {
         let rows = &a.values[id.index()];
         let out: usize = n.outputs.iter().filter_map(|t| t.shape()).map(|s| s.iter().product::<usize>()).sum();
@@ -372,8 +390,13 @@ pub(crate) fn trip_costs(g: &Graph, a: &Annotated) -> TripCosts {
                 if let Some(Rows::Axis(x)) = rows.first() {
                     let dims = n.outputs[0].shape().unwrap_or_default();
                     // The outputs across a block's rows (or down its columns).
-                    let across = if *x + 1 == dims.len() { dims[dims.len() - 2] } else { dims[dims.len() - 1] };
-                    c.exact &= (4..=SAME_BITS_DEPTH).contains(&k) && across >= 4;
+                    let r = dims.len();
+                    let across = if *x + 1 == r { dims[r - 2] } else { dims[r - 1] };
+                    // A block of stacked matrices is a strided view the
+                    // product runs matrix by matrix (the whole: one call).
+                    let on_matrix = *x + 2 >= r;
+                    c.exact &= (4..=SAME_BITS_DEPTH).contains(&k) && across >= 4 && on_matrix;
+                    c.across = c.across.min(across);
                     // The operand without the batch is read whole by every block.
                     let free = n.inputs.iter().find(|v| a.values[v.node.index()][v.index as usize] == Rows::Free);
                     let size = free.and_then(|v| g.value_type(*v).shape()).map_or(0, |s| s.iter().product());
@@ -388,6 +411,7 @@ pub(crate) fn trip_costs(g: &Graph, a: &Annotated) -> TripCosts {
                     c.repeated = c.repeated.saturating_add(t.repeated);
                     c.shared = c.shared.max(t.shared);
                     c.exact &= t.exact;
+                    c.across = c.across.min(t.across);
                 }
                 continue;
             }

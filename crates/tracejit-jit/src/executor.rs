@@ -630,7 +630,7 @@ impl Executable {
                 StepKind::While(subs, carried, split) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
                     match split.as_ref().and_then(|s| s.run(*carried, &owned)) {
-                        Some(out) => out?.into_iter().collect(),
+                        Some(out) => out.into_iter().collect(),
                         None => tracejit_ir::control::run_while(*carried, &owned, &mut Shared { subs, pool })?
                             .into_iter()
                             .collect(),

@@ -20,6 +20,8 @@ type Parts = Arc<[Executable; 2]>;
 /// write for a block size, and the blocks' executables and buffers.
 pub(super) struct Split {
     rows: LoopRows,
+    /// The least rows of a block ([`batch::exact_rows`]).
+    least: usize,
     parts: [Arc<Graph>; 2],
     opts: JitOptions,
     /// The condition and body for a block of that many rows, prepared on
@@ -47,7 +49,11 @@ pub(super) fn plan(parts: &[Arc<Graph>; 2], carried: usize, trips: Option<usize>
     if !pays {
         return None;
     }
-    Some(Split { rows, parts: parts.clone(), opts: *opts, built: Mutex::default(), pools: Mutex::default() })
+    let least = batch::exact_rows(&costs);
+    if rows.b / least < 2 {
+        return None;
+    }
+    Some(Split { rows, least, parts: parts.clone(), opts: *opts, built: Mutex::default(), pools: Mutex::default() })
 }
 
 /// Rows `0..b` cut in `n` near-equal blocks (the first ones the larger).
@@ -99,13 +105,15 @@ impl Split {
     }
 
     /// Runs the loop on `args` in blocks of rows across the pool: `None`
-    /// (nothing run) with one thread, inside another split kernel, when
-    /// the batch is too small for two blocks, or when a block's subgraphs
-    /// cannot be prepared; the caller then runs the loop whole.
-    pub(super) fn run(&self, carried: usize, args: &[Storage]) -> Option<Result<Vec<Storage>, IrError>> {
+    /// (nothing returned) with one thread, inside another split kernel,
+    /// when the batch is too small for two blocks, when a block's
+    /// subgraphs cannot be prepared, or when a block fails (its blocks
+    /// stop at different trips: the whole loop reports the error one
+    /// thread reports); the caller then runs the loop whole.
+    pub(super) fn run(&self, carried: usize, args: &[Storage]) -> Option<Vec<Storage>> {
         let pool = crate::threads::pool()?;
         let LoopRows { b, inputs: rows, .. } = &self.rows;
-        let n = pool.threads().min(b / batch::MIN_ROWS);
+        let n = pool.threads().min(b / self.least);
         let fits = args.len() == rows.len()
             && args.iter().zip(rows).all(|(x, r)| match r {
                 Rows::Free => true,
@@ -149,12 +157,7 @@ impl Split {
         for r in results {
             match r.into_inner().unwrap_or_else(|e| e.into_inner()) {
                 Some(Ok(v)) if v.len() == carried => outs.push(v),
-                Some(Ok(v)) => {
-                    let message = format!("a block of the loop returned {} values for {carried}", v.len());
-                    return Some(Err(IrError::Op(tracejit_ir::OpError::new("while", message))));
-                }
-                Some(Err(e)) => return Some(Err(e)),
-                None => return Some(Err(IrError::Op(tracejit_ir::OpError::new("while", "a block did not run")))),
+                Some(Ok(_) | Err(_)) | None => return None,
             }
         }
         let joined = (0..carried)
@@ -172,6 +175,6 @@ impl Split {
             let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
             o.into_iter().for_each(|v| p.give_if_unique(v));
         }
-        Some(Ok(joined))
+        Some(joined)
     }
 }
