@@ -5,6 +5,8 @@
 //! sequence, loops shorter than the sequence, negative and out-of-range
 //! indices.
 
+mod common;
+
 use proptest::prelude::*;
 use tracejit::prelude::*;
 
@@ -27,16 +29,7 @@ fn rnn(xs: &Tensor, wx: &Tensor, wh: &Tensor, b: &Tensor, trips: i64) -> Tensor 
 type Args = (Tensor, Tensor, Tensor, Tensor);
 
 fn args(steps: usize, batch: usize, k: usize, hidden: usize, seed: u64, special: Option<f32>) -> Args {
-    let mut x = Tensor::randn(&[steps, batch, k], seed).to_vec::<f32>().unwrap();
-    if let (Some(v), false) = (special, x.is_empty()) {
-        let i = seed as usize % x.len();
-        x[i] = v;
-    }
-    let xs = Tensor::from_vec(x, &[steps, batch, k]);
-    let wx = Tensor::randn(&[k, hidden], seed + 1) * 0.5;
-    let wh = Tensor::randn(&[hidden, hidden], seed + 2) * 0.5;
-    let b = Tensor::randn(&[hidden], seed + 3) * 0.1;
-    (xs, wx, wh, b)
+    common::rnn_args((steps, batch, k, hidden), seed, special)
 }
 
 /// The traced function of `rnn` with a static trip count.

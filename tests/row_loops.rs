@@ -7,6 +7,8 @@
 //! variable written in the body, a constant with one value per row — are
 //! not split, and still compute what eager computes.
 
+mod common;
+
 use proptest::prelude::*;
 use std::sync::{Mutex, MutexGuard};
 use tracejit::config::{pool_dispatches, set_num_threads};
@@ -77,16 +79,7 @@ fn recurrence(kind: Step, (xs, wx, wh, b): &Args, trips: i64) -> Tensor {
 }
 
 fn args(steps: usize, batch: usize, k: usize, hidden: usize, seed: u64, special: Option<f32>) -> Args {
-    let mut x = Tensor::randn(&[steps, batch, k], seed).to_vec::<f32>().unwrap();
-    if let Some(v) = special {
-        let i = seed as usize % x.len();
-        x[i] = v;
-    }
-    let xs = Tensor::from_vec(x, &[steps, batch, k]);
-    let wx = Tensor::randn(&[k, hidden], seed + 1) * 0.5;
-    let wh = Tensor::randn(&[hidden, hidden], seed + 2) * 0.5;
-    let b = Tensor::randn(&[hidden], seed + 3) * 0.1;
-    (xs, wx, wh, b)
+    common::rnn_args((steps, batch, k, hidden), seed, special)
 }
 
 /// Traces and runs `f` once on `a` with every split threshold at zero
