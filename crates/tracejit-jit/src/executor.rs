@@ -551,8 +551,11 @@ impl Executable {
         pool: &mut BufPool,
     ) -> Result<Vec<Storage>, IrError> {
         let g = &*self.graph;
-        let mut clock: Option<SmallVec<[u64; 16]>> =
-            profile::profiling().then(|| smallvec::smallvec![0; self.steps.len()]);
+        let mut clock: Option<Vec<u64>> = profile::profiling().then(|| vec![0; self.steps.len()]);
+        // Filled in place by each step and drained into the slots: moving a
+        // two-value SmallVec (216 bytes) out of the match and into its
+        // iterator was a `memcpy` call each, a sixth of a scalar loop trip.
+        let mut outs: SmallVec<[Storage; 2]> = SmallVec::new();
         for (i, step) in self.steps.iter().enumerate() {
             let started = clock.is_some().then(std::time::Instant::now);
             let done = matches!(step.pair, pairs::Pair::Second | pairs::Pair::After);
@@ -574,11 +577,12 @@ impl Executable {
             }
             self.check_step(step, &args)?;
             let mut partner_out: SmallVec<[(usize, Storage); 2]> = SmallVec::new();
-            let outs: SmallVec<[Storage; 2]> = match &step.kind {
-                StepKind::Param(i) => smallvec::smallvec![inputs[*i].clone()],
-                StepKind::Constant(c) => smallvec::smallvec![c.clone()],
+            outs.clear();
+            match &step.kind {
+                StepKind::Param(i) => outs.push(inputs[*i].clone()),
+                StepKind::Constant(c) => outs.push(c.clone()),
                 StepKind::Region(r) => {
-                    r.try_run_pooled(&args, pool, alias).map_err(|e| e.at(g.node(step.node).location))?
+                    outs.extend(r.try_run_pooled(&args, pool, alias).map_err(|e| e.at(g.node(step.node).location))?)
                 }
                 StepKind::MatMul => {
                     let paired = match step.pair {
@@ -605,40 +609,40 @@ impl Executable {
                     };
                     let out = paired
                         .unwrap_or_else(|| crate::gemm::matmul_with(args[0], args[1], &mut |d, s| pool.take(d, s)));
-                    smallvec::smallvec![out]
+                    outs.push(out);
                 }
                 StepKind::View(view) => match view.apply(&args) {
-                    Some(v) => smallvec::smallvec![v],
+                    Some(v) => outs.push(v),
                     // Out of range: the reference kernel reports it.
-                    None => eval_primitive(&g.node(step.node).op, &args).into_iter().collect(),
+                    None => outs.extend(eval_primitive(&g.node(step.node).op, &args)),
                 },
                 StepKind::Primitive(op) | StepKind::External(op) => {
                     let scalar = if let Op::Binary(b) = op { scalars::binary(*b, &args, pool) } else { None };
                     match scalar {
-                        Some(x) => smallvec::smallvec![x],
-                        None => eval_primitive(op, &args).into_iter().collect(),
+                        Some(x) => outs.push(x),
+                        None => outs.extend(eval_primitive(op, &args)),
                     }
                 }
                 StepKind::Call(e) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
-                    e.run(&owned)?.into_iter().collect()
+                    outs.extend(e.run(&owned)?)
                 }
                 StepKind::Cond(subs) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
-                    tracejit_ir::control::run_cond(&owned, &mut Shared { subs, pool })?.into_iter().collect()
+                    outs.extend(tracejit_ir::control::run_cond(&owned, &mut Shared { subs, pool })?)
                 }
                 StepKind::While(subs, carried, split) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
                     match split.as_ref().and_then(|s| s.run(*carried, &owned)) {
-                        Some(out) => out.into_iter().collect(),
-                        None => tracejit_ir::control::run_while(*carried, &owned, &mut Shared { subs, pool })?
-                            .into_iter()
-                            .collect(),
+                        Some(out) => outs.extend(out),
+                        None => {
+                            outs.extend(tracejit_ir::control::run_while(*carried, &owned, &mut Shared { subs, pool })?)
+                        }
                     }
                 }
                 StepKind::Read(var) => {
                     let v = g.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
-                    smallvec::smallvec![v.read()]
+                    outs.push(v.read())
                 }
                 StepKind::Assign(var, kind) => {
                     let v = g.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
@@ -653,17 +657,18 @@ impl Executable {
                         AssignKind::Add => v.update(&mut |cur| kernels::binary(BinaryOp::Add, cur, args[0])),
                         AssignKind::Sub => v.update(&mut |cur| kernels::binary(BinaryOp::Sub, cur, args[0])),
                     }
-                    SmallVec::new()
                 }
-            };
+            }
             drop(args);
-            for (slot, v) in partner_out {
-                values[slot] = Some(v);
+            if !partner_out.is_empty() {
+                for (slot, v) in partner_out.drain(..) {
+                    values[slot] = Some(v);
+                }
             }
             if outs.len() != step.outputs.len() {
                 return Err(broken(format!("produced {} values for {} outputs", outs.len(), step.outputs.len())));
             }
-            for (&s, x) in step.outputs.iter().zip(outs) {
+            for (&s, x) in step.outputs.iter().zip(outs.drain(..)) {
                 values[s] = Some(x);
             }
             self.free_slots(step, values, pool);

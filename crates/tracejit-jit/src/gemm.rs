@@ -294,7 +294,7 @@ fn batched<T: GemmScalar>(
     let bv = b.broadcast(IxDyn(&full([k, n])))?;
     let out_shape = full([m, n]);
     let mut out: ArcArray<T, IxDyn> = match take(T::DTYPE, &out_shape).and_then(T::from_storage) {
-        Some(buf) if buf.shape() == &out_shape[..] && buf.is_standard_layout() => buf,
+        Some(buf) if crate::region::same_shape(buf.shape(), &out_shape) && buf.is_standard_layout() => buf,
         _ => ArcArray::default(IxDyn(&out_shape)),
     };
     if m == 0 || n == 0 || k == 0 {

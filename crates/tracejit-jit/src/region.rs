@@ -43,8 +43,8 @@ mod epilogue;
 mod output;
 
 pub(crate) use epilogue::Product;
-pub(crate) use output::unique_mut_ptr;
 use output::{data_ptr, OutBuf};
+pub(crate) use output::{same_shape, unique_mut_ptr};
 
 /// A compiled kernel and its scratch plan, shared through the cache.
 struct Kernel {
@@ -207,7 +207,7 @@ impl BufPool {
         // Pairs with the release decrement of the last other holder's drop:
         // its accesses happen before our writes.
         fence(Ordering::Acquire);
-        if s.shape() == shape {
+        if same_shape(s.shape(), shape) {
             return Some(s);
         }
         macro_rules! reshape {
@@ -379,7 +379,7 @@ impl CompiledRegion {
                 .iter()
                 .zip(shapes)
                 .zip(&self.param_types)
-                .all(|((x, s), t)| x.dtype() == t.dtype && x.shape() == &s[..] && x.is_standard_layout()),
+                .all(|((x, s), t)| x.dtype() == t.dtype && same_shape(x.shape(), s) && x.is_standard_layout()),
             None => false,
         };
         if fast {

@@ -89,12 +89,11 @@ impl CompiledRegion {
     ) -> Option<SmallVec<[Storage; 2]>> {
         let Product { m, n, map, blocks, rows: compute } = product;
         let shapes = self.static_shapes.as_ref()?;
-        let fits = inputs.len() == shapes.len()
-            && inputs
-                .iter()
-                .zip(shapes)
-                .zip(&self.param_types)
-                .all(|((x, s), t)| x.dtype() == t.dtype && x.shape() == &s[..] && x.is_standard_layout());
+        let fits =
+            inputs.len() == shapes.len()
+                && inputs.iter().zip(shapes).zip(&self.param_types).all(|((x, s), t)| {
+                    x.dtype() == t.dtype && super::same_shape(x.shape(), s) && x.is_standard_layout()
+                });
         let cuts_fit = blocks.iter().all(|b| self.product_row_map(m, n, b.start) == Some(map));
         let tiled = blocks.first().is_some_and(|b| b.start == 0)
             && blocks.last().is_some_and(|b| b.end == m)
