@@ -69,25 +69,6 @@ fn blocks(b: usize, n: usize) -> Vec<std::ops::Range<usize>> {
         .collect()
 }
 
-/// `x`'s rows `r` along axis `a`: a view sharing its buffer.
-fn rows_view(x: &Storage, a: usize, r: std::ops::Range<usize>) -> Storage {
-    let s = ndarray::Slice::from(r);
-    macro_rules! cut {
-        ($v:expr) => {{
-            let mut v = $v.clone();
-            v.slice_axis_inplace(ndarray::Axis(a), s);
-            v
-        }};
-    }
-    match x {
-        Storage::F32(v) => Storage::F32(cut!(v)),
-        Storage::F64(v) => Storage::F64(cut!(v)),
-        Storage::I32(v) => Storage::I32(cut!(v)),
-        Storage::I64(v) => Storage::I64(cut!(v)),
-        Storage::Bool(v) => Storage::Bool(cut!(v)),
-    }
-}
-
 impl Split {
     /// The condition and body for blocks of `p` rows.
     fn executables(&self, p: usize) -> Option<Parts> {
@@ -141,7 +122,7 @@ impl Split {
                 .zip(rows)
                 .map(|(x, r)| match r {
                     Rows::Free => x.clone(),
-                    Rows::Axis(a) => rows_view(x, *a, blocks[t].clone()),
+                    Rows::Axis(a) => super::views::rows(x, *a, blocks[t].clone()),
                 })
                 .collect();
             let mut bufs = BufPool::checkout(&pools[t]);
