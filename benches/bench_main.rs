@@ -3,8 +3,8 @@
 //! throughput through a traced function (`kernel`), and first-call latency
 //! against graph size (`first_call`).
 //!
-//! `cargo bench --bench bench_main` runs them all; pass a filter such as
-//! `cargo bench --bench bench_main -- cache` to run one group.
+//! `cargo bench --features bench --bench bench_main` runs them all; pass a filter such as
+//! `cargo bench --features bench --bench bench_main -- cache` to run one group.
 
 use criterion::criterion_main;
 

@@ -1,5 +1,5 @@
 //! The handwritten-digits classifier that `examples/train_digits.rs` trains
-//! and `tests/train_digits.rs` checks: the data set, a fixed-seed split and
+//! and `tests/api/train_digits.rs` checks: the data set, a fixed-seed split and
 //! shuffle, an MLP as a `#[derive(Module)]`, Adam, and one training step
 //! that runs either compiled (`function`, one trace) or eagerly (the same
 //! closure, called directly).

@@ -12,7 +12,7 @@
 //! [`crate::fastmath`], same operation order, same FMAs, Estrin's scheme for
 //! exp's polynomial), so a staged kernel computes the same bits as the
 //! in-kernel code and as `fastmath`, and the documented ULP bounds hold for
-//! all three (`tests/agreement.rs`). The tail of a chunk that does not
+//! all three (`tests/kernels/agreement.rs`). The tail of a chunk that does not
 //! fill a vector is padded, computed as a vector and copied back.
 //!
 //! Each recipe is written once over [`lanes::Lanes`] and compiled twice:

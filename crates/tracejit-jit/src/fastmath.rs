@@ -10,7 +10,7 @@
 //! it is an FMA instruction, Cranelift's `fma` or [`f32::mul_add`]), so they
 //! compute the same bits for every input; only the sign and payload of a
 //! NaN result may differ (any NaN stands for NaN, as in the rest of the
-//! JIT). `tests/agreement.rs` checks this over a sweep of every binade and
+//! JIT). `tests/kernels/agreement.rs` checks this over a sweep of every binade and
 //! the special values; the error bounds in the crate documentation (the ULP
 //! table) therefore hold for all three.
 //!

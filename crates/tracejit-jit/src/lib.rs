@@ -56,7 +56,7 @@
 //!   or rational approximations (recipes from Cephes and Eigen, see the
 //!   `math` module). Measured maximum error against a correctly rounded f64
 //!   reference, over a dense sweep of every binade plus edge cases
-//!   (±0, ±inf, NaN, subnormals, overflow), enforced by `tests/ulp.rs`:
+//!   (±0, ±inf, NaN, subnormals, overflow), enforced by `tests/kernels/ulp.rs`:
 //!
 //!   | function | max ULP measured (worst input) | bound enforced |
 //!   |---|---|---|
@@ -85,13 +85,13 @@
 //!   softmax's row sum) is a multiplication by its reciprocal, computed once
 //!   per row: within one epsilon (relative) of the division. Rows whose
 //!   divisor is 0, ±inf, NaN, subnormal or too large for a normal
-//!   reciprocal divide instead, bit for bit (`tests/reductions.rs`).
+//!   reciprocal divide instead, bit for bit (`tests/kernels/reductions.rs`).
 //!
 //!   [`fastmath`] offers the same f32 `exp`, `tanh` and `sigmoid` to Rust
 //!   code (the `tracejit-nn` kernels use it): scalar functions and in-place
 //!   slice functions, with the constants the Cranelift and vector code share.
 //!   The in-line code, the chunk functions and `fastmath` compute the same
-//!   bits for every non-NaN result (`tests/agreement.rs`), so the exp,
+//!   bits for every non-NaN result (`tests/kernels/agreement.rs`), so the exp,
 //!   tanh and sigmoid rows of the table above hold for all three. (Why
 //!   wider code pays, with figures: `examples/throughput.rs` and the
 //!   benchmark table in the README.)

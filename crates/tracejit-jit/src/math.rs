@@ -24,7 +24,7 @@
 //! The constants of `exp`, `tanh` and `sigmoid` are declared once, in
 //! `fastmath`, which also holds the same recipes as Rust code; the vector
 //! chunk functions (`chunkmath`, 256- and 512-bit) are a third form. All three compute the
-//! same bits (`tests/agreement.rs`).
+//! same bits (`tests/kernels/agreement.rs`).
 //!
 //! NaN inputs give NaN and `-0.0` keeps its sign where the function is odd.
 //! The measured error bounds are in the crate documentation and enforced by

@@ -14,7 +14,7 @@
 //! picks forward kernels: fused as tensor ops its closed form still made
 //! three regions that read `x` and the cotangent several times. Their
 //! results equal the bodies' VJPs within rounding (checked against finite
-//! differences in `tests/gradients.rs` and
+//! differences in `tests/api/gradients.rs` and
 //! `crates/tracejit-nn/tests/layer_norm_grad.rs`).
 
 use tracejit_trace::Tensor;

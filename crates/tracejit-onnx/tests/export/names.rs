@@ -3,7 +3,7 @@
 //! the outputs whose dims equal them; the files still run in tract at
 //! several sizes.
 
-mod common;
+use crate::common;
 
 use tracejit_onnx::pb::tensor_shape_proto::dimension::Value as Dim;
 use tracejit_onnx::pb::{type_proto, ModelProto, ValueInfoProto};

@@ -113,7 +113,7 @@ fn listings_and_dot_show_the_line_and_the_listing_parses_back() {
     let line = line_of("function(|x: Tensor| (x * 2.0).exp())");
     let cf = &f.concrete_functions()[0];
     let text = cf.graph().to_string();
-    assert!(text.contains(&format!("; tests/{THIS_FILE}:{line}")), "{text}");
+    assert!(text.contains(&format!("; tests/api/{THIS_FILE}:{line}")), "{text}");
     let back = Graph::parse(&format!("{:#}", cf.graph())).unwrap();
     assert!(back.structurally_eq(cf.graph()), "{text}");
     let dot = cf.optimized_graph().to_dot();

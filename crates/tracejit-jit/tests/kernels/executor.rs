@@ -1,7 +1,7 @@
 //! The executor against the interpreter: matmul + bias + relu, softmax,
 //! calls, variables, fallbacks, and concurrent runs of one Executable.
 
-mod common;
+use crate::common;
 use std::sync::{Arc, Mutex};
 
 use common::*;

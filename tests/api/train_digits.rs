@@ -4,7 +4,7 @@
 //! the same losses; a run resumed from a checkpoint continues exactly as
 //! the uninterrupted run.
 
-#[path = "../examples/digits/mod.rs"]
+#[path = "../../examples/digits/mod.rs"]
 mod digits;
 
 use digits::{Config, Dataset, StepStats, Trainer, DATA};

@@ -1,6 +1,6 @@
 //! Quick smoke tests of single ops through the JIT.
 
-mod common;
+use crate::common;
 use common::*;
 use tracejit_ir::tensor::{BinaryOp, DType, Exactness, ReduceOp, UnaryOp};
 use tracejit_ir::{Graph, Op};

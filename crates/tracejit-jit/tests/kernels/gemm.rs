@@ -4,7 +4,7 @@
 //! buffers that are reused while dirty (NaN-filled), as the executor's pool
 //! reuses them.
 
-mod common;
+use crate::common;
 
 use common::*;
 use proptest::prelude::*;

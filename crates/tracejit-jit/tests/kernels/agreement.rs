@@ -12,7 +12,7 @@
 //! AVX2 + FMA "staged" compiles the in-line code too, and the slice forms
 //! run the scalar functions; the comparison still holds.
 
-mod common;
+use crate::common;
 use common::*;
 use tracejit_ir::tensor::{DType, Storage, UnaryOp};
 use tracejit_ir::{Graph, Op};

@@ -2,7 +2,7 @@
 //! results on random inputs (proptest): every dtype each op accepts, odd
 //! sizes (0, 1, 3, 5), NaN and infinities for the float ops.
 
-mod common;
+use crate::common;
 
 use proptest::prelude::*;
 use tracejit_tensor::{BinaryOp, DType, ReduceOp, SliceSpec, UnaryOp};

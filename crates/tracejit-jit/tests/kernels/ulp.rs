@@ -3,7 +3,7 @@
 //! signs plus edge cases (±0, ±inf, NaN, subnormals, overflow). Fails if an
 //! approximation gets worse than the bound documented in the crate docs.
 
-mod common;
+use crate::common;
 use common::*;
 use tracejit_ir::tensor::{DType, Storage, UnaryOp};
 use tracejit_ir::{Graph, Op};

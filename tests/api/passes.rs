@@ -190,7 +190,7 @@ fn tracejit_dump_writes_every_pass_in_order() {
     let _ = std::fs::remove_dir_all(&dir);
     let exe = std::env::current_exe().unwrap();
     let status = std::process::Command::new(exe)
-        .args(["tracejit_dump_writes_every_pass_in_order", "--exact", "--nocapture"])
+        .args(["passes::tracejit_dump_writes_every_pass_in_order", "--exact", "--nocapture"])
         .env("TRACEJIT_DUMP", &dir)
         .env("TRACEJIT_DUMP_CHILD", "1")
         .status()

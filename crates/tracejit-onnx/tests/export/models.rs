@@ -2,7 +2,7 @@
 //! functions), the benchmark workloads W2-W5 and W7, a dynamic-batch MLP
 //! run at batch 1, 7 and 64 from one file, and variables as initializers.
 
-mod common;
+use crate::common;
 
 use tracejit_onnx::pb::tensor_shape_proto::dimension;
 use tracejit_onnx::Exporter;

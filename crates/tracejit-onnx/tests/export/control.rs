@@ -2,7 +2,7 @@
 //! no `Loop`, so loops are checked for structure here and run in
 //! onnxruntime through the saved cases (`scripts/run_onnxruntime.py`).
 
-mod common;
+use crate::common;
 
 use tracejit_onnx::Exporter;
 use tracejit_tensor::DType;

@@ -3,7 +3,7 @@
 //! column reductions (leading axes, exact order), with elementwise prologues
 //! and epilogues, every numeric dtype, empty extents.
 
-mod common;
+use crate::common;
 use common::*;
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, Storage, UnaryOp};
 use tracejit_ir::{Graph, Op, ValueId};

@@ -5,7 +5,7 @@
 //! sequence, loops shorter than the sequence, negative and out-of-range
 //! indices.
 
-mod common;
+use crate::common;
 
 use proptest::prelude::*;
 use tracejit::prelude::*;

@@ -346,7 +346,7 @@ fn run_functions_eagerly_calls_the_closure() {
     }
     let exe = std::env::current_exe().unwrap();
     let status = std::process::Command::new(exe)
-        .args(["run_functions_eagerly_calls_the_closure", "--exact", "--nocapture"])
+        .args(["tracing::run_functions_eagerly_calls_the_closure", "--exact", "--nocapture"])
         .env("TRACEJIT_EAGER_CHILD", "1")
         .env("TRACEJIT_EAGER", "1")
         .status()

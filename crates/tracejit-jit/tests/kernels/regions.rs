@@ -4,7 +4,7 @@
 //! (any NaN equals any NaN). The f32 approximations are excluded from the
 //! exact DAGs and checked as a final op against a ULP bound instead.
 
-mod common;
+use crate::common;
 use common::*;
 use proptest::prelude::*;
 use tracejit_ir::tensor::{BinaryOp, DType, Exactness, Storage, UnaryOp};

@@ -4,7 +4,7 @@
 //! extremes and division by zero included, and never overwrite a result
 //! the caller still holds.
 
-mod common;
+use crate::common;
 use common::*;
 use proptest::prelude::*;
 use tracejit_ir::tensor::{BinaryOp, DType, Storage};

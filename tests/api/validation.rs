@@ -185,6 +185,6 @@ fn tracejit_validate_1_validates_every_function() {
     if std::env::var_os("TRACEJIT_VALIDATE_CHILD").is_some() {
         return;
     }
-    let (ok, stderr) = run_child("child_env_validation");
+    let (ok, stderr) = run_child("validation::child_env_validation");
     assert!(ok && stderr.contains("child done"), "the child failed:\n{stderr}");
 }

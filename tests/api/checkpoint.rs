@@ -287,17 +287,23 @@ fn save_replaces_atomically_and_leaves_no_temporary_file() {
 
 #[test]
 fn a_relative_path_in_the_current_directory_works() {
+    // The working directory is process-wide and this binary's other tests
+    // read files by relative paths, so the change happens in a child.
     let dir = TempDir::new("relative");
-    let m = all_dtypes(3);
-    let old = std::env::current_dir().unwrap();
-    // Only this test changes the working directory of the test process; it
-    // restores it before asserting.
-    std::env::set_current_dir(&dir.0).unwrap();
-    let saved = checkpoint::save(&m, "plain.safetensors");
-    let restored = checkpoint::restore(&m, Path::new("plain.safetensors"));
-    std::env::set_current_dir(old).unwrap();
-    saved.unwrap();
-    restored.unwrap();
+    if let Some(target) = std::env::var_os("TRACEJIT_CWD_CHILD") {
+        let m = all_dtypes(3);
+        std::env::set_current_dir(target).unwrap();
+        checkpoint::save(&m, "plain.safetensors").unwrap();
+        checkpoint::restore(&m, Path::new("plain.safetensors")).unwrap();
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let status = std::process::Command::new(exe)
+        .args(["checkpoint::a_relative_path_in_the_current_directory_works", "--exact", "--nocapture"])
+        .env("TRACEJIT_CWD_CHILD", &dir.0)
+        .status()
+        .unwrap();
+    assert!(status.success());
     assert_eq!(dir.entries(), ["plain.safetensors"]);
 }
 

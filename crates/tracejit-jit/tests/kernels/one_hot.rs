@@ -7,7 +7,7 @@
 //! executor runs it in one region, with no reference-kernel fallback
 //! (except over at most one element, which the planner leaves unfused).
 
-mod common;
+use crate::common;
 use common::*;
 use proptest::prelude::*;
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, Storage};

@@ -1,0 +1,31 @@
+//! Integration tests of the public surface: tracing, autodiff, control flow, optimizers, modules, checkpoints, passes and validation.
+//!
+//! One test binary instead of one per file: each binary links the whole
+//! workspace, so merging them cut the test build's link time and disk.
+//! Tests that change process-wide state (thread counts, thresholds, the
+//! eager switch, a counting allocator) keep binaries of their own.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod checkpoint;
+mod composite;
+mod control_flow;
+mod differential;
+mod eager_api;
+mod gradients;
+mod gradients_coverage;
+mod limits;
+mod loops_compiled;
+mod modules;
+mod optim;
+mod optim_fusion;
+mod passes;
+mod profile;
+mod retrace_policy;
+mod schedule_stats;
+mod source_locations;
+mod tracing;
+mod train_digits;
+mod validation;
+mod variables;
