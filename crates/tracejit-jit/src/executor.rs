@@ -115,6 +115,8 @@ pub struct Executable {
     n_slots: usize,
     outputs: Vec<usize>,
     param_types: Vec<TensorType>,
+    /// The vector code its products and kernels may run.
+    isa: tracejit_kernels::Isa,
     /// Freed intermediates and earlier results, reused for region outputs
     /// (see [`BufPool`]).
     pool: Mutex<BufPool>,
@@ -381,6 +383,7 @@ impl Executable {
             n_slots,
             outputs,
             param_types,
+            isa: opts.isa(),
             pool: Mutex::new(BufPool::default()),
             clock: Mutex::default(),
         })
@@ -540,7 +543,7 @@ impl Executable {
                                 })
                                 .collect::<Result<_, _>>()?;
                             self.check_step(other, &b)?;
-                            pairs::run_pair([args[0], b[0]], [args[1], b[1]], pool).map(|[x, y]| {
+                            pairs::run_pair(self.isa, [args[0], b[0]], [args[1], b[1]], pool).map(|[x, y]| {
                                 partner_out.push((other.outputs[0], y));
                                 x
                             })
@@ -551,8 +554,9 @@ impl Executable {
                         }),
                         pairs::Pair::None | pairs::Pair::Second | pairs::Pair::After => None,
                     };
-                    let out = paired
-                        .unwrap_or_else(|| crate::gemm::matmul_with(args[0], args[1], &mut |d, s| pool.take(d, s)));
+                    let out = paired.unwrap_or_else(|| {
+                        crate::gemm::matmul_with(self.isa, args[0], args[1], &mut |d, s| pool.take(d, s))
+                    });
                     outs.push(out);
                 }
                 StepKind::View(view) => match view.apply(&args) {

@@ -9,50 +9,29 @@
 //! reference kernel (a blocked GEMM of its own) within the usual
 //! `k·ε·Σ|aᵢbᵢ|` bound, not bit for bit. f32 products pick the crate's
 //! 16-lane (AVX-512F) or 8-lane (AVX2) kernels per product, by operand
-//! layout ([`micro`]); f64 products take the crate's own choice.
+//! layout (`tracejit_kernels::gemm`); f64 products take the crate's own choice.
 
-use ndarray::{ArcArray, ArrayView2, Axis, IxDyn};
+use ndarray::{ArcArray, Axis, IxDyn};
 use tracejit_ir::tensor::{kernels, DType, Storage};
+use tracejit_kernels::gemm::{product, GemmFloat};
+use tracejit_kernels::Isa;
 
 use crate::region::BufPool;
+use crate::JitOptions;
 
-pub(crate) mod micro;
-mod transpose;
-
-/// Element types the fast path handles.
-trait GemmScalar: Copy + Default + 'static {
+/// Element types the fast path handles: the kernels' [`GemmFloat`]s, as
+/// storages.
+trait GemmScalar: GemmFloat {
     /// The dtype of `Self`.
     const DTYPE: DType;
     /// The array inside `s`, if it holds `Self`.
     fn from_storage(s: Storage) -> Option<ArcArray<Self, IxDyn>>;
     /// Wraps an array.
     fn into_storage(a: ArcArray<Self, IxDyn>) -> Storage;
-    /// `C = A·B` (or `C += A·B` with `accumulate`) for strided row/column
-    /// views (strides in elements).
-    ///
-    /// # Safety
-    /// Pointers and strides must describe valid `m×k`, `k×n` and `m×n`
-    /// matrices, `c` not aliasing the others.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn product(
-        m: usize,
-        k: usize,
-        n: usize,
-        a: *const Self,
-        rsa: isize,
-        csa: isize,
-        b: *const Self,
-        rsb: isize,
-        csb: isize,
-        c: *mut Self,
-        rsc: isize,
-        csc: isize,
-        accumulate: bool,
-    );
 }
 
 macro_rules! gemm_scalar {
-    ($t:ty, $v:ident, $run:ident) => {
+    ($t:ty, $v:ident) => {
         impl GemmScalar for $t {
             const DTYPE: DType = DType::$v;
             fn from_storage(s: Storage) -> Option<ArcArray<Self, IxDyn>> {
@@ -64,118 +43,11 @@ macro_rules! gemm_scalar {
             fn into_storage(a: ArcArray<Self, IxDyn>) -> Storage {
                 Storage::$v(a)
             }
-            unsafe fn product(
-                m: usize,
-                k: usize,
-                n: usize,
-                a: *const Self,
-                rsa: isize,
-                csa: isize,
-                b: *const Self,
-                rsb: isize,
-                csb: isize,
-                c: *mut Self,
-                rsc: isize,
-                csc: isize,
-                accumulate: bool,
-            ) {
-                let (a, b, c) = (SendPtr(a as *mut Self), SendPtr(b as *mut Self), SendPtr(c));
-                crate::threads::run_gemm_blocks(m, n, k, &|rows, cols| {
-                    let (r0, c0) = (rows.start as isize, cols.start as isize);
-                    // SAFETY: forwarded from the caller; the block's rows of
-                    // `a`, columns of `b` and part of `c` lie inside the
-                    // matrices, and blocks write disjoint parts of `c`. gemm
-                    // takes (column, row) strides and computes
-                    // dst = alpha·dst + beta·(lhs·rhs).
-                    unsafe {
-                        micro::Product {
-                            m: rows.len(),
-                            n: cols.len(),
-                            k,
-                            dst: c.get().offset(r0 * rsc + c0 * csc),
-                            dst_cs: csc,
-                            dst_rs: rsc,
-                            read_dst: accumulate,
-                            lhs: a.get().offset(r0 * rsa),
-                            lhs_cs: csa,
-                            lhs_rs: rsa,
-                            rhs: b.get().offset(c0 * csb),
-                            rhs_cs: csb,
-                            rhs_rs: rsb,
-                            alpha: if accumulate { 1.0 } else { 0.0 },
-                            beta: 1.0,
-                        }
-                        .$run()
-                    }
-                })
-            }
         }
     };
 }
-/// A pointer shared with the pool's workers (the caller waits for them).
-#[derive(Clone, Copy)]
-struct SendPtr<T>(*mut T);
-// SAFETY: the pointee outlives the call that waits for the blocks, and
-// blocks write disjoint parts of the output.
-unsafe impl<T> Send for SendPtr<T> {}
-// SAFETY: as above; workers only read `a`, `b` and write their own block.
-unsafe impl<T> Sync for SendPtr<T> {}
-
-impl<T> SendPtr<T> {
-    /// The pointer (a method, so that closures capture the whole `Send` wrapper).
-    fn get(self) -> *mut T {
-        self.0
-    }
-}
-
-// f32 chooses its kernels per product; f64 takes the crate's choice.
-gemm_scalar!(f32, F32, run);
-gemm_scalar!(f64, F64, run_crate);
-
-/// `c += a · b` with `a [m, k]` and `b [k, n]` views (any strides, negative
-/// too) and
-/// `c [m, n]` row-major and contiguous: the GEMM of [`matmul`], with its
-/// blocks and threads ([`crate::threads::run_gemm_blocks`]), for kernels
-/// that pre-fill `c` (a bias) and accumulate into it.
-///
-/// ```
-/// use ndarray::array;
-///
-/// let (a, b) = (array![[1.0f32, 2.0]], array![[3.0f32], [4.0]]);
-/// let mut c = [10.0f32];
-/// tracejit_jit::gemm_acc_f32(a.view(), b.view(), &mut c);
-/// assert_eq!(c, [21.0]);
-/// ```
-///
-/// # Panics
-/// If the inner dims differ or `c` does not hold `m · n` values.
-pub fn gemm_acc_f32(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: &mut [f32]) {
-    let ((m, k), (k2, n)) = (a.dim(), b.dim());
-    assert!(k == k2 && c.len() == m * n, "gemm_acc_f32: shapes [{m}, {k}] x [{k2}, {n}] into {}", c.len());
-    if m == 0 || n == 0 || k == 0 {
-        return;
-    }
-    let (sa, sb) = (a.strides(), b.strides());
-    // SAFETY: the views describe m×k and k×n matrices with these strides;
-    // `c` is a unique, contiguous m×n buffer that aliases neither.
-    unsafe {
-        <f32 as GemmScalar>::product(
-            m,
-            k,
-            n,
-            a.as_ptr(),
-            sa[0],
-            sa[1],
-            b.as_ptr(),
-            sb[0],
-            sb[1],
-            c.as_mut_ptr(),
-            n as isize,
-            1,
-            true,
-        )
-    }
-}
+gemm_scalar!(f32, F32);
+gemm_scalar!(f64, F64);
 
 /// Rows `rows` of the 2-D product `a · b` (both f32 or both f64) into
 /// `out`, computed on the calling thread as one product of those rows
@@ -186,8 +58,9 @@ pub fn gemm_acc_f32(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c: &mut [f32
 /// `out` is the element pointer of a standard-layout `[m, n]` buffer of
 /// the operands' dtype that aliases neither operand, and `rows` lies in
 /// `0..m`; concurrent calls take disjoint rows.
-pub(crate) unsafe fn product_rows(a: &Storage, b: &Storage, out: i64, rows: std::ops::Range<usize>) -> bool {
+pub(crate) unsafe fn product_rows(isa: Isa, a: &Storage, b: &Storage, out: i64, rows: std::ops::Range<usize>) -> bool {
     fn go<T: GemmScalar>(
+        isa: Isa,
         x: &ArcArray<T, IxDyn>,
         y: &ArcArray<T, IxDyn>,
         out: i64,
@@ -210,7 +83,8 @@ pub(crate) unsafe fn product_rows(a: &Storage, b: &Storage, out: i64, rows: std:
         // SAFETY: the caller's contract; the rows' part of `x` and of the
         // output lie inside their buffers.
         crate::threads::serial(|| unsafe {
-            T::product(
+            product::<T>(
+                isa,
                 rows.len(),
                 k,
                 n,
@@ -229,8 +103,8 @@ pub(crate) unsafe fn product_rows(a: &Storage, b: &Storage, out: i64, rows: std:
         true
     }
     match (a, b) {
-        (Storage::F32(x), Storage::F32(y)) => go(x, y, out, rows),
-        (Storage::F64(x), Storage::F64(y)) => go(x, y, out, rows),
+        (Storage::F32(x), Storage::F32(y)) => go(isa, x, y, out, rows),
+        (Storage::F64(x), Storage::F64(y)) => go(isa, x, y, out, rows),
         _ => false,
     }
 }
@@ -240,7 +114,7 @@ pub(crate) unsafe fn product_rows(a: &Storage, b: &Storage, out: i64, rows: std:
 /// like the reference kernel on operands it rejects. The output is a fresh
 /// buffer; [`matmul_reusing`] writes into an old one.
 pub fn matmul(a: &Storage, b: &Storage) -> Storage {
-    matmul_with(a, b, &mut |_, _| None)
+    matmul_with(JitOptions::global().isa(), a, b, &mut |_, _| None)
 }
 
 /// [`matmul`], writing into `reuse`'s buffer when nothing else holds it and
@@ -249,7 +123,7 @@ pub fn matmul(a: &Storage, b: &Storage) -> Storage {
 /// GEMM floor), so that no call takes fresh pages.
 pub fn matmul_reusing(a: &Storage, b: &Storage, reuse: Option<Storage>) -> Storage {
     let mut reuse = reuse;
-    matmul_with(a, b, &mut |dtype, shape| {
+    matmul_with(JitOptions::global().isa(), a, b, &mut |dtype, shape| {
         let mut pool = BufPool::default();
         pool.give_if_unique(reuse.take()?);
         pool.take(dtype, shape)
@@ -261,13 +135,14 @@ pub fn matmul_reusing(a: &Storage, b: &Storage, reuse: Option<Storage>) -> Stora
 /// no intermediate). An offered buffer must be unique; its contents are
 /// overwritten.
 pub(crate) fn matmul_with(
+    isa: Isa,
     a: &Storage,
     b: &Storage,
     take: &mut dyn FnMut(DType, &[usize]) -> Option<Storage>,
 ) -> Storage {
     match (a, b) {
-        (Storage::F32(x), Storage::F32(y)) => batched(x, y, take).unwrap_or_else(|| kernels::matmul(a, b)),
-        (Storage::F64(x), Storage::F64(y)) => batched(x, y, take).unwrap_or_else(|| kernels::matmul(a, b)),
+        (Storage::F32(x), Storage::F32(y)) => batched(isa, x, y, take).unwrap_or_else(|| kernels::matmul(a, b)),
+        (Storage::F64(x), Storage::F64(y)) => batched(isa, x, y, take).unwrap_or_else(|| kernels::matmul(a, b)),
         _ => kernels::matmul(a, b),
     }
 }
@@ -275,6 +150,7 @@ pub(crate) fn matmul_with(
 /// The product, or `None` when the shapes are invalid (the reference kernel
 /// then reports the error).
 fn batched<T: GemmScalar>(
+    isa: Isa,
     a: &ArcArray<T, IxDyn>,
     b: &ArcArray<T, IxDyn>,
     take: &mut dyn FnMut(DType, &[usize]) -> Option<Storage>,
@@ -312,7 +188,8 @@ fn batched<T: GemmScalar>(
         // `k×n` view with its own strides; `out` is a fresh or unique
         // standard-layout `rows×n` buffer.
         unsafe {
-            T::product(
+            product::<T>(
+                isa,
                 rows,
                 k,
                 n,
@@ -346,7 +223,9 @@ fn batched<T: GemmScalar>(
         let (rsa, csa, rsb, csb, rsc, csc) = (sa[0], sa[1], sb[0], sb[1], sc[0], sc[1]);
         // SAFETY: the views describe m×k, k×n and m×n matrices with these
         // strides; the output is unique to this call and does not alias.
-        unsafe { T::product(m, k, n, pa.as_ptr(), rsa, csa, pb.as_ptr(), rsb, csb, pc.as_mut_ptr(), rsc, csc, false) };
+        unsafe {
+            product::<T>(isa, m, k, n, pa.as_ptr(), rsa, csa, pb.as_ptr(), rsb, csb, pc.as_mut_ptr(), rsc, csc, false)
+        };
         for d in (0..nb).rev() {
             idx[d] += 1;
             if idx[d] < batch[d] {

@@ -94,7 +94,7 @@ pub(crate) fn compile(an: &Analysis, sch: &Schedule, opts: &JitOptions) -> Resul
     for h in Helper::ALL {
         jb.symbol(h.name(), h.address());
     }
-    for (name, address) in crate::chunkmath::symbols() {
+    for (name, address) in crate::chunks::symbols() {
         jb.symbol(name, address);
     }
     let mut module = JITModule::new(jb);

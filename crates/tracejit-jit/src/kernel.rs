@@ -16,7 +16,7 @@
 //!
 //! - **Elementwise**: for each row, one inner loop storing every output.
 //!   With staged nodes (f32 `exp`/`tanh`/`sigmoid` computed by the vector
-//!   functions of `crate::chunkmath`), the row is processed in chunks: per
+//!   functions of `crate::chunks`), the row is processed in chunks: per
 //!   chunk and staged node, a loop stores the node's argument into a
 //!   scratch chunk and a call replaces it by the result; then the output
 //!   loop reads the staged values from scratch. Row regions stage a node
@@ -92,7 +92,7 @@ pub(crate) fn build(
 
     let mut chunk_ids = Vec::new();
     for &Staged { op, .. } in &sch.staged {
-        let (fname, _) = crate::chunkmath::chunk_fn(op, opts).ok_or("a staged op lost its chunk function")?;
+        let (fname, _) = crate::chunks::chunk_fn(op, opts).ok_or("a staged op lost its chunk function")?;
         let mut cs = Signature::new(call_conv);
         cs.params.push(AbiParam::new(ptr));
         cs.params.push(AbiParam::new(types::I64));

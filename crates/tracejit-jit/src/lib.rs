@@ -135,12 +135,11 @@
 
 mod analysis;
 mod batch;
-mod chunkmath;
+mod chunks;
 mod constpool;
 mod dispatch;
 mod error;
 mod executor;
-pub mod fastmath;
 mod gemm;
 mod helpers;
 mod jit;
@@ -151,12 +150,15 @@ mod native;
 mod options;
 mod region;
 mod scalar;
-pub mod threads;
 mod unify;
 
 pub use analysis::MAX_CONST_ELEMENTS;
 pub use error::JitError;
 pub use executor::{Executable, Profile, ScheduleStats, StepTime};
-pub use gemm::{gemm_acc_f32, matmul, matmul_reusing};
+pub use gemm::{matmul, matmul_reusing};
 pub use options::JitOptions;
 pub use region::{compile_region, compile_region_with, kernel_cache_len, supports, unsupported_reason, CompiledRegion};
+/// The thread pool and thread count, and the f32 approximations of `exp`,
+/// `tanh` and `sigmoid` the kernels share: they live in the kernel crate
+/// (`tracejit-kernels`) under both this crate and the composites.
+pub use tracejit_kernels::{fastmath, threads};

@@ -23,7 +23,7 @@
 //!
 //! The constants of `exp`, `tanh` and `sigmoid` are declared once, in
 //! `fastmath`, which also holds the same recipes as Rust code; the vector
-//! chunk functions (`chunkmath`, 256- and 512-bit) are a third form. All three compute the
+//! chunk functions (`tracejit_kernels::simd`, 256- and 512-bit) are a third form. All three compute the
 //! same bits (`tests/kernels/agreement.rs`).
 //!
 //! NaN inputs give NaN and `-0.0` keeps its sign where the function is odd.
@@ -35,11 +35,11 @@ use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{InstBuilder, Value};
 use tracejit_ir::tensor::DType;
 
-use crate::fastmath::{
+use crate::lower::{Emit, Mode};
+use tracejit_kernels::fastmath::{
     EXP_MAX, EXP_MIN, EXP_NEG_LN2_HI, EXP_NEG_LN2_LO, EXP_POLY, ROUND_MAGIC, ROUND_MAGIC_BITS, TANH_CLAMP, TANH_P,
     TANH_Q,
 };
-use crate::lower::{Emit, Mode};
 
 const F: DType = DType::F32;
 

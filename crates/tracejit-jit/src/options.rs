@@ -39,8 +39,8 @@ pub struct JitOptions {
     /// 512-bit AVX-512 code where the CPU has AVX-512F (on by default; off,
     /// or without AVX-512F, they run in 256-bit AVX2 code). Both compute the
     /// same bits; the row softmax's sum adds in a different order. f32
-    /// matrix products follow the process's setting ([`JitOptions::global`]):
-    /// 16-lane `gemm` kernels where the operand layout suits them.
+    /// matrix products take 16-lane `gemm` kernels where the operand layout
+    /// suits them, 8-lane ones with this off.
     /// Environment: `TRACEJIT_JIT_AVX512=0` turns it off.
     pub avx512: bool,
     /// Print each kernel's Cranelift IR and machine code to stderr when it
@@ -73,6 +73,13 @@ impl JitOptions {
     pub fn global() -> JitOptions {
         static OPTS: OnceLock<JitOptions> = OnceLock::new();
         *OPTS.get_or_init(JitOptions::from_env)
+    }
+
+    /// The vector code these options let kernels run (the chunk functions,
+    /// the row softmax, GEMM micro-kernels, composite kernels): passed down
+    /// to every kernel, which never reads a process-wide setting.
+    pub fn isa(&self) -> tracejit_kernels::Isa {
+        tracejit_kernels::Isa::native().with_avx512(self.avx512)
     }
 }
 

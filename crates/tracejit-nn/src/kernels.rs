@@ -4,7 +4,7 @@
 //! `composite::ensure_builtins`, which registers them lazily.
 //!
 //! The kernels compute `exp`, `tanh` and `sigmoid` with
-//! `tracejit_jit::fastmath`: the JIT's own approximations, bit for bit (one
+//! `tracejit_kernels::fastmath`: the JIT's own approximations, bit for bit (one
 //! implementation, one ULP table, in `tracejit-jit`'s documentation), run
 //! over whole slices in 256-bit AVX2 code where the CPU has it. They sum in
 //! several partial accumulators and fuse differently from the primitive
@@ -14,13 +14,12 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use ndarray::{ArrayView2, Ix2};
-use tracejit_jit::fastmath;
+use tracejit_kernels::{fastmath, gemm, Isa};
 use tracejit_tensor::{DType, Storage};
 use tracejit_trace::{Tensor, TensorSpec};
 
 use crate::composite::{KernelFn, KernelPredicate};
 
-mod gemm;
 mod layer_norm_grad;
 
 /// The built-in kernels: (composite name, predicate, kernel).
@@ -235,8 +234,8 @@ fn lstm_cell(inputs: &[Tensor]) -> Vec<Tensor> {
         for _ in 0..batch {
             gates.extend_from_slice(&b);
         }
-        gemm::gemm_acc(x, w_ih, gates);
-        gemm::gemm_acc(h, w_hh, gates);
+        gemm::gemm_acc_f32(x, w_ih, gates, Isa::native());
+        gemm::gemm_acc_f32(h, w_hh, gates, Isa::native());
         lstm_states(gates, &c, &mut h2, &mut c2, hidden);
     });
     vec![tensor(h2, &[batch, hidden]), tensor(c2, &[batch, hidden])]

@@ -28,7 +28,7 @@
 //! | [`dense`] | `tracejit.nn.dense` | — (matmul + fused epilogue) |
 //!
 //! The kernels compute `exp`, `tanh` and `sigmoid` with the JIT's own
-//! approximations (`tracejit_jit::fastmath`: the same bits as the JIT's
+//! approximations (`tracejit_kernels::fastmath`: the same bits as the JIT's
 //! in-line and AVX2 code, within the ULP bounds `tracejit-jit` documents;
 //! NaN propagates) and sum in several partial accumulators, so they agree
 //! with the primitive bodies to about 1e-6 relative, not bitwise.

@@ -78,7 +78,7 @@ pub(super) fn run(
     let rows = |rows: std::ops::Range<usize>| {
         // SAFETY: `out` addresses the unique `[m, n]` buffer of `product`,
         // which aliases neither operand; blocks take disjoint rows.
-        let done = unsafe { crate::gemm::product_rows(a, b, out, rows) };
+        let done = unsafe { crate::gemm::product_rows(exe.isa, a, b, out, rows) };
         assert!(done, "2-D float operands of one dtype");
     };
     let mut inputs: SmallVec<[&Storage; 4]> = SmallVec::new();
@@ -116,7 +116,7 @@ pub(super) fn run(
         // step.
         None => {
             let mut buf = Some(product);
-            Ok(Some((crate::gemm::matmul_with(a, b, &mut |_, _| buf.take()), SmallVec::new())))
+            Ok(Some((crate::gemm::matmul_with(exe.isa, a, b, &mut |_, _| buf.take()), SmallVec::new())))
         }
     }
 }

@@ -135,7 +135,12 @@ pub(super) fn pair_products(steps: &mut [Step], g: &Graph, min_work: usize) {
 /// `a[0]·b[0]` and `a[1]·b[1]` on two threads of the pool, each product
 /// on one (as on one thread), outputs from `pool`; `None` when the pool
 /// has one thread.
-pub(super) fn run_pair(a: [&Storage; 2], b: [&Storage; 2], pool: &mut BufPool) -> Option<[Storage; 2]> {
+pub(super) fn run_pair(
+    isa: tracejit_kernels::Isa,
+    a: [&Storage; 2],
+    b: [&Storage; 2],
+    pool: &mut BufPool,
+) -> Option<[Storage; 2]> {
     let threads = crate::threads::pool()?;
     let mut out_buf = |t: usize| {
         let (sa, sb) = (a[t].shape(), b[t].shape());
@@ -145,7 +150,7 @@ pub(super) fn run_pair(a: [&Storage; 2], b: [&Storage; 2], pool: &mut BufPool) -
     let outs: [Mutex<Option<Storage>>; 2] = Default::default();
     threads.run(2, &|t| {
         let mut buf = bufs[t].lock().unwrap_or_else(|e| e.into_inner()).take();
-        let r = crate::threads::serial(|| crate::gemm::matmul_with(a[t], b[t], &mut |_, _| buf.take()));
+        let r = crate::threads::serial(|| crate::gemm::matmul_with(isa, a[t], b[t], &mut |_, _| buf.take()));
         *outs[t].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
     });
     let [x, y] = outs.map(|o| o.into_inner().unwrap_or_else(|e| e.into_inner()).expect("both products ran"));

@@ -31,7 +31,7 @@ pub(crate) struct Schedule {
     /// Column regions: reduce node -> accumulator slot.
     pub(super) acc: HashMap<LNodeId, ScratchId>,
     /// f32 `exp`/`tanh`/`sigmoid` nodes computed by a vector chunk
-    /// function ([`crate::chunkmath`]) instead of in-line, in node order.
+    /// function ([`crate::chunks`]) instead of in-line, in node order.
     pub staged: Vec<Staged>,
     /// Elements per chunk of a staged kernel (scratch buffers hold one
     /// chunk, not a row); 0 when nothing is staged.
@@ -68,7 +68,7 @@ pub(super) fn stageable(an: &Analysis, opts: &JitOptions) -> Vec<(LNodeId, Unary
         .iter()
         .filter_map(|(i, n)| {
             let LOp::Unary(op) = n.op else { return None };
-            (n.dtype == DType::F32 && n.varying && crate::chunkmath::chunk_fn(op, opts).is_some()).then_some((i, op))
+            (n.dtype == DType::F32 && n.varying && crate::chunks::chunk_fn(op, opts).is_some()).then_some((i, op))
         })
         .collect()
 }

@@ -6,9 +6,9 @@
 //! On this machine the same tanh recipe runs 1.04 ns/element with 128-bit
 //! code and 0.55 with 256-bit code. A kernel therefore stores the argument
 //! of such a function into a scratch chunk, calls one of these, and reads
-//! the results back (see `kernel.rs`, "staged" nodes).
+//! the results back (see `tracejit-jit`'s `kernel.rs`, "staged" nodes).
 //!
-//! The recipes are exactly those of [`crate::math`] (the constants of
+//! The recipes are exactly those of the JIT's in-line code (the constants of
 //! [`crate::fastmath`], same operation order, same FMAs, Estrin's scheme for
 //! exp's polynomial), so a staged kernel computes the same bits as the
 //! in-kernel code and as `fastmath`, and the documented ULP bounds hold for
@@ -16,46 +16,47 @@
 //! fill a vector is padded, computed as a vector and copied back.
 //!
 //! Each recipe is written once over [`lanes::Lanes`] and compiled twice:
-//! 16 lanes where the CPU has AVX-512F and [`JitOptions::avx512`] is on
+//! 16 lanes where the CPU has AVX-512F and the caller's [`Isa`] allows it
 //! (W3's row softmax ran 1.5x faster than with 8 lanes on a Zen 4: the
 //! 8-lane code spills registers and re-loads its constants, 32 registers
 //! hold them all), else 8 lanes with AVX2 + FMA. Both compute the same
 //! bits. Other x86_64 CPUs and other architectures compute everything
 //! in-line.
 
-use tracejit_ir::tensor::UnaryOp;
-
-use crate::options::JitOptions;
+use crate::{Isa, Width};
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod lanes;
+pub mod lanes;
+#[cfg(target_arch = "x86_64")]
+pub use lanes::Lanes;
 
 /// A chunk function: `p[i] = f(p[i])` for `i < n`.
-pub(crate) type ChunkFn = unsafe extern "C" fn(*mut f32, i64);
+pub type ChunkFn = unsafe extern "C" fn(*mut f32, i64);
 
-/// Which vector width this CPU offers the chunk code under `opts`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Width {
-    /// AVX-512F, 16 lanes.
-    W16,
-    /// AVX2 + FMA, 8 lanes.
-    W8,
+/// The functions with vector chunk code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MathFn {
+    /// `e^x` ([`crate::fastmath::exp`]).
+    Exp,
+    /// `tanh(x)` ([`crate::fastmath::tanh`]).
+    Tanh,
+    /// `1 / (1 + e^-x)` ([`crate::fastmath::sigmoid`]).
+    Sigmoid,
 }
 
-/// The widest vector code `opts` allows on this CPU, if any.
-pub(crate) fn width(opts: &JitOptions) -> Option<Width> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        if opts.avx512 && has!("avx512f") {
-            return Some(Width::W16);
-        }
-        if has!("avx2") && has!("fma") {
-            return Some(Width::W8);
+impl MathFn {
+    /// Every function, in table order.
+    pub const ALL: [MathFn; 3] = [MathFn::Exp, MathFn::Tanh, MathFn::Sigmoid];
+
+    /// The scalar form ([`crate::fastmath`]), which the chunks match bit
+    /// for bit.
+    pub fn scalar(self) -> fn(f32) -> f32 {
+        match self {
+            MathFn::Exp => crate::fastmath::exp,
+            MathFn::Tanh => crate::fastmath::tanh,
+            MathFn::Sigmoid => crate::fastmath::sigmoid,
         }
     }
-    let _ = opts;
-    None
 }
 
 /// The exp, tanh and sigmoid chunk functions of width `w`, with their
@@ -76,59 +77,33 @@ fn table(w: Width) -> [(&'static str, ChunkFn); 3] {
     }
 }
 
-/// The chunk function for `op` on this CPU under `opts`, with its symbol
-/// name.
-pub(crate) fn chunk_fn(op: UnaryOp, opts: &JitOptions) -> Option<(&'static str, ChunkFn)> {
+/// The chunk function for `f` on this CPU under `isa`, with its symbol
+/// name; `None` where the CPU has neither AVX2 + FMA nor AVX-512F.
+pub fn chunk_fn(f: MathFn, isa: Isa) -> Option<(&'static str, ChunkFn)> {
     #[cfg(target_arch = "x86_64")]
     {
-        let f = table(width(opts)?);
-        match op {
-            UnaryOp::Exp => Some(f[0]),
-            UnaryOp::Tanh => Some(f[1]),
-            UnaryOp::Sigmoid => Some(f[2]),
-            // No vector version: computed in-line or by a helper.
-            UnaryOp::Neg
-            | UnaryOp::Abs
-            | UnaryOp::Sign
-            | UnaryOp::Expm1
-            | UnaryOp::Log
-            | UnaryOp::Log1p
-            | UnaryOp::Sqrt
-            | UnaryOp::Rsqrt
-            | UnaryOp::Square
-            | UnaryOp::Reciprocal
-            | UnaryOp::Relu
-            | UnaryOp::Erf
-            | UnaryOp::Sin
-            | UnaryOp::Cos
-            | UnaryOp::Sinh
-            | UnaryOp::Cosh
-            | UnaryOp::Softplus
-            | UnaryOp::Floor
-            | UnaryOp::Ceil
-            | UnaryOp::Round
-            | UnaryOp::LogicalNot
-            | UnaryOp::IsNan
-            | UnaryOp::IsFinite => None,
-        }
+        let t = table(isa.width()?);
+        Some(match f {
+            MathFn::Exp => t[0],
+            MathFn::Tanh => t[1],
+            MathFn::Sigmoid => t[2],
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (op, opts);
+        let _ = (f, isa);
         None
     }
 }
 
 /// Every chunk function this CPU has, at each width it has: (symbol name,
 /// address), for the JIT's symbol table.
-pub(crate) fn symbols() -> Vec<(&'static str, *const u8)> {
+pub fn symbols() -> Vec<(&'static str, *const u8)> {
     #[cfg(target_arch = "x86_64")]
     {
-        let mut widths: Vec<Width> = [JitOptions::default(), JitOptions { avx512: false, ..JitOptions::default() }]
-            .iter()
-            .filter_map(width)
-            .collect();
-        // Without AVX-512F both options give 8 lanes.
+        let mut widths: Vec<Width> =
+            [Isa::native(), Isa::native().with_avx512(false)].iter().filter_map(|i| i.width()).collect();
+        // Without AVX-512F both give 8 lanes.
         widths.dedup();
         widths.into_iter().flat_map(table).map(|(name, f)| (name, f as *const u8)).collect()
     }
@@ -138,7 +113,7 @@ pub(crate) fn symbols() -> Vec<(&'static str, *const u8)> {
 
 /// The recipes, generic over the vector width.
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod recipes {
+pub mod recipes {
     use super::lanes::Lanes;
     use crate::fastmath::{
         EXP_MAX, EXP_MIN, EXP_NEG_LN2_HI, EXP_NEG_LN2_LO, EXP_POLY, ROUND_MAGIC, ROUND_MAGIC_BITS, TANH_CLAMP, TANH_P,
@@ -158,7 +133,7 @@ pub(crate) mod recipes {
     /// # Safety
     /// The features of `V` are enabled in the caller.
     #[inline(always)]
-    pub(crate) unsafe fn exp<V: Lanes>(x: V) -> V {
+    pub unsafe fn exp<V: Lanes>(x: V) -> V {
         // SAFETY: the caller's features.
         unsafe {
             let k = |c: f32| V::splat(c);
@@ -216,7 +191,7 @@ pub(crate) mod recipes {
 
     /// One of the recipes, as a type: a closure would be compiled without
     /// the entry point's target features and stay an out-of-line call.
-    pub(crate) trait Recipe {
+    pub trait Recipe {
         /// The recipe at width `V`.
         ///
         /// # Safety
@@ -224,11 +199,11 @@ pub(crate) mod recipes {
         unsafe fn at<V: Lanes>(x: V) -> V;
     }
     /// [`exp`].
-    pub(crate) struct Exp;
+    pub struct Exp;
     /// [`tanh`].
-    pub(crate) struct Tanh;
+    pub struct Tanh;
     /// [`sigmoid`].
-    pub(crate) struct Sigmoid;
+    pub struct Sigmoid;
     impl Recipe for Exp {
         #[inline(always)]
         unsafe fn at<V: Lanes>(x: V) -> V {
@@ -258,7 +233,7 @@ pub(crate) mod recipes {
     /// `p` addresses `n` writable f32 values; the features of `V` are
     /// enabled in the caller.
     #[inline(always)]
-    pub(crate) unsafe fn apply<V: Lanes, R: Recipe>(p: *mut f32, n: i64) {
+    pub unsafe fn apply<V: Lanes, R: Recipe>(p: *mut f32, n: i64) {
         let n = usize::try_from(n).unwrap_or(0);
         let mut i = 0;
         // SAFETY: forwarded from the caller.
@@ -282,7 +257,8 @@ pub(crate) mod recipes {
 macro_rules! entry_points {
     ($module:ident, $v:ty, $features:literal, $cpu:literal) => {
         #[cfg(target_arch = "x86_64")]
-        pub(crate) mod $module {
+        #[doc = concat!("The chunk functions compiled for ", $cpu, ".")]
+        pub mod $module {
             use super::recipes::{apply, Exp, Sigmoid, Tanh};
             use std::arch::x86_64::*;
 
@@ -294,7 +270,7 @@ macro_rules! entry_points {
     (@one $name:ident, $recipe:ident, $v:ty, $features:literal, $cpu:literal) => {
         #[doc = concat!("In place over `n` f32 values at `p`.\n\n# Safety\n`p` addresses `n` writable f32 values; the CPU has ", $cpu, " ([`super::chunk_fn`] hands it out only then).")]
         #[target_feature(enable = $features)]
-        pub(crate) unsafe extern "C" fn $name(p: *mut f32, n: i64) {
+        pub unsafe extern "C" fn $name(p: *mut f32, n: i64) {
             // SAFETY: forwarded from the caller.
             unsafe { apply::<$v, $recipe>(p, n) }
         }
@@ -312,7 +288,6 @@ mod tests {
     /// length.
     #[test]
     fn both_widths_match_fastmath_bit_for_bit() {
-        use crate::fastmath;
         let mut xs: Vec<f32> = vec![
             f32::NAN,
             0.0,
@@ -337,13 +312,11 @@ mod tests {
             let bits = (s & 0x8000_0000) | (s % 0x4380_0000);
             xs.push(f32::from_bits(bits));
         }
-        type Scalar = fn(f32) -> f32;
-        let scalar: [(UnaryOp, Scalar); 3] =
-            [(UnaryOp::Exp, fastmath::exp), (UnaryOp::Tanh, fastmath::tanh), (UnaryOp::Sigmoid, fastmath::sigmoid)];
         for avx512 in [true, false] {
-            let opts = JitOptions { avx512, ..JitOptions::default() };
-            for (op, f) in scalar {
-                let Some((name, chunk)) = chunk_fn(op, &opts) else { return };
+            let isa = Isa::native().with_avx512(avx512);
+            for op in MathFn::ALL {
+                let f = op.scalar();
+                let Some((name, chunk)) = chunk_fn(op, isa) else { return };
                 for len in [0, 1, 3, 5, 8, 15, 16, 17, 31, 1023] {
                     for part in xs.chunks(len.max(1)).take(if len == 0 { 1 } else { 40 }) {
                         let mut v = part[..len.min(part.len())].to_vec();
@@ -367,18 +340,18 @@ mod tests {
     #[test]
     fn chunks_handle_tails_and_specials() {
         for avx512 in [true, false] {
-            let opts = JitOptions { avx512, ..JitOptions::default() };
-            for op in [UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Sigmoid] {
-                let Some((_, f)) = chunk_fn(op, &opts) else { return };
+            let isa = Isa::native().with_avx512(avx512);
+            for op in MathFn::ALL {
+                let Some((_, f)) = chunk_fn(op, isa) else { return };
                 let mut v: Vec<f32> =
                     vec![f32::NAN, 0.0, -0.0, 1.0, -1.0, 100.0, -100.0, f32::INFINITY, f32::NEG_INFINITY, 0.5, 3.0];
                 let want: Vec<f64> = v
                     .iter()
                     .map(|&x| {
                         let x = f64::from(x);
-                        let y = if op == UnaryOp::Exp {
+                        let y = if op == MathFn::Exp {
                             x.exp()
-                        } else if op == UnaryOp::Tanh {
+                        } else if op == MathFn::Tanh {
                             x.tanh()
                         } else {
                             1.0 / (1.0 + (-x).exp())

@@ -3,18 +3,19 @@
 //! kernels), and the constants every form of it shares.
 //!
 //! Three places compute these functions: the JIT's in-line Cranelift code
-//! (the `math` module, scalar and `f32x4`), the AVX-512 and AVX2 chunk
-//! functions of staged kernels (`chunkmath`), and the functions here. All
+//! (`tracejit-jit`'s `math` module, scalar and `f32x4`), the AVX-512 and
+//! AVX2 chunk functions of staged kernels ([`crate::simd`]), and the
+//! functions here. All
 //! three follow one recipe operation for operation, with the constants
 //! below declared once, and every multiply-add fused (one rounding, whether
 //! it is an FMA instruction, Cranelift's `fma` or [`f32::mul_add`]), so they
 //! compute the same bits for every input; only the sign and payload of a
 //! NaN result may differ (any NaN stands for NaN, as in the rest of the
-//! JIT). `tests/kernels/agreement.rs` checks this over a sweep of every binade and
+//! JIT). `tracejit-jit`'s `tests/kernels/agreement.rs` checks this over a sweep of every binade and
 //! the special values; the error bounds in the crate documentation (the ULP
 //! table) therefore hold for all three.
 //!
-//! The recipes (see the `math` module for the reasoning):
+//! The recipes (see `tracejit-jit`'s `math` module for the reasoning):
 //! - `exp`: Cephes `expf`: clamp to `[-104, 89]`, `n = round(x·log2 e)` by
 //!   the `1.5·2^23` trick, Cody-Waite reduction `r = x − n·ln2_hi − n·ln2_lo`,
 //!   a degree-5 polynomial by Estrin's scheme, and scaling by `2^n` in two
@@ -26,12 +27,13 @@
 //!
 //! [`exp_in_place`], [`tanh_in_place`] and [`sigmoid_in_place`] run the
 //! vector chunk functions when the CPU has AVX-512F or AVX2 and FMA
-//! (the width [`crate::JitOptions::global`] allows), and the scalar
+//! (the width the caller's [`Isa`] allows; [`Isa::native`] for the forms
+//! without `_with`), and the scalar
 //! functions otherwise (slower where `mul_add` has no FMA instruction under
 //! it, never different).
 //!
 //! ```
-//! use tracejit_jit::fastmath;
+//! use tracejit_kernels::fastmath;
 //!
 //! let mut v = [0.0f32, 1.0, -1.0, f32::INFINITY];
 //! fastmath::exp_in_place(&mut v);
@@ -39,35 +41,35 @@
 //! assert!((fastmath::exp(1.0) - std::f32::consts::E).abs() <= f32::EPSILON * 3.0);
 //! ```
 
-use tracejit_ir::tensor::UnaryOp;
+use crate::simd::MathFn;
+use crate::Isa;
 
 /// `exp`'s input clamp: below it the f32 result is 0 (or rounds to 0),
 /// above it `inf`, so clamping changes no result and keeps `n` in range.
-pub(crate) const EXP_MIN: f32 = -104.0;
+pub const EXP_MIN: f32 = -104.0;
 /// See [`EXP_MIN`].
-pub(crate) const EXP_MAX: f32 = 89.0;
+pub const EXP_MAX: f32 = 89.0;
 /// `1.5·2^23`: adding it rounds a float of magnitude below `2^22` to an
 /// integer held in the low mantissa bits.
-pub(crate) const ROUND_MAGIC: f32 = 12_582_912.0;
+pub const ROUND_MAGIC: f32 = 12_582_912.0;
 /// The bit pattern of [`ROUND_MAGIC`]: `bits(x + magic) - this` is the
 /// rounded integer, without a float-to-int conversion.
-pub(crate) const ROUND_MAGIC_BITS: i32 = 0x4b40_0000;
+pub const ROUND_MAGIC_BITS: i32 = 0x4b40_0000;
 /// `-ln 2` split in two (Cody-Waite): the high part has few mantissa bits,
 /// so `n · hi` is exact for the `n` that occur.
-pub(crate) const EXP_NEG_LN2_HI: f32 = -0.693_359_4;
+pub const EXP_NEG_LN2_HI: f32 = -0.693_359_4;
 /// The rest of `-ln 2`.
-pub(crate) const EXP_NEG_LN2_LO: f32 = 2.121_944_4e-4;
+pub const EXP_NEG_LN2_LO: f32 = 2.121_944_4e-4;
 /// `exp`'s polynomial `p(r)` (Cephes `expf`), highest degree first:
 /// `exp(r) ≈ 1 + r + r²·p(r)`.
-pub(crate) const EXP_POLY: [f32; 6] =
-    [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+pub const EXP_POLY: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
 /// `tanh`'s input clamp, where Eigen's FMA variant reaches `±1`.
-pub(crate) const TANH_CLAMP: f32 = 8.017_734;
+pub const TANH_CLAMP: f32 = 8.017_734;
 /// `tanh`'s numerator in `x²`, highest degree first:
 /// `tanh(x) ≈ (x + x³·P(x²)) / Q(x²)`.
-pub(crate) const TANH_P: [f32; 4] = [1.394_553_6e-8, 2.102_733_6e-5, 3.520_756_7e-3, 1.340_216_1e-1];
+pub const TANH_P: [f32; 4] = [1.394_553_6e-8, 2.102_733_6e-5, 3.520_756_7e-3, 1.340_216_1e-1];
 /// `tanh`'s denominator in `x²`, highest degree first.
-pub(crate) const TANH_Q: [f32; 5] = [8.015_777e-7, 3.326_951_4e-4, 2.597_254_5e-2, 4.673_548_3e-1, 1.0];
+pub const TANH_Q: [f32; 5] = [8.015_777e-7, 3.326_951_4e-4, 2.597_254_5e-2, 4.673_548_3e-1, 1.0];
 
 /// `x < lo ? lo : x`, then `hi < y ? hi : y`: NaN stays NaN (the
 /// `maxps`/`minps` pattern of the vector forms).
@@ -131,61 +133,62 @@ pub fn sigmoid(x: f32) -> f32 {
     num / (1.0 + e)
 }
 
-/// `v[i] = exp(v[i])` for every element.
+/// `v[i] = exp(v[i])` for every element, with the widest vector code this
+/// CPU has ([`exp_in_place_with`] to choose).
 pub fn exp_in_place(v: &mut [f32]) {
-    apply(v, UnaryOp::Exp, exp);
+    exp_in_place_with(v, Isa::native());
 }
 
-/// `v[i] = tanh(v[i])` for every element.
+/// `v[i] = tanh(v[i])` for every element ([`tanh_in_place_with`] to choose
+/// the vector code).
 pub fn tanh_in_place(v: &mut [f32]) {
-    apply(v, UnaryOp::Tanh, tanh);
+    tanh_in_place_with(v, Isa::native());
 }
 
-/// `v[i] = sigmoid(v[i])` for every element.
+/// `v[i] = sigmoid(v[i])` for every element ([`sigmoid_in_place_with`] to
+/// choose the vector code).
 pub fn sigmoid_in_place(v: &mut [f32]) {
-    apply(v, UnaryOp::Sigmoid, sigmoid);
+    sigmoid_in_place_with(v, Isa::native());
 }
 
-/// `y = exp(x - max(x)) / sum(exp(x - max(x)))` over one row: the JIT's
-/// own row softmax (the hand-written vector kernel its f32 softmax regions
-/// run, where the CPU has AVX-512F or AVX2 and FMA; else the same steps in scalar
-/// code). `exp` is [`exp`]; the max is the first NaN if any, else the
-/// largest value; the last step multiplies by the sum's reciprocal when it
-/// is a normal number, else divides.
+/// [`exp_in_place`] with the vector code `isa` allows (the same bits at
+/// every width).
+pub fn exp_in_place_with(v: &mut [f32], isa: Isa) {
+    apply(v, MathFn::Exp, isa);
+}
+
+/// [`tanh_in_place`] with the vector code `isa` allows.
+pub fn tanh_in_place_with(v: &mut [f32], isa: Isa) {
+    apply(v, MathFn::Tanh, isa);
+}
+
+/// [`sigmoid_in_place`] with the vector code `isa` allows.
+pub fn sigmoid_in_place_with(v: &mut [f32], isa: Isa) {
+    apply(v, MathFn::Sigmoid, isa);
+}
+
+/// `y = exp(x - max(x)) / sum(exp(x - max(x)))` over one row, with the
+/// widest vector code this CPU has: [`crate::softmax::row`].
 ///
 /// ```
 /// let x = [1.0f32, 2.0, 3.0];
 /// let mut y = [0.0f32; 3];
-/// tracejit_jit::fastmath::softmax_row(&x, &mut y);
+/// tracejit_kernels::fastmath::softmax_row(&x, &mut y);
 /// assert!((y.iter().sum::<f32>() - 1.0).abs() < 1e-6 && y[2] > y[1]);
 /// ```
 ///
 /// # Panics
 /// If `x` and `y` differ in length.
 pub fn softmax_row(x: &[f32], y: &mut [f32]) {
-    if crate::native::softmax_row(x, y) || x.is_empty() {
-        return;
-    }
-    let m = x.iter().fold(f32::NEG_INFINITY, |m, &v| if m.is_nan() || m >= v { m } else { v });
-    let mut s = 0.0f32;
-    for (o, &v) in y.iter_mut().zip(x) {
-        *o = exp(v - m);
-        s += *o;
-    }
-    if s.abs() >= f32::MIN_POSITIVE && s.abs() <= 2f32.powi(126) {
-        let r = 1.0 / s;
-        y.iter_mut().for_each(|v| *v *= r);
-    } else {
-        y.iter_mut().for_each(|v| *v /= s);
-    }
+    crate::softmax::row(x, y, Isa::native());
 }
 
-fn apply(v: &mut [f32], op: UnaryOp, scalar: fn(f32) -> f32) {
-    match crate::chunkmath::chunk_fn(op, &crate::options::JitOptions::global()) {
+fn apply(v: &mut [f32], f: MathFn, isa: Isa) {
+    match crate::simd::chunk_fn(f, isa) {
         // SAFETY: `v` holds `v.len()` writable f32 values, and `chunk_fn`
         // hands out a function only when the CPU has the features it needs.
         Some((_, chunk)) => unsafe { chunk(v.as_mut_ptr(), v.len() as i64) },
-        None => v.iter_mut().for_each(|x| *x = scalar(*x)),
+        None => v.iter_mut().for_each(|x| *x = f.scalar()(*x)),
     }
 }
 

@@ -18,11 +18,11 @@
 //! `[n, k]`) is copied column-major first where the crate's packing of it
 //! is slow ([`Product::repacks`]).
 //!
-//! `JitOptions::avx512` off (`TRACEJIT_JIT_AVX512=0`) keeps every product
+//! An [`Isa`] without AVX-512 (`JitOptions::avx512` off, `TRACEJIT_JIT_AVX512=0`) keeps every product
 //! at 8 lanes. CPUs without AVX2 + FMA go through `gemm::gemm` unchanged.
 
 use super::transpose;
-use crate::options::JitOptions;
+use crate::Isa;
 
 /// Which microkernels a product runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,9 +159,9 @@ impl Product<f32> {
     ///
     /// # Safety
     /// As [`Product::run_crate`].
-    pub(crate) unsafe fn run(self) {
+    pub(crate) unsafe fn run(self, isa: Isa) {
         // SAFETY: forwarded.
-        unsafe { self.run_with(None) }
+        unsafe { self.run_with(None, isa) }
     }
 
     /// [`Product::run`] with the kernel set forced (`Some`, for tests; a
@@ -169,7 +169,7 @@ impl Product<f32> {
     ///
     /// # Safety
     /// As [`Product::run_crate`].
-    pub(crate) unsafe fn run_with(self, force: Option<Kernels>) {
+    pub(crate) unsafe fn run_with(self, force: Option<Kernels>, isa: Isa) {
         let p = self.canonical();
         if force != Some(Kernels::Crate) && p.repacks() {
             let mut p = p;
@@ -187,18 +187,18 @@ impl Product<f32> {
                     (p.lhs, p.lhs_rs, p.lhs_cs) = (scratch.as_ptr(), 1, p.m as isize);
                     // SAFETY: as the caller's product, with the lhs copied;
                     // still canonical.
-                    unsafe { p.drive(force) };
+                    unsafe { p.drive(force, isa) };
                     if lines.len() * 16 > KEEP_SCRATCH {
                         *lines = Vec::new();
                     }
                 }
                 // A product inside a product (never, today): no repacking.
                 // SAFETY: forwarded.
-                Err(_) => unsafe { p.drive(force) },
+                Err(_) => unsafe { p.drive(force, isa) },
             });
         }
         // SAFETY: forwarded.
-        unsafe { p.drive(force) }
+        unsafe { p.drive(force, isa) }
     }
 
     /// Whether the canonical lhs is copied column-major before the call.
@@ -232,7 +232,7 @@ impl Product<f32> {
     ///
     /// # Safety
     /// As [`Product::run_crate`], and `self` canonical.
-    unsafe fn drive(self, force: Option<Kernels>) {
+    unsafe fn drive(self, force: Option<Kernels>, isa: Isa) {
         let p = self;
         let Product { m, n, k, dst, dst_cs, dst_rs, read_dst, lhs, lhs_cs, lhs_rs, rhs, rhs_cs, rhs_rs, alpha, beta } =
             p;
@@ -285,7 +285,7 @@ impl Product<f32> {
                     return;
                 }};
             }
-            if want == Kernels::Wide && (force.is_some() || JitOptions::global().avx512) {
+            if want == Kernels::Wide && (force.is_some() || isa.avx512_allowed()) {
                 if let Some(simd) = <V4 as MixedSimd<f32, f32, f32, f32>>::try_new() {
                     drive!(simd, avx512f, 16);
                 }
@@ -384,7 +384,7 @@ mod tests {
                                 alpha: if acc { 1.0 } else { 0.0 },
                                 beta: 1.0,
                             }
-                            .run_with(Some(force))
+                            .run_with(Some(force), Isa::native())
                         };
                         for i in 0..m {
                             for j in 0..n {

@@ -3,10 +3,10 @@
 //!
 //! What runs on the pool: fused region kernels whose estimated work is
 //! large (split by rows, by element ranges, or — column reductions — by
-//! columns; see [`crate::CompiledRegion`]), f32/f64 matrix products past
+//! columns; see `tracejit_jit::CompiledRegion`), f32/f64 matrix products past
 //! a size (in output blocks fixed by the sizes, [`run_gemm_blocks`]), and
 //! two independent products of that size close together in a schedule,
-//! side by side, each whole on one thread (see `crate::Executable`). Everything
+//! side by side, each whole on one thread (see `tracejit_jit::Executable`). Everything
 //! else — reference kernels, eager ops, small kernels — runs on the
 //! calling thread, which is why a call of a few small kernels (W1) never
 //! pays for the pool.
@@ -36,7 +36,7 @@
 
 mod pool;
 
-pub(crate) use pool::Pool;
+pub use pool::Pool;
 
 use std::cell::Cell;
 use std::ops::Range;
@@ -61,7 +61,7 @@ static NUM_THREADS: AtomicUsize = AtomicUsize::new(0);
 /// thread. Results are bit-identical for every count.
 ///
 /// ```
-/// use tracejit_jit::threads::{num_threads, set_num_threads};
+/// use tracejit_kernels::threads::{num_threads, set_num_threads};
 ///
 /// set_num_threads(2);
 /// assert_eq!(num_threads(), 2);
@@ -80,7 +80,7 @@ pub fn set_num_threads(n: usize) {
 /// (`TRACEJIT_NUM_THREADS` if set, else the cores available).
 ///
 /// ```
-/// assert!(tracejit_jit::threads::num_threads() >= 1);
+/// assert!(tracejit_kernels::threads::num_threads() >= 1);
 /// ```
 pub fn num_threads() -> usize {
     match NUM_THREADS.load(Ordering::Relaxed) {
@@ -132,7 +132,7 @@ pub const MAX_THREADS: usize = 1024;
 /// names the variable, the value and what was expected.
 ///
 /// ```
-/// use tracejit_jit::threads::parse_num_threads;
+/// use tracejit_kernels::threads::parse_num_threads;
 ///
 /// assert_eq!(parse_num_threads(" 3 "), Ok(3));
 /// let e = parse_num_threads("two").unwrap_err();
@@ -174,7 +174,7 @@ thread_local! {
 /// `None` inside, so kernels and products run as on one thread (with the
 /// same bits). For tasks that are themselves one of several running in
 /// parallel.
-pub(crate) fn serial<R>(f: impl FnOnce() -> R) -> R {
+pub fn serial<R>(f: impl FnOnce() -> R) -> R {
     struct Restore(bool);
     impl Drop for Restore {
         fn drop(&mut self) {
@@ -188,7 +188,7 @@ pub(crate) fn serial<R>(f: impl FnOnce() -> R) -> R {
 /// The pool for the current count, or `None` when the count is 1, inside
 /// [`serial`], or when the pool cannot be built (the work then runs on
 /// the calling thread).
-pub(crate) fn pool() -> Option<Arc<Pool>> {
+pub fn pool() -> Option<Arc<Pool>> {
     let n = num_threads();
     if n <= 1 || SERIAL.with(Cell::get) {
         return None;
@@ -231,7 +231,7 @@ pub(crate) fn pool() -> Option<Arc<Pool>> {
 ///
 /// ```
 /// use std::sync::Mutex;
-/// use tracejit_jit::threads::run_gemm_blocks;
+/// use tracejit_kernels::threads::run_gemm_blocks;
 ///
 /// let seen = Mutex::new(vec![0u8; 64 * 4096]);
 /// run_gemm_blocks(64, 4096, 512, &|rows, cols| {
@@ -327,7 +327,7 @@ pub const GEMM_ROUND: usize = 16;
 /// [`SMALL_GRANULE`] wide. A function of the sizes only.
 ///
 /// ```
-/// use tracejit_jit::threads::gemm_blocks;
+/// use tracejit_kernels::threads::gemm_blocks;
 ///
 /// let b = gemm_blocks(64, 512, 784); // W5's first layer
 /// assert!(!b.by_rows && b.count == 4 && b.size == 128 && b.same_as_whole);
@@ -384,7 +384,7 @@ pub const EPILOGUE_RHS: usize = 1 << 15;
 /// the sizes only.
 ///
 /// ```
-/// use tracejit_jit::threads::epilogue_rows;
+/// use tracejit_kernels::threads::epilogue_rows;
 ///
 /// assert_eq!(epilogue_rows(32, 128, 128), Some(16)); // W8's step
 /// assert_eq!(epilogue_rows(64, 512, 784), None); // W5: wide b, deep

@@ -103,14 +103,14 @@ struct Slot {
 
 /// A pool of worker threads and the thread count it serves (its workers
 /// and the calling thread).
-pub(crate) struct Pool {
+pub struct Pool {
     threads: usize,
     board: Arc<Board>,
 }
 
 impl Pool {
     /// Starts `threads - 1` workers.
-    pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
+    pub fn new(threads: usize) -> std::io::Result<Pool> {
         let board = Arc::new(Board {
             posted: AtomicU64::new(0),
             slot: Mutex::new(Slot { job: None, parked: 0 }),
@@ -127,7 +127,7 @@ impl Pool {
     }
 
     /// Threads the pool serves (its workers and the caller).
-    pub(crate) fn threads(&self) -> usize {
+    pub fn threads(&self) -> usize {
         self.threads
     }
 
@@ -139,7 +139,7 @@ impl Pool {
     /// a worker that has not started: a worker that comes after the tasks
     /// are gone returns without touching `f`, so a late worker costs
     /// nothing but its wake-up.
-    pub(crate) fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+    pub fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         super::DISPATCHES.with(|d| d.set(d.get() + 1));
         // SAFETY: the lifetime is erased only to hand `f` to workers that
         // outlive this call; `Job::enter` lets a worker use `f` only while

@@ -6,7 +6,7 @@
 //!
 //! The methods are `#[inline(always)]` without target features of their
 //! own: they compile into the `#[target_feature]` entry points that use
-//! them (`chunkmath::avx2`, `chunkmath::avx512`, `native`), which is where
+//! them (`simd::avx2`, `simd::avx512`, `softmax`), which is where
 //! the intrinsics become instructions.
 
 use std::arch::x86_64::*;
@@ -17,16 +17,25 @@ use std::arch::x86_64::*;
 /// Every method needs the CPU features of its width (AVX2 + FMA, or
 /// AVX-512F) enabled in the function it is inlined into; `load`/`store`
 /// need `LANES` readable/writable f32 values at the pointer.
-pub(crate) trait Lanes: Copy {
+#[expect(clippy::missing_safety_doc, reason = "the trait's Safety section covers every method")]
+pub trait Lanes: Copy {
     /// f32 values per vector.
     const LANES: usize;
+    /// Every lane `x`.
     unsafe fn splat(x: f32) -> Self;
+    /// Every lane 0.
     unsafe fn zero() -> Self;
+    /// `LANES` values from `p` (unaligned).
     unsafe fn load(p: *const f32) -> Self;
+    /// Writes the lanes to `p` (unaligned).
     unsafe fn store(self, p: *mut f32);
+    /// `self + b` per lane.
     unsafe fn add(self, b: Self) -> Self;
+    /// `self - b` per lane.
     unsafe fn sub(self, b: Self) -> Self;
+    /// `self * b` per lane.
     unsafe fn mul(self, b: Self) -> Self;
+    /// `self / b` per lane.
     unsafe fn div(self, b: Self) -> Self;
     /// `vminps self, b`: `b` when either is NaN.
     unsafe fn min(self, b: Self) -> Self;

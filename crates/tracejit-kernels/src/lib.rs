@@ -1,0 +1,41 @@
+//! tracejit-kernels: the pure-Rust compute kernels of tracejit, with no
+//! dependency on the graph IR or the code generator, so that both the JIT
+//! (`tracejit-jit`) and the composite ops (`tracejit-nn`) sit on top of it
+//! and neither reaches into the other (Cranelift keeps runtime helpers out
+//! of `cranelift-codegen` the same way).
+//!
+//! What lives here:
+//! - [`fastmath`]: tracejit's f32 `exp`, `tanh` and `sigmoid`
+//!   approximations, scalar and over slices, with the constants every form
+//!   of them (including the JIT's in-line Cranelift code) shares;
+//! - [`simd`]: the same recipes written once over a [`simd::Lanes`] vector
+//!   trait and compiled at 8 (AVX2 + FMA) and 16 (AVX-512F) lanes, as
+//!   `extern "C"` chunk functions the JIT's kernels call;
+//! - [`softmax`]: the row softmax in 256- or 512-bit code;
+//! - [`gemm`]: f32/f64 products of strided matrices through the `gemm`
+//!   crate's micro-kernels, chosen per product and cut into output blocks
+//!   over the thread pool;
+//! - [`threads`]: that pool and the process's thread count.
+//!
+//! Every kernel takes an [`Isa`] from its caller instead of reading a
+//! process-wide setting. Kernels whose vector code needs CPU features check
+//! them at run time and fall back to portable code with the same results
+//! (bit for bit for the math lanes, within the documented tolerance for
+//! reductions).
+//!
+//! ```
+//! use tracejit_kernels::{fastmath, Isa};
+//!
+//! let mut v = [0.0f32, 1.0];
+//! fastmath::exp_in_place_with(&mut v, Isa::native());
+//! assert_eq!(v, [1.0, fastmath::exp(1.0)]);
+//! ```
+
+pub mod fastmath;
+pub mod gemm;
+mod isa;
+pub mod simd;
+pub mod softmax;
+pub mod threads;
+
+pub use isa::{Isa, Width};
