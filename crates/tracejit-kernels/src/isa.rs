@@ -52,6 +52,30 @@ impl Isa {
         self.avx512
     }
 
+    /// Whether 512-bit bf16 dot products (`vdpbf16ps`, AVX-512 BF16) may
+    /// run: allowed and present.
+    pub fn has_avx512_bf16(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            self.avx512 && has!("avx512f") && has!("avx512bw") && has!("avx512bf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// Whether 512-bit int8 dot products (`vpdpbusd`, AVX-512 VNNI) may
+    /// run: allowed and present.
+    pub fn has_avx512_vnni(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            self.avx512 && has!("avx512f") && has!("avx512bw") && has!("avx512vnni")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
     /// The widest vector code allowed on this CPU, if any: 16 lanes with
     /// AVX-512F (when allowed), else 8 with AVX2 and FMA.
     pub fn width(self) -> Option<Width> {

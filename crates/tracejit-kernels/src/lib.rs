@@ -31,9 +31,15 @@
 //! assert_eq!(v, [1.0, fastmath::exp(1.0)]);
 //! ```
 
+pub mod attention;
+pub mod bf16;
+pub mod conv;
 pub mod fastmath;
 pub mod gemm;
+pub mod int8;
 mod isa;
+pub mod philox;
+pub mod pool2d;
 pub mod simd;
 pub mod softmax;
 pub mod threads;
