@@ -68,7 +68,9 @@ fn use_once(i: usize, x: &Tensor) {
     let f = make(i);
     let y = f.call(x.clone()).expect("runs");
     assert_eq!(y.shape(), &[4]);
-    assert!(f.concrete_functions()[0].fallbacks().is_empty());
+    let cf = &f.concrete_functions()[0];
+    assert_eq!(cf.executor_kind(), "jit", "{:?}", cf.jit_error());
+    assert!(cf.fallbacks().is_empty());
 }
 
 #[test]
@@ -84,6 +86,7 @@ fn steady_calls_and_dropped_functions_leave_the_heap_where_it_was() {
     for _ in 0..10 {
         drop(f.call(x.clone()).expect("runs"));
     }
+    assert_eq!(f.concrete_functions()[0].executor_kind(), "jit");
     let before = live();
     for _ in 0..20_000 {
         drop(f.call(x.clone()).expect("runs"));

@@ -117,6 +117,10 @@ fn steady_state<A: Nest + Clone, R: Nest>(
     for _ in 0..3 {
         drop(f.call(args.clone()).unwrap());
     }
+    // What is measured is the JIT's executor, not an interpreter fallback.
+    for cf in f.concrete_functions() {
+        assert_eq!(cf.executor_kind(), "jit", "{:?}", cf.jit_error());
+    }
     let mut ob = 0;
     let ((), bytes, count) = measure(|| {
         for _ in 0..CALLS {

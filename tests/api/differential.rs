@@ -55,6 +55,12 @@ fn check_with(op: OpFn, inputs: Vec<Tensor>, jit_tol: Tol) -> Result<(), TestCas
         let op2 = op.clone();
         let f = function(move |xs: Vec<Tensor>| op2(&xs)).jit(jit);
         let traced = f.call(inputs.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        // The JIT really ran: a graph it could not prepare would fall back
+        // to the interpreter and compare the interpreter with eager again.
+        let cf = &f.concrete_functions()[0];
+        let kind = if jit { "jit" } else { "interpreter" };
+        prop_assert_eq!(cf.executor_kind(), kind, "{:?}", cf.jit_error());
+        prop_assert_eq!(f.cache_stats().jit_failures, 0);
         let (a, b) = (eager.storage().unwrap(), traced.storage().unwrap());
         let tol = if jit { jit_tol } else { Tol::Exact };
         prop_assert!(

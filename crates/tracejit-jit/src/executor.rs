@@ -176,6 +176,9 @@ impl Executable {
 
     /// [`Executable::new`] with explicit code generation options.
     pub fn with_options(graph: &Graph, opts: &JitOptions) -> Result<Executable, JitError> {
+        // A malformed graph is an error here, not a panic in a pass or a
+        // wrong schedule.
+        tracejit_ir::verify(graph)?;
         let mut callees: HashMap<FuncId, Arc<Executable>> = HashMap::new();
         Executable::build(Arc::new(plan_regions(graph)), opts, &mut callees)
     }

@@ -37,6 +37,9 @@ pub struct ConcreteFunction {
     /// The compiled schedule of `optimized`, when the JIT is on and could
     /// prepare it; otherwise the interpreter runs `optimized`.
     pub(crate) executable: Option<tracejit_jit::Executable>,
+    /// Why the JIT could not prepare `optimized`, when it was asked to and
+    /// failed (the interpreter runs it then).
+    pub(crate) jit_error: Option<String>,
     /// `graph` with every call inlined (composites by their primitive
     /// bodies): what a gradient tape differentiates a call of this
     /// function through. Built on first use.
@@ -113,6 +116,14 @@ impl ConcreteFunction {
         } else {
             "interpreter"
         }
+    }
+
+    /// Why the JIT could not prepare this function, when it was on and
+    /// failed: the interpreter runs it instead (also logged as a warning and
+    /// counted in [`crate::CacheStats::jit_failures`]). `None` when the JIT
+    /// runs it or was turned off (`jit(false)`).
+    pub fn jit_error(&self) -> Option<&str> {
+        self.jit_error.as_deref()
     }
 
     /// Ops the JIT executor runs with the reference kernels instead of

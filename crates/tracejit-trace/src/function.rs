@@ -613,7 +613,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
         // A malformed `implements` name failed the call before tracing.
         let attrs = FunctionAttrs { implements: self.config.implements.clone().and_then(Result::ok) };
         let (optimized, report) = self.optimize_graph(&ctx.graph)?;
-        let executable = self.prepare_executable(&optimized);
+        let (executable, jit_error) = self.prepare_executable(&optimized);
         let graph = Arc::new(ctx.graph);
         let n_params = specs.len();
         let cf = Arc::new(ConcreteFunction {
@@ -621,6 +621,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
             optimized: Arc::new(optimized),
             report,
             executable,
+            jit_error,
             graph,
             signature: specs.into_iter().map(|ty| TensorSpec { ty }).collect(),
             statics,

@@ -14,20 +14,28 @@ use crate::{Error, Result};
 
 impl<A: Nest, R: Nest> Function<A, R> {
     /// Compiles the optimized graph for the JIT executor when `jit(true)`.
-    /// A graph the executor cannot prepare runs in the interpreter instead
-    /// (logged): slower, never wrong.
-    pub(super) fn prepare_executable(&self, graph: &Graph) -> Option<tracejit_jit::Executable> {
+    /// A graph the executor cannot prepare runs in the interpreter instead:
+    /// slower, never wrong, and never silent — a `log` warning names the
+    /// reason, [`crate::ConcreteFunction::jit_error`] keeps it and
+    /// [`crate::CacheStats::jit_failures`] counts it.
+    pub(super) fn prepare_executable(
+        &self,
+        graph: &Graph,
+    ) -> (Option<tracejit_jit::Executable>, Option<String>) {
         if !self.config.jit {
-            return None;
+            return (None, None);
         }
         match tracejit_jit::Executable::new(graph) {
-            Ok(exe) => Some(exe),
+            Ok(exe) => (Some(exe), None),
             Err(e) => {
                 log::warn!(
                     "tracejit: `{}` runs in the interpreter: the JIT could not prepare it: {e}",
                     self.config.name
                 );
-                None
+                let mut stats = self.state.stats.lock().unwrap_or_else(|p| p.into_inner());
+                stats.jit_failures += 1;
+                stats.note(format!("the JIT could not prepare a trace ({e}); it runs in the interpreter"));
+                (None, Some(e.to_string()))
             }
         }
     }
@@ -57,5 +65,34 @@ impl<A: Nest, R: Nest> Function<A, R> {
             cx = cx.with_region_acceptor(Arc::new(tracejit_jit::supports));
         }
         Ok((pipeline, cx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracejit_ir::{Graph, NodeId, TensorType, ValueId};
+    use tracejit_tensor::DType;
+
+    use crate::{function, Tensor};
+
+    /// A graph the JIT cannot prepare (its output names a node that does
+    /// not exist) is reported, kept and counted, never silently run by the
+    /// interpreter.
+    #[test]
+    fn a_jit_failure_is_visible() {
+        let f = function(|x: Tensor| x);
+        let mut g = Graph::new("broken");
+        g.add_param(TensorType::known(DType::F32, &[2]));
+        g.outputs.push(ValueId::new(NodeId::from_u32(99), 0));
+        let (exe, err) = f.prepare_executable(&g);
+        assert!(exe.is_none());
+        let err = err.expect("the reason is kept");
+        assert!(err.contains("%99"), "{err}");
+        let stats = f.cache_stats();
+        assert_eq!(stats.jit_failures, 1);
+        assert!(stats.events.iter().any(|e| e.contains("runs in the interpreter")), "{:?}", stats.events);
+        // With the JIT off nothing is attempted, so nothing failed.
+        let (exe, err) = f.clone().jit(false).prepare_executable(&g);
+        assert!(exe.is_none() && err.is_none());
     }
 }

@@ -71,6 +71,9 @@ pub struct CacheStats {
     pub generalized: usize,
     /// Calls run eagerly by [`RetracePolicy::Eager`].
     pub eager_calls: usize,
+    /// Traces the JIT could not prepare, run by the interpreter instead
+    /// ([`crate::ConcreteFunction::jit_error`] says why).
+    pub jit_failures: usize,
     /// The latest decisions (at most [`CacheStats::MAX_EVENTS`]), oldest
     /// first, each with its reason: `evicted the trace for (f32[2]) (least
     /// recently used) to trace argument 0: shape [2] -> [3]`.
