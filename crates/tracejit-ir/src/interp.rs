@@ -52,26 +52,8 @@ pub fn eval_primitive(op: &Op, inputs: &[&Storage]) -> Vec<Storage> {
             Err(e) => panic!("{}: {e}", op.name()),
         };
     }
-    // A kernel is native code with declared output types; a kernel that
-    // breaks its declaration is a bug in that kernel, reported by name.
-    if let Op::Kernel { name, kernel, outputs, .. } = op {
-        let owned: Vec<Storage> = inputs.iter().map(|s| (*s).clone()).collect();
-        let outs = kernel.run(&owned);
-        assert_eq!(
-            outs.len(),
-            outputs.len(),
-            "kernel `{name}` returned {} values, expected {}",
-            outs.len(),
-            outputs.len()
-        );
-        for (i, (x, ty)) in outs.iter().zip(outputs).enumerate() {
-            assert!(
-                ty.accepts(x.dtype(), x.shape()),
-                "kernel `{name}`: output {i} is {}, which does not fit its declared type {ty}",
-                concrete_type(x)
-            );
-        }
-        return outs;
+    if let Op::Kernel { .. } = op {
+        return eval_kernel(op, inputs, tracejit_kernels::Isa::from_env());
     }
     let out = match op {
         Op::Fused { .. } | Op::Kernel { .. } | Op::Cond { .. } | Op::While { .. } => unreachable!("handled above"),
@@ -317,4 +299,28 @@ fn check_concrete(
         }
     }
     Ok((types, got))
+}
+
+/// Runs an [`Op::Kernel`] node's native code on `inputs` with the vector
+/// code `isa` allows, checking its results against the node's declared
+/// output types: a kernel that breaks its declaration is a bug in that
+/// kernel, reported by name (a panic, as any op's misuse).
+///
+/// # Panics
+/// If `op` is not a kernel, or the kernel breaks its declaration.
+pub fn eval_kernel(op: &Op, inputs: &[&Storage], isa: tracejit_kernels::Isa) -> Vec<Storage> {
+    let Op::Kernel { name, kernel, outputs, .. } = op else {
+        panic!("eval_kernel: `{}` is not a kernel", op.name());
+    };
+    let owned: Vec<Storage> = inputs.iter().map(|s| (*s).clone()).collect();
+    let outs = kernel.run(&owned, isa);
+    assert_eq!(outs.len(), outputs.len(), "kernel `{name}` returned {} values, expected {}", outs.len(), outputs.len());
+    for (i, (x, ty)) in outs.iter().zip(outputs).enumerate() {
+        assert!(
+            ty.accepts(x.dtype(), x.shape()),
+            "kernel `{name}`: output {i} is {}, which does not fit its declared type {ty}",
+            concrete_type(x)
+        );
+    }
+    outs
 }

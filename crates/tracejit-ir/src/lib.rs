@@ -37,7 +37,7 @@ pub use graph::{
     FuncId, FunctionAttrs, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,
 };
 pub use infer::{broadcast_dims, check_outputs_allocatable, infer, join_types};
-pub use interp::{eval_primitive, interpret};
+pub use interp::{eval_kernel, eval_primitive, interpret};
 pub use op::{AssignKind, Effects, ExternalKernel, Op};
 pub use op_key::OpKey;
 pub use parser::{ParseError, ParsedVariable};

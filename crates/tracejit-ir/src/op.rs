@@ -22,8 +22,10 @@ use crate::TensorType;
 /// declared type accepts; `eval_primitive` checks that and panics naming the
 /// kernel otherwise.
 pub trait ExternalKernel: Send + Sync + fmt::Debug {
-    /// Runs the kernel on concrete inputs.
-    fn run(&self, inputs: &[Storage]) -> Vec<Storage>;
+    /// Runs the kernel on concrete inputs, with the vector code `isa`
+    /// allows (the JIT passes its options' [`tracejit_kernels::Isa`]; the
+    /// interpreter [`tracejit_kernels::Isa::from_env`]).
+    fn run(&self, inputs: &[Storage], isa: tracejit_kernels::Isa) -> Vec<Storage>;
 }
 
 /// The pattern of the primitive compute ops: stateless, holding no code,

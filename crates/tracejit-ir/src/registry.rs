@@ -166,7 +166,7 @@ mod tests {
     struct Identity;
 
     impl ExternalKernel for Identity {
-        fn run(&self, inputs: &[Storage]) -> Vec<Storage> {
+        fn run(&self, inputs: &[Storage], _isa: tracejit_kernels::Isa) -> Vec<Storage> {
             inputs.to_vec()
         }
     }

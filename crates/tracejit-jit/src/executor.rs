@@ -567,7 +567,8 @@ impl Executable {
                     // Out of range: the reference kernel reports it.
                     None => outs.extend(eval_primitive(&g.node(step.node).op, &args)),
                 },
-                StepKind::Primitive(op) | StepKind::External(op) => {
+                StepKind::External(op) => outs.extend(tracejit_ir::eval_kernel(op, &args, self.isa)),
+                StepKind::Primitive(op) => {
                     let scalar = if let Op::Binary(b) = op { scalars::binary(*b, &args, pool) } else { None };
                     match scalar {
                         Some(x) => outs.push(x),

@@ -41,6 +41,16 @@ impl Isa {
         Isa { avx512: true }
     }
 
+    /// What the environment allows, read once per process: [`Isa::native`]
+    /// unless `TRACEJIT_JIT_AVX512=0` forbids 512-bit code. For callers at
+    /// the edge of the system (eager ops, the interpreter) that have no
+    /// options of their own to pass down; the JIT passes its
+    /// `JitOptions::isa()` instead.
+    pub fn from_env() -> Isa {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| Isa::native().with_avx512(std::env::var("TRACEJIT_JIT_AVX512").map_or(true, |v| v != "0")))
+    }
+
     /// Allows (or forbids) 512-bit AVX-512 code; the features themselves
     /// are still checked when a kernel runs.
     pub fn with_avx512(self, avx512: bool) -> Isa {

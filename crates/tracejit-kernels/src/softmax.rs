@@ -290,10 +290,8 @@ mod tests {
             seed ^= seed << 5;
             (seed % 20_001) as f32 / 1000.0 - 10.0
         };
-        let mut rows: Vec<Vec<f32>> = [1, 3, 5, 15, 16, 17, 63, 64, 65, 1023]
-            .iter()
-            .map(|&n| (0..n).map(|_| rnd()).collect())
-            .collect();
+        let mut rows: Vec<Vec<f32>> =
+            [1, 3, 5, 15, 16, 17, 63, 64, 65, 1023].iter().map(|&n| (0..n).map(|_| rnd()).collect()).collect();
         rows.push(vec![1.0, f32::NAN, 2.0]);
         rows.push(vec![f32::NEG_INFINITY, 0.0, 1.0]);
         rows.push(vec![f32::INFINITY, 0.0]);

@@ -1,5 +1,5 @@
-//! Backward kernels of composites (registered with
-//! [`crate::composite::register_gradient`] on first use of `tracejit::nn`):
+//! Backward kernels of composites (declared with them in `composites.rs`
+//! and registered on first use of `tracejit::nn`):
 //! the closed-form gradients of `softmax_cross_entropy_with_logits` and
 //! `layer_norm`, in place of differentiating their primitive bodies.
 //!
@@ -21,7 +21,7 @@ use tracejit_trace::Tensor;
 
 /// `d/dlogits = (softmax(logits) * sum(labels) - labels) * g` and
 /// `d/dlabels = -log_softmax(logits) * g`, per row.
-fn softmax_cross_entropy_backward(
+pub(crate) fn softmax_cross_entropy(
     inputs: &[Tensor],
     _outputs: &[Tensor],
     cts: &[Option<Tensor>],
@@ -38,18 +38,9 @@ fn softmax_cross_entropy_backward(
 
 /// `layer_norm_grad` (a composite with a native kernel) for the
 /// cotangent of the result; `eps` gets none.
-fn layer_norm_backward(inputs: &[Tensor], _outputs: &[Tensor], cts: &[Option<Tensor>]) -> Vec<Option<Tensor>> {
+pub(crate) fn layer_norm(inputs: &[Tensor], _outputs: &[Tensor], cts: &[Option<Tensor>]) -> Vec<Option<Tensor>> {
     let (x, gamma, beta, eps) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
     let Some(g) = cts.first().cloned().flatten() else { return vec![None; 4] };
     let (dx, dgamma, dbeta) = crate::composites::layer_norm_grad_with(x, gamma, beta, eps, &g);
     vec![Some(dx), Some(dgamma), Some(dbeta), None]
-}
-
-/// Registers the backward kernels (once per process, with the kernels).
-pub(crate) fn register() {
-    crate::composite::register_gradient(
-        "tracejit.nn.softmax_cross_entropy_with_logits",
-        softmax_cross_entropy_backward,
-    );
-    crate::composite::register_gradient("tracejit.nn.layer_norm", layer_norm_backward);
 }

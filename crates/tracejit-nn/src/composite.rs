@@ -54,6 +54,7 @@ use std::sync::{Arc, Once};
 
 use tracejit_ir::registry::{self, Registration, TypePredicate};
 use tracejit_ir::{ExternalKernel, TensorType};
+use tracejit_kernels::Isa;
 use tracejit_tensor::Storage;
 use tracejit_trace::{Tensor, TensorSpec};
 
@@ -74,10 +75,9 @@ pub type KernelPredicate = dyn Fn(&[TensorSpec]) -> bool + Send + Sync;
 pub(crate) fn ensure_builtins() {
     static BUILTINS: Once = Once::new();
     BUILTINS.call_once(|| {
-        for (name, predicate, kernel) in crate::kernels::builtin_kernels() {
-            registry::register_default(name, registration(name, Some(predicate), kernel));
+        for c in crate::declared() {
+            c.register();
         }
-        crate::backward::register();
     });
 }
 
@@ -139,7 +139,6 @@ where
     B: Fn(&[Tensor]) -> Vec<Tensor>,
     F: Fn(&[Tensor]) -> Vec<Tensor>,
 {
-    use tracejit_ir::tolerance::{self, Budget};
     for size in [0usize, 1, 3, 5] {
         for seed in 0..3u64 {
             let inputs: Vec<Tensor> = specs
@@ -161,24 +160,31 @@ where
             };
             let expected = run(&body).map_err(|m| format!("the body fails on ({}): {m}", shapes.join(", ")))?;
             let got = run(&kernel).map_err(|m| format!("the kernel fails on ({}): {m}", shapes.join(", ")))?;
-            if got.len() != expected.len() {
-                return Err(format!("the kernel returns {} values, the body {}", got.len(), expected.len()));
-            }
-            for (k, (e, g)) in expected.iter().zip(&got).enumerate() {
-                let (e, g) = (e.storage().map_err(|x| x.to_string())?, g.storage().map_err(|x| x.to_string())?);
-                let scale = inputs
-                    .iter()
-                    .filter_map(|t| t.storage().ok().map(tolerance::magnitude))
-                    .fold(tolerance::magnitude(e), f64::max);
-                let budget = Budget { eps: tolerance::KERNEL_BUDGET, scale: scale.max(1.0), unverifiable: false };
-                if let Some(d) = tolerance::compare(e, g, &budget) {
-                    let found = format!("{}{:?}", g.dtype(), g.shape());
-                    return Err(format!(
-                        "on inputs ({}), output {k} ({found}) differs from the body's: {d}",
-                        shapes.join(", ")
-                    ));
-                }
-            }
+            compare_outputs(&inputs, &expected, &got).map_err(|d| format!("on inputs ({}), {d}", shapes.join(", ")))?;
+        }
+    }
+    Ok(())
+}
+
+/// Compares a kernel's results `got` with the body's `expected` on
+/// `inputs`: the same count, dtypes and shapes, float values within a
+/// kernel's tolerance (`tracejit_ir::tolerance::KERNEL_BUDGET` epsilons of
+/// the largest magnitude among inputs and results; NaN where the body has
+/// NaN), others exactly. `Err` names the output and the largest difference.
+pub fn compare_outputs(inputs: &[Tensor], expected: &[Tensor], got: &[Tensor]) -> Result<(), String> {
+    use tracejit_ir::tolerance::{self, Budget};
+    if got.len() != expected.len() {
+        return Err(format!("the kernel returns {} values, the body {}", got.len(), expected.len()));
+    }
+    for (k, (e, g)) in expected.iter().zip(got).enumerate() {
+        let (e, g) = (e.storage().map_err(|x| x.to_string())?, g.storage().map_err(|x| x.to_string())?);
+        let scale = inputs
+            .iter()
+            .filter_map(|t| t.storage().ok().map(tolerance::magnitude))
+            .fold(tolerance::magnitude(e), f64::max);
+        let budget = Budget { eps: tolerance::KERNEL_BUDGET, scale: scale.max(1.0), unverifiable: false };
+        if let Some(d) = tolerance::compare(e, g, &budget) {
+            return Err(format!("output {k} ({}{:?}) differs from the body's: {d}", g.dtype(), g.shape()));
         }
     }
     Ok(())
@@ -242,7 +248,7 @@ pub fn lookup(name: &str, specs: &[TensorSpec]) -> Option<Arc<KernelFn>> {
                 Err(_) => panic!("composite kernel `{name}` called with a symbolic tensor"),
             })
             .collect();
-        kernel.run(&storages).into_iter().map(Tensor::from_raw_storage).collect()
+        kernel.run(&storages, Isa::from_env()).into_iter().map(Tensor::from_raw_storage).collect()
     }))
 }
 
@@ -259,7 +265,8 @@ impl fmt::Debug for RegisteredKernel {
 }
 
 impl ExternalKernel for RegisteredKernel {
-    fn run(&self, inputs: &[Storage]) -> Vec<Storage> {
+    /// A user's kernel is a closure over tensors: it chooses its own code.
+    fn run(&self, inputs: &[Storage], _isa: Isa) -> Vec<Storage> {
         let tensors: Vec<Tensor> = inputs.iter().cloned().map(Tensor::from_raw_storage).collect();
         (self.kernel)(&tensors)
             .into_iter()

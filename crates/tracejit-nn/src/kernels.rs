@@ -1,7 +1,7 @@
 //! The native kernels of `tracejit::nn`, and the predicates saying which
 //! argument specs each accepts: f32 only (the layer-norm backward also
-//! f64), hand-fused loops over contiguous slices. [`builtin_kernels`] lists them for
-//! `composite::ensure_builtins`, which registers them lazily.
+//! f64), hand-fused loops over contiguous slices. Each is declared with
+//! its composite in `composites.rs`.
 //!
 //! The kernels compute `exp`, `tanh` and `sigmoid` with
 //! `tracejit_kernels::fastmath`: the JIT's own approximations, bit for bit (one
@@ -9,37 +9,37 @@
 //! over whole slices in 256-bit AVX2 code where the CPU has it. They sum in
 //! several partial accumulators and fuse differently from the primitive
 //! bodies, so they agree with those to about 1e-6 relative, not bitwise.
+//! Each kernel takes the [`Isa`] its caller allows (the JIT's options, or
+//! the environment's for eager calls).
 
 use std::borrow::Cow;
-use std::sync::Arc;
 
 use ndarray::{ArrayView2, Ix2};
 use tracejit_kernels::{fastmath, gemm, Isa};
 use tracejit_tensor::{DType, Storage};
 use tracejit_trace::{Tensor, TensorSpec};
 
-use crate::composite::{KernelFn, KernelPredicate};
-
 mod layer_norm_grad;
 
-/// The built-in kernels: (composite name, predicate, kernel).
-pub(crate) fn builtin_kernels() -> Vec<(&'static str, Arc<KernelPredicate>, Arc<KernelFn>)> {
-    vec![
-        ("tracejit.nn.gelu", Arc::new(|s: &[TensorSpec]| all_f32(s, 1)), Arc::new(gelu)),
-        (
-            "tracejit.nn.softmax",
-            Arc::new(|s: &[TensorSpec]| all_f32(s, 1) && !s[0].dims().is_empty()),
-            Arc::new(softmax),
-        ),
-        (
-            "tracejit.nn.log_softmax",
-            Arc::new(|s: &[TensorSpec]| all_f32(s, 1) && !s[0].dims().is_empty()),
-            Arc::new(log_softmax),
-        ),
-        ("tracejit.nn.layer_norm", Arc::new(layer_norm_accepts), Arc::new(layer_norm)),
-        ("tracejit.nn.lstm_cell", Arc::new(lstm_accepts), Arc::new(lstm_cell)),
-        ("tracejit.nn.layer_norm_grad", Arc::new(layer_norm_grad::accepts), Arc::new(layer_norm_grad::layer_norm_grad)),
-    ]
+/// f32 `x` of any shape ([`gelu`]).
+pub(crate) fn gelu_accepts(s: &[TensorSpec]) -> bool {
+    all_f32(s, 1)
+}
+
+/// f32 `x` of rank >= 1, rows along the last axis ([`softmax`],
+/// [`log_softmax`]).
+pub(crate) fn rows_accepts(s: &[TensorSpec]) -> bool {
+    all_f32(s, 1) && !s[0].dims().is_empty()
+}
+
+/// See [`layer_norm_grad::accepts`].
+pub(crate) fn layer_norm_grad_accepts(s: &[TensorSpec]) -> bool {
+    layer_norm_grad::accepts(s)
+}
+
+/// The native backward of layer norm, f32 or f64 ([`layer_norm_grad::layer_norm_grad`]).
+pub(crate) fn layer_norm_grad(inputs: &[Tensor], _isa: Isa) -> Vec<Tensor> {
+    layer_norm_grad::layer_norm_grad(inputs)
 }
 
 fn all_f32(specs: &[TensorSpec], n: usize) -> bool {
@@ -48,7 +48,7 @@ fn all_f32(specs: &[TensorSpec], n: usize) -> bool {
 
 /// x of rank >= 1; gamma and beta of shape [last] (or broadcastable rank 1);
 /// eps a scalar.
-fn layer_norm_accepts(s: &[TensorSpec]) -> bool {
+pub(crate) fn layer_norm_accepts(s: &[TensorSpec]) -> bool {
     if !all_f32(s, 4) || s[0].dims().is_empty() || !s[3].dims().is_empty() {
         return false;
     }
@@ -57,7 +57,7 @@ fn layer_norm_accepts(s: &[TensorSpec]) -> bool {
 }
 
 /// x [B, I], h and c [B, H], w_ih [I, 4H], w_hh [H, 4H], b [4H].
-fn lstm_accepts(s: &[TensorSpec]) -> bool {
+pub(crate) fn lstm_accepts(s: &[TensorSpec]) -> bool {
     if !all_f32(s, 6) {
         return false;
     }
@@ -99,14 +99,14 @@ fn tensor(v: Vec<f32>, shape: &[usize]) -> Tensor {
 /// L1 between the three passes over them.
 const GELU_CHUNK: usize = 512;
 
-fn gelu(inputs: &[Tensor]) -> Vec<Tensor> {
+pub(crate) fn gelu(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
     let (shape, x) = data(&inputs[0]);
     let mut out = vec![0.0f32; x.len()];
     for (xc, oc) in x.chunks(GELU_CHUNK).zip(out.chunks_mut(GELU_CHUNK)) {
         for (o, &x) in oc.iter_mut().zip(xc) {
             *o = (x + x * x * x * 0.044715) * 0.797_884_6;
         }
-        fastmath::tanh_in_place(oc);
+        fastmath::tanh_in_place_with(oc, isa);
         for (o, &x) in oc.iter_mut().zip(xc) {
             *o = (x * 0.5) * (*o + 1.0);
         }
@@ -120,11 +120,11 @@ fn rows(shape: &[usize]) -> usize {
 }
 
 /// `o = exp(row - m)`, returning `Σ o` (in eight lane partials).
-fn exp_shifted(row: &[f32], m: f32, o: &mut [f32]) -> f32 {
+fn exp_shifted(row: &[f32], m: f32, o: &mut [f32], isa: Isa) -> f32 {
     for (ov, &v) in o.iter_mut().zip(row) {
         *ov = v - m;
     }
-    fastmath::exp_in_place(o);
+    fastmath::exp_in_place_with(o, isa);
     sum(o)
 }
 
@@ -142,23 +142,23 @@ fn per_row(inputs: &[Tensor], mut f: impl FnMut(&[f32], &mut [f32])) -> Vec<Tens
     vec![tensor(out, &shape)]
 }
 
-fn softmax(inputs: &[Tensor]) -> Vec<Tensor> {
+pub(crate) fn softmax(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
     // The JIT's row softmax: the kernel its f32 softmax regions run.
-    per_row(inputs, fastmath::softmax_row)
+    per_row(inputs, |x, y| tracejit_kernels::softmax::row(x, y, isa))
 }
 
-fn log_softmax(inputs: &[Tensor]) -> Vec<Tensor> {
+pub(crate) fn log_softmax(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
     per_row(inputs, |row, o| {
         let m = max(row);
         // `o` is scratch for the exponentials until the result overwrites it.
-        let lse = exp_shifted(row, m, o).ln();
+        let lse = exp_shifted(row, m, o, isa).ln();
         for (ov, &v) in o.iter_mut().zip(row) {
             *ov = (v - m) - lse;
         }
     })
 }
 
-fn layer_norm(inputs: &[Tensor]) -> Vec<Tensor> {
+pub(crate) fn layer_norm(inputs: &[Tensor], _isa: Isa) -> Vec<Tensor> {
     let (_, gamma) = data(&inputs[1]);
     let (_, beta) = data(&inputs[2]);
     let (_, eps) = data(&inputs[3]);
@@ -203,7 +203,7 @@ thread_local! {
 /// Two GEMMs ([`gemm`], the JIT's GEMM) accumulating into a
 /// buffer pre-filled with the bias, then one vectorized pass over the
 /// gates computing both states.
-fn lstm_cell(inputs: &[Tensor]) -> Vec<Tensor> {
+pub(crate) fn lstm_cell(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
     let (x, h, w_ih, w_hh) = (view2(&inputs[0]), view2(&inputs[1]), view2(&inputs[3]), view2(&inputs[4]));
     let (_, c) = data(&inputs[2]);
     let (_, b) = data(&inputs[5]);
@@ -234,9 +234,9 @@ fn lstm_cell(inputs: &[Tensor]) -> Vec<Tensor> {
         for _ in 0..batch {
             gates.extend_from_slice(&b);
         }
-        gemm::gemm_acc_f32(x, w_ih, gates, Isa::native());
-        gemm::gemm_acc_f32(h, w_hh, gates, Isa::native());
-        lstm_states(gates, &c, &mut h2, &mut c2, hidden);
+        gemm::gemm_acc_f32(x, w_ih, gates, isa);
+        gemm::gemm_acc_f32(h, w_hh, gates, isa);
+        lstm_states(gates, &c, &mut h2, &mut c2, hidden, isa);
     });
     vec![tensor(h2, &[batch, hidden]), tensor(c2, &[batch, hidden])]
 }
@@ -245,7 +245,7 @@ fn lstm_cell(inputs: &[Tensor]) -> Vec<Tensor> {
 /// o), activating the gates in place (so `gates` is scratch): the
 /// activations run as whole slices through `fastmath` (256-bit code where
 /// the CPU has AVX2), the products as plain loops.
-fn lstm_states(gates: &mut [f32], c: &[f32], h2: &mut [f32], c2: &mut [f32], hidden: usize) {
+fn lstm_states(gates: &mut [f32], c: &[f32], h2: &mut [f32], c2: &mut [f32], hidden: usize, isa: Isa) {
     if hidden == 0 {
         return;
     }
@@ -253,15 +253,15 @@ fn lstm_states(gates: &mut [f32], c: &[f32], h2: &mut [f32], c2: &mut [f32], hid
     for ((g, cr), (hr, cn)) in rows.zip(h2.chunks_exact_mut(hidden).zip(c2.chunks_exact_mut(hidden))) {
         let (ifg, go) = g.split_at_mut(3 * hidden);
         let (gif, gg) = ifg.split_at_mut(2 * hidden);
-        fastmath::sigmoid_in_place(gif);
-        fastmath::tanh_in_place(gg);
-        fastmath::sigmoid_in_place(go);
+        fastmath::sigmoid_in_place_with(gif, isa);
+        fastmath::tanh_in_place_with(gg, isa);
+        fastmath::sigmoid_in_place_with(go, isa);
         let (gi, gf) = gif.split_at(hidden);
         for ((((cv, &i), &f), &gt), &c) in cn.iter_mut().zip(gi.iter()).zip(gf.iter()).zip(gg.iter()).zip(cr) {
             *cv = f * c + i * gt;
         }
         hr.copy_from_slice(cn);
-        fastmath::tanh_in_place(hr);
+        fastmath::tanh_in_place_with(hr, isa);
         for (h, &o) in hr.iter_mut().zip(go.iter()) {
             *h *= o;
         }
@@ -313,8 +313,14 @@ mod tests {
     #[test]
     fn kernels_compute_the_jits_approximations() {
         let xs = inputs();
-        let t = Tensor::from_vec(xs.clone(), &[xs.len()]);
-        let g = gelu(&[t])[0].to_vec::<f32>().unwrap();
+        for isa in [Isa::native(), Isa::native().with_avx512(false)] {
+            same_as_fastmath(&xs, isa);
+        }
+    }
+
+    fn same_as_fastmath(xs: &[f32], isa: Isa) {
+        let t = Tensor::from_vec(xs.to_vec(), &[xs.len()]);
+        let g = gelu(&[t], isa)[0].to_vec::<f32>().unwrap();
         assert_same(
             &g,
             xs.iter().map(|&x| (x * 0.5) * (fastmath::tanh((x + x * x * x * 0.044715) * 0.797_884_6) + 1.0)),
@@ -323,14 +329,14 @@ mod tests {
         let finite: Vec<f32> = xs.iter().copied().filter(|x| x.is_finite()).collect();
         let m = max(&finite);
         let mut o = vec![0.0f32; finite.len()];
-        exp_shifted(&finite, m, &mut o);
+        exp_shifted(&finite, m, &mut o, isa);
         assert_same(&o, finite.iter().map(|&v| fastmath::exp(v - m)));
 
         let hidden = xs.len() / 4;
         let mut gates = xs[..4 * hidden].to_vec();
         let c: Vec<f32> = (0..hidden).map(|j| (j as f32 * 0.37).sin() * 3.0).collect();
         let (mut h2, mut c2) = (vec![0.0f32; hidden], vec![0.0f32; hidden]);
-        lstm_states(&mut gates, &c, &mut h2, &mut c2, hidden);
+        lstm_states(&mut gates, &c, &mut h2, &mut c2, hidden, isa);
         let gate = |k: usize, j: usize| xs[k * hidden + j];
         let want_c: Vec<f32> = (0..hidden)
             .map(|j| fastmath::sigmoid(gate(1, j)) * c[j] + fastmath::sigmoid(gate(0, j)) * fastmath::tanh(gate(2, j)))

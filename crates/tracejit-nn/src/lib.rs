@@ -11,8 +11,14 @@
 //! surroundings. Called on eager tensors, the registered kernel runs directly
 //! when it accepts them, and the primitive body runs eagerly otherwise.
 //!
-//! Each composite is one `Function` created on first use (a `static
-//! OnceLock`), so every caller shares its traces. Composite bodies use only
+//! Each composite is declared once, as a [`Composite`] `static`: its
+//! `implements` name, primitive body, native kernel with the predicate
+//! saying which arguments it takes, and backward kernel. [`declared`]
+//! lists them; the tables the tracer and tapes consult are filled from the
+//! declarations, and the tests iterate them (kernel against body, backward
+//! kernel against the body's VJP, an ONNX local function each). Each
+//! composite's `Function` is created on first use, so every caller shares
+//! its traces. Composite bodies use only
 //! primitives (never other composites), so turning the selector off in a
 //! caller really means "no kernels" for what it calls directly.
 //!
@@ -53,11 +59,15 @@
 //! below both, in `tracejit_ir::registry`; [`composite`] fills it.
 
 mod backward;
+mod bodies;
 pub mod composite;
 mod composites;
+mod decl;
 mod kernels;
+mod samples;
 
+pub use bodies::Activation;
 pub use composites::{
     dense, gelu, layer_norm, layer_norm_grad, log_softmax, lstm_cell, softmax, softmax_cross_entropy_with_logits,
-    Activation,
 };
+pub use decl::{declared, AcceptsFn, BackwardFn, BodyFn, Composite, ExamplesFn, Native, NativeFn};

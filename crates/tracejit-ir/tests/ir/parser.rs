@@ -19,7 +19,7 @@ use crate::verifier::sample_graph;
 struct Identity;
 
 impl ExternalKernel for Identity {
-    fn run(&self, inputs: &[Storage]) -> Vec<Storage> {
+    fn run(&self, inputs: &[Storage], _isa: tracejit_kernels::Isa) -> Vec<Storage> {
         vec![inputs[0].clone()]
     }
 }

@@ -122,7 +122,7 @@ pub(crate) fn fused_bodies(g: &Graph) -> Vec<Arc<Graph>> {
 pub(crate) struct PlusHundred;
 
 impl ExternalKernel for PlusHundred {
-    fn run(&self, inputs: &[Storage]) -> Vec<Storage> {
+    fn run(&self, inputs: &[Storage], _isa: tracejit_kernels::Isa) -> Vec<Storage> {
         let two = kernels::binary(BinaryOp::Add, &inputs[0], &inputs[0]);
         vec![kernels::binary(BinaryOp::Add, &two, &Storage::scalar(100.0f32))]
     }

@@ -257,3 +257,34 @@ fn save_writes_the_same_bytes_as_to_bytes() {
     assert!(dir.join("case/test_data_set_0/output_0.pb").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Every composite declared in `tracejit::nn` (`tracejit_nn::declared`)
+/// exports as an ONNX local function named after it, and the file runs in
+/// tract with the composite's results, on each of its finite f32 samples.
+#[test]
+fn every_declared_composite_is_a_local_function_that_runs() {
+    for c in tracejit_nn::declared() {
+        let (domain, op) = c.name().rsplit_once('.').expect("org.semantic.opname");
+        let finite = |xs: &[Tensor]| {
+            xs.iter().all(|t| t.dtype() == DType::F32 && t.is_finite().to_vec::<bool>().unwrap().iter().all(|b| *b))
+        };
+        let samples: Vec<(Vec<Tensor>, u32)> = c.examples().into_iter().filter(|(x, _)| finite(x)).collect();
+        assert!(!samples.is_empty(), "{}: no finite f32 sample", c.name());
+        for (i, (inputs, attr)) in samples.into_iter().enumerate() {
+            let specs: Vec<TensorSpec> = inputs.iter().map(spec).collect();
+            let cf = function(move |xs: Vec<Tensor>| {
+                let refs: Vec<&Tensor> = xs.iter().collect();
+                c.call(&refs, attr)
+            })
+            .get_concrete_function(specs)
+            .unwrap();
+            let functions = local_functions(&cf);
+            assert!(
+                functions.iter().any(|(d, n)| d == domain && n == op),
+                "{}: no local function in {functions:?}",
+                c.name()
+            );
+            common::check(&format!("declared_{op}_{i}"), &cf, &inputs, 1e-5);
+        }
+    }
+}

@@ -18,10 +18,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
     /// slower, never wrong, and never silent — a `log` warning names the
     /// reason, [`crate::ConcreteFunction::jit_error`] keeps it and
     /// [`crate::CacheStats::jit_failures`] counts it.
-    pub(super) fn prepare_executable(
-        &self,
-        graph: &Graph,
-    ) -> (Option<tracejit_jit::Executable>, Option<String>) {
+    pub(super) fn prepare_executable(&self, graph: &Graph) -> (Option<tracejit_jit::Executable>, Option<String>) {
         if !self.config.jit {
             return (None, None);
         }
