@@ -1,1 +1,197 @@
-//! (being written)
+//! bf16 matrix products accumulated in f32, and f32 ⇄ bf16 slices: the
+//! reduced-precision matmul of autocast (an f32 activation times a weight
+//! rounded to bf16 once per version).
+//!
+//! How: the rhs `b [k, n]` is packed once ([`PackedBf16`]) as bf16 pairs
+//! along `k` in panels of 64 columns; the lhs is rounded to bf16 and
+//! packed per call (in a buffer each thread keeps), then the output is
+//! cut into blocks fixed by the sizes ([`crate::threads::run_gemm_blocks`])
+//! and each block into tiles of up to 6 × 64 outputs, each accumulated
+//! over the whole depth by one `vdpbf16ps` micro-kernel (AVX-512 BF16: 32
+//! multiply-adds per instruction, twice f32 FMA's rate) or by portable f32
+//! code with the same order of operations. The layout and the tile walk
+//! are in `tiles`, shared with [`crate::int8`].
+//!
+//! # Accuracy
+//!
+//! Each input is rounded to bf16 (8 significant bits: relative error at
+//! most 2⁻⁸, so at most 2⁻⁷ for a product), the products of bf16 values
+//! are exact in f32, and the sums are f32 (`k` roundings of at most 2⁻²⁴
+//! each). Against the f64 product of the original values, every output `c`
+//! satisfies
+//!
+//! `|c − c_f64| ≤ (2⁻⁷ + 1.01 · k · 2⁻²⁴) · Σᵢ |aᵢ|·|bᵢ|` (plus
+//! `|c₀| · k · 2⁻²⁴` for the `c₀` it starts from with `accumulate`),
+//!
+//! the first term from the inputs' rounding (far smaller in practice, the
+//! roundings being independent: on the workloads' shapes with uniform
+//! random inputs `max |c − c_f64|` is about 2·10⁻³ of `max |c_f64|`,
+//! `examples/lowp_gemm.rs`), the second from the summation; inputs
+//! already in bf16 have only the second. The vector and the portable paths compute the same operations
+//! in the same order and give the same bits, except where a subnormal
+//! appears: `vdpbf16ps` flushes subnormal inputs and results to zero, the
+//! portable path keeps them (both within the bound, plus 2⁻¹²⁶ per term).
+//! NaN and ±Inf propagate as in f32 arithmetic.
+//!
+//! # Determinism
+//!
+//! Every output is summed over `k` in order by one tile, whichever block
+//! or thread computes it: results keep their bits for every thread count.
+
+use half::bf16;
+use ndarray::ArrayView2;
+
+use crate::{threads, Isa};
+
+mod convert;
+mod kernel;
+mod pack;
+pub(crate) mod tiles;
+
+pub use convert::{bf16_to_f32_slice, f32_to_bf16_slice};
+
+use tiles::{lhs_len, rhs_len, with_scratch, OutPtr, Words};
+
+/// A right operand `b [k, n]` packed once for [`gemm_bf16`] and
+/// [`gemm_bf16_from_f32`]: bf16 pairs along `k` (an odd `k` padded with a
+/// zero), in panels of 64 columns (the last padded with zero columns) as
+/// the micro-kernel reads them. Pack a weight once per version and reuse
+/// it for every product.
+///
+/// ```
+/// use ndarray::array;
+/// use tracejit_kernels::bf16::PackedBf16;
+///
+/// let w = PackedBf16::from_f32(array![[1.0f32, 2.0, 3.0]].view());
+/// assert_eq!((w.k(), w.n()), (1, 3));
+/// ```
+#[derive(Clone)]
+pub struct PackedBf16 {
+    k: usize,
+    n: usize,
+    words: Words,
+}
+
+impl PackedBf16 {
+    /// Packs `b [k, n]` (any strides), rounding each value to bf16 as
+    /// [`half::bf16::from_f32`] does.
+    pub fn from_f32(b: ArrayView2<'_, f32>) -> Self {
+        Self::pack(b, |v| bf16::from_f32(v).to_bits())
+    }
+
+    /// Packs `b [k, n]` (any strides).
+    pub fn from_bf16(b: ArrayView2<'_, bf16>) -> Self {
+        Self::pack(b, bf16::to_bits)
+    }
+
+    fn pack<T: Copy>(b: ArrayView2<'_, T>, bits: impl Fn(T) -> u16) -> Self {
+        let (k, n) = b.dim();
+        let mut words = Words::zeroed(rhs_len(n, k.div_ceil(2)));
+        pack::pack_rhs(b, words.words_mut(), bits);
+        PackedBf16 { k, n, words }
+    }
+
+    /// The depth (rows of `b`).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The columns of `b`.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+}
+
+impl std::fmt::Debug for PackedBf16 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedBf16 {{ k: {}, n: {} }}", self.k, self.n)
+    }
+}
+
+/// `c = a · b` (or `c += a · b` with `accumulate`) for a bf16 `a [m, k]`
+/// (any strides, packed per call) and a packed `b [k, n]`, accumulated in
+/// f32 into `c [m, n]` (row-major, contiguous); see the module for the
+/// accuracy. Runs `vdpbf16ps` where `isa` has AVX-512 BF16, portable f32
+/// code otherwise, over the thread pool for large products (the same
+/// bits for every thread count).
+///
+/// ```
+/// use half::bf16;
+/// use ndarray::array;
+/// use tracejit_kernels::{bf16::{gemm_bf16, PackedBf16}, Isa};
+///
+/// let a = array![[1.0f32, 2.0], [3.0, 4.0]].mapv(bf16::from_f32);
+/// let b = PackedBf16::from_f32(array![[1.0f32, 0.5], [0.25, 2.0]].view());
+/// let mut c = [1.0f32; 4];
+/// gemm_bf16(a.view(), &b, &mut c, true, Isa::native());
+/// assert_eq!(c, [2.5, 5.5, 5.0, 10.5]);
+/// ```
+///
+/// # Panics
+/// If `a`'s columns are not `b.k()` or `c` does not hold `m · n` values.
+pub fn gemm_bf16(a: ArrayView2<'_, bf16>, b: &PackedBf16, c: &mut [f32], accumulate: bool, isa: Isa) {
+    product("gemm_bf16", a, b, c, accumulate, isa);
+}
+
+/// [`gemm_bf16`] with an f32 lhs, rounded to bf16 (nearest even) while it
+/// is packed: autocast's matmul of an f32 activation by a bf16 weight.
+///
+/// ```
+/// use ndarray::array;
+/// use tracejit_kernels::{bf16::{gemm_bf16_from_f32, PackedBf16}, Isa};
+///
+/// let a = array![[1.0f32, 2.0, 3.0]];
+/// let b = PackedBf16::from_f32(array![[1.0f32], [1.0], [1.0]].view());
+/// let mut c = [0.0f32];
+/// gemm_bf16_from_f32(a.view(), &b, &mut c, false, Isa::native());
+/// assert_eq!(c, [6.0]);
+/// ```
+///
+/// # Panics
+/// If `a`'s columns are not `b.k()` or `c` does not hold `m · n` values.
+pub fn gemm_bf16_from_f32(a: ArrayView2<'_, f32>, b: &PackedBf16, c: &mut [f32], accumulate: bool, isa: Isa) {
+    product("gemm_bf16_from_f32", a, b, c, accumulate, isa);
+}
+
+/// Both entry points: checks, packs `a`, runs the blocks.
+fn product<T: pack::LhsValue + Sync>(
+    name: &str,
+    a: ArrayView2<'_, T>,
+    b: &PackedBf16,
+    c: &mut [f32],
+    accumulate: bool,
+    isa: Isa,
+) {
+    let ((m, k), n) = (a.dim(), b.n);
+    assert!(
+        k == b.k && c.len() == m * n,
+        "{name}: a [{m}, {k}] times a packed b [{}, {n}] into {} values (want k = {} and {} values)",
+        b.k,
+        c.len(),
+        b.k,
+        m * n
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            c.fill(0.0);
+        }
+        return;
+    }
+    let kw = k.div_ceil(2);
+    with_scratch(lhs_len(m, kw), |lhs| {
+        pack::pack_lhs(a, lhs, isa);
+        let (lhs, rhs, out) = (&*lhs, b.words.words(), OutPtr(c.as_mut_ptr()));
+        threads::run_gemm_blocks(m, n, k, &|rows, cols| {
+            // SAFETY: `out` is `c`, `m · n` values that outlive the blocks,
+            // and blocks are disjoint parts of it; the operands are packed
+            // for these sizes.
+            unsafe { kernel::run_block(lhs, m, rhs, kw, rows, cols, out, n, accumulate, isa) }
+        });
+    });
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,204 @@
+//! f32 ⇄ bf16 over slices, with the bits of `half::bf16::from_f32` and
+//! `to_f32`: f32 to bf16 rounds to nearest even over the whole range (a
+//! NaN stays a NaN, made quiet, with its sign and top payload bits; ±Inf
+//! stays ±Inf; subnormals round like any value), bf16 to f32 is exact.
+//!
+//! The vector path converts 32 values per `vcvtne2ps2bf16`, which rounds
+//! the same way except that it flushes subnormal inputs to zero (checked
+//! on this Zen 4 against `half` over 6.4 M random bit patterns: only
+//! subnormals differ); the few registers holding a subnormal are redone
+//! with the integer form of the rounding, so every value keeps `half`'s
+//! bits.
+
+use half::bf16;
+
+use crate::{Isa, Width};
+
+/// Rounds `src` to bf16 into `dst`, with the bits of
+/// [`half::bf16::from_f32`] for every input (nearest even; NaN quiet;
+/// ±Inf kept; subnormals kept), 32 values per `vcvtne2ps2bf16` where
+/// `isa` has AVX-512 BF16.
+///
+/// ```
+/// use half::bf16;
+/// use tracejit_kernels::{bf16::f32_to_bf16_slice, Isa};
+///
+/// let src = [1.0f32, 1.0 + 1.0 / 256.0, f32::INFINITY, 1e-40];
+/// let mut dst = [bf16::ZERO; 4];
+/// f32_to_bf16_slice(&src, &mut dst, Isa::native());
+/// assert_eq!(dst[0].to_f32(), 1.0);
+/// assert_eq!(dst[1].to_f32(), 1.0); // a tie, to the even neighbour
+/// assert_eq!(dst[2], bf16::INFINITY);
+/// assert_eq!(dst[3], bf16::from_f32(1e-40)); // subnormals kept
+/// ```
+///
+/// # Panics
+/// If the slices' lengths differ.
+pub fn f32_to_bf16_slice(src: &[f32], dst: &mut [bf16], isa: Isa) {
+    assert_eq!(src.len(), dst.len(), "f32_to_bf16_slice: {} values into {}", src.len(), dst.len());
+    // SAFETY: bf16 is a transparent u16.
+    let out = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u16>(), dst.len()) };
+    to_bits(src, out, isa);
+}
+
+/// Widens `src` to f32 into `dst` (exact), 16 values per instruction pair
+/// where `isa` allows AVX-512.
+///
+/// ```
+/// use half::bf16;
+/// use tracejit_kernels::{bf16::bf16_to_f32_slice, Isa};
+///
+/// let src = [bf16::from_f32(0.5), bf16::NEG_INFINITY];
+/// let mut dst = [0.0f32; 2];
+/// bf16_to_f32_slice(&src, &mut dst, Isa::native());
+/// assert_eq!(dst, [0.5, f32::NEG_INFINITY]);
+/// ```
+///
+/// # Panics
+/// If the slices' lengths differ.
+pub fn bf16_to_f32_slice(src: &[bf16], dst: &mut [f32], isa: Isa) {
+    assert_eq!(src.len(), dst.len(), "bf16_to_f32_slice: {} values into {}", src.len(), dst.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.width() == Some(Width::W16) {
+        // SAFETY: `width` found AVX-512F; the lengths are equal.
+        return unsafe { widen_avx512(src, dst) };
+    }
+    let _ = isa;
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = s.to_f32();
+    }
+}
+
+/// [`f32_to_bf16_slice`] into raw bf16 bits (the packing's form).
+pub(crate) fn to_bits(src: &[f32], dst: &mut [u16], isa: Isa) {
+    debug_assert_eq!(src.len(), dst.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx512_bf16() {
+        // SAFETY: the features were checked; the lengths are equal.
+        return unsafe { round_avx512(src, dst) };
+    }
+    let _ = isa;
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = bf16::from_f32(s).to_bits();
+    }
+}
+
+/// The vector rounding (see the module).
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and BF16; `dst` is as long as `src`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn round_avx512(src: &[f32], dst: &mut [u16]) {
+    use std::arch::x86_64::*;
+    let len = src.len();
+    let mut i = 0;
+    while i < len {
+        let rest = len - i;
+        // Masked loads and stores only for the tail: on Zen 4 a masked
+        // 512-bit store costs several times a plain one.
+        let (lo, hi) = if rest >= 32 {
+            // SAFETY: 32 values from `i` lie inside `src`.
+            unsafe { (_mm512_loadu_ps(src.as_ptr().add(i)), _mm512_loadu_ps(src.as_ptr().add(i + 16))) }
+        } else {
+            let (m_lo, m_hi) = (lane_mask(rest), lane_mask(rest.saturating_sub(16)));
+            // SAFETY: masked loads touch only the lanes inside `src`.
+            unsafe {
+                (
+                    _mm512_maskz_loadu_ps(m_lo, src.as_ptr().add(i)),
+                    _mm512_maskz_loadu_ps(m_hi, src.as_ptr().add(i).wrapping_add(16)),
+                )
+            }
+        };
+        // Lanes 0-15 from `lo`, 16-31 from `hi`.
+        // SAFETY: both types are 512 plain bits.
+        let pairs = unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo)) };
+        let sub = subnormals(lo) as u32 | (subnormals(hi) as u32) << 16;
+        let pairs = if sub == 0 {
+            pairs
+        } else {
+            // Rare: redo the register's subnormal lanes exactly.
+            let exact = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(round_int(lo)), round_int(hi));
+            _mm512_mask_blend_epi16(sub, pairs, exact)
+        };
+        if rest >= 32 {
+            // SAFETY: 32 values from `i` lie inside `dst`.
+            unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), pairs) };
+        } else {
+            // SAFETY: the store's mask covers only the lanes inside `dst`.
+            unsafe { _mm512_mask_storeu_epi16(dst.as_mut_ptr().add(i).cast(), lane_mask32(rest), pairs) };
+        }
+        i += 32;
+    }
+}
+
+/// The lanes of 16 holding subnormal values (exponent 0, mantissa not 0).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn subnormals(x: std::arch::x86_64::__m512) -> u16 {
+    use std::arch::x86_64::*;
+    let bits = _mm512_castps_si512(x);
+    let exp = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x7f80_0000));
+    let mant = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x007f_ffff));
+    !exp & mant
+}
+
+/// Round to nearest even of finite values, on the bits: add `0x7fff` plus
+/// the kept part's lowest bit, keep the top 16 (exact for subnormals,
+/// which is all it is used for).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn round_int(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let bits = _mm512_castps_si512(x);
+    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
+    let rounded = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb);
+    _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(rounded))
+}
+
+/// The first `min(rest, 16)` lanes.
+fn lane_mask(rest: usize) -> u16 {
+    if rest >= 16 {
+        u16::MAX
+    } else {
+        ((1u32 << rest) - 1) as u16
+    }
+}
+
+/// The first `min(rest, 32)` lanes.
+fn lane_mask32(rest: usize) -> u32 {
+    if rest >= 32 {
+        u32::MAX
+    } else {
+        ((1u64 << rest) - 1) as u32
+    }
+}
+
+/// The vector widening: each u16 zero-extended and shifted to the top.
+///
+/// # Safety
+/// The CPU has AVX-512F; `dst` is as long as `src`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn widen_avx512(src: &[bf16], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let len = src.len();
+    let mut i = 0;
+    while i < len {
+        let mask = lane_mask(len - i);
+        // SAFETY: a full register's 16 values lie inside both slices; the
+        // tail goes value by value inside them.
+        unsafe {
+            if mask == u16::MAX {
+                let h = _mm256_loadu_si256(src.as_ptr().add(i).cast());
+                let w = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
+                _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), w);
+            } else {
+                for j in i..len {
+                    *dst.get_unchecked_mut(j) = src.get_unchecked(j).to_f32();
+                }
+            }
+        }
+        i += 16;
+    }
+}

@@ -1,0 +1,193 @@
+//! The int8 micro-kernels: one tile of up to 6 rows × 64 columns (the
+//! layout of `crate::bf16::tiles`, words of four `k`) accumulated in i32
+//! over the whole depth with `vpdpbusd` (AVX-512 VNNI) or in portable
+//! integer code, then dequantized.
+//!
+//! Per step the vector tile loads its rhs registers (four `i8` of each
+//! column) once and, per row, broadcasts the row's four `u8` as one 32-bit
+//! element: `vpdpbusd` adds the four products `u8 · i8` to each i32 lane,
+//! wrapping like the portable code's `wrapping_add`; both start from the
+//! column's `−128 · Σ q`. The epilogue is the same
+//! sequence of IEEE operations on both paths:
+//! `c = ((acc as f32) · scale_i) · scale_j` (then `c₀ + c` with
+//! `accumulate`), so the paths give the same bits.
+
+use crate::bf16::tiles::{by_shape, walk, OutPtr, Tile, GROUP, LANES, MR, NR};
+use crate::Isa;
+
+/// What the epilogue of every tile of a product reads and writes.
+#[derive(Clone, Copy)]
+pub(super) struct Epilogue<'a> {
+    /// The output, row-major, `n` wide.
+    pub c: OutPtr,
+    /// The output's width.
+    pub n: usize,
+    /// Whether `c` is added to (else overwritten).
+    pub accumulate: bool,
+    /// The lhs rows' scales.
+    pub row_scales: &'a [f32],
+    /// The weight columns' scales, padded to whole rhs panels.
+    pub col_scales: &'a [f32],
+    /// The weight columns' `−128 · Σ q` (where their sums start), padded
+    /// likewise.
+    pub starts: &'a [i32],
+}
+
+/// Computes the output block `rows × cols` of an `m × n` product of depth
+/// `kw` words from packed operands.
+///
+/// # Safety
+/// `ep.c` points to `m · n` writable values that no other thread reads or
+/// writes inside this block; `lhs` and `rhs` are packed operands of these
+/// sizes, `ep`'s scales and starts as long as [`Epilogue`] says.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn run_block(
+    lhs: &[u32],
+    m: usize,
+    rhs: &[u32],
+    kw: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    ep: &Epilogue<'_>,
+    isa: Isa,
+) {
+    let (vector, avx2) = (isa.has_avx512_vnni(), isa.width().is_some());
+    walk(lhs, m, rhs, kw, rows, cols, |t| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if vector {
+                // SAFETY: the features were checked; the tile comes from
+                // `walk` over packed operands; the output is the caller's.
+                return unsafe { by_shape!(tile_avx512, t.rows, t.vecs, (t, kw, ep)) };
+            }
+            if avx2 {
+                // SAFETY: as above (`width` found AVX2).
+                return unsafe { tile_portable_avx2(t, kw, ep) };
+            }
+        }
+        let _ = (vector, avx2);
+        // SAFETY: as above.
+        unsafe { tile_portable(t, kw, ep) }
+    });
+}
+
+/// One tile with `vpdpbusd`, `R` rows by `V` registers.
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and VNNI; `t` comes from [`walk`] with `R`
+/// rows and `V` registers over operands of depth `kw` words; the tile's
+/// outputs in `ep.c` are written by no one else meanwhile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile_avx512<const R: usize, const V: usize>(t: &Tile, kw: usize, ep: &Epilogue<'_>) {
+    use std::arch::x86_64::*;
+    // The sums start at `−128 · Σ q` (the shift of the lhs's `+ 128`), so
+    // the epilogue has no subtraction.
+    let mut start = [_mm512_setzero_si512(); V];
+    for (v, start) in start.iter_mut().enumerate() {
+        let starts = &ep.starts[t.col + v * LANES..t.col + (v + 1) * LANES];
+        // SAFETY: a full register (padded to whole panels).
+        *start = unsafe { _mm512_loadu_si512(starts.as_ptr().cast()) };
+    }
+    let mut acc = [start; R];
+    let (mut a, mut b) = (t.a, t.b);
+    let mut p = 0;
+    while p < kw {
+        let steps = GROUP.min(kw - p);
+        for s in 0..steps {
+            let mut bv = [_mm512_setzero_si512(); V];
+            for (v, bv) in bv.iter_mut().enumerate() {
+                // SAFETY: step `p + s` of the tile's registers lies in the
+                // packed rhs (`walk`).
+                *bv = unsafe { _mm512_loadu_si512(b.add(s * NR + v * LANES).cast()) };
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: row `r`'s word `p + s` lies in the packed lhs.
+                let quad = _mm512_set1_epi32(unsafe { *a.add(r * GROUP + s) } as i32);
+                for (acc, &bv) in acc.iter_mut().zip(&bv) {
+                    *acc = _mm512_dpbusd_epi32(*acc, quad, bv);
+                }
+            }
+        }
+        p += steps;
+        a = a.wrapping_add(t.a_group);
+        b = b.wrapping_add(GROUP * NR);
+    }
+    // Masked accesses even for full registers: with a branch on the mask
+    // in the body, LLVM kept these loops rolled and the accumulators went
+    // through the stack at every step of the main loop (2.5x slower).
+    for v in 0..V {
+        let col = t.col + v * LANES;
+        let scales = &ep.col_scales[col..col + LANES];
+        // SAFETY: a full register (padded to whole panels).
+        let col_scale = unsafe { _mm512_loadu_ps(scales.as_ptr()) };
+        for (r, acc) in acc.iter().enumerate() {
+            let x = _mm512_cvtepi32_ps(acc[v]);
+            let y = _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(ep.row_scales[t.row + r])), col_scale);
+            let out = ep.c.get().wrapping_add((t.row + r) * ep.n + col);
+            // SAFETY: the masked lanes are the tile's outputs inside `c`.
+            unsafe {
+                let y = if ep.accumulate { _mm512_add_ps(_mm512_maskz_loadu_ps(t.masks[v], out), y) } else { y };
+                _mm512_mask_storeu_ps(out, t.masks[v], y);
+            }
+        }
+    }
+}
+
+/// [`tile_portable`] compiled for AVX2: the same operations, 8 lanes wide.
+///
+/// # Safety
+/// The CPU has AVX2; as [`tile_portable`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn tile_portable_avx2(t: &Tile, kw: usize, ep: &Epilogue<'_>) {
+    // SAFETY: forwarded.
+    unsafe { tile_portable(t, kw, ep) }
+}
+
+/// One tile in portable integer code, with the vector tile's results: per
+/// step, the rhs bytes are widened once into four rows of i32 and every
+/// row of the tile runs over them, loops that LLVM vectorizes.
+///
+/// # Safety
+/// `t` comes from [`walk`] over operands of depth `kw` words; the tile's
+/// outputs in `ep.c` are written by no one else meanwhile.
+#[inline(always)]
+unsafe fn tile_portable(t: &Tile, kw: usize, ep: &Epilogue<'_>) {
+    let width = t.vecs * LANES;
+    let on = |j: usize| t.masks[j / LANES] >> (j % LANES) & 1 == 1;
+    let mut acc = [[0i32; NR]; MR];
+    for acc in acc.iter_mut().take(t.rows) {
+        acc[..width].copy_from_slice(&ep.starts[t.col..t.col + width]);
+    }
+    // Products `u8 · i8` fit in i16 (|255 · 127| < 2¹⁵): 16-bit multiplies
+    // where LLVM would otherwise emit slow 32-bit ones.
+    let mut w = [[0i16; NR]; 4];
+    for p in 0..kw {
+        // SAFETY: step `p` of the tile's registers lies in the packed rhs;
+        // a word's four values come lower `k` first in memory.
+        let bytes = unsafe { std::slice::from_raw_parts(t.b.add(p * NR).cast::<[u8; 4]>(), width) };
+        for (j, b) in bytes.iter().enumerate() {
+            for q in 0..4 {
+                w[q][j] = i16::from(b[q] as i8);
+            }
+        }
+        for (r, acc) in acc.iter_mut().enumerate().take(t.rows) {
+            // SAFETY: row `r`'s word `p` lies in the packed lhs.
+            let a = unsafe { *t.a.add(p / GROUP * t.a_group + r * GROUP + p % GROUP).cast::<[u8; 4]>() };
+            let a = a.map(i16::from);
+            for (j, acc) in acc[..width].iter_mut().enumerate() {
+                let dot = (0..4).map(|q| i32::from(a[q] * w[q][j])).sum::<i32>();
+                *acc = acc.wrapping_add(dot);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate().take(t.rows) {
+        let out = ep.c.get().wrapping_add((t.row + r) * ep.n + t.col);
+        for (j, &acc) in acc.iter().enumerate().take(width).filter(|&(j, _)| on(j)) {
+            let y = acc as f32 * ep.row_scales[t.row + r] * ep.col_scales[t.col + j];
+            // SAFETY: an output of the tile.
+            unsafe { *out.add(j) = if ep.accumulate { *out.add(j) + y } else { y } };
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Symmetric int8 quantization: of an f32 lhs row by row at run time
+//! (stored as `u8 = q + 128` for `vpdpbusd`'s unsigned operand), and of a
+//! weight column by column once per version.
+//!
+//! The rule, for a row (or column) `x`: `scale = max |xᵢ| / 127`, or 1
+//! when that is 0 (an all-zero row, or one so small that the division
+//! underflows); `qᵢ = round_half_even(xᵢ / scale)` clamped to
+//! `[-127, 127]`. A row holding a NaN or ±Inf gets `scale = NaN` and
+//! `q = 0`, so that every output it reaches is NaN. The vector and the
+//! scalar forms perform the same IEEE operations (a true division, the
+//! same rounding) and give the same bytes.
+
+use ndarray::ArrayView2;
+
+use crate::bf16::tiles::{bytes_mut, pack_rows, rhs_index};
+use crate::Isa;
+
+/// The scale of values whose largest magnitude is `top` (see the module).
+fn scale_of(top: f32, finite: bool) -> f32 {
+    let scale = top / 127.0;
+    if !finite {
+        f32::NAN
+    } else if scale == 0.0 {
+        1.0
+    } else {
+        scale
+    }
+}
+
+/// `x` quantized with `scale` (not NaN).
+fn level(x: f32, scale: f32) -> i8 {
+    (x / scale).round_ties_even().clamp(-127.0, 127.0) as i8
+}
+
+/// Quantizes `row` into `out` (as long) as `q + 128`, returning the scale.
+fn quantize_row(row: &[f32], out: &mut [u8], isa: Isa) -> f32 {
+    debug_assert_eq!(row.len(), out.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx512_vnni() {
+        // SAFETY: the features were checked; the lengths are equal.
+        return unsafe { quantize_row_avx512(row, out) };
+    }
+    let _ = isa;
+    let (mut top, mut finite) = (0f32, true);
+    for &x in row {
+        finite &= x.is_finite();
+        top = top.max(x.abs());
+    }
+    let scale = scale_of(top, finite);
+    for (o, &x) in out.iter_mut().zip(row) {
+        *o = if finite { (level(x, scale) as u8).wrapping_add(128) } else { 128 };
+    }
+    scale
+}
+
+/// [`quantize_row`] 16 values per register.
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and VNNI (the vector path goes with the
+/// `vpdpbusd` kernel); `out` is as long as `row`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn quantize_row_avx512(row: &[f32], out: &mut [u8]) -> f32 {
+    use std::arch::x86_64::*;
+    let len = row.len();
+    let mask = |i: usize| if len - i >= 16 { u16::MAX } else { ((1u32 << (len - i)) - 1) as u16 };
+    let (mut top, mut bad) = (_mm512_setzero_ps(), 0u16);
+    for i in (0..len).step_by(16) {
+        // SAFETY: the masked lanes lie inside `row`.
+        let x = unsafe { _mm512_maskz_loadu_ps(mask(i), row.as_ptr().add(i)) };
+        let abs = _mm512_castps_si512(_mm512_abs_ps(x));
+        bad |= _mm512_cmpge_epi32_mask(abs, _mm512_set1_epi32(0x7f80_0000));
+        top = _mm512_max_ps(top, _mm512_castsi512_ps(abs));
+    }
+    let scale = scale_of(_mm512_reduce_max_ps(top), bad == 0);
+    if bad != 0 {
+        out.fill(128);
+        return scale;
+    }
+    // Clamping before rounding is the same as after: the bounds are
+    // integers. `q + 128` is `q ^ 0x80` on a byte.
+    let (lo, hi, scale_v) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0), _mm512_set1_ps(scale));
+    let levels = |x: __m512| {
+        let q = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(x, scale_v), lo), hi);
+        _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(q)
+    };
+    let mut i = 0;
+    while i + 64 <= len {
+        let mut q = [_mm_setzero_si128(); 4];
+        for (j, q) in q.iter_mut().enumerate() {
+            // SAFETY: 64 values from `i` lie inside `row`.
+            let x = unsafe { _mm512_loadu_ps(row.as_ptr().add(i + 16 * j)) };
+            *q = _mm512_cvtepi32_epi8(levels(x));
+        }
+        let bytes =
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set_m128i(q[1], q[0])), _mm256_set_m128i(q[3], q[2]));
+        let bytes = _mm512_xor_si512(bytes, _mm512_set1_epi8(-128));
+        // SAFETY: 64 bytes from `i` lie inside `out`.
+        unsafe { _mm512_storeu_si512(out.as_mut_ptr().add(i).cast(), bytes) };
+        i += 64;
+    }
+    while i < len {
+        // SAFETY: the masked lanes lie inside `row` and `out`.
+        unsafe {
+            let x = _mm512_maskz_loadu_ps(mask(i), row.as_ptr().add(i));
+            let q = _mm512_add_epi32(levels(x), _mm512_set1_epi32(128));
+            _mm512_mask_cvtepi32_storeu_epi8(out.as_mut_ptr().add(i).cast(), mask(i), q);
+        }
+        i += 16;
+    }
+    scale
+}
+
+/// Packs `a [m, k]` (any strides) quantized row by row into `out`
+/// (`tiles::lhs_len(m, ceil(k / 4))` words of four `u8`), the rows' scales
+/// into `scales` (`m` values). Pad bytes hold 128 (a zero).
+pub(super) fn pack_lhs(a: ArrayView2<'_, f32>, out: &mut [u32], scales: &mut [f32], isa: Isa) {
+    let k = a.ncols();
+    pack_rows(a, k.div_ceil(4), out, 0x8080_8080, |i, row, words| {
+        scales[i] = quantize_row(row, &mut bytes_mut(words)[..k], isa);
+    });
+}
+
+/// A weight `w [k, n]` quantized per column into packed rhs words of
+/// four `i8` (`out`, zeroed, `tiles::rhs_len(n, ceil(k / 4))` words);
+/// returns each column's scale and `−128 · Σᵢ qᵢ` (the correction of the
+/// lhs's `+ 128`, where the column's sums start).
+pub(super) fn pack_weight(w: ArrayView2<'_, f32>, out: &mut [u32]) -> (Vec<f32>, Vec<i32>) {
+    let (k, n) = w.dim();
+    let kw = k.div_ceil(4);
+    let out = bytes_mut(out);
+    let (mut scales, mut starts) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for (j, col) in w.columns().into_iter().enumerate() {
+        let finite = col.iter().all(|x| x.is_finite());
+        let scale = scale_of(col.iter().fold(0f32, |t, x| t.max(x.abs())), finite);
+        let mut sum = 0i32;
+        if finite {
+            for (i, &x) in col.iter().enumerate() {
+                let q = level(x, scale);
+                out[4 * rhs_index(kw, i / 4, j) + i % 4] = q as u8;
+                sum += i32::from(q);
+            }
+        }
+        scales.push(scale);
+        starts.push(sum.wrapping_mul(-128));
+    }
+    (scales, starts)
+}

@@ -1,0 +1,232 @@
+//! Tests of the int8 products: the exact quantized arithmetic recomputed
+//! here bit for bit on both paths, the error against f64, odd sizes,
+//! strides, non-finite values and thread counts.
+
+use ndarray::{s, Array2, ArrayView2};
+
+use super::*;
+use crate::bf16::tests::{paths, with_threads, Rng};
+use crate::bf16::tiles::{lhs_len, with_scratch, OutPtr};
+
+/// Scales and levels of the rows of `x`, by the documented rule.
+fn levels(x: ArrayView2<'_, f32>) -> (Vec<f32>, Array2<i64>) {
+    let mut q = Array2::zeros(x.dim());
+    let scales = x
+        .rows()
+        .into_iter()
+        .zip(q.rows_mut())
+        .map(|(row, mut q)| {
+            if !row.iter().all(|v| v.is_finite()) {
+                return f32::NAN;
+            }
+            let scale = row.iter().fold(0f32, |t, v| t.max(v.abs())) / 127.0;
+            let scale = if scale == 0.0 { 1.0 } else { scale };
+            for (q, &v) in q.iter_mut().zip(&row) {
+                *q = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i64;
+            }
+            scale
+        })
+        .collect();
+    (scales, q)
+}
+
+/// The documented result, computed independently (i64 sums).
+fn exact(a: ArrayView2<'_, f32>, w: ArrayView2<'_, f32>, c0: &[f32], acc: bool) -> Vec<f32> {
+    let (sa, qa) = levels(a);
+    let (sw, qw) = levels(w.t());
+    let ((m, k), n) = (a.dim(), w.ncols());
+    let mut c = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let dot: i64 = (0..k).map(|p| qa[[i, p]] * qw[[j, p]]).sum();
+            let y = dot as i32 as f32 * sa[i] * sw[j];
+            c[i * n + j] = if acc { c0[i * n + j] + y } else { y };
+        }
+    }
+    c
+}
+
+/// `x`'s values with rows stored reversed (a negative row stride).
+fn reversed_rows(x: &Array2<f32>) -> Array2<f32> {
+    let mut r = x.slice(s![..;-1, ..]).to_owned();
+    r.invert_axis(ndarray::Axis(0));
+    r
+}
+
+fn check_shape(m: usize, k: usize, n: usize, rng: &mut Rng) {
+    let (a, w) = (rng.matrix(m, k), rng.matrix(k, n));
+    let c0: Vec<f32> = (0..m * n).map(|_| rng.uniform()).collect();
+    let packed = PackedI8::quantize(w.view());
+    let (sa, _) = levels(a.view());
+    let want64 = a.mapv(f64::from).dot(&w.mapv(f64::from));
+    let a_t = a.t().as_standard_layout().to_owned();
+    for acc in [false, true] {
+        let want = exact(a.view(), w.view(), &c0, acc);
+        for (kind, a) in [a.view(), a_t.t(), reversed_rows(&a).view()].into_iter().enumerate() {
+            for isa in paths() {
+                let mut c = c0.clone();
+                gemm_dynamic_i8(a, &packed, &mut c, acc, isa);
+                let what = format!("{isa:?} {m}x{k}x{n} layout {kind} acc {acc}");
+                assert!(c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "{what}: {c:?} vs {want:?}");
+                // The quantization's error bound against f64.
+                for i in 0..m {
+                    for j in 0..n {
+                        let (da, dw) = (f64::from(sa[i]) / 2.0, f64::from(packed.scales()[j]) / 2.0);
+                        let bound: f64 = (0..k)
+                            .map(|p| f64::from(a[[i, p]]).abs() * dw + f64::from(w[[p, j]]).abs() * da + da * dw)
+                            .sum();
+                        let base = if acc { f64::from(c0[i * n + j]) } else { 0.0 };
+                        let err = (f64::from(c[i * n + j]) - base - want64[[i, j]]).abs();
+                        assert!(err <= bound * 1.0001 + 1e-6, "{what}: ({i}, {j}) off by {err} > {bound}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn products_have_the_documented_bits_at_odd_sizes() {
+    let mut rng = Rng::new(21);
+    let sizes = [1, 3, 5, 17, 33];
+    for &m in &sizes {
+        for &k in &sizes {
+            for &n in &sizes {
+                check_shape(m, k, n, &mut rng);
+            }
+        }
+    }
+    for (m, k, n) in [(1023, 5, 17), (17, 1023, 3), (5, 33, 1023), (64, 130, 49), (9, 4, 96)] {
+        check_shape(m, k, n, &mut rng);
+    }
+}
+
+#[test]
+fn quantization_follows_the_rule_on_both_paths() {
+    let mut rng = Rng::new(2);
+    // Ties, zeros, a huge and a tiny row, a non-finite one.
+    let mut a = rng.matrix(6, 77);
+    a.row_mut(1).fill(0.0);
+    a.row_mut(2).iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 38.0) * 0.5);
+    a.row_mut(3).mapv_inplace(|v| v * 1e-42);
+    a.row_mut(4).mapv_inplace(|v| v * 3e38);
+    a[[5, 60]] = f32::NEG_INFINITY;
+    let (want_scales, want_q) = levels(a.view());
+    for isa in paths() {
+        let kw = 77usize.div_ceil(4);
+        let mut scales = vec![0f32; 6];
+        with_scratch(lhs_len(6, kw), |lhs| {
+            quantize::pack_lhs(a.view(), lhs, &mut scales, isa);
+            let bytes = crate::bf16::tiles::bytes_mut(lhs);
+            for i in 0..6 {
+                for p in 0..77 {
+                    let at = 4 * crate::bf16::tiles::lhs_slot(6, kw, i, p / 64) + 4 * (p % 64 / 4) + p % 4;
+                    let q = if want_scales[i].is_nan() { 0 } else { want_q[[i, p]] };
+                    assert_eq!(i64::from(bytes[at]) - 128, q, "{isa:?} ({i}, {p})");
+                }
+            }
+        });
+        for (got, want) in scales.iter().zip(&want_scales) {
+            assert_eq!(got.to_bits(), want.to_bits(), "{isa:?}");
+        }
+    }
+}
+
+#[test]
+fn non_finite_rows_and_columns_give_nan() {
+    let mut rng = Rng::new(4);
+    let (mut a, mut w) = (rng.matrix(5, 9), rng.matrix(9, 20));
+    a[[1, 3]] = f32::NAN;
+    w[[8, 17]] = f32::INFINITY;
+    let packed = PackedI8::quantize(w.view());
+    assert!(packed.scales()[17].is_nan() && packed.scales()[16].is_finite());
+    for isa in paths() {
+        for acc in [false, true] {
+            let mut c = vec![1f32; 5 * 20];
+            gemm_dynamic_i8(a.view(), &packed, &mut c, acc, isa);
+            for (i, v) in c.iter().enumerate() {
+                assert_eq!(v.is_nan(), i / 20 == 1 || i % 20 == 17, "{isa:?} {acc}: c[{i}] = {v}");
+            }
+        }
+    }
+}
+
+#[test]
+fn empty_sizes_write_zeros_or_nothing() {
+    let w = PackedI8::quantize(Array2::<f32>::zeros((0, 3)).view());
+    assert_eq!(w.scales(), [1.0; 3]);
+    for isa in paths() {
+        let mut c = vec![5.0f32; 6];
+        gemm_dynamic_i8(Array2::<f32>::zeros((2, 0)).view(), &w, &mut c, true, isa);
+        assert_eq!(c, [5.0; 6]);
+        gemm_dynamic_i8(Array2::<f32>::zeros((2, 0)).view(), &w, &mut c, false, isa);
+        assert_eq!(c, [0.0; 6]);
+        let w = PackedI8::quantize(Array2::<f32>::zeros((4, 0)).view());
+        gemm_dynamic_i8(Array2::<f32>::zeros((2, 4)).view(), &w, &mut [], false, isa);
+        let w = PackedI8::quantize(Array2::<f32>::zeros((4, 3)).view());
+        gemm_dynamic_i8(Array2::<f32>::zeros((0, 4)).view(), &w, &mut [], false, isa);
+    }
+}
+
+/// Blocks the pool never uses (starting inside a panel or a register)
+/// give the bits of the whole product too.
+#[test]
+fn any_blocks_give_the_bits_of_the_whole() {
+    let mut rng = Rng::new(6);
+    let (m, k, n) = (37, 23, 101);
+    let (a, w) = (rng.matrix(m, k), PackedI8::quantize(rng.matrix(k, n).view()));
+    for isa in paths() {
+        let mut whole = vec![0f32; m * n];
+        gemm_dynamic_i8(a.view(), &w, &mut whole, false, isa);
+        let mut parts = vec![0f32; m * n];
+        let (kw, mut row_scales) = (k.div_ceil(4), vec![0f32; m]);
+        with_scratch(lhs_len(m, kw), |lhs| {
+            quantize::pack_lhs(a.view(), lhs, &mut row_scales, isa);
+            let ep = kernel::Epilogue {
+                c: OutPtr(parts.as_mut_ptr()),
+                n,
+                accumulate: false,
+                row_scales: &row_scales,
+                col_scales: &w.scales,
+                starts: &w.starts,
+            };
+            for rows in [0..3, 3..8, 8..21, 21..37] {
+                for cols in [0..7, 7..16, 16..50, 50..101] {
+                    // SAFETY: disjoint blocks of `parts`, sized m×n.
+                    unsafe { kernel::run_block(lhs, m, w.words.words(), kw, rows.clone(), cols, &ep, isa) };
+                }
+            }
+        });
+        assert!(whole.iter().zip(&parts).all(|(x, y)| x.to_bits() == y.to_bits()), "{isa:?}");
+    }
+}
+
+#[test]
+fn thread_counts_give_the_same_bits() {
+    let mut rng = Rng::new(8);
+    for (m, k, n) in [(70, 333, 1023), (1023, 65, 130)] {
+        let (a, w) = (rng.matrix(m, k), PackedI8::quantize(rng.matrix(k, n).view()));
+        for isa in paths() {
+            let runs: Vec<Vec<f32>> = [1, 2, 3]
+                .iter()
+                .map(|&t| {
+                    with_threads(t, || {
+                        let mut c = vec![0f32; m * n];
+                        gemm_dynamic_i8(a.view(), &w, &mut c, false, isa);
+                        c
+                    })
+                })
+                .collect();
+            for c in &runs[1..] {
+                assert!(c.iter().zip(&runs[0]).all(|(x, y)| x.to_bits() == y.to_bits()), "{isa:?} {m}x{k}x{n}");
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "gemm_dynamic_i8: a [2, 3] times a quantized w [4, 5]")]
+fn mismatched_sizes_panic_with_the_sizes() {
+    let w = PackedI8::quantize(Array2::<f32>::zeros((4, 5)).view());
+    gemm_dynamic_i8(Array2::<f32>::zeros((2, 3)).view(), &w, &mut [0.0; 10], false, Isa::native());
+}
