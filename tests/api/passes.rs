@@ -176,13 +176,24 @@ fn tracejit_dump_writes_every_pass_in_order() {
             names.sort();
             assert_eq!(names.first().map(String::as_str), Some("dumped.1.001.inline.before.dot"), "{names:?}");
             assert!(names.iter().any(|n| n.starts_with("dumped.2.")), "the second trace dumps too: {names:?}");
-            let first: Vec<&String> =
-                names.iter().filter(|n| n.starts_with("dumped.1.") && n.ends_with(".txt")).collect();
+            let first: Vec<&String> = names
+                .iter()
+                .filter(|n| n.starts_with("dumped.1.") && !n.starts_with("dumped.1.jit.") && n.ends_with(".txt"))
+                .collect();
             let passes: Vec<&str> = first.iter().map(|n| n.split('.').nth(3).unwrap()).collect();
             assert_eq!(passes.first(), Some(&"inline"));
             assert_eq!(passes.last(), Some(&"fusion"));
             let last = std::fs::read_to_string(std::path::Path::new(&dir).join(first.last().unwrap())).unwrap();
             assert!(last.contains("fused"), "{last}");
+            // Then the JIT's passes, each a schedule listing, in the order
+            // `tracejit_jit::codegen::pass_names` gives (after the IR's
+            // `plan_regions`, which the pipeline's `fusion` stood for).
+            let jit: Vec<&String> = names.iter().filter(|n| n.starts_with("dumped.1.jit.")).collect();
+            let jit_passes: Vec<&str> =
+                jit.iter().map(|n| n.trim_end_matches(".txt").rsplit('.').next().unwrap()).collect();
+            assert_eq!(jit_passes, tracejit_jit::codegen::pass_names()[1..], "{names:?}");
+            let schedule = std::fs::read_to_string(std::path::Path::new(&dir).join(jit.last().unwrap())).unwrap();
+            assert!(schedule.starts_with("schedule dumped") && schedule.contains("region"), "{schedule}");
             return;
         }
     }

@@ -1,10 +1,13 @@
 //! The executor: a graph prepared once into a flat schedule of steps, run
 //! many times.
 //!
-//! Regions are planned once, by the IR's fusion pass with [`crate::supports`]
-//! as its acceptance rule: the pipeline's when the graph comes optimized
-//! (its listing shows what runs), else the same pass run here on the plain
-//! graph. The executor never re-plans a region.
+//! The executor only runs a schedule: every decision about the graph —
+//! which regions form, which products pair, which loops run in row
+//! blocks, which buffers are reused — is a pass of [`crate::codegen`],
+//! verified and dumped. Regions are planned once, by the IR's fusion pass
+//! with [`crate::supports`] as its acceptance rule: the pipeline's for a
+//! traced function ([`Executable::from_optimized`]), else the
+//! `plan_regions` pass for a plain graph ([`Executable::new`]).
 //!
 //! Steps, in arena (topological) order:
 //! - **matrix products** through [`crate::matmul`] (a fast GEMM), written
@@ -33,88 +36,36 @@
 //! static types have unknown dimensions are re-checked against their
 //! concrete operands (an [`IrError::Op`] instead of a kernel panic).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cranelift_entity::EntityRef;
 use smallvec::SmallVec;
-use tracejit_ir::passes::{Fusion, Pass, PassContext};
 use tracejit_ir::tensor::{kernels, BinaryOp, Storage};
-use tracejit_ir::{
-    eval_primitive, infer, AssignKind, FuncId, Graph, IrError, Node, NodeId, Op, TensorType, ValueId, VarId,
-};
+use tracejit_ir::{eval_primitive, infer, AssignKind, Graph, IrError, NodeId, Op, TensorType};
 
-use crate::region::{BufPool, CompiledRegion};
-use crate::{compile_region_with, supports, JitError, JitOptions};
+use crate::codegen::lower::Callees;
+use crate::codegen::{CodegenContext, CodegenReport, DumpTo, Run};
+use crate::region::BufPool;
+use crate::schedule::{Pair, Schedule, Step, StepKind};
+use crate::{JitError, JitOptions};
 
-mod batch;
+pub(crate) mod batch;
 mod epilogue;
 mod pairs;
 mod profile;
 mod scalars;
 mod stats;
-mod views;
+pub(crate) mod views;
 pub use profile::{Profile, StepTime};
 pub use stats::ScheduleStats;
-use views::View;
-
-/// What one step does.
-enum StepKind {
-    /// Graph input `n`.
-    Param(usize),
-    /// A constant (cloned, O(1)).
-    Constant(Storage),
-    /// A fused region.
-    Region(Arc<CompiledRegion>),
-    /// A matrix product.
-    MatMul,
-    /// A view of its input (no copy): a transpose, or a gather of one
-    /// index.
-    View(View),
-    /// A reference kernel (or an unsupported fused region, interpreted).
-    Primitive(Op),
-    /// A registered native kernel (`Op::Kernel`).
-    External(Op),
-    /// A call of a library function.
-    Call(Arc<Executable>),
-    /// A conditional: the then and else branches, prepared once.
-    Cond(Box<[Executable; 2]>),
-    /// A loop: the condition and the body, prepared once, and how many
-    /// of the inputs are carried.
-    While(Box<[Executable; 2]>, usize, Option<Box<batch::Split>>),
-    /// Reads a variable.
-    Read(VarId),
-    /// Writes a variable.
-    Assign(VarId, AssignKind),
-}
-
-struct Step {
-    kind: StepKind,
-    /// The node (the last member for a region), for error messages.
-    node: NodeId,
-    inputs: SmallVec<[usize; 3]>,
-    outputs: SmallVec<[usize; 1]>,
-    /// Slots whose last use is this step.
-    frees: SmallVec<[usize; 2]>,
-    /// A region's input (by position) whose buffer its output may take
-    /// in place, the input dying here ([`CompiledRegion::may_write_in_place`]).
-    in_place: Option<usize>,
-    /// Whether this product runs alongside another ([`pairs::Pair`]).
-    pair: pairs::Pair,
-    /// Re-check types on concrete operands (some static dim is unknown).
-    check: bool,
-    /// Ask the allocator before running: a static output is big enough to
-    /// probe (see `tracejit_tensor::check_allocation`), or unknown.
-    probe: bool,
-}
 
 /// A graph prepared for fast execution: a flat schedule of steps.
 pub struct Executable {
     graph: Arc<Graph>,
-    steps: Vec<Step>,
-    n_slots: usize,
-    outputs: Vec<usize>,
+    schedule: Schedule,
     param_types: Vec<TensorType>,
+    /// What the JIT's passes did (this graph's and its subgraphs').
+    report: CodegenReport,
     /// The vector code its products and kernels may run.
     isa: tracejit_kernels::Isa,
     /// Freed intermediates and earlier results, reused for region outputs
@@ -127,18 +78,11 @@ pub struct Executable {
 
 impl std::fmt::Debug for Executable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Executable").field("graph", &self.graph.name).field("steps", &self.steps.len()).finish()
+        f.debug_struct("Executable")
+            .field("graph", &self.graph.name)
+            .field("steps", &self.schedule.steps.len())
+            .finish()
     }
-}
-
-/// `graph` with its fusible nodes planned into regions this JIT compiles, by
-/// the fusion pass (the one planner; it leaves regions a pipeline already
-/// formed alone, so an optimized graph runs exactly as its listing shows).
-fn plan_regions(graph: &Graph) -> Graph {
-    let mut g = graph.clone();
-    let cx = PassContext::new(graph.name.clone()).with_region_acceptor(Arc::new(supports));
-    Fusion::default().run(&mut g, &cx);
-    g
 }
 
 /// Runs a control-flow node's subgraphs with the calling executable's
@@ -161,15 +105,10 @@ impl tracejit_ir::control::SubgraphRunner for Shared<'_> {
     }
 }
 
-/// The two subgraphs of a `cond` or `while`, planned and prepared.
-fn prepare_pair(graphs: &[Arc<Graph>; 2], opts: &JitOptions) -> Result<[Executable; 2], JitError> {
-    let prepare = |g: &Arc<Graph>| Executable::build(Arc::new(plan_regions(g)), opts, &mut HashMap::new());
-    Ok([prepare(&graphs[0])?, prepare(&graphs[1])?])
-}
-
 impl Executable {
-    /// Prepares `graph` (already optimized by the lead's passes; may contain
-    /// any op). Library functions called by the graph are prepared too.
+    /// Prepares `graph`, a plain graph (may contain any op; its regions are
+    /// planned here by the `plan_regions` pass), with the environment's
+    /// options. Library functions called by the graph are prepared too.
     pub fn new(graph: &Graph) -> Result<Executable, JitError> {
         Executable::with_options(graph, &JitOptions::global())
     }
@@ -179,223 +118,71 @@ impl Executable {
         // A malformed graph is an error here, not a panic in a pass or a
         // wrong schedule.
         tracejit_ir::verify(graph)?;
-        let mut callees: HashMap<FuncId, Arc<Executable>> = HashMap::new();
-        Executable::build(Arc::new(plan_regions(graph)), opts, &mut callees)
+        let planned = crate::codegen::plan_regions(graph);
+        let mut run = Run::new(DumpTo::from_env(&graph.name));
+        let mut exe = Executable::build(Arc::new(planned), opts, &mut Callees::new(), &mut run)?;
+        exe.report = run.report;
+        Ok(exe)
     }
 
-    fn build(
+    /// Prepares a graph whose regions the IR's pipeline has planned with
+    /// this JIT's acceptance rule (a traced function's optimized graph):
+    /// the JIT's passes from `lower` on, dumped to `dump` when given.
+    pub fn from_optimized(graph: &Graph, opts: &JitOptions, dump: Option<DumpTo>) -> Result<Executable, JitError> {
+        tracejit_ir::verify(graph)?;
+        let mut run = Run::new(dump);
+        let mut exe = Executable::build(Arc::new(graph.clone()), opts, &mut Callees::new(), &mut run)?;
+        exe.report = run.report;
+        Ok(exe)
+    }
+
+    /// `lower` and the schedule passes over `graph` (its regions planned),
+    /// reporting and dumping into `run`.
+    pub(crate) fn build(
         graph: Arc<Graph>,
         opts: &JitOptions,
-        callees: &mut HashMap<FuncId, Arc<Executable>>,
+        callees: &mut Callees,
+        run: &mut Run,
     ) -> Result<Executable, JitError> {
-        let g = &*graph;
-        let n = g.len();
-        let mut consumers: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
-        for (id, node) in g.nodes() {
-            for v in &node.inputs {
-                consumers.entry(*v).or_default().push(id);
-            }
-        }
-        // Slots: one per (node, output).
-        let mut slot_of: HashMap<ValueId, usize> = HashMap::new();
-        let mut n_slots = 0;
-        for (id, node) in g.nodes() {
-            for k in 0..node.outputs.len() {
-                slot_of.insert(ValueId::new(id, k as u32), n_slots);
-                n_slots += 1;
-            }
-        }
-        let slot = |v: &ValueId| -> Result<usize, JitError> {
-            slot_of.get(v).copied().ok_or_else(|| {
-                JitError::Ir(IrError::Verifier {
-                    graph: g.name.clone(),
-                    node: v.node,
-                    message: format!("value {v} does not exist"),
-                })
-            })
-        };
-        let has_unknown = |node: &Node| {
-            node.outputs.iter().chain(node.inputs.iter().map(|v| g.value_type(*v))).any(|t| t.shape().is_none())
-        };
-
-        let mut steps: Vec<Step> = Vec::new();
-        let ids: Vec<NodeId> = g.nodes().map(|(id, _)| id).collect();
-
-        for &id in &ids {
-            let node = g.node(id);
-            if let Op::Constant { value } = &node.op {
-                // Constants are materialized as slots only if something
-                // outside a region reads them.
-                steps.push(Step {
-                    kind: StepKind::Constant(value.clone()),
-                    node: id,
-                    inputs: SmallVec::new(),
-                    outputs: smallvec::smallvec![slot(&ValueId::new(id, 0))?],
-                    frees: SmallVec::new(),
-                    in_place: None,
-                    pair: pairs::Pair::None,
-                    check: false,
-                    probe: false,
-                });
-                continue;
-            }
-            let inputs: SmallVec<[usize; 3]> = node.inputs.iter().map(&slot).collect::<Result<_, _>>()?;
-            let outputs: SmallVec<[usize; 1]> =
-                (0..node.outputs.len()).map(|k| slot(&ValueId::new(id, k as u32))).collect::<Result<_, _>>()?;
-            let check = has_unknown(node);
-            // Every op is listed: a new op is a compile error here until the
-            // executor handles it (or sends it to the reference kernels).
-            let kind = match &node.op {
-                Op::Parameter { index } => StepKind::Param(*index),
-                Op::MatMul => StepKind::MatMul,
-                Op::Call { func } => {
-                    if func.index() >= g.library.len() {
-                        return Err(JitError::Ir(IrError::Verifier {
-                            graph: g.name.clone(),
-                            node: id,
-                            message: format!("unknown function {func}"),
-                        }));
-                    }
-                    let exe = match callees.get(func) {
-                        Some(e) => e.clone(),
-                        None => {
-                            let callee = plan_regions(&g.library.get(*func).graph);
-                            let e = Arc::new(Executable::build(Arc::new(callee), opts, &mut HashMap::new())?);
-                            callees.insert(*func, e.clone());
-                            e
-                        }
-                    };
-                    StepKind::Call(exe)
-                }
-                Op::Cond { branches } => StepKind::Cond(Box::new(prepare_pair(branches, opts)?)),
-                Op::While { parts, trip_count } => {
-                    let carried = parts[1].outputs.len();
-                    let split = batch::plan(parts, carried, *trip_count, opts).map(Box::new);
-                    StepKind::While(Box::new(prepare_pair(parts, opts)?), carried, split)
-                }
-                Op::ReadVariable { var } => StepKind::Read(*var),
-                Op::AssignVariable { var, kind } => StepKind::Assign(*var, *kind),
-                // A region planned by the fusion pass: compiled when this JIT
-                // supports it, else its body is interpreted (a fallback).
-                Op::Fused { body } if supports(body) => StepKind::Region(compile_region_with(body, opts)?),
-                Op::Fused { .. } => StepKind::Primitive(node.op.clone()),
-                // A registered native kernel runs as itself.
-                Op::Kernel { .. } => StepKind::External(node.op.clone()),
-                Op::Transpose { perm } => StepKind::View(View::Transpose(perm.clone())),
-                Op::Gather { axis } if g.value_type(node.inputs[1]).rank() == 0 => StepKind::View(View::Index(*axis)),
-                Op::Constant { .. }
-                | Op::Unary(_)
-                | Op::Binary(_)
-                | Op::Select
-                | Op::Cast { .. }
-                | Op::Clamp { .. }
-                | Op::Reduce { .. }
-                | Op::BroadcastTo { .. }
-                | Op::ExpandDims { .. }
-                | Op::ArgReduce { .. }
-                | Op::Reshape { .. }
-                | Op::Squeeze { .. }
-                | Op::Concat { .. }
-                | Op::Stack { .. }
-                | Op::Slice { .. }
-                | Op::Gather { .. }
-                | Op::OneHot { .. } => StepKind::Primitive(node.op.clone()),
-            };
-            let probe = matches!(kind, StepKind::Region(_) | StepKind::MatMul | StepKind::Primitive(_))
-                && node.outputs.iter().any(|t| {
-                    t.shape()
-                        .and_then(|s| tracejit_ir::tensor::byte_size(t.dtype, &s))
-                        .is_none_or(|b| b >= tracejit_ir::tensor::PROBE_BYTES)
-                });
-            steps.push(Step {
-                kind,
-                node: id,
-                inputs,
-                outputs,
-                frees: SmallVec::new(),
-                in_place: None,
-                pair: pairs::Pair::None,
-                check,
-                probe,
-            });
-        }
-
-        pairs::hoist_views(&mut steps, g, crate::threads::gemm_threshold());
-        // Last uses; graph outputs live on.
-        let outputs: Vec<usize> = g.outputs.iter().map(&slot).collect::<Result<_, _>>()?;
-        let mut last: Vec<Option<usize>> = vec![None; n_slots];
-        for (i, s) in steps.iter().enumerate() {
-            for &x in s.inputs.iter().chain(&s.outputs) {
-                last[x] = Some(i);
-            }
-        }
-        for &o in &outputs {
-            last[o] = None;
-        }
-        for (x, l) in last.iter().enumerate() {
-            if let Some(i) = l {
-                steps[*i].frees.push(x);
-            }
-        }
-        // The caller's inputs and constants are never unique at run time:
-        // only an intermediate can lend its buffer.
-        let lent: Vec<usize> = steps
-            .iter()
-            .filter(|s| matches!(s.kind, StepKind::Param(_) | StepKind::Constant(_)))
-            .flat_map(|s| s.outputs.iter().copied())
-            .collect();
-        for s in &mut steps {
-            if let StepKind::Region(r) = &s.kind {
-                s.in_place = (0..s.inputs.len()).find(|&p| {
-                    let x = s.inputs[p];
-                    s.frees.contains(&x) && !lent.contains(&x) && r.may_write_in_place(p)
-                });
-            }
-        }
-        // Constants read only inside regions, and inputs nothing reads (a
-        // loop's condition gets the whole state and reads the counter),
-        // need no slot at run time.
-        steps.retain(|s| {
-            !matches!(s.kind, StepKind::Constant(_) | StepKind::Param(_))
-                || s.frees.len() != 1
-                || s.frees[0] != s.outputs[0]
-        });
-        let _ = n;
-        // Renumber the slots the schedule uses densely, so that a call's slot
-        // table is small.
-        let mut dense: Vec<Option<usize>> = vec![None; n_slots];
-        let mut n_used = 0;
-        let mut renum = |x: &mut usize| {
-            *x = *dense[*x].get_or_insert_with(|| {
-                n_used += 1;
-                n_used - 1
-            });
-        };
-        let mut outputs = outputs;
-        for s in &mut steps {
-            s.inputs.iter_mut().chain(s.outputs.iter_mut()).chain(s.frees.iter_mut()).for_each(&mut renum);
-        }
-        outputs.iter_mut().for_each(&mut renum);
-        let n_slots = n_used;
-        pairs::pair_products(&mut steps, g, crate::threads::gemm_threshold());
-        epilogue::plan(&mut steps, g);
-        let param_types = g.param_types();
+        let started = std::time::Instant::now();
+        let mut schedule = crate::codegen::lower::lower(&graph, opts, callees, run)?;
+        run.record_lower(&graph, schedule.steps.len(), started.elapsed());
+        let cx = CodegenContext { graph: &graph, opts, gemm_threshold: crate::threads::gemm_threshold() };
+        crate::codegen::run_passes(&mut schedule, &cx, run)?;
+        let param_types = graph.param_types();
         Ok(Executable {
             graph,
-            steps,
-            n_slots,
-            outputs,
+            schedule,
             param_types,
+            report: CodegenReport::default(),
             isa: opts.isa(),
             pool: Mutex::new(BufPool::default()),
             clock: Mutex::default(),
         })
     }
 
+    /// What the JIT's passes did to this graph and its subgraphs
+    /// ([`crate::codegen`]).
+    pub fn codegen_report(&self) -> &CodegenReport {
+        &self.report
+    }
+
+    /// The schedule this executable runs, as text: one step a line, with
+    /// its slots, what frees them, in-place writes and pairs (what the
+    /// codegen dumps hold).
+    pub fn schedule_listing(&self) -> String {
+        self.schedule.listing(&self.graph)
+    }
+
+    /// The graph this executable runs.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
     /// Names of the ops that fell back to the reference kernels, for stats().
     pub fn fallbacks(&self) -> Vec<String> {
         let mut v: Vec<String> = Vec::new();
-        for s in &self.steps {
+        for s in &self.schedule.steps {
             match &s.kind {
                 StepKind::Primitive(op) => v.push(op.name().to_string()),
                 StepKind::Call(e) => v.extend(e.fallbacks()),
@@ -408,7 +195,7 @@ impl Executable {
 
     /// Number of fused regions in the schedule (for stats and tests).
     pub fn num_regions(&self) -> usize {
-        self.steps.iter().filter(|s| matches!(s.kind, StepKind::Region(_))).count()
+        self.schedule.steps.iter().filter(|s| matches!(s.kind, StepKind::Region(_))).count()
     }
 
     /// Runs on one value per graph param (checked like
@@ -418,7 +205,7 @@ impl Executable {
         let mut pool = BufPool::checkout(&self.pool);
         // The slot table is kept with the pool: a train step's is a few KiB.
         let mut values = std::mem::take(&mut pool.table);
-        values.resize(self.n_slots, None);
+        values.resize(self.schedule.n_slots, None);
         let result = self.run_steps(inputs, &mut values, &mut pool);
         if let Ok(outs) = &result {
             // Kept so the buffers can be reused once the caller drops them.
@@ -439,7 +226,7 @@ impl Executable {
         // Loop bodies run once per trip: a slot table on the stack for
         // bodies of up to 16 values (W8's fits) costs no allocation.
         let mut values: SmallVec<[Option<Storage>; 16]> = SmallVec::new();
-        values.resize(self.n_slots, None);
+        values.resize(self.schedule.n_slots, None);
         self.run_steps(inputs, &mut values, pool)
     }
 
@@ -501,14 +288,14 @@ impl Executable {
         pool: &mut BufPool,
     ) -> Result<Vec<Storage>, IrError> {
         let g = &*self.graph;
-        let mut clock: Option<Vec<u64>> = profile::profiling().then(|| vec![0; self.steps.len()]);
+        let mut clock: Option<Vec<u64>> = profile::profiling().then(|| vec![0; self.schedule.steps.len()]);
         // Filled in place by each step and drained into the slots: moving a
         // two-value SmallVec (216 bytes) out of the match and into its
         // iterator was a `memcpy` call each, a sixth of a scalar loop trip.
         let mut outs: SmallVec<[Storage; 2]> = SmallVec::new();
-        for (i, step) in self.steps.iter().enumerate() {
+        for (i, step) in self.schedule.steps.iter().enumerate() {
             let started = clock.is_some().then(std::time::Instant::now);
-            let done = matches!(step.pair, pairs::Pair::Second | pairs::Pair::After);
+            let done = matches!(step.pair, Pair::Second | Pair::After);
             if done && values[step.outputs[0]].is_some() {
                 // Computed with its partner: only its last uses remain.
                 self.free_slots(step, values, pool);
@@ -536,8 +323,8 @@ impl Executable {
                 }
                 StepKind::MatMul => {
                     let paired = match step.pair {
-                        pairs::Pair::First(j) => {
-                            let other = &self.steps[j];
+                        Pair::First(j) => {
+                            let other = &self.schedule.steps[j];
                             let b: SmallVec<[&Storage; 2]> = other
                                 .inputs
                                 .iter()
@@ -551,11 +338,11 @@ impl Executable {
                                 x
                             })
                         }
-                        pairs::Pair::Then(j) => epilogue::run(self, step, j, &args, values, pool)?.map(|(x, made)| {
+                        Pair::Then(j) => epilogue::run(self, step, j, &args, values, pool)?.map(|(x, made)| {
                             partner_out = made;
                             x
                         }),
-                        pairs::Pair::None | pairs::Pair::Second | pairs::Pair::After => None,
+                        Pair::None | Pair::Second | Pair::After => None,
                     };
                     let out = paired.unwrap_or_else(|| {
                         crate::gemm::matmul_with(self.isa, args[0], args[1], &mut |d, s| pool.take(d, s))
@@ -631,7 +418,7 @@ impl Executable {
         if let Some(clock) = clock {
             profile::record(self, &clock);
         }
-        let outputs = &self.outputs;
+        let outputs = &self.schedule.outputs;
         outputs
             .iter()
             .enumerate()

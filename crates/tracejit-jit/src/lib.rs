@@ -136,6 +136,7 @@
 mod analysis;
 mod batch;
 mod chunks;
+pub mod codegen;
 mod constpool;
 mod dispatch;
 mod error;
@@ -150,6 +151,7 @@ mod native;
 mod options;
 mod region;
 mod scalar;
+mod schedule;
 mod unify;
 
 pub use analysis::MAX_CONST_ELEMENTS;

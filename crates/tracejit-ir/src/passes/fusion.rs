@@ -432,6 +432,40 @@ impl Pass for Fusion {
     }
 
     fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
+        // Branches and loop bodies first (not the bodies of regions formed
+        // already): the executor runs them as graphs of their own, and
+        // this is the one place regions are planned.
+        let nested = self.run_in_control_flow(g, cx);
+        let here = self.run_here(g, cx);
+        match (nested.changed, here.changed) {
+            (false, _) => here,
+            (true, false) => nested,
+            (true, true) => PassResult::changed(format!("{}; {}", here.summary, nested.summary)),
+        }
+    }
+}
+
+impl Fusion {
+    /// Runs the pass inside every `cond` branch and `while` condition and
+    /// body of `g`.
+    fn run_in_control_flow(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
+        let holders: Vec<NodeId> =
+            g.nodes().filter(|(_, n)| matches!(n.op, Op::Cond { .. } | Op::While { .. })).map(|(id, _)| id).collect();
+        let mut changed = 0usize;
+        for id in holders {
+            for sub in g.node_mut(id).op.subgraphs_mut() {
+                let mut inner = (**sub).clone();
+                if self.run(&mut inner, cx).changed {
+                    *sub = Arc::new(inner);
+                    changed += 1;
+                }
+            }
+        }
+        PassResult::count(changed, if changed == 1 { "subgraph fused" } else { "subgraphs fused" })
+    }
+
+    /// The regions of `g` itself.
+    fn run_here(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
         let mut planner = Planner::new(g);
         planner.plan(cx, self.reductions_end_regions);
 

@@ -383,7 +383,9 @@ impl Pipeline {
         Ok((g, report))
     }
 
-    fn dump_dir(&self) -> Option<PathBuf> {
+    /// Where dumps go: [`OptimizationOptions::dump_dir`], else the
+    /// `TRACEJIT_DUMP` environment variable; `None` when neither is set.
+    pub fn dump_dir(&self) -> Option<PathBuf> {
         self.options
             .dump_dir
             .clone()

@@ -1,12 +1,13 @@
 //! A loop run as one loop per block of its batch rows, each on one
-//! thread of the pool ([`crate::batch`] finds the loops and the rows).
+//! thread of the pool ([`crate::batch`] finds the loops and the rows; the
+//! `row_loops` codegen pass decides, with [`plan`]).
 
 use std::sync::{Arc, Mutex};
 
 use tracejit_ir::tensor::{kernels, Storage};
 use tracejit_ir::{Graph, IrError};
 
-use super::{plan_regions, BufPool, Executable, Shared};
+use super::{BufPool, Executable, Shared};
 use crate::batch::{self, LoopRows, Rows};
 use crate::JitOptions;
 
@@ -18,7 +19,7 @@ type Parts = Arc<[Executable; 2]>;
 
 /// What a `while` step needs to run split: the rows, the subgraphs to
 /// write for a block size, and the blocks' executables and buffers.
-pub(super) struct Split {
+pub(crate) struct Split {
     rows: LoopRows,
     /// The least rows of a block ([`batch::exact_rows`]).
     least: usize,
@@ -39,10 +40,16 @@ pub(super) struct Split {
 /// little of it, what their products share stays in cache
 /// ([`batch::SHARED_MAX`]), and a block's products give the bits of the
 /// whole (so results do not depend on the thread count).
-pub(super) fn plan(parts: &[Arc<Graph>; 2], carried: usize, trips: Option<usize>, opts: &JitOptions) -> Option<Split> {
+pub(crate) fn plan(
+    parts: &[Arc<Graph>; 2],
+    carried: usize,
+    trips: Option<usize>,
+    opts: &JitOptions,
+    gemm_threshold: usize,
+) -> Option<Split> {
     let rows = batch::plan_loop(parts, carried)?;
     let costs = batch::trip_costs(&parts[1], &rows.parts[1]);
-    let pays = costs.rows.saturating_mul(trips.unwrap_or(1)) >= crate::threads::gemm_threshold()
+    let pays = costs.rows.saturating_mul(trips.unwrap_or(1)) >= gemm_threshold
         && costs.repeated.saturating_mul(8) <= costs.rows
         && costs.shared <= batch::SHARED_MAX
         && costs.exact;
@@ -70,7 +77,28 @@ fn blocks(b: usize, n: usize) -> Vec<std::ops::Range<usize>> {
 }
 
 impl Split {
-    /// The condition and body for blocks of `p` rows.
+    /// The split in a schedule listing.
+    pub(crate) fn describe(&self) -> String {
+        let axes: Vec<String> = self
+            .rows
+            .inputs
+            .iter()
+            .map(|r| match r {
+                Rows::Free => "-".to_string(),
+                Rows::Axis(a) => a.to_string(),
+            })
+            .collect();
+        format!(
+            "row blocks of {} rows, at least {} each; batch axis per input [{}]",
+            self.rows.b,
+            self.least,
+            axes.join(", ")
+        )
+    }
+
+    /// The condition and body for blocks of `p` rows: the loop's subgraphs
+    /// retyped (and verified, [`batch::retype`]), prepared through the
+    /// JIT's passes like any graph (their regions are the loop's own).
     fn executables(&self, p: usize) -> Option<Parts> {
         let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, e)) = built.iter().find(|(q, _)| *q == p) {
@@ -78,7 +106,8 @@ impl Split {
         }
         let prepare = |k: usize| {
             let g = batch::retype(&self.parts[k], &self.rows.parts[k], p)?;
-            Executable::build(Arc::new(plan_regions(&g)), &self.opts, &mut Default::default()).ok()
+            let mut run = crate::codegen::Run::default();
+            Executable::build(Arc::new(g), &self.opts, &mut Default::default(), &mut run).ok()
         };
         let e = prepare(0).zip(prepare(1)).map(|(c, b)| Arc::new([c, b]));
         built.push((p, e.clone()));
@@ -91,7 +120,7 @@ impl Split {
     /// subgraphs cannot be prepared, or when a block fails (its blocks
     /// stop at different trips: the whole loop reports the error one
     /// thread reports); the caller then runs the loop whole.
-    pub(super) fn run(&self, carried: usize, args: &[Storage]) -> Option<Vec<Storage>> {
+    pub(crate) fn run(&self, carried: usize, args: &[Storage]) -> Option<Vec<Storage>> {
         let pool = crate::threads::pool()?;
         let LoopRows { b, inputs: rows, .. } = &self.rows;
         let n = pool.threads().min(b / self.least);

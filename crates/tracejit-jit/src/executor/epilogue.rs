@@ -8,39 +8,16 @@
 //! which read half of the product from the other core's cache; and the
 //! next step's product read all of `h` from both. In halves of rows, a
 //! thread's rows of `h` stay in its own core from one step to the next.
+//! The `epilogues` codegen pass decides which products run this way
+//! (`codegen/products.rs`).
 
 use smallvec::SmallVec;
 use tracejit_ir::tensor::{DType, Storage};
-use tracejit_ir::{Graph, IrError};
+use tracejit_ir::IrError;
 
-use super::pairs::{self, Pair};
-use super::{Executable, Step, StepKind};
+use super::Executable;
 use crate::region::{unique_mut_ptr, BufPool, Product};
-
-/// Marks each product whose next step is a region reading it for the last
-/// time, where the two can run in row halves: the product
-/// `Pair::Then(j)`, the region `Pair::After`.
-pub(super) fn plan(steps: &mut [Step], g: &Graph) {
-    for i in 0..steps.len().saturating_sub(1) {
-        let (this, next) = (&steps[i], &steps[i + 1]);
-        if this.pair != Pair::None || next.pair != Pair::None || next.check {
-            continue;
-        }
-        if !matches!(this.kind, StepKind::MatMul) {
-            continue;
-        }
-        let Some((m, k, n)) = pairs::product_sizes(g, this) else { continue };
-        let StepKind::Region(r) = &next.kind else { continue };
-        let product = this.outputs[0];
-        let fits = crate::threads::epilogue_rows(m, n, k).is_some_and(|half| r.product_row_map(m, n, half).is_some())
-            && next.inputs.contains(&product)
-            && next.frees.contains(&product);
-        if fits {
-            steps[i].pair = Pair::Then(i + 1);
-            steps[i + 1].pair = Pair::After;
-        }
-    }
-}
+use crate::schedule::{Step, StepKind};
 
 /// What [`run`] made: the product and the region's outputs by slot.
 pub(super) type Made = (Storage, SmallVec<[(usize, Storage); 2]>);
@@ -58,7 +35,7 @@ pub(super) fn run(
     values: &[Option<Storage>],
     pool: &mut BufPool,
 ) -> Result<Option<Made>, IrError> {
-    let next = &exe.steps[j];
+    let next = &exe.schedule.steps[j];
     let StepKind::Region(r) = &next.kind else { return Ok(None) };
     let (a, b) = (args[0], args[1]);
     let (&[m, k], &[k2, n]) = (a.shape(), b.shape()) else { return Ok(None) };

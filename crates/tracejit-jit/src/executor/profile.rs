@@ -9,7 +9,8 @@ use std::time::Duration;
 use tracejit_ir::{IrError, NodeId, Op};
 use tracejit_tensor::Storage;
 
-use super::{Executable, Step, StepKind};
+use super::Executable;
+use crate::schedule::{Pair, Step, StepKind};
 
 /// The time of one step of an [`Executable`], summed over the profiled
 /// runs.
@@ -131,7 +132,7 @@ fn subgraphs(kind: &StepKind) -> Vec<(&'static str, &Executable)> {
 /// Clears `exe`'s clocks and its subgraphs'.
 fn reset(exe: &Executable) {
     exe.clock.lock().unwrap_or_else(|e| e.into_inner()).clear();
-    for step in &exe.steps {
+    for step in &exe.schedule.steps {
         subgraphs(&step.kind).into_iter().for_each(|(_, sub)| reset(sub));
     }
 }
@@ -139,7 +140,7 @@ fn reset(exe: &Executable) {
 /// Appends `exe`'s step times (and its subgraphs') to `out`.
 fn collect(exe: &Executable, prefix: &str, depth: usize, out: &mut Vec<StepTime>) {
     let clock = exe.clock.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    for (index, step) in exe.steps.iter().enumerate() {
+    for (index, step) in exe.schedule.steps.iter().enumerate() {
         let path = format!("{prefix}{index}");
         out.push(StepTime {
             index,
@@ -229,11 +230,11 @@ fn describe(exe: &Executable, step: &Step) -> String {
     // run time) says which.
     let mut in_place = step.in_place.map(|p| format!(" (in place of input {p})")).unwrap_or_default();
     match step.pair {
-        super::pairs::Pair::First(j) => in_place.push_str(&format!(" (with #{j} alongside)")),
-        super::pairs::Pair::Second => in_place.push_str(" (alongside an earlier product)"),
-        super::pairs::Pair::Then(j) => in_place.push_str(&format!(" (with #{j} in row halves)")),
-        super::pairs::Pair::After => in_place.push_str(" (with the product before it)"),
-        super::pairs::Pair::None => {}
+        Pair::First(j) => in_place.push_str(&format!(" (with #{j} alongside)")),
+        Pair::Second => in_place.push_str(" (alongside an earlier product)"),
+        Pair::Then(j) => in_place.push_str(&format!(" (with #{j} in row halves)")),
+        Pair::After => in_place.push_str(" (with the product before it)"),
+        Pair::None => {}
     }
     if let StepKind::While(_, _, Some(_)) = &step.kind {
         // Its trips run in the blocks' own schedules, not listed here.

@@ -1,7 +1,8 @@
 //! What a compiled schedule runs, counted by kind of step
 //! ([`Executable::stats`]).
 
-use super::{Executable, StepKind};
+use super::Executable;
+use crate::schedule::StepKind;
 
 /// What one run of an [`Executable`] executes, counted by kind of step
 /// ([`Executable::stats`]). Parameters and constants cost nothing and are
@@ -119,7 +120,7 @@ impl Executable {
     /// ```
     pub fn stats(&self) -> ScheduleStats {
         let mut st = ScheduleStats::default();
-        for s in &self.steps {
+        for s in &self.schedule.steps {
             match &s.kind {
                 StepKind::Param(_) | StepKind::Constant(_) => {}
                 StepKind::Region(_) => st.regions += 1,

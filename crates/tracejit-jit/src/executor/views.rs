@@ -4,7 +4,7 @@
 use tracejit_ir::tensor::Storage;
 
 /// The views the executor makes itself.
-pub(super) enum View {
+pub(crate) enum View {
     /// `transpose` with this permutation (a strided view, as the reference
     /// kernel's).
     Transpose(Vec<usize>),
@@ -31,7 +31,7 @@ macro_rules! view_of {
 impl View {
     /// The view of `args`, or `None` when the reference kernel must run
     /// (an index out of range, an invalid permutation: it reports them).
-    pub(super) fn apply(&self, args: &[&Storage]) -> Option<Storage> {
+    pub(crate) fn apply(&self, args: &[&Storage]) -> Option<Storage> {
         match self {
             View::Transpose(perm) => {
                 let x = args[0];

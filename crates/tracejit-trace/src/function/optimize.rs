@@ -22,7 +22,21 @@ impl<A: Nest, R: Nest> Function<A, R> {
         if !self.config.jit {
             return (None, None);
         }
-        match tracejit_jit::Executable::new(graph) {
+        // The pipeline's fusion pass planned the regions with the JIT's
+        // rule (the planner runs once); with fusion switched off, the JIT
+        // plans them itself.
+        let opts = tracejit_jit::JitOptions::global();
+        let prepared = if self.config.optimizations.runs("fusion") {
+            let trace_no = self.state.tracing_count.load(Ordering::SeqCst) + 1;
+            let pipeline = Pipeline::default_pipeline().with_options(self.config.optimizations.clone());
+            let dump = pipeline
+                .dump_dir()
+                .map(|dir| tracejit_jit::codegen::DumpTo { dir, prefix: format!("{}.{trace_no}", self.config.name) });
+            tracejit_jit::Executable::from_optimized(graph, &opts, dump)
+        } else {
+            tracejit_jit::Executable::with_options(graph, &opts)
+        };
+        match prepared {
             Ok(exe) => (Some(exe), None),
             Err(e) => {
                 log::warn!(

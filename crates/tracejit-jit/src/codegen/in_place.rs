@@ -1,0 +1,40 @@
+//! `in_place`: a region may write its output over an input that dies at
+//! its step, when that input is an intermediate (the caller's inputs and
+//! constants are never unique at run time) and the region allows it
+//! (`CompiledRegion::may_write_in_place`: same shape and dtype, read
+//! element for element). Whether the buffer really is unique is checked
+//! when the step runs.
+
+use tracejit_ir::passes::PassResult;
+
+use super::{CodegenContext, SchedulePass};
+use crate::schedule::{Schedule, StepKind};
+
+/// Marks the input each region writes over, if any.
+pub(crate) struct InPlace;
+
+impl SchedulePass for InPlace {
+    fn name(&self) -> &'static str {
+        "in_place"
+    }
+
+    fn run(&self, s: &mut Schedule, _cx: &CodegenContext<'_>) -> PassResult {
+        let lent: Vec<usize> = s
+            .steps
+            .iter()
+            .filter(|st| matches!(st.kind, StepKind::Param(_) | StepKind::Constant(_)))
+            .flat_map(|st| st.outputs.iter().copied())
+            .collect();
+        let mut marked = 0;
+        for st in &mut s.steps {
+            if let StepKind::Region(r) = &st.kind {
+                st.in_place = (0..st.inputs.len()).find(|&p| {
+                    let x = st.inputs[p];
+                    st.frees.contains(&x) && !lent.contains(&x) && r.may_write_in_place(p)
+                });
+                marked += usize::from(st.in_place.is_some());
+            }
+        }
+        PassResult::count(marked, "regions write in place")
+    }
+}

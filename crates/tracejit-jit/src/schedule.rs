@@ -1,0 +1,323 @@
+//! The schedule an [`crate::Executable`] runs: a flat list of steps over a
+//! table of value slots, made from a graph by the JIT's codegen passes
+//! ([`crate::codegen`]) and only run by the executor.
+//!
+//! Invariants ([`Schedule::verify`], checked after every codegen pass in
+//! debug builds and tests):
+//! - every slot a step reads was written by an earlier step (or by the
+//!   step's partner, for the second of a pair), and is below `n_slots`;
+//! - a slot is written by one step only;
+//! - a slot freed at a step is read by no later step and is not an output;
+//! - an in-place step writes over an input it frees;
+//! - a product paired with a later one (`Pair::First(j)`) names a product
+//!   marked `Pair::Second`, and a product run with its consumer
+//!   (`Pair::Then(j)`) names the next step, a region marked `Pair::After`.
+//!
+//! [`Schedule::listing`] prints it, one step a line (what the codegen dumps
+//! hold).
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+use tracejit_ir::tensor::Storage;
+use tracejit_ir::{AssignKind, Graph, NodeId, Op, VarId};
+
+use crate::executor::batch;
+use crate::executor::views::View;
+use crate::region::CompiledRegion;
+use crate::Executable;
+
+/// What one step does.
+pub(crate) enum StepKind {
+    /// Graph input `n`.
+    Param(usize),
+    /// A constant (cloned, O(1)).
+    Constant(Storage),
+    /// A fused region.
+    Region(Arc<CompiledRegion>),
+    /// A matrix product.
+    MatMul,
+    /// A view of its input (no copy): a transpose, or a gather of one
+    /// index.
+    View(View),
+    /// A reference kernel (or an unsupported fused region, interpreted).
+    Primitive(Op),
+    /// A registered native kernel (`Op::Kernel`).
+    External(Op),
+    /// A call of a library function.
+    Call(Arc<Executable>),
+    /// A conditional: the then and else branches, prepared once.
+    Cond(Box<[Executable; 2]>),
+    /// A loop: the condition and the body, prepared once, how many of the
+    /// inputs are carried, and its split into row blocks when the
+    /// `row_loops` pass found one.
+    While(Box<[Executable; 2]>, usize, Option<Box<batch::Split>>),
+    /// Reads a variable.
+    Read(VarId),
+    /// Writes a variable.
+    Assign(VarId, AssignKind),
+}
+
+/// A step's part in a pair of steps run together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pair {
+    /// Not paired.
+    None,
+    /// Runs the later step `j`'s product alongside its own, when the pool
+    /// has more than one thread (the `side_by_side` pass).
+    First(usize),
+    /// Already computed by its partner when its output slot is filled.
+    Second,
+    /// A product run with its consumer, the region at step `j`, in row
+    /// halves (the `epilogues` pass).
+    Then(usize),
+    /// A region already run by the product before it when its output slot
+    /// is filled.
+    After,
+}
+
+/// One step.
+pub(crate) struct Step {
+    pub kind: StepKind,
+    /// The node (the last member for a region), for error messages.
+    pub node: NodeId,
+    pub inputs: SmallVec<[usize; 3]>,
+    pub outputs: SmallVec<[usize; 1]>,
+    /// Slots whose last use is this step.
+    pub frees: SmallVec<[usize; 2]>,
+    /// A region's input (by position) whose buffer its output may take
+    /// in place, the input dying here ([`CompiledRegion::may_write_in_place`]).
+    pub in_place: Option<usize>,
+    /// Whether this step runs together with another ([`Pair`]).
+    pub pair: Pair,
+    /// Re-check types on concrete operands (some static dim is unknown).
+    pub check: bool,
+    /// Ask the allocator before running: a static output is big enough to
+    /// probe (see `tracejit_tensor::check_allocation`), or unknown.
+    pub probe: bool,
+}
+
+/// A graph's steps, the slot table they use, and the slots of the graph's
+/// outputs.
+pub(crate) struct Schedule {
+    pub steps: Vec<Step>,
+    pub n_slots: usize,
+    pub outputs: Vec<usize>,
+}
+
+impl StepKind {
+    /// The kind's name in listings.
+    fn describe(&self, g: &Graph, node: NodeId) -> String {
+        match self {
+            StepKind::Param(i) => format!("param {i}"),
+            StepKind::Constant(c) => format!("constant {}{:?}", c.dtype(), c.shape()),
+            StepKind::Region(r) => {
+                let ops = match &g.node(node).op {
+                    Op::Fused { body } => body
+                        .nodes()
+                        .filter(|(_, n)| !matches!(n.op, Op::Parameter { .. } | Op::Constant { .. }))
+                        .map(|(_, n)| n.op.name())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    op => op.name().to_string(),
+                };
+                match r.native_kernel() {
+                    Some(k) => format!("region {ops} ({k})"),
+                    None => format!("region {ops}"),
+                }
+            }
+            StepKind::MatMul => "matmul".to_string(),
+            StepKind::View(View::Transpose(perm)) => format!("view transpose {perm:?}"),
+            StepKind::View(View::Index(axis)) => format!("view index axis {axis}"),
+            StepKind::Primitive(op) => format!("reference {}", op.name()),
+            StepKind::External(Op::Kernel { name, .. }) => format!("kernel {name}"),
+            StepKind::External(op) => format!("kernel {}", op.name()),
+            StepKind::Call(e) => format!("call {}", e.graph().name),
+            StepKind::Cond(_) => "cond".to_string(),
+            StepKind::While(_, carried, split) => match split {
+                Some(s) => format!("while ({carried} carried; {})", s.describe()),
+                None => format!("while ({carried} carried)"),
+            },
+            StepKind::Read(var) => format!("read {var}"),
+            StepKind::Assign(var, kind) => format!("{} {var}", kind.name()),
+        }
+    }
+}
+
+fn slots(s: &[usize]) -> String {
+    s.iter().map(|x| format!("s{x}")).collect::<Vec<_>>().join(", ")
+}
+
+impl Schedule {
+    /// The schedule as text, one step a line:
+    /// `3: s4 = matmul s1, s2  ; %7  frees s1  side by side with 5`.
+    pub fn listing(&self, g: &Graph) -> String {
+        let mut out = format!("schedule {} ({} slots) {{\n", g.name, self.n_slots);
+        for (i, s) in self.steps.iter().enumerate() {
+            let lhs = if s.outputs.is_empty() { String::new() } else { format!("{} = ", slots(&s.outputs)) };
+            let _ = write!(out, "  {i}: {lhs}{}", s.kind.describe(g, s.node));
+            if !s.inputs.is_empty() {
+                let _ = write!(out, " {}", slots(&s.inputs));
+            }
+            let _ = write!(out, "  ; %{}", s.node.as_u32());
+            if !s.frees.is_empty() {
+                let _ = write!(out, "  frees {}", slots(&s.frees));
+            }
+            if let Some(p) = s.in_place {
+                let _ = write!(out, "  in place of input {p}");
+            }
+            match s.pair {
+                Pair::None => {}
+                Pair::First(j) => {
+                    let _ = write!(out, "  side by side with {j}");
+                }
+                Pair::Second => out.push_str("  (run by its partner)"),
+                Pair::Then(j) => {
+                    let _ = write!(out, "  in row halves with {j}");
+                }
+                Pair::After => out.push_str("  (run with the product before it)"),
+            }
+            if s.check {
+                out.push_str("  checked");
+            }
+            out.push('\n');
+        }
+        let _ = writeln!(out, "  outputs {}\n}}", slots(&self.outputs));
+        out
+    }
+
+    /// Checks the invariants of the module documentation; `Err` says which
+    /// step breaks which.
+    pub fn verify(&self) -> Result<(), String> {
+        let n = self.n_slots;
+        let mut written: Vec<Option<usize>> = vec![None; n];
+        for (i, s) in self.steps.iter().enumerate() {
+            for &x in s.inputs.iter().chain(&s.outputs).chain(&s.frees) {
+                if x >= n {
+                    return Err(format!("step {i} names slot s{x} of {n}"));
+                }
+            }
+            for &x in &s.inputs {
+                if written[x].is_none() {
+                    return Err(format!("step {i} reads s{x} before any step writes it"));
+                }
+            }
+            for &x in &s.outputs {
+                if let Some(j) = written[x] {
+                    return Err(format!("step {i} writes s{x}, which step {j} wrote"));
+                }
+                written[x] = Some(i);
+            }
+            if let Some(p) = s.in_place {
+                let frees_it = s.inputs.get(p).is_some_and(|x| s.frees.contains(x));
+                if !frees_it || !matches!(s.kind, StepKind::Region(_)) {
+                    return Err(format!("step {i} writes in place over input {p}, which it does not free"));
+                }
+            }
+            self.verify_pair(i)?;
+        }
+        for (i, s) in self.steps.iter().enumerate() {
+            for &x in &s.frees {
+                if self.outputs.contains(&x) {
+                    return Err(format!("step {i} frees s{x}, an output of the graph"));
+                }
+                if let Some(j) = self.steps[i + 1..].iter().position(|t| t.inputs.contains(&x)) {
+                    return Err(format!("step {i} frees s{x}, which step {} reads", i + 1 + j));
+                }
+            }
+        }
+        match self.outputs.iter().find(|&&x| x >= n || written[x].is_none()) {
+            Some(x) => Err(format!("graph output s{x} is never written")),
+            None => Ok(()),
+        }
+    }
+
+    /// The pairing rules for step `i`.
+    fn verify_pair(&self, i: usize) -> Result<(), String> {
+        let s = &self.steps[i];
+        let partner = |j: usize, want: Pair| -> Result<(), String> {
+            match self.steps.get(j) {
+                Some(t) if j > i && t.pair == want => Ok(()),
+                _ => Err(format!("step {i} is paired with step {j}, which is not marked {want:?}")),
+            }
+        };
+        match s.pair {
+            Pair::None | Pair::Second | Pair::After => Ok(()),
+            Pair::First(j) => {
+                partner(j, Pair::Second)?;
+                let both = matches!(s.kind, StepKind::MatMul) && matches!(self.steps[j].kind, StepKind::MatMul);
+                both.then_some(()).ok_or_else(|| format!("steps {i} and {j} side by side are not both products"))
+            }
+            Pair::Then(j) => {
+                partner(j, Pair::After)?;
+                let ok = j == i + 1
+                    && matches!(s.kind, StepKind::MatMul)
+                    && matches!(self.steps[j].kind, StepKind::Region(_));
+                ok.then_some(())
+                    .ok_or_else(|| format!("step {i} runs in row halves with step {j}, not the next region"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use smallvec::smallvec;
+
+    use super::*;
+
+    fn step(kind: StepKind, inputs: &[usize], outputs: &[usize], frees: &[usize]) -> Step {
+        Step {
+            kind,
+            node: NodeId::from_u32(0),
+            inputs: inputs.into(),
+            outputs: outputs.into(),
+            frees: frees.into(),
+            in_place: None,
+            pair: Pair::None,
+            check: false,
+            probe: false,
+        }
+    }
+
+    /// `s0, s1` parameters; `s2 = s0 · s1`; `s3 = s0 · s1`; outputs `s2, s3`.
+    fn good() -> Schedule {
+        Schedule {
+            steps: vec![
+                step(StepKind::Param(0), &[], &[0], &[]),
+                step(StepKind::Param(1), &[], &[1], &[]),
+                step(StepKind::MatMul, &[0, 1], &[2], &[]),
+                step(StepKind::MatMul, &[0, 1], &[3], &[0, 1]),
+            ],
+            n_slots: 4,
+            outputs: vec![2, 3],
+        }
+    }
+
+    #[test]
+    fn the_verifier_accepts_a_good_schedule_and_names_what_breaks_one() {
+        assert_eq!(good().verify(), Ok(()));
+        let mut paired = good();
+        paired.steps[2].pair = Pair::First(3);
+        paired.steps[3].pair = Pair::Second;
+        assert_eq!(paired.verify(), Ok(()));
+
+        type Breaks = fn(&mut Schedule);
+        let broken: [(&str, Breaks); 7] = [
+            ("reads s1 before", |s| s.steps.swap(1, 2)),
+            ("which step 2 wrote", |s| s.steps[3].outputs = smallvec![2]),
+            ("which step 3 reads", |s| s.steps[2].frees = smallvec![0]),
+            ("an output of the graph", |s| s.steps[3].frees.push(2)),
+            ("does not free", |s| s.steps[3].in_place = Some(0)),
+            ("not marked Second", |s| s.steps[2].pair = Pair::First(3)),
+            ("names slot s9", |s| s.steps[2].inputs = smallvec![9, 1]),
+        ];
+        for (want, breaks) in broken {
+            let mut s = good();
+            breaks(&mut s);
+            let e = s.verify().unwrap_err();
+            assert!(e.contains(want), "{want}: {e}");
+        }
+    }
+}
