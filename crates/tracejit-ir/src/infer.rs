@@ -79,7 +79,7 @@ fn op_label(op: &Op) -> String {
     let Op::Fused { body } = op else { return op.name().to_string() };
     let mut names: Vec<&str> = Vec::new();
     for (_, n) in body.nodes() {
-        if !matches!(n.op, Op::Parameter { .. } | Op::Constant { .. }) && !names.contains(&n.op.name()) {
+        if !n.op.is_source() && !names.contains(&n.op.name()) {
             names.push(n.op.name());
         }
     }

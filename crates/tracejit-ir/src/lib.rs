@@ -38,7 +38,7 @@ pub use graph::{
 };
 pub use infer::{broadcast_dims, check_outputs_allocatable, infer, join_types};
 pub use interp::{eval_kernel, eval_primitive, interpret};
-pub use op::{AssignKind, Effects, ExternalKernel, Op};
+pub use op::{AssignKind, Effects, ExternalKernel, Op, OpClass};
 pub use op_key::OpKey;
 pub use parser::{ParseError, ParsedVariable};
 pub use types::{Dim, Dims, DimsDisplay, TensorType};

@@ -388,33 +388,46 @@ impl Op {
         }
     }
 
-    /// True for elementwise ops (the fusion planner's basic material).
-    pub fn is_elementwise(&self) -> bool {
+    /// The op's class: the one table of which kind of op each variant is.
+    /// Passes that ask one fact of every op (is it stateful? a source? does
+    /// it hold code?) ask it here instead of listing the variants again;
+    /// matches that do something different per op stay exhaustive.
+    pub fn class(&self) -> OpClass {
         match self {
-            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Clamp { .. } => true,
-            Op::Parameter { .. }
-            | Op::Constant { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
+            Op::Parameter { .. } | Op::Constant { .. } => OpClass::Source,
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Clamp { .. } => OpClass::Elementwise,
+            Op::BroadcastTo { .. } | Op::ExpandDims { .. } => OpClass::Broadcast,
+            Op::Reshape { .. }
             | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
             | Op::Squeeze { .. }
             | Op::Concat { .. }
             | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }
-            | Op::Call { .. }
-            | Op::Fused { .. }
-            | Op::Cond { .. }
-            | Op::While { .. }
-            | Op::Kernel { .. }
-            | Op::ReadVariable { .. }
-            | Op::AssignVariable { .. } => false,
+            | Op::Slice { .. } => OpClass::Layout,
+            Op::Reduce { .. } | Op::ArgReduce { .. } => OpClass::Reduction,
+            Op::MatMul => OpClass::Contraction,
+            Op::Gather { .. } | Op::OneHot { .. } => OpClass::Indexing,
+            Op::Fused { .. } => OpClass::Region,
+            Op::Cond { .. } | Op::While { .. } => OpClass::Control,
+            Op::Call { .. } => OpClass::Call,
+            Op::Kernel { .. } => OpClass::Kernel,
+            Op::ReadVariable { .. } | Op::AssignVariable { .. } => OpClass::State,
         }
+    }
+
+    /// True for ops that read or write a variable ([`OpClass::State`]).
+    pub fn is_stateful(&self) -> bool {
+        self.class() == OpClass::State
+    }
+
+    /// True for parameters and constants ([`OpClass::Source`]): nodes that
+    /// compute nothing.
+    pub fn is_source(&self) -> bool {
+        self.class() == OpClass::Source
+    }
+
+    /// True for elementwise ops (the fusion planner's basic material).
+    pub fn is_elementwise(&self) -> bool {
+        self.class() == OpClass::Elementwise
     }
 
     /// True for ops that may join a fused region: elementwise ops, the
@@ -423,8 +436,19 @@ impl Op {
     /// executor's own grouping share this one rule; the region acceptor
     /// still decides (the default rule takes no `one_hot`).
     pub fn is_fusible(&self) -> bool {
-        self.is_elementwise()
-            || matches!(self, Op::Reduce { .. } | Op::BroadcastTo { .. } | Op::ExpandDims { .. } | Op::OneHot { .. })
+        match self.class() {
+            OpClass::Elementwise | OpClass::Broadcast => true,
+            OpClass::Reduction => matches!(self, Op::Reduce { .. }),
+            OpClass::Indexing => matches!(self, Op::OneHot { .. }),
+            OpClass::Source
+            | OpClass::Layout
+            | OpClass::Contraction
+            | OpClass::Region
+            | OpClass::Control
+            | OpClass::Call
+            | OpClass::Kernel
+            | OpClass::State => false,
+        }
     }
 
     /// True when the op's per-element cost makes recomputing it unacceptable
@@ -461,6 +485,37 @@ impl Op {
             | Op::AssignVariable { .. } => false,
         }
     }
+}
+
+/// Which kind of op a node is ([`Op::class`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpClass {
+    /// A graph input or a constant: computes nothing.
+    Source,
+    /// Elementwise over its (broadcast) operands: unary, binary, select,
+    /// cast, clamp.
+    Elementwise,
+    /// Adds size-1 or broadcast axes: `broadcast_to`, `expand_dims`.
+    Broadcast,
+    /// Moves or regroups elements: reshape, transpose, squeeze, concat,
+    /// stack, slice.
+    Layout,
+    /// Reduces axes: reductions and arg-reductions.
+    Reduction,
+    /// A matrix product.
+    Contraction,
+    /// Reads entries by index: gather, one_hot.
+    Indexing,
+    /// A fused region (holds its body).
+    Region,
+    /// `cond` and `while` (hold their subgraphs).
+    Control,
+    /// A call of a library function.
+    Call,
+    /// A registered native kernel.
+    Kernel,
+    /// Reads or writes a variable.
+    State,
 }
 
 /// What an op does besides computing its outputs: a set of effect kinds.

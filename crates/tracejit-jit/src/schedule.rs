@@ -116,7 +116,7 @@ impl StepKind {
                 let ops = match &g.node(node).op {
                     Op::Fused { body } => body
                         .nodes()
-                        .filter(|(_, n)| !matches!(n.op, Op::Parameter { .. } | Op::Constant { .. }))
+                        .filter(|(_, n)| !n.op.is_source())
                         .map(|(_, n)| n.op.name())
                         .collect::<Vec<_>>()
                         .join(","),

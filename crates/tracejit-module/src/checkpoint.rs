@@ -77,7 +77,7 @@ impl From<CheckpointError> for tracejit_trace::Error {
     /// Lets `?` on a checkpoint call work in functions returning
     /// `tracejit::Result`.
     fn from(e: CheckpointError) -> tracejit_trace::Error {
-        tracejit_trace::Error::Checkpoint { message: e.to_string() }
+        tracejit_trace::Error::Checkpoint { source: std::sync::Arc::new(e) }
     }
 }
 

@@ -66,6 +66,6 @@ impl From<Error> for tracejit_trace::Error {
             }
             Error::Io { .. } => String::new(),
         };
-        tracejit_trace::Error::Export { function, message: e.to_string() }
+        tracejit_trace::Error::Export { function, source: std::sync::Arc::new(e) }
     }
 }

@@ -173,10 +173,7 @@ impl ConcreteFunction {
         self.check_inputs(&refs)?;
         let Some(exe) = &self.executable else { return Ok(None) };
         if let Some(i) = inputs.iter().position(|t| t.is_symbolic()) {
-            return Err(Error::Signature {
-                function: self.name.clone(),
-                message: format!("profile needs eager tensors; argument {i} is symbolic (called inside a trace)"),
-            });
+            return Err(Error::SymbolicArgument { function: self.name.clone(), what: "profile", argument: i });
         }
         let storages: Vec<Storage> = inputs.iter().map(|t| t.eager_storage().clone()).collect();
         self.guarded(|| exe.profile(&storages, runs)).map(Some)
@@ -313,20 +310,14 @@ impl ConcreteFunction {
     fn guarded<T>(&self, run: impl FnOnce() -> std::result::Result<T, tracejit_ir::IrError>) -> Result<T> {
         match tracejit_ir::catch_quietly(run) {
             Ok(r) => Ok(r?),
-            Err(p) => Err(Error::Signature {
-                function: self.name.clone(),
-                message: format!("panicked while running: {}", tracejit_ir::panic_message(&*p)),
-            }),
+            Err(p) => Err(Error::Run { function: self.name.clone(), message: tracejit_ir::panic_message(&*p) }),
         }
     }
 
     #[track_caller]
     fn record_call(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         if context::current_function().is_none() {
-            return Err(Error::Signature {
-                function: self.name.clone(),
-                message: "this function captured tensors of a trace that has ended; call it inside that trace".into(),
-            });
+            return Err(Error::EndedTrace { function: self.name.clone() });
         }
         let mut all: Vec<&Tensor> = inputs.to_vec();
         all.extend(self.implicit_inputs.iter());

@@ -33,13 +33,94 @@ pub enum Error {
         /// What was given.
         got: String,
     },
-    /// A signature whose structure or static values do not fit the function.
+    /// The function's `implements` name is not of the form
+    /// `org.semantic.opname`.
     #[error("function `{function}`: {message}")]
-    Signature {
+    ImplementsName {
+        /// The function.
+        function: String,
+        /// What is wrong with the name.
+        message: String,
+    },
+    /// A static argument is not equal to itself (a NaN inside it), so no
+    /// cached trace could ever match a call with it.
+    #[error(
+        "function `{function}`: static argument {argument} ({type_name}) is not equal to itself (a NaN inside \
+         it?), so no cached trace can ever match it and every call would trace again; give its type a reflexive \
+         `Eq` (compare floats by their bits) or pass the value as a tensor"
+    )]
+    NonReflexiveStatic {
+        /// The function.
+        function: String,
+        /// Index of the static argument.
+        argument: usize,
+        /// Its Rust type.
+        type_name: String,
+    },
+    /// The function calls itself while being traced.
+    #[error(
+        "function `{function}`: the function calls itself while being traced; recursion needs `while_loop` \
+         (a loop node traced once) or a Rust loop unrolled at trace time"
+    )]
+    Recursion {
+        /// The function.
+        function: String,
+    },
+    /// Tracing the function would deadlock: another thread traces it and
+    /// waits for a function this thread is tracing.
+    #[error(
+        "function `{function}`: tracing it would deadlock: another thread is tracing this function and waits, \
+         directly or through other functions, for a function this thread is tracing; trace one of them first \
+         (for example with get_concrete_function) or trace them from one thread"
+    )]
+    TraceDeadlock {
+        /// The function.
+        function: String,
+    },
+    /// The function's optimization options name a pass that does not exist
+    /// (or are otherwise invalid).
+    #[error("function `{function}`: {message}")]
+    Options {
         /// The function.
         function: String,
         /// What is wrong.
         message: String,
+    },
+    /// `to_scalar` on a tensor that does not hold exactly one element.
+    #[error("to_scalar: the tensor has {elements} elements, not 1")]
+    NotAScalar {
+        /// How many it holds.
+        elements: usize,
+    },
+    /// A call of a traced function's graph failed while it ran (an index
+    /// out of range, a shape only known at run time that does not fit).
+    #[error("function `{function}`: error while running: {message}")]
+    Run {
+        /// The function.
+        function: String,
+        /// What failed, with the user's source line where known.
+        message: String,
+    },
+    /// A `ConcreteFunction` that reads tensors of an enclosing trace was
+    /// called after that trace ended.
+    #[error(
+        "function `{function}`: this function captured tensors of a trace that has ended; call it inside that trace"
+    )]
+    EndedTrace {
+        /// The function.
+        function: String,
+    },
+    /// An argument that must be eager (to profile a run) is symbolic.
+    #[error(
+        "function `{function}`: {what} needs eager tensors; argument {argument} is symbolic (called inside a trace)"
+    )]
+    SymbolicArgument {
+        /// The function.
+        function: String,
+        /// What needed the value.
+        what: &'static str,
+        /// Index of the argument.
+        argument: usize,
     },
     /// The closure panicked while being traced; the cache is unchanged.
     #[error("function `{function}` panicked while tracing: {message}")]
@@ -101,21 +182,27 @@ pub enum Error {
         /// What was wrong.
         message: String,
     },
-    /// A graph could not be exported (ONNX export, `tracejit::onnx`); the
-    /// message names the node and its source line.
-    #[error("{message}")]
+    /// A graph could not be exported (ONNX export, `tracejit::onnx`): the
+    /// exporter's own error (`tracejit::onnx::Error`), which names the node
+    /// and its source line, kept as the source
+    /// (`e.source()` / [`Error::downcast_source`]). This crate sits below
+    /// the exporter, so it holds the error without knowing its type; the
+    /// variant exists so that `?` works in functions returning
+    /// `tracejit::Result`.
+    #[error("{source}")]
     Export {
         /// The function being exported.
         function: String,
-        /// The exporter's message.
-        message: String,
+        /// The exporter's error.
+        source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
     },
-    /// A checkpoint could not be saved or restored (`tracejit::checkpoint`);
-    /// the message names the file and what failed.
-    #[error("{message}")]
+    /// A checkpoint could not be saved or restored (`tracejit::checkpoint`):
+    /// the checkpoint layer's own error (`tracejit::checkpoint::CheckpointError`),
+    /// kept as the source, as [`Error::Export`] keeps the exporter's.
+    #[error("{source}")]
     Checkpoint {
-        /// The checkpoint layer's message.
-        message: String,
+        /// The checkpoint layer's error.
+        source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
     },
     /// An error from the IR (verifier or interpreter).
     #[error(transparent)]
@@ -127,6 +214,36 @@ pub enum Error {
 
 /// `Result` with tracejit's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The error of a layer above this crate that this one wraps (the
+    /// exporter's or the checkpoint layer's), as its own type:
+    /// `e.downcast_source::<tracejit::checkpoint::CheckpointError>()`.
+    pub fn downcast_source<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            Error::Export { source, .. } | Error::Checkpoint { source } => source.downcast_ref::<E>(),
+            Error::ArgumentCount { .. }
+            | Error::ArgumentMismatch { .. }
+            | Error::ImplementsName { .. }
+            | Error::NonReflexiveStatic { .. }
+            | Error::Recursion { .. }
+            | Error::TraceDeadlock { .. }
+            | Error::Options { .. }
+            | Error::NotAScalar { .. }
+            | Error::Run { .. }
+            | Error::EndedTrace { .. }
+            | Error::SymbolicArgument { .. }
+            | Error::TracePanic { .. }
+            | Error::EagerPanic { .. }
+            | Error::RetraceLimit { .. }
+            | Error::Validation { .. }
+            | Error::SymbolicValue { .. }
+            | Error::Gradient { .. }
+            | Error::Ir(_)
+            | Error::Tensor(_) => None,
+        }
+    }
+}
 
 impl std::fmt::Debug for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

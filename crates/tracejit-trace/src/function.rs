@@ -296,7 +296,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
     #[track_caller]
     pub fn call(&self, args: A) -> Result<R> {
         if let Some(Err(msg)) = &self.config.implements {
-            return Err(Error::Signature { function: self.config.name.clone(), message: msg.clone() });
+            return Err(Error::ImplementsName { function: self.config.name.clone(), message: msg.clone() });
         }
         if config::functions_run_eagerly() {
             return self.call_eagerly(args);
@@ -346,7 +346,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
     /// no cached one accepts it.
     pub fn get_concrete_function<S: SpecNest>(&self, specs: S) -> Result<Arc<ConcreteFunction>> {
         if let Some(Err(msg)) = &self.config.implements {
-            return Err(Error::Signature { function: self.config.name.clone(), message: msg.clone() });
+            return Err(Error::ImplementsName { function: self.config.name.clone(), message: msg.clone() });
         }
         let mut flat = SpecFlattener::default();
         specs.flatten_spec(&mut flat);
@@ -549,20 +549,10 @@ impl<A: Nest, R: Nest> Function<A, R> {
     /// would wait for itself forever: that is an error instead.
     fn lock_for_tracing(&self) -> Result<crate::tracelock::TraceLockGuard<'_>> {
         if crate::context::is_tracing_memo(&self.state.memo) {
-            return Err(Error::Signature {
-                function: self.config.name.clone(),
-                message: "the function calls itself while being traced; recursion needs `while_loop` \
-                          (a loop node traced once) or a Rust loop unrolled at trace time"
-                    .into(),
-            });
+            return Err(Error::Recursion { function: self.config.name.clone() });
         }
-        crate::tracelock::acquire(&self.state.trace_lock).map_err(|_| Error::Signature {
-            function: self.config.name.clone(),
-            message: "tracing it would deadlock: another thread is tracing this function and waits, directly or \
-                      through other functions, for a function this thread is tracing; trace one of them first \
-                      (for example with get_concrete_function) or trace them from one thread"
-                .into(),
-        })
+        crate::tracelock::acquire(&self.state.trace_lock)
+            .map_err(|_| Error::TraceDeadlock { function: self.config.name.clone() })
     }
 
     /// Traces the closure for `specs`; the trace lock is held.

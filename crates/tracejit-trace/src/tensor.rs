@@ -249,10 +249,7 @@ impl Tensor {
         let v = self.to_vec::<T>()?;
         match v.as_slice() {
             [x] => Ok(*x),
-            _ => Err(Error::Signature {
-                function: context::current_function().map(|f| f.to_string()).unwrap_or_default(),
-                message: format!("to_scalar: the tensor has {} elements, not 1", v.len()),
-            }),
+            _ => Err(Error::NotAScalar { elements: v.len() }),
         }
     }
 }

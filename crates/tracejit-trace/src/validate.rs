@@ -235,7 +235,7 @@ fn describe(g: &Graph, id: NodeId) -> String {
         Op::Fused { body } => {
             let mut names: Vec<&str> = Vec::new();
             for (_, n) in body.nodes() {
-                if !matches!(n.op, Op::Parameter { .. } | Op::Constant { .. }) && !names.contains(&n.op.name()) {
+                if !n.op.is_source() && !names.contains(&n.op.name()) {
                     names.push(n.op.name());
                 }
             }

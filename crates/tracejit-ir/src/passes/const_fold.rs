@@ -18,6 +18,7 @@ use smallvec::SmallVec;
 use tracejit_tensor::Storage;
 
 use crate::passes::{has_side_effects, run_in_subgraphs, Pass, PassContext, PassResult, Rewriter};
+use crate::OpClass;
 use crate::{eval_primitive, Graph, Op};
 
 /// Folding evaluates no node whose inputs have more elements than this.
@@ -30,9 +31,18 @@ pub struct ConstantFolding;
 /// True for ops constant folding may evaluate: pure primitives. Calls,
 /// kernels and ops holding code (`Op::subgraphs`) are left to run.
 fn foldable(g: &Graph, op: &Op) -> bool {
-    !matches!(op, Op::Parameter { .. } | Op::Constant { .. } | Op::Call { .. } | Op::Kernel { .. })
-        && op.subgraphs().is_empty()
-        && !has_side_effects(g, op)
+    let evaluable = match op.class() {
+        OpClass::Elementwise
+        | OpClass::Broadcast
+        | OpClass::Layout
+        | OpClass::Reduction
+        | OpClass::Contraction
+        | OpClass::Indexing => true,
+        OpClass::Source | OpClass::Region | OpClass::Control | OpClass::Call | OpClass::Kernel | OpClass::State => {
+            false
+        }
+    };
+    evaluable && !has_side_effects(g, op)
 }
 
 impl Pass for ConstantFolding {

@@ -67,7 +67,7 @@ use cranelift_entity::EntityRef;
 use smallvec::SmallVec;
 
 use crate::passes::{has_side_effects, Pass, PassContext, PassResult, Rewriter};
-use crate::{broadcast_dims, Dims, Graph, Node, NodeId, Op, TensorType, ValueId};
+use crate::{broadcast_dims, Dims, Graph, Node, NodeId, Op, OpClass, TensorType, ValueId};
 
 /// The most nodes one region may hold. Planning checks cost a region's size
 /// per merge, so the bound keeps the pass linear in the graph's size; a
@@ -450,7 +450,7 @@ impl Fusion {
     /// body of `g`.
     fn run_in_control_flow(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
         let holders: Vec<NodeId> =
-            g.nodes().filter(|(_, n)| matches!(n.op, Op::Cond { .. } | Op::While { .. })).map(|(id, _)| id).collect();
+            g.nodes().filter(|(_, n)| n.op.class() == OpClass::Control).map(|(id, _)| id).collect();
         let mut changed = 0usize;
         for id in holders {
             for sub in g.node_mut(id).op.subgraphs_mut() {

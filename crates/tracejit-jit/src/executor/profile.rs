@@ -248,5 +248,5 @@ fn describe(exe: &Executable, step: &Step) -> String {
 
 /// An op's name, or `None` for a region body's parameters and constants.
 fn op_label(op: &Op) -> Option<&'static str> {
-    (!matches!(op, Op::Parameter { .. } | Op::Constant { .. })).then(|| op.name())
+    (!op.is_source()).then(|| op.name())
 }

@@ -66,7 +66,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
     /// are named `dump_prefix`.
     pub(super) fn pipeline_and_context(&self, dump_prefix: String) -> Result<(Pipeline, PassContext)> {
         let pipeline = Pipeline::default_pipeline().with_options(self.config.optimizations.clone());
-        pipeline.validate().map_err(|message| Error::Signature { function: self.config.name.clone(), message })?;
+        pipeline.validate().map_err(|message| Error::Options { function: self.config.name.clone(), message })?;
         let mut cx = PassContext { dump_prefix: Some(dump_prefix), ..PassContext::new(self.config.name.clone()) }
             .with_kernels(tracejit_ir::registry::global());
         if self.config.jit {

@@ -146,14 +146,13 @@ impl<A: Nest, R: Nest> Function<A, R> {
     /// it would miss the cache and trace again, forever.
     pub(super) fn check_statics(&self, statics: &[Arc<dyn StaticValue>]) -> Result<()> {
         let Some(i) = non_reflexive_static(statics) else { return Ok(()) };
-        let message = format!(
-            "static argument {i} ({}) is not equal to itself (a NaN inside it?), so no cached trace can ever \
-             match it and every call would trace again; give its type a reflexive `Eq` (compare floats by \
-             their bits) or pass the value as a tensor",
-            statics[i].type_name()
-        );
-        log::warn!("tracejit: `{}`: {message}", self.config.name);
-        Err(Error::Signature { function: self.config.name.clone(), message })
+        let e = Error::NonReflexiveStatic {
+            function: self.config.name.clone(),
+            argument: i,
+            type_name: statics[i].type_name().to_string(),
+        };
+        log::warn!("tracejit: {e}");
+        Err(e)
     }
 
     /// Applies the retrace policy before a trace for `specs` (the trace lock
