@@ -1,0 +1,313 @@
+//! The forward pass: one task per (problem, tile of [`TILE`] queries),
+//! walking the keys in blocks of [`BLOCK`] with the online softmax.
+//!
+//! Everything is laid out transposed, queries along the vectors: the task
+//! copies its queries once as `qᵀ·scale` (`[d, TILE]`), each block's scores
+//! come out as `Sᵀ = k·qᵀ` (`[BLOCK, TILE]`, rows of `k` broadcast as they
+//! lie), and the output accumulates as `oᵀ += vᵀ·Pᵀ` (`[dv, TILE]`, columns of
+//! `v` broadcast down its rows), copied out transposed at the end. So the
+//! running max `m` and sum `l` of each query are lanes of vectors, updated
+//! with no horizontal reduction, and no operand of the keys' side is ever
+//! copied.
+//!
+//! Under the causal rule the blocks stop at the tile's last query's last
+//! key; within a block the rows of `Sᵀ` start at the first group of 16
+//! queries that sees them, and `P·V` stops each group at its last query's
+//! last key ([`staircase`]).
+//!
+//! Masked scores become `-inf` before the softmax (so they weigh exactly
+//! 0); whether a query saw any key at all is tracked aside, because a row
+//! whose unmasked scores are all `-inf` must come out NaN as in the plain
+//! formula, while a fully masked one comes out 0. The max subtracted is
+//! `max(m, -f32::MAX)`, which keeps `-inf - -inf` (NaN) out of a row that
+//! has seen only `-inf` so far.
+
+use super::copy::{pack, unpack, zero};
+use super::kernel::{panels, staircase, Bcast, Rows, MAX_VECTORS};
+use super::plan::{group_end, group_first, Carve, Inputs, OutPtr, BLOCK, TILE};
+use super::vector::Vector;
+
+/// A forward call as its tasks see it.
+pub(super) struct ForwardCall<'a> {
+    pub x: Inputs<'a>,
+    pub out: OutPtr,
+    pub lse: OutPtr,
+}
+
+/// A task's scratch regions.
+struct Scratch {
+    /// `qᵀ·scale`, `[d, TILE]`.
+    qt: *mut f32,
+    /// A block's scores, then probabilities, `[BLOCK, TILE]`.
+    st: *mut f32,
+    /// The output accumulator, `oᵀ`, `[dv, TILE]`.
+    ot: *mut f32,
+    /// Per query: running max, running sum, the block's rescale factor,
+    /// and 1 once a key passed the mask.
+    m: *mut f32,
+    l: *mut f32,
+    alpha: *mut f32,
+    seen: *mut f32,
+}
+
+impl Scratch {
+    fn carve(c: &mut Carve, d: usize, dv: usize) -> Scratch {
+        Scratch {
+            qt: c.take(d * TILE),
+            st: c.take(BLOCK * TILE),
+            ot: c.take(dv * TILE),
+            m: c.take(TILE),
+            l: c.take(TILE),
+            alpha: c.take(TILE),
+            seen: c.take(TILE),
+        }
+    }
+}
+
+/// Floats of scratch a forward task needs.
+pub(super) fn scratch_len(d: usize, dv: usize) -> usize {
+    let mut c = Carve::new(std::ptr::null_mut());
+    Scratch::carve(&mut c, d, dv);
+    c.used()
+}
+
+/// The forward's tasks.
+pub(super) fn tasks(x: &Inputs<'_>) -> usize {
+    x.p.batch * x.p.tq.div_ceil(TILE)
+}
+
+/// One task's queries.
+#[derive(Clone, Copy)]
+struct Tile {
+    /// The problem.
+    b: usize,
+    /// First query.
+    i0: usize,
+    /// Queries (at most `TILE`).
+    nq: usize,
+    /// Vectors covering them.
+    nv: usize,
+}
+
+/// Task `t`: tiles in decreasing order (under the causal rule the last
+/// queries see the most keys, so the largest tasks start first), each
+/// tile for every problem.
+///
+/// # Safety
+/// `t < tasks(x)`; `scratch` addresses [`scratch_len`] writable floats at
+/// a 64-byte aligned address; the features of `V` are enabled.
+#[inline(always)]
+pub(super) unsafe fn task<V: Vector, const MR: usize, const NV: usize>(
+    call: &ForwardCall<'_>,
+    t: usize,
+    scratch: *mut f32,
+) {
+    let (x, l) = (&call.x, V::LANES);
+    let tiles = x.p.tq.div_ceil(TILE);
+    let i0 = (tiles - 1 - t / x.p.batch) * TILE;
+    let nq = TILE.min(x.p.tq - i0);
+    let tile = Tile { b: t % x.p.batch, i0, nq, nv: nq.div_ceil(l) };
+    let s = Scratch::carve(&mut Carve::new(scratch), x.p.d, x.p.dv);
+    let kend = x.rule.key_end(i0 + nq - 1);
+    // SAFETY: the scratch regions and the tile's rows of the inputs and
+    // outputs exist (the caller's `t` and scratch, `forward`'s checks).
+    unsafe {
+        start::<V>(x, tile, &s);
+        let mut j0 = 0;
+        while j0 < kend {
+            let j1 = kend.min(j0 + BLOCK);
+            block::<V, MR, NV>(x, tile, &s, j0, j1);
+            j0 = j1;
+        }
+        finish::<V>(call, tile, &s);
+    }
+}
+
+/// Copies the queries in as `qᵀ·scale` (padding lanes zero) and clears the
+/// accumulators.
+///
+/// # Safety
+/// As [`task`].
+#[inline(always)]
+unsafe fn start<V: Vector>(x: &Inputs<'_>, tile: Tile, s: &Scratch) {
+    let (p, width) = (&x.p, tile.nv * V::LANES);
+    // SAFETY: the tile's query rows; rows `< d`, `< dv` of `[_, TILE]`
+    // regions, lanes `< width ≤ TILE`.
+    unsafe {
+        pack::<V>(x.q.as_ptr().add((tile.b * p.tq + tile.i0) * p.d), tile.nq, p.d, p.scale, s.qt, width);
+        zero::<V>(s.ot, p.dv, width);
+        for lane in 0..width {
+            *s.m.add(lane) = f32::NEG_INFINITY;
+            *s.l.add(lane) = 0.0;
+            // Without a mask, a query sees a key iff the causal rule gives
+            // it one; with one, the blocks find out.
+            let seen = x.rule.mask.is_none() && lane < tile.nq && x.rule.key_end(tile.i0 + lane) > 0;
+            *s.seen.add(lane) = if seen { 1.0 } else { 0.0 };
+        }
+    }
+}
+
+/// One block of keys `[j0, j1)`: scores, masks, the online softmax, `P·V`.
+///
+/// # Safety
+/// As [`task`]; `j0 < j1 ≤ tk`, `j1 - j0 ≤ BLOCK`.
+#[inline(always)]
+unsafe fn block<V: Vector, const MR: usize, const NV: usize>(
+    x: &Inputs<'_>,
+    tile: Tile,
+    s: &Scratch,
+    j0: usize,
+    j1: usize,
+) {
+    let (p, rule, l) = (&x.p, &x.rule, V::LANES);
+    // Each group of queries needs the keys up to its last query's last.
+    let lo = [j0; MAX_VECTORS];
+    let mut hi = [j0; MAX_VECTORS];
+    for (v, h) in hi.iter_mut().enumerate().take(tile.nv) {
+        let last = tile.i0 + tile.nq.min(group_end(v, l)) - 1;
+        *h = rule.key_end(last).clamp(j0, j1);
+    }
+    let krows = x.k.as_ptr().wrapping_add((tile.b * p.tk + j0) * p.d);
+    let vrows = x.v.as_ptr().wrapping_add((tile.b * p.tk + j0) * p.dv);
+    // SAFETY: key rows `[j0, j1)` of `k` and `v`; the scratch regions.
+    unsafe {
+        // Sᵀ = k·qᵀ, each panel of keys from the first group of queries
+        // that sees its first key.
+        let cols = |r0: usize, _: usize| {
+            let first = group_first(rule.query_start(j0 + r0).saturating_sub(tile.i0), l);
+            (first.min(tile.nv), tile.nv)
+        };
+        let a = Bcast { ptr: krows, rs: p.d, ks: 1 };
+        let (qt, st) = (Rows { ptr: s.qt, stride: TILE }, Rows { ptr: s.st, stride: TILE });
+        panels::<V, MR, NV>(j1 - j0, p.d, a, qt, st, cols);
+        mask(x, tile, s, j0, &hi[..tile.nv], l);
+        for (v, &h) in hi.iter().enumerate().take(tile.nv) {
+            if h > j0 {
+                let o = v * l;
+                softmax::<V>(h - j0, s.st.add(o), s.m.add(o), s.l.add(o), s.alpha.add(o));
+            }
+        }
+        // oᵀ = oᵀ·alpha + vᵀ·Pᵀ.
+        let a = Bcast { ptr: vrows, rs: 1, ks: p.dv };
+        let ot = Rows { ptr: s.ot, stride: TILE };
+        staircase::<V, MR, NV>(p.dv, j0, &lo[..tile.nv], &hi[..tile.nv], a, st, ot, Some(s.alpha));
+    }
+}
+
+/// Sets the masked scores of keys `[j0, hi[v])` (queries of vector `v` of
+/// `l` lanes) to `-inf` and marks the queries that passed the caller's mask.
+///
+/// # Safety
+/// As [`block`].
+#[inline(always)]
+unsafe fn mask(x: &Inputs<'_>, tile: Tile, s: &Scratch, j0: usize, hi: &[usize], l: usize) {
+    let rule = &x.rule;
+    if !rule.causal && rule.mask.is_none() {
+        return;
+    }
+    for lane in 0..tile.nq {
+        let (i, end) = (tile.i0 + lane, hi[lane / l]);
+        let col = s.st.wrapping_add(lane);
+        // Keys from the causal limit on, then the mask before it.
+        let limit = rule.key_end(i).clamp(j0, end.max(j0));
+        // SAFETY: rows `[j0, end)` of the block, lane `< TILE`; the mask
+        // at indices within the problem.
+        unsafe {
+            for j in limit..end {
+                *col.add((j - j0) * TILE) = f32::NEG_INFINITY;
+            }
+            if rule.mask.is_some() {
+                let mut seen = false;
+                for j in j0..limit {
+                    if rule.allowed(tile.b, i, j) {
+                        seen = true;
+                    } else {
+                        *col.add((j - j0) * TILE) = f32::NEG_INFINITY;
+                    }
+                }
+                if seen {
+                    *s.seen.add(lane) = 1.0;
+                }
+            }
+        }
+    }
+}
+
+/// The online softmax of one vector of queries over `rows` keys of the
+/// block (`st`, rows `TILE` apart): `m` becomes the running max, the
+/// scores `exp(s - max(m, -f32::MAX))`, `l` the running sum rescaled by
+/// `alpha = exp(old - new)`, which `P·V` applies to the output.
+///
+/// # Safety
+/// `rows` rows of a vector at `st`, a vector at each of `m`, `l`,
+/// `alpha`; the features of `V`.
+#[inline(always)]
+unsafe fn softmax<V: Vector>(rows: usize, st: *mut f32, m: *mut f32, l: *mut f32, alpha: *mut f32) {
+    // SAFETY: the caller's vectors.
+    unsafe {
+        let old = V::load(m);
+        // `s.max(acc)` keeps `acc` when `s` is NaN: a NaN score reaches
+        // the row through its own `exp` instead.
+        let mut acc = [old; 4];
+        let mut j = 0;
+        while j + 4 <= rows {
+            for (u, a) in acc.iter_mut().enumerate() {
+                *a = V::load(st.add((j + u) * TILE)).max(*a);
+            }
+            j += 4;
+        }
+        while j < rows {
+            acc[0] = V::load(st.add(j * TILE)).max(acc[0]);
+            j += 1;
+        }
+        let new = acc[0].max(acc[1]).max(acc[2].max(acc[3]));
+        let floor = V::splat(-f32::MAX);
+        let (from, to) = (floor.max(old), floor.max(new));
+        let a = from.sub(to).exp();
+        let mut sum = V::zero();
+        for j in 0..rows {
+            let p = st.add(j * TILE);
+            let e = V::load(p).sub(to).exp();
+            e.store(p);
+            sum = sum.add(e);
+        }
+        new.store(m);
+        V::load(l).fma(a, sum).store(l);
+        a.store(alpha);
+    }
+}
+
+/// Writes the tile's outputs: `o / l` and `lse = max(m, -f32::MAX) + ln l`,
+/// or zeros and `-inf` for a query that saw no key.
+///
+/// # Safety
+/// As [`task`].
+#[inline(always)]
+unsafe fn finish<V: Vector>(call: &ForwardCall<'_>, tile: Tile, s: &Scratch) {
+    let (p, l) = (&call.x.p, V::LANES);
+    let row0 = tile.b * p.tq + tile.i0;
+    // SAFETY: the tile's rows of `out` and `lse` (this task's alone);
+    // lanes `< nv·L` of the scratch regions.
+    unsafe {
+        // oᵀ times 1/l per query, then transposed out.
+        for lane in 0..tile.nv * l {
+            *s.alpha.add(lane) = 1.0 / *s.l.add(lane);
+        }
+        for c in 0..p.dv {
+            for v in 0..tile.nv {
+                let o = s.ot.add(c * TILE + v * l);
+                V::load(o).mul(V::load(s.alpha.add(v * l))).store(o);
+            }
+        }
+        unpack::<V>(s.ot, tile.nq, p.dv, 1.0, call.out.0.add(row0 * p.dv));
+        for lane in 0..tile.nq {
+            let lse = call.lse.0.add(row0 + lane);
+            if *s.seen.add(lane) == 0.0 {
+                std::ptr::write_bytes(call.out.0.add((row0 + lane) * p.dv), 0, p.dv);
+                *lse = f32::NEG_INFINITY;
+            } else {
+                *lse = s.m.add(lane).read().max(-f32::MAX) + s.l.add(lane).read().ln();
+            }
+        }
+    }
+}
