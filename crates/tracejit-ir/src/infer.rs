@@ -10,9 +10,14 @@
 //! involved (`add: cannot broadcast [3, 4] with [5] (f32 and f32)`).
 
 use smallvec::{smallvec, SmallVec};
-use tracejit_tensor::{DType, ReduceOp};
+use tracejit_tensor::DType;
 
 use crate::{Dim, Dims, DimsDisplay, FuncId, Graph, Op, OpError, TensorType};
+
+mod elementwise;
+mod reduce;
+mod shape;
+mod state;
 
 /// The output types of one node.
 type Outputs = SmallVec<[TensorType; 1]>;
@@ -86,6 +91,8 @@ fn op_label(op: &Op) -> String {
     format!("fused region ({})", names.join(", "))
 }
 
+/// The output types of `op` on inputs of types `inputs`: one rule per
+/// op, grouped by family in `infer/`.
 fn infer_types(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<Outputs, OpError> {
     let name = op.name();
     let err = |message: String| OpError::new(name, message);
@@ -99,273 +106,24 @@ fn infer_types(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<
     match op {
         Op::Parameter { .. } => Err(err("parameters are created by Graph::add_param, not inferred".into())),
         Op::Constant { value } => one(TensorType::known(value.dtype(), value.shape())),
-
-        // ---- elementwise ----
-        Op::Unary(u) => {
-            let x = &inputs[0];
-            match u.result_dtype(x.dtype) {
-                Some(dtype) => one(TensorType { dtype, dims: x.dims.clone() }),
-                None => Err(err(format!(
-                    "expected {} tensor, got {x} (cast it first)",
-                    with_article(accepted_kind(|d| u.result_dtype(d).is_some()))
-                ))),
-            }
-        }
-        Op::Binary(b) => {
-            let (x, y) = (&inputs[0], &inputs[1]);
-            if x.dtype != y.dtype {
-                return Err(err(format!(
-                    "operands have different dtypes {x} and {y}; tracejit never promotes implicitly — cast one of them"
-                )));
-            }
-            let Some(dtype) = b.result_dtype(x.dtype) else {
-                return Err(err(format!(
-                    "expected {} operands, got {x} and {y} (cast them first)",
-                    accepted_kind(|d| b.result_dtype(d).is_some())
-                )));
-            };
-            let dims = broadcast_dims(&x.dims, &y.dims).ok_or_else(|| {
-                err(format!(
-                    "cannot broadcast {} with {} ({} and {})",
-                    DimsDisplay(&x.dims),
-                    DimsDisplay(&y.dims),
-                    x.dtype,
-                    y.dtype
-                ))
-            })?;
-            one(TensorType { dtype, dims })
-        }
-        Op::Select => {
-            let (c, a, b) = (&inputs[0], &inputs[1], &inputs[2]);
-            if c.dtype != DType::Bool {
-                return Err(err(format!("the condition must be bool, got {c}")));
-            }
-            if a.dtype != b.dtype {
-                return Err(err(format!(
-                    "branches have different dtypes {a} and {b}; tracejit never promotes implicitly — cast one of them"
-                )));
-            }
-            let dims = broadcast_dims(&c.dims, &a.dims)
-                .and_then(|d| broadcast_dims(&d, &b.dims))
-                .ok_or_else(|| err(format!("cannot broadcast condition {c} with branches {a} and {b}")))?;
-            one(TensorType { dtype: a.dtype, dims })
-        }
+        Op::Unary(u) => elementwise::unary(*u, inputs).map_err(err),
+        Op::Binary(b) => elementwise::binary(*b, inputs).map_err(err),
+        Op::Select => elementwise::select(inputs).map_err(err),
         Op::Cast { to } => one(TensorType { dtype: *to, dims: inputs[0].dims.clone() }),
-        Op::Clamp { min, max } => {
-            let x = &inputs[0];
-            if !x.dtype.is_numeric() {
-                return Err(err(format!("expected a numeric tensor, got {x} (cast it first)")));
-            }
-            // NaN bounds are rejected too.
-            if min.is_nan() || max.is_nan() || min > max {
-                return Err(err(format!("min {min:?} must not be greater than max {max:?} (clamping {x})")));
-            }
-            one(x.clone())
-        }
-
-        // ---- reductions ----
-        Op::Reduce { op: r, axes, keepdims } => {
-            let x = &inputs[0];
-            let Some(dtype) = r.result_dtype(x.dtype) else {
-                return Err(err(format!(
-                    "expected {} tensor, got {x} (cast it first)",
-                    with_article(accepted_kind(|d| r.result_dtype(d).is_some()))
-                )));
-            };
-            check_axes(axes, x).map_err(err)?;
-            if matches!(r, ReduceOp::Max | ReduceOp::Min) {
-                if let Some(&a) = axes.iter().find(|&&a| x.dims[a] == Some(0)) {
-                    return Err(err(format!(
-                        "cannot reduce an empty axis: axis {a} of {x} has size 0 and {name} has no identity"
-                    )));
-                }
-            }
-            let dims = x
-                .dims
-                .iter()
-                .enumerate()
-                .filter_map(|(i, &d)| match axes.contains(&i) {
-                    false => Some(d),
-                    true if *keepdims => Some(Some(1)),
-                    true => None,
-                })
-                .collect();
-            one(TensorType { dtype, dims })
-        }
-        Op::ArgReduce { axis, keepdims, .. } => {
-            let x = &inputs[0];
-            if !x.dtype.is_numeric() {
-                return Err(err(format!("expected a numeric tensor, got {x} (cast it first)")));
-            }
-            check_axis(*axis, x).map_err(err)?;
-            if x.dims[*axis] == Some(0) {
-                return Err(err(format!("cannot reduce an empty axis: axis {axis} of {x} has size 0")));
-            }
-            let mut dims = x.dims.clone();
-            if *keepdims {
-                dims[*axis] = Some(1);
-            } else {
-                dims.remove(*axis);
-            }
-            one(TensorType { dtype: DType::I64, dims })
-        }
-
-        // ---- linear algebra ----
-        Op::MatMul => {
-            let (a, b) = (&inputs[0], &inputs[1]);
-            if a.rank() < 2 || b.rank() < 2 {
-                return Err(err(format!("expected operands of rank >= 2, got {a} @ {b}")));
-            }
-            if a.dtype != b.dtype {
-                return Err(err(format!(
-                    "operands have different dtypes {a} and {b}; tracejit never promotes implicitly — cast one of them"
-                )));
-            }
-            if !a.dtype.is_numeric() {
-                return Err(err(format!("expected numeric operands, got {a} @ {b} (cast them first)")));
-            }
-            let (ra, rb) = (a.rank(), b.rank());
-            if let (Some(k1), Some(k2)) = (a.dims[ra - 1], b.dims[rb - 2]) {
-                if k1 != k2 {
-                    return Err(err(format!("inner dimensions differ: {a} @ {b}")));
-                }
-            }
-            let mut dims = broadcast_dims(&a.dims[..ra - 2], &b.dims[..rb - 2])
-                .ok_or_else(|| err(format!("cannot broadcast the batch dimensions of {a} @ {b}")))?;
-            dims.push(a.dims[ra - 2]);
-            dims.push(b.dims[rb - 1]);
-            one(TensorType { dtype: a.dtype, dims })
-        }
-
-        // ---- shape ops ----
-        Op::Reshape { shape } => {
-            let x = &inputs[0];
-            let dims = match x.num_elements() {
-                Some(n) => resolve_reshape(shape, n)
-                    .map_err(|m| err(format!("{m} (reshaping {x})")))?
-                    .into_iter()
-                    .map(Some)
-                    .collect(),
-                None => {
-                    check_reshape_target(shape).map_err(err)?;
-                    shape.iter().map(|&d| usize::try_from(d).ok()).collect()
-                }
-            };
-            one(TensorType { dtype: x.dtype, dims })
-        }
-        Op::Transpose { perm } => {
-            let x = &inputs[0];
-            if !is_permutation(perm, x.rank()) {
-                return Err(err(format!("{perm:?} is not a permutation of the axes of {x}")));
-            }
-            one(TensorType { dtype: x.dtype, dims: perm.iter().map(|&p| x.dims[p]).collect() })
-        }
-        Op::BroadcastTo { shape } => {
-            let x = &inputs[0];
-            let fits = x.rank() <= shape.len()
-                && x.dims.iter().rev().zip(shape.iter().rev()).all(|(&d, &t)| d.is_none_or(|d| d == 1 || d == t));
-            if !fits {
-                return Err(err(format!("cannot broadcast {x} to {shape:?}")));
-            }
-            one(TensorType::known(x.dtype, shape))
-        }
-        Op::ExpandDims { axis } => {
-            let x = &inputs[0];
-            if *axis > x.rank() {
-                return Err(err(format!("axis {axis} is out of range for {x} (at most {})", x.rank())));
-            }
-            let mut dims = x.dims.clone();
-            dims.insert(*axis, Some(1));
-            one(TensorType { dtype: x.dtype, dims })
-        }
-        Op::Squeeze { axes } => {
-            let x = &inputs[0];
-            check_axes(axes, x).map_err(err)?;
-            for &a in axes {
-                if let Some(size) = x.dims[a].filter(|&d| d != 1) {
-                    return Err(err(format!("axis {a} of {x} has size {size}, not 1")));
-                }
-            }
-            let dims = x.dims.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect();
-            one(TensorType { dtype: x.dtype, dims })
-        }
-        Op::Concat { axis } => {
-            let first = inputs.first().ok_or_else(|| err("needs at least one input".into()))?;
-            check_axis(*axis, first).map_err(err)?;
-            let mut dims = first.dims.clone();
-            for x in &inputs[1..] {
-                check_same_dtype_rank(first, x).map_err(err)?;
-                for (i, d) in dims.iter_mut().enumerate() {
-                    if i == *axis {
-                        *d = match (*d, x.dims[i]) {
-                            (Some(p), Some(q)) => Some(p.checked_add(q).ok_or_else(|| {
-                                err(format!("the size of axis {axis} overflows (joining {first} and {x})"))
-                            })?),
-                            _ => None,
-                        };
-                    } else {
-                        *d = merge_dim(*d, x.dims[i])
-                            .ok_or_else(|| err(format!("dimension {i} differs between {first} and {x}")))?;
-                    }
-                }
-            }
-            one(TensorType { dtype: first.dtype, dims })
-        }
-        Op::Stack { axis } => {
-            let first = inputs.first().ok_or_else(|| err("needs at least one input".into()))?;
-            if *axis > first.rank() {
-                return Err(err(format!(
-                    "axis {axis} is out of range for stacking {first} (at most {})",
-                    first.rank()
-                )));
-            }
-            let mut dims = first.dims.clone();
-            for x in &inputs[1..] {
-                check_same_dtype_rank(first, x).map_err(err)?;
-                for (i, d) in dims.iter_mut().enumerate() {
-                    *d = merge_dim(*d, x.dims[i])
-                        .ok_or_else(|| err(format!("inputs have different shapes {first} and {x}")))?;
-                }
-            }
-            dims.insert(*axis, Some(inputs.len()));
-            one(TensorType { dtype: first.dtype, dims })
-        }
-        Op::Slice { specs } => {
-            let x = &inputs[0];
-            if specs.len() != x.rank() {
-                return Err(err(format!("expected one spec per axis of {x}, got {}", specs.len())));
-            }
-            let mut dims = Dims::new();
-            for (i, (spec, &d)) in specs.iter().zip(&x.dims).enumerate() {
-                if spec.step == 0 {
-                    return Err(err(format!("the step of axis {i} is 0 (slicing {x})")));
-                }
-                dims.push(d.map(|len| spec.resolve(len).1));
-            }
-            one(TensorType { dtype: x.dtype, dims })
-        }
-        Op::Gather { axis } => {
-            let (params, indices) = (&inputs[0], &inputs[1]);
-            if !indices.dtype.is_int() {
-                return Err(err(format!("indices must be i32 or i64, got {indices}")));
-            }
-            check_axis(*axis, params).map_err(err)?;
-            let mut dims: Dims = params.dims[..*axis].iter().copied().collect();
-            dims.extend(indices.dims.iter().copied());
-            dims.extend(params.dims[*axis + 1..].iter().copied());
-            one(TensorType { dtype: params.dtype, dims })
-        }
-        Op::OneHot { depth, dtype } => {
-            let indices = &inputs[0];
-            if !indices.dtype.is_int() {
-                return Err(err(format!("indices must be i32 or i64, got {indices}")));
-            }
-            let mut dims = indices.dims.clone();
-            dims.push(Some(*depth));
-            one(TensorType { dtype: *dtype, dims })
-        }
-
-        // ---- functions and state ----
+        Op::Clamp { min, max } => elementwise::clamp(min, max, inputs).map_err(err),
+        Op::Reduce { op: r, axes, keepdims } => reduce::reduce(name, r, axes, keepdims, inputs).map_err(err),
+        Op::ArgReduce { axis, keepdims, .. } => reduce::arg_reduce(axis, keepdims, inputs).map_err(err),
+        Op::MatMul => reduce::matmul(inputs).map_err(err),
+        Op::Reshape { shape } => shape::reshape(shape, inputs).map_err(err),
+        Op::Transpose { perm } => shape::transpose(perm, inputs).map_err(err),
+        Op::BroadcastTo { shape } => shape::broadcast_to(shape, inputs).map_err(err),
+        Op::ExpandDims { axis } => shape::expand_dims(axis, inputs).map_err(err),
+        Op::Squeeze { axes } => shape::squeeze(axes, inputs).map_err(err),
+        Op::Concat { axis } => shape::concat(axis, inputs).map_err(err),
+        Op::Stack { axis } => shape::stack(axis, inputs).map_err(err),
+        Op::Slice { specs } => shape::slice(specs, inputs).map_err(err),
+        Op::Gather { axis } => shape::gather(axis, inputs).map_err(err),
+        Op::OneHot { depth, dtype } => shape::one_hot(depth, dtype, inputs).map_err(err),
         Op::Call { func } => {
             let graph = graph.ok_or_else(|| err("needs the calling graph (its function library)".into()))?;
             infer_call(*func, inputs, graph).map_err(err)
@@ -374,35 +132,10 @@ fn infer_types(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<
         Op::Cond { branches } => infer_cond(branches, inputs).map_err(err),
         Op::While { parts, .. } => infer_while(parts, inputs).map_err(err),
         Op::Kernel { name: kernel, inputs: accepted, outputs, .. } => {
-            for (i, (p, x)) in accepted.iter().zip(inputs).enumerate() {
-                if !dims_compatible(p, x) {
-                    return Err(err(format!("argument {i} of kernel `{kernel}` has type {x}, but it takes {p}")));
-                }
-            }
-            Ok(outputs.iter().cloned().collect())
+            state::kernel(kernel, accepted, outputs, inputs).map_err(err)
         }
-        Op::ReadVariable { var } => {
-            let graph = graph.ok_or_else(|| err("needs the graph that holds the variable".into()))?;
-            let v = graph.variables.get(*var).ok_or_else(|| err(format!("unknown variable {var}")))?;
-            one(TensorType::known(v.dtype(), &v.shape()))
-        }
-        Op::AssignVariable { var, kind } => {
-            let graph = graph.ok_or_else(|| err("needs the graph that holds the variable".into()))?;
-            let v = graph.variables.get(*var).ok_or_else(|| err(format!("unknown variable {var}")))?;
-            let ty = TensorType::known(v.dtype(), &v.shape());
-            let x = &inputs[0];
-            if !dims_compatible(&ty, x) {
-                return Err(err(format!(
-                    "cannot {} a value of type {x} to variable {var} \"{}\" of type {ty}",
-                    kind.name(),
-                    v.name()
-                )));
-            }
-            if !matches!(kind, crate::AssignKind::Assign) && !ty.dtype.is_numeric() {
-                return Err(err(format!("cannot {} to the bool variable {var} \"{}\"", kind.name(), v.name())));
-            }
-            Ok(SmallVec::new())
-        }
+        Op::ReadVariable { var } => state::read_variable(var, graph).map_err(err),
+        Op::AssignVariable { var, kind } => state::assign_variable(var, kind, inputs, graph).map_err(err),
     }
 }
 

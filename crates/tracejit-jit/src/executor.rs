@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex};
 use cranelift_entity::EntityRef;
 use smallvec::SmallVec;
 use tracejit_ir::tensor::{kernels, BinaryOp, Storage};
-use tracejit_ir::{eval_primitive, infer, AssignKind, Graph, IrError, NodeId, Op, TensorType};
+use tracejit_ir::{eval_primitive, infer, AssignKind, Graph, IrError, NodeId, Op, TensorType, VarId};
 
 use crate::codegen::lower::Callees;
 use crate::codegen::{CodegenContext, CodegenReport, DumpTo, Run};
@@ -301,7 +301,6 @@ impl Executable {
                 self.free_slots(step, values, pool);
                 continue;
             }
-            let broken = |message: String| IrError::Verifier { graph: g.name.clone(), node: step.node, message };
             // Taken before the operands are borrowed: the address to write
             // in place while the dying input is still unique.
             let alias = match step.in_place {
@@ -310,7 +309,7 @@ impl Executable {
             };
             let mut args: SmallVec<[&Storage; 3]> = SmallVec::new();
             for &x in &step.inputs {
-                args.push(values[x].as_ref().ok_or_else(|| broken(format!("slot {x} is not available")))?);
+                args.push(self.slot(step, values, x)?);
             }
             self.check_step(step, &args)?;
             let mut partner_out: SmallVec<[(usize, Storage); 2]> = SmallVec::new();
@@ -321,34 +320,7 @@ impl Executable {
                 StepKind::Region(r) => {
                     outs.extend(r.try_run_pooled(&args, pool, alias).map_err(|e| e.at(g.node(step.node).location))?)
                 }
-                StepKind::MatMul => {
-                    let paired = match step.pair {
-                        Pair::First(j) => {
-                            let other = &self.schedule.steps[j];
-                            let b: SmallVec<[&Storage; 2]> = other
-                                .inputs
-                                .iter()
-                                .map(|&x| {
-                                    values[x].as_ref().ok_or_else(|| broken(format!("slot {x} is not available")))
-                                })
-                                .collect::<Result<_, _>>()?;
-                            self.check_step(other, &b)?;
-                            pairs::run_pair(self.isa, [args[0], b[0]], [args[1], b[1]], pool).map(|[x, y]| {
-                                partner_out.push((other.outputs[0], y));
-                                x
-                            })
-                        }
-                        Pair::Then(j) => epilogue::run(self, step, j, &args, values, pool)?.map(|(x, made)| {
-                            partner_out = made;
-                            x
-                        }),
-                        Pair::None | Pair::Second | Pair::After => None,
-                    };
-                    let out = paired.unwrap_or_else(|| {
-                        crate::gemm::matmul_with(self.isa, args[0], args[1], &mut |d, s| pool.take(d, s))
-                    });
-                    outs.push(out);
-                }
+                StepKind::MatMul => outs.push(self.run_product(step, &args, values, pool, &mut partner_out)?),
                 StepKind::View(view) => match view.apply(&args) {
                     Some(v) => outs.push(v),
                     // Out of range: the reference kernel reports it.
@@ -380,23 +352,11 @@ impl Executable {
                     }
                 }
                 StepKind::Read(var) => {
-                    let v = g.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
+                    let v =
+                        g.variables.get(*var).ok_or_else(|| self.broken(step, format!("unknown variable {var}")))?;
                     outs.push(v.read())
                 }
-                StepKind::Assign(var, kind) => {
-                    let v = g.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
-                    let types = [TensorType::known(args[0].dtype(), args[0].shape())];
-                    infer(&Op::AssignVariable { var: *var, kind: *kind }, &types, Some(g))?;
-                    // `update` holds the variable's lock across read and
-                    // write, so concurrent assign_adds lose no increment.
-                    match kind {
-                        // The replaced value's buffer goes to the pool: an
-                        // update region writes the next step's value into it.
-                        AssignKind::Assign => pool.give_if_unique(v.replace(args[0].clone())),
-                        AssignKind::Add => v.update(&mut |cur| kernels::binary(BinaryOp::Add, cur, args[0])),
-                        AssignKind::Sub => v.update(&mut |cur| kernels::binary(BinaryOp::Sub, cur, args[0])),
-                    }
-                }
+                StepKind::Assign(var, kind) => self.run_assign(step, *var, *kind, args[0], pool)?,
             }
             drop(args);
             if !partner_out.is_empty() {
@@ -405,7 +365,8 @@ impl Executable {
                 }
             }
             if outs.len() != step.outputs.len() {
-                return Err(broken(format!("produced {} values for {} outputs", outs.len(), step.outputs.len())));
+                let message = format!("produced {} values for {} outputs", outs.len(), step.outputs.len());
+                return Err(self.broken(step, message));
             }
             for (&s, x) in step.outputs.iter().zip(outs.drain(..)) {
                 values[s] = Some(x);
@@ -418,15 +379,87 @@ impl Executable {
         if let Some(clock) = clock {
             profile::record(self, &clock);
         }
+        self.take_outputs(values)
+    }
+
+    /// A product step, with its partner when it has one (the later
+    /// product of a side-by-side pair, or the region it runs with in row
+    /// halves), whose outputs go to `partner_out`.
+    #[inline]
+    fn run_product(
+        &self,
+        step: &Step,
+        args: &[&Storage],
+        values: &[Option<Storage>],
+        pool: &mut BufPool,
+        partner_out: &mut SmallVec<[(usize, Storage); 2]>,
+    ) -> Result<Storage, IrError> {
+        let paired = match step.pair {
+            Pair::First(j) => {
+                let other = &self.schedule.steps[j];
+                let b: SmallVec<[&Storage; 2]> =
+                    other.inputs.iter().map(|&x| self.slot(step, values, x)).collect::<Result<_, _>>()?;
+                self.check_step(other, &b)?;
+                pairs::run_pair(self.isa, [args[0], b[0]], [args[1], b[1]], pool).map(|[x, y]| {
+                    partner_out.push((other.outputs[0], y));
+                    x
+                })
+            }
+            Pair::Then(j) => epilogue::run(self, step, j, args, values, pool)?.map(|(x, made)| {
+                *partner_out = made;
+                x
+            }),
+            Pair::None | Pair::Second | Pair::After => None,
+        };
+        Ok(paired.unwrap_or_else(|| crate::gemm::matmul_with(self.isa, args[0], args[1], &mut |d, s| pool.take(d, s))))
+    }
+
+    /// A variable write. `update` holds the variable's lock across read and
+    /// write, so concurrent `assign_add`s lose no increment; an `assign`
+    /// hands the replaced value's buffer to the pool (an update region
+    /// writes the next step's value into it).
+    fn run_assign(
+        &self,
+        step: &Step,
+        var: VarId,
+        kind: AssignKind,
+        value: &Storage,
+        pool: &mut BufPool,
+    ) -> Result<(), IrError> {
+        let g = &*self.graph;
+        let v = g.variables.get(var).ok_or_else(|| self.broken(step, format!("unknown variable {var}")))?;
+        let types = [TensorType::known(value.dtype(), value.shape())];
+        infer(&Op::AssignVariable { var, kind }, &types, Some(g))?;
+        match kind {
+            AssignKind::Assign => pool.give_if_unique(v.replace(value.clone())),
+            AssignKind::Add => v.update(&mut |cur| kernels::binary(BinaryOp::Add, cur, value)),
+            AssignKind::Sub => v.update(&mut |cur| kernels::binary(BinaryOp::Sub, cur, value)),
+        }
+        Ok(())
+    }
+
+    /// The value in slot `x`, read by `step`.
+    #[inline]
+    fn slot<'v>(&self, step: &Step, values: &'v [Option<Storage>], x: usize) -> Result<&'v Storage, IrError> {
+        values[x].as_ref().ok_or_else(|| self.broken(step, format!("slot {x} is not available")))
+    }
+
+    /// A broken schedule at `step` (a bug in tracejit).
+    fn broken(&self, step: &Step, message: String) -> IrError {
+        IrError::Verifier { graph: self.graph.name.clone(), node: step.node, message }
+    }
+
+    /// The graph's outputs from their slots: moved out on an output's last
+    /// listing, cloned before.
+    fn take_outputs(&self, values: &mut [Option<Storage>]) -> Result<Vec<Storage>, IrError> {
         let outputs = &self.schedule.outputs;
         outputs
             .iter()
             .enumerate()
             .map(|(k, &o)| {
-                // Moved out on its last listing, cloned before.
                 let v = if outputs[k + 1..].contains(&o) { values[o].clone() } else { values[o].take() };
                 v.ok_or_else(|| IrError::Verifier {
-                    graph: g.name.clone(),
+                    graph: self.graph.name.clone(),
                     node: NodeId::new(0),
                     message: format!("graph output slot {o} was not produced"),
                 })

@@ -152,14 +152,15 @@ mod options;
 mod region;
 mod scalar;
 mod schedule;
-mod unify;
 
 pub use analysis::MAX_CONST_ELEMENTS;
 pub use error::JitError;
 pub use executor::{Executable, Profile, ScheduleStats, StepTime};
 pub use gemm::{matmul, matmul_reusing};
 pub use options::JitOptions;
-pub use region::{compile_region, compile_region_with, kernel_cache_len, supports, unsupported_reason, CompiledRegion};
+pub use region::{
+    compile_region, compile_region_with, kernel_cache_len, region_program, supports, unsupported_reason, CompiledRegion,
+};
 /// The thread pool and thread count, and the f32 approximations of `exp`,
 /// `tanh` and `sigmoid` the kernels share: they live in the kernel crate
 /// (`tracejit-kernels`) under both this crate and the composites.

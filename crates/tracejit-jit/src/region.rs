@@ -67,6 +67,23 @@ pub fn kernel_cache_len() -> usize {
     cache().lock().map(|c| c.len()).unwrap_or(0)
 }
 
+/// The lowered program the JIT emits for a region body, as text (one line
+/// per load, node and output; see the lowering filetests in
+/// `tests/lowering/`), or why the JIT does not compile the body.
+///
+/// ```
+/// use tracejit_ir::Graph;
+///
+/// let body = Graph::parse("graph r(%0: f32[4, 8]) -> (%1) {\n  %1 = tanh %0 : f32[4, 8]\n}")?;
+/// let program = tracejit_jit::region_program(&body).unwrap();
+/// assert!(program.starts_with("kernel elementwise (rank 2"), "{program}");
+/// assert!(program.contains("n1 = tanh n0 : f32 varying"), "{program}");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn region_program(body: &Graph) -> Result<String, String> {
+    analyze(body).map(|a| a.to_string())
+}
+
 /// True if `body` is a region this JIT compiles (the fusion pass asks this).
 /// See the crate documentation for exactly which regions qualify.
 pub fn supports(body: &tracejit_ir::Graph) -> bool {

@@ -11,6 +11,7 @@ mod common;
 mod agreement;
 mod executor;
 mod gemm;
+mod lowering;
 mod one_hot;
 mod reductions;
 mod regions;
