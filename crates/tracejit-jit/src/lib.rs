@@ -1,7 +1,7 @@
 //! tracejit-jit compiles the hot parts of a tracejit graph to native code
 //! with Cranelift and runs whole graphs fast.
 //!
-//! Two layers:
+//! Three layers:
 //! - **Fused region kernels** ([`supports`], [`compile_region`],
 //!   [`CompiledRegion`]): a region is a small graph of elementwise ops,
 //!   broadcasts and row/column reductions; it becomes one kernel function
@@ -9,10 +9,17 @@
 //!   loops, transcendentals approximated in-line, and strides per input so
 //!   that broadcasting costs nothing. Kernels are cached by structure, so
 //!   identical regions in different functions compile once.
-//! - **The executor** ([`Executable`]): a flat schedule of steps over a whole
-//!   graph — fused regions, matrix products through a fast GEMM, and every
-//!   other op through the reference kernels — freeing values after their
-//!   last use.
+//! - **The codegen passes** ([`codegen`]): every decision the JIT makes
+//!   about a graph — regions, the steps, which products pair, which loops
+//!   run in row blocks, which buffers are reused — as a named pass in a
+//!   list, each verified and dumped like the IR's passes.
+//! - **The executor** ([`Executable`]): runs the flat schedule of steps the
+//!   passes leave over a whole graph — fused regions, matrix products
+//!   through a fast GEMM, native kernels, and every other op through the
+//!   reference kernels — freeing values after their last use.
+//!
+//! The SIMD kernels themselves (vector math, GEMM entry points, the thread
+//! pool) live in `tracejit-kernels`, below this crate and the composites.
 //!
 //! # Memory
 //!
