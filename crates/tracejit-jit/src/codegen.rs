@@ -2,7 +2,7 @@
 //! named pass in a list read top to bottom, each followed by a verifier
 //! and visible in dumps, like the IR's pipeline (tract's `codegen()`,
 //! Cranelift's `Context::optimize`). The executor only runs the schedule
-//! they leave ([`crate::schedule::Schedule`]).
+//! they leave (a `Schedule`: see [`crate::Executable::schedule_listing`]).
 //!
 //! ```text
 //! plan_regions     elementwise/reduction regions, by the IR's fusion pass   (graph; raw graphs only)
@@ -24,10 +24,10 @@
 //! this JIT's acceptance rule), so the planner runs once per graph either
 //! way ([`crate::Executable::from_optimized`]).
 //!
-//! After every schedule pass [`Schedule::verify`] runs in debug builds and
+//! After every schedule pass the schedule verifier runs in debug builds and
 //! tests (an error names the pass); with `TRACEJIT_DUMP=<dir>` each pass's
 //! result is written as `<name>.jit.<seq>.<pass>.txt`
-//! ([`Schedule::listing`]); [`crate::Executable::codegen_report`] lists what
+//! ([`crate::Executable::schedule_listing`]); [`crate::Executable::codegen_report`] lists what
 //! each pass did.
 
 use std::fmt;
