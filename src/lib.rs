@@ -64,6 +64,11 @@ pub use tracejit_nn as nn;
 /// Composite kernels: `register_kernel(name, kernel)` for functions marked
 /// `implements(name)` (the `tracejit-nn` crate's `composite` module).
 pub use tracejit_nn::composite;
+/// Random numbers as graph state: [`random::Generator`] (Philox4x32-10,
+/// its key and counter in a variable, a module that checkpoints) and the
+/// stateless draws `stateless_normal` / `stateless_uniform` (the
+/// `tracejit-nn` crate's `random` module).
+pub use tracejit_nn::random;
 /// Export to ONNX: `save(&cf, path)`, `to_bytes(&cf)` and the `Exporter`
 /// with names and options (the `tracejit-onnx` crate), so a traced
 /// function runs in ONNX Runtime, Triton or tract.

@@ -152,6 +152,22 @@ fn op_eq(inner: &mut String, a: &Op, b: &Op) -> bool {
             b,
             Op::Kernel { name: n, inputs: i, outputs: o, .. } if name == n && inputs == i && outputs == o
         ),
+        Op::GatherElements { axis } => matches!(b, Op::GatherElements { axis: x } if axis == x),
+        Op::ScatterAdd { axis } => matches!(b, Op::ScatterAdd { axis: x } if axis == x),
+        Op::DynamicSlice { sizes } => matches!(b, Op::DynamicSlice { sizes: s } if sizes == s),
+        Op::DynamicUpdateSlice => matches!(b, Op::DynamicUpdateSlice),
+        Op::Pad { pads, value } => {
+            matches!(b, Op::Pad { pads: p, value: v } if pads == p && value.to_bits() == v.to_bits())
+        }
+        Op::Cumsum { axis } => matches!(b, Op::Cumsum { axis: x } if axis == x),
+        Op::TopK { k } => matches!(b, Op::TopK { k: j } if k == j),
+        Op::Random { dist, dtype, shape } => {
+            let bits = |d: &tracejit_tensor::RandomDist| {
+                let (p, q) = d.params();
+                (d.name(), p.to_bits(), q.to_bits())
+            };
+            matches!(b, Op::Random { dist: e, dtype: t, shape: s } if bits(dist) == bits(e) && dtype == t && shape == s)
+        }
         Op::ReadVariable { var } => matches!(b, Op::ReadVariable { var: v } if var == v),
         Op::AssignVariable { var, kind } => {
             matches!(b, Op::AssignVariable { var: v, kind: k } if var == v && kind == k)

@@ -18,6 +18,7 @@ mod elementwise;
 mod reduce;
 mod shape;
 mod state;
+mod window;
 
 /// The output types of one node.
 type Outputs = SmallVec<[TensorType; 1]>;
@@ -124,6 +125,14 @@ fn infer_types(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<
         Op::Slice { specs } => shape::slice(specs, inputs).map_err(err),
         Op::Gather { axis } => shape::gather(axis, inputs).map_err(err),
         Op::OneHot { depth, dtype } => shape::one_hot(depth, dtype, inputs).map_err(err),
+        Op::GatherElements { axis } => window::gather_elements(*axis, inputs).map_err(err),
+        Op::ScatterAdd { axis } => window::scatter_add(*axis, inputs).map_err(err),
+        Op::DynamicSlice { sizes } => window::dynamic_slice(sizes, inputs).map_err(err),
+        Op::DynamicUpdateSlice => window::dynamic_update_slice(inputs).map_err(err),
+        Op::Pad { pads, .. } => window::pad(pads, inputs).map_err(err),
+        Op::Cumsum { axis } => window::cumsum(*axis, inputs).map_err(err),
+        Op::TopK { k } => window::top_k(*k, inputs).map_err(err),
+        Op::Random { dtype, shape, .. } => window::random(*dtype, shape.as_deref(), inputs).map_err(err),
         Op::Call { func } => {
             let graph = graph.ok_or_else(|| err("needs the calling graph (its function library)".into()))?;
             infer_call(*func, inputs, graph).map_err(err)

@@ -55,8 +55,15 @@ pub fn eval_primitive(op: &Op, inputs: &[&Storage]) -> Vec<Storage> {
     if let Op::Kernel { .. } = op {
         return eval_kernel(op, inputs, tracejit_kernels::Isa::from_env());
     }
+    // The one op of two outputs.
+    if let Op::TopK { k } = op {
+        let (values, indices) = kernels::top_k(inputs[0], *k);
+        return vec![values, indices];
+    }
     let out = match op {
-        Op::Fused { .. } | Op::Kernel { .. } | Op::Cond { .. } | Op::While { .. } => unreachable!("handled above"),
+        Op::Fused { .. } | Op::Kernel { .. } | Op::Cond { .. } | Op::While { .. } | Op::TopK { .. } => {
+            unreachable!("handled above")
+        }
         Op::Parameter { .. } | Op::Call { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } => {
             panic!("eval_primitive: `{}` is not a primitive op; interpret the graph that holds it", op.name())
         }
@@ -93,6 +100,16 @@ pub fn eval_primitive(op: &Op, inputs: &[&Storage]) -> Vec<Storage> {
         Op::Slice { specs } => kernels::slice(inputs[0], specs),
         Op::Gather { axis } => kernels::gather(inputs[0], inputs[1], *axis),
         Op::OneHot { depth, dtype } => kernels::one_hot(inputs[0], *depth, *dtype),
+        Op::GatherElements { axis } => kernels::gather_elements(inputs[0], inputs[1], *axis),
+        Op::ScatterAdd { axis } => kernels::scatter_add(inputs[0], inputs[1], inputs[2], *axis),
+        Op::DynamicSlice { sizes } => kernels::dynamic_slice(inputs[0], inputs[1], sizes),
+        Op::DynamicUpdateSlice => kernels::dynamic_update_slice(inputs[0], inputs[1], inputs[2]),
+        Op::Pad { pads, value } => kernels::pad(inputs[0], pads, *value),
+        Op::Cumsum { axis } => kernels::cumsum(inputs[0], *axis),
+        Op::Random { dist, dtype, shape } => {
+            let shape = shape.as_deref().unwrap_or_else(|| inputs[1].shape());
+            kernels::random(*dist, inputs[0], shape, *dtype)
+        }
     };
     vec![out]
 }

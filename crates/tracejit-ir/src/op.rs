@@ -6,7 +6,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use tracejit_tensor::{ArgReduceOp, BinaryOp, DType, ReduceOp, SliceSpec, Storage, UnaryOp};
+use tracejit_tensor::{ArgReduceOp, BinaryOp, DType, RandomDist, ReduceOp, SliceSpec, Storage, UnaryOp};
 
 use crate::graph::{FuncId, VarId};
 use crate::TensorType;
@@ -56,6 +56,14 @@ macro_rules! primitive_ops {
             | $crate::Op::Slice { .. }
             | $crate::Op::Gather { .. }
             | $crate::Op::OneHot { .. }
+            | $crate::Op::GatherElements { .. }
+            | $crate::Op::ScatterAdd { .. }
+            | $crate::Op::DynamicSlice { .. }
+            | $crate::Op::DynamicUpdateSlice
+            | $crate::Op::Pad { .. }
+            | $crate::Op::Cumsum { .. }
+            | $crate::Op::TopK { .. }
+            | $crate::Op::Random { .. }
     };
 }
 
@@ -188,6 +196,62 @@ pub enum Op {
         /// Output dtype.
         dtype: DType,
     },
+    /// Reads `x` at `indices` along `axis` (ONNX GatherElements, numpy's
+    /// `take_along_axis`); inputs (x, indices), the result of the indices'
+    /// shape.
+    GatherElements {
+        /// The axis.
+        axis: usize,
+    },
+    /// Adds `updates` into `x` at `indices` along `axis` (ONNX
+    /// ScatterElements with `reduction="add"`); inputs (x, indices,
+    /// updates), the indices broadcasting against the updates.
+    ScatterAdd {
+        /// The axis.
+        axis: usize,
+    },
+    /// A window of `sizes` of `x` at `starts`, each start clamped into
+    /// `[0, dim - size]` (XLA's DynamicSlice); inputs (x, starts: an
+    /// integer vector of one start per axis).
+    DynamicSlice {
+        /// The window's size on each axis.
+        sizes: Vec<usize>,
+    },
+    /// `x` with the window at `starts` (clamped as `DynamicSlice`'s)
+    /// replaced by `update`; inputs (x, update, starts).
+    DynamicUpdateSlice,
+    /// `x` with a constant border: `pads[i] = (before, after)` on axis `i`.
+    Pad {
+        /// Elements added before and after, per axis.
+        pads: Vec<(usize, usize)>,
+        /// The border's value (converted to the dtype).
+        value: f64,
+    },
+    /// Inclusive prefix sums along `axis`.
+    Cumsum {
+        /// The axis.
+        axis: usize,
+    },
+    /// The `k` largest entries along the last axis, largest first (NaN
+    /// above every number, ties by index); outputs (values, i64 indices).
+    TopK {
+        /// How many.
+        k: usize,
+    },
+    /// A random draw from the Philox stream of its first input (an i64
+    /// `[counter_lo, counter_hi, key]` state, or an i64 `[2]` seed): element
+    /// `i` is a function of the state and `i` only. With `shape` `None` the
+    /// draw takes the shape of a second input (whose values it ignores).
+    /// Its effect is [`Effects::RANDOM`]: passes never fold, merge or move
+    /// it.
+    Random {
+        /// The distribution.
+        dist: RandomDist,
+        /// The output dtype (f32 or f64).
+        dtype: DType,
+        /// The output shape, or `None` for the second input's.
+        shape: Option<Vec<usize>>,
+    },
     /// Calls a function of the graph's library; inputs are its arguments,
     /// outputs its results.
     Call {
@@ -276,6 +340,14 @@ impl Op {
             Op::Slice { .. } => "slice",
             Op::Gather { .. } => "gather",
             Op::OneHot { .. } => "one_hot",
+            Op::GatherElements { .. } => "gather_elements",
+            Op::ScatterAdd { .. } => "scatter_add",
+            Op::DynamicSlice { .. } => "dynamic_slice",
+            Op::DynamicUpdateSlice => "dynamic_update_slice",
+            Op::Pad { .. } => "pad",
+            Op::Cumsum { .. } => "cumsum",
+            Op::TopK { .. } => "top_k",
+            Op::Random { dist, .. } => dist.name(),
             Op::Call { .. } => "call",
             Op::Fused { .. } => "fused",
             Op::Cond { .. } => "cond",
@@ -303,9 +375,15 @@ impl Op {
             | Op::Squeeze { .. }
             | Op::Slice { .. }
             | Op::OneHot { .. }
+            | Op::Pad { .. }
+            | Op::Cumsum { .. }
+            | Op::TopK { .. }
             | Op::AssignVariable { .. } => Some(1),
-            Op::Binary(_) | Op::MatMul | Op::Gather { .. } => Some(2),
-            Op::Select => Some(3),
+            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } | Op::DynamicSlice { .. } => {
+                Some(2)
+            }
+            Op::Select | Op::ScatterAdd { .. } | Op::DynamicUpdateSlice => Some(3),
+            Op::Random { shape, .. } => Some(if shape.is_some() { 1 } else { 2 }),
             Op::Concat { .. } | Op::Stack { .. } | Op::Call { .. } => None,
             Op::Fused { body } => Some(body.params.len()),
             Op::Cond { branches } => Some(1 + branches[0].params.len()),
@@ -319,12 +397,40 @@ impl Op {
     pub fn num_outputs(&self) -> Option<usize> {
         match self {
             Op::AssignVariable { .. } => Some(0),
+            Op::TopK { .. } => Some(2),
             Op::Call { .. } => None,
             Op::Fused { body } => Some(body.outputs.len()),
             Op::Cond { branches } => Some(branches[0].outputs.len()),
             Op::While { parts, .. } => Some(parts[1].outputs.len()),
             Op::Kernel { outputs, .. } => Some(outputs.len()),
-            Op::Parameter { .. } | Op::Constant { .. } | primitive_ops!() | Op::ReadVariable { .. } => Some(1),
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }
+            | Op::GatherElements { .. }
+            | Op::ScatterAdd { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Pad { .. }
+            | Op::Cumsum { .. }
+            | Op::Random { .. }
+            | Op::ReadVariable { .. } => Some(1),
         }
     }
 
@@ -373,7 +479,36 @@ impl Op {
     /// drop an op whose effects are not [`Effects::PURE`].
     pub fn effects(&self, library: &crate::FunctionLibrary) -> Effects {
         match self {
-            Op::Parameter { .. } | Op::Constant { .. } | primitive_ops!() => Effects::PURE,
+            // A draw's values are a function of its state input, but two
+            // draws must never be merged, folded or moved: its own effect.
+            Op::Random { .. } => Effects::RANDOM,
+            Op::Parameter { .. }
+            | Op::Constant { .. }
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast { .. }
+            | Op::Clamp { .. }
+            | Op::Reduce { .. }
+            | Op::ArgReduce { .. }
+            | Op::MatMul
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::BroadcastTo { .. }
+            | Op::ExpandDims { .. }
+            | Op::Squeeze { .. }
+            | Op::Concat { .. }
+            | Op::Stack { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::OneHot { .. }
+            | Op::GatherElements { .. }
+            | Op::ScatterAdd { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Pad { .. }
+            | Op::Cumsum { .. }
+            | Op::TopK { .. } => Effects::PURE,
             // A kernel must be a pure function of its inputs (its contract).
             Op::Kernel { .. } => Effects::PURE,
             Op::ReadVariable { .. } => Effects::READS,
@@ -402,10 +537,17 @@ impl Op {
             | Op::Squeeze { .. }
             | Op::Concat { .. }
             | Op::Stack { .. }
-            | Op::Slice { .. } => OpClass::Layout,
+            | Op::Slice { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Pad { .. } => OpClass::Layout,
             Op::Reduce { .. } | Op::ArgReduce { .. } => OpClass::Reduction,
             Op::MatMul => OpClass::Contraction,
-            Op::Gather { .. } | Op::OneHot { .. } => OpClass::Indexing,
+            Op::Gather { .. } | Op::OneHot { .. } | Op::GatherElements { .. } | Op::ScatterAdd { .. } => {
+                OpClass::Indexing
+            }
+            Op::Cumsum { .. } | Op::TopK { .. } => OpClass::Scan,
+            Op::Random { .. } => OpClass::Random,
             Op::Fused { .. } => OpClass::Region,
             Op::Cond { .. } | Op::While { .. } => OpClass::Control,
             Op::Call { .. } => OpClass::Call,
@@ -442,6 +584,8 @@ impl Op {
             OpClass::Indexing => matches!(self, Op::OneHot { .. }),
             OpClass::Source
             | OpClass::Layout
+            | OpClass::Scan
+            | OpClass::Random
             | OpClass::Contraction
             | OpClass::Region
             | OpClass::Control
@@ -455,35 +599,15 @@ impl Op {
     /// (the fusion planner never duplicates such a producer). Only
     /// elementwise ops are ever recomputed, so only they can be expensive.
     pub fn is_expensive(&self) -> bool {
-        match self {
-            Op::Unary(u) => u.is_expensive(),
-            Op::Binary(b) => b.is_expensive(),
-            Op::Parameter { .. }
-            | Op::Constant { .. }
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }
-            | Op::Call { .. }
-            | Op::Fused { .. }
-            | Op::Cond { .. }
-            | Op::While { .. }
-            | Op::Kernel { .. }
-            | Op::ReadVariable { .. }
-            | Op::AssignVariable { .. } => false,
+        // Only elementwise ops are ever recomputed; the class says which
+        // those are, and their op tables say which are expensive.
+        if let Op::Unary(u) = self {
+            return u.is_expensive();
         }
+        if let Op::Binary(b) = self {
+            return b.is_expensive();
+        }
+        false
     }
 }
 
@@ -498,13 +622,18 @@ pub enum OpClass {
     /// Adds size-1 or broadcast axes: `broadcast_to`, `expand_dims`.
     Broadcast,
     /// Moves or regroups elements: reshape, transpose, squeeze, concat,
-    /// stack, slice.
+    /// stack, slice, dynamic slices, pad.
     Layout,
     /// Reduces axes: reductions and arg-reductions.
     Reduction,
+    /// Scans along an axis: cumulative sums, top-k.
+    Scan,
+    /// Draws random numbers from a state input.
+    Random,
     /// A matrix product.
     Contraction,
-    /// Reads entries by index: gather, one_hot.
+    /// Reads or writes entries by index: gather, one_hot, gather_elements,
+    /// scatter_add.
     Indexing,
     /// A fused region (holds its body).
     Region,

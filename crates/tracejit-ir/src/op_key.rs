@@ -114,6 +114,28 @@ impl OpKey {
             }
             Op::ReadVariable { var } => w.extend([23, u64::from(var.as_u32())]),
             Op::AssignVariable { var, kind } => w.extend([24, u64::from(var.as_u32()), *kind as u64]),
+            Op::GatherElements { axis } => w.extend([27, *axis as u64]),
+            Op::ScatterAdd { axis } => w.extend([28, *axis as u64]),
+            Op::DynamicSlice { sizes } => {
+                w.push(29);
+                list(&mut w, &mut sizes.iter().map(|&d| d as u64));
+            }
+            Op::DynamicUpdateSlice => w.push(30),
+            Op::Pad { pads, value } => {
+                w.extend([31, value.to_bits()]);
+                list(&mut w, &mut pads.iter().flat_map(|&(lo, hi)| [lo as u64, hi as u64]));
+            }
+            Op::Cumsum { axis } => w.extend([32, *axis as u64]),
+            Op::TopK { k } => w.extend([33, *k as u64]),
+            Op::Random { dist, dtype, shape } => {
+                let (p, q) = dist.params();
+                let kind = u64::from(matches!(dist, tracejit_tensor::RandomDist::Normal { .. }));
+                w.extend([34, kind, p.to_bits(), q.to_bits(), *dtype as u64]);
+                match shape {
+                    Some(shape) => list(&mut w, &mut shape.iter().map(|&d| d as u64)),
+                    None => w.push(u64::MAX),
+                }
+            }
         }
         let mut h = std::collections::hash_map::DefaultHasher::new();
         w.hash(&mut h);

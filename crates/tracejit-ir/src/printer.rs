@@ -204,6 +204,26 @@ fn write_op(s: &mut String, g: &Graph, op: &Op) -> fmt::Result {
             write!(s, "[{}]", specs.join(", "))
         }
         Op::OneHot { depth, dtype } => write!(s, "[depth={depth}, dtype={dtype}]"),
+        Op::GatherElements { axis } | Op::ScatterAdd { axis } | Op::Cumsum { axis } => write!(s, "[axis={axis}]"),
+        Op::DynamicSlice { sizes } => write!(s, "[sizes={sizes:?}]"),
+        Op::DynamicUpdateSlice => Ok(()),
+        Op::Pad { pads, value } => {
+            let pads: Vec<String> = pads.iter().map(|(lo, hi)| format!("({lo}, {hi})")).collect();
+            write!(s, "[pads=[{}], value={}]", pads.join(", "), f64_text(*value))
+        }
+        Op::TopK { k } => write!(s, "[k={k}]"),
+        Op::Random { dist, dtype, shape } => {
+            let (p, q) = dist.params();
+            let names = match dist {
+                tracejit_tensor::RandomDist::Uniform { .. } => ("low", "high"),
+                tracejit_tensor::RandomDist::Normal { .. } => ("mean", "stddev"),
+            };
+            write!(s, "[{}={}, {}={}, dtype={dtype}", names.0, f64_text(p), names.1, f64_text(q))?;
+            match shape {
+                Some(shape) => write!(s, ", shape={shape:?}]"),
+                None => write!(s, ", shape=like]"),
+            }
+        }
         Op::Call { func } => {
             if func.index() < g.library.len() {
                 write!(s, " @{func} {:?}", g.library.get(*func).name)

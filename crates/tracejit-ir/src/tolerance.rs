@@ -197,6 +197,14 @@ pub fn own_budget(graph: &Graph, node: &Node) -> f64 {
         | Op::Slice { .. }
         | Op::Gather { .. }
         | Op::OneHot { .. }
+        | Op::GatherElements { .. }
+        | Op::ScatterAdd { .. }
+        | Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice
+        | Op::Pad { .. }
+        | Op::Cumsum { .. }
+        | Op::TopK { .. }
+        | Op::Random { .. }
         | Op::ReadVariable { .. }
         | Op::AssignVariable { .. } => 0.0,
     }
@@ -249,6 +257,14 @@ pub fn budgets(graph: &Graph, values: &[Option<Vec<Storage>>]) -> HashMap<ValueI
             | Op::Slice { .. }
             | Op::Gather { .. }
             | Op::OneHot { .. }
+            | Op::GatherElements { .. }
+            | Op::ScatterAdd { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Pad { .. }
+            | Op::Cumsum { .. }
+            | Op::TopK { .. }
+            | Op::Random { .. }
             | Op::Call { .. }
             | Op::Fused { .. }
             | Op::Cond { .. }

@@ -113,6 +113,8 @@ fn rows_of(op: &Op, ins: &[(Rows, &TensorType)], out: &TensorType) -> Option<Row
             | Op::ReadVariable { .. }
             | Op::AssignVariable { .. }
             | Op::Kernel { .. }
+            // A block would draw its own numbers: not those of the whole.
+            | Op::Random { .. }
     );
     if opaque {
         return None;
@@ -178,6 +180,21 @@ fn rows_of(op: &Op, ins: &[(Rows, &TensorType)], out: &TensorType) -> Option<Row
             specs.get(a).is_none_or(|s| *s == SliceSpec::FULL).then_some(Rows::Axis(a))
         }
         Op::OneHot { .. } => axis(0).map(Rows::Axis),
+        Op::Pad { pads, .. } => {
+            let a = axis(0)?;
+            (pads.get(a) == Some(&(0, 0))).then_some(Rows::Axis(a))
+        }
+        Op::Cumsum { axis: c } => {
+            let a = axis(0)?;
+            (a != *c).then_some(Rows::Axis(a))
+        }
+        // Indexing by values and windows by starts may reach other rows.
+        Op::GatherElements { .. }
+        | Op::ScatterAdd { .. }
+        | Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice
+        | Op::TopK { .. }
+        | Op::Random { .. } => None,
         Op::Call { .. }
         | Op::Cond { .. }
         | Op::While { .. }
@@ -438,6 +455,14 @@ pub(crate) fn trip_costs(g: &Graph, a: &Annotated) -> TripCosts {
             | Op::Concat { .. }
             | Op::Stack { .. }
             | Op::Slice { .. }
+            | Op::GatherElements { .. }
+            | Op::ScatterAdd { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Pad { .. }
+            | Op::Cumsum { .. }
+            | Op::TopK { .. }
+            | Op::Random { .. }
             | Op::Call { .. }
             | Op::Cond { .. }
             | Op::While { .. }

@@ -180,6 +180,14 @@ fn op_tag(op: &Op) -> u64 {
         | Op::Stack { .. }
         | Op::Slice { .. }
         | Op::Gather { .. }
+        | Op::GatherElements { .. }
+        | Op::ScatterAdd { .. }
+        | Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice
+        | Op::Pad { .. }
+        | Op::Cumsum { .. }
+        | Op::TopK { .. }
+        | Op::Random { .. }
         | Op::Call { .. }
         | Op::Fused { .. }
         | Op::Cond { .. }

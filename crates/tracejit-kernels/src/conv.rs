@@ -69,11 +69,6 @@ mod tests;
 #[cfg(test)]
 mod tests_grad;
 
-/// Serializes the tests (of this module and `pool2d`) that change the
-/// thread count or the split thresholds.
-#[cfg(test)]
-pub(crate) static THREADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// The sizes of a 2-D convolution: `x [batch, in_channels, in_h, in_w]`,
 /// `w [out_channels, in_channels / groups, kernel[0], kernel[1]]`,
 /// `y [batch, out_channels, out_h, out_w]`. Pairs are (height, width);

@@ -164,6 +164,11 @@ pub fn pool_dispatches() -> u64 {
     DISPATCHES.with(Cell::get)
 }
 
+/// Serializes this crate's tests that change the thread count or the split
+/// thresholds: they are process-wide, and tests run in parallel.
+#[cfg(test)]
+pub(crate) static TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 thread_local! {
     /// Set while this thread runs one of several tasks in parallel (see
     /// [`serial`]).

@@ -99,9 +99,28 @@ pub(crate) static DENSE: Composite = Composite::new(
     samples::dense,
 );
 
+/// `tracejit.nn.dropout`: `(x, state, p)`, the mask drawn from the state.
+pub(crate) static DROPOUT: Composite = Composite::new(
+    "tracejit.nn.dropout",
+    "dropout",
+    |a, _| vec![crate::dropout::dropout_body(&a[0], &a[1], &a[2])],
+    Some(Native { accepts: crate::dropout::dropout_accepts, run: crate::dropout::dropout_kernel }),
+    Some(crate::dropout::dropout_backward),
+    samples::dropout,
+);
+
 /// Every declaration, in a fixed order ([`crate::declared`]).
-pub(crate) static ALL: &[&Composite] =
-    &[&GELU, &SOFTMAX, &LOG_SOFTMAX, &LAYER_NORM, &LAYER_NORM_GRAD, &LSTM_CELL, &SOFTMAX_CROSS_ENTROPY, &DENSE];
+pub(crate) static ALL: &[&Composite] = &[
+    &GELU,
+    &SOFTMAX,
+    &LOG_SOFTMAX,
+    &LAYER_NORM,
+    &LAYER_NORM_GRAD,
+    &LSTM_CELL,
+    &SOFTMAX_CROSS_ENTROPY,
+    &DENSE,
+    &DROPOUT,
+];
 
 fn first(mut v: Vec<Tensor>) -> Tensor {
     v.swap_remove(0)

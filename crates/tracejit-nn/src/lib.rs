@@ -63,7 +63,9 @@ mod bodies;
 pub mod composite;
 mod composites;
 mod decl;
+mod dropout;
 mod kernels;
+pub mod random;
 mod samples;
 
 pub use bodies::Activation;
@@ -71,3 +73,4 @@ pub use composites::{
     dense, gelu, layer_norm, layer_norm_grad, log_softmax, lstm_cell, softmax, softmax_cross_entropy_with_logits,
 };
 pub use decl::{declared, AcceptsFn, BackwardFn, BodyFn, Composite, ExamplesFn, Native, NativeFn};
+pub use dropout::{dropout, embedding};

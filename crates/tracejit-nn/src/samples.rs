@@ -128,3 +128,16 @@ pub(crate) fn dense() -> Vec<(Vec<Tensor>, u32)> {
         })
         .collect()
 }
+
+/// `(x, state, p)`: sizes across a chunk boundary, both float dtypes.
+pub(crate) fn dropout() -> Vec<(Vec<Tensor>, u32)> {
+    let mut out = Vec::new();
+    for (i, shape) in [&[1usize][..], &[3, 5], &[4097], &[0, 2]].into_iter().enumerate() {
+        for dtype in [DType::F32, DType::F64] {
+            let state = Tensor::from_vec(vec![i as i64, 7, 42], &[3]);
+            let p = Tensor::full(&[], 0.3, dtype);
+            out.push((vec![values(shape, dtype, 100 + i as u64, i == 1), state, p], 0));
+        }
+    }
+    out
+}

@@ -116,6 +116,21 @@ fn node_dims(g: &Graph, op: &Op, ins: &[Syms], in_types: &[&TensorType], outs: &
             s.push(None);
             one(s)
         }
+        // The input's dims where the op keeps them.
+        Op::ScatterAdd { .. } | Op::DynamicUpdateSlice | Op::Cumsum { .. } => one(x),
+        Op::GatherElements { .. } => one(ins.get(1).cloned().unwrap_or_default()),
+        Op::Pad { pads, .. } => {
+            one(x.iter().zip(pads).map(|(s, p)| if *p == (0, 0) { s.clone() } else { None }).collect())
+        }
+        Op::TopK { .. } => {
+            let mut s = x;
+            if let Some(last) = s.last_mut() {
+                *last = None;
+            }
+            vec![s.clone(), s]
+        }
+        Op::Random { shape: None, .. } => one(ins.get(1).cloned().unwrap_or_default()),
+        Op::DynamicSlice { .. } | Op::Random { .. } => one(vec![None; out_rank(0)]),
         // A composite's body (as traced, its fused regions not yet
         // dissolved) takes the call's inputs as its parameters, as does a
         // fused region's.

@@ -115,6 +115,14 @@ fn is_computed(op: &Op, scope: Scope) -> bool {
         | Op::Slice { .. }
         | Op::Gather { .. }
         | Op::OneHot { .. }
+        | Op::GatherElements { .. }
+        | Op::ScatterAdd { .. }
+        | Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice
+        | Op::Pad { .. }
+        | Op::Cumsum { .. }
+        | Op::TopK { .. }
+        | Op::Random { .. }
         | Op::Call { .. }
         | Op::Fused { .. }
         | Op::Cond { .. }
@@ -269,6 +277,11 @@ fn emit_node(
             let outs: Vec<String> = (0..node.outputs.len() as u32).map(|i| out(names, body, i)).collect();
             crate::control::emit_loop(parts, *trip_count, &ins, &outs, scope, body, state)?;
         }
+        Op::TopK { k } => {
+            let x = names[&node.inputs[0]].clone();
+            let (values, indices) = (out(names, body, 0), out(names, body, 1));
+            crate::windows::top_k(body, &x, *k, [&values, &indices]);
+        }
         Op::Kernel { name, .. } => {
             return Err(unsupported(
                 g,
@@ -298,7 +311,14 @@ fn emit_node(
         | Op::Stack { .. }
         | Op::Slice { .. }
         | Op::Gather { .. }
-        | Op::OneHot { .. } => {
+        | Op::OneHot { .. }
+        | Op::GatherElements { .. }
+        | Op::ScatterAdd { .. }
+        | Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice
+        | Op::Pad { .. }
+        | Op::Cumsum { .. }
+        | Op::Random { .. } => {
             let ins: Vec<String> = node.inputs.iter().map(|&v| names[&v].clone()).collect();
             let in_types: Vec<TensorType> = node.inputs.iter().map(|&v| g.value_type(v).clone()).collect();
             let o = out(names, body, 0);

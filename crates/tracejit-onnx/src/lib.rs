@@ -73,6 +73,7 @@ mod ops;
 pub mod pb;
 mod prepare;
 mod tensor_proto;
+mod windows;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

@@ -141,6 +141,20 @@ pub(crate) fn lower(
                 b.to(out, "Cast", &[&hot], vec![attr_int("to", data_type(*to) as i64)]);
             }
         }
+        Op::GatherElements { axis } => crate::windows::gather_elements(b, x, &ins[1], *axis, out),
+        Op::ScatterAdd { axis } => crate::windows::scatter_add(b, ins, in_types, *axis, out),
+        Op::DynamicSlice { sizes } => crate::windows::dynamic_slice(b, ins, in_types, sizes, out),
+        Op::DynamicUpdateSlice => crate::windows::dynamic_update_slice(b, ins, in_types, out),
+        Op::Pad { pads, value } => crate::windows::pad(b, x, dtype, pads, *value, out),
+        Op::Cumsum { axis } => crate::windows::cumsum(b, x, *axis, out),
+        Op::Random { .. } => {
+            return Err(format!(
+                "`{}` draws from tracejit's Philox stream, and ONNX's random ops (RandomUniform, \
+                 RandomNormal) use a generator they do not specify, so no ONNX graph gives the same numbers; \
+                 export the function that takes the random tensor (or its seed) as an input instead",
+                op.name()
+            ));
+        }
         Op::Parameter { .. }
         | Op::Constant { .. }
         | Op::Call { .. }
@@ -148,9 +162,10 @@ pub(crate) fn lower(
         | Op::Cond { .. }
         | Op::While { .. }
         | Op::Kernel { .. }
+        | Op::TopK { .. }
         | Op::ReadVariable { .. }
         | Op::AssignVariable { .. } => {
-            return Err(format!("`{}` is not a primitive op (a bug in the exporter)", op.name()));
+            return Err(format!("`{}` is not a one-output primitive op (a bug in the exporter)", op.name()));
         }
     }
     Ok(())

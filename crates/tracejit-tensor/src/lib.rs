@@ -35,7 +35,7 @@ pub use dtype::{DType, Element};
 pub use error::TensorError;
 pub use limits::{byte_size, check_allocation, element_count, PROBE_BYTES};
 pub use ops::{
-    ArgReduceOp, BinaryKind, BinaryOp, Cost, Exactness, ReduceKind, ReduceOp, SliceSpec, UnaryKind, UnaryOp,
+    ArgReduceOp, BinaryKind, BinaryOp, Cost, Exactness, RandomDist, ReduceKind, ReduceOp, SliceSpec, UnaryKind, UnaryOp,
 };
 pub use storage::{Storage, StorageElement};
 

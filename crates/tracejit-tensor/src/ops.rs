@@ -369,6 +369,45 @@ impl ReduceOp {
     }
 }
 
+/// The distribution of a random draw (`Op::Random`): what each element's
+/// Philox bits become.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RandomDist {
+    /// Uniform in `[low, high)`: `low + (high - low) * u`, computed in the
+    /// element type from `u` uniform in `[0, 1)`.
+    Uniform {
+        /// The lower bound.
+        low: f64,
+        /// The upper bound (excluded, up to the element type's rounding).
+        high: f64,
+    },
+    /// Normal: `mean + stddev * z`, `z` a standard normal (Box-Muller).
+    Normal {
+        /// The mean.
+        mean: f64,
+        /// The standard deviation.
+        stddev: f64,
+    },
+}
+
+impl RandomDist {
+    /// `random_uniform` or `random_normal`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RandomDist::Uniform { .. } => "random_uniform",
+            RandomDist::Normal { .. } => "random_normal",
+        }
+    }
+
+    /// The two parameters (low and high, or mean and stddev).
+    pub fn params(self) -> (f64, f64) {
+        match self {
+            RandomDist::Uniform { low, high } => (low, high),
+            RandomDist::Normal { mean, stddev } => (mean, stddev),
+        }
+    }
+}
+
 /// Index-returning reductions along one axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[allow(missing_docs)]

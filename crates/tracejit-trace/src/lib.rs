@@ -27,6 +27,7 @@ mod tensor;
 mod tracelock;
 mod validate;
 mod variable;
+mod windows;
 
 pub use concrete::ConcreteFunction;
 pub use context::attributed_to;
@@ -42,5 +43,5 @@ pub use tensor::Tensor;
 pub use tracejit_derive::Nest;
 pub use tracejit_ir::passes::{OptimizationOptions, PipelineReport};
 pub use tracejit_jit::{Profile, ScheduleStats, StepTime};
-pub use tracejit_tensor::{DType, SliceSpec};
+pub use tracejit_tensor::{DType, RandomDist, SliceSpec};
 pub use variable::{remember, remember_in, Scope, Variable};

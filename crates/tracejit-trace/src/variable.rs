@@ -274,6 +274,28 @@ impl Variable {
         self.write(AssignKind::Sub, value);
     }
 
+    /// `v = v + delta`, returning the value before the add: eagerly as one
+    /// atomic update (two threads never see the same old value); while
+    /// tracing, a read ordered before an `assign_add`.
+    #[track_caller]
+    pub fn fetch_add(&self, delta: &Tensor) -> Tensor {
+        if context::current_function().is_some() {
+            let old = self.read();
+            self.assign_add(delta);
+            return old;
+        }
+        let d = delta.eager_storage().clone();
+        if d.dtype() != self.state.dtype {
+            panic!("fetch_add: variable `{}` holds {}, the delta is {}", self.name(), self.state.dtype, d.dtype());
+        }
+        let mut old = None;
+        self.state.update(&mut |cur| {
+            old = Some(cur.clone());
+            tracejit_tensor::kernels::binary(tracejit_tensor::BinaryOp::Add, cur, &d)
+        });
+        Tensor::from_storage(old.expect("update ran the closure"))
+    }
+
     #[track_caller]
     fn write(&self, kind: AssignKind, value: &Tensor) {
         let ty = value.tensor_type();

@@ -5,8 +5,12 @@
 use tracejit_tensor::{BinaryOp, DType, ReduceOp, SliceSpec, UnaryOp};
 
 mod indexing;
+mod window;
 
 use indexing::{concat_vjp, gather_vjp, slice_vjp};
+use window::{
+    cumsum_vjp, dynamic_slice_vjp, dynamic_update_slice_vjp, gather_elements_vjp, pad_vjp, scatter_add_vjp, top_k_vjp,
+};
 
 use super::{broadcast_like, scalar, true_like, vjp_control, AutodiffError, Emitter};
 use crate::{Op, TensorType};
@@ -252,6 +256,27 @@ pub fn vjp<E: Emitter>(
         }
         Op::Slice { specs } => vec![Some(slice_vjp(&mut b, op, specs, &x.expect("slice input"), g)?)],
         Op::Gather { axis } => vec![Some(gather_vjp(&mut b, op, *axis, &inputs[0], &inputs[1], g)?), None],
+        Op::GatherElements { axis } => {
+            vec![Some(gather_elements_vjp(&mut b, *axis, &inputs[0], &inputs[1], g)?), None]
+        }
+        Op::ScatterAdd { axis } => {
+            let [gx, gu] = scatter_add_vjp(&mut b, *axis, &inputs[1], &inputs[2], g)?;
+            vec![Some(gx), None, Some(gu)]
+        }
+        Op::DynamicSlice { .. } => vec![Some(dynamic_slice_vjp(&mut b, &inputs[0], &inputs[1], g)?), None],
+        Op::DynamicUpdateSlice => {
+            let [gx, gu] = dynamic_update_slice_vjp(&mut b, op, &inputs[1], &inputs[2], g)?;
+            vec![Some(gx), Some(gu), None]
+        }
+        Op::Pad { pads, .. } => vec![Some(pad_vjp(&mut b, pads, g)?)],
+        Op::Cumsum { axis } => vec![Some(cumsum_vjp(&mut b, *axis, g)?)],
+        Op::TopK { .. } => {
+            let indices = outputs.get(1).ok_or_else(|| unsupported(op, "top_k without its indices output"))?;
+            vec![Some(top_k_vjp(&mut b, &inputs[0], indices, g)?)]
+        }
+        // A draw's values depend on its state only through the stream: no
+        // gradient (the state is an integer).
+        Op::Random { .. } => none(),
         Op::Cond { .. } | Op::While { .. } => unreachable!("control flow is differentiated above"),
         Op::Call { .. } | Op::Kernel { .. } | Op::Fused { .. } => {
             return Err(unsupported(

@@ -92,6 +92,9 @@ pub(super) fn parse_op(
         c.expect("]")?;
         return Ok(ParsedOp::Op(Op::ArgReduce { op, axis, keepdims }));
     }
+    if let Some(op) = indexing_op(name, c)? {
+        return Ok(ParsedOp::Op(op));
+    }
     let op = match name {
         "parameter" => {
             c.expect("[")?;
@@ -232,6 +235,71 @@ pub(super) fn parse_op(
         }
     };
     Ok(ParsedOp::Op(op))
+}
+
+/// The ops of the third milestone's indexing, window, scan and random
+/// families, or `None` for another name.
+fn indexing_op(name: &str, c: &mut Cursor<'_>) -> Result<Option<Op>, ParseError> {
+    Ok(Some(match name {
+        "gather_elements" => Op::GatherElements { axis: bracketed_axis(c)? },
+        "scatter_add" => Op::ScatterAdd { axis: bracketed_axis(c)? },
+        "cumsum" => Op::Cumsum { axis: bracketed_axis(c)? },
+        "dynamic_update_slice" => Op::DynamicUpdateSlice,
+        "dynamic_slice" => {
+            c.expect("[")?;
+            c.key("sizes")?;
+            let sizes = usizes(c)?;
+            c.expect("]")?;
+            Op::DynamicSlice { sizes }
+        }
+        "pad" => {
+            c.expect("[")?;
+            c.key("pads")?;
+            let pads = c.list("[", "]", |c| {
+                c.expect("(")?;
+                let lo = c.number("a pad")?;
+                c.expect(",")?;
+                let hi = c.number("a pad")?;
+                c.expect(")")?;
+                Ok((lo, hi))
+            })?;
+            c.expect(",")?;
+            c.key("value")?;
+            let value = float(c, f64_from_text)?;
+            c.expect("]")?;
+            Op::Pad { pads, value }
+        }
+        "top_k" => {
+            c.expect("[")?;
+            c.key("k")?;
+            let k = c.number("k")?;
+            c.expect("]")?;
+            Op::TopK { k }
+        }
+        "random_uniform" | "random_normal" => {
+            let (first, second) = if name == "random_uniform" { ("low", "high") } else { ("mean", "stddev") };
+            c.expect("[")?;
+            c.key(first)?;
+            let p = float(c, f64_from_text)?;
+            c.expect(",")?;
+            c.key(second)?;
+            let q = float(c, f64_from_text)?;
+            c.expect(",")?;
+            c.key("dtype")?;
+            let dtype = c.dtype()?;
+            c.expect(",")?;
+            c.key("shape")?;
+            let shape = if c.eat("like") { None } else { Some(usizes(c)?) };
+            c.expect("]")?;
+            let dist = if name == "random_uniform" {
+                tracejit_tensor::RandomDist::Uniform { low: p, high: q }
+            } else {
+                tracejit_tensor::RandomDist::Normal { mean: p, stddev: q }
+            };
+            Op::Random { dist, dtype, shape }
+        }
+        _ => return Ok(None),
+    }))
 }
 
 /// `[1, 2]`.

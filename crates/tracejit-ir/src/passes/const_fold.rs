@@ -37,10 +37,15 @@ fn foldable(g: &Graph, op: &Op) -> bool {
         | OpClass::Layout
         | OpClass::Reduction
         | OpClass::Contraction
-        | OpClass::Indexing => true,
-        OpClass::Source | OpClass::Region | OpClass::Control | OpClass::Call | OpClass::Kernel | OpClass::State => {
-            false
-        }
+        | OpClass::Indexing
+        | OpClass::Scan => true,
+        OpClass::Source
+        | OpClass::Random
+        | OpClass::Region
+        | OpClass::Control
+        | OpClass::Call
+        | OpClass::Kernel
+        | OpClass::State => false,
     };
     evaluable && !has_side_effects(g, op)
 }

@@ -20,7 +20,11 @@ pub(crate) fn live_nodes(g: &Graph) -> Vec<bool> {
         live[v.node.index()] = true;
     }
     for (id, node) in g.nodes() {
-        if matches!(node.op, Op::Parameter { .. }) || has_side_effects(g, &node.op) {
+        // A random draw nobody reads may go: drawing changes no state (a
+        // generator's advance is a variable write of its own).
+        let effects = node.op.effects(&g.library);
+        let only_draws = effects == crate::Effects::RANDOM;
+        if matches!(node.op, Op::Parameter { .. }) || (has_side_effects(g, &node.op) && !only_draws) {
             live[id.index()] = true;
         }
     }

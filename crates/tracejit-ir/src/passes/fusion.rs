@@ -138,6 +138,14 @@ pub fn default_accepts_region(body: &Graph) -> bool {
             | Op::Slice { .. }
             | Op::Gather { .. }
             | Op::OneHot { .. }
+            | Op::GatherElements { .. }
+            | Op::ScatterAdd { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Pad { .. }
+            | Op::Cumsum { .. }
+            | Op::TopK { .. }
+            | Op::Random { .. }
             | Op::Call { .. }
             | Op::Fused { .. }
             | Op::Cond { .. }

@@ -215,6 +215,14 @@ fn rule(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
         | Op::Slice { .. }
         | Op::Gather { .. }
         | Op::OneHot { .. }
+        | Op::GatherElements { .. }
+        | Op::ScatterAdd { .. }
+        | Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice
+        | Op::Pad { .. }
+        | Op::Cumsum { .. }
+        | Op::TopK { .. }
+        | Op::Random { .. }
         | Op::Call { .. }
         | Op::Fused { .. }
         | Op::Cond { .. }

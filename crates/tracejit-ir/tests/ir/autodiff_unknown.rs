@@ -101,13 +101,23 @@ fn gathers_with_unknown_dims() {
     for n in [0usize, 1, 3] {
         check_grads(&g, &[data(&[n, 4], 90 + n as u64, -1.0, 1.0)]);
     }
-    // The gathered axis itself unknown: refused by name.
+    // The gathered axis itself unknown: a scatter-add needs no size.
     let g = loss_graph(&[vec![-1, 2]], &|g, p| {
-        let idx = g.add_constant(Storage::from_vec(vec![0i64], &[1]).unwrap());
+        let idx = g.add_constant(Storage::from_vec(vec![0i64, -1, 0], &[3]).unwrap());
         node(g, Op::Gather { axis: 0 }, &[p[0], idx])
     });
+    for n in [1usize, 3] {
+        check_grads(&g, &[data(&[n, 2], 95 + n as u64, -1.0, 1.0)]);
+    }
+    // Two unknowns a reshape cannot both resolve: refused by name.
+    let mut g = Graph::new("two_unknown");
+    let table = g.add_param(TensorType::from_spec(DType::F64, &[-1, 3]));
+    let idx = g.add_param(TensorType::from_spec(DType::I64, &[-1]));
+    let rows = node(&mut g, Op::Gather { axis: 1 }, &[table, idx]);
+    let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 1], keepdims: false }, &[rows]);
+    g.outputs.push(s);
     let e = grad_graph(&g, &[0]).unwrap_err().to_string();
-    assert!(e.contains("`gather`") && e.contains("unknown size along the gathered axis 0"), "{e}");
+    assert!(e.contains("`gather`") && e.contains("unknown in the trace"), "{e}");
 }
 
 /// [`check_grads`] for the inputs `wrt` only (the others may be integers).

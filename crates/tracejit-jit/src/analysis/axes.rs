@@ -211,6 +211,14 @@ impl Unified {
             | Op::Stack { .. }
             | Op::Slice { .. }
             | Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::ScatterAdd { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Pad { .. }
+            | Op::Cumsum { .. }
+            | Op::TopK { .. }
+            | Op::Random { .. }
             | Op::Call { .. }
             | Op::Fused { .. }
             | Op::Cond { .. }

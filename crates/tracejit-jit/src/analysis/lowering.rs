@@ -145,6 +145,14 @@ pub(super) fn lower(body: &Graph, live: &[bool], d: &Domain) -> Result<Lowered, 
             | Op::Stack { .. }
             | Op::Slice { .. }
             | Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::ScatterAdd { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Pad { .. }
+            | Op::Cumsum { .. }
+            | Op::TopK { .. }
+            | Op::Random { .. }
             | Op::Call { .. }
             | Op::Fused { .. }
             | Op::Cond { .. }

@@ -138,7 +138,15 @@ fn kind_of(
         | Op::Stack { .. }
         | Op::Slice { .. }
         | Op::Gather { .. }
-        | Op::OneHot { .. } => StepKind::Primitive(node.op.clone()),
+        | Op::OneHot { .. }
+        | Op::GatherElements { .. }
+        | Op::ScatterAdd { .. }
+        | Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice
+        | Op::Pad { .. }
+        | Op::Cumsum { .. }
+        | Op::TopK { .. }
+        | Op::Random { .. } => StepKind::Primitive(node.op.clone()),
     })
 }
 

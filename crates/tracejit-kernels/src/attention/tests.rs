@@ -2,8 +2,6 @@
 //! on random problems of odd sizes, every path, masks, special values and
 //! thread counts.
 
-use std::sync::Mutex;
-
 use super::paths::Path;
 use super::reference::{loss, reference, sees, Reference};
 use super::{backward_on, forward_on, Grads, Mask, Problem};
@@ -278,14 +276,11 @@ fn nan_and_inf_propagate_as_the_plain_formula() {
     }
 }
 
-/// Serializes the tests that set the thread count.
-static THREADS: Mutex<()> = Mutex::new(());
-
 /// 1, 2 and 3 threads give the same bits (on problems large enough for
 /// the pool), and they match the reference.
 #[test]
 fn thread_counts_give_the_same_bits() {
-    let _guard = THREADS.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = crate::threads::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = Rng(21);
     let data: Vec<bool> = (0..130 * 150).map(|_| rng.below(5) != 0).collect();
     let mask = Mask { data: &data, batch_stride: 0, row_stride: 150, col_stride: 1 };

@@ -160,7 +160,7 @@ pub(super) fn assert_close(what: &str, got: &[f32], want: &[f64], mag: &[f64], t
 /// Runs `f` at 1, 2 and 3 threads with every split taken, and asserts the
 /// three results are bit-identical.
 pub(super) fn same_bits_for_threads(what: &str, f: impl Fn() -> Vec<f32>) {
-    let _guard = THREADS.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = crate::threads::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     crate::threads::set_gemm_threshold(0);
     let runs: Vec<Vec<u32>> = [1, 2, 3]
         .iter()

@@ -226,7 +226,7 @@ fn pool_bits_do_not_depend_on_threads() {
     let mut rng = Rng(0x0f0f_1234);
     for g in [geo([3, 5], [12, 14], [2, 2], [2, 2], [0; 4]), geo([2, 17], [9, 13], [3, 3], [2, 1], [1, 1, 1, 2])] {
         let (x, dy) = (rng.vec(g.x_len()), rng.vec(g.y_len()));
-        let _guard = crate::conv::THREADS.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = crate::threads::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         crate::threads::set_split_threshold(1);
         let runs: Vec<Vec<u32>> = [1, 2, 3]
             .iter()

@@ -13,3 +13,4 @@ mod errors;
 mod models;
 mod names;
 mod ops;
+mod windows;

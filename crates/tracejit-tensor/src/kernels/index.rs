@@ -8,7 +8,7 @@ use super::shape::materialize;
 use crate::{DType, Element, Storage, StorageElement};
 
 /// The indices of an i32/i64 tensor as i64, in row-major order.
-fn index_values(name: &str, indices: &Storage) -> Vec<i64> {
+pub(crate) fn index_values(name: &str, indices: &Storage) -> Vec<i64> {
     match indices {
         Storage::I32(a) => a.iter().map(|&i| i64::from(i)).collect(),
         Storage::I64(a) => a.iter().copied().collect(),

@@ -130,7 +130,7 @@
 //! with the `libm` crate's `log` and `cos` (not the platform's) and then
 //! rounded to the dtype. Both take float dtypes only.
 
-use crate::{ArgReduceOp, BinaryOp, DType, ReduceOp, SliceSpec, Storage, UnaryOp};
+use crate::{ArgReduceOp, BinaryOp, DType, RandomDist, ReduceOp, SliceSpec, Storage, UnaryOp};
 
 /// Matches two storages of one dtype, binding their typed arrays; panics
 /// naming `$name` if the dtypes differ. `$body` must type-check for every
@@ -183,8 +183,11 @@ mod num;
 mod random;
 mod reduce;
 pub mod scalar;
+mod scan;
+mod scatter;
 mod shape;
 mod unary;
+mod window;
 
 #[cfg(test)]
 mod test_util;
@@ -288,4 +291,63 @@ pub fn randn(shape: &[usize], seed: u64, dtype: DType) -> Storage {
 /// Uniform samples in `[low, high)` from a counter-based generator.
 pub fn rand_uniform(shape: &[usize], low: f64, high: f64, seed: u64, dtype: DType) -> Storage {
     random::rand_uniform(shape, low, high, seed, dtype)
+}
+
+/// Adds `updates` into a copy of `x` along `axis` at `indices` (ONNX
+/// ScatterElements with `reduction="add"`; indices broadcast against the
+/// updates; duplicates sum in row-major order).
+pub fn scatter_add(x: &Storage, indices: &Storage, updates: &Storage, axis: usize) -> Storage {
+    scatter::scatter_add(x, indices, updates, axis)
+}
+
+/// `x` read at `indices` along `axis` (ONNX GatherElements, numpy's
+/// `take_along_axis`): the result has the indices' shape.
+pub fn gather_elements(x: &Storage, indices: &Storage, axis: usize) -> Storage {
+    scatter::gather_elements(x, indices, axis)
+}
+
+/// The window of `sizes` at `starts` (an integer vector, one per axis),
+/// each start clamped into `[0, dim - size]` as XLA's DynamicSlice does.
+pub fn dynamic_slice(x: &Storage, starts: &Storage, sizes: &[usize]) -> Storage {
+    window::dynamic_slice(x, starts, sizes)
+}
+
+/// A copy of `x` with the window at `starts` (clamped as in
+/// [`dynamic_slice`]) replaced by `update`.
+pub fn dynamic_update_slice(x: &Storage, update: &Storage, starts: &Storage) -> Storage {
+    window::dynamic_update_slice(x, update, starts)
+}
+
+/// `x` with `pads[i] = (before, after)` elements of `value` added on axis `i`.
+pub fn pad(x: &Storage, pads: &[(usize, usize)], value: f64) -> Storage {
+    window::pad(x, pads, value)
+}
+
+/// Inclusive prefix sums along `axis`, in index order.
+pub fn cumsum(x: &Storage, axis: usize) -> Storage {
+    scan::cumsum(x, axis)
+}
+
+/// The `k` largest entries of each row of the last axis, largest first
+/// (NaN above every number, ties by index), and their i64 indices.
+pub fn top_k(x: &Storage, k: usize) -> (Storage, Storage) {
+    scan::top_k(x, k)
+}
+
+/// A random draw of `shape` and `dtype` (f32 or f64) from the Philox
+/// stream of `state` (an i64 `[counter_lo, counter_hi, key]`, or an i64
+/// `[s0, s1]` seed standing for `[0, s1, s0]`): element `i` is a function of
+/// the state and `i` only.
+pub fn random(dist: RandomDist, state: &Storage, shape: &[usize], dtype: DType) -> Storage {
+    random::random(dist, state, shape, dtype)
+}
+
+/// The Philox stream a random op reads from `state` (see [`random`]), for
+/// kernels that draw the same numbers as the op without materializing
+/// them.
+///
+/// # Panics
+/// If `state` is not an i64 `[3]` or `[2]`; `name` names the caller.
+pub fn philox_stream(name: &str, state: &Storage) -> tracejit_kernels::philox::Stream {
+    random::stream(name, state)
 }

@@ -1,11 +1,15 @@
-//! Random-number kernels: `randn` and `rand_uniform`, built on a
-//! counter-based generator (a splitmix64 hash of the seed and the element's
-//! row-major index), so element `i` depends only on `(seed, i)` — not on the
-//! shape, the thread or the order of evaluation.
+//! Random-number kernels. `random` is the reference kernel of the random
+//! ops (`Op::Random`): Philox4x32-10 ([`tracejit_kernels::philox`]) keyed
+//! by a state tensor, element `i` a function of the state and `i` only.
+//! `randn` and `rand_uniform` (the eager constructors `Tensor::randn` and
+//! `Tensor::rand_uniform`, which take a plain seed) keep their own
+//! counter-based generator (a splitmix64 hash of the seed and the
+//! element's row-major index), so the values they have always given stay.
 
 use ndarray::{ArrayD, IxDyn};
+use tracejit_kernels::philox::Stream;
 
-use crate::{DType, Storage};
+use crate::{DType, RandomDist, Storage};
 
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
@@ -56,6 +60,66 @@ fn generate(
             Storage::from_array(ArrayD::from_shape_vec(IxDyn(shape), data).expect("sized above"))
         }
         _ => unreachable!("dtype checked by the caller"),
+    }
+}
+
+/// The Philox stream of a state: an i64 `[counter_lo, counter_hi, key]`
+/// (a generator's), or an i64 `[s0, s1]` seed (a stateless draw's), read
+/// as the state `[0, s1, s0]`.
+pub(crate) fn stream(name: &str, state: &Storage) -> Stream {
+    let words: Vec<i64> = match state {
+        Storage::I64(a) if a.ndim() == 1 && (a.len() == 3 || a.len() == 2) => a.iter().copied().collect(),
+        other => panic!(
+            "{name}: the state must be an i64 [3] (counter low, counter high, key) or an i64 [2] seed, got {}{:?}",
+            other.dtype(),
+            other.shape()
+        ),
+    };
+    let (lo, hi, key) = match words[..] {
+        [lo, hi, key] => (lo as u64, hi as u64, key as u64),
+        [s0, s1] => (0, s1 as u64, s0 as u64),
+        _ => unreachable!("length checked above"),
+    };
+    let split = |x: u64| [x as u32, (x >> 32) as u32];
+    let (l, h) = (split(lo), split(hi));
+    Stream { key: split(key), counter: [l[0], l[1], h[0], h[1]] }
+}
+
+/// A random draw of `shape` and `dtype` (f32 or f64) from `state`
+/// ([`stream`]): element `i` of the stream mapped by `dist`.
+pub(crate) fn random(dist: RandomDist, state: &Storage, shape: &[usize], dtype: DType) -> Storage {
+    let name = dist.name();
+    check_float(name, dtype);
+    let s = stream(name, state);
+    let n: usize = shape.iter().product();
+    let isa = tracejit_kernels::Isa::from_env();
+    let (a, b) = dist.params();
+    match dtype {
+        DType::F32 => {
+            let mut data = vec![0.0f32; n];
+            match dist {
+                RandomDist::Uniform { .. } => s.uniform_f32(0, &mut data, isa),
+                RandomDist::Normal { .. } => s.normal_f32(0, &mut data, isa),
+            }
+            let (a, b) = (a as f32, b as f32);
+            let scale = if matches!(dist, RandomDist::Uniform { .. }) { b - a } else { b };
+            if (a, scale) != (0.0, 1.0) {
+                data.iter_mut().for_each(|x| *x = a + scale * *x);
+            }
+            Storage::from_array(ArrayD::from_shape_vec(IxDyn(shape), data).expect("sized above"))
+        }
+        _ => {
+            let mut data = vec![0.0f64; n];
+            match dist {
+                RandomDist::Uniform { .. } => s.uniform_f64(0, &mut data, isa),
+                RandomDist::Normal { .. } => s.normal_f64(0, &mut data, isa),
+            }
+            let scale = if matches!(dist, RandomDist::Uniform { .. }) { b - a } else { b };
+            if (a, scale) != (0.0, 1.0) {
+                data.iter_mut().for_each(|x| *x = a + scale * *x);
+            }
+            Storage::from_array(ArrayD::from_shape_vec(IxDyn(shape), data).expect("sized above"))
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! `concat` — which scatter a cotangent back into zeros of the input's
 //! shape, including shapes with dims unknown in the trace.
 
-use tracejit_tensor::{BinaryOp, SliceSpec};
+use tracejit_tensor::SliceSpec;
 
 use super::{unsupported, B, R};
 use crate::autodiff::{zeros_like, Emitter};
@@ -47,7 +47,7 @@ pub(super) fn strided_scatter<E: Emitter>(
 }
 
 /// `g` placed back into zeros of `x`'s shape where a slice read it: per
-/// sliced axis, zeros concatenated before and after (step 1) or a 0/1
+/// sliced axis, padded with zeros before and after (step 1) or a 0/1
 /// selection matrix (other steps). Inputs with dims unknown in the trace
 /// take [`slice_vjp_unknown`].
 pub(super) fn slice_vjp<E: Emitter>(
@@ -73,30 +73,9 @@ pub(super) fn slice_vjp<E: Emitter>(
         }
         let before = start as usize;
         let after = shape[axis] - before - count;
-        let mut parts = Vec::with_capacity(3);
-        let gshape = b.ty(&g).shape().expect("the input's shape is known, so the slice's is");
-        for (n, at_start) in [(before, true), (after, false)] {
-            if n == 0 {
-                continue;
-            }
-            let mut zshape = gshape.clone();
-            zshape[axis] = n;
-            let zero = b.k(&g, 0.0);
-            let z = b.op(Op::BroadcastTo { shape: zshape }, &[zero])?;
-            if at_start {
-                parts.push(z);
-                parts.push(g.clone());
-            } else {
-                if parts.is_empty() {
-                    parts.push(g.clone());
-                }
-                parts.push(z);
-            }
-        }
-        if parts.is_empty() {
-            parts.push(g.clone());
-        }
-        g = b.op(Op::Concat { axis }, &parts)?;
+        let mut pads = vec![(0, 0); shape.len()];
+        pads[axis] = (before, after);
+        g = b.op(Op::Pad { pads, value: 0.0 }, &[g])?;
     }
     Ok(g)
 }
@@ -212,11 +191,13 @@ fn pad_axis<E: Emitter>(
     b.op(Op::Concat { axis }, &parts)
 }
 
-/// `g` scattered back (added) into zeros of `params`' shape at the gathered
-/// indices: `one_hot(indices)ᵀ @ g` per outer block. The gathered axis must
-/// be known in the trace (it is the one-hot depth); of the dims before it,
-/// the indices' dims and the dims after it, one group may hold one unknown
-/// dim (a batch of indices, or a batch of params).
+/// `g` added back into zeros of `params`' shape at the gathered indices,
+/// duplicates summed: a `scatter_add` along `axis`, with the indices
+/// flattened into one axis of `g` and broadcast along the others (so no
+/// index tensor of `g`'s size is made). An embedding's gradient this way is
+/// a scatter of the cotangent rows, not a dense one-hot product. Of the
+/// dims of `params` but the gathered one and the indices' element count,
+/// one may be unknown in the trace.
 pub(super) fn gather_vjp<E: Emitter>(
     b: &mut B<'_, E>,
     op: &Op,
@@ -226,38 +207,25 @@ pub(super) fn gather_vjp<E: Emitter>(
     g: E::Value,
 ) -> R<E::Value> {
     let (pt, it) = (b.ty(params), b.ty(indices));
-    let n = pt.dims[axis].ok_or_else(|| {
-        unsupported(op, format!("params {pt} have an unknown size along the gathered axis {axis} in the trace"))
-    })?;
-    let product = |dims: &[Option<usize>]| -> Option<usize> { dims.iter().copied().product() };
-    let outer = product(&pt.dims[..axis]);
-    let inner = product(&pt.dims[axis + 1..]);
-    let m = product(&it.dims);
-    let unknown_groups = [outer, m, inner].iter().filter(|d| d.is_none()).count();
-    let unknown_params = pt.dims.iter().filter(|d| d.is_none()).count();
-    if unknown_groups > 1 || unknown_params > 1 {
+    let m: Option<usize> = it.dims.iter().copied().product();
+    let size = |d: Option<usize>| d.map_or(-1, |d| d as i64);
+    let mut gshape: Vec<i64> = pt.dims.iter().map(|&d| size(d)).collect();
+    gshape[axis] = size(m);
+    if gshape.iter().filter(|&&d| d < 0).count() > 1 {
         return Err(unsupported(
             op,
             format!(
-                "params {pt} with indices {it}: more than one dim is unknown in the trace among the dims before \
-                 the gathered axis, the indices' and the dims after it; trace with more of them known"
+                "params {pt} with indices {it}: more than one of the dims of params (but the gathered one) and \
+                 the indices' count is unknown in the trace; trace with more of them known"
             ),
         ));
     }
-    let size = |d: Option<usize>| d.map_or(-1, |d| d as i64);
-    // Negative indices count from the end, as gather reads them.
-    let zero = b.k(indices, 0.0);
-    let neg = b.bin(BinaryOp::Lt, indices, &zero)?;
-    let len = b.k(indices, n as f64);
-    let wrapped = b.bin(BinaryOp::Add, indices, &len)?;
-    let idx = b.op(Op::Select, &[neg, wrapped, indices.clone()])?;
-    let idx = b.op(Op::Reshape { shape: vec![-1] }, &[idx])?;
-    let oh = b.op(Op::OneHot { depth: n, dtype: pt.dtype }, &[idx])?; // [m, n]
-    let oht = b.op(Op::Transpose { perm: vec![1, 0] }, &[oh])?; // [n, m]
-    let g3 = b.op(Op::Reshape { shape: vec![size(outer), size(m), size(inner)] }, &[g])?;
-    let r = b.op(Op::MatMul, &[oht, g3])?; // [outer, n, inner]
-    let shape = pt.dims.iter().map(|&d| size(d)).collect();
-    b.op(Op::Reshape { shape }, &[r])
+    let g = b.op(Op::Reshape { shape: gshape }, &[g])?;
+    let mut ishape = vec![1i64; pt.rank()];
+    ishape[axis] = size(m);
+    let idx = b.op(Op::Reshape { shape: ishape }, std::slice::from_ref(indices))?;
+    let zeros = zeros_like(b.e, params.clone())?;
+    b.op(Op::ScatterAdd { axis }, &[zeros, idx, g])
 }
 
 /// Each input's part of `g` along the concatenated axis. One input may
