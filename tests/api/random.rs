@@ -134,6 +134,13 @@ fn dropout_is_one_kernel_with_the_right_mask_and_gradient() {
         .collect();
     assert_eq!(names, ["tracejit.nn.dropout", "tracejit.nn.dropout"], "{graph}");
     assert!(!graph.nodes().any(|(_, n)| matches!(n.op, tracejit::ir::Op::Random { .. })), "{graph}");
+    // The profile of a run: two native dropout steps, no reference step
+    // (no random tensor is materialized; the kernel draws in chunks).
+    let profile = cf.profile(&[x.clone()], 1).unwrap().expect("the JIT runs the step");
+    let native: Vec<&str> = profile.steps.iter().filter(|s| s.kind == "native").map(|s| s.what.as_str()).collect();
+    assert_eq!(native.len(), 2, "{profile}");
+    assert!(native.iter().all(|w| w.contains("dropout")), "{profile}");
+    assert!(!profile.steps.iter().any(|s| s.kind == "reference"), "{profile}");
     // The same draws eagerly: the kernel and the body agree bit for bit.
     let e = Generator::from_seed(5);
     let eager = tracejit::nn::dropout(&x, 0.25, &e, true);

@@ -224,6 +224,8 @@ fn describe(exe: &Executable, step: &Step) -> String {
     let node = exe.graph.node(step.node);
     let ops = match &node.op {
         Op::Fused { body } => body.nodes().filter_map(|(_, n)| op_label(&n.op)).collect::<Vec<_>>().join(","),
+        // Which composite: `kernel tracejit.nn.dropout`.
+        Op::Kernel { name, .. } => format!("kernel {name}"),
         op => op.name().to_string(),
     };
     // A region that may write over a dying input (when it is unique at
