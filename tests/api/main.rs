@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attention;
 mod checkpoint;
 mod composite;
 mod control_flow;

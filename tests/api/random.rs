@@ -136,7 +136,7 @@ fn dropout_is_one_kernel_with_the_right_mask_and_gradient() {
     assert!(!graph.nodes().any(|(_, n)| matches!(n.op, tracejit::ir::Op::Random { .. })), "{graph}");
     // The profile of a run: two native dropout steps, no reference step
     // (no random tensor is materialized; the kernel draws in chunks).
-    let profile = cf.profile(&[x.clone()], 1).unwrap().expect("the JIT runs the step");
+    let profile = cf.profile(std::slice::from_ref(&x), 1).unwrap().expect("the JIT runs the step");
     let native: Vec<&str> = profile.steps.iter().filter(|s| s.kind == "native").map(|s| s.what.as_str()).collect();
     assert_eq!(native.len(), 2, "{profile}");
     assert!(native.iter().all(|w| w.contains("dropout")), "{profile}");

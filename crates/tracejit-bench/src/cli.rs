@@ -41,7 +41,7 @@ impl std::error::Error for UsageError {}
 pub const USAGE: &str = "\
 usage: tracejit-bench [--quick] [--json] [--threads N] [--filter NAME] [--no-report] [--profile]
 
-Runs the workloads of shared/WORKLOADS.md (W1-W8) eager, traced-interp and
+Runs the workloads of shared/WORKLOADS.md (W1-W10) eager, traced-interp and
 traced-jit, verifies every result against eager, and prints per-call times
 with the machine's floors. Writes report.md, speedups.svg and results.jsonl
 to target/bench-report/.

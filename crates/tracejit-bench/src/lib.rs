@@ -14,6 +14,7 @@ pub mod micro;
 pub mod peak;
 pub mod report;
 pub mod runner;
+pub mod transformer;
 pub mod verify;
 pub mod workloads;
 

@@ -38,7 +38,7 @@ pub enum Status {
 /// One line of the results: a workload in one mode.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
-    /// `W1`..`W8`.
+    /// `W1`..`W10`.
     pub id: &'static str,
     /// The workload's name (`gelu`).
     pub workload: &'static str,

@@ -1,4 +1,4 @@
-//! The workloads W1-W8 of shared/WORKLOADS.md, each written once as a
+//! The workloads W1-W10 of shared/WORKLOADS.md, each written once as a
 //! closure over [`Tensor`]s and run in every [`Mode`] from that one closure.
 //!
 //! Inputs are f32 from fixed seeds, built by [`WorkloadSpec::build`] outside
@@ -232,7 +232,7 @@ pub enum Body {
 
 /// A workload's identity and how to build it.
 pub struct WorkloadSpec {
-    /// `W1`..`W8`.
+    /// `W1`..`W10`.
     pub id: &'static str,
     /// The name used in JSON (`small_ops`, `gelu`, ...).
     pub name: &'static str,
@@ -253,7 +253,7 @@ pub struct WorkloadSpec {
 /// Bytes in a MiB.
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// Every workload, in order W1..W8, then the micro rows ([`crate::micro`]).
+/// Every workload, in order W1..W10, then the micro rows ([`crate::micro`]).
 pub fn all() -> Vec<WorkloadSpec> {
     vec![
         WorkloadSpec {
@@ -335,6 +335,27 @@ pub fn all() -> Vec<WorkloadSpec> {
             floor_bytes: None,
             modes: STANDARD_MODES,
             build: build_rnn_loop,
+        },
+        WorkloadSpec {
+            id: "W9",
+            name: "transformer_block",
+            what: "pre-norm causal GPT block: x [8, 128, 256], 4 heads of 64, MLP 1024, tanh-GELU; forward",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "exp in the attention, tanh in GELU, rsqrt in the layer norms",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: crate::transformer::build_transformer_block,
+        },
+        WorkloadSpec {
+            id: "W10",
+            name: "gpt_train_step",
+            what: "2-block W9 GPT, vocabulary 96: embedding, loss, backward, AdamW on every parameter",
+            tolerance: Tolerance { rtol: 1e-3, atol: 1e-3 },
+            tolerance_note: "AdamW's first step is about lr * sign(g): a gradient near 0 may flip it (atol 1e-3 of \
+                             the largest parameter covers a full lr of 3e-4)",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: crate::transformer::build_gpt_train_step,
         },
     ]
     .into_iter()
@@ -567,10 +588,21 @@ mod tests {
     fn names_follow_workloads_md() {
         let names: Vec<&str> = all().iter().map(|w| w.name).collect();
         assert_eq!(
-            names[..8],
-            ["small_ops", "gelu", "softmax", "layernorm", "mlp_forward", "mlp_train_step", "lstm_cell", "rnn_loop"]
+            names[..10],
+            [
+                "small_ops",
+                "gelu",
+                "softmax",
+                "layernorm",
+                "mlp_forward",
+                "mlp_train_step",
+                "lstm_cell",
+                "rnn_loop",
+                "transformer_block",
+                "gpt_train_step"
+            ]
         );
-        assert_eq!(names[8..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
+        assert_eq!(names[10..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
         assert_eq!(selected(Some("gelu")).len(), 1);
         assert_eq!(selected(Some("w7"))[0].name, "lstm_cell");
         assert_eq!(selected(Some("mlp")).len(), 2);

@@ -120,6 +120,8 @@ pub(crate) static ALL: &[&Composite] = &[
     &SOFTMAX_CROSS_ENTROPY,
     &DENSE,
     &DROPOUT,
+    &crate::attention::ATTENTION,
+    &crate::attention::ATTENTION_GRAD,
 ];
 
 fn first(mut v: Vec<Tensor>) -> Tensor {

@@ -87,7 +87,7 @@ fn data(t: &Tensor) -> (Vec<usize>, Cow<'_, [f32]>) {
     let shape = a.shape().to_vec();
     match a.as_slice() {
         Some(slice) => (shape, Cow::Borrowed(slice)),
-        None => (shape, Cow::Owned(a.iter().copied().collect())),
+        None => (shape, Cow::Owned(s.to_vec::<f32>().expect("f32"))),
     }
 }
 

@@ -32,6 +32,8 @@
 //! | [`lstm_cell`] | `tracejit.nn.lstm_cell` | f32, rank-2 operands |
 //! | [`softmax_cross_entropy_with_logits`] | `tracejit.nn.softmax_cross_entropy_with_logits` | — (a backward kernel) |
 //! | [`dense`] | `tracejit.nn.dense` | — (matmul + fused epilogue) |
+//! | [`scaled_dot_product_attention`] | `tracejit.nn.scaled_dot_product_attention` (and `_grad`) | f32 flash attention, forward and backward |
+//! | [`dropout`] | `tracejit.nn.dropout` | f32 and f64, drawing in chunks; its backward is dropout of the cotangent |
 //!
 //! The kernels compute `exp`, `tanh` and `sigmoid` with the JIT's own
 //! approximations (`tracejit_kernels::fastmath`: the same bits as the JIT's
@@ -58,6 +60,7 @@
 //! tracer knows nothing of them. The kernel table the tracer consults lives
 //! below both, in `tracejit_ir::registry`; [`composite`] fills it.
 
+mod attention;
 mod backward;
 mod bodies;
 pub mod composite;
@@ -68,6 +71,7 @@ mod kernels;
 pub mod random;
 mod samples;
 
+pub use attention::scaled_dot_product_attention;
 pub use bodies::Activation;
 pub use composites::{
     dense, gelu, layer_norm, layer_norm_grad, log_softmax, lstm_cell, softmax, softmax_cross_entropy_with_logits,

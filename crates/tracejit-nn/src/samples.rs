@@ -141,3 +141,64 @@ pub(crate) fn dropout() -> Vec<(Vec<Tensor>, u32)> {
     }
     out
 }
+
+/// One attention case: leading axes of q and of k/v, `(tq, tk, d, dv)`,
+/// causal, the mask's shape, dtype, a NaN in `q`.
+type AttentionCase = (&'static [usize], &'static [usize], [usize; 4], bool, Option<&'static [usize]>, DType, bool);
+
+/// `(q, k, v, scale, causal[, mask])`: one element; batch and heads with
+/// the causal rule; k and v broadcast along the batch with a mask that
+/// hides one query's every key; a key-padding mask in f64 (the body
+/// runs); no queries; no keys; more queries than keys; a NaN; more than
+/// one tile of 64.
+pub(crate) fn attention() -> Vec<(Vec<Tensor>, u32)> {
+    let cases: [AttentionCase; 9] = [
+        (&[1], &[1], [1, 1, 1, 1], false, None, DType::F32, false),
+        (&[2, 3], &[2, 3], [5, 7, 4, 3], true, None, DType::F32, false),
+        (&[2, 3], &[1, 3], [6, 6, 5, 5], true, Some(&[2, 1, 6, 6]), DType::F32, false),
+        (&[2], &[2], [3, 5, 4, 4], false, Some(&[5]), DType::F64, false),
+        (&[1, 2], &[1, 2], [0, 3, 2, 2], false, None, DType::F32, false),
+        (&[2], &[2], [4, 0, 3, 3], false, None, DType::F32, false),
+        (&[3], &[3], [17, 9, 8, 8], true, None, DType::F32, false),
+        (&[2], &[2], [3, 3, 4, 4], false, None, DType::F32, true),
+        (&[2], &[2], [70, 70, 16, 16], true, None, DType::F32, false),
+    ];
+    cases
+        .iter()
+        .enumerate()
+        .map(|(i, &(ql, kl, [tq, tk, d, dv], causal, mask, dtype, nan))| {
+            let shape = |lead: &[usize], t: usize, w: usize| [lead, &[t, w]].concat();
+            let seed = 120 + 4 * i as u64;
+            let q = values(&shape(ql, tq, d), dtype, seed, nan);
+            let k = values(&shape(kl, tk, d), dtype, seed + 1, false);
+            let v = values(&shape(kl, tk, dv), dtype, seed + 2, false);
+            let scale = Tensor::full(&[], 1.0 / (d as f64).sqrt(), dtype);
+            let mut args = vec![q, k, v, scale, Tensor::scalar(causal)];
+            if let Some(m) = mask {
+                let n: usize = m.iter().product();
+                // Every fifth pair hidden, and the first query's every key.
+                let last = *m.last().expect("rank >= 1");
+                let flags = (0..n).map(|j| j % 5 != 3 && (m.len() < 2 || j >= last)).collect();
+                args.push(Tensor::from_vec(flags, m));
+            }
+            (args, 0)
+        })
+        .collect()
+}
+
+/// `(q, k, v, scale, causal, out, lse, dout[, mask])` from the forward's
+/// samples, `out` and `lse` computed by its body.
+pub(crate) fn attention_grad() -> Vec<(Vec<Tensor>, u32)> {
+    attention()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (a, attr))| {
+            let outs = crate::attention::ATTENTION.run_body(&a, attr);
+            let dout = values(outs[0].shape(), a[0].dtype(), 200 + i as u64, false);
+            let mut args = a[..5].to_vec();
+            args.extend([outs[0].clone(), outs[1].clone(), dout]);
+            args.extend(a[5..].iter().cloned());
+            (args, attr)
+        })
+        .collect()
+}

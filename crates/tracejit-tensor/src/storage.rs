@@ -150,7 +150,10 @@ impl Storage {
     /// Copies the elements out in row-major order.
     pub fn to_vec<T: StorageElement>(&self) -> Result<Vec<T>, TensorError> {
         let a = self.typed::<T>()?;
-        Ok(a.iter().copied().collect())
+        Ok(match a.as_slice() {
+            Some(s) => s.to_vec(),
+            None => crate::kernels::shape::row_major(a.view()),
+        })
     }
 
     /// Copies into an owned ndarray.
@@ -181,7 +184,7 @@ impl Storage {
         if self.is_standard_layout() {
             return self.clone();
         }
-        with_array!(self, a => Storage::from_array(a.as_standard_layout().into_owned()))
+        with_array!(self, a => Storage::from_array(crate::kernels::shape::materialize(a.view())))
     }
 
     /// Bitwise equality of shape, dtype and every element (NaN equals NaN with

@@ -96,7 +96,7 @@ fn data<'a, T: Real>(t: &'a Tensor, what: &str) -> (Vec<usize>, std::borrow::Cow
     let shape = a.shape().to_vec();
     match a.as_slice() {
         Some(slice) => (shape, std::borrow::Cow::Borrowed(slice)),
-        None => (shape, std::borrow::Cow::Owned(a.iter().copied().collect())),
+        None => (shape, std::borrow::Cow::Owned(s.to_vec::<T>().expect("the dtype was checked"))),
     }
 }
 

@@ -260,7 +260,8 @@ fn save_writes_the_same_bytes_as_to_bytes() {
 
 /// Every composite declared in `tracejit::nn` (`tracejit_nn::declared`)
 /// exports as an ONNX local function named after it, and the file runs in
-/// tract with the composite's results, on each of its finite f32 samples.
+/// tract with the composite's results, on each of its finite f32 samples
+/// (bool flags and masks beside them).
 /// A composite that draws random numbers (dropout) has no ONNX form giving
 /// the same numbers: its export is an error that says so.
 #[test]
@@ -281,9 +282,18 @@ fn every_declared_composite_is_a_local_function_that_runs() {
             continue;
         }
         let finite = |xs: &[Tensor]| {
-            xs.iter().all(|t| t.dtype() == DType::F32 && t.is_finite().to_vec::<bool>().unwrap().iter().all(|b| *b))
+            xs.iter().all(|t| {
+                t.dtype() == DType::Bool
+                    || (t.dtype() == DType::F32 && t.is_finite().to_vec::<bool>().unwrap().iter().all(|b| *b))
+            })
         };
-        let samples: Vec<(Vec<Tensor>, u32)> = c.examples().into_iter().filter(|(x, _)| finite(x)).collect();
+        // tract 0.23 divides by zero reducing an axis of length 0 (the
+        // attention's samples with no queries or no keys): those stay
+        // checked by tracejit's own tests.
+        let empty_reduction =
+            |xs: &[Tensor]| c.name().contains("attention") && xs.iter().any(|t| t.shape().contains(&0));
+        let samples: Vec<(Vec<Tensor>, u32)> =
+            c.examples().into_iter().filter(|(x, _)| finite(x) && !empty_reduction(x)).collect();
         assert!(!samples.is_empty(), "{}: no finite f32 sample", c.name());
         for (i, (inputs, attr)) in samples.into_iter().enumerate() {
             let specs: Vec<TensorSpec> = inputs.iter().map(spec).collect();

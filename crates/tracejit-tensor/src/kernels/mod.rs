@@ -185,7 +185,7 @@ mod reduce;
 pub mod scalar;
 mod scan;
 mod scatter;
-mod shape;
+pub(crate) mod shape;
 mod unary;
 mod window;
 

@@ -46,8 +46,11 @@ fn reduce_t<T: Num>(op: ReduceOp, a: &ArcArray<T, IxDyn>, axes: &[usize], keepdi
     let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
     let n_red: usize = axes.iter().map(|&d| shape[d]).product();
     let moved = a.view().permuted_axes(IxDyn(&perm));
-    let contiguous = moved.as_standard_layout();
-    let flat = contiguous.as_slice().expect("standard layout is contiguous");
+    let contiguous = if moved.is_standard_layout() { None } else { Some(super::shape::row_major(moved.view())) };
+    let flat = match &contiguous {
+        Some(v) => v.as_slice(),
+        None => moved.as_slice().expect("standard layout is contiguous"),
+    };
     let n_out: usize = kept.iter().map(|&d| shape[d]).product();
     let fold: fn(&[T]) -> T = match op {
         ReduceOp::Sum => |r| r.iter().fold(T::ZERO, |acc, &x| acc.plus(x)),

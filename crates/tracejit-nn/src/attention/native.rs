@@ -1,0 +1,182 @@
+//! The native kernels of the attention composites: the argument checks,
+//! broadcasting of the leading axes and the mask's strides around
+//! `tracejit_kernels::attention::{forward, backward}`.
+
+use std::borrow::Cow;
+
+use tracejit_kernels::attention::{self, Mask, Problem};
+use tracejit_kernels::Isa;
+use tracejit_tensor::{DType, Storage};
+use tracejit_trace::{Tensor, TensorSpec};
+
+/// `q, k, v` f32 of rank ≥ 2, `scale` an f32 scalar, `causal` a bool
+/// scalar, then `extra` f32 operands of rank ≥ 1 (the backward's `out`,
+/// `lse`, `dout`), then an optional bool mask.
+fn accepts_with(s: &[TensorSpec], extra: usize) -> bool {
+    let base = 5 + extra;
+    if s.len() != base && s.len() != base + 1 {
+        return false;
+    }
+    let f32_rank2 = |t: &TensorSpec| t.dtype() == DType::F32 && t.dims().len() >= 2;
+    s[..3].iter().all(f32_rank2)
+        && s[3].dtype() == DType::F32
+        && s[3].dims().is_empty()
+        && s[4].dtype() == DType::Bool
+        && s[4].dims().is_empty()
+        && s[5..base].iter().all(|t| t.dtype() == DType::F32 && !t.dims().is_empty())
+        && s[base..].iter().all(|m| m.dtype() == DType::Bool)
+}
+
+/// The forward kernel's arguments (see [`accepts_with`]).
+pub(super) fn forward_accepts(s: &[TensorSpec]) -> bool {
+    accepts_with(s, 0)
+}
+
+/// The backward kernel's arguments (see [`accepts_with`]).
+pub(super) fn backward_accepts(s: &[TensorSpec]) -> bool {
+    accepts_with(s, 3)
+}
+
+/// The sizes of one call, the leading axes broadcast.
+struct Geometry {
+    lead: Vec<usize>,
+    problem: Problem,
+}
+
+impl Geometry {
+    /// From `(q, k, v, scale, causal)` and the mask, if any.
+    fn of(a: &[Tensor], mask: Option<&Tensor>) -> Geometry {
+        let (q, k, v, scale, causal) = (&a[0], &a[1], &a[2], &a[3], &a[4]);
+        let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+        let split = |s: &[usize]| (s[..s.len() - 2].to_vec(), s[s.len() - 2], s[s.len() - 1]);
+        let ((ql, tq, d), (kl, tk, kd), (vl, vt, dv)) = (split(qs), split(ks), split(vs));
+        assert!(d == kd && tk == vt, "scaled_dot_product_attention: q {qs:?}, k {ks:?}, v {vs:?} do not fit");
+        let mut lead = broadcast(&broadcast(&ql, &kl), &vl);
+        if let Some(m) = mask.map(|m| m.shape()).filter(|m| m.len() > 2) {
+            lead = broadcast(&lead, &m[..m.len() - 2]);
+        }
+        let scale = scale.to_scalar::<f32>().expect("scale is an f32 scalar");
+        let causal = causal.to_scalar::<bool>().expect("causal is a bool scalar");
+        let batch = lead.iter().product();
+        Geometry { lead, problem: Problem { batch, tq, tk, d, dv, scale, causal } }
+    }
+
+    /// `lead ++ tail`.
+    fn shape(&self, tail: &[usize]) -> Vec<usize> {
+        self.lead.iter().chain(tail).copied().collect()
+    }
+}
+
+/// The numpy broadcast of two leading shapes.
+fn broadcast(a: &[usize], b: &[usize]) -> Vec<usize> {
+    let n = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| if i + s.len() < n { 1 } else { s[i + s.len() - n] };
+    (0..n)
+        .map(|i| {
+            let (x, y) = (at(a, i), at(b, i));
+            assert!(
+                x == y || x == 1 || y == 1,
+                "scaled_dot_product_attention: leading axes {a:?} and {b:?} do not broadcast"
+            );
+            if x == 1 {
+                y
+            } else {
+                x
+            }
+        })
+        .collect()
+}
+
+/// `t`'s f32 elements, contiguous (borrowed when they already are),
+/// broadcast to `shape` when needed.
+fn f32s<'a>(t: &'a Tensor, shape: &[usize]) -> Cow<'a, [f32]> {
+    if t.shape() != shape {
+        let b = t.broadcast_to(shape);
+        return Cow::Owned(b.storage().expect("eager").to_vec::<f32>().expect("f32"));
+    }
+    let s = t.storage().expect("composite kernels get eager tensors");
+    match s.array::<f32>().and_then(|a| a.as_slice()) {
+        Some(slice) => Cow::Borrowed(slice),
+        None => Cow::Owned(s.to_vec::<f32>().expect("the predicate accepted f32 only")),
+    }
+}
+
+/// The mask's flags and strides: its leading axes broadcast to the call's
+/// only when they are not all 1; its own query and key axes kept, with
+/// stride 0 where they are 1.
+fn mask_of<'a>(m: &'a Tensor, g: &Geometry) -> (Cow<'a, [bool]>, [usize; 3]) {
+    let p = &g.problem;
+    let mut shape = m.shape().to_vec();
+    while shape.len() < 2 {
+        shape.insert(0, 1);
+    }
+    let (mq, mk) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+    assert!(
+        (mq == 1 || mq == p.tq) && (mk == 1 || mk == p.tk),
+        "scaled_dot_product_attention: mask {:?} does not broadcast to [.., {}, {}]",
+        m.shape(),
+        p.tq,
+        p.tk
+    );
+    let lead_ones = shape[..shape.len() - 2].iter().all(|&d| d == 1);
+    let flat = if lead_ones { m.reshape(&[(mq * mk) as i64]) } else { m.broadcast_to(&g.shape(&[mq, mk])) };
+    let flags: Vec<bool> = flat.storage().expect("eager").to_vec::<bool>().expect("a bool mask");
+    let strides = [if lead_ones { 0 } else { mq * mk }, if mq == 1 { 0 } else { mk }, if mk == 1 { 0 } else { 1 }];
+    (Cow::Owned(flags), strides)
+}
+
+fn tensor(v: Vec<f32>, shape: &[usize]) -> Tensor {
+    Tensor::from_raw_storage(Storage::from_vec(v, shape).expect("kernel output size"))
+}
+
+/// The forward: `(out [.., Tq, dv], lse [.., Tq])`.
+pub(super) fn forward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+    let g = Geometry::of(inputs, inputs.get(5));
+    let p = g.problem;
+    let q = f32s(&inputs[0], &g.shape(&[p.tq, p.d]));
+    let k = f32s(&inputs[1], &g.shape(&[p.tk, p.d]));
+    let v = f32s(&inputs[2], &g.shape(&[p.tk, p.dv]));
+    let mask = inputs.get(5).map(|m| mask_of(m, &g));
+    let mask = mask.as_ref().map(|(data, [b, r, c])| Mask { data, batch_stride: *b, row_stride: *r, col_stride: *c });
+    let mut out = vec![0.0f32; p.batch * p.tq * p.dv];
+    let mut lse = vec![0.0f32; p.batch * p.tq];
+    attention::forward(&p, &q, &k, &v, mask.as_ref(), &mut out, &mut lse, isa);
+    vec![tensor(out, &g.shape(&[p.tq, p.dv])), tensor(lse, &g.shape(&[p.tq]))]
+}
+
+/// The backward: `(dq, dk, dv)` in the shapes of `q`, `k` and `v` (summed
+/// over the leading axes they were broadcast along).
+pub(super) fn backward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+    let g = Geometry::of(inputs, inputs.get(8));
+    let p = g.problem;
+    let q = f32s(&inputs[0], &g.shape(&[p.tq, p.d]));
+    let k = f32s(&inputs[1], &g.shape(&[p.tk, p.d]));
+    let v = f32s(&inputs[2], &g.shape(&[p.tk, p.dv]));
+    let out = f32s(&inputs[5], &g.shape(&[p.tq, p.dv]));
+    let lse = f32s(&inputs[6], &g.shape(&[p.tq]));
+    let dout = f32s(&inputs[7], &g.shape(&[p.tq, p.dv]));
+    let mask = inputs.get(8).map(|m| mask_of(m, &g));
+    let mask = mask.as_ref().map(|(data, [b, r, c])| Mask { data, batch_stride: *b, row_stride: *r, col_stride: *c });
+    let (mut dq, mut dk, mut dv) = (vec![0.0f32; q.len()], vec![0.0f32; k.len()], vec![0.0f32; v.len()]);
+    attention::backward(&p, &q, &k, &v, mask.as_ref(), &out, &lse, &dout, &mut dq, &mut dk, &mut dv, isa);
+    let dq = tensor(dq, &g.shape(&[p.tq, p.d]));
+    let dk = tensor(dk, &g.shape(&[p.tk, p.d]));
+    let dv = tensor(dv, &g.shape(&[p.tk, p.dv]));
+    vec![sum_to(dq, &inputs[0]), sum_to(dk, &inputs[1]), sum_to(dv, &inputs[2])]
+}
+
+/// `t` summed down to `like`'s shape (eager; a no-op without broadcasting).
+fn sum_to(t: Tensor, like: &Tensor) -> Tensor {
+    if t.shape() == like.shape() {
+        return t;
+    }
+    let extra = t.rank() - like.rank();
+    let t = if extra > 0 { t.sum(&(0..extra as i64).collect::<Vec<_>>(), false) } else { t };
+    let stretched: Vec<i64> =
+        (0..like.rank()).filter(|&i| like.shape()[i] == 1 && t.shape()[i] != 1).map(|i| i as i64).collect();
+    if stretched.is_empty() {
+        t
+    } else {
+        t.sum(&stretched, true)
+    }
+}
