@@ -247,14 +247,18 @@ impl ConcreteFunction {
         Ok(outs)
     }
 
-    /// `graph` with every call inlined: what a tape differentiates a call
-    /// of this function through.
+    /// `graph` with every call inlined but custom-gradient ones: what a
+    /// tape differentiates a call of this function through.
     fn differentiable_graph(&self) -> Arc<Graph> {
         match self.differentiable.get() {
             Some(g) => g.clone(),
             None => {
                 let mut g = (*self.graph).clone();
-                let cx = tracejit_ir::passes::PassContext::new(self.name.clone());
+                // Custom-gradient calls stay: the tape applies their rules.
+                let cx = tracejit_ir::passes::PassContext {
+                    keep_custom_gradients: true,
+                    ..tracejit_ir::passes::PassContext::new(self.name.clone())
+                };
                 tracejit_ir::passes::Pass::run(&tracejit_ir::passes::Inline, &mut g, &cx);
                 self.differentiable.get_or_init(|| Arc::new(g)).clone()
             }

@@ -49,6 +49,12 @@ impl Tensor {
         }
     }
 
+    /// The same value under a new tape identity: a result the tapes tell
+    /// apart from the tensor it was made from (a custom gradient's output).
+    pub(crate) fn with_new_id(&self) -> Tensor {
+        Tensor { repr: self.repr.clone(), id: crate::tape::next_id() }
+    }
+
     pub(crate) fn repr(&self) -> &Repr {
         &self.repr
     }
