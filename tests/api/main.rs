@@ -14,6 +14,7 @@ mod control_flow;
 mod custom_gradient;
 mod differential;
 mod eager_api;
+mod error_lines;
 mod gradients;
 mod gradients_coverage;
 mod limits;

@@ -313,6 +313,8 @@ impl Executable {
                 args.push(values[x].as_ref().ok_or_else(|| broken(format!("slot {x} is not available")))?);
             }
             self.check_step(step, &args)?;
+            // A kernel that panics on its values names this step's line.
+            tracejit_ir::note_running(g.node(step.node).location);
             let mut partner_out: SmallVec<[(usize, Storage); 2]> = SmallVec::new();
             outs.clear();
             match &step.kind {

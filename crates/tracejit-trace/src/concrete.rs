@@ -312,9 +312,17 @@ impl ConcreteFunction {
     /// Runs `run` (this function's graph on eager values); a panic inside
     /// a kernel becomes an `Err` naming the function.
     fn guarded<T>(&self, run: impl FnOnce() -> std::result::Result<T, tracejit_ir::IrError>) -> Result<T> {
+        tracejit_ir::note_running(None);
         match tracejit_ir::catch_quietly(run) {
             Ok(r) => Ok(r?),
-            Err(p) => Err(Error::Run { function: self.name.clone(), message: tracejit_ir::panic_message(&*p) }),
+            Err(p) => {
+                // The node that was running is the one whose kernel panicked.
+                let mut message = tracejit_ir::panic_message(&*p);
+                if let Some(at) = tracejit_ir::running_location().filter(|_| !message.contains(" (at ")) {
+                    message.push_str(&format!(" (at {}:{})", at.file(), at.line()));
+                }
+                Err(Error::Run { function: self.name.clone(), message })
+            }
         }
     }
 

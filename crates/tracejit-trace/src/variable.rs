@@ -120,9 +120,11 @@ impl Variable {
         let storage = match initial.storage() {
             Ok(s) => s.clone(),
             Err(_) => panic!(
-                "Variable::new: the initial value depends on the inputs of function `{}`; a variable's \
-                 initial value is computed once, outside the graph (compute it from eager tensors, or \
-                 create the variable outside the function)",
+                "Variable::new at {}:{}: the initial value depends on the inputs of function `{}`; a \
+                 variable's initial value is computed once, outside the graph (compute it from eager tensors, \
+                 or create the variable outside the function)",
+                Location::caller().file(),
+                Location::caller().line(),
                 context::current_function().as_deref().unwrap_or("?")
             ),
         };
