@@ -13,6 +13,7 @@ mod composite;
 mod control_flow;
 mod custom_gradient;
 mod differential;
+mod doc_examples;
 mod eager_api;
 mod error_lines;
 mod gradients;

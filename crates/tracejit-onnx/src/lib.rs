@@ -95,7 +95,21 @@ pub fn to_bytes(cf: &ConcreteFunction) -> Result<Vec<u8>> {
     Exporter::new(cf).to_bytes()
 }
 
-/// Exports `cf` with the default names into the file `path`.
+/// Exports `cf` with the default names into the file `path`
+/// ([`Exporter`] renames inputs, outputs, dims and initializers).
+///
+/// ```
+/// use tracejit_trace::{function, DType, Tensor, TensorSpec};
+///
+/// let f = function(|x: Tensor| (&x * 2.0).tanh());
+/// let cf = f.get_concrete_function(TensorSpec::new(DType::F32, &[-1, 10]))?;
+/// let path = std::env::temp_dir().join(format!("tracejit-doc-{}.onnx", std::process::id()));
+/// tracejit_onnx::save(&cf, &path)?;
+/// let model = tracejit_onnx::decode(&std::fs::read(&path)?)?;
+/// assert_eq!(model.graph.unwrap().input[0].name(), "args");
+/// std::fs::remove_file(&path)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn save(cf: &ConcreteFunction, path: impl AsRef<Path>) -> Result<()> {
     Exporter::new(cf).save(path)
 }

@@ -331,7 +331,37 @@ pub(crate) fn record_variable_read(var: &Variable, value: &Tensor) {
 
 /// Records the ops of this thread that depend on watched tensors and
 /// trainable variables, and computes gradients of a target with respect to
-/// them. Drop it to stop recording. See the module documentation.
+/// them. Drop it to stop recording.
+///
+/// The same code differentiates eagerly and inside a traced function,
+/// where the backward ops join the forward's graph. A gradient of a
+/// gradient needs two tapes: the outer one records the inner one's
+/// backward ops.
+///
+/// ```
+/// use tracejit_trace::{GradientTape, Tensor, Variable};
+///
+/// let x = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], &[3]);
+/// let w = Variable::new(Tensor::from_vec(vec![0.5f64], &[1]));
+/// let tape = GradientTape::persistent();          // answers more than once
+/// tape.watch(&x);                                 // trainable variables are watched already
+/// let y = (&x * &x * w.read()).sum_all();
+/// let dx = tape.gradient(&y, &[&x])?;             // 2 w x
+/// let dw = tape.gradient(&y, &[w.clone()])?;      // sum(x^2)
+/// assert_eq!(dx[0].as_ref().unwrap().to_vec::<f64>()?, [1.0, 2.0, 3.0]);
+/// assert_eq!(dw[0].as_ref().unwrap().to_vec::<f64>()?, [14.0]);
+///
+/// // Second derivative of x^3: 6x.
+/// let outer = GradientTape::new();
+/// outer.watch(&x);
+/// let inner = GradientTape::new();
+/// inner.watch(&x);
+/// let g = inner.gradient(&(&x * &x * &x).sum_all(), &[&x])?.remove(0).unwrap();
+/// drop(inner);
+/// let h = outer.gradient(&g.sum_all(), &[&x])?.remove(0).unwrap();
+/// assert_eq!(h.to_vec::<f64>()?, [6.0, 12.0, 18.0]);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
 pub struct GradientTape {
     state: Rc<RefCell<TapeState>>,
 }
