@@ -76,7 +76,11 @@ fn describe(kind: &str, info: &ValueInfoProto) -> String {
     format!("{kind} {:<8} {dtype}[{}]", info.name(), dims.join(", "))
 }
 
+#[path = "common/logging.rs"]
+mod logging;
+
 fn main() -> anyhow::Result<()> {
+    logging::init();
     let model = Classifier { hidden: Dense::new(2, 16, 1), out: Dense::new(16, 2, 2) };
     let vars = model.trainable_variables();
 

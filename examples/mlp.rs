@@ -70,7 +70,11 @@ impl Mlp {
     }
 }
 
+#[path = "common/logging.rs"]
+mod logging;
+
 fn main() -> anyhow::Result<()> {
+    logging::init();
     let mlp = Mlp::new(
         &[8, 16, 16, 4],
         if std::env::args().any(|a| a == "--tanh") { Activation::Tanh } else { Activation::Relu },

@@ -8,7 +8,11 @@
 
 use tracejit::prelude::*;
 
+#[path = "common/logging.rs"]
+mod logging;
+
 fn main() -> tracejit::Result<()> {
+    logging::init();
     // Ordinary eager tensor code in a closure. `x.exp()` appears twice on
     // purpose: common-subexpression elimination can merge them.
     let f = function(|(x, b): (Tensor, Tensor)| {

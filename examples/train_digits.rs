@@ -74,7 +74,11 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Option<O
     Ok(Some(o))
 }
 
+#[path = "common/logging.rs"]
+mod logging;
+
 fn main() -> anyhow::Result<()> {
+    logging::init();
     let Some(opts) = parse_args(std::env::args().skip(1))? else {
         println!("{USAGE}");
         return Ok(());

@@ -87,11 +87,23 @@ pub use tracejit_trace::{
 pub use tracejit_trace::{OptimizationOptions, PipelineReport, Profile, ScheduleStats, StepTime};
 
 /// Gradients: [`autodiff::GradientTape`] records ops eagerly
-/// or while tracing, and [`value_and_grad`](autodiff::value_and_grad)
-/// differentiates a closure with respect to variables. The VJP rules are
-/// `tracejit::ir::autodiff`'s.
+/// or while tracing, [`value_and_grad`](autodiff::value_and_grad)
+/// differentiates a closure with respect to variables, and
+/// [`custom_gradient`](autodiff::custom_gradient) gives a function a
+/// gradient rule of your own. The VJP rules are `tracejit::ir::autodiff`'s.
+///
+/// ```
+/// use tracejit::prelude::*;
+///
+/// let clip = tracejit::autodiff::custom_gradient(|x: &Tensor| (x.clone(), |dy: &Tensor| dy.clamp(-1.0, 1.0)));
+/// let w = Variable::new(Tensor::from_vec(vec![0.5f32, -2.0], &[2]));
+/// let (loss, grads) = tracejit::autodiff::value_and_grad(&[w.clone()], || (clip(&w.read()) * 4.0).sum_all())?;
+/// assert_eq!(loss.to_vec::<f32>()?, [-6.0]);
+/// assert_eq!(grads[0].to_vec::<f32>()?, [1.0, 1.0]);   // 4 clipped to 1
+/// # Ok::<(), tracejit::Error>(())
+/// ```
 pub mod autodiff {
-    pub use tracejit_trace::{value_and_grad, GradientTape, Source};
+    pub use tracejit_trace::{custom_gradient, custom_gradient_n, value_and_grad, GradientTape, Source};
 }
 pub use tracejit_trace::GradientTape;
 

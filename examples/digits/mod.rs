@@ -415,11 +415,36 @@ impl Trainer {
         tracejit::checkpoint::save(&self.state, path).with_context(|| format!("saving {}", path.display()))
     }
 
-    /// Restores the state saved by [`Trainer::save`] for the same settings.
+    /// Restores the state saved by [`Trainer::save`] for the same model
+    /// settings. The number of epochs may differ (`--epochs 35` extends a
+    /// finished 30-epoch run): the curve is resized to this run's epochs,
+    /// which must cover the epochs already done.
     pub fn restore(&self, path: impl AsRef<Path>) -> anyhow::Result<()> {
         let path = path.as_ref();
-        tracejit::checkpoint::restore(&self.state, path).with_context(|| {
+        // The curve's rows are the epochs the run was started with: restore
+        // it into a variable of the saved shape (the clones share every
+        // other variable), then copy its rows over.
+        let saved = tracejit::checkpoint::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let done = saved.get("epoch").map(|e| e.to_scalar::<i64>()).transpose()?.unwrap_or(0) as usize;
+        ensure!(
+            done <= self.config.epochs,
+            "{} holds {done} epochs, more than the {} asked for; pass --epochs {done} or more",
+            path.display(),
+            self.config.epochs
+        );
+        let rows = saved.get("history").map_or(self.config.epochs, |h| h.shape()[0]);
+        let staged = TrainState {
+            model: self.state.model.clone(),
+            opt: self.state.opt.clone(),
+            epoch: self.state.epoch.clone(),
+            history: Variable::new(Tensor::zeros(&[rows, 4], DType::F32)).with_trainable(false),
+        };
+        tracejit::checkpoint::restore(&staged, path).with_context(|| {
             format!("restoring {} (a checkpoint resumes only with the settings it was made with)", path.display())
-        })
+        })?;
+        let mut curve = staged.history.value().to_vec::<f32>()?;
+        curve.resize(self.config.epochs * 4, 0.0);
+        self.state.history.assign(&Tensor::from_vec(curve, &[self.config.epochs, 4]));
+        Ok(())
     }
 }

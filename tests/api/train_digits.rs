@@ -128,6 +128,19 @@ fn a_resumed_run_continues_exactly() {
     let err = format!("{:#}", other.restore(&file).unwrap_err());
     assert!(err.contains("layers[0].w") && err.contains("nothing was restored"), "{err}");
     assert_eq!(weights(&other), before);
+
+    // A finished run extends with more epochs (`--resume --epochs 3`); fewer
+    // epochs than are done is refused by name.
+    let longer = Trainer::new(short(3), &d, true).unwrap();
+    whole.save(&file).unwrap();
+    longer.restore(&file).unwrap();
+    assert_eq!(longer.state.epochs_done().unwrap(), 2);
+    assert_eq!(longer.state.curve().unwrap(), whole.state.curve().unwrap());
+    let third = longer.run_epoch(|_| {}).unwrap();
+    assert_eq!(longer.state.curve().unwrap()[2], third);
+    let shorter = Trainer::new(short(1), &d, true).unwrap();
+    let err = format!("{:#}", shorter.restore(&file).unwrap_err());
+    assert!(err.contains("holds 2 epochs, more than the 1 asked for"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

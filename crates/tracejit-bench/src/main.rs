@@ -61,7 +61,21 @@ impl Progress {
     }
 }
 
+/// `RUST_LOG` as given (default `warn`), with Cranelift kept at `warn`
+/// unless it is named: at `info` it logs the IR of every kernel it
+/// compiles (`log` targets are crate names).
+fn init_logging() {
+    let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_string());
+    let mut builder = env_logger::Builder::new();
+    builder.parse_filters(&spec);
+    if !spec.contains("cranelift") {
+        builder.parse_filters("cranelift=warn");
+    }
+    builder.try_init().ok();
+}
+
 fn main() -> ExitCode {
+    init_logging();
     let opts = match cli::parse(std::env::args().skip(1)) {
         Ok(o) => o,
         Err(e) => {

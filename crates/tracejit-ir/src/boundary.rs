@@ -11,15 +11,37 @@
 //! nothing for a panic raised there. Outside every boundary, and on other
 //! threads, the previous hook runs unchanged, so panics tracejit does not
 //! catch still print as before.
+//!
+//! A kernel that fails on the values it is given (an out-of-range `gather`
+//! index) panics without knowing which node of which graph it ran for. The
+//! interpreter and the executor note the source line of each node before it
+//! runs ([`note_running`]), so the boundary that catches the panic can name
+//! the user's line ([`running_location`]): one store per node, instead of
+//! a `catch_unwind` around each.
 
 use std::any::Any;
 use std::cell::Cell;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{catch_unwind, AssertUnwindSafe, Location};
 use std::sync::Once;
 
 thread_local! {
     /// How many boundaries this thread is inside.
     static DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// The source line of the node this thread runs (or ran last).
+    static RUNNING: Cell<Option<&'static Location<'static>>> = const { Cell::new(None) };
+}
+
+/// Notes that the node recorded at `location` runs now on this thread
+/// (called by the interpreter and the executor before each node).
+#[inline]
+pub fn note_running(location: Option<&'static Location<'static>>) {
+    RUNNING.with(|r| r.set(location));
+}
+
+/// The source line of the node this thread ran last (see [`note_running`]):
+/// after a graph's run panicked, the node that failed. Taking it clears it.
+pub fn running_location() -> Option<&'static Location<'static>> {
+    RUNNING.with(|r| r.take())
 }
 
 static WRAP_HOOK: Once = Once::new();

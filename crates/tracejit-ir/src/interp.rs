@@ -155,6 +155,8 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
     let mut values: Vec<Option<SmallVec<[Storage; 1]>>> = vec![None; n];
     for (id, node) in graph.nodes() {
         let broken = |message: String| IrError::Verifier { graph: graph.name.clone(), node: id, message };
+        // A kernel that panics on its values names this node's line.
+        crate::note_running(node.location);
         let mut args: SmallVec<[Storage; 2]> = SmallVec::new();
         for (i, v) in node.inputs.iter().enumerate() {
             let value = values

@@ -31,7 +31,7 @@ pub mod tolerance;
 mod types;
 mod verifier;
 
-pub use boundary::{catch_quietly, in_boundary};
+pub use boundary::{catch_quietly, in_boundary, note_running, running_location};
 pub use error::{panic_message, IrError, OpError};
 pub use graph::{
     FuncId, FunctionAttrs, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,

@@ -312,6 +312,8 @@ impl Executable {
                 args.push(self.slot(step, values, x)?);
             }
             self.check_step(step, &args)?;
+            // A kernel that panics on its values names this step's line.
+            tracejit_ir::note_running(g.node(step.node).location);
             let mut partner_out: SmallVec<[(usize, Storage); 2]> = SmallVec::new();
             outs.clear();
             match &step.kind {

@@ -156,6 +156,32 @@ fn mismatch_message(path: &Path, missing: &[String], unexpected: &[String], mism
 
 /// Writes every distinct variable of `module` to a safetensors file at
 /// `path`, keyed by its first path, atomically (see the [module docs](self)).
+///
+/// ```
+/// use tracejit_module::{checkpoint, Module, Segment, Variable, Visit, Visitor};
+/// use tracejit_trace::{DType, Tensor};
+///
+/// // `#[derive(Module)]` writes this impl (through the `tracejit` facade).
+/// struct Dense { w: Variable }
+/// impl Module for Dense {
+///     fn type_name(&self) -> &'static str { "Dense" }
+///     fn visit_fields<'m>(&'m self, v: &mut dyn Visitor<'m>) {
+///         v.enter(Segment::Field("w"));
+///         self.w.visit(v);
+///         v.exit(Segment::Field("w"));
+///     }
+/// }
+///
+/// let path = std::env::temp_dir().join(format!("tracejit-doc-{}.safetensors", std::process::id()));
+/// let m = Dense { w: Variable::new(Tensor::from_vec(vec![1.0f32, 2.0], &[2])) };
+/// checkpoint::save(&m, &path)?;
+/// m.w.assign(&Tensor::zeros(&[2], DType::F32));
+/// checkpoint::restore(&m, &path)?;                      // checks each tensor's CRC-32
+/// assert_eq!(m.w.value().to_vec::<f32>()?, [1.0, 2.0]);
+/// assert_eq!(checkpoint::read(&path)?["w"].shape(), [2]);
+/// std::fs::remove_file(&path)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn save<M: Module + ?Sized>(module: &M, path: impl AsRef<Path>) -> Result<(), CheckpointError> {
     let path = path.as_ref();
     let bytes = to_bytes(module).map_err(|reason| CheckpointError::Serialize { path: path.to_path_buf(), reason })?;

@@ -1,12 +1,13 @@
 //! Names for the dims the trace does not know, so a runtime sees a symbolic
 //! input dim (`batch`) flow through to the outputs that have it.
 //!
-//! Each unknown input dim gets a name (`<input>_dim<axis>`, or the user's
+//! Each unknown input dim gets a name (`batch`, `dim_<axis>`, or the user's
 //! through `Exporter::dim_param`); a forward walk of the export graph
 //! carries the names through the ops whose shape rule says an output dim
 //! *equals* an input dim (elementwise ops, broadcasting against 1,
 //! reductions, matmul's outer dims, transposes, a reshape that keeps every
-//! other dim, gathers, composite calls...). An unknown output dim the walk
+//! other dim, gathers, composite calls, loop-carried values the body keeps,
+//! a name both branches of a `cond` give). An unknown output dim the walk
 //! cannot tie to an input dim gets a fresh name of its own,
 //! `<output>_dim<axis>`: ONNX treats two equal names as one size, so a name
 //! is only ever shared where the sizes are equal for every input.
@@ -136,9 +137,41 @@ fn node_dims(g: &Graph, op: &Op, ins: &[Syms], in_types: &[&TensorType], outs: &
         // fused region's.
         Op::Call { func } => output_dims(&g.library.get(*func).graph, ins),
         Op::Fused { body } => output_dims(body, ins),
-        Op::Cond { .. } | Op::While { .. } | Op::Kernel { .. } | Op::AssignVariable { .. } => {
-            (0..outs.len()).map(|i| vec![None; out_rank(i)]).collect()
+        // A carried value keeps an input dim's name where the body returns
+        // that same dim (the loop never changes it).
+        Op::While { parts, .. } => {
+            let body = output_dims(&parts[1], ins);
+            (0..outs.len())
+                .map(|i| {
+                    let carried = ins.get(i).cloned().unwrap_or_else(|| vec![None; out_rank(i)]);
+                    let kept = body.get(i);
+                    (0..out_rank(i))
+                        .map(|a| {
+                            carried
+                                .get(a)
+                                .cloned()
+                                .flatten()
+                                .filter(|s| kept.and_then(|k| k.get(a)) == Some(&Some(s.clone())))
+                        })
+                        .collect()
+                })
+                .collect()
         }
+        // A name both branches give an output.
+        Op::Cond { branches } => {
+            let [then, other] = [0, 1].map(|b| output_dims(&branches[b], &ins[1..]));
+            (0..outs.len())
+                .map(|i| {
+                    (0..out_rank(i))
+                        .map(|a| {
+                            let t = then.get(i).and_then(|s| s.get(a)).cloned().flatten();
+                            t.filter(|t| other.get(i).and_then(|s| s.get(a)) == Some(&Some(t.clone())))
+                        })
+                        .collect()
+                })
+                .collect()
+        }
+        Op::Kernel { .. } | Op::AssignVariable { .. } => (0..outs.len()).map(|i| vec![None; out_rank(i)]).collect(),
     }
 }
 

@@ -20,8 +20,10 @@
 //!   a path is also an input's. [`Exporter::input_names`] /
 //!   [`Exporter::output_names`] override them. Dtypes f32, f64, i32, i64
 //!   and bool;
-//! - an unknown dim (`-1` in an input signature) is the symbolic dim
-//!   `<input>_dim<axis>` (or as [`Exporter::dim_param`] names it), so one
+//! - an unknown dim (`-1` in an input signature) is a symbolic dim:
+//!   `batch` for a leading dim, `dim_<axis>` for another (`batch_1`, ...
+//!   for a later input's, since equal names mean equal sizes), or as
+//!   [`Exporter::dim_param`] names it, so one
 //!   file serves every batch size; an output dim the shape rules tie to an
 //!   input dim carries the same name (a runtime sees `batch` flow
 //!   through), any other unknown output dim a fresh `<output>_dim<axis>`;
@@ -59,8 +61,8 @@
 //!     Some(type_proto::Value::TensorType(t)) => t.shape.as_ref().unwrap().dim[0].value.clone(),
 //!     _ => None,
 //! };
-//! assert_eq!(first_dim(&graph.input[0]), Some(Value::DimParam("args_dim0".into())));
-//! assert_eq!(first_dim(&graph.output[0]), Some(Value::DimParam("args_dim0".into())));
+//! assert_eq!(first_dim(&graph.input[0]), Some(Value::DimParam("batch".into())));
+//! assert_eq!(first_dim(&graph.output[0]), Some(Value::DimParam("batch".into())));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -94,7 +96,21 @@ pub fn to_bytes(cf: &ConcreteFunction) -> Result<Vec<u8>> {
     Exporter::new(cf).to_bytes()
 }
 
-/// Exports `cf` with the default names into the file `path`.
+/// Exports `cf` with the default names into the file `path`
+/// ([`Exporter`] renames inputs, outputs, dims and initializers).
+///
+/// ```
+/// use tracejit_trace::{function, DType, Tensor, TensorSpec};
+///
+/// let f = function(|x: Tensor| (&x * 2.0).tanh());
+/// let cf = f.get_concrete_function(TensorSpec::new(DType::F32, &[-1, 10]))?;
+/// let path = std::env::temp_dir().join(format!("tracejit-doc-{}.onnx", std::process::id()));
+/// tracejit_onnx::save(&cf, &path)?;
+/// let model = tracejit_onnx::decode(&std::fs::read(&path)?)?;
+/// assert_eq!(model.graph.unwrap().input[0].name(), "args");
+/// std::fs::remove_file(&path)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn save(cf: &ConcreteFunction, path: impl AsRef<Path>) -> Result<()> {
     Exporter::new(cf).save(path)
 }
@@ -169,7 +185,7 @@ impl<'a> Exporter<'a> {
     }
 
     /// Names the unknown dim `axis` of the graph input `input` (by its
-    /// exported name) `name`, say `batch`, instead of `<input>_dim<axis>`.
+    /// exported name) `name`, say `n_points`, instead of `batch` / `dim_<axis>`.
     /// Outputs whose dim equals it carry the same name; two inputs given
     /// one name are declared the same size.
     pub fn dim_param(mut self, input: impl Into<String>, axis: usize, name: impl Into<String>) -> Self {
@@ -200,23 +216,7 @@ impl<'a> Exporter<'a> {
         }
         let mut state = emit::ModelState { variable_names: self.variable_names.clone(), ..Default::default() };
         let emitted = emit::emit_graph(&g, emit::Scope::Main, &inputs, &outputs, &mut state)?;
-        let param_dims: Vec<Vec<Option<String>>> = g
-            .param_types()
-            .iter()
-            .zip(&inputs)
-            .map(|(ty, name)| {
-                (0..ty.rank())
-                    .map(|axis| {
-                        ty.dims[axis].is_none().then(|| {
-                            self.dim_params
-                                .get(&(name.clone(), axis))
-                                .cloned()
-                                .unwrap_or_else(|| format!("{name}_dim{axis}"))
-                        })
-                    })
-                    .collect()
-            })
-            .collect();
+        let param_dims = self.input_dim_names(&g, &inputs);
         let output_dims = dims::output_dims(&g, &param_dims);
         let input_info = g
             .param_types()
@@ -358,4 +358,39 @@ fn names(
 fn signature(cf: &ConcreteFunction) -> String {
     let specs: Vec<String> = cf.signature().iter().map(|s| s.to_string()).collect();
     format!("({})", specs.join(", "))
+}
+
+impl Exporter<'_> {
+    /// The symbolic name of each unknown input dim: the user's
+    /// ([`Exporter::dim_param`]), else `batch` for a leading dim and
+    /// `dim_<axis>` for another, with `_1`, `_2`, ... added when an earlier
+    /// input took the name. Equal names mean equal sizes to ONNX, so no two
+    /// inputs share a default name.
+    fn input_dim_names(&self, g: &tracejit_ir::Graph, inputs: &[String]) -> Vec<Vec<Option<String>>> {
+        let mut used: std::collections::HashSet<String> = self.dim_params.values().cloned().collect();
+        let mut fresh = |base: String| {
+            let mut name = base.clone();
+            let mut k = 1;
+            while !used.insert(name.clone()) {
+                name = format!("{base}_{k}");
+                k += 1;
+            }
+            name
+        };
+        g.param_types()
+            .iter()
+            .zip(inputs)
+            .map(|(ty, input)| {
+                (0..ty.rank())
+                    .map(|axis| {
+                        ty.dims[axis].is_none().then(|| match self.dim_params.get(&(input.clone(), axis)) {
+                            Some(name) => name.clone(),
+                            None if axis == 0 => fresh("batch".to_string()),
+                            None => fresh(format!("dim_{axis}")),
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
+    }
 }

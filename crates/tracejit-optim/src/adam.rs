@@ -13,6 +13,27 @@ use crate::schedule::LearningRate;
 /// `v = β2·v + (1-β2)·g²`, `m̂ = m / (1-β1^t)`, `v̂ = v / (1-β2^t)` (AMSGrad:
 /// the running maximum of `v` instead), and
 /// `w -= lr · (m̂ / (√v̂ + ε) + weight_decay · w)` (decoupled, AdamW).
+///
+/// A cheap shared handle (clones share the slots) and a `Module`: its
+/// moments and step count checkpoint with the model.
+///
+/// ```
+/// use tracejit_optim::{Adam, Optimizer};
+/// use tracejit_trace::{value_and_grad, Tensor, Variable};
+///
+/// let w = Variable::new(Tensor::from_vec(vec![3.0f32, -2.0], &[2]));
+/// let opt = Adam::new(0.1).betas(0.9, 0.999).weight_decay(0.0);
+/// let vars = vec![w.clone()];
+/// for _ in 0..3 {
+///     let (_loss, grads) = value_and_grad(&vars, || (w.read() * w.read()).sum_all())?;
+///     opt.apply_gradients(&grads, &vars);
+/// }
+/// // Adam's first steps move each weight by about lr, whatever the gradient's size.
+/// let moved = w.value().to_vec::<f32>()?;
+/// assert!((moved[0] - 2.7).abs() < 1e-3 && (moved[1] + 1.7).abs() < 1e-3, "{moved:?}");
+/// assert_eq!(opt.iterations().value().to_scalar::<i64>()?, 3);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Adam {
     inner: Arc<AdamState>,

@@ -12,6 +12,19 @@ use crate::schedule::LearningRate;
 /// SGD: `g += weight_decay · w`; with momentum `velocity = momentum ·
 /// velocity + g` and `w -= lr · velocity` (Nesterov: `w -= lr · (g +
 /// momentum · velocity)`); without, `w -= lr · g`.
+///
+/// ```
+/// use tracejit_optim::{Optimizer, Sgd};
+/// use tracejit_trace::{Tensor, Variable};
+///
+/// let w = Variable::new(Tensor::from_vec(vec![1.0f32], &[1]));
+/// let opt = Sgd::new(0.1).momentum(0.9);
+/// let g = Tensor::from_vec(vec![2.0f32], &[1]);
+/// opt.apply_gradients(&[g.clone()], &[w.clone()]);   // velocity 2: w = 1 - 0.2
+/// opt.apply_gradients(&[g], &[w.clone()]);           // velocity 0.9·2 + 2 = 3.8: w = 0.8 - 0.38
+/// assert!((w.value().to_vec::<f32>()?[0] - 0.42).abs() < 1e-6);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Sgd {
     inner: Arc<SgdState>,

@@ -247,14 +247,18 @@ impl ConcreteFunction {
         Ok(outs)
     }
 
-    /// `graph` with every call inlined: what a tape differentiates a call
-    /// of this function through.
+    /// `graph` with every call inlined but custom-gradient ones: what a
+    /// tape differentiates a call of this function through.
     fn differentiable_graph(&self) -> Arc<Graph> {
         match self.differentiable.get() {
             Some(g) => g.clone(),
             None => {
                 let mut g = (*self.graph).clone();
-                let cx = tracejit_ir::passes::PassContext::new(self.name.clone());
+                // Custom-gradient calls stay: the tape applies their rules.
+                let cx = tracejit_ir::passes::PassContext {
+                    keep_custom_gradients: true,
+                    ..tracejit_ir::passes::PassContext::new(self.name.clone())
+                };
                 tracejit_ir::passes::Pass::run(&tracejit_ir::passes::Inline, &mut g, &cx);
                 self.differentiable.get_or_init(|| Arc::new(g)).clone()
             }
@@ -308,9 +312,17 @@ impl ConcreteFunction {
     /// Runs `run` (this function's graph on eager values); a panic inside
     /// a kernel becomes an `Err` naming the function.
     fn guarded<T>(&self, run: impl FnOnce() -> std::result::Result<T, tracejit_ir::IrError>) -> Result<T> {
+        tracejit_ir::note_running(None);
         match tracejit_ir::catch_quietly(run) {
             Ok(r) => Ok(r?),
-            Err(p) => Err(Error::Run { function: self.name.clone(), message: tracejit_ir::panic_message(&*p) }),
+            Err(p) => {
+                // The node that was running is the one whose kernel panicked.
+                let mut message = tracejit_ir::panic_message(&*p);
+                if let Some(at) = tracejit_ir::running_location().filter(|_| !message.contains(" (at ")) {
+                    message.push_str(&format!(" (at {}:{})", at.file(), at.line()));
+                }
+                Err(Error::Run { function: self.name.clone(), message })
+            }
         }
     }
 

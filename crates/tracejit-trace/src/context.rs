@@ -326,13 +326,16 @@ pub(crate) fn check_variable_creation() {
     if IN_REMEMBER.with(|c| c.get()) > 0 {
         return;
     }
+    let at = Location::caller();
     STACK.with(|s| {
         if let Some(ctx) = s.borrow().last() {
             if !ctx.first_trace {
                 panic!(
-                    "Variable::new: function `{}` creates a variable on a later trace; variables may be created \
-                     only on a function's first trace. Create it outside the function, or wrap the creation in \
-                     `remember(|| Variable::new(...))` so it happens once",
+                    "Variable::new at {}:{}: function `{}` creates a variable on a later trace; variables may be \
+                     created only on a function's first trace. Create it outside the function, or wrap the \
+                     creation in `remember(|| Variable::new(...))` so it happens once",
+                    at.file(),
+                    at.line(),
                     ctx.fn_name
                 );
             }

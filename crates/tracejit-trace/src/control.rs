@@ -97,7 +97,16 @@ fn traced_name() -> Option<Arc<str>> {
 #[track_caller]
 fn check_bool_scalar(x: &Tensor, what: &str) {
     if x.dtype() != DType::Bool || x.tensor_type().rank() != 0 {
-        panic!("{what} must be a bool scalar, got {}", x.tensor_type());
+        let at = std::panic::Location::caller();
+        panic!("{what} must be a bool scalar, got {} (at {}:{})", x.tensor_type(), at.file(), at.line());
+    }
+}
+
+/// [`check_bool_scalar`] for a check made inside a closure, naming the
+/// user's loop call.
+fn check_bool_scalar_at(x: &Tensor, what: &str, at: &str) {
+    if x.dtype() != DType::Bool || x.tensor_type().rank() != 0 {
+        panic!("{what} must be a bool scalar, got {} (the loop at {at})", x.tensor_type());
     }
 }
 
@@ -160,27 +169,36 @@ pub fn cond<R: Nest>(pred: &Tensor, then: impl FnOnce() -> R, other: impl FnOnce
     if !pred.is_symbolic() {
         return if eager_bool(pred) { then() } else { other() };
     }
+    // Mismatches are the user's `cond` call: its line goes in the message.
+    let at = std::panic::Location::caller();
+    let at = format!("{}:{}", at.file(), at.line());
     let base = traced_name().unwrap_or_else(|| Arc::from("cond"));
-    let t = trace_subgraph(format!("{base}.then"), &[], &[], |_| flat(&then()));
+    let mut paths = Vec::new();
+    let t = trace_subgraph(format!("{base}.then"), &[], &[], |_| {
+        let r = then();
+        paths = crate::nest::nest_paths(&r, "output");
+        flat(&r)
+    });
     let e = trace_subgraph(format!("{base}.else"), &[], &t.captures, |_| flat(&other()));
     if t.structure != e.structure || !same_statics(&t.statics, &e.statics) {
         panic!(
             "cond: the branches return different structures (then: {} values, else: {}); both must return the \
-             same nest",
+             same nest (the cond at {at})",
             t.graph.outputs.len(),
             e.graph.outputs.len()
         );
     }
     let (tt, et) = (t.graph.output_types(), e.graph.output_types());
     if tt.len() != et.len() {
-        panic!("cond: the then branch returns {} tensors, the else branch {}", tt.len(), et.len());
+        panic!("cond: the then branch returns {} tensors, the else branch {} (the cond at {at})", tt.len(), et.len());
     }
     for (i, (a, b)) in tt.iter().zip(&et).enumerate() {
         let known_differ = a.dims.iter().zip(&b.dims).any(|(x, y)| matches!((x, y), (Some(x), Some(y)) if x != y));
         if join_types(a, b).is_none() || known_differ {
+            let path = paths.get(i).map(|p| format!(" (`{p}`)")).unwrap_or_default();
             panic!(
-                "cond: output {i}: the then branch returns {a}, the else branch {b}; the branches must return the \
-                 same dtypes and shapes (dims may differ only where one is unknown)"
+                "cond: output {i}{path}: the then branch returns {a}, the else branch {b}; the branches must return \
+                 the same dtypes and shapes (dims may differ only where one is unknown) (the cond at {at})"
             );
         }
     }
@@ -280,7 +298,11 @@ pub fn fori_loop<S: Nest>(lower: i64, upper: i64, body: impl Fn(Tensor, S) -> S,
 /// The `while` node of a loop inside a trace.
 #[track_caller]
 fn traced_while<S: Nest>(cond: &dyn Fn(&S) -> Tensor, body: &dyn Fn(S) -> S, init: S, trip_count: Option<usize>) -> S {
+    // Mismatches are the user's loop call: its line goes in the message.
+    let at = std::panic::Location::caller();
+    let at = format!("{}:{}", at.file(), at.line());
     let base = traced_name().unwrap_or_else(|| Arc::from("while"));
+    let paths = crate::nest::nest_paths(&init, "state");
     let init = flat(&init);
     let rebuild =
         |ts: Vec<Tensor>| S::unflatten(&mut Unflattener::new(ts, init.statics.clone(), init.structure.clone()));
@@ -290,7 +312,10 @@ fn traced_while<S: Nest>(cond: &dyn Fn(&S) -> Tensor, body: &dyn Fn(S) -> S, ini
     let traced_body = loop {
         let b = trace_subgraph(format!("{base}.body"), &types, &[], |ps| flat(&body(rebuild(ps))));
         if b.structure != init.structure || !same_statics(&b.statics, &init.statics) {
-            panic!("while_loop: the body returns a different structure than the loop state it was given");
+            panic!(
+                "while_loop: the body returns a different structure than the loop state it was given (the loop at \
+                 {at})"
+            );
         }
         let outs = b.graph.output_types();
         let mut general = Vec::with_capacity(types.len());
@@ -299,8 +324,9 @@ fn traced_while<S: Nest>(cond: &dyn Fn(&S) -> Tensor, body: &dyn Fn(S) -> S, ini
             match join_types(p, o) {
                 Some(j) if !known_differ => general.push(j),
                 Some(_) | None => panic!(
-                    "while_loop: carried value {i} enters the loop as {p} but the body returns {o}; loop-carried \
-                     values must keep their dtype and shape"
+                    "while_loop: carried value {i} (`{}`) enters the loop as {p} but the body returns {o}; \
+                     loop-carried values must keep their dtype and shape (the loop at {at})",
+                    paths.get(i).map(String::as_str).unwrap_or("?")
                 ),
             }
         }
@@ -312,7 +338,7 @@ fn traced_while<S: Nest>(cond: &dyn Fn(&S) -> Tensor, body: &dyn Fn(S) -> S, ini
     let c = trace_subgraph(format!("{base}.cond"), &types, &traced_body.captures, |ps| {
         let s = rebuild(ps);
         let c = cond(&s);
-        check_bool_scalar(&c, "while_loop: the condition");
+        check_bool_scalar_at(&c, "while_loop: the condition", &at);
         Flat { tensors: vec![c], statics: Vec::new(), structure: Vec::new() }
     });
     let mut body_graph = traced_body.graph;

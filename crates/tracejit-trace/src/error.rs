@@ -122,8 +122,10 @@ pub enum Error {
         /// Index of the argument.
         argument: usize,
     },
-    /// The closure panicked while being traced; the cache is unchanged.
-    #[error("function `{function}` panicked while tracing: {message}")]
+    /// The closure failed (panicked) while being traced: an op given
+    /// operands it cannot take, or a panic of the user's own. The cache is
+    /// unchanged.
+    #[error("error while tracing function `{function}`: {message}")]
     TracePanic {
         /// The function.
         function: String,
@@ -133,7 +135,7 @@ pub enum Error {
     /// The closure panicked while running eagerly (the
     /// `run_functions_eagerly` switch, or the `Eager` retrace policy): nothing
     /// was traced.
-    #[error("function `{function}` panicked while running eagerly: {message}")]
+    #[error("error in function `{function}` while running eagerly: {message}")]
     EagerPanic {
         /// The function.
         function: String,

@@ -30,18 +30,60 @@ use tracejit_ir::panic_message;
 mod eager_call;
 mod optimize;
 mod retrace;
+mod retrace_warning;
 mod shadow;
 pub use retrace::{CacheStats, RetracePolicy};
 
-/// Wraps a closure into a traced [`Function`].
+/// Wraps a closure into a traced [`Function`]: each call looks up a
+/// ConcreteFunction for its arguments' signature (dtypes, shapes, static
+/// values), tracing the closure into a graph and compiling it only when
+/// none is cached.
+///
+/// ```
+/// use tracejit_trace::{function, DType, Tensor};
+///
+/// let gelu = function(|x: Tensor| 0.5 * &x * (1.0 + (0.7978845608 * (&x + 0.044715 * &x * &x * &x)).tanh()));
+/// let y = gelu.call(Tensor::zeros(&[4, 3], DType::F32))?;
+/// assert_eq!(y.to_vec::<f32>()?, vec![0.0; 12]);
+/// gelu.call(Tensor::ones(&[4, 3], DType::F32))?;   // same signature: no retrace
+/// gelu.call(Tensor::ones(&[8, 3], DType::F32))?;   // a new shape: a second trace
+/// assert_eq!(gelu.tracing_count(), 2);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+///
+/// Without [`Function::name`], a closure is named after the function that
+/// defines it and the line of this call (`main@src/main.rs:12`), so logs and
+/// errors tell the closures of one function apart.
+///
+/// The closure must be `Send + Sync + 'static`: a `Function` is a shared
+/// handle whose cache of traces any thread may call (and trace) through, so
+/// what the closure captures must be owned (`move`) and thread-safe
+/// (`Arc`, `Mutex`, atomics, `Variable`; not `Rc`, `RefCell` or a borrow of
+/// a local). rustc reports a capture that is not (E0277 for `Rc`, E0373 for
+/// a borrow) and shows the bound with that advice:
+///
+/// ```compile_fail,E0277
+/// use tracejit_trace::{function, Tensor};
+///
+/// let calls = std::rc::Rc::new(std::cell::Cell::new(0));   // use Arc<AtomicUsize>
+/// let f = function(move |x: Tensor| {
+///     calls.set(calls.get() + 1);
+///     x
+/// });
+/// ```
+#[track_caller]
 pub fn function<A: Nest, R: Nest, F>(f: F) -> Function<A, R>
 where
-    F: Fn(A) -> R + Send + Sync + 'static,
+    // Shown by rustc when a closure misses a bound (E0277, E0373):
+    F: Fn(A) -> R + Send + Sync + 'static, // the trace cache is shared across threads: capture Arc/Mutex, not Rc/RefCell, and `move` owned values in
 {
+    let defined_at = std::panic::Location::caller();
     Function {
         closure: Arc::new(f),
         config: Arc::new(FunctionConfig {
-            name: short_type_name::<F>(),
+            name: default_name::<F>(defined_at),
+            defined_at,
+            named: false,
             input_signature: None,
             reduce_retracing: false,
             implements: None,
@@ -53,6 +95,17 @@ where
         }),
         state: Arc::new(FunctionState::default()),
         _marker: PhantomData,
+    }
+}
+
+/// A closure's default name: its defining function's name and the line
+/// that wrapped it; a function item (`function(step)`) keeps its own name.
+fn default_name<F>(at: &std::panic::Location<'_>) -> String {
+    let short = short_type_name::<F>();
+    if std::any::type_name::<F>().ends_with("{{closure}}") {
+        format!("{short}@{}:{}", at.file(), at.line())
+    } else {
+        short
     }
 }
 
@@ -71,6 +124,11 @@ fn short_type_name<F>() -> String {
 #[derive(Clone)]
 struct FunctionConfig {
     name: String,
+    /// The user's call of `function`: errors of a named function say where
+    /// it is defined (an unnamed one has it in its name).
+    defined_at: &'static std::panic::Location<'static>,
+    /// Named by [`Function::name`].
+    named: bool,
     input_signature: Option<Vec<TensorSpec>>,
     reduce_retracing: bool,
     implements: Option<std::result::Result<String, String>>,
@@ -222,7 +280,10 @@ impl<A: Nest, R: Nest> Function<A, R> {
     /// Names the function (in listings, logs and errors).
     pub fn name(self, name: impl Into<String>) -> Self {
         let name = name.into();
-        self.with_config(|c| c.name = name)
+        self.with_config(|c| {
+            c.name = name;
+            c.named = true;
+        })
     }
 
     /// Fixes the accepted type of each tensor argument (depth first); `-1`
@@ -592,7 +653,10 @@ impl<A: Nest, R: Nest> Function<A, R> {
             Ok(r) => r,
             Err(p) => {
                 drop(guard);
-                return Err(Error::TracePanic { function: self.config.name.clone(), message: panic_message(&*p) });
+                return Err(Error::TracePanic {
+                    function: self.config.name.clone(),
+                    message: self.config.with_definition(panic_message(&*p)),
+                });
             }
         };
         let mut ctx = guard.finish();
@@ -630,15 +694,21 @@ impl<A: Nest, R: Nest> Function<A, R> {
         debug_assert_eq!(cf.graph.params.len(), n_params + cf.implicit_inputs.len());
         let count = self.state.tracing_count.fetch_add(1, Ordering::SeqCst) + 1;
         log::info!("tracejit: tracing `{}` (trace #{count}): {reason}", self.config.name);
-        if count >= 5 {
-            log::warn!(
-                "tracejit: `{}` has been traced {count} times; pass an input_signature with -1 dims \
-                 or enable reduce_retracing(true) to trace once for many shapes",
-                self.config.name
-            );
-        }
+        retrace_warning::warn_if_excessive(&self.config.name, count);
         self.state.concrete.write().expect("concrete list poisoned").push(cf.clone());
         Ok(cf)
+    }
+}
+
+impl FunctionConfig {
+    /// A panic message of the closure, with where a named function is
+    /// defined (an unnamed one carries it in its name).
+    fn with_definition(&self, message: String) -> String {
+        if self.named {
+            format!("{message} (`{}` is defined at {}:{})", self.name, self.defined_at.file(), self.defined_at.line())
+        } else {
+            message
+        }
     }
 }
 

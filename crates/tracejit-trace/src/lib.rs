@@ -16,6 +16,7 @@ mod concrete;
 pub mod config;
 mod context;
 mod control;
+mod custom;
 mod eager;
 mod error;
 mod function;
@@ -32,6 +33,7 @@ mod windows;
 pub use concrete::ConcreteFunction;
 pub use context::attributed_to;
 pub use control::{cond, fori_loop, while_loop};
+pub use custom::{custom_gradient, custom_gradient_n};
 pub use error::{Error, Result};
 pub use function::{function, CacheStats, Function, RetracePolicy};
 pub use nest::{

@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 use tracejit_ir::autodiff::{self, AutodiffError, Emitter};
-use tracejit_ir::{Graph, Op, TensorType, VarId};
+use tracejit_ir::{Graph, LibraryFunction, Op, TensorType, VarId};
 use tracejit_tensor::{BinaryOp, Storage};
 
 use crate::{context, Error, Result, Tensor, Variable};
@@ -90,7 +90,14 @@ enum Recorded {
     /// A `cond` or `while` node, and the values of the variables its
     /// subgraphs read (by resource id, read again around the node).
     Control(Op, Vec<(u64, Tensor)>),
+    /// A call whose backward is a closure (a custom gradient).
+    Closure(Rc<ClosureVjp>),
 }
+
+/// The backward of one recorded call given as a closure (a custom
+/// gradient): its inputs, outputs and output cotangents to the cotangents
+/// of its inputs. Tapes are per thread, so it need not be `Send`.
+pub(crate) type ClosureVjp = dyn Fn(&[Tensor], &[Tensor], &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>>;
 
 // ---- registered backward kernels ----------------------------------------
 
@@ -213,6 +220,13 @@ pub(crate) fn record_call(
     inputs: &[&Tensor],
     outputs: &[Tensor],
 ) {
+    if let Some((rule, arity)) = implements.and_then(crate::custom::lookup) {
+        let vjp = move |ins: &[Tensor], outs: &[Tensor], cts: &[Option<Tensor>]| {
+            rule.recomputed_cotangents(arity, ins, outs, cts)
+        };
+        push_entry(Recorded::Closure(Rc::new(vjp)), inputs, outputs, None);
+        return;
+    }
     let what = match implements.and_then(|n| registered_gradient(n).map(|f| (n, f))) {
         Some((n, f)) => Recorded::Custom(n.to_string(), f, crate::validate::active().then(graph)),
         None => {
@@ -242,9 +256,21 @@ pub(crate) fn call_variable_values(g: &Graph) -> CallVariables {
     vars
 }
 
-/// True when a backward kernel is registered for this `implements` name.
+/// True when a backward kernel (or a custom gradient's rule) is
+/// registered for this `implements` name.
 pub(crate) fn has_registered_gradient(implements: Option<&str>) -> bool {
-    implements.is_some_and(|n| registered_gradient(n).is_some())
+    implements.is_some_and(|n| registered_gradient(n).is_some() || crate::custom::lookup(n).is_some())
+}
+
+/// Records a call whose backward is `vjp` (an eager custom gradient) on
+/// every recording tape that tracks one of its inputs.
+pub(crate) fn record_closure(
+    vjp: Rc<ClosureVjp>,
+    inputs: &[&Tensor],
+    outputs: &[Tensor],
+    location: &'static std::panic::Location<'static>,
+) {
+    push_entry(Recorded::Closure(vjp), inputs, outputs, Some(location));
 }
 
 /// Records a `cond` or `while` node on every recording tape that tracks
@@ -275,7 +301,7 @@ fn push_entry(
     let reads: Vec<&Tensor> = match &what {
         Recorded::Graph(_, vars) => vars.iter().map(|(_, t)| t).collect(),
         Recorded::Control(_, vars) => vars.iter().map(|(_, t)| t).collect(),
-        Recorded::Op(_) | Recorded::Custom(..) => Vec::new(),
+        Recorded::Op(_) | Recorded::Custom(..) | Recorded::Closure(_) => Vec::new(),
     };
     for_each_tape(|t| {
         if inputs.iter().chain(&reads).any(|x| t.tracked.contains(&x.tape_id())) {
@@ -305,7 +331,37 @@ pub(crate) fn record_variable_read(var: &Variable, value: &Tensor) {
 
 /// Records the ops of this thread that depend on watched tensors and
 /// trainable variables, and computes gradients of a target with respect to
-/// them. Drop it to stop recording. See the module documentation.
+/// them. Drop it to stop recording.
+///
+/// The same code differentiates eagerly and inside a traced function,
+/// where the backward ops join the forward's graph. A gradient of a
+/// gradient needs two tapes: the outer one records the inner one's
+/// backward ops.
+///
+/// ```
+/// use tracejit_trace::{GradientTape, Tensor, Variable};
+///
+/// let x = Tensor::from_vec(vec![1.0f64, 2.0, 3.0], &[3]);
+/// let w = Variable::new(Tensor::from_vec(vec![0.5f64], &[1]));
+/// let tape = GradientTape::persistent();          // answers more than once
+/// tape.watch(&x);                                 // trainable variables are watched already
+/// let y = (&x * &x * w.read()).sum_all();
+/// let dx = tape.gradient(&y, &[&x])?;             // 2 w x
+/// let dw = tape.gradient(&y, &[w.clone()])?;      // sum(x^2)
+/// assert_eq!(dx[0].as_ref().unwrap().to_vec::<f64>()?, [1.0, 2.0, 3.0]);
+/// assert_eq!(dw[0].as_ref().unwrap().to_vec::<f64>()?, [14.0]);
+///
+/// // Second derivative of x^3: 6x.
+/// let outer = GradientTape::new();
+/// outer.watch(&x);
+/// let inner = GradientTape::new();
+/// inner.watch(&x);
+/// let g = inner.gradient(&(&x * &x * &x).sum_all(), &[&x])?.remove(0).unwrap();
+/// drop(inner);
+/// let h = outer.gradient(&g.sum_all(), &[&x])?.remove(0).unwrap();
+/// assert_eq!(h.to_vec::<f64>()?, [6.0, 12.0, 18.0]);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
 pub struct GradientTape {
     state: Rc<RefCell<TapeState>>,
 }
@@ -478,6 +534,8 @@ fn backward(entries: &[Entry], target: &Tensor, sources: &[Vec<Tensor>]) -> Resu
                 }
                 Ok(cts)
             }
+            // The rule checks what its closure returns and names itself.
+            Recorded::Closure(f) => Ok(f(&entry.inputs, &entry.outputs, &out_cts)?),
         }
         .map_err(|err| match entry.location {
             Some(at) => grad_error(format!("{err} (the op at {}:{})", at.file(), at.line())),
@@ -662,4 +720,31 @@ impl Emitter for TensorEmitter {
     fn constant(&mut self, value: Storage) -> Tensor {
         Tensor::from_storage(value)
     }
+
+    // A custom-gradient call kept in a graph a tape differentiates (a
+    // compiled call under a tape): the rule runs here, where its closures are.
+    fn call(&mut self, func: &LibraryFunction, inputs: &[Tensor]) -> std::result::Result<Vec<Tensor>, AutodiffError> {
+        let (rule, arity) = custom_rule(func)?;
+        rule.forward_outputs(arity, inputs).map_err(|e| AutodiffError::Request(e.to_string()))
+    }
+
+    fn call_vjp(
+        &mut self,
+        func: &LibraryFunction,
+        inputs: &[Tensor],
+        outputs: &[Tensor],
+        cotangents: &[Option<Tensor>],
+    ) -> std::result::Result<Vec<Option<Tensor>>, AutodiffError> {
+        let (rule, arity) = custom_rule(func)?;
+        rule.recomputed_cotangents(arity, inputs, outputs, cotangents)
+            .map_err(|e| AutodiffError::Request(e.to_string()))
+    }
+}
+
+fn custom_rule(func: &LibraryFunction) -> std::result::Result<(Arc<crate::custom::Rule>, usize), AutodiffError> {
+    let name = func.implements().unwrap_or_default();
+    crate::custom::lookup(name).ok_or_else(|| AutodiffError::Unsupported {
+        op: "call".into(),
+        message: format!("no custom gradient is registered as `{name}` (a bug in tracejit)"),
+    })
 }

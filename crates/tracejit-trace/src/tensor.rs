@@ -13,7 +13,23 @@ use tracejit_tensor::{kernels, DType, Storage, StorageElement};
 use crate::{context, Error, Result};
 
 /// A tensor: eager (holds its value) or symbolic (stands for a value of a
-/// graph being traced).
+/// graph being traced). Ops are methods with numpy/TF names, and `+ - * /`
+/// work on `Tensor` and `&Tensor` with scalars on either side (a scalar
+/// takes the tensor's dtype). Misuse panics naming the op, dtypes and
+/// shapes; clones are O(1).
+///
+/// ```
+/// use tracejit_trace::{DType, Tensor};
+///
+/// let x = Tensor::from_vec(vec![1.0f32, -2.0, 3.0, -4.0], &[2, 2]);
+/// let y = (&x * 0.5).relu() + 1.0;
+/// assert_eq!(y.shape(), [2, 2]);
+/// assert_eq!(y.to_vec::<f32>()?, [1.5, 1.0, 2.5, 1.0]);
+/// assert_eq!(x.sum(&[1], false).to_vec::<f32>()?, [-1.0, -1.0]);
+/// assert_eq!(x.matmul(&Tensor::ones(&[2, 1], DType::F32)).shape(), [2, 1]);
+/// assert_eq!(x.cast(DType::I64).dtype(), DType::I64);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Tensor {
     repr: Repr,
@@ -47,6 +63,12 @@ impl Tensor {
             repr: Repr::Symbolic(Arc::new(Symbolic { ctx, value, ty, shape, fn_name })),
             id: crate::tape::next_id(),
         }
+    }
+
+    /// The same value under a new tape identity: a result the tapes tell
+    /// apart from the tensor it was made from (a custom gradient's output).
+    pub(crate) fn with_new_id(&self) -> Tensor {
+        Tensor { repr: self.repr.clone(), id: crate::tape::next_id() }
     }
 
     pub(crate) fn repr(&self) -> &Repr {

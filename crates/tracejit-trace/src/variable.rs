@@ -84,7 +84,25 @@ impl VariableResource for VarState {
 }
 
 /// A shared, mutable tensor of fixed dtype and shape. Cloning gives another
-/// handle to the same variable.
+/// handle to the same variable. A traced function captures it by
+/// reference, so it sees later assignments, and its own assignments happen
+/// on every call; trainable variables read under a tape are watched.
+///
+/// ```
+/// use tracejit_trace::{function, DType, Tensor, Variable};
+///
+/// let count = Variable::new(Tensor::zeros(&[], DType::F32)).with_name("count");
+/// let c = count.clone();                         // the same variable
+/// let step = function(move |x: Tensor| {
+///     c.assign_add(&x.sum_all());
+///     c.read()
+/// });
+/// step.call(Tensor::ones(&[3], DType::F32))?;
+/// step.call(Tensor::ones(&[3], DType::F32))?;
+/// assert_eq!(count.value().to_vec::<f32>()?, [6.0]);   // the graph assigned it twice
+/// assert_eq!(count.name(), "count");
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct Variable {
     state: Arc<VarState>,
@@ -120,9 +138,11 @@ impl Variable {
         let storage = match initial.storage() {
             Ok(s) => s.clone(),
             Err(_) => panic!(
-                "Variable::new: the initial value depends on the inputs of function `{}`; a variable's \
-                 initial value is computed once, outside the graph (compute it from eager tensors, or \
-                 create the variable outside the function)",
+                "Variable::new at {}:{}: the initial value depends on the inputs of function `{}`; a \
+                 variable's initial value is computed once, outside the graph (compute it from eager tensors, \
+                 or create the variable outside the function)",
+                Location::caller().file(),
+                Location::caller().line(),
                 context::current_function().as_deref().unwrap_or("?")
             ),
         };
@@ -421,6 +441,20 @@ fn memoize<T: Clone + Send + Sync + 'static>(
 /// variables exactly once however often the function is retraced. Outside
 /// any function the memo is process-wide and keyed by call site alone; use
 /// [`remember_in`] to key by an explicit [`Scope`] as well.
+///
+/// ```
+/// use tracejit_trace::{function, remember, DType, Tensor, Variable};
+///
+/// // A layer that creates its weight on first use, even on a retrace.
+/// let f = function(|x: Tensor| {
+///     let w = remember(|| Variable::new(Tensor::ones(&[], DType::F32)));
+///     &x * w.read()
+/// });
+/// f.call(Tensor::ones(&[2], DType::F32))?;
+/// f.call(Tensor::ones(&[3], DType::F32))?;   // a second trace, the same variable
+/// assert_eq!(f.tracing_count(), 2);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
 #[track_caller]
 pub fn remember<T: Clone + Send + Sync + 'static>(make: impl FnOnce() -> T) -> T {
     let site = Location::caller();

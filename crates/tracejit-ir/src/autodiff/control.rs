@@ -82,11 +82,14 @@ fn reads(g: &Graph, var: VarId) -> bool {
     g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var: v } if v == var))
 }
 
-/// `g` with its calls inlined (the VJP rules differentiate primitives).
+/// `g` with its calls inlined (the VJP rules differentiate primitives),
+/// except custom-gradient calls: their body's VJP is not their gradient, so
+/// they stay and the emitter refuses them by name rather than give a wrong
+/// number.
 fn inlined(g: &Graph) -> Graph {
     let mut g = g.clone();
     if g.nodes().any(|(_, n)| matches!(n.op, Op::Call { .. })) {
-        let cx = PassContext::new(g.name.clone());
+        let cx = PassContext { keep_custom_gradients: true, ..PassContext::new(g.name.clone()) };
         Inline.run(&mut g, &cx);
     }
     g

@@ -34,6 +34,14 @@
 //! kernels and fused regions: differentiate
 //! before the selector and fusion, with calls inlined) is an
 //! [`AutodiffError`] naming the op, never a wrong number.
+//!
+//! The one call a differentiated graph keeps is a call of a
+//! custom-gradient function ([`is_custom_gradient`]: the user gave its
+//! gradient as a Rust closure, `tracejit::autodiff::custom_gradient`). The
+//! IR cannot run that closure, so such a call is replayed and
+//! differentiated by the [`Emitter`] ([`Emitter::call`],
+//! [`Emitter::call_vjp`]); the tape's emitter knows the closures, a graph
+//! emitter refuses by name.
 
 mod control;
 mod rules;
@@ -43,7 +51,7 @@ use std::collections::HashMap;
 use tracejit_tensor::{DType, Storage};
 
 use crate::primitive_ops;
-use crate::{Graph, Op, OpError, TensorType, ValueId};
+use crate::{Graph, LibraryFunction, Op, OpError, TensorType, ValueId};
 
 pub use control::{control_variables, vjp_control};
 pub use rules::vjp;
@@ -80,6 +88,52 @@ pub trait Emitter {
 
     /// A constant.
     fn constant(&mut self, value: Storage) -> Self::Value;
+
+    /// The outputs of a call of the custom-gradient function `func` (kept
+    /// in a differentiated graph, see [`is_custom_gradient`]) on `inputs`.
+    /// The default refuses: only an emitter that knows the user's closures
+    /// (a gradient tape's) can run it.
+    fn call(&mut self, func: &LibraryFunction, inputs: &[Self::Value]) -> Result<Vec<Self::Value>, AutodiffError> {
+        let _ = inputs;
+        Err(custom_gradient_unsupported(func))
+    }
+
+    /// The cotangents of a custom-gradient call's inputs, by the user's
+    /// gradient rule. The default refuses, as [`Emitter::call`] does.
+    #[allow(clippy::type_complexity)]
+    fn call_vjp(
+        &mut self,
+        func: &LibraryFunction,
+        inputs: &[Self::Value],
+        outputs: &[Self::Value],
+        cotangents: &[Option<Self::Value>],
+    ) -> Result<Vec<Option<Self::Value>>, AutodiffError> {
+        let _ = (inputs, outputs, cotangents);
+        Err(custom_gradient_unsupported(func))
+    }
+}
+
+/// The `implements` names of custom-gradient functions start with this
+/// (`tracejit.custom_gradient.<n>`); the name is reserved for them.
+pub const CUSTOM_GRADIENT_PREFIX: &str = "tracejit.custom_gradient.";
+
+/// True when `func` is a custom-gradient function: its gradient is a rule
+/// the user wrote, not the VJP of its body, so a differentiated graph keeps
+/// its calls ([`crate::passes::PassContext::keep_custom_gradients`]).
+pub fn is_custom_gradient(func: &LibraryFunction) -> bool {
+    func.implements().is_some_and(|n| n.starts_with(CUSTOM_GRADIENT_PREFIX))
+}
+
+fn custom_gradient_unsupported(func: &LibraryFunction) -> AutodiffError {
+    AutodiffError::Unsupported {
+        op: "call".into(),
+        message: format!(
+            "`{}` has a custom gradient (a Rust closure) and sits inside a `cond` branch or loop body that is \
+             differentiated as a whole; differentiate inside the branch or body (a GradientTape there), or move \
+             the custom_gradient call out of the control flow",
+            func.name
+        ),
+    }
 }
 
 /// An [`Emitter`] appending nodes to a graph.
@@ -175,7 +229,12 @@ fn backprop<E: Emitter>(
         }
         let in_vals: Vec<E::Value> = node.inputs.iter().map(|&v| value(v)).collect();
         let out_vals: Vec<E::Value> = outs.iter().map(|&v| value(v)).collect();
-        let in_cts = vjp(e, &node.op, &in_vals, &out_vals, &out_cts)?;
+        let in_cts = match &node.op {
+            Op::Call { func } if is_custom_gradient(graph.library.get(*func)) => {
+                e.call_vjp(graph.library.get(*func), &in_vals, &out_vals, &out_cts)?
+            }
+            op => vjp(e, op, &in_vals, &out_vals, &out_cts)?,
+        };
         for (x, ct) in node.inputs.iter().zip(in_cts) {
             if let Some(ct) = ct {
                 accumulate(e, &mut cts, *x, ct)?;
@@ -269,6 +328,10 @@ pub(crate) fn replay<E: Emitter>(
                     variables[slot].1 = new;
                 }
                 vec![]
+            }
+            Op::Call { func } if is_custom_gradient(graph.library.get(*func)) => {
+                let ins: Vec<E::Value> = node.inputs.iter().map(|v| vals[v].clone()).collect();
+                e.call(graph.library.get(*func), &ins)?
             }
             Op::Call { .. } | Op::Kernel { .. } | Op::Fused { .. } => {
                 return Err(AutodiffError::Unsupported {

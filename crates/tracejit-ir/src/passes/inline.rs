@@ -4,7 +4,9 @@
 //! The exception is a composite — a callee whose function carries an
 //! `implements` attribute — while the implementation selector is still to
 //! run ([`PassContext::keep_composites`]): the selector decides whether it
-//! becomes a registered kernel or is inlined. Inlining is recursive (calls
+//! becomes a registered kernel or is inlined. A call of a custom-gradient
+//! function is inlined like a plain call (it has no kernel), except in a
+//! graph a gradient tape differentiates ([`PassContext::keep_custom_gradients`]). Inlining is recursive (calls
 //! inside an inlined body are handled by the same rule), fused regions of an
 //! inlined body are dissolved into plain nodes (fusion is planned again over
 //! the caller), and variables of the body join the caller's table.
@@ -40,7 +42,14 @@ impl Pass for Inline {
 impl Inline {
     /// The rewrite of `g` itself (its subgraphs are done by `run`).
     fn run_here(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
-        let keep = |f: &crate::LibraryFunction| cx.keep_composites && f.implements().is_some();
+        let keep = |f: &crate::LibraryFunction| {
+            let custom = crate::autodiff::is_custom_gradient(f);
+            if custom {
+                cx.keep_custom_gradients
+            } else {
+                cx.keep_composites && f.implements().is_some()
+            }
+        };
         let constant_pred = |n: &crate::Node| {
             if !matches!(n.op, Op::Cond { .. }) {
                 return None;

@@ -176,6 +176,12 @@ pub struct PassContext {
     /// then keeps calls of functions marked `implements`. The pipeline sets
     /// it before each pass.
     pub keep_composites: bool,
+    /// True when a gradient tape is to differentiate the graph: the inliner
+    /// keeps calls of custom-gradient functions
+    /// ([`crate::autodiff::is_custom_gradient`]), whose gradient is the
+    /// user's rule, not their body's. Otherwise they are inlined like plain
+    /// calls (never kept for the selector or exported as composites).
+    pub keep_custom_gradients: bool,
     /// The file name prefix of graph dumps; `None`: the function's name.
     pub dump_prefix: Option<String>,
 }
@@ -190,6 +196,7 @@ impl PassContext {
             accept_region: Arc::new(default_accepts_region),
             fold_limit: DEFAULT_FOLD_LIMIT,
             keep_composites: false,
+            keep_custom_gradients: false,
             dump_prefix: None,
         }
     }
@@ -214,6 +221,7 @@ impl fmt::Debug for PassContext {
             .field("kernels", &self.kernels.is_some())
             .field("fold_limit", &self.fold_limit)
             .field("keep_composites", &self.keep_composites)
+            .field("keep_custom_gradients", &self.keep_custom_gradients)
             .finish()
     }
 }

@@ -195,7 +195,7 @@ fn a_dynamic_batch_mlp_runs_at_batch_1_7_and_64_from_one_file() {
         panic!("a tensor input")
     };
     let dims = &t.shape.as_ref().unwrap().dim;
-    assert_eq!(dims[0].value, Some(dimension::Value::DimParam("pixels_dim0".into())));
+    assert_eq!(dims[0].value, Some(dimension::Value::DimParam("batch".into())));
     assert_eq!(dims[1].value, Some(dimension::Value::DimValue(784)));
 
     let bytes = exporter.to_bytes().unwrap();

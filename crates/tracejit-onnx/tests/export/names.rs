@@ -94,18 +94,19 @@ fn an_unknown_batch_dim_flows_to_the_outputs() {
     let cf = f.get_concrete_function((spec(DType::F32, &[-1, 28, 28]), spec(DType::I64, &[-1]))).unwrap();
     let m = model(&cf);
     let g = m.graph.as_ref().unwrap();
-    assert_eq!(dims(&g.input[0]), ["args.0_dim0", "28", "28"]);
-    assert_eq!(dims(&g.input[1]), ["args.1_dim0"]);
-    assert_eq!(dims(&g.output[0]), ["args.0_dim0", "10"], "reshape, matmul and the softmax composite keep it");
-    assert_eq!(dims(&g.output[1]), ["10", "args.1_dim0"], "gather takes the indices' dims");
+    assert_eq!(dims(&g.input[0]), ["batch", "28", "28"]);
+    assert_eq!(dims(&g.input[1]), ["batch_1"], "another input's batch may differ: a name of its own");
+    assert_eq!(dims(&g.output[0]), ["batch", "10"], "reshape, matmul and the softmax composite keep it");
+    assert_eq!(dims(&g.output[1]), ["10", "batch_1"], "gather takes the indices' dims");
     assert_eq!(dims(&g.output[2]), ["10"]);
     assert_eq!(dims(&g.output[3]), ["output.3_dim0", "10"], "a concatenated dim is a fresh name");
-    assert_eq!(dims(&g.output[4]), ["10", "args.0_dim0"]);
+    assert_eq!(dims(&g.output[4]), ["10", "batch"]);
 
-    let m = Exporter::new(&cf).dim_param("args.0", 0, "batch").to_model().unwrap();
+    let m = Exporter::new(&cf).dim_param("args.0", 0, "images").to_model().unwrap();
     let g = m.graph.as_ref().unwrap();
-    assert_eq!(dims(&g.input[0]), ["batch", "28", "28"]);
-    assert_eq!(dims(&g.output[0]), ["batch", "10"]);
+    assert_eq!(dims(&g.input[0]), ["images", "28", "28"]);
+    assert_eq!(dims(&g.output[0]), ["images", "10"]);
+    assert_eq!(dims(&g.input[1]), ["batch"]);
 
     for batch in [1usize, 5] {
         let x = Tensor::randn(&[batch, 28, 28], batch as u64);
@@ -131,9 +132,30 @@ fn dims_that_may_differ_are_not_given_one_name() {
     .unwrap();
     let m = model(&cf);
     let g = m.graph.as_ref().unwrap();
-    assert_eq!(dims(&g.output[0]), ["args.0_dim0", "3"]);
+    assert_eq!(dims(&g.output[0]), ["batch", "3"]);
     assert_eq!(dims(&g.output[1]), ["output.1_dim0", "3"]);
     let a = Tensor::randn(&[4, 3], 1);
     let b = Tensor::randn(&[1, 3], 2);
     common::check("broadcast_names", &cf, &[a, b], 1e-6);
+}
+
+#[test]
+fn loops_and_conditionals_keep_the_dims_they_do_not_change() {
+    // The loop keeps `h`'s batch and its other unknown dim; a cond whose
+    // branches both keep them passes them on.
+    let cf = function(|(h, n): (Tensor, Tensor)| {
+        let h = tracejit_trace::fori_loop(0, 3, |_i, h: Tensor| (&h * 0.5).tanh(), h);
+        let k = tracejit_trace::cond(&n.sum_all().gt(0.0), || &h * 2.0, || h.clone());
+        let shrunk =
+            tracejit_trace::while_loop(|s: &Tensor| s.sum_all().gt(1.0), |s: Tensor| s.sum(&[1], true), k.clone());
+        (h, k, shrunk)
+    })
+    .get_concrete_function((spec(DType::F32, &[-1, -1]), spec(DType::F32, &[2])))
+    .unwrap();
+    let m = model(&cf);
+    let g = m.graph.as_ref().unwrap();
+    assert_eq!(dims(&g.input[0]), ["batch", "dim_1"]);
+    assert_eq!(dims(&g.output[0]), ["batch", "dim_1"]);
+    assert_eq!(dims(&g.output[1]), ["batch", "dim_1"]);
+    assert_eq!(dims(&g.output[2]), ["batch", "output.2_dim1"], "the body changes axis 1");
 }

@@ -25,6 +25,9 @@ impl<A: Nest, R: Nest> Function<A, R> {
         let (name, memo, vars) =
             (Arc::from(self.config.name.as_str()), self.state.memo.clone(), self.state.eager_variables.clone());
         tracejit_ir::catch_quietly(|| crate::eager::run_as(name, memo, vars, after_trace, || (self.closure)(args)))
-            .map_err(|p| Error::EagerPanic { function: self.config.name.clone(), message: panic_message(&*p) })
+            .map_err(|p| Error::EagerPanic {
+                function: self.config.name.clone(),
+                message: self.config.with_definition(panic_message(&*p)),
+            })
     }
 }

@@ -21,6 +21,22 @@ use crate::{Error, Result};
 
 /// What a bounded `Function` does when a call needs a new trace and the
 /// cache already holds `max_traces` ConcreteFunctions.
+///
+/// ```
+/// use tracejit_trace::{function, DType, RetracePolicy, Tensor};
+///
+/// let f = function(|x: Tensor| x.exp()).max_traces(2).retrace_policy(RetracePolicy::Error);
+/// f.call(Tensor::ones(&[1], DType::F32))?;
+/// f.call(Tensor::ones(&[2], DType::F32))?;
+/// let e = f.call(Tensor::ones(&[3], DType::F32)).unwrap_err();   // a third shape: refused
+/// assert!(e.to_string().contains("max_traces"));
+///
+/// let g = function(|x: Tensor| x.exp()).max_traces(1).retrace_policy(RetracePolicy::Evict);
+/// g.call(Tensor::ones(&[1], DType::F32))?;
+/// g.call(Tensor::ones(&[2], DType::F32))?;                        // the first trace is evicted
+/// assert_eq!((g.concrete_functions().len(), g.tracing_count()), (1, 2));
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum RetracePolicy {
     /// Drop the least recently used ConcreteFunction, then trace (the
