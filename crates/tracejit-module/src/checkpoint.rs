@@ -35,15 +35,14 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use safetensors::tensor::{Dtype, SafeTensors, View};
 use tracejit_tensor::{DType, Storage};
 use tracejit_trace::{Tensor, Variable};
 
+use crate::atomic_file::write_atomically;
 use crate::checksum;
 use crate::inventory::Inventory;
 use crate::Module;
@@ -159,7 +158,7 @@ fn mismatch_message(path: &Path, missing: &[String], unexpected: &[String], mism
 pub fn save<M: Module + ?Sized>(module: &M, path: impl AsRef<Path>) -> Result<(), CheckpointError> {
     let path = path.as_ref();
     let bytes = to_bytes(module).map_err(|reason| CheckpointError::Serialize { path: path.to_path_buf(), reason })?;
-    write_atomically(path, &bytes)
+    write_atomically(path, &bytes).map_err(|e| CheckpointError::Io { path: e.path, action: e.action, source: e.source })
 }
 
 /// Restores every variable of `module` from the safetensors file at `path`:
@@ -368,95 +367,10 @@ pub(crate) fn restore_from_bytes<M: Module + ?Sized>(
     Ok(())
 }
 
-/// Attempts at a fresh temporary name before giving up (a name can be taken
-/// by a file left behind by a crashed process that had the same pid).
-const TEMP_ATTEMPTS: u64 = 64;
-
-/// Counter of temporary names, so that threads of one process never collide.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// The temporary name for `file_name`: hidden, in the same directory.
-fn temp_name(file_name: &std::ffi::OsStr, counter: u64) -> String {
-    format!(".{}.{}.{}.tmp", file_name.to_string_lossy(), std::process::id(), counter)
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same directory:
-/// write, fsync, rename, fsync the directory (best effort). A symlink at
-/// `path` is followed (the file it points to is replaced, the link stays),
-/// and the replaced file's permissions carry over to the new one.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let io = |p: &Path, action: &'static str| {
-        let p = p.to_path_buf();
-        move |source| CheckpointError::Io { path: p, action, source }
-    };
-    // Renaming over a symlink would replace the link itself: write to the
-    // file it points to (which need not exist yet).
-    let mut target = path.to_path_buf();
-    for _ in 0..40 {
-        if !fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
-            break;
-        }
-        let next = fs::read_link(&target).map_err(io(&target, "following the symlink"))?;
-        target = match target.parent() {
-            Some(dir) if next.is_relative() => dir.join(next),
-            _ => next,
-        };
-    }
-    // A symlink loop (or a chain longer than the OS follows): let the OS
-    // say so (ELOOP) rather than renaming over the last link.
-    if fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
-        let source = match fs::metadata(&target) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => e,
-            _ => std::io::Error::other("more than 40 levels of symbolic links"),
-        };
-        return Err(CheckpointError::Io { path: path.to_path_buf(), action: "following the symlink", source });
-    }
-    let path = target.as_path();
-    let file_name = path.file_name().ok_or_else(|| CheckpointError::Io {
-        path: path.to_path_buf(),
-        action: "naming the file",
-        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path has no file name"),
-    })?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let permissions = fs::metadata(path).ok().map(|m| m.permissions());
-    let mut attempt = 0;
-    let (tmp, mut f) = loop {
-        let tmp = dir.join(temp_name(file_name, TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)));
-        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
-            Ok(f) => break (tmp, f),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt + 1 < TEMP_ATTEMPTS => attempt += 1,
-            Err(e) => return Err(io(path, "creating a temporary file next to it")(e)),
-        }
-    };
-    // Errors name the file the user asked for; the temporary one is gone
-    // by the time they read it.
-    let result = (|| {
-        f.write_all(bytes).map_err(io(path, "writing a temporary file next to it"))?;
-        if let Some(p) = permissions {
-            f.set_permissions(p).map_err(io(path, "copying its permissions to the temporary file"))?;
-        }
-        f.sync_all().map_err(io(path, "syncing the temporary file next to it"))?;
-        fs::rename(&tmp, path).map_err(io(path, "renaming the temporary file over it"))
-    })();
-    drop(f);
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-        return result;
-    }
-    // Make the rename itself durable. Opening a directory is not possible on
-    // every platform (Windows); there the rename is as durable as it gets.
-    if let Ok(d) = File::open(&dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::atomic_file;
     use crate::visitor::{Segment, Visitor};
     use crate::Visit;
 
@@ -555,9 +469,9 @@ mod tests {
     fn stale_temporary_files_are_skipped() {
         let d = scratch_dir("stale");
         let path = d.join("m.safetensors");
-        let next = TEMP_COUNTER.load(Ordering::Relaxed);
+        let next = atomic_file::next_temp_counter();
         for c in next..next + 8 {
-            fs::write(d.join(temp_name(path.file_name().unwrap(), c)), b"stale").unwrap();
+            fs::write(d.join(atomic_file::temp_name(path.file_name().unwrap(), c)), b"stale").unwrap();
         }
         save(&pair(), &path).unwrap();
         let q = pair();

@@ -64,6 +64,7 @@
 //! `exit` for each field) and [`Visit`] (whose body is `walk(self, visitor)`),
 //! which is exactly what the derive writes.
 
+pub mod atomic_file;
 pub mod checkpoint;
 mod checksum;
 mod inventory;
