@@ -75,9 +75,9 @@ pub use tracejit_tensor as tensor;
 /// graph nodes (subgraphs traced once) inside a traced function.
 pub use tracejit_trace::{cond, fori_loop, while_loop};
 pub use tracejit_trace::{
-    config, function, nest_join_field, nest_paths, remember, remember_in, CacheStats, ConcreteFunction, DType, Error,
-    Flattener, Function, Nest, Operand, Result, RetracePolicy, Scalar, Scope, SliceSpec, SpecFlattener, SpecNest,
-    Static, StaticValue, Tensor, TensorSpec, Unflattener, Variable,
+    config, function, locked_update, nest_join_field, nest_paths, remember, remember_in, CacheStats, ConcreteFunction,
+    DType, Error, Flattener, Function, Nest, Operand, Result, RetracePolicy, Scalar, Scope, SliceSpec, SpecFlattener,
+    SpecNest, Static, StaticValue, Tensor, TensorSpec, Unflattener, Variable,
 };
 pub use tracejit_trace::{OptimizationOptions, PipelineReport, Profile, ScheduleStats, StepTime};
 

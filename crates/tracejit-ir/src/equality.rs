@@ -152,9 +152,11 @@ fn op_eq(inner: &mut String, a: &Op, b: &Op) -> bool {
             b,
             Op::Kernel { name: n, inputs: i, outputs: o, .. } if name == n && inputs == i && outputs == o
         ),
-        Op::ReadVariable { var } => matches!(b, Op::ReadVariable { var: v } if var == v),
-        Op::AssignVariable { var, kind } => {
-            matches!(b, Op::AssignVariable { var: v, kind: k } if var == v && kind == k)
+        Op::ReadVariable { var, locked } => {
+            matches!(b, Op::ReadVariable { var: v, locked: l } if var == v && locked == l)
+        }
+        Op::AssignVariable { var, kind, locked } => {
+            matches!(b, Op::AssignVariable { var: v, kind: k, locked: l } if var == v && kind == k && locked == l)
         }
     }
 }

@@ -109,6 +109,11 @@ pub trait VariableResource: Send + Sync + fmt::Debug {
     }
     /// A stable identity, so two handles to one variable compare equal.
     fn id(&self) -> u64;
+    /// The lock that serializes locked updates of the variable
+    /// ([`crate::locks`]); `None`: its updates are not locked.
+    fn update_lock(&self) -> Option<&crate::locks::UpdateLock> {
+        None
+    }
 }
 
 /// The attributes of a library function, one typed field per known

@@ -381,12 +381,12 @@ fn infer_types(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<
             }
             Ok(outputs.iter().cloned().collect())
         }
-        Op::ReadVariable { var } => {
+        Op::ReadVariable { var, .. } => {
             let graph = graph.ok_or_else(|| err("needs the graph that holds the variable".into()))?;
             let v = graph.variables.get(*var).ok_or_else(|| err(format!("unknown variable {var}")))?;
             one(TensorType::known(v.dtype(), &v.shape()))
         }
-        Op::AssignVariable { var, kind } => {
+        Op::AssignVariable { var, kind, .. } => {
             let graph = graph.ok_or_else(|| err("needs the graph that holds the variable".into()))?;
             let v = graph.variables.get(*var).ok_or_else(|| err(format!("unknown variable {var}")))?;
             let ty = TensorType::known(v.dtype(), &v.shape());

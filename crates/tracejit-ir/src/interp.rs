@@ -136,7 +136,13 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
     }
 
     let mut values: Vec<Option<SmallVec<[Storage; 1]>>> = vec![None; n];
-    for (id, node) in graph.nodes() {
+    // Locked updates hold their variables' locks as the JIT's runs do.
+    let plan = crate::locks::LockPlan::new(graph.nodes().map(|(_, n)| &n.op), graph);
+    let mut held = plan.as_ref().map(crate::locks::LockPlan::start);
+    for (step, (id, node)) in graph.nodes().enumerate() {
+        if let Some(held) = held.as_mut() {
+            held.before(step);
+        }
         let broken = |message: String| IrError::Verifier { graph: graph.name.clone(), node: id, message };
         let mut args: SmallVec<[Storage; 2]> = SmallVec::new();
         for (i, v) in node.inputs.iter().enumerate() {
@@ -169,11 +175,11 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 let refs: SmallVec<[&Storage; 2]> = args.iter().collect();
                 eval_primitive(&node.op, &refs).into_iter().collect()
             }
-            Op::ReadVariable { var } => {
+            Op::ReadVariable { var, .. } => {
                 let v = graph.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
                 smallvec::smallvec![v.read()]
             }
-            Op::AssignVariable { var, kind } => {
+            Op::AssignVariable { var, kind, .. } => {
                 check_concrete(graph, &node.op, &args, &node.outputs)
                     .map_err(|e| e.into_ir(&broken).at(node.location))?;
                 let v = graph.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;

@@ -241,6 +241,11 @@ pub enum Op {
     ReadVariable {
         /// The variable.
         var: VarId,
+        /// Part of an update that holds the variable's update lock (TF's
+        /// `use_locking`): executors take it before the first locked access
+        /// of a run and release it after the last (see [`crate::locks`]).
+        /// Printed `locked`.
+        locked: bool,
     },
     /// Writes a variable (stateful); one input, the value; no outputs.
     AssignVariable {
@@ -248,6 +253,8 @@ pub enum Op {
         var: VarId,
         /// Assign, add or subtract.
         kind: AssignKind,
+        /// Part of a locked update, as [`Op::ReadVariable`]'s.
+        locked: bool,
     },
 }
 

@@ -112,8 +112,12 @@ impl OpKey {
                 list(&mut w, &mut outputs.iter().flat_map(type_words));
                 identity = Arc::as_ptr(kernel) as *const () as usize;
             }
-            Op::ReadVariable { var } => w.extend([23, u64::from(var.as_u32())]),
-            Op::AssignVariable { var, kind } => w.extend([24, u64::from(var.as_u32()), *kind as u64]),
+            // A locked read never merges with an unlocked one: the update
+            // must use the value read under the lock.
+            Op::ReadVariable { var, locked } => w.extend([23, u64::from(var.as_u32()), u64::from(*locked)]),
+            Op::AssignVariable { var, kind, locked } => {
+                w.extend([24, u64::from(var.as_u32()), *kind as u64, u64::from(*locked)])
+            }
         }
         let mut h = std::collections::hash_map::DefaultHasher::new();
         w.hash(&mut h);

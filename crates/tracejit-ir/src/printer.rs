@@ -216,8 +216,12 @@ fn write_op(s: &mut String, g: &Graph, op: &Op) -> fmt::Result {
         Op::While { trip_count: Some(n), .. } => write!(s, "[trips={n}]"),
         Op::While { trip_count: None, .. } => Ok(()),
         Op::Kernel { name, .. } => write!(s, "[{name:?}]"),
-        Op::ReadVariable { var: v } => write!(s, "[var={}]", var(*v)),
-        Op::AssignVariable { var: v, kind } => write!(s, "[var={}, kind={}]", var(*v), kind.name()),
+        Op::ReadVariable { var: v, locked } => {
+            write!(s, "[var={}{}]", var(*v), if *locked { ", locked" } else { "" })
+        }
+        Op::AssignVariable { var: v, kind, locked } => {
+            write!(s, "[var={}, kind={}{}]", var(*v), kind.name(), if *locked { ", locked" } else { "" })
+        }
     }
 }
 

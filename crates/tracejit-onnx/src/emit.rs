@@ -149,7 +149,7 @@ pub(crate) fn emit_into(
 /// holding its current value, named by the user's path or its own name.
 fn emit_variables(g: &Graph, body: &mut Body, state: &mut ModelState) {
     for (_, node) in g.nodes() {
-        if let Op::ReadVariable { var } = node.op {
+        if let Op::ReadVariable { var, .. } = node.op {
             let resource = &g.variables[var];
             let key = resource.id();
             if !state.variables_done.contains_key(&key) {
@@ -209,7 +209,7 @@ fn emit_node(
                 Scope::Nested | Scope::Function => body.constant_to(&name, value),
             }
         }
-        Op::ReadVariable { var } => {
+        Op::ReadVariable { var, .. } => {
             if scope == Scope::Function {
                 return Err(unsupported(g, id, node, "an ONNX function cannot read the model's initializers"));
             }

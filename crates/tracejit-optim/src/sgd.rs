@@ -4,9 +4,12 @@
 use std::sync::{Arc, OnceLock};
 
 use tracejit_module::{walk, Module, Visit, Visitor};
-use tracejit_trace::{Tensor, Variable};
+use tracejit_trace::{locked_update, Tensor, Variable};
 
-use crate::optimizer::{check_update, new_iterations, slots_for, trainable_paths, visit_state, Optimizer, Slots};
+use crate::optimizer::{
+    check_hyperparameter, check_update, new_iterations, slots_for, step_state, trainable_paths, visit_state, Optimizer,
+    Slots,
+};
 use crate::schedule::LearningRate;
 
 /// SGD: `g += weight_decay · w`; with momentum `velocity = momentum ·
@@ -29,10 +32,17 @@ struct SgdState {
 impl Sgd {
     /// Plain SGD with learning rate `lr` (a number or a [`LearningRate`]
     /// schedule).
+    ///
+    /// # Panics
+    /// When the learning rate (or a number of its schedule) is NaN,
+    /// infinite or negative, naming it.
+    #[track_caller]
     pub fn new(lr: impl Into<LearningRate>) -> Sgd {
+        let lr = lr.into();
+        lr.check("Sgd");
         Sgd {
             inner: Arc::new(SgdState {
-                lr: lr.into(),
+                lr,
                 momentum: 0.0,
                 nesterov: false,
                 weight_decay: 0.0,
@@ -48,7 +58,12 @@ impl Sgd {
     }
 
     /// Momentum (a `velocity` slot per variable).
+    ///
+    /// # Panics
+    /// Unless it is finite and at least 0.
+    #[track_caller]
     pub fn momentum(self, momentum: f64) -> Sgd {
+        check_hyperparameter("Sgd", "momentum", momentum, 0.0.., "finite and at least 0");
         self.configure(|s| s.momentum = momentum)
     }
 
@@ -58,7 +73,12 @@ impl Sgd {
     }
 
     /// Weight decay added to the gradient (`g + weight_decay · w`).
+    ///
+    /// # Panics
+    /// Unless it is finite and at least 0.
+    #[track_caller]
     pub fn weight_decay(self, weight_decay: f64) -> Sgd {
+        check_hyperparameter("Sgd", "weight_decay", weight_decay, 0.0.., "finite and at least 0");
         self.configure(|s| s.weight_decay = weight_decay)
     }
 
@@ -70,8 +90,14 @@ impl Sgd {
 impl Sgd {
     fn apply(&self, grads: &[Tensor], vars: &[Variable]) {
         check_update("Sgd", grads, vars);
-        let s = &self.inner;
         let slots = self.slots(vars, || vars.iter().map(Variable::name).collect());
+        let state = step_state(&self.inner.iterations, vars, slots);
+        locked_update(&state, || self.update(grads, vars, slots));
+    }
+
+    /// The step itself, run holding the update locks.
+    fn update(&self, grads: &[Tensor], vars: &[Variable], slots: Option<&Slots>) {
+        let s = &self.inner;
         let step = s.iterations.read();
         for (i, (g, v)) in grads.iter().zip(vars).enumerate() {
             let lr = s.lr.at(&step.cast(v.dtype()), v.dtype());

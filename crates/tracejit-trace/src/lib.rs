@@ -43,4 +43,4 @@ pub use tracejit_derive::Nest;
 pub use tracejit_ir::passes::{OptimizationOptions, PipelineReport};
 pub use tracejit_jit::{Profile, ScheduleStats, StepTime};
 pub use tracejit_tensor::{DType, SliceSpec};
-pub use variable::{remember, remember_in, Scope, Variable};
+pub use variable::{locked_update, remember, remember_in, Scope, Variable};

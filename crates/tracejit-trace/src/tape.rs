@@ -234,7 +234,7 @@ pub(crate) type CallVariables = Vec<(VarId, Tensor)>;
 pub(crate) fn call_variable_values(g: &Graph) -> CallVariables {
     let mut vars = Vec::new();
     for (vid, res) in g.variables.iter() {
-        let read = g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var } if var == vid));
+        let read = g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var, .. } if var == vid));
         if let (true, Some(v)) = (read, Variable::by_id(res.id())) {
             vars.push((vid, v.read()));
         }

@@ -79,7 +79,7 @@ pub fn control_variables(op: &Op) -> Vec<Arc<dyn VariableResource>> {
 }
 
 fn reads(g: &Graph, var: VarId) -> bool {
-    g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var: v } if v == var))
+    g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var: v, .. } if v == var))
 }
 
 /// `g` with its calls inlined (the VJP rules differentiate primitives).

@@ -247,11 +247,11 @@ pub(crate) fn replay<E: Emitter>(
                 .cloned()
                 .ok_or_else(|| AutodiffError::Request(format!("input {index} of `{}` is missing", graph.name)))?],
             Op::Constant { value } => vec![e.constant(value.clone())],
-            Op::ReadVariable { var } => {
+            Op::ReadVariable { var, .. } => {
                 let value = variables.iter().find(|(v, _)| v == var).map(|(_, x)| x.clone());
                 vec![value.ok_or_else(|| AutodiffError::Request(format!("no value given for variable {var}")))?]
             }
-            Op::AssignVariable { var, kind } => {
+            Op::AssignVariable { var, kind, .. } => {
                 // Only a later read needs the new value; without one the
                 // variable was given no value (nothing reads it).
                 if let Some(slot) = variables.iter().position(|(v, _)| v == var) {
@@ -344,7 +344,7 @@ pub(crate) fn backprop_replayed<E: Emitter>(
     for (var, _) in variables {
         let mut total: Option<E::Value> = None;
         for (id, node) in graph.nodes() {
-            if matches!(node.op, Op::ReadVariable { var: v } if v == *var) {
+            if matches!(node.op, Op::ReadVariable { var: v, .. } if v == *var) {
                 if let Some(ct) = cts.remove(&ValueId::new(id, 0)) {
                     total = Some(match total {
                         Some(prev) => e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[prev, ct])?.remove(0),

@@ -205,8 +205,12 @@ pub(super) fn parse_op(
         "read_variable" => {
             c.expect("[")?;
             let var = variable(c, vars)?;
+            let locked = c.eat(",") && {
+                c.expect("locked")?;
+                true
+            };
             c.expect("]")?;
-            Op::ReadVariable { var }
+            Op::ReadVariable { var, locked }
         }
         "assign_variable" => {
             c.expect("[")?;
@@ -224,8 +228,12 @@ pub(super) fn parse_op(
                     found: format!("`{word}`"),
                 });
             };
+            let locked = c.eat(",") && {
+                c.expect("locked")?;
+                true
+            };
             c.expect("]")?;
-            Op::AssignVariable { var, kind }
+            Op::AssignVariable { var, kind, locked }
         }
         other => {
             return Err(ParseError::UnknownOp { line: c.line(), column: node.op_column, name: other.to_string() });
