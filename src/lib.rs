@@ -77,7 +77,7 @@ pub use tracejit_trace::{cond, fori_loop, while_loop};
 pub use tracejit_trace::{
     config, function, locked_update, nest_join_field, nest_paths, remember, remember_in, CacheStats, ConcreteFunction,
     DType, Error, Flattener, Function, Nest, Operand, Result, RetracePolicy, Scalar, Scope, SliceSpec, SpecFlattener,
-    SpecNest, Static, StaticValue, Tensor, TensorSpec, Unflattener, Variable,
+    SpecNest, Static, StaticValue, Tensor, TensorSpec, Unflattener, Variable, DEFAULT_MAX_TRACES,
 };
 pub use tracejit_trace::{OptimizationOptions, PipelineReport, Profile, ScheduleStats, StepTime};
 

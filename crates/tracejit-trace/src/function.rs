@@ -31,7 +31,8 @@ mod eager_call;
 mod optimize;
 mod retrace;
 mod shadow;
-pub use retrace::{CacheStats, RetracePolicy};
+use retrace::TraceLimit;
+pub use retrace::{CacheStats, RetracePolicy, DEFAULT_MAX_TRACES};
 
 /// Wraps a closure into a traced [`Function`].
 pub fn function<A: Nest, R: Nest, F>(f: F) -> Function<A, R>
@@ -47,7 +48,7 @@ where
             implements: None,
             jit: true,
             optimizations: OptimizationOptions::default(),
-            max_traces: None,
+            max_traces: TraceLimit::Default,
             retrace_policy: None,
             validate: None,
         }),
@@ -76,7 +77,7 @@ struct FunctionConfig {
     implements: Option<std::result::Result<String, String>>,
     jit: bool,
     optimizations: OptimizationOptions,
-    max_traces: Option<usize>,
+    max_traces: TraceLimit,
     retrace_policy: Option<RetracePolicy>,
     /// Shadow-eager validation; `None`: `TRACEJIT_VALIDATE`.
     validate: Option<bool>,
@@ -115,6 +116,8 @@ struct FunctionState {
     stats: Mutex<CacheStats>,
     /// The variables the body created while running eagerly.
     eager_variables: Arc<crate::eager::EagerVariables>,
+    /// Set once the default cache bound has warned about evicting.
+    warned_eviction: std::sync::atomic::AtomicBool,
 }
 
 /// What a call that missed the cache runs.

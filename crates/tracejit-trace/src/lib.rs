@@ -32,7 +32,7 @@ pub use concrete::ConcreteFunction;
 pub use context::attributed_to;
 pub use control::{cond, fori_loop, while_loop};
 pub use error::{Error, Result};
-pub use function::{function, CacheStats, Function, RetracePolicy};
+pub use function::{function, CacheStats, Function, RetracePolicy, DEFAULT_MAX_TRACES};
 pub use nest::{
     nest_join_field, nest_paths, Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener,
 };
