@@ -452,3 +452,69 @@ fn threads_run_one_compiled_loop_at_once() {
     }
     assert_eq!(f.tracing_count(), 1);
 }
+
+/// Branches of different dtypes: an `Err` when traced, but eagerly (and
+/// under `run_functions_eagerly(true)`) the taken branch ran and nothing
+/// was said (failure 12 of issue #28).
+fn mixed_dtypes(x: &Tensor) -> Tensor {
+    cond(&x.sum_all().gt(0.0), || x * 2.0, || x.cast(DType::F64))
+}
+
+const MIXED: &str = "output 0: the then branch returns f32[2], the else branch f64[2]";
+
+fn panic_text(f: impl FnOnce()) -> String {
+    let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("must panic");
+    e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+}
+
+#[test]
+fn cond_branches_of_different_dtypes_fail_in_every_mode() {
+    for x in [t(&[1.0, 2.0]), t(&[-1.0, -2.0])] {
+        let got = panic_text(|| drop(mixed_dtypes(&x)));
+        assert!(got.contains(MIXED), "eager: {got}");
+        let f = function(|x: Tensor| mixed_dtypes(&x));
+        let e = f.call(x.clone()).unwrap_err().to_string();
+        assert!(e.contains(MIXED), "traced: {e}");
+        // A constant predicate while tracing: the same rule.
+        let g = function(|x: Tensor| cond(&Tensor::scalar(true), || &x * 2.0, || x.cast(DType::F64)));
+        assert!(g.call(x.clone()).unwrap_err().to_string().contains(MIXED));
+    }
+    // What agrees still runs, taking only its branch's effects.
+    let v = Variable::new(Tensor::scalar(0i64));
+    let out = cond(
+        &Tensor::scalar(true),
+        || t(&[1.0, 2.0]) * 2.0,
+        || {
+            v.assign_add(&Tensor::scalar(1i64));
+            t(&[0.0, 0.0])
+        },
+    );
+    assert_eq!(vals(&out), vec![2.0, 4.0]);
+    assert_eq!(v.value().to_vec::<i64>().unwrap(), vec![0], "the untaken branch's write did not happen");
+}
+
+/// The child of `cond_branches_of_different_dtypes_fail_when_run_eagerly`.
+#[test]
+fn child_cond_dtypes_eagerly() {
+    if std::env::var_os("TRACEJIT_COND_EAGER_CHILD").is_none() {
+        return;
+    }
+    assert!(tracejit::config::functions_run_eagerly());
+    let f = function(|x: Tensor| mixed_dtypes(&x));
+    let e = f.call(t(&[1.0, 2.0])).unwrap_err().to_string();
+    assert!(e.contains(MIXED) && e.contains("while running eagerly"), "{e}");
+    eprintln!("child done");
+}
+
+#[test]
+fn cond_branches_of_different_dtypes_fail_when_run_eagerly() {
+    if std::env::var_os("TRACEJIT_COND_EAGER_CHILD").is_some() {
+        return;
+    }
+    let (status, stderr) = crate::common::run_child(
+        "control_flow::child_cond_dtypes_eagerly",
+        &[("TRACEJIT_COND_EAGER_CHILD", "1"), ("TRACEJIT_EAGER", "1")],
+        std::time::Duration::from_secs(120),
+    );
+    assert!(status.is_some_and(|s| s.success()) && stderr.contains("child done"), "{status:?}\n{stderr}");
+}

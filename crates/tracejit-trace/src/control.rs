@@ -132,7 +132,10 @@ fn record(op: Op, inputs: &[&Tensor]) -> Vec<Tensor> {
 /// eagerly and as a graph node.
 ///
 /// `pred` is a bool scalar. Eagerly (or when `pred` is known while
-/// tracing) only the taken closure runs. While tracing with a symbolic
+/// tracing) only the taken closure runs; the other is traced into a graph
+/// that is thrown away (its tensor ops on eager values compute, its
+/// variable writes do not happen, no tape records it), so the rule below
+/// holds in every mode. While tracing with a symbolic
 /// `pred`, both closures are traced once into the branches of one `cond`
 /// node and the taken branch runs at each call, so one trace serves both
 /// predicate values. The branches must return the same nest with the same
@@ -158,32 +161,22 @@ fn record(op: Op, inputs: &[&Tensor]) -> Vec<Tensor> {
 pub fn cond<R: Nest>(pred: &Tensor, then: impl FnOnce() -> R, other: impl FnOnce() -> R) -> R {
     check_bool_scalar(pred, "cond: the predicate");
     if !pred.is_symbolic() {
-        return if eager_bool(pred) { then() } else { other() };
+        return if eager_bool(pred) {
+            let out = then();
+            check_untaken(&out, other, true);
+            out
+        } else {
+            let out = other();
+            check_untaken(&out, then, false);
+            out
+        };
     }
     let base = traced_name().unwrap_or_else(|| Arc::from("cond"));
     let t = trace_subgraph(format!("{base}.then"), &[], &[], |_| flat(&then()));
     let e = trace_subgraph(format!("{base}.else"), &[], &t.captures, |_| flat(&other()));
-    if t.structure != e.structure || !same_statics(&t.statics, &e.statics) {
-        panic!(
-            "cond: the branches return different structures (then: {} values, else: {}); both must return the \
-             same nest",
-            t.graph.outputs.len(),
-            e.graph.outputs.len()
-        );
-    }
-    let (tt, et) = (t.graph.output_types(), e.graph.output_types());
-    if tt.len() != et.len() {
-        panic!("cond: the then branch returns {} tensors, the else branch {}", tt.len(), et.len());
-    }
-    for (i, (a, b)) in tt.iter().zip(&et).enumerate() {
-        let known_differ = a.dims.iter().zip(&b.dims).any(|(x, y)| matches!((x, y), (Some(x), Some(y)) if x != y));
-        if join_types(a, b).is_none() || known_differ {
-            panic!(
-                "cond: output {i}: the then branch returns {a}, the else branch {b}; the branches must return the \
-                 same dtypes and shapes (dims may differ only where one is unknown)"
-            );
-        }
-    }
+    let then_side = Branch { structure: &t.structure, statics: &t.statics, types: t.graph.output_types() };
+    let else_side = Branch { structure: &e.structure, statics: &e.statics, types: e.graph.output_types() };
+    check_branches(&then_side, &else_side);
     // Both branches take every capture: the then branch those the else
     // branch added after its own.
     let mut then_graph = t.graph;
@@ -195,6 +188,92 @@ pub fn cond<R: Nest>(pred: &Tensor, then: impl FnOnce() -> R, other: impl FnOnce
     inputs.extend(e.captures.iter());
     let outs = record(op, &inputs);
     R::unflatten(&mut Unflattener::new(outs, t.statics, t.structure))
+}
+
+/// What a branch of a `cond` returns, for [`check_branches`].
+struct Branch<'a> {
+    structure: &'a [u32],
+    statics: &'a [Arc<dyn StaticValue>],
+    types: Vec<TensorType>,
+}
+
+/// Panics, naming both sides, unless the branches return the same nest
+/// with the same dtypes, and dims that differ only where one is unknown:
+/// the one rule of `cond`, traced or eager.
+#[track_caller]
+fn check_branches(t: &Branch<'_>, e: &Branch<'_>) {
+    if t.structure != e.structure || !same_statics(t.statics, e.statics) {
+        panic!(
+            "cond: the branches return different structures (then: {} values, else: {}); both must return the \
+             same nest",
+            t.types.len(),
+            e.types.len()
+        );
+    }
+    if t.types.len() != e.types.len() {
+        panic!("cond: the then branch returns {} tensors, the else branch {}", t.types.len(), e.types.len());
+    }
+    for (i, (a, b)) in t.types.iter().zip(&e.types).enumerate() {
+        let known_differ = a.dims.iter().zip(&b.dims).any(|(x, y)| matches!((x, y), (Some(x), Some(y)) if x != y));
+        if join_types(a, b).is_none() || known_differ {
+            panic!(
+                "cond: output {i}: the then branch returns {a}, the else branch {b}; the branches must return the \
+                 same dtypes and shapes (dims may differ only where one is unknown)"
+            );
+        }
+    }
+}
+
+thread_local! {
+    /// Set while `cond` traces a branch it does not take: conds inside it
+    /// take their branch without checking theirs (the check then costs at
+    /// most one trace of each branch, however deep the nesting).
+    static CHECKING_UNTAKEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// With a known predicate (eagerly, or a constant while tracing) only the
+/// taken branch runs; the other is traced into a graph that is thrown away,
+/// so that the branches must agree as they must when traced, the one rule
+/// of every mode: a cond that is an error in a traced function is an error
+/// eagerly and under `run_functions_eagerly(true)` too, at the first call
+/// rather than the first one that takes the other branch. Tracing runs the
+/// branch's Rust code (its tensor ops on eager values compute; variable
+/// writes are only recorded, and no tape sees any of it). A branch that
+/// cannot be traced here (it reads a value with `to_vec`) is not checked.
+#[track_caller]
+fn check_untaken<R: Nest>(taken: &R, untaken: impl FnOnce() -> R, taken_is_then: bool) {
+    if CHECKING_UNTAKEN.with(std::cell::Cell::get) {
+        return;
+    }
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            CHECKING_UNTAKEN.with(|c| c.set(false));
+        }
+    }
+    CHECKING_UNTAKEN.with(|c| c.set(true));
+    let reset = Reset;
+    let base = traced_name().unwrap_or_else(|| Arc::from("cond"));
+    let traced = tracejit_ir::catch_quietly(|| {
+        crate::tape::without_recording(|| {
+            let sub = trace_subgraph(format!("{base}.untaken"), &[], &[], |_| flat(&untaken()));
+            (sub.graph.output_types(), sub.statics, sub.structure)
+        })
+    });
+    drop(reset);
+    let Ok((types, statics, structure)) = traced else { return };
+    let out = flat(taken);
+    let taken = Branch {
+        structure: &out.structure,
+        statics: &out.statics,
+        types: out.tensors.iter().map(Tensor::tensor_type).collect(),
+    };
+    let untaken = Branch { structure: &structure, statics: &statics, types };
+    if taken_is_then {
+        check_branches(&taken, &untaken);
+    } else {
+        check_branches(&untaken, &taken);
+    }
 }
 
 /// Runs `body` while `cond` holds, starting from `init`; returns the final

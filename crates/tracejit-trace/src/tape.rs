@@ -171,6 +171,19 @@ pub(crate) fn recording() -> bool {
     RECORDING.with(|r| r.get() > 0)
 }
 
+/// Runs `f` with no tape of this thread recording (what it computes is
+/// thrown away: `cond` checking the branch it does not take).
+pub(crate) fn without_recording<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            RECORDING.with(|r| r.set(self.0));
+        }
+    }
+    let _restore = Restore(RECORDING.with(|r| r.replace(0)));
+    f()
+}
+
 fn for_each_tape(mut f: impl FnMut(&mut TapeState)) {
     TAPES.with(|tapes| {
         for t in tapes.borrow().iter().filter_map(Weak::upgrade) {
