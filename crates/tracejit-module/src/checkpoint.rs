@@ -16,10 +16,12 @@
 //!   carry over, and temporary files left by a crashed process are skipped.
 //! - **Checksums.** [`save`] records the CRC-32 of every tensor's bytes in
 //!   the file's metadata (`"tracejit.crc32.<key>"`, see the `checksum`
-//!   module); [`restore`] and [`read`] refuse a tensor whose bytes do not
-//!   match ([`CheckpointError::Checksum`]), so a flipped bit is an error, not
-//!   a silently different weight. Files written by other tools carry no
-//!   checksums and load as before.
+//!   module), and one of the header's content; [`restore`] and [`read`]
+//!   refuse a tensor whose bytes do not match ([`CheckpointError::Checksum`])
+//!   and a damaged header ([`CheckpointError::Header`]), so a flipped bit is
+//!   an error, not a silently different weight. Files written by other
+//!   tools carry no `tracejit.` metadata and load as before; a file with any
+//!   cannot pass for one of them.
 //! - **[`restore`] is all or nothing**: every key, dtype and shape is checked
 //!   and every tensor decoded before any variable changes; missing keys,
 //!   unexpected keys and dtype/shape mismatches are reported together in one
@@ -114,6 +116,16 @@ pub enum CheckpointError {
         /// What does not match.
         reason: String,
     },
+    /// The file's header does not match the header checksum it records,
+    /// or a file tracejit wrote lost its checksum marker: it was corrupted
+    /// after it was written. Nothing was restored.
+    #[error("checkpoint {}: its header is corrupt: {reason}; nothing was restored", path.display())]
+    Header {
+        /// The checkpoint.
+        path: PathBuf,
+        /// What does not match.
+        reason: String,
+    },
     /// The safetensors writer refused the tensors (should not happen for
     /// variables; reported rather than panicking).
     #[error("checkpoint {}: cannot serialize: {reason}", path.display())]
@@ -179,6 +191,7 @@ pub fn read(path: impl AsRef<Path>) -> Result<BTreeMap<String, Tensor>, Checkpoi
     let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_path_buf(), reason };
     let file = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
     let metadata = file_metadata(&bytes);
+    verify_header(&file, metadata.as_ref(), path)?;
     let mut out = BTreeMap::new();
     for (key, view) in file.iter() {
         verify_checksum(metadata.as_ref(), key, view.data(), path)?;
@@ -194,6 +207,20 @@ pub fn read(path: impl AsRef<Path>) -> Result<BTreeMap<String, Tensor>, Checkpoi
 /// The `__metadata__` map of a file that parsed (`None` if it has none).
 fn file_metadata(bytes: &[u8]) -> Option<std::collections::HashMap<String, String>> {
     SafeTensors::read_metadata(bytes).ok().and_then(|(_, m)| m.metadata().clone())
+}
+
+/// Checks the file's header against its header checksum, and that a file
+/// tracejit wrote still says so (see the `checksum` module).
+fn verify_header(
+    file: &SafeTensors<'_>,
+    metadata: Option<&std::collections::HashMap<String, String>>,
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    let tensors = file.tensors();
+    let entries: Vec<checksum::HeaderEntry<'_>> =
+        tensors.iter().map(|(k, view)| (k.as_str(), format!("{:?}", view.dtype()), view.shape())).collect();
+    checksum::verify_header(metadata, &entries)
+        .map_err(|reason| CheckpointError::Header { path: path.to_path_buf(), reason })
 }
 
 /// Checks tensor `key`'s bytes against the checksums the file records.
@@ -310,7 +337,11 @@ fn to_bytes<M: Module + ?Sized>(module: &M) -> Result<Vec<u8>, String> {
             (key, encode(storage))
         })
         .collect();
-    let metadata = checksum::metadata(encoded.iter().map(|(k, e)| (k.as_str(), e.data.as_slice())));
+    let described: Vec<(checksum::HeaderEntry<'_>, &[u8])> = encoded
+        .iter()
+        .map(|(k, e)| ((k.as_str(), format!("{:?}", e.dtype), e.shape.as_slice()), e.data.as_slice()))
+        .collect();
+    let metadata = checksum::metadata(&described);
     safetensors::serialize(encoded.iter().map(|(k, e)| (k.as_str(), e)), Some(metadata)).map_err(|e| e.to_string())
 }
 
@@ -324,6 +355,7 @@ pub(crate) fn restore_from_bytes<M: Module + ?Sized>(
     let file = SafeTensors::deserialize(bytes)
         .map_err(|e| CheckpointError::Corrupt { path: path.to_path_buf(), reason: e.to_string() })?;
     let metadata = file_metadata(bytes);
+    verify_header(&file, metadata.as_ref(), path)?;
     let entries = entries(module);
     let expected: HashSet<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
     let mut missing = Vec::new();
