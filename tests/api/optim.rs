@@ -177,7 +177,7 @@ fn slots_are_module_state_and_checkpoints_continue_bit_for_bit() {
     let state = TrainState { model: model(), opt: Adam::new(0.05) };
     state.opt.build_for(&state.model);
     let paths: Vec<String> = state.named_variables().into_iter().map(|(p, _)| p).collect();
-    for p in ["opt.iterations", "opt.m.layers[0].w", "opt.v.layers[1].b"] {
+    for p in ["opt.iterations", "opt.m.model.layers[0].w", "opt.v.model.layers[1].b"] {
         assert!(paths.contains(&p.to_string()), "{p} in {paths:?}");
     }
     // A clone shares the slots.
@@ -204,6 +204,61 @@ fn slots_are_module_state_and_checkpoints_continue_bit_for_bit() {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<Adam>();
     send_sync::<Sgd>();
+}
+
+/// Slots created by `apply_gradients` (no `build_for`) were named by a
+/// process-wide variable number (`opt.m.variable_26`), so a checkpoint of a
+/// `TrainState` did not restore into another one built the same way
+/// (`Mismatch { missing: ["opt.m.variable_26"], unexpected:
+/// ["opt.m.variable_15"] }`). Slots are now named by their variable's path
+/// in the tree saved, and restore into an optimizer that has not built them.
+#[test]
+fn slots_restore_into_a_fresh_state_without_build_for() {
+    let dir = std::env::temp_dir().join(format!("tracejit-optim-fresh-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("state.safetensors");
+    let state = TrainState { model: model(), opt: Adam::new(0.05) };
+    // Variables made in between, so the two states' variable numbers differ.
+    let _others: Vec<Variable> = (0..7).map(|_| Variable::new(Tensor::scalar(0.0f32))).collect();
+    train(&state, 3);
+    let paths: Vec<String> = state.named_variables().into_iter().map(|(p, _)| p).collect();
+    for p in ["opt.m.model.layers[0].w", "opt.v.model.layers[1].b"] {
+        assert!(paths.contains(&p.to_string()), "{p} in {paths:?}");
+    }
+    tracejit::checkpoint::save(&state, &file).unwrap();
+    train(&state, 2);
+    let after: Vec<Vec<f64>> = state.model.variables().iter().map(vals).collect();
+
+    // Built the same way and stepped once: the slots exist, named alike.
+    let stepped = TrainState { model: model(), opt: Adam::new(0.05) };
+    train(&stepped, 1);
+    tracejit::checkpoint::restore(&stepped, &file).unwrap();
+    train(&stepped, 2);
+    assert_eq!(stepped.model.variables().iter().map(vals).collect::<Vec<_>>(), after);
+
+    // Fresh, no slots yet: they take the restored values when built.
+    let fresh = TrainState { model: model(), opt: Adam::new(0.05) };
+    tracejit::checkpoint::restore(&fresh, &file).unwrap();
+    assert_eq!(fresh.opt.iterations().value().to_vec::<i64>().unwrap(), vec![3]);
+    train(&fresh, 2);
+    assert_eq!(fresh.model.variables().iter().map(vals).collect::<Vec<_>>(), after, "continues bit for bit");
+
+    // A slot whose shape does not fit its variable is a mismatch, not kept.
+    let other = TrainState {
+        model: Model {
+            layers: vec![
+                Layer {
+                    w: Variable::new(Tensor::zeros(&[3, 3], DType::F64)),
+                    b: Variable::new(Tensor::zeros(&[2], DType::F64)),
+                },
+                model().layers.remove(1),
+            ],
+        },
+        opt: Adam::new(0.05),
+    };
+    let err = tracejit::checkpoint::restore(&other, &file).unwrap_err().to_string();
+    assert!(err.contains("opt.m.model.layers[0].w"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

@@ -356,39 +356,36 @@ pub(crate) fn restore_from_bytes<M: Module + ?Sized>(
         .map_err(|e| CheckpointError::Corrupt { path: path.to_path_buf(), reason: e.to_string() })?;
     let metadata = file_metadata(bytes);
     verify_header(&file, metadata.as_ref(), path)?;
-    let entries = entries(module);
-    let expected: HashSet<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
+    let inventory = Inventory::of(module);
+    let entries: Vec<(&str, &Variable)> =
+        inventory.distinct_variables().map(|v| (v.path.as_str(), v.variable)).collect();
+    let expected: HashSet<&str> = entries.iter().map(|(k, _)| *k).collect();
     let mut missing = Vec::new();
     let mut mismatched = Vec::new();
     let mut updates = Vec::with_capacity(entries.len());
-    for (key, var) in &entries {
-        let view = match file.tensor(key) {
-            Ok(view) => view,
-            Err(_) => {
-                missing.push(key.clone());
-                continue;
-            }
-        };
-        let fits = from_safetensors_dtype(view.dtype()) == Some(var.dtype()) && view.shape() == var.shape();
-        if !fits {
-            mismatched.push(TensorMismatch {
-                key: key.clone(),
-                expected_dtype: var.dtype(),
-                expected_shape: var.shape().to_vec(),
-                found_dtype: format!("{:?}", view.dtype()),
-                found_shape: view.shape().to_vec(),
-            });
+    for &(key, var) in &entries {
+        if file.tensor(key).is_err() {
+            missing.push(key.to_string());
             continue;
         }
-        verify_checksum(metadata.as_ref(), key, view.data(), path)?;
-        let storage = decode(var.dtype(), view.shape(), view.data()).map_err(|e| CheckpointError::Corrupt {
-            path: path.to_path_buf(),
-            reason: format!("tensor `{key}`: {e}"),
-        })?;
-        updates.push((var, Tensor::from_raw_storage(storage)));
+        match decode_for(&file, metadata.as_ref(), key, var, path)? {
+            Ok(value) => updates.push((var, value)),
+            Err(m) => mismatched.push(m),
+        }
     }
-    let mut unexpected: Vec<String> =
-        file.names().into_iter().filter(|k| !expected.contains(k)).map(String::from).collect();
+    // A key naming a slot that a holder has not created yet (a fresh
+    // optimizer) is that slot's value, kept until the slot is created.
+    let mut unexpected = Vec::new();
+    let mut deferred = Vec::new();
+    for key in file.names().into_iter().filter(|k| !expected.contains(k)) {
+        match crate::slots::owner_of(&inventory, key) {
+            Some((holder, name, owner)) => match decode_for(&file, metadata.as_ref(), key, owner, path)? {
+                Ok(value) => deferred.push((holder, name, owner, value)),
+                Err(m) => mismatched.push(m),
+            },
+            None => unexpected.push(key.to_string()),
+        }
+    }
     unexpected.sort();
     if !(missing.is_empty() && unexpected.is_empty() && mismatched.is_empty()) {
         return Err(CheckpointError::Mismatch { path: path.to_path_buf(), missing, unexpected, mismatched });
@@ -396,7 +393,37 @@ pub(crate) fn restore_from_bytes<M: Module + ?Sized>(
     for (var, value) in updates {
         var.set_value(&value);
     }
+    for (holder, name, owner, value) in deferred {
+        holder.defer_slot(name, owner, value);
+    }
     Ok(())
+}
+
+/// The file's tensor `key` (which exists) decoded for `var` after its
+/// checksum is verified, or why it does not fit `var`'s dtype and shape.
+fn decode_for(
+    file: &SafeTensors<'_>,
+    metadata: Option<&std::collections::HashMap<String, String>>,
+    key: &str,
+    var: &Variable,
+    path: &Path,
+) -> Result<Result<Tensor, TensorMismatch>, CheckpointError> {
+    let view =
+        file.tensor(key).map_err(|e| CheckpointError::Corrupt { path: path.to_path_buf(), reason: e.to_string() })?;
+    let fits = from_safetensors_dtype(view.dtype()) == Some(var.dtype()) && view.shape() == var.shape();
+    if !fits {
+        return Ok(Err(TensorMismatch {
+            key: key.to_string(),
+            expected_dtype: var.dtype(),
+            expected_shape: var.shape().to_vec(),
+            found_dtype: format!("{:?}", view.dtype()),
+            found_shape: view.shape().to_vec(),
+        }));
+    }
+    verify_checksum(metadata, key, view.data(), path)?;
+    let storage = decode(var.dtype(), view.shape(), view.data())
+        .map_err(|e| CheckpointError::Corrupt { path: path.to_path_buf(), reason: format!("tensor `{key}`: {e}") })?;
+    Ok(Ok(Tensor::from_raw_storage(storage)))
 }
 
 #[cfg(test)]

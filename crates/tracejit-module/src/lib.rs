@@ -70,12 +70,14 @@ mod checksum;
 mod inventory;
 mod module;
 mod naming;
+pub mod slots;
 mod summary;
 mod visitor;
 
 pub use checkpoint::CheckpointError;
 pub use module::{walk, Module, Visit};
 pub use naming::to_snake_case;
+pub use slots::SlotHolder;
 pub use summary::{Summary, SummaryRow};
 pub use tracejit_derive::Module;
 pub use tracejit_trace::Variable;

@@ -1,14 +1,14 @@
 //! [`Adam`]: adaptive moment estimation, with AdamW-style decoupled weight
 //! decay and optional AMSGrad.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use tracejit_module::{walk, Module, Visit, Visitor};
+use tracejit_module::{walk, Module, SlotHolder, Visit, Visitor};
 use tracejit_trace::{locked_update, Tensor, Variable};
 
 use crate::optimizer::{
     check_hyperparameter, check_update, new_iterations, slots_for, step_state, trainable_paths, visit_state, Optimizer,
-    Slots,
+    SlotStore, Slots,
 };
 use crate::schedule::LearningRate;
 
@@ -29,7 +29,7 @@ struct AdamState {
     weight_decay: f64,
     amsgrad: bool,
     iterations: Variable,
-    slots: OnceLock<Slots>,
+    slots: SlotStore,
 }
 
 impl Adam {
@@ -54,7 +54,7 @@ impl Adam {
                 weight_decay: 0.0,
                 amsgrad: false,
                 iterations: new_iterations(),
-                slots: OnceLock::new(),
+                slots: SlotStore::default(),
             }),
         }
     }
@@ -179,7 +179,21 @@ impl Module for Adam {
     }
 
     fn visit_fields<'m>(&'m self, visitor: &mut dyn Visitor<'m>) {
-        visit_state(&self.inner.iterations, self.inner.slots.get(), visitor);
+        visit_state(&self.inner.iterations, self.inner.slots.get(), self, visitor);
+    }
+}
+
+impl SlotHolder for Adam {
+    fn slot_names(&self) -> Vec<&'static str> {
+        if self.inner.amsgrad {
+            vec!["m", "v", "v_max"]
+        } else {
+            vec!["m", "v"]
+        }
+    }
+
+    fn defer_slot(&self, name: &str, owner: &Variable, value: Tensor) {
+        self.inner.slots.defer(name, owner, value);
     }
 }
 

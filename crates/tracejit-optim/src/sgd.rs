@@ -1,14 +1,14 @@
 //! [`Sgd`]: stochastic gradient descent with optional momentum, Nesterov
 //! momentum and (coupled, L2-style) weight decay.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use tracejit_module::{walk, Module, Visit, Visitor};
+use tracejit_module::{walk, Module, SlotHolder, Visit, Visitor};
 use tracejit_trace::{locked_update, Tensor, Variable};
 
 use crate::optimizer::{
     check_hyperparameter, check_update, new_iterations, slots_for, step_state, trainable_paths, visit_state, Optimizer,
-    Slots,
+    SlotStore, Slots,
 };
 use crate::schedule::LearningRate;
 
@@ -26,7 +26,7 @@ struct SgdState {
     nesterov: bool,
     weight_decay: f64,
     iterations: Variable,
-    slots: OnceLock<Slots>,
+    slots: SlotStore,
 }
 
 impl Sgd {
@@ -47,7 +47,7 @@ impl Sgd {
                 nesterov: false,
                 weight_decay: 0.0,
                 iterations: new_iterations(),
-                slots: OnceLock::new(),
+                slots: SlotStore::default(),
             }),
         }
     }
@@ -154,7 +154,21 @@ impl Module for Sgd {
     }
 
     fn visit_fields<'m>(&'m self, visitor: &mut dyn Visitor<'m>) {
-        visit_state(&self.inner.iterations, self.inner.slots.get(), visitor);
+        visit_state(&self.inner.iterations, self.inner.slots.get(), self, visitor);
+    }
+}
+
+impl SlotHolder for Sgd {
+    fn slot_names(&self) -> Vec<&'static str> {
+        if self.inner.momentum != 0.0 {
+            vec!["velocity"]
+        } else {
+            vec![]
+        }
+    }
+
+    fn defer_slot(&self, name: &str, owner: &Variable, value: Tensor) {
+        self.inner.slots.defer(name, owner, value);
     }
 }
 
