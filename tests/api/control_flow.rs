@@ -518,3 +518,72 @@ fn cond_branches_of_different_dtypes_fail_when_run_eagerly() {
     );
     assert!(status.is_some_and(|s| s.success()) && stderr.contains("child done"), "{status:?}\n{stderr}");
 }
+
+/// A loop whose condition never turns false: `x` only grows.
+fn endless(opts: tracejit::WhileOptions) -> impl Fn(Tensor) -> Tensor {
+    move |x: Tensor| tracejit::while_loop_with(|x: &Tensor| x.sum_all().gt(0.0), |x: Tensor| &x + 1.0, x, opts.clone())
+}
+
+#[test]
+fn maximum_iterations_stops_a_loop_as_tf_does() {
+    let opts = tracejit::WhileOptions::new().maximum_iterations(25);
+    let traced = function(endless(opts.clone()));
+    assert_eq!(vals(&traced.call(t(&[1.0, 2.0])).unwrap()), vec![26.0, 27.0]);
+    assert_eq!(vals(&endless(opts.clone())(t(&[1.0, 2.0]))), vec![26.0, 27.0], "eager");
+    // A loop that ends first is not affected; 0 trips return the input.
+    let short = function(|x: Tensor| {
+        let opts = tracejit::WhileOptions::new().maximum_iterations(1000);
+        tracejit::while_loop_with(|x: &Tensor| x.sum_all().lt(10.0), |x: Tensor| &x + 1.0, x, opts)
+    });
+    assert_eq!(vals(&short.call(t(&[1.0])).unwrap()), vec![10.0]);
+    let none = function(endless(tracejit::WhileOptions::new().maximum_iterations(0)));
+    assert_eq!(vals(&none.call(t(&[3.0])).unwrap()), vec![3.0]);
+}
+
+/// The child of `a_cancel_token_stops_a_loop_that_never_ends`.
+#[test]
+fn child_cancelled_loops() {
+    if std::env::var_os("TRACEJIT_CANCEL_CHILD").is_none() {
+        return;
+    }
+    let token = tracejit::CancelToken::new();
+    let f = function(endless(tracejit::WhileOptions::new().cancel(&token)));
+    // Cancelled from another thread while the call runs.
+    let canceller = {
+        let token = token.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            token.cancel();
+        })
+    };
+    let e = f.call(t(&[1.0])).unwrap_err().to_string();
+    canceller.join().unwrap();
+    assert!(e.contains("CancelToken was cancelled") && e.contains("control_flow.rs"), "{e}");
+    // The token stays cancelled until reset; a deadline stops it again.
+    assert!(f.call(t(&[1.0])).is_err());
+    token.reset();
+    token.cancel_after(std::time::Duration::from_millis(50));
+    let e = f.call(t(&[1.0])).unwrap_err().to_string();
+    assert!(e.contains("deadline passed"), "{e}");
+    // Eagerly: a panic naming the token.
+    token.reset();
+    token.cancel();
+    let got = panic_text(|| drop(endless(tracejit::WhileOptions::new().cancel(&token))(t(&[1.0]))));
+    assert!(got.contains("CancelToken"), "{got}");
+    eprintln!("child done");
+}
+
+/// A traced `while_loop` that never ended hung its call with no way out
+/// (failure 8 of issue #28): run in a child process with a timeout.
+#[test]
+fn a_cancel_token_stops_a_loop_that_never_ends() {
+    if std::env::var_os("TRACEJIT_CANCEL_CHILD").is_some() {
+        return;
+    }
+    let (status, stderr) = crate::common::run_child(
+        "control_flow::child_cancelled_loops",
+        &[("TRACEJIT_CANCEL_CHILD", "1")],
+        std::time::Duration::from_secs(120),
+    );
+    assert!(status.is_some_and(|s| s.success()) && stderr.contains("child done"), "{status:?}\n{stderr}");
+}

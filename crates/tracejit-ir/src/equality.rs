@@ -140,9 +140,10 @@ fn op_eq(inner: &mut String, a: &Op, b: &Op) -> bool {
                 inner.is_empty()
             })
         }
-        Op::While { parts, trip_count } => {
-            let Op::While { parts: other, trip_count: t } = b else { return false };
+        Op::While { parts, trip_count, cancel } => {
+            let Op::While { parts: other, trip_count: t, cancel: c } = b else { return false };
             trip_count == t
+                && cancel.is_some() == c.is_some()
                 && parts.iter().zip(other).all(|(x, y)| {
                     graph_diff(inner, x, y);
                     inner.is_empty()

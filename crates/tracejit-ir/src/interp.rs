@@ -166,7 +166,9 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 interpret(&graph.library.get(*func).graph, &args)?.into_iter().collect()
             }
             Op::Fused { body } => interpret(body, &args)?.into_iter().collect(),
-            Op::Cond { .. } | Op::While { .. } => run_control(&node.op, &args)?.into_iter().collect(),
+            Op::Cond { .. } | Op::While { .. } => {
+                run_control(&node.op, &args).map_err(|e| e.at(node.location))?.into_iter().collect()
+            }
             Op::Kernel { .. } => {
                 // Declared output types may hold unknown dims, so only the
                 // inputs are checked here; the outputs are checked below.
@@ -245,7 +247,9 @@ fn run_control(op: &Op, args: &[Storage]) -> Result<Vec<Storage>, IrError> {
     let mut run = crate::control::RunWith(|k: usize, xs: &[Storage]| interpret(&subgraphs[k], xs));
     match op {
         Op::Cond { .. } => crate::control::run_cond(args, &mut run),
-        Op::While { parts, .. } => crate::control::run_while(parts[1].outputs.len(), args, &mut run),
+        Op::While { parts, cancel, .. } => {
+            crate::control::run_while(parts[1].outputs.len(), args, &mut run, cancel.as_ref())
+        }
         Op::Parameter { .. }
         | Op::Constant { .. }
         | primitive_ops!()

@@ -222,6 +222,10 @@ pub enum Op {
         /// The number of iterations when it is known statically
         /// (`fori_loop`); reverse mode needs it.
         trip_count: Option<usize>,
+        /// Checked before every trip: a cancelled token (or one past its
+        /// deadline) stops the loop with an error (`while_loop_with`'s
+        /// `cancel`). Printed `cancel`; a parsed graph gets a new token.
+        cancel: Option<crate::control::CancelToken>,
     },
     /// A registered native kernel replacing a composite `Call` (created by the
     /// implementation selector). Inputs are the call's arguments; `inputs`

@@ -99,8 +99,10 @@ impl OpKey {
                 w.extend([25, Arc::as_ptr(&branches[1]) as usize as u64]);
                 identity = Arc::as_ptr(&branches[0]) as usize;
             }
-            Op::While { parts, trip_count } => {
+            Op::While { parts, trip_count, cancel } => {
                 w.extend([26, Arc::as_ptr(&parts[1]) as usize as u64, trip_count.map_or(u64::MAX, |n| n as u64)]);
+                // Loops stopped by different tokens are different loops.
+                w.push(cancel.as_ref().map_or(0, |c| c as *const _ as usize as u64));
                 identity = Arc::as_ptr(&parts[0]) as usize;
             }
             Op::Kernel { name, kernel, inputs, outputs } => {

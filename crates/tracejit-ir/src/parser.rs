@@ -389,9 +389,12 @@ impl<'a> Parser<'a> {
                         Op::Fused { body: first.clone() }
                     }
                     Nested::Cond => Op::Cond { branches: [blocks[0].clone(), blocks[1].clone()] },
-                    Nested::While(trip_count) => {
-                        Op::While { parts: [blocks[0].clone(), blocks[1].clone()], trip_count }
-                    }
+                    Nested::While(trip_count, cancel) => Op::While {
+                        parts: [blocks[0].clone(), blocks[1].clone()],
+                        trip_count,
+                        // A token cannot be written down: a fresh one.
+                        cancel: cancel.then(crate::control::CancelToken::new),
+                    },
                 };
             }
         }

@@ -384,10 +384,16 @@ impl Executable {
                 }
                 StepKind::While(subs, carried, split) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
-                    match split.as_ref().and_then(|s| s.run(*carried, &owned)) {
+                    let cancel = match &g.node(step.node).op {
+                        Op::While { cancel, .. } => cancel.as_ref(),
+                        _ => None,
+                    };
+                    match split.as_ref().and_then(|s| s.run(*carried, &owned, cancel)) {
                         Some(out) => outs.extend(out),
                         None => {
-                            outs.extend(tracejit_ir::control::run_while(*carried, &owned, &mut Shared { subs, pool })?)
+                            let mut shared = Shared { subs, pool };
+                            let out = tracejit_ir::control::run_while(*carried, &owned, &mut shared, cancel);
+                            outs.extend(out.map_err(|e| e.at(g.node(step.node).location))?)
                         }
                     }
                 }

@@ -264,7 +264,10 @@ fn emit_node(
             let outs: Vec<String> = (0..node.outputs.len() as u32).map(|i| out(names, body, i)).collect();
             crate::control::emit_if(branches, &ins, &outs, scope, body, state)?;
         }
-        Op::While { parts, trip_count } => {
+        // A cancel token has no ONNX form: the exported loop cannot be
+        // stopped from outside (its maximum_iterations, a counter in the
+        // condition, is exported).
+        Op::While { parts, trip_count, .. } => {
             let ins: Vec<String> = node.inputs.iter().map(|&v| names[&v].clone()).collect();
             let outs: Vec<String> = (0..node.outputs.len() as u32).map(|i| out(names, body, i)).collect();
             crate::control::emit_loop(parts, *trip_count, &ins, &outs, scope, body, state)?;

@@ -1,5 +1,6 @@
-//! Control flow on tensor values: [`cond`], [`while_loop`] and
-//! [`fori_loop`].
+//! Control flow on tensor values: [`cond`], [`while_loop`] (and
+//! [`while_loop_with`], which a trip limit or a [`CancelToken`] may stop)
+//! and [`fori_loop`].
 //!
 //! Eagerly (no trace on this thread) they are plain Rust: an `if` on the
 //! predicate's value, a `loop`. While tracing, each becomes one graph node
@@ -18,6 +19,7 @@
 
 use std::sync::Arc;
 
+pub use tracejit_ir::control::CancelToken;
 use tracejit_ir::{join_types, Graph, Op, TensorType};
 use tracejit_tensor::DType;
 
@@ -309,18 +311,114 @@ fn check_untaken<R: Nest>(taken: &R, untaken: impl FnOnce() -> R, taken_is_then:
 /// ```
 #[track_caller]
 pub fn while_loop<S: Nest>(cond: impl Fn(&S) -> Tensor, body: impl Fn(S) -> S, init: S) -> S {
-    if traced_name().is_none() {
-        let mut state = init;
-        loop {
-            let c = cond(&state);
-            check_bool_scalar(&c, "while_loop: the condition");
-            if !eager_bool(&c) {
-                return state;
-            }
-            state = body(state);
-        }
+    while_loop_with(cond, body, init, WhileOptions::default())
+}
+
+/// How a [`while_loop_with`] may be stopped: TF's `maximum_iterations`, and
+/// a [`CancelToken`] checked before every trip.
+#[derive(Clone, Debug, Default)]
+pub struct WhileOptions {
+    maximum_iterations: Option<u64>,
+    cancel: Option<CancelToken>,
+}
+
+impl WhileOptions {
+    /// No limit, no token: what [`while_loop`] uses.
+    pub fn new() -> WhileOptions {
+        WhileOptions::default()
     }
-    traced_while(&cond, &body, init, None)
+
+    /// Runs at most `n` trips: the condition is and-ed with a hidden trip
+    /// counter (as TF's `while_loop(maximum_iterations=n)`), so the loop
+    /// ends normally with the state after `n` trips. The counter is part of
+    /// the graph (it exports to ONNX).
+    pub fn maximum_iterations(mut self, n: u64) -> WhileOptions {
+        self.maximum_iterations = Some(n);
+        self
+    }
+
+    /// Checks `token` before every trip: once it is cancelled
+    /// ([`CancelToken::cancel`], from any thread) or past its deadline
+    /// ([`CancelToken::cancel_after`]), the loop stops with an error — the
+    /// `Err` of the call naming the loop's line (eagerly, a panic). The
+    /// token is held by the traced graph, so every later call checks it
+    /// too; [`CancelToken::reset`] it to run again.
+    pub fn cancel(mut self, token: &CancelToken) -> WhileOptions {
+        self.cancel = Some(token.clone());
+        self
+    }
+}
+
+/// [`while_loop`] that may be stopped: after `options`'
+/// `maximum_iterations` trips (normally, as TF's `while_loop`), or by its
+/// [`CancelToken`] (an error). A traced loop whose condition never turns
+/// false otherwise hangs its call with no way out.
+///
+/// ```
+/// use std::time::Duration;
+/// use tracejit_trace::{function, while_loop_with, CancelToken, Tensor, WhileOptions};
+///
+/// // Never ends on its own: x only grows.
+/// let forever = |x: &Tensor| x.sum_all().gt(0.0);
+/// let capped = function(move |x: Tensor| {
+///     while_loop_with(forever, |x: Tensor| &x + 1.0, x, WhileOptions::new().maximum_iterations(10))
+/// });
+/// assert_eq!(capped.call(Tensor::scalar(1.0f32))?.to_vec::<f32>()?, vec![11.0]);
+///
+/// let token = CancelToken::new();
+/// let t = token.clone();
+/// let stoppable = function(move |x: Tensor| {
+///     while_loop_with(forever, |x: Tensor| &x + 1.0, x, WhileOptions::new().cancel(&t))
+/// });
+/// token.cancel_after(Duration::from_millis(10));
+/// let e = stoppable.call(Tensor::scalar(1.0f32)).unwrap_err();
+/// assert!(e.to_string().contains("CancelToken"), "{e}");
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+#[track_caller]
+pub fn while_loop_with<S: Nest>(
+    cond: impl Fn(&S) -> Tensor,
+    body: impl Fn(S) -> S,
+    init: S,
+    options: WhileOptions,
+) -> S {
+    if traced_name().is_none() {
+        return eager_while(&cond, &body, init, &options);
+    }
+    let Some(max) = options.maximum_iterations else {
+        return traced_while(&cond, &body, init, None, options.cancel);
+    };
+    let limit = i64::try_from(max).unwrap_or(i64::MAX);
+    let (_, state) = traced_while(
+        &|(k, s): &(Tensor, S)| cond(s).logical_and(k.lt(limit)),
+        &|(k, s): (Tensor, S)| (&k + 1i64, body(s)),
+        (Tensor::scalar(0i64), init),
+        None,
+        options.cancel,
+    );
+    state
+}
+
+/// A while loop run eagerly: a Rust loop with the options' limit and token.
+#[track_caller]
+fn eager_while<S: Nest>(cond: &dyn Fn(&S) -> Tensor, body: &dyn Fn(S) -> S, init: S, options: &WhileOptions) -> S {
+    let mut state = init;
+    let mut trips: u64 = 0;
+    loop {
+        if options.maximum_iterations.is_some_and(|max| trips >= max) {
+            return state;
+        }
+        if let Some(Err(e)) = options.cancel.as_ref().map(|t| t.check(trips)) {
+            panic!("while_loop: {e}");
+        }
+        let c = cond(&state);
+        check_bool_scalar(&c, "while_loop: the condition");
+        if !eager_bool(&c) {
+            return state;
+        }
+        state = body(state);
+        trips += 1;
+    }
 }
 
 /// `body(i, state)` for `i` in `lower..upper` (an i64 scalar tensor),
@@ -352,13 +450,20 @@ pub fn fori_loop<S: Nest>(lower: i64, upper: i64, body: impl Fn(Tensor, S) -> S,
         &|(i, s): (Tensor, S)| (&i + 1i64, body(i, s)),
         (Tensor::scalar(lower), init),
         Some(trips),
+        None,
     );
     state
 }
 
 /// The `while` node of a loop inside a trace.
 #[track_caller]
-fn traced_while<S: Nest>(cond: &dyn Fn(&S) -> Tensor, body: &dyn Fn(S) -> S, init: S, trip_count: Option<usize>) -> S {
+fn traced_while<S: Nest>(
+    cond: &dyn Fn(&S) -> Tensor,
+    body: &dyn Fn(S) -> S,
+    init: S,
+    trip_count: Option<usize>,
+    cancel: Option<CancelToken>,
+) -> S {
     let base = traced_name().unwrap_or_else(|| Arc::from("while"));
     let init = flat(&init);
     let rebuild =
@@ -398,7 +503,7 @@ fn traced_while<S: Nest>(cond: &dyn Fn(&S) -> Tensor, body: &dyn Fn(S) -> S, ini
     for x in &c.captures[traced_body.captures.len()..] {
         body_graph.add_param(x.tensor_type());
     }
-    let op = Op::While { parts: [Arc::new(c.graph), Arc::new(body_graph)], trip_count };
+    let op = Op::While { parts: [Arc::new(c.graph), Arc::new(body_graph)], trip_count, cancel };
     let mut inputs: Vec<&Tensor> = init.tensors.iter().collect();
     inputs.extend(c.captures.iter());
     let outs = record(op, &inputs);

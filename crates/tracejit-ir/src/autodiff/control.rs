@@ -44,7 +44,7 @@ pub fn vjp_control<E: Emitter>(
 ) -> R<(Vec<Option<E::Value>>, Vec<Option<E::Value>>)> {
     match op {
         Op::Cond { branches } => cond_vjp(e, branches, inputs, outputs, cotangents, variables),
-        Op::While { parts, trip_count: Some(n) } => while_vjp(e, &parts[1], *n, inputs, cotangents, variables),
+        Op::While { parts, trip_count: Some(n), .. } => while_vjp(e, &parts[1], *n, inputs, cotangents, variables),
         Op::While { trip_count: None, .. } => Err(AutodiffError::Unsupported {
             op: "while".into(),
             message: "reverse-mode differentiation needs a static trip count, and this loop's depends on the data \
