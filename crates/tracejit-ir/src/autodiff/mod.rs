@@ -36,6 +36,7 @@
 //! [`AutodiffError`] naming the op, never a wrong number.
 
 mod control;
+mod loops;
 mod rules;
 
 use std::collections::HashMap;
@@ -238,6 +239,18 @@ pub(crate) fn replay<E: Emitter>(
     inputs: &[E::Value],
     variables: &[(crate::VarId, E::Value)],
 ) -> Result<HashMap<ValueId, E::Value>, AutodiffError> {
+    Ok(replay_state(e, graph, inputs, variables)?.0)
+}
+
+/// [`replay`], also returning each variable's value after the graph (as
+/// its assignments left it): what a loop body hands the next trip.
+#[allow(clippy::type_complexity)]
+pub(crate) fn replay_state<E: Emitter>(
+    e: &mut E,
+    graph: &Graph,
+    inputs: &[E::Value],
+    variables: &[(crate::VarId, E::Value)],
+) -> Result<(HashMap<ValueId, E::Value>, Vec<(crate::VarId, E::Value)>), AutodiffError> {
     let mut vals: HashMap<ValueId, E::Value> = HashMap::new();
     let mut variables: Vec<(crate::VarId, E::Value)> = variables.to_vec();
     for (id, node) in graph.nodes() {
@@ -318,7 +331,7 @@ pub(crate) fn replay<E: Emitter>(
             vals.insert(ValueId::new(id, i as u32), v);
         }
     }
-    Ok(vals)
+    Ok((vals, variables))
 }
 
 /// The second half of [`vjp_graph`]: `graph` differentiated from its
