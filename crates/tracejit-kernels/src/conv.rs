@@ -70,9 +70,9 @@ mod tests;
 mod tests_grad;
 
 /// Serializes the tests (of this module and `pool2d`) that change the
-/// thread count or the split thresholds.
+/// thread count or the split thresholds: the crate's one lock for them.
 #[cfg(test)]
-pub(crate) static THREADS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+pub(crate) use crate::threads::TEST_LOCK as THREADS;
 
 /// The sizes of a 2-D convolution: `x [batch, in_channels, in_h, in_w]`,
 /// `w [out_channels, in_channels / groups, kernel[0], kernel[1]]`,

@@ -43,6 +43,13 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// Serializes the unit tests that change the process-wide thread count
+/// (or the split thresholds): one lock for all of them, so that no test's
+/// count changes under another's (the attention test saw one pass skip the
+/// pool when a bf16 test, holding a lock of its own, set the count).
+#[cfg(test)]
+pub(crate) static TEST_LOCK: Mutex<()> = Mutex::new(());
+
 /// The environment variable giving the default thread count.
 pub const ENV_VAR: &str = "TRACEJIT_NUM_THREADS";
 

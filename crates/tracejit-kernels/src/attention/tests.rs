@@ -2,8 +2,6 @@
 //! on random problems of odd sizes, every path, masks, special values and
 //! thread counts.
 
-use std::sync::Mutex;
-
 use super::paths::Path;
 use super::reference::{loss, reference, sees, Reference};
 use super::{backward_on, forward_on, Grads, Mask, Problem};
@@ -278,8 +276,8 @@ fn nan_and_inf_propagate_as_the_plain_formula() {
     }
 }
 
-/// Serializes the tests that set the thread count.
-static THREADS: Mutex<()> = Mutex::new(());
+/// Serializes the tests that set the thread count (the crate's one lock).
+use crate::threads::TEST_LOCK as THREADS;
 
 /// 1, 2 and 3 threads give the same bits (on problems large enough for
 /// the pool), and they match the reference.

@@ -40,14 +40,13 @@ pub(crate) fn paths() -> [Isa; 2] {
 /// Serializes the tests that change the thread count, and restores the
 /// default after `f` (even when it fails).
 pub(crate) fn with_threads<R>(n: usize, f: impl FnOnce() -> R) -> R {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     struct Restore;
     impl Drop for Restore {
         fn drop(&mut self) {
             crate::threads::set_num_threads(0);
         }
     }
-    let _lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _lock = crate::threads::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let _restore = Restore;
     crate::threads::set_num_threads(n);
     f()
