@@ -696,3 +696,56 @@ fn a_huge_loop_gradient_is_an_error_not_an_abort() {
     );
     assert!(status.is_some_and(|s| s.success()) && stderr.contains("child done"), "{status:?}\n{stderr}");
 }
+
+/// `depth` conds nested in each other's then branch.
+fn nested_conds(x: &Tensor, depth: usize) -> Tensor {
+    if depth == 0 {
+        return x * 2.0;
+    }
+    cond(&x.sum_all().gt(depth as f64), || nested_conds(x, depth - 1), || x - 1.0)
+}
+
+/// The child of `deep_nesting_is_an_error_not_a_stack_overflow`: on a
+/// thread with a 2 MiB stack (what `std::thread::spawn` gives).
+#[test]
+fn child_deep_nesting() {
+    if std::env::var_os("TRACEJIT_DEEP_CHILD").is_none() {
+        return;
+    }
+    let run = std::thread::Builder::new().stack_size(2 << 20).spawn(|| {
+        // As deep as allowed: traced, compiled, run and differentiated.
+        let depth = tracejit::MAX_NESTING;
+        let f = function(move |x: Tensor| nested_conds(&x, depth));
+        assert_eq!(vals(&f.call(Tensor::scalar(1e9f32)).unwrap()), vec![2e9]);
+        let g = function(move |x: Tensor| {
+            let tape = GradientTape::new();
+            tape.watch(&x);
+            let y = nested_conds(&x, depth);
+            tape.gradient(&y, &[&x]).unwrap().remove(0).unwrap()
+        });
+        assert_eq!(vals(&g.call(Tensor::scalar(1e9f32)).unwrap()), vec![2.0]);
+        // 500 levels overflowed the stack and aborted the process.
+        let deep = function(|x: Tensor| nested_conds(&x, 500));
+        let e = deep.call(Tensor::scalar(1e9f32)).unwrap_err().to_string();
+        assert!(e.contains("cond: control flow nests more than 128 levels"), "{}", &e[..e.len().min(300)]);
+        // Eagerly there is no limit.
+        assert_eq!(vals(&nested_conds(&Tensor::scalar(1e9f32), 1000)), vec![2e9]);
+    });
+    run.unwrap().join().unwrap();
+    eprintln!("child done");
+}
+
+/// Tracing 500 nested `cond`s overflowed a 2 MiB thread stack (failure 9
+/// of issue #28): run in a child process, which an overflow would abort.
+#[test]
+fn deep_nesting_is_an_error_not_a_stack_overflow() {
+    if std::env::var_os("TRACEJIT_DEEP_CHILD").is_some() {
+        return;
+    }
+    let (status, stderr) = crate::common::run_child(
+        "control_flow::child_deep_nesting",
+        &[("TRACEJIT_DEEP_CHILD", "1")],
+        std::time::Duration::from_secs(300),
+    );
+    assert!(status.is_some_and(|s| s.success()) && stderr.contains("child done"), "{status:?}\n{stderr}");
+}

@@ -292,6 +292,16 @@ impl Graph {
         self.nodes.iter()
     }
 
+    /// How deeply control flow and calls nest in the graph: 0 for a graph
+    /// with no subgraph, 1 + the deepest subgraph's otherwise (fused
+    /// regions and library functions count as levels). Passes and
+    /// executors recurse once per level.
+    pub fn nesting_depth(&self) -> usize {
+        let callees = self.library.iter().map(|(_, f)| f.graph.nesting_depth() + 1);
+        let subgraphs = self.nodes().flat_map(|(_, n)| n.op.subgraphs().iter().map(|g| g.nesting_depth() + 1));
+        callees.chain(subgraphs).max().unwrap_or(0)
+    }
+
     /// The effects of running the whole graph: the union of its nodes'.
     pub fn effects(&self) -> crate::Effects {
         self.nodes().fold(crate::Effects::PURE, |e, (_, n)| e.union(n.op.effects(&self.library)))

@@ -54,15 +54,44 @@ fn flat<R: Nest>(r: &R) -> Flat {
     }
 }
 
+/// How deeply `cond`, `while_loop` and function calls may nest while
+/// tracing. Each level costs stack while it is traced and run (a few KiB;
+/// 500 nested `cond`s overflowed a 2 MiB thread stack and aborted the
+/// process); past this a trace is an `Err` naming the limit, so 128 levels
+/// fit a 2 MiB stack with room for the user's own frames. Eager control
+/// flow has no such limit.
+pub const MAX_NESTING: usize = 128;
+
+/// Panics (the `Err` of the call) when a new subgraph would nest deeper
+/// than [`MAX_NESTING`].
+#[track_caller]
+fn check_nesting(what: &str) {
+    let depth = context::depth();
+    if depth > MAX_NESTING {
+        panic!(
+            "{what}: control flow nests more than {MAX_NESTING} levels deep in function `{}` (tracejit traces at most \
+             {MAX_NESTING} nested cond/while_loop/function levels: each level's trace and run use stack, and a \
+             deeper one would overflow a 2 MiB thread stack); flatten the nesting, e.g. compute the branches' values \
+             and pick one with Tensor::select, or run it eagerly",
+            context::current_function().as_deref().unwrap_or("?")
+        );
+    }
+}
+
 /// Traces `f` on fresh parameters of `params` into a new graph named
 /// `name`. `known_captures` become its first implicit parameters, in
 /// order, whether used or not (so two branches can share a prefix).
+#[track_caller]
 fn trace_subgraph(
     name: String,
     params: &[TensorType],
     known_captures: &[Tensor],
     f: impl FnOnce(Vec<Tensor>) -> Flat,
 ) -> Subtrace {
+    check_nesting(match name.rsplit('.').next() {
+        Some("then" | "else" | "untaken") => "cond",
+        _ => "while_loop",
+    });
     let guard = push_context(subgraph_context(name));
     let placeholders: Vec<Tensor> = guard.with(|ctx| {
         params

@@ -605,8 +605,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
         }
         // A malformed `implements` name failed the call before tracing.
         let attrs = FunctionAttrs { implements: self.config.implements.clone().and_then(Result::ok) };
-        let (optimized, report) = self.optimize_graph(&ctx.graph)?;
-        let (executable, jit_error) = self.prepare_executable(&optimized);
+        let (optimized, report, executable, jit_error) = self.optimize_and_prepare(&ctx.graph)?;
         let graph = Arc::new(ctx.graph);
         let n_params = specs.len();
         let cf = Arc::new(ConcreteFunction {

@@ -30,7 +30,7 @@ mod variable;
 
 pub use concrete::ConcreteFunction;
 pub use context::attributed_to;
-pub use control::{cond, fori_loop, while_loop, while_loop_with, CancelToken, WhileOptions};
+pub use control::{cond, fori_loop, while_loop, while_loop_with, CancelToken, WhileOptions, MAX_NESTING};
 pub use error::{Error, Result};
 pub use function::{function, CacheStats, Function, RetracePolicy, DEFAULT_MAX_TRACES};
 pub use nest::{
