@@ -188,9 +188,32 @@ pub fn read(path: impl AsRef<Path>) -> Result<BTreeMap<String, Tensor>, Checkpoi
     let path = path.as_ref();
     let bytes =
         fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_path_buf(), action: "reading", source })?;
+    read_bytes_at(&bytes, path)
+}
+
+/// [`read`] of a checkpoint already in memory (errors name the file as
+/// `<bytes>`).
+///
+/// ```
+/// use tracejit_module::checkpoint;
+///
+/// let e = checkpoint::read_bytes(b"\x08\0\0\0\0\0\0\0{\"a\":1}").unwrap_err();
+/// assert!(e.to_string().contains("not a valid safetensors file"), "{e}");
+/// ```
+pub fn read_bytes(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, CheckpointError> {
+    read_bytes_at(bytes, Path::new("<bytes>"))
+}
+
+/// [`restore`] from a checkpoint already in memory (errors name the file
+/// as `<bytes>`): all of `module`'s variables, or (on any error) none.
+pub fn restore_bytes<M: Module + ?Sized>(module: &M, bytes: &[u8]) -> Result<(), CheckpointError> {
+    restore_from_bytes(module, bytes, Path::new("<bytes>"))
+}
+
+fn read_bytes_at(bytes: &[u8], path: &Path) -> Result<BTreeMap<String, Tensor>, CheckpointError> {
     let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_path_buf(), reason };
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
-    let metadata = file_metadata(&bytes);
+    let file = SafeTensors::deserialize(bytes).map_err(|e| corrupt(e.to_string()))?;
+    let metadata = file_metadata(bytes);
     verify_header(&file, metadata.as_ref(), path)?;
     let mut out = BTreeMap::new();
     for (key, view) in file.iter() {
