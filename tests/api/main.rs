@@ -11,6 +11,7 @@ mod common;
 mod checkpoint;
 mod composite;
 mod control_flow;
+mod control_limits;
 mod differential;
 mod eager_api;
 mod gradients;
