@@ -78,11 +78,11 @@ pub use tracejit_optim as optim;
 pub use tracejit_tensor as tensor;
 /// Control flow on tensor values: plain Rust eagerly, `cond` / `while`
 /// graph nodes (subgraphs traced once) inside a traced function.
-pub use tracejit_trace::{cond, fori_loop, while_loop};
+pub use tracejit_trace::{cond, fori_loop, while_loop, while_loop_with, CancelToken, WhileOptions, MAX_NESTING};
 pub use tracejit_trace::{
-    config, function, nest_join_field, nest_paths, remember, remember_in, CacheStats, ConcreteFunction, DType, Error,
-    Flattener, Function, Nest, Operand, Result, RetracePolicy, Scalar, Scope, SliceSpec, SpecFlattener, SpecNest,
-    Static, StaticValue, Tensor, TensorSpec, Unflattener, Variable,
+    config, function, locked_update, nest_join_field, nest_paths, remember, remember_in, CacheStats, ConcreteFunction,
+    DType, Error, Flattener, Function, Nest, Operand, Result, RetracePolicy, Scalar, Scope, SliceSpec, SpecFlattener,
+    SpecNest, Static, StaticValue, Tensor, TensorSpec, Unflattener, Variable, DEFAULT_MAX_TRACES,
 };
 pub use tracejit_trace::{OptimizationOptions, PipelineReport, Profile, ScheduleStats, StepTime};
 

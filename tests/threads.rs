@@ -5,6 +5,9 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+#[allow(dead_code, reason = "the helpers serve several test binaries; this one uses `run_child`")]
+mod common;
+
 use tracejit::config::{num_threads, pool_dispatches, set_num_threads};
 use tracejit::prelude::*;
 
@@ -121,4 +124,49 @@ fn mlp_and_lstm_give_the_same_bits_with_any_count() {
         Tensor::randn(&[1024], 15),
     );
     same_with_each_count(&lstm, args);
+}
+
+/// The OS threads of this process now (Linux; `None` elsewhere).
+fn os_threads() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|n| n.trim().parse().ok())
+}
+
+/// The child of `huge_thread_counts_are_clamped`: a count of 1,000 started
+/// 1,001 OS threads, and `usize::MAX` aborted the process after ~16k.
+#[test]
+fn child_huge_thread_counts() {
+    if std::env::var_os("TRACEJIT_THREADS_CHILD").is_none() {
+        return;
+    }
+    let max = tracejit::config::max_threads();
+    let product = function(|(a, b): (Tensor, Tensor)| a.matmul(&b));
+    let (a, b) = (Tensor::randn(&[512, 512], 1), Tensor::randn(&[512, 512], 2));
+    let before = os_threads();
+    for n in [1000, usize::MAX] {
+        assert_eq!(set_num_threads(n), max);
+        assert_eq!(num_threads(), max);
+        // A product this large runs on the pool.
+        product.call((a.clone(), b.clone())).unwrap();
+    }
+    if let (Some(before), Some(after)) = (before, os_threads()) {
+        assert!(
+            after <= before + max,
+            "{after} threads after asking for 1000, {before} before (at most {max} allowed)"
+        );
+    }
+    eprintln!("child done");
+}
+
+#[test]
+fn huge_thread_counts_are_clamped() {
+    if std::env::var_os("TRACEJIT_THREADS_CHILD").is_some() {
+        return;
+    }
+    let (status, stderr) = common::run_child(
+        "child_huge_thread_counts",
+        &[("TRACEJIT_THREADS_CHILD", "1")],
+        std::time::Duration::from_secs(120),
+    );
+    assert!(status.is_some_and(|s| s.success()) && stderr.contains("child done"), "{status:?}\n{stderr}");
 }

@@ -220,8 +220,8 @@ pub fn loss_and_correct(logits: &Tensor, labels: &Tensor) -> (Tensor, Tensor) {
 pub struct TrainState {
     /// The classifier.
     pub model: Mlp,
-    /// Its optimizer; slots are named after the model's paths
-    /// (`opt.m.layers[0].w`).
+    /// Its optimizer; checkpoints name its slots after the model's paths
+    /// (`opt.m.model.layers[0].w`).
     pub opt: Adam,
     /// Epochs completed (i64 scalar).
     pub epoch: Variable,
@@ -232,7 +232,8 @@ pub struct TrainState {
 
 impl TrainState {
     /// A fresh model and optimizer for `config`, with the optimizer's slots
-    /// built (so a checkpoint can be restored into it at once).
+    /// built up front (a checkpoint restores into it either way: slots not
+    /// built yet take their values when the first step builds them).
     pub fn new(config: &Config, steps_per_epoch: usize) -> TrainState {
         let mut sizes = vec![PIXELS];
         sizes.extend(&config.hidden);

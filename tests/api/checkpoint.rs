@@ -394,6 +394,36 @@ fn a_bit_flip_in_the_header_never_restores_different_values() {
     }
 }
 
+/// One flipped bit in the `tracejit.checksums` key made the file pass for
+/// another tool's, so a second flip in the data restored a wrong weight
+/// (failure 10 of issue #28). Every key of the metadata is tried.
+#[test]
+fn a_damaged_marker_does_not_switch_the_checksums_off() {
+    let dir = TempDir::new("marker");
+    let good = dir.file("good.safetensors");
+    checkpoint::save(&all_dtypes(2), &good).unwrap();
+    let bytes = std::fs::read(&good).unwrap();
+    let start = data_start(&bytes);
+    let header = String::from_utf8_lossy(&bytes[8..start]).into_owned();
+    let bad = dir.file("bad.safetensors");
+    let mut keys = 0;
+    for (at, _) in header.match_indices("\"tracejit.") {
+        keys += 1;
+        let mut b = bytes.clone();
+        // `t` (0x74) -> `u` (0x75): still valid JSON, another key.
+        b[8 + at + 1] ^= 1;
+        b[start] ^= 0x10;
+        std::fs::write(&bad, &b).unwrap();
+        let target = all_dtypes(5);
+        let before = snapshot(&target);
+        let err = checkpoint::restore(&target, &bad).unwrap_err();
+        assert!(err.to_string().contains("nothing was restored"), "{err}");
+        assert!(checkpoint::read(&bad).is_err());
+        assert_eq!(snapshot(&target), before);
+    }
+    assert!(keys >= 3, "{header}");
+}
+
 /// A safetensors file as another tool writes it: no tracejit metadata.
 fn foreign_file(metadata: &str) -> Vec<u8> {
     let header = format!(

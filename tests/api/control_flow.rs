@@ -7,7 +7,7 @@
 use proptest::prelude::*;
 use tracejit::prelude::*;
 
-fn vals(t: &Tensor) -> Vec<f64> {
+pub(crate) fn vals(t: &Tensor) -> Vec<f64> {
     t.cast(DType::F64).to_vec::<f64>().unwrap()
 }
 
@@ -16,7 +16,7 @@ fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
         && a.iter().zip(b).all(|(x, y)| (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol * y.abs().max(1.0))
 }
 
-fn t(v: &[f32]) -> Tensor {
+pub(crate) fn t(v: &[f32]) -> Tensor {
     Tensor::from_vec(v.to_vec(), &[v.len()])
 }
 
@@ -315,7 +315,7 @@ fn variables_read_inside_a_branch_get_their_gradient() {
     assert_eq!(vals(&step.call(f64v(&[-0.7, 0.2])).unwrap()), vec![0.0, 0.0]);
 }
 
-fn rnn(x: &Tensor, w: &Tensor, steps: i64) -> Tensor {
+pub(crate) fn rnn(x: &Tensor, w: &Tensor, steps: i64) -> Tensor {
     fori_loop(0, steps, |_, h: Tensor| (h.matmul(w) + x).tanh(), x.clone()).sum_all()
 }
 
@@ -451,4 +451,115 @@ fn threads_run_one_compiled_loop_at_once() {
         h.join().unwrap();
     }
     assert_eq!(f.tracing_count(), 1);
+}
+
+/// Branches of different dtypes: an `Err` when traced, but eagerly (and
+/// under `run_functions_eagerly(true)`) the taken branch ran and nothing
+/// was said (failure 12 of issue #28).
+fn mixed_dtypes(x: &Tensor) -> Tensor {
+    cond(&x.sum_all().gt(0.0), || x * 2.0, || x.cast(DType::F64))
+}
+
+const MIXED: &str = "output 0: the then branch returns f32[2], the else branch f64[2]";
+
+pub(crate) fn panic_text(f: impl FnOnce()) -> String {
+    let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("must panic");
+    e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+}
+
+#[test]
+fn cond_branches_of_different_dtypes_fail_in_every_mode() {
+    for x in [t(&[1.0, 2.0]), t(&[-1.0, -2.0])] {
+        let got = panic_text(|| drop(mixed_dtypes(&x)));
+        assert!(got.contains(MIXED), "eager: {got}");
+        let f = function(|x: Tensor| mixed_dtypes(&x));
+        let e = f.call(x.clone()).unwrap_err().to_string();
+        assert!(e.contains(MIXED), "traced: {e}");
+        // A constant predicate while tracing: the same rule.
+        let g = function(|x: Tensor| cond(&Tensor::scalar(true), || &x * 2.0, || x.cast(DType::F64)));
+        assert!(g.call(x.clone()).unwrap_err().to_string().contains(MIXED));
+    }
+    // What agrees still runs, taking only its branch's effects.
+    let v = Variable::new(Tensor::scalar(0i64));
+    let out = cond(
+        &Tensor::scalar(true),
+        || t(&[1.0, 2.0]) * 2.0,
+        || {
+            v.assign_add(&Tensor::scalar(1i64));
+            t(&[0.0, 0.0])
+        },
+    );
+    assert_eq!(vals(&out), vec![2.0, 4.0]);
+    assert_eq!(v.value().to_vec::<i64>().unwrap(), vec![0], "the untaken branch's write did not happen");
+}
+
+/// The child of `cond_branches_of_different_dtypes_fail_when_run_eagerly`.
+#[test]
+fn child_cond_dtypes_eagerly() {
+    if std::env::var_os("TRACEJIT_COND_EAGER_CHILD").is_none() {
+        return;
+    }
+    assert!(tracejit::config::functions_run_eagerly());
+    let f = function(|x: Tensor| mixed_dtypes(&x));
+    let e = f.call(t(&[1.0, 2.0])).unwrap_err().to_string();
+    assert!(e.contains(MIXED) && e.contains("while running eagerly"), "{e}");
+    eprintln!("child done");
+}
+
+#[test]
+fn cond_branches_of_different_dtypes_fail_when_run_eagerly() {
+    if std::env::var_os("TRACEJIT_COND_EAGER_CHILD").is_some() {
+        return;
+    }
+    let (status, stderr) = crate::common::run_child(
+        "control_flow::child_cond_dtypes_eagerly",
+        &[("TRACEJIT_COND_EAGER_CHILD", "1"), ("TRACEJIT_EAGER", "1")],
+        std::time::Duration::from_secs(120),
+    );
+    assert!(status.is_some_and(|s| s.success()) && stderr.contains("child done"), "{status:?}\n{stderr}");
+}
+
+/// A loop carrying an i64 counter, a bool flag and a state, reading one
+/// variable and writing another, capturing `x` and `w`.
+fn looped(x: &Tensor, w: &Tensor, scale: &Variable, counter: &Variable) -> Tensor {
+    let init = (Tensor::scalar(0i64), Tensor::scalar(true), x.clone());
+    let (_, _, h) = fori_loop(
+        0,
+        7,
+        |_i, (n, flag, h): (Tensor, Tensor, Tensor)| {
+            counter.assign_add(&Tensor::scalar(1i64));
+            let next = (h.matmul(w) * scale.read() + x).tanh();
+            (&n + 1i64, flag.logical_not(), Tensor::select(&flag, &next, &(&next * 0.5)))
+        },
+        init,
+    );
+    h.sum_all()
+}
+
+/// Gradients of `looped` with respect to `x`, `w` and `scale`.
+fn looped_grads(x: &Tensor, w: &Tensor, scale: &Variable, counter: &Variable) -> (Tensor, Tensor, Tensor) {
+    let tape = GradientTape::persistent();
+    tape.watch(x);
+    tape.watch(w);
+    let y = looped(x, w, scale, counter);
+    let g = tape.gradient(&y, &[x, w]).unwrap();
+    let gs = tape.gradient(&y, std::slice::from_ref(scale)).unwrap().remove(0).unwrap();
+    (g[0].clone().unwrap(), g[1].clone().unwrap(), gs)
+}
+
+#[test]
+fn loop_gradients_match_eager_in_both_executors() {
+    let x = Tensor::from_vec(vec![0.1f64, -0.3, 0.2, 0.4, 0.0, -0.1], &[2, 3]);
+    let w = Tensor::from_vec(vec![0.5f64, -0.2, 0.1, 0.3, 0.4, -0.6, 0.2, 0.1, 0.7], &[3, 3]);
+    let scale = Variable::new(Tensor::from_vec(vec![0.9f64, 1.1, 1.0], &[3]));
+    let counter = Variable::new(Tensor::scalar(0i64));
+    let (ex, ew, es) = looped_grads(&x, &w, &scale, &counter);
+    for jit in [true, false] {
+        let (s2, c2) = (scale.clone(), counter.clone());
+        let f = function(move |(x, w): (Tensor, Tensor)| looped_grads(&x, &w, &s2, &c2)).jit(jit);
+        let (tx, tw, ts) = f.call((x.clone(), w.clone())).unwrap();
+        for (got, want) in [(&tx, &ex), (&tw, &ew), (&ts, &es)] {
+            assert!(close(&vals(got), &vals(want), 1e-10), "jit {jit}: {:?} vs {:?}", vals(got), vals(want));
+        }
+    }
 }

@@ -544,3 +544,29 @@ fn sources_by_reference_array_slice_or_vector_agree() {
         assert_eq!(run(f), want, "form {i}");
     }
 }
+
+#[test]
+fn the_gradient_of_a_product_is_the_product_of_the_others_even_at_zeros() {
+    let grad = |x: &Tensor| {
+        let tape = GradientTape::new();
+        tape.watch(x);
+        let y = x.prod(&[1], false).sum_all();
+        tape.gradient(&y, &[x]).unwrap().remove(0).unwrap()
+    };
+    let traced = function(move |x: Tensor| grad(&x));
+    // Rows: no zero, one zero, two zeros, three zeros, a zero elsewhere.
+    let x =
+        Tensor::from_vec(vec![1.0f64, 2.0, 3.0, 0.0, 2.0, 3.0, 0.0, 0.0, 3.0, 0.0, 0.0, 0.0, 4.0, 0.0, -2.0], &[5, 3]);
+    let want = [6.0, 3.0, 2.0, 6.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -8.0, 0.0];
+    assert_eq!(vals(&grad(&x)), want, "eager");
+    assert_eq!(vals(&traced.call(x.clone()).unwrap()), want, "traced");
+    // Over every axis, f32 too.
+    let x = Tensor::from_vec(vec![0.0f32, 2.0, 3.0], &[3]);
+    let g = {
+        let tape = GradientTape::new();
+        tape.watch(&x);
+        let y = x.prod_all();
+        tape.gradient(&y, &[&x]).unwrap().remove(0).unwrap()
+    };
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![6.0, 0.0, 0.0]);
+}

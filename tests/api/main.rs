@@ -12,6 +12,7 @@ mod attention;
 mod checkpoint;
 mod composite;
 mod control_flow;
+mod control_limits;
 mod custom_gradient;
 mod differential;
 mod doc_examples;

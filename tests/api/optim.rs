@@ -177,7 +177,7 @@ fn slots_are_module_state_and_checkpoints_continue_bit_for_bit() {
     let state = TrainState { model: model(), opt: Adam::new(0.05) };
     state.opt.build_for(&state.model);
     let paths: Vec<String> = state.named_variables().into_iter().map(|(p, _)| p).collect();
-    for p in ["opt.iterations", "opt.m.layers[0].w", "opt.v.layers[1].b"] {
+    for p in ["opt.iterations", "opt.m.model.layers[0].w", "opt.v.model.layers[1].b"] {
         assert!(paths.contains(&p.to_string()), "{p} in {paths:?}");
     }
     // A clone shares the slots.
@@ -204,6 +204,61 @@ fn slots_are_module_state_and_checkpoints_continue_bit_for_bit() {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<Adam>();
     send_sync::<Sgd>();
+}
+
+/// Slots created by `apply_gradients` (no `build_for`) were named by a
+/// process-wide variable number (`opt.m.variable_26`), so a checkpoint of a
+/// `TrainState` did not restore into another one built the same way
+/// (`Mismatch { missing: ["opt.m.variable_26"], unexpected:
+/// ["opt.m.variable_15"] }`). Slots are now named by their variable's path
+/// in the tree saved, and restore into an optimizer that has not built them.
+#[test]
+fn slots_restore_into_a_fresh_state_without_build_for() {
+    let dir = std::env::temp_dir().join(format!("tracejit-optim-fresh-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("state.safetensors");
+    let state = TrainState { model: model(), opt: Adam::new(0.05) };
+    // Variables made in between, so the two states' variable numbers differ.
+    let _others: Vec<Variable> = (0..7).map(|_| Variable::new(Tensor::scalar(0.0f32))).collect();
+    train(&state, 3);
+    let paths: Vec<String> = state.named_variables().into_iter().map(|(p, _)| p).collect();
+    for p in ["opt.m.model.layers[0].w", "opt.v.model.layers[1].b"] {
+        assert!(paths.contains(&p.to_string()), "{p} in {paths:?}");
+    }
+    tracejit::checkpoint::save(&state, &file).unwrap();
+    train(&state, 2);
+    let after: Vec<Vec<f64>> = state.model.variables().iter().map(vals).collect();
+
+    // Built the same way and stepped once: the slots exist, named alike.
+    let stepped = TrainState { model: model(), opt: Adam::new(0.05) };
+    train(&stepped, 1);
+    tracejit::checkpoint::restore(&stepped, &file).unwrap();
+    train(&stepped, 2);
+    assert_eq!(stepped.model.variables().iter().map(vals).collect::<Vec<_>>(), after);
+
+    // Fresh, no slots yet: they take the restored values when built.
+    let fresh = TrainState { model: model(), opt: Adam::new(0.05) };
+    tracejit::checkpoint::restore(&fresh, &file).unwrap();
+    assert_eq!(fresh.opt.iterations().value().to_vec::<i64>().unwrap(), vec![3]);
+    train(&fresh, 2);
+    assert_eq!(fresh.model.variables().iter().map(vals).collect::<Vec<_>>(), after, "continues bit for bit");
+
+    // A slot whose shape does not fit its variable is a mismatch, not kept.
+    let other = TrainState {
+        model: Model {
+            layers: vec![
+                Layer {
+                    w: Variable::new(Tensor::zeros(&[3, 3], DType::F64)),
+                    b: Variable::new(Tensor::zeros(&[2], DType::F64)),
+                },
+                model().layers.remove(1),
+            ],
+        },
+        opt: Adam::new(0.05),
+    };
+    let err = tracejit::checkpoint::restore(&other, &file).unwrap_err().to_string();
+    assert!(err.contains("opt.m.model.layers[0].w"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -242,4 +297,115 @@ fn learning_rate_schedules() {
     }
     assert_eq!(step.tracing_count(), 1);
     assert!(vals(&w).iter().zip(&rw).all(|(a, b)| (a - b).abs() <= 1e-12), "{:?} vs {rw:?}", vals(&w));
+}
+
+/// The message of the panic `f` raises (`None`: it did not panic).
+fn panic_message(f: impl FnOnce()) -> Option<String> {
+    let err = catch_unwind(AssertUnwindSafe(f)).err()?;
+    Some(
+        err.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| err.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
+    )
+}
+
+#[test]
+fn hyperparameters_out_of_range_are_refused_at_construction() {
+    use tracejit::optim::LearningRate;
+    type Case = (&'static str, Box<dyn FnOnce()>);
+    let cases: Vec<Case> = vec![
+        ("beta1 must be in [0, 1), got 1", Box::new(|| drop(Adam::new(1e-3).betas(1.0, 0.999)))),
+        ("beta2 must be in [0, 1), got 1", Box::new(|| drop(Adam::new(1e-3).betas(0.9, 1.0)))),
+        ("beta1 must be in [0, 1), got -0.1", Box::new(|| drop(Adam::new(1e-3).betas(-0.1, 0.999)))),
+        ("beta2 must be in [0, 1), got NaN", Box::new(|| drop(Adam::new(1e-3).betas(0.9, f64::NAN)))),
+        ("Adam: the learning rate must be finite and at least 0, got NaN", Box::new(|| drop(Adam::new(f64::NAN)))),
+        ("Adam: the learning rate must be finite and at least 0, got inf", Box::new(|| drop(Adam::new(f64::INFINITY)))),
+        ("Sgd: the learning rate must be finite and at least 0, got -0.1", Box::new(|| drop(Sgd::new(-0.1)))),
+        ("epsilon must be finite and at least 0, got -1", Box::new(|| drop(Adam::new(1e-3).epsilon(-1.0)))),
+        ("momentum must be finite and at least 0, got NaN", Box::new(|| drop(Sgd::new(0.1).momentum(f64::NAN)))),
+        ("weight_decay must be finite and at least 0, got -0.5", Box::new(|| drop(Sgd::new(0.1).weight_decay(-0.5)))),
+        (
+            "CosineDecay's steps must be finite and above 0, got 0",
+            Box::new(|| drop(Sgd::new(LearningRate::CosineDecay { initial: 0.1, steps: 0.0, alpha: 0.0 }))),
+        ),
+    ];
+    for (want, f) in cases {
+        let got = panic_message(f).unwrap_or_else(|| panic!("accepted; want a panic saying {want:?}"));
+        assert!(got.contains(want), "{got:?} does not say {want:?}");
+    }
+    // The edges that are fine: β = 0, a rate of 0.
+    let w = Variable::new(Tensor::from_vec(vec![1.0f64, -2.0], &[2]));
+    Adam::new(0.0)
+        .betas(0.0, 0.0)
+        .apply_gradients(&[Tensor::from_vec(vec![1.0f64, 1.0], &[2])], std::slice::from_ref(&w));
+    assert!(vals(&w).iter().all(|v| v.is_finite()));
+}
+
+/// Runs `step` 1,000 times on each of 8 threads at once.
+fn hammer(step: impl Fn() + Sync) {
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| (0..1000).for_each(|_| step()));
+        }
+    });
+}
+
+/// 8 threads x 1,000 `Sgd(lr=1)` steps of gradient 1 on one shared
+/// variable left it at -1000 or -2140 instead of -8000 while
+/// `iterations()` said 8000 (failure 1 of issue #28): each variable's
+/// update is now atomic, eagerly and compiled.
+#[test]
+fn concurrent_sgd_steps_lose_no_update() {
+    for compiled in [false, true] {
+        let w = Variable::new(Tensor::scalar(0.0f64));
+        let opt = Sgd::new(1.0);
+        let (w2, o2) = (w.clone(), opt.clone());
+        let step = function(move |g: Tensor| o2.apply_gradients(&[g], std::slice::from_ref(&w2)));
+        let one = Tensor::scalar(1.0f64);
+        hammer(|| {
+            if compiled {
+                step.call(one.clone()).unwrap();
+            } else {
+                opt.apply_gradients(std::slice::from_ref(&one), std::slice::from_ref(&w));
+            }
+        });
+        assert_eq!(w.value().to_vec::<f64>().unwrap(), vec![-8000.0], "compiled: {compiled}");
+        assert_eq!(opt.iterations().value().to_vec::<i64>().unwrap(), vec![8000]);
+    }
+}
+
+/// Adam's moments after N steps of a constant gradient 1 are the same
+/// whatever the order of the steps, if no step is lost or torn.
+#[test]
+fn concurrent_adam_steps_keep_the_slots_consistent() {
+    let (b1, b2) = (0.9999, 0.99995);
+    let (mut m_ref, mut v_ref) = (0.0f64, 0.0f64);
+    for _ in 0..8000 {
+        m_ref = m_ref * b1 + 1.0 * (1.0 - b1);
+        v_ref = v_ref * b2 + 1.0 * (1.0 - b2);
+    }
+    for compiled in [false, true] {
+        let w = Variable::new(Tensor::zeros(&[4], DType::F64));
+        let opt = Adam::new(1e-3).betas(b1, b2);
+        opt.build(std::slice::from_ref(&w));
+        let (w2, o2) = (w.clone(), opt.clone());
+        let step = function(move |g: Tensor| o2.apply_gradients(&[g], std::slice::from_ref(&w2)));
+        let one = Tensor::ones(&[4], DType::F64);
+        hammer(|| {
+            if compiled {
+                step.call(one.clone()).unwrap();
+            } else {
+                opt.apply_gradients(std::slice::from_ref(&one), std::slice::from_ref(&w));
+            }
+        });
+        assert_eq!(opt.iterations().value().to_vec::<i64>().unwrap(), vec![8000], "compiled: {compiled}");
+        let slots: Vec<(String, Variable)> = opt.named_variables();
+        let slot =
+            |name: &str| slots.iter().find(|(p, _)| p.starts_with(name)).unwrap().1.value().to_vec::<f64>().unwrap();
+        for (got, want) in [(slot("m."), m_ref), (slot("v."), v_ref)] {
+            assert!(got.iter().all(|x| (x - want).abs() <= 1e-12), "compiled: {compiled}: {got:?} vs {want}");
+        }
+        assert!(w.value().to_vec::<f64>().unwrap().iter().all(|x| x.is_finite() && *x < -1.0));
+    }
 }

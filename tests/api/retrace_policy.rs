@@ -199,3 +199,101 @@ fn eager_calls_keep_the_functions_variables() {
     let e = fresh.call(ones(3)).unwrap_err().to_string();
     assert!(e.contains("running eagerly") && e.contains("later call"), "{e}");
 }
+
+/// A call whose trace failed evicted the working trace first: with
+/// `max_traces(1)` and a body that creates its variable on the first trace,
+/// every later call then failed for good (failure 5 of issue #28).
+#[test]
+fn a_failed_trace_evicts_nothing() {
+    let f = function(|x: Tensor| {
+        let scale = Variable::new(Tensor::ones(&[3], DType::F32));
+        x * scale.read()
+    })
+    .max_traces(1);
+    assert_eq!(f.call(ramp(3)).unwrap().to_vec::<f32>().unwrap(), vec![-1.5, -0.5, 0.5]);
+    // A second trace fails (it would create the variable again).
+    let e = f.call(ramp(4)).unwrap_err();
+    assert!(e.to_string().contains("creates a variable on a later trace"), "{e}");
+    assert_eq!(f.cache_stats().cached, 1, "the working trace is still cached");
+    assert_eq!(f.cache_stats().evictions, 0);
+    assert_eq!(f.call(ramp(3)).unwrap().to_vec::<f32>().unwrap(), vec![-1.5, -0.5, 0.5]);
+    assert_eq!(f.tracing_count(), 1);
+}
+
+/// Collects `log` warnings (installed in a child process only: the logger
+/// is process-wide).
+struct Warnings(std::sync::Mutex<Vec<String>>);
+
+impl log::Log for Warnings {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        if record.level() <= log::Level::Warn {
+            self.0.lock().unwrap().push(record.args().to_string());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static WARNINGS: Warnings = Warnings(std::sync::Mutex::new(Vec::new()));
+
+/// The child of `the_default_bound_evicts_with_one_warning`.
+#[test]
+fn child_default_bound() {
+    if std::env::var_os("TRACEJIT_DEFAULT_BOUND_CHILD").is_none() {
+        return;
+    }
+    log::set_logger(&WARNINGS).unwrap();
+    log::set_max_level(log::LevelFilter::Warn);
+    let f = function(|(x, k): (Tensor, Tensor)| x * 2.0 + k).name("growing");
+    let n = tracejit::DEFAULT_MAX_TRACES + 6;
+    for len in 1..=n {
+        f.call((ramp(len), Tensor::scalar(1.0f32))).unwrap();
+    }
+    let stats = f.cache_stats();
+    assert_eq!((stats.traces, stats.cached, stats.evictions), (n, tracejit::DEFAULT_MAX_TRACES, 6));
+    let warned: Vec<String> =
+        WARNINGS.0.lock().unwrap().iter().filter(|w| w.contains("default max_traces")).cloned().collect();
+    assert_eq!(warned.len(), 1, "one warning, the first time: {warned:?}");
+    assert!(
+        warned[0].contains("`growing`") && warned[0].contains("args.0") && !warned[0].contains("args.1"),
+        "{}",
+        warned[0]
+    );
+    // Today's behaviour, asked for.
+    let g = function(|x: Tensor| x * 2.0).unbounded_cache();
+    for len in 1..=n {
+        g.call(ramp(len)).unwrap();
+    }
+    assert_eq!(g.concrete_functions().len(), n);
+    eprintln!("child done");
+}
+
+/// A Function with no `max_traces` grew without bound (10,000 shapes,
+/// 10,001 traces, +700 MB); it now keeps DEFAULT_MAX_TRACES and warns once,
+/// naming the argument whose shape keeps changing.
+#[test]
+fn the_default_bound_evicts_with_one_warning() {
+    if std::env::var_os("TRACEJIT_DEFAULT_BOUND_CHILD").is_some() {
+        return;
+    }
+    let (status, stderr) = crate::common::run_child(
+        "retrace_policy::child_default_bound",
+        &[("TRACEJIT_DEFAULT_BOUND_CHILD", "1")],
+        std::time::Duration::from_secs(300),
+    );
+    assert!(status.is_some_and(|s| s.success()) && stderr.contains("child done"), "{status:?}\n{stderr}");
+}
+
+/// The composites' process-wide Functions (`nn::softmax`, ...) ignored the
+/// callers' bounds and kept a trace per shape forever.
+#[test]
+fn composite_functions_keep_a_bounded_cache() {
+    let softmax = tracejit::nn::declared().iter().find(|c| c.name() == "tracejit.nn.softmax").unwrap();
+    for len in 1..=tracejit::nn::COMPOSITE_MAX_TRACES + 8 {
+        let f = function(|x: Tensor| tracejit::nn::softmax(&x, -1));
+        f.call(Tensor::zeros(&[2, 100 + len], DType::F32)).unwrap();
+        assert!(softmax.function().concrete_functions().len() <= tracejit::nn::COMPOSITE_MAX_TRACES);
+    }
+}

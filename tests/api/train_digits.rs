@@ -239,6 +239,10 @@ fn the_readme_training_loop_trains() {
     );
     assert_eq!(step.tracing_count(), 1);
     let saved = tracejit::checkpoint::read(dir.join("digits.safetensors")).unwrap();
-    assert!(saved.contains_key("opt.m.layers[0].w") && saved.contains_key("model.layers[1].b"), "{:?}", saved.keys());
+    assert!(
+        saved.contains_key("opt.m.model.layers[0].w") && saved.contains_key("model.layers[1].b"),
+        "{:?}",
+        saved.keys()
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

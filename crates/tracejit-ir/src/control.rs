@@ -7,9 +7,113 @@
 //! [`Op::Cond`]: crate::Op::Cond
 //! [`Op::While`]: crate::Op::While
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
 use tracejit_tensor::Storage;
 
 use crate::IrError;
+
+/// A way out of a loop that would run too long: a `while` node holding a
+/// token checks it before every trip, in every executor (the interpreter,
+/// the JIT, row blocks on other threads), and stops with an error once it
+/// is cancelled or past its deadline. A cheap shared handle: clones share
+/// the state, so one thread may cancel a call running on another.
+///
+/// ```
+/// use std::time::Duration;
+/// use tracejit_ir::control::CancelToken;
+///
+/// let token = CancelToken::new();
+/// assert!(!token.is_cancelled());
+/// token.cancel_after(Duration::ZERO);
+/// assert!(token.is_cancelled());
+/// token.reset();
+/// assert!(!token.is_cancelled());
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken {
+    state: Arc<TokenState>,
+}
+
+#[derive(Debug, Default)]
+struct TokenState {
+    cancelled: AtomicBool,
+    /// Nanoseconds after [`epoch`] (plus one, so that 0 means none).
+    deadline: AtomicU64,
+}
+
+/// The instant deadlines count from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl PartialEq for CancelToken {
+    /// Two handles of one token.
+    fn eq(&self, other: &CancelToken) -> bool {
+        Arc::ptr_eq(&self.state, &other.state)
+    }
+}
+
+impl Eq for CancelToken {}
+
+impl CancelToken {
+    /// A token that is not cancelled and has no deadline.
+    pub fn new() -> CancelToken {
+        CancelToken::default()
+    }
+
+    /// Cancels: loops holding the token stop before their next trip.
+    pub fn cancel(&self) {
+        self.state.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// Cancels once `after` has passed from now (a deadline; replaces an
+    /// earlier one).
+    pub fn cancel_after(&self, after: Duration) {
+        self.set_deadline(Instant::now() + after);
+    }
+
+    /// Cancels at `at`.
+    pub fn set_deadline(&self, at: Instant) {
+        let nanos = at.saturating_duration_since(epoch()).as_nanos();
+        self.state.deadline.store(u64::try_from(nanos).unwrap_or(u64::MAX - 1) + 1, Ordering::Relaxed);
+    }
+
+    /// Clears the cancellation and the deadline, for the next call.
+    pub fn reset(&self) {
+        self.state.cancelled.store(false, Ordering::Relaxed);
+        self.state.deadline.store(0, Ordering::Relaxed);
+    }
+
+    /// True once cancelled or past the deadline.
+    pub fn is_cancelled(&self) -> bool {
+        self.why().is_some()
+    }
+
+    fn why(&self) -> Option<&'static str> {
+        if self.state.cancelled.load(Ordering::Relaxed) {
+            return Some("its CancelToken was cancelled");
+        }
+        match self.state.deadline.load(Ordering::Relaxed) {
+            0 => None,
+            d => (epoch().elapsed().as_nanos() >= u128::from(d - 1)).then_some("its CancelToken's deadline passed"),
+        }
+    }
+
+    /// `Err` naming why, once cancelled; `trips` is how many trips ran.
+    pub fn check(&self, trips: u64) -> Result<(), IrError> {
+        match self.why() {
+            None => Ok(()),
+            Some(why) => Err(IrError::Op(crate::OpError::new(
+                "while",
+                format!("the loop was stopped after {trips} trips: {why}"),
+            ))),
+        }
+    }
+}
 
 /// How an executor runs the subgraphs of a control-flow node.
 pub trait SubgraphRunner {
@@ -60,14 +164,21 @@ pub fn run_cond<R: SubgraphRunner>(args: &[Storage], runner: &mut R) -> Result<V
 
 /// Runs a loop on `args = (carried..., captured...)`: while the condition
 /// (subgraph 0) holds, the body (subgraph 1) computes the next carried
-/// values. Returns the final carried values.
+/// values. Returns the final carried values. A `cancel` token is checked
+/// before every trip.
 pub fn run_while<R: SubgraphRunner>(
     carried: usize,
     args: &[Storage],
     runner: &mut R,
+    cancel: Option<&CancelToken>,
 ) -> Result<Vec<Storage>, R::Error> {
     let mut state: Vec<Storage> = args.to_vec();
+    let mut trips: u64 = 0;
     loop {
+        if let Some(token) = cancel {
+            token.check(trips).map_err(R::Error::from)?;
+        }
+        trips += 1;
         let c = runner.run(0, &state)?;
         let go = match c.first() {
             Some(c) => predicate(c, "the loop condition").map_err(R::Error::from)?,

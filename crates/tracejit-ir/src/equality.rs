@@ -140,9 +140,10 @@ fn op_eq(inner: &mut String, a: &Op, b: &Op) -> bool {
                 inner.is_empty()
             })
         }
-        Op::While { parts, trip_count } => {
-            let Op::While { parts: other, trip_count: t } = b else { return false };
+        Op::While { parts, trip_count, cancel } => {
+            let Op::While { parts: other, trip_count: t, cancel: c } = b else { return false };
             trip_count == t
+                && cancel.is_some() == c.is_some()
                 && parts.iter().zip(other).all(|(x, y)| {
                     graph_diff(inner, x, y);
                     inner.is_empty()
@@ -168,9 +169,11 @@ fn op_eq(inner: &mut String, a: &Op, b: &Op) -> bool {
             };
             matches!(b, Op::Random { dist: e, dtype: t, shape: s } if bits(dist) == bits(e) && dtype == t && shape == s)
         }
-        Op::ReadVariable { var } => matches!(b, Op::ReadVariable { var: v } if var == v),
-        Op::AssignVariable { var, kind } => {
-            matches!(b, Op::AssignVariable { var: v, kind: k } if var == v && kind == k)
+        Op::ReadVariable { var, locked } => {
+            matches!(b, Op::ReadVariable { var: v, locked: l } if var == v && locked == l)
+        }
+        Op::AssignVariable { var, kind, locked } => {
+            matches!(b, Op::AssignVariable { var: v, kind: k, locked: l } if var == v && kind == k && locked == l)
         }
     }
 }

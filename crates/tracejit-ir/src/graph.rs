@@ -109,6 +109,11 @@ pub trait VariableResource: Send + Sync + fmt::Debug {
     }
     /// A stable identity, so two handles to one variable compare equal.
     fn id(&self) -> u64;
+    /// The lock that serializes locked updates of the variable
+    /// ([`crate::locks`]); `None`: its updates are not locked.
+    fn update_lock(&self) -> Option<&crate::locks::UpdateLock> {
+        None
+    }
 }
 
 /// The attributes of a library function, one typed field per known
@@ -285,6 +290,16 @@ impl Graph {
     /// All nodes in topological (arena) order.
     pub fn nodes(&self) -> impl Iterator<Item = (NodeId, &Node)> {
         self.nodes.iter()
+    }
+
+    /// How deeply control flow and calls nest in the graph: 0 for a graph
+    /// with no subgraph, 1 + the deepest subgraph's otherwise (fused
+    /// regions and library functions count as levels). Passes and
+    /// executors recurse once per level.
+    pub fn nesting_depth(&self) -> usize {
+        let callees = self.library.iter().map(|(_, f)| f.graph.nesting_depth() + 1);
+        let subgraphs = self.nodes().flat_map(|(_, n)| n.op.subgraphs().iter().map(|g| g.nesting_depth() + 1));
+        callees.chain(subgraphs).max().unwrap_or(0)
     }
 
     /// The effects of running the whole graph: the union of its nodes'.

@@ -143,8 +143,8 @@ fn infer_types(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<
         Op::Kernel { name: kernel, inputs: accepted, outputs, .. } => {
             state::kernel(kernel, accepted, outputs, inputs).map_err(err)
         }
-        Op::ReadVariable { var } => state::read_variable(var, graph).map_err(err),
-        Op::AssignVariable { var, kind } => state::assign_variable(var, kind, inputs, graph).map_err(err),
+        Op::ReadVariable { var, .. } => state::read_variable(var, graph).map_err(err),
+        Op::AssignVariable { var, kind, .. } => state::assign_variable(var, kind, inputs, graph).map_err(err),
     }
 }
 

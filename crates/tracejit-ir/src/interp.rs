@@ -153,7 +153,13 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
     }
 
     let mut values: Vec<Option<SmallVec<[Storage; 1]>>> = vec![None; n];
-    for (id, node) in graph.nodes() {
+    // Locked updates hold their variables' locks as the JIT's runs do.
+    let plan = crate::locks::LockPlan::new(graph.nodes().map(|(_, n)| &n.op), graph);
+    let mut held = plan.as_ref().map(crate::locks::LockPlan::start);
+    for (step, (id, node)) in graph.nodes().enumerate() {
+        if let Some(held) = held.as_mut() {
+            held.before(step);
+        }
         let broken = |message: String| IrError::Verifier { graph: graph.name.clone(), node: id, message };
         // A kernel that panics on its values names this node's line.
         crate::note_running(node.location);
@@ -179,7 +185,9 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 interpret(&graph.library.get(*func).graph, &args)?.into_iter().collect()
             }
             Op::Fused { body } => interpret(body, &args)?.into_iter().collect(),
-            Op::Cond { .. } | Op::While { .. } => run_control(&node.op, &args)?.into_iter().collect(),
+            Op::Cond { .. } | Op::While { .. } => {
+                run_control(&node.op, &args).map_err(|e| e.at(node.location))?.into_iter().collect()
+            }
             Op::Kernel { .. } => {
                 // Declared output types may hold unknown dims, so only the
                 // inputs are checked here; the outputs are checked below.
@@ -188,11 +196,11 @@ pub fn interpret(graph: &Graph, inputs: &[Storage]) -> Result<Vec<Storage>, IrEr
                 let refs: SmallVec<[&Storage; 2]> = args.iter().collect();
                 eval_primitive(&node.op, &refs).into_iter().collect()
             }
-            Op::ReadVariable { var } => {
+            Op::ReadVariable { var, .. } => {
                 let v = graph.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
                 smallvec::smallvec![v.read()]
             }
-            Op::AssignVariable { var, kind } => {
+            Op::AssignVariable { var, kind, .. } => {
                 check_concrete(graph, &node.op, &args, &node.outputs)
                     .map_err(|e| e.into_ir(&broken).at(node.location))?;
                 let v = graph.variables.get(*var).ok_or_else(|| broken(format!("unknown variable {var}")))?;
@@ -258,7 +266,9 @@ fn run_control(op: &Op, args: &[Storage]) -> Result<Vec<Storage>, IrError> {
     let mut run = crate::control::RunWith(|k: usize, xs: &[Storage]| interpret(&subgraphs[k], xs));
     match op {
         Op::Cond { .. } => crate::control::run_cond(args, &mut run),
-        Op::While { parts, .. } => crate::control::run_while(parts[1].outputs.len(), args, &mut run),
+        Op::While { parts, cancel, .. } => {
+            crate::control::run_while(parts[1].outputs.len(), args, &mut run, cancel.as_ref())
+        }
         Op::Parameter { .. }
         | Op::Constant { .. }
         | primitive_ops!()

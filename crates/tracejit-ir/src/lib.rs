@@ -21,6 +21,7 @@ mod error;
 mod graph;
 mod infer;
 mod interp;
+pub mod locks;
 mod op;
 mod op_key;
 mod parser;

@@ -286,6 +286,10 @@ pub enum Op {
         /// The number of iterations when it is known statically
         /// (`fori_loop`); reverse mode needs it.
         trip_count: Option<usize>,
+        /// Checked before every trip: a cancelled token (or one past its
+        /// deadline) stops the loop with an error (`while_loop_with`'s
+        /// `cancel`). Printed `cancel`; a parsed graph gets a new token.
+        cancel: Option<crate::control::CancelToken>,
     },
     /// A registered native kernel replacing a composite `Call` (created by the
     /// implementation selector). Inputs are the call's arguments; `inputs`
@@ -305,6 +309,11 @@ pub enum Op {
     ReadVariable {
         /// The variable.
         var: VarId,
+        /// Part of an update that holds the variable's update lock (TF's
+        /// `use_locking`): executors take it before the first locked access
+        /// of a run and release it after the last (see [`crate::locks`]).
+        /// Printed `locked`.
+        locked: bool,
     },
     /// Writes a variable (stateful); one input, the value; no outputs.
     AssignVariable {
@@ -312,6 +321,8 @@ pub enum Op {
         var: VarId,
         /// Assign, add or subtract.
         kind: AssignKind,
+        /// Part of a locked update, as [`Op::ReadVariable`]'s.
+        locked: bool,
     },
 }
 

@@ -99,8 +99,10 @@ impl OpKey {
                 w.extend([25, Arc::as_ptr(&branches[1]) as usize as u64]);
                 identity = Arc::as_ptr(&branches[0]) as usize;
             }
-            Op::While { parts, trip_count } => {
+            Op::While { parts, trip_count, cancel } => {
                 w.extend([26, Arc::as_ptr(&parts[1]) as usize as u64, trip_count.map_or(u64::MAX, |n| n as u64)]);
+                // Loops stopped by different tokens are different loops.
+                w.push(cancel.as_ref().map_or(0, |c| c as *const _ as usize as u64));
                 identity = Arc::as_ptr(&parts[0]) as usize;
             }
             Op::Kernel { name, kernel, inputs, outputs } => {
@@ -112,8 +114,12 @@ impl OpKey {
                 list(&mut w, &mut outputs.iter().flat_map(type_words));
                 identity = Arc::as_ptr(kernel) as *const () as usize;
             }
-            Op::ReadVariable { var } => w.extend([23, u64::from(var.as_u32())]),
-            Op::AssignVariable { var, kind } => w.extend([24, u64::from(var.as_u32()), *kind as u64]),
+            // A locked read never merges with an unlocked one: the update
+            // must use the value read under the lock.
+            Op::ReadVariable { var, locked } => w.extend([23, u64::from(var.as_u32()), u64::from(*locked)]),
+            Op::AssignVariable { var, kind, locked } => {
+                w.extend([24, u64::from(var.as_u32()), *kind as u64, u64::from(*locked)])
+            }
             Op::GatherElements { axis } => w.extend([27, *axis as u64]),
             Op::ScatterAdd { axis } => w.extend([28, *axis as u64]),
             Op::DynamicSlice { sizes } => {

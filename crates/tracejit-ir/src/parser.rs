@@ -164,7 +164,10 @@ pub struct ParsedVariable {
     dtype: DType,
     shape: Vec<usize>,
     id: u64,
-    value: Mutex<Storage>,
+    /// Zeros, made on first use: a declaration costs nothing until the
+    /// graph runs (a listing declaring `f32[100000, 100000]` would
+    /// otherwise allocate 40 GB to parse).
+    value: Mutex<Option<Storage>>,
 }
 
 impl ParsedVariable {
@@ -178,8 +181,21 @@ impl ParsedVariable {
             dtype,
             shape: shape.to_vec(),
             id: NEXT.fetch_add(1, Ordering::Relaxed),
-            value: Mutex::new(Storage::full(shape, dtype, 0.0)),
+            value: Mutex::new(None),
         })
+    }
+
+    /// The value, made (zeros) on first use. Panics, naming the variable,
+    /// when its zeros cannot be allocated.
+    fn with_value<T>(&self, f: impl FnOnce(&mut Storage) -> T) -> T {
+        let mut guard = self.value.lock().unwrap_or_else(|e| e.into_inner());
+        let value = guard.get_or_insert_with(|| {
+            if let Err(e) = tracejit_tensor::check_allocation(self.dtype, &self.shape) {
+                panic!("variable {:?} (a stand-in of a parsed graph): {e}", self.name);
+            }
+            Storage::full(&self.shape, self.dtype, 0.0)
+        });
+        f(value)
     }
 }
 
@@ -200,14 +216,13 @@ impl VariableResource for ParsedVariable {
         self.shape.clone()
     }
     fn read(&self) -> Storage {
-        self.value.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.with_value(|v| v.clone())
     }
     fn write(&self, value: Storage) {
-        *self.value.lock().unwrap_or_else(|e| e.into_inner()) = value;
+        *self.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
     }
     fn update(&self, f: &mut dyn FnMut(&Storage) -> Storage) {
-        let mut guard = self.value.lock().unwrap_or_else(|e| e.into_inner());
-        *guard = f(&guard);
+        self.with_value(|v| *v = f(v));
     }
     fn id(&self) -> u64 {
         self.id
@@ -310,12 +325,22 @@ impl<'a> Parser<'a> {
             c.expect(":")?;
             let column = c.column();
             let ty = c.tensor_type()?;
-            if ty.shape().is_none() {
-                return Err(ParseError::Invalid {
-                    line: c.line(),
-                    column,
-                    message: format!("a variable's shape must be known, not {ty}"),
-                });
+            match ty.shape() {
+                None => {
+                    return Err(ParseError::Invalid {
+                        line: c.line(),
+                        column,
+                        message: format!("a variable's shape must be known, not {ty}"),
+                    })
+                }
+                Some(shape) if tracejit_tensor::byte_size(ty.dtype, &shape).is_none() => {
+                    return Err(ParseError::Invalid {
+                        line: c.line(),
+                        column,
+                        message: format!("variable {id} of type {ty} would need more bytes than the address space"),
+                    })
+                }
+                Some(_) => {}
             }
             c.expect_end()?;
             vars.push((name, ty));
@@ -389,9 +414,12 @@ impl<'a> Parser<'a> {
                         Op::Fused { body: first.clone() }
                     }
                     Nested::Cond => Op::Cond { branches: [blocks[0].clone(), blocks[1].clone()] },
-                    Nested::While(trip_count) => {
-                        Op::While { parts: [blocks[0].clone(), blocks[1].clone()], trip_count }
-                    }
+                    Nested::While(trip_count, cancel) => Op::While {
+                        parts: [blocks[0].clone(), blocks[1].clone()],
+                        trip_count,
+                        // A token cannot be written down: a fresh one.
+                        cancel: cancel.then(crate::control::CancelToken::new),
+                    },
                 };
             }
         }

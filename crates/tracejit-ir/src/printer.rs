@@ -233,11 +233,24 @@ fn write_op(s: &mut String, g: &Graph, op: &Op) -> fmt::Result {
         }
         Op::Fused { body } => write!(s, "[{} nodes]", body.len()),
         Op::Cond { .. } => Ok(()),
-        Op::While { trip_count: Some(n), .. } => write!(s, "[trips={n}]"),
-        Op::While { trip_count: None, .. } => Ok(()),
+        Op::While { trip_count, cancel, .. } => {
+            let mut attrs: Vec<String> = trip_count.iter().map(|n| format!("trips={n}")).collect();
+            if cancel.is_some() {
+                attrs.push("cancel".to_string());
+            }
+            if attrs.is_empty() {
+                Ok(())
+            } else {
+                write!(s, "[{}]", attrs.join(", "))
+            }
+        }
         Op::Kernel { name, .. } => write!(s, "[{name:?}]"),
-        Op::ReadVariable { var: v } => write!(s, "[var={}]", var(*v)),
-        Op::AssignVariable { var: v, kind } => write!(s, "[var={}, kind={}]", var(*v), kind.name()),
+        Op::ReadVariable { var: v, locked } => {
+            write!(s, "[var={}{}]", var(*v), if *locked { ", locked" } else { "" })
+        }
+        Op::AssignVariable { var: v, kind, locked } => {
+            write!(s, "[var={}, kind={}{}]", var(*v), kind.name(), if *locked { ", locked" } else { "" })
+        }
     }
 }
 

@@ -175,7 +175,7 @@ pub fn own_budget(graph: &Graph, node: &Node) -> f64 {
         }
         Op::Fused { body } => body_budget(body),
         Op::Cond { branches } => branches.iter().map(|b| body_budget(b)).fold(0.0, f64::max),
-        Op::While { parts, trip_count } => {
+        Op::While { parts, trip_count, .. } => {
             let per_trip = parts.iter().map(|p| body_budget(p)).fold(0.0, f64::max);
             per_trip * trip_count.unwrap_or(64).max(1) as f64
         }

@@ -15,7 +15,9 @@
 //! - **calls** run the callee's own `Executable`, prepared up front;
 //! - **`cond` and `while`** run their subgraphs as `Executable`s prepared
 //!   (and compiled) once with the graph, never per iteration;
-//! - **variable reads and writes** with the interpreter's semantics;
+//! - **variable reads and writes** with the interpreter's semantics, those
+//!   of locked updates holding the variables' update locks
+//!   ([`tracejit_ir::locks`]);
 //! - **`Op::Fused`** regions compile into one kernel each with
 //!   [`crate::compile_region`] (an unsupported body is interpreted and
 //!   listed as a fallback), and
@@ -74,6 +76,9 @@ pub struct Executable {
     /// Nanoseconds per step, summed while [`Executable::profile`] runs
     /// (empty otherwise).
     clock: Mutex<Vec<u64>>,
+    /// When a run takes and releases variables' update locks (`None`: no
+    /// step updates a variable under its lock).
+    locks: Option<tracejit_ir::locks::LockPlan>,
 }
 
 impl std::fmt::Debug for Executable {
@@ -150,7 +155,9 @@ impl Executable {
         let cx = CodegenContext { graph: &graph, opts, gemm_threshold: crate::threads::gemm_threshold() };
         crate::codegen::run_passes(&mut schedule, &cx, run)?;
         let param_types = graph.param_types();
+        let locks = tracejit_ir::locks::LockPlan::new(schedule.steps.iter().map(|s| &graph.node(s.node).op), &graph);
         Ok(Executable {
+            locks,
             graph,
             schedule,
             param_types,
@@ -293,7 +300,12 @@ impl Executable {
         // two-value SmallVec (216 bytes) out of the match and into its
         // iterator was a `memcpy` call each, a sixth of a scalar loop trip.
         let mut outs: SmallVec<[Storage; 2]> = SmallVec::new();
+        // Released as their last locked steps pass, the rest on return.
+        let mut held = self.locks.as_ref().map(tracejit_ir::locks::LockPlan::start);
         for (i, step) in self.schedule.steps.iter().enumerate() {
+            if let Some(held) = held.as_mut() {
+                held.before(i);
+            }
             let started = clock.is_some().then(std::time::Instant::now);
             let done = matches!(step.pair, Pair::Second | Pair::After);
             if done && values[step.outputs[0]].is_some() {
@@ -346,10 +358,16 @@ impl Executable {
                 }
                 StepKind::While(subs, carried, split) => {
                     let owned: Vec<Storage> = args.iter().map(|x| (*x).clone()).collect();
-                    match split.as_ref().and_then(|s| s.run(*carried, &owned)) {
+                    let cancel = match &g.node(step.node).op {
+                        Op::While { cancel, .. } => cancel.as_ref(),
+                        _ => None,
+                    };
+                    match split.as_ref().and_then(|s| s.run(*carried, &owned, cancel)) {
                         Some(out) => outs.extend(out),
                         None => {
-                            outs.extend(tracejit_ir::control::run_while(*carried, &owned, &mut Shared { subs, pool })?)
+                            let mut shared = Shared { subs, pool };
+                            let out = tracejit_ir::control::run_while(*carried, &owned, &mut shared, cancel);
+                            outs.extend(out.map_err(|e| e.at(g.node(step.node).location))?)
                         }
                     }
                 }
@@ -431,7 +449,7 @@ impl Executable {
         let g = &*self.graph;
         let v = g.variables.get(var).ok_or_else(|| self.broken(step, format!("unknown variable {var}")))?;
         let types = [TensorType::known(value.dtype(), value.shape())];
-        infer(&Op::AssignVariable { var, kind }, &types, Some(g))?;
+        infer(&Op::AssignVariable { var, kind, locked: false }, &types, Some(g))?;
         match kind {
             AssignKind::Assign => pool.give_if_unique(v.replace(value.clone())),
             AssignKind::Add => v.update(&mut |cur| kernels::binary(BinaryOp::Add, cur, value)),

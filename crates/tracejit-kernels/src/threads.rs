@@ -43,6 +43,13 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// Serializes the unit tests that change the process-wide thread count
+/// (or the split thresholds): one lock for all of them, so that no test's
+/// count changes under another's (the attention test saw one pass skip the
+/// pool when a bf16 test, holding a lock of its own, set the count).
+#[cfg(test)]
+pub(crate) static TEST_LOCK: Mutex<()> = Mutex::new(());
+
 /// The environment variable giving the default thread count.
 pub const ENV_VAR: &str = "TRACEJIT_NUM_THREADS";
 
@@ -53,7 +60,14 @@ static NUM_THREADS: AtomicUsize = AtomicUsize::new(0);
 /// for every call that starts from now on (a kernel already running
 /// finishes with the count it started with, so this is safe at any time,
 /// from any thread). `0` restores the default: `TRACEJIT_NUM_THREADS` if
-/// set, else the cores available.
+/// set, else the cores available. Returns the count now in effect.
+///
+/// A count above [`max_threads`] (four per core available, at least 16,
+/// at most [`MAX_THREADS`]) is clamped to it, with a `log` warning: more
+/// threads than that only compete for the same cores (each worker watches
+/// for work for 100 µs before it sleeps), and a count such as
+/// `usize::MAX` would otherwise try to start threads until the system
+/// refuses and the process aborts.
 ///
 /// It affects fused region kernels and f32/f64 matrix products of the JIT
 /// executor (traced functions) and the composite kernels that use the
@@ -61,18 +75,46 @@ static NUM_THREADS: AtomicUsize = AtomicUsize::new(0);
 /// thread. Results are bit-identical for every count.
 ///
 /// ```
-/// use tracejit_kernels::threads::{num_threads, set_num_threads};
+/// use tracejit_kernels::threads::{max_threads, num_threads, set_num_threads};
 ///
 /// set_num_threads(2);
 /// assert_eq!(num_threads(), 2);
 /// set_num_threads(1); // everything on the calling thread
 /// assert_eq!(num_threads(), 1);
+/// assert_eq!(set_num_threads(usize::MAX), max_threads()); // clamped, never an abort
 /// set_num_threads(0); // back to the default
 /// assert!(num_threads() >= 1);
 /// ```
-pub fn set_num_threads(n: usize) {
-    let n = if n == 0 { default_num_threads() } else { n };
+pub fn set_num_threads(n: usize) -> usize {
+    let n = if n == 0 { default_num_threads() } else { clamped(n, "set_num_threads") };
     NUM_THREADS.store(n, Ordering::Relaxed);
+    n
+}
+
+/// The most threads a count may ask for on this machine: four per core
+/// available, at least 16 (so tests may oversubscribe a small machine), at
+/// most [`MAX_THREADS`]. [`set_num_threads`] and `TRACEJIT_NUM_THREADS`
+/// clamp to it.
+///
+/// ```
+/// let max = tracejit_kernels::threads::max_threads();
+/// assert!((16..=tracejit_kernels::threads::MAX_THREADS).contains(&max));
+/// ```
+pub fn max_threads() -> usize {
+    available_cores().saturating_mul(4).clamp(16, MAX_THREADS)
+}
+
+/// `n` clamped to [`max_threads`], with a warning naming `what` when it
+/// was more.
+fn clamped(n: usize, what: &str) -> usize {
+    let max = max_threads();
+    if n > max {
+        log::warn!(
+            "tracejit: {what}({n}) asks for more than {max} threads (four per core available, at least 16); using \
+             {max}"
+        );
+    }
+    n.min(max)
 }
 
 /// The number of threads large kernels and matrix products use now (at
@@ -103,7 +145,7 @@ pub fn default_num_threads() -> usize {
         let cores = available_cores();
         match std::env::var(ENV_VAR) {
             Ok(v) => match parse_num_threads(&v) {
-                Ok(n) => n,
+                Ok(n) => clamped(n, ENV_VAR),
                 Err(e) => {
                     log::warn!("tracejit: {e}; using the {cores} cores available");
                     cores
@@ -163,11 +205,6 @@ thread_local! {
 pub fn pool_dispatches() -> u64 {
     DISPATCHES.with(Cell::get)
 }
-
-/// Serializes this crate's tests that change the thread count or the split
-/// thresholds: they are process-wide, and tests run in parallel.
-#[cfg(test)]
-pub(crate) static TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 thread_local! {
     /// Set while this thread runs one of several tasks in parallel (see

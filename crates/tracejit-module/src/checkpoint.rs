@@ -16,10 +16,12 @@
 //!   carry over, and temporary files left by a crashed process are skipped.
 //! - **Checksums.** [`save`] records the CRC-32 of every tensor's bytes in
 //!   the file's metadata (`"tracejit.crc32.<key>"`, see the `checksum`
-//!   module); [`restore`] and [`read`] refuse a tensor whose bytes do not
-//!   match ([`CheckpointError::Checksum`]), so a flipped bit is an error, not
-//!   a silently different weight. Files written by other tools carry no
-//!   checksums and load as before.
+//!   module), and one of the header's content; [`restore`] and [`read`]
+//!   refuse a tensor whose bytes do not match ([`CheckpointError::Checksum`])
+//!   and a damaged header ([`CheckpointError::Header`]), so a flipped bit is
+//!   an error, not a silently different weight. Files written by other
+//!   tools carry no `tracejit.` metadata and load as before; a file with any
+//!   cannot pass for one of them.
 //! - **[`restore`] is all or nothing**: every key, dtype and shape is checked
 //!   and every tensor decoded before any variable changes; missing keys,
 //!   unexpected keys and dtype/shape mismatches are reported together in one
@@ -35,15 +37,14 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use safetensors::tensor::{Dtype, SafeTensors, View};
 use tracejit_tensor::{DType, Storage};
 use tracejit_trace::{Tensor, Variable};
 
+use crate::atomic_file::write_atomically;
 use crate::checksum;
 use crate::inventory::Inventory;
 use crate::Module;
@@ -112,6 +113,16 @@ pub enum CheckpointError {
         path: PathBuf,
         /// The tensor's key.
         key: String,
+        /// What does not match.
+        reason: String,
+    },
+    /// The file's header does not match the header checksum it records,
+    /// or a file tracejit wrote lost its checksum marker: it was corrupted
+    /// after it was written. Nothing was restored.
+    #[error("checkpoint {}: its header is corrupt: {reason}; nothing was restored", path.display())]
+    Header {
+        /// The checkpoint.
+        path: PathBuf,
         /// What does not match.
         reason: String,
     },
@@ -185,7 +196,7 @@ fn mismatch_message(path: &Path, missing: &[String], unexpected: &[String], mism
 pub fn save<M: Module + ?Sized>(module: &M, path: impl AsRef<Path>) -> Result<(), CheckpointError> {
     let path = path.as_ref();
     let bytes = to_bytes(module).map_err(|reason| CheckpointError::Serialize { path: path.to_path_buf(), reason })?;
-    write_atomically(path, &bytes)
+    write_atomically(path, &bytes).map_err(|e| CheckpointError::Io { path: e.path, action: e.action, source: e.source })
 }
 
 /// Restores every variable of `module` from the safetensors file at `path`:
@@ -203,9 +214,33 @@ pub fn read(path: impl AsRef<Path>) -> Result<BTreeMap<String, Tensor>, Checkpoi
     let path = path.as_ref();
     let bytes =
         fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_path_buf(), action: "reading", source })?;
+    read_bytes_at(&bytes, path)
+}
+
+/// [`read`] of a checkpoint already in memory (errors name the file as
+/// `<bytes>`).
+///
+/// ```
+/// use tracejit_module::checkpoint;
+///
+/// let e = checkpoint::read_bytes(b"\x08\0\0\0\0\0\0\0{\"a\":1}").unwrap_err();
+/// assert!(e.to_string().contains("not a valid safetensors file"), "{e}");
+/// ```
+pub fn read_bytes(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, CheckpointError> {
+    read_bytes_at(bytes, Path::new("<bytes>"))
+}
+
+/// [`restore`] from a checkpoint already in memory (errors name the file
+/// as `<bytes>`): all of `module`'s variables, or (on any error) none.
+pub fn restore_bytes<M: Module + ?Sized>(module: &M, bytes: &[u8]) -> Result<(), CheckpointError> {
+    restore_from_bytes(module, bytes, Path::new("<bytes>"))
+}
+
+fn read_bytes_at(bytes: &[u8], path: &Path) -> Result<BTreeMap<String, Tensor>, CheckpointError> {
     let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_path_buf(), reason };
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| corrupt(e.to_string()))?;
-    let metadata = file_metadata(&bytes);
+    let file = SafeTensors::deserialize(bytes).map_err(|e| corrupt(e.to_string()))?;
+    let metadata = file_metadata(bytes);
+    verify_header(&file, metadata.as_ref(), path)?;
     let mut out = BTreeMap::new();
     for (key, view) in file.iter() {
         verify_checksum(metadata.as_ref(), key, view.data(), path)?;
@@ -221,6 +256,20 @@ pub fn read(path: impl AsRef<Path>) -> Result<BTreeMap<String, Tensor>, Checkpoi
 /// The `__metadata__` map of a file that parsed (`None` if it has none).
 fn file_metadata(bytes: &[u8]) -> Option<std::collections::HashMap<String, String>> {
     SafeTensors::read_metadata(bytes).ok().and_then(|(_, m)| m.metadata().clone())
+}
+
+/// Checks the file's header against its header checksum, and that a file
+/// tracejit wrote still says so (see the `checksum` module).
+fn verify_header(
+    file: &SafeTensors<'_>,
+    metadata: Option<&std::collections::HashMap<String, String>>,
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    let tensors = file.tensors();
+    let entries: Vec<checksum::HeaderEntry<'_>> =
+        tensors.iter().map(|(k, view)| (k.as_str(), format!("{:?}", view.dtype()), view.shape())).collect();
+    checksum::verify_header(metadata, &entries)
+        .map_err(|reason| CheckpointError::Header { path: path.to_path_buf(), reason })
 }
 
 /// Checks tensor `key`'s bytes against the checksums the file records.
@@ -337,7 +386,11 @@ fn to_bytes<M: Module + ?Sized>(module: &M) -> Result<Vec<u8>, String> {
             (key, encode(storage))
         })
         .collect();
-    let metadata = checksum::metadata(encoded.iter().map(|(k, e)| (k.as_str(), e.data.as_slice())));
+    let described: Vec<(checksum::HeaderEntry<'_>, &[u8])> = encoded
+        .iter()
+        .map(|(k, e)| ((k.as_str(), format!("{:?}", e.dtype), e.shape.as_slice()), e.data.as_slice()))
+        .collect();
+    let metadata = checksum::metadata(&described);
     safetensors::serialize(encoded.iter().map(|(k, e)| (k.as_str(), e)), Some(metadata)).map_err(|e| e.to_string())
 }
 
@@ -351,39 +404,37 @@ pub(crate) fn restore_from_bytes<M: Module + ?Sized>(
     let file = SafeTensors::deserialize(bytes)
         .map_err(|e| CheckpointError::Corrupt { path: path.to_path_buf(), reason: e.to_string() })?;
     let metadata = file_metadata(bytes);
-    let entries = entries(module);
-    let expected: HashSet<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
+    verify_header(&file, metadata.as_ref(), path)?;
+    let inventory = Inventory::of(module);
+    let entries: Vec<(&str, &Variable)> =
+        inventory.distinct_variables().map(|v| (v.path.as_str(), v.variable)).collect();
+    let expected: HashSet<&str> = entries.iter().map(|(k, _)| *k).collect();
     let mut missing = Vec::new();
     let mut mismatched = Vec::new();
     let mut updates = Vec::with_capacity(entries.len());
-    for (key, var) in &entries {
-        let view = match file.tensor(key) {
-            Ok(view) => view,
-            Err(_) => {
-                missing.push(key.clone());
-                continue;
-            }
-        };
-        let fits = from_safetensors_dtype(view.dtype()) == Some(var.dtype()) && view.shape() == var.shape();
-        if !fits {
-            mismatched.push(TensorMismatch {
-                key: key.clone(),
-                expected_dtype: var.dtype(),
-                expected_shape: var.shape().to_vec(),
-                found_dtype: format!("{:?}", view.dtype()),
-                found_shape: view.shape().to_vec(),
-            });
+    for &(key, var) in &entries {
+        if file.tensor(key).is_err() {
+            missing.push(key.to_string());
             continue;
         }
-        verify_checksum(metadata.as_ref(), key, view.data(), path)?;
-        let storage = decode(var.dtype(), view.shape(), view.data()).map_err(|e| CheckpointError::Corrupt {
-            path: path.to_path_buf(),
-            reason: format!("tensor `{key}`: {e}"),
-        })?;
-        updates.push((var, Tensor::from_raw_storage(storage)));
+        match decode_for(&file, metadata.as_ref(), key, var, path)? {
+            Ok(value) => updates.push((var, value)),
+            Err(m) => mismatched.push(m),
+        }
     }
-    let mut unexpected: Vec<String> =
-        file.names().into_iter().filter(|k| !expected.contains(k)).map(String::from).collect();
+    // A key naming a slot that a holder has not created yet (a fresh
+    // optimizer) is that slot's value, kept until the slot is created.
+    let mut unexpected = Vec::new();
+    let mut deferred = Vec::new();
+    for key in file.names().into_iter().filter(|k| !expected.contains(k)) {
+        match crate::slots::owner_of(&inventory, key) {
+            Some((holder, name, owner)) => match decode_for(&file, metadata.as_ref(), key, owner, path)? {
+                Ok(value) => deferred.push((holder, name, owner, value)),
+                Err(m) => mismatched.push(m),
+            },
+            None => unexpected.push(key.to_string()),
+        }
+    }
     unexpected.sort();
     if !(missing.is_empty() && unexpected.is_empty() && mismatched.is_empty()) {
         return Err(CheckpointError::Mismatch { path: path.to_path_buf(), missing, unexpected, mismatched });
@@ -391,98 +442,43 @@ pub(crate) fn restore_from_bytes<M: Module + ?Sized>(
     for (var, value) in updates {
         var.set_value(&value);
     }
+    for (holder, name, owner, value) in deferred {
+        holder.defer_slot(name, owner, value);
+    }
     Ok(())
 }
 
-/// Attempts at a fresh temporary name before giving up (a name can be taken
-/// by a file left behind by a crashed process that had the same pid).
-const TEMP_ATTEMPTS: u64 = 64;
-
-/// Counter of temporary names, so that threads of one process never collide.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// The temporary name for `file_name`: hidden, in the same directory.
-fn temp_name(file_name: &std::ffi::OsStr, counter: u64) -> String {
-    format!(".{}.{}.{}.tmp", file_name.to_string_lossy(), std::process::id(), counter)
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same directory:
-/// write, fsync, rename, fsync the directory (best effort). A symlink at
-/// `path` is followed (the file it points to is replaced, the link stays),
-/// and the replaced file's permissions carry over to the new one.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let io = |p: &Path, action: &'static str| {
-        let p = p.to_path_buf();
-        move |source| CheckpointError::Io { path: p, action, source }
-    };
-    // Renaming over a symlink would replace the link itself: write to the
-    // file it points to (which need not exist yet).
-    let mut target = path.to_path_buf();
-    for _ in 0..40 {
-        if !fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
-            break;
-        }
-        let next = fs::read_link(&target).map_err(io(&target, "following the symlink"))?;
-        target = match target.parent() {
-            Some(dir) if next.is_relative() => dir.join(next),
-            _ => next,
-        };
+/// The file's tensor `key` (which exists) decoded for `var` after its
+/// checksum is verified, or why it does not fit `var`'s dtype and shape.
+fn decode_for(
+    file: &SafeTensors<'_>,
+    metadata: Option<&std::collections::HashMap<String, String>>,
+    key: &str,
+    var: &Variable,
+    path: &Path,
+) -> Result<Result<Tensor, TensorMismatch>, CheckpointError> {
+    let view =
+        file.tensor(key).map_err(|e| CheckpointError::Corrupt { path: path.to_path_buf(), reason: e.to_string() })?;
+    let fits = from_safetensors_dtype(view.dtype()) == Some(var.dtype()) && view.shape() == var.shape();
+    if !fits {
+        return Ok(Err(TensorMismatch {
+            key: key.to_string(),
+            expected_dtype: var.dtype(),
+            expected_shape: var.shape().to_vec(),
+            found_dtype: format!("{:?}", view.dtype()),
+            found_shape: view.shape().to_vec(),
+        }));
     }
-    // A symlink loop (or a chain longer than the OS follows): let the OS
-    // say so (ELOOP) rather than renaming over the last link.
-    if fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
-        let source = match fs::metadata(&target) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => e,
-            _ => std::io::Error::other("more than 40 levels of symbolic links"),
-        };
-        return Err(CheckpointError::Io { path: path.to_path_buf(), action: "following the symlink", source });
-    }
-    let path = target.as_path();
-    let file_name = path.file_name().ok_or_else(|| CheckpointError::Io {
-        path: path.to_path_buf(),
-        action: "naming the file",
-        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path has no file name"),
-    })?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let permissions = fs::metadata(path).ok().map(|m| m.permissions());
-    let mut attempt = 0;
-    let (tmp, mut f) = loop {
-        let tmp = dir.join(temp_name(file_name, TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)));
-        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
-            Ok(f) => break (tmp, f),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt + 1 < TEMP_ATTEMPTS => attempt += 1,
-            Err(e) => return Err(io(path, "creating a temporary file next to it")(e)),
-        }
-    };
-    // Errors name the file the user asked for; the temporary one is gone
-    // by the time they read it.
-    let result = (|| {
-        f.write_all(bytes).map_err(io(path, "writing a temporary file next to it"))?;
-        if let Some(p) = permissions {
-            f.set_permissions(p).map_err(io(path, "copying its permissions to the temporary file"))?;
-        }
-        f.sync_all().map_err(io(path, "syncing the temporary file next to it"))?;
-        fs::rename(&tmp, path).map_err(io(path, "renaming the temporary file over it"))
-    })();
-    drop(f);
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-        return result;
-    }
-    // Make the rename itself durable. Opening a directory is not possible on
-    // every platform (Windows); there the rename is as durable as it gets.
-    if let Ok(d) = File::open(&dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    verify_checksum(metadata, key, view.data(), path)?;
+    let storage = decode(var.dtype(), view.shape(), view.data())
+        .map_err(|e| CheckpointError::Corrupt { path: path.to_path_buf(), reason: format!("tensor `{key}`: {e}") })?;
+    Ok(Ok(Tensor::from_raw_storage(storage)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::atomic_file;
     use crate::visitor::{Segment, Visitor};
     use crate::Visit;
 
@@ -581,9 +577,9 @@ mod tests {
     fn stale_temporary_files_are_skipped() {
         let d = scratch_dir("stale");
         let path = d.join("m.safetensors");
-        let next = TEMP_COUNTER.load(Ordering::Relaxed);
+        let next = atomic_file::next_temp_counter();
         for c in next..next + 8 {
-            fs::write(d.join(temp_name(path.file_name().unwrap(), c)), b"stale").unwrap();
+            fs::write(d.join(atomic_file::temp_name(path.file_name().unwrap(), c)), b"stale").unwrap();
         }
         save(&pair(), &path).unwrap();
         let q = pair();

@@ -9,8 +9,9 @@ use std::collections::HashSet;
 use tracejit_trace::Variable;
 
 use crate::naming::uniquify;
+use crate::slots::PendingSlot;
 use crate::visitor::{ModulePath, Segment, Visitor};
-use crate::Module;
+use crate::{Module, SlotHolder};
 
 /// A module reached by the walk.
 pub(crate) struct ModuleEntry<'m> {
@@ -37,12 +38,18 @@ pub(crate) struct VariableEntry<'m> {
     pub variable: &'m Variable,
     /// Indices into `Inventory::modules` of the enclosing modules, root first.
     pub owners: Vec<usize>,
+    /// The path's segments (slots' paths are built from their owners').
+    pub segments: Vec<Segment<'m>>,
+    /// For a slot, the id of the variable it belongs to.
+    pub slot_of: Option<u64>,
 }
 
 /// What one walk found, in walk order. `modules[0]` is the root.
 pub(crate) struct Inventory<'m> {
     pub modules: Vec<ModuleEntry<'m>>,
     pub variables: Vec<VariableEntry<'m>>,
+    /// Modules keeping slots, with their paths.
+    pub holders: Vec<(String, &'m dyn SlotHolder)>,
 }
 
 /// A module being walked: its entry, its scope, the names its submodules
@@ -58,6 +65,7 @@ struct Recorder<'m> {
     path: ModulePath<'m>,
     frames: Vec<Frame>,
     out: Inventory<'m>,
+    slots: Vec<PendingSlot>,
 }
 
 impl<'m> Inventory<'m> {
@@ -76,9 +84,12 @@ impl<'m> Inventory<'m> {
                     module: None,
                 }],
                 variables: Vec::new(),
+                holders: Vec::new(),
             },
+            slots: Vec::new(),
         };
         root.visit_fields(&mut rec);
+        rec.name_slots();
         rec.out
     }
 
@@ -135,6 +146,47 @@ impl<'m> Visitor<'m> for Recorder<'m> {
             scoped_name,
             variable,
             owners: self.frames.iter().map(|f| f.entry).collect(),
+            segments: self.path.segments().to_vec(),
+            slot_of: None,
         });
+    }
+
+    fn slot(&mut self, owner: u64, fallback: &[Segment<'m>], slot: &'m Variable) {
+        let prefix_len = self.path.len();
+        for s in fallback {
+            self.enter(*s);
+        }
+        let entry = self.out.variables.len();
+        self.variable(slot);
+        self.out.variables[entry].slot_of = Some(owner);
+        for s in fallback.iter().rev() {
+            self.exit(*s);
+        }
+        let frame = self.frames.last().expect("the root frame is never popped");
+        let (scope, scope_from) = (frame.scope.clone(), frame.path_len);
+        self.slots.push(PendingSlot { entry, owner, prefix_len, scope, scope_from });
+    }
+
+    fn slot_holder(&mut self, holder: &'m dyn SlotHolder) {
+        self.out.holders.push((self.path.to_string(), holder));
+    }
+}
+
+impl Recorder<'_> {
+    /// Names every slot whose owner the walk reached by the owner's first
+    /// path: the slot's prefix (its holder's path and kind), then that path.
+    fn name_slots(&mut self) {
+        for pending in std::mem::take(&mut self.slots) {
+            let owner = self.out.variables.iter().find(|v| v.slot_of.is_none() && v.variable.id() == pending.owner);
+            let Some(owner_segments) = owner.map(|o| o.segments.clone()) else { continue };
+            let entry = &mut self.out.variables[pending.entry];
+            let mut path = ModulePath::new();
+            for s in entry.segments[..pending.prefix_len].iter().chain(&owner_segments) {
+                path.push(*s);
+            }
+            entry.scoped_name = format!("{}/{}", pending.scope, path.scope_suffix(pending.scope_from));
+            entry.path = path.to_string();
+            entry.segments = path.segments().to_vec();
+        }
     }
 }

@@ -64,17 +64,20 @@
 //! `exit` for each field) and [`Visit`] (whose body is `walk(self, visitor)`),
 //! which is exactly what the derive writes.
 
+pub mod atomic_file;
 pub mod checkpoint;
 mod checksum;
 mod inventory;
 mod module;
 mod naming;
+pub mod slots;
 mod summary;
 mod visitor;
 
 pub use checkpoint::CheckpointError;
 pub use module::{walk, Module, Visit};
 pub use naming::to_snake_case;
+pub use slots::SlotHolder;
 pub use summary::{Summary, SummaryRow};
 pub use tracejit_derive::Module;
 pub use tracejit_trace::Variable;

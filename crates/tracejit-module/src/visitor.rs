@@ -78,6 +78,29 @@ pub trait Visitor<'m> {
     fn variable(&mut self, variable: &'m Variable) {
         let _ = variable;
     }
+
+    /// A slot variable is reached: state kept for the variable with id
+    /// `owner` (an optimizer's `m` of a weight; see [`crate::slots`]). The
+    /// walk behind `named_variables` and checkpoints names it by the current
+    /// path followed by the owner's path in the tree; `fallback` is the path
+    /// below the current one for walks that do not know the tree, and for
+    /// owners outside it. By default the slot is a variable at `fallback`.
+    fn slot(&mut self, owner: u64, fallback: &[Segment<'m>], slot: &'m Variable) {
+        let _ = owner;
+        for s in fallback {
+            self.enter(*s);
+        }
+        self.variable(slot);
+        for s in fallback.iter().rev() {
+            self.exit(*s);
+        }
+    }
+
+    /// A module keeping slots is reached at the current path (checkpoints
+    /// hand it values for slots it has not created yet).
+    fn slot_holder(&mut self, holder: &'m dyn crate::SlotHolder) {
+        let _ = holder;
+    }
 }
 
 /// The current path of a walk, for visitors: `push` on

@@ -76,5 +76,7 @@ pub use bodies::Activation;
 pub use composites::{
     dense, gelu, layer_norm, layer_norm_grad, log_softmax, lstm_cell, softmax, softmax_cross_entropy_with_logits,
 };
-pub use decl::{declared, AcceptsFn, BackwardFn, BodyFn, Composite, ExamplesFn, Native, NativeFn};
+pub use decl::{
+    declared, AcceptsFn, BackwardFn, BodyFn, Composite, ExamplesFn, Native, NativeFn, COMPOSITE_MAX_TRACES,
+};
 pub use dropout::{dropout, embedding};

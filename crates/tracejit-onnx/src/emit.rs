@@ -157,7 +157,7 @@ pub(crate) fn emit_into(
 /// holding its current value, named by the user's path or its own name.
 fn emit_variables(g: &Graph, body: &mut Body, state: &mut ModelState) {
     for (_, node) in g.nodes() {
-        if let Op::ReadVariable { var } = node.op {
+        if let Op::ReadVariable { var, .. } = node.op {
             let resource = &g.variables[var];
             let key = resource.id();
             if !state.variables_done.contains_key(&key) {
@@ -217,7 +217,7 @@ fn emit_node(
                 Scope::Nested | Scope::Function => body.constant_to(&name, value),
             }
         }
-        Op::ReadVariable { var } => {
+        Op::ReadVariable { var, .. } => {
             if scope == Scope::Function {
                 return Err(unsupported(g, id, node, "an ONNX function cannot read the model's initializers"));
             }
@@ -272,7 +272,10 @@ fn emit_node(
             let outs: Vec<String> = (0..node.outputs.len() as u32).map(|i| out(names, body, i)).collect();
             crate::control::emit_if(branches, &ins, &outs, scope, body, state)?;
         }
-        Op::While { parts, trip_count } => {
+        // A cancel token has no ONNX form: the exported loop cannot be
+        // stopped from outside (its maximum_iterations, a counter in the
+        // condition, is exported).
+        Op::While { parts, trip_count, .. } => {
             let ins: Vec<String> = node.inputs.iter().map(|&v| names[&v].clone()).collect();
             let outs: Vec<String> = (0..node.outputs.len() as u32).map(|i| out(names, body, i)).collect();
             crate::control::emit_loop(parts, *trip_count, &ins, &outs, scope, body, state)?;

@@ -96,8 +96,10 @@ pub fn to_bytes(cf: &ConcreteFunction) -> Result<Vec<u8>> {
     Exporter::new(cf).to_bytes()
 }
 
-/// Exports `cf` with the default names into the file `path`
-/// ([`Exporter`] renames inputs, outputs, dims and initializers).
+/// Exports `cf` with the default names into the file `path`, atomically
+/// (a temporary file renamed over it; on an error the file that was there
+/// keeps its bytes). [`Exporter`] renames inputs, outputs, dims and
+/// initializers.
 ///
 /// ```
 /// use tracejit_trace::{function, DType, Tensor, TensorSpec};
@@ -263,11 +265,17 @@ impl<'a> Exporter<'a> {
         Ok(self.to_model()?.encode_to_vec())
     }
 
-    /// Writes the serialized model to `path`.
+    /// Writes the serialized model to `path` atomically, as checkpoints are
+    /// written (`tracejit_module::atomic_file`): on an error the file that was
+    /// at `path` keeps its bytes and no temporary file is left.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let bytes = self.to_bytes()?;
-        let path = path.as_ref();
-        std::fs::write(path, bytes).map_err(|source| Error::Io { path: path.to_path_buf(), source })
+        // Atomically, as checkpoints: an error (a full disk) leaves the
+        // file that was at `path` as it was, never a truncated model.
+        tracejit_module::atomic_file::write_atomically(path.as_ref(), &bytes).map_err(|e| Error::Io {
+            path: e.path,
+            source: std::io::Error::new(e.source.kind(), format!("{}: {}", e.action, e.source)),
+        })
     }
 
     /// Writes an ONNX backend test case into `dir`: `model.onnx`, and

@@ -1,12 +1,15 @@
 //! [`Adam`]: adaptive moment estimation, with AdamW-style decoupled weight
 //! decay and optional AMSGrad.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use tracejit_module::{walk, Module, Visit, Visitor};
-use tracejit_trace::{Tensor, Variable};
+use tracejit_module::{walk, Module, SlotHolder, Visit, Visitor};
+use tracejit_trace::{locked_update, Tensor, Variable};
 
-use crate::optimizer::{check_update, new_iterations, slots_for, trainable_paths, visit_state, Optimizer, Slots};
+use crate::optimizer::{
+    check_hyperparameter, check_update, new_iterations, slots_for, step_state, trainable_paths, visit_state, Optimizer,
+    SlotStore, Slots,
+};
 use crate::schedule::LearningRate;
 
 /// Adam: with `t` the step (from 1), `m = β1·m + (1-β1)·g`,
@@ -47,24 +50,32 @@ struct AdamState {
     weight_decay: f64,
     amsgrad: bool,
     iterations: Variable,
-    slots: OnceLock<Slots>,
+    slots: SlotStore,
 }
 
 impl Adam {
     /// Adam with learning rate `lr` (a number or a [`LearningRate`]
     /// schedule), β = (0.9, 0.999), ε = 1e-8 (PyTorch's default and the
     /// original paper's; Keras uses 1e-7: set it with [`Adam::epsilon`]).
+    ///
+    /// # Panics
+    /// When the learning rate (or a number of its schedule) is NaN,
+    /// infinite or negative, naming it (as PyTorch's constructors refuse
+    /// them): such a rate would make every weight NaN on the first step.
+    #[track_caller]
     pub fn new(lr: impl Into<LearningRate>) -> Adam {
+        let lr = lr.into();
+        lr.check("Adam");
         Adam {
             inner: Arc::new(AdamState {
-                lr: lr.into(),
+                lr,
                 beta1: 0.9,
                 beta2: 0.999,
                 epsilon: 1e-8,
                 weight_decay: 0.0,
                 amsgrad: false,
                 iterations: new_iterations(),
-                slots: OnceLock::new(),
+                slots: SlotStore::default(),
             }),
         }
     }
@@ -75,17 +86,34 @@ impl Adam {
     }
 
     /// The moments' decay rates.
+    ///
+    /// # Panics
+    /// Unless both are in [0, 1) (β = 1 divides by `1 - β^t = 0` on the
+    /// first step).
+    #[track_caller]
     pub fn betas(self, beta1: f64, beta2: f64) -> Adam {
+        check_hyperparameter("Adam", "beta1", beta1, 0.0..1.0, "in [0, 1)");
+        check_hyperparameter("Adam", "beta2", beta2, 0.0..1.0, "in [0, 1)");
         self.configure(|s| (s.beta1, s.beta2) = (beta1, beta2))
     }
 
     /// ε, added to `√v̂`.
+    ///
+    /// # Panics
+    /// Unless it is finite and at least 0.
+    #[track_caller]
     pub fn epsilon(self, epsilon: f64) -> Adam {
+        check_hyperparameter("Adam", "epsilon", epsilon, 0.0.., "finite and at least 0");
         self.configure(|s| s.epsilon = epsilon)
     }
 
     /// Decoupled weight decay (AdamW).
+    ///
+    /// # Panics
+    /// Unless it is finite and at least 0.
+    #[track_caller]
     pub fn weight_decay(self, weight_decay: f64) -> Adam {
+        check_hyperparameter("Adam", "weight_decay", weight_decay, 0.0.., "finite and at least 0");
         self.configure(|s| s.weight_decay = weight_decay)
     }
 
@@ -103,8 +131,14 @@ impl Adam {
 impl Adam {
     fn apply(&self, grads: &[Tensor], vars: &[Variable]) {
         check_update("Adam", grads, vars);
-        let s = &self.inner;
         let slots = self.slots(vars, || vars.iter().map(Variable::name).collect());
+        let state = step_state(&self.inner.iterations, vars, Some(slots));
+        locked_update(&state, || self.update(grads, vars, slots));
+    }
+
+    /// The step itself, run holding the update locks.
+    fn update(&self, grads: &[Tensor], vars: &[Variable], slots: &Slots) {
+        let s = &self.inner;
         let step = s.iterations.read() + 1i64;
         for (i, (g, v)) in grads.iter().zip(vars).enumerate() {
             let dtype = v.dtype();
@@ -166,7 +200,21 @@ impl Module for Adam {
     }
 
     fn visit_fields<'m>(&'m self, visitor: &mut dyn Visitor<'m>) {
-        visit_state(&self.inner.iterations, self.inner.slots.get(), visitor);
+        visit_state(&self.inner.iterations, self.inner.slots.get(), self, visitor);
+    }
+}
+
+impl SlotHolder for Adam {
+    fn slot_names(&self) -> Vec<&'static str> {
+        if self.inner.amsgrad {
+            vec!["m", "v", "v_max"]
+        } else {
+            vec!["m", "v"]
+        }
+    }
+
+    fn defer_slot(&self, name: &str, owner: &Variable, value: Tensor) {
+        self.inner.slots.defer(name, owner, value);
     }
 }
 

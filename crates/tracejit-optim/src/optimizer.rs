@@ -1,10 +1,14 @@
 //! The [`Optimizer`] trait and what every optimizer shares: checking an
-//! update before it applies, and slot variables named after the variables
-//! they belong to (`m.layers[0].w`), visited as a [`Module`]'s fields.
+//! update before it applies, and slot variables visited as a [`Module`]'s
+//! fields, each reported as the slot of its variable
+//! ([`Visitor::slot`](tracejit_module::Visitor::slot)) so that walks of the
+//! whole tree name it by that variable's path there (`opt.m.model.w`), and
+//! values a checkpoint restored before the slots existed.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
-use tracejit_module::{Segment, Visit, Visitor};
+use tracejit_module::{Segment, SlotHolder, Visit, Visitor};
 use tracejit_tensor::DType;
 use tracejit_trace::{Tensor, Variable};
 
@@ -51,6 +55,22 @@ pub(crate) fn check_update(optimizer: &str, grads: &[Tensor], vars: &[Variable])
         );
         assert!(vt.0.is_float(), "{optimizer}.apply_gradients: variable `{}` is {}, not a float", v.name(), vt.0);
     }
+}
+
+/// Panics, at the user's line, unless `value` (the hyperparameter
+/// `what` of `optimizer`) is finite and within `range`, named as
+/// `expected` in the message: a NaN, an infinity or an out-of-range value
+/// would otherwise give NaN weights on the first step (Adam with β = 1
+/// divides by `1 - β^t = 0`), silently.
+#[track_caller]
+pub(crate) fn check_hyperparameter(
+    optimizer: &str,
+    what: &str,
+    value: f64,
+    range: impl std::ops::RangeBounds<f64>,
+    expected: &str,
+) {
+    assert!(value.is_finite() && range.contains(&value), "{optimizer}: {what} must be {expected}, got {value}");
 }
 
 /// One path segment, owned (slots outlive the walk that named them).
@@ -103,8 +123,15 @@ pub(crate) struct Slots {
 }
 
 impl Slots {
-    /// Zero-initialized slots `names` for `vars`, named by `paths`.
-    pub fn zeros(names: &[&'static str], vars: &[Variable], paths: Vec<String>) -> Slots {
+    /// Slots `names` for `vars`, named by `paths`: zeros, or the value a
+    /// checkpoint restored for the slot before it existed (`pending`, by
+    /// slot name and variable id; taken out).
+    fn new(
+        names: &[&'static str],
+        vars: &[Variable],
+        paths: Vec<String>,
+        pending: &mut HashMap<(String, u64), Tensor>,
+    ) -> Slots {
         let sets = names
             .iter()
             .map(|&name| SlotSet {
@@ -112,7 +139,12 @@ impl Slots {
                 vars: vars
                     .iter()
                     .zip(&paths)
-                    .map(|(v, p)| Variable::new(Tensor::zeros(v.shape(), v.dtype())).with_name(format!("{name}.{p}")))
+                    .map(|(v, p)| {
+                        let initial = pending
+                            .remove(&(name.to_string(), v.id()))
+                            .unwrap_or_else(|| Tensor::zeros(v.shape(), v.dtype()));
+                        Variable::new(initial).with_name(format!("{name}.{p}"))
+                    })
                     .collect(),
             })
             .collect();
@@ -129,16 +161,49 @@ impl Slots {
     }
 }
 
+/// An optimizer's slots, built once, and the values restored for slots it
+/// has not built yet.
+#[derive(Default)]
+pub(crate) struct SlotStore {
+    cell: OnceLock<Slots>,
+    /// Restored values by (slot name, variable id), waiting for the slots.
+    pending: Mutex<HashMap<(String, u64), Tensor>>,
+}
+
+impl SlotStore {
+    /// The slots, if built.
+    pub fn get(&self) -> Option<&Slots> {
+        self.cell.get()
+    }
+
+    /// Takes a restored value for slot `name` of `owner`: into the slot if
+    /// it exists, else kept until the slots are built.
+    pub fn defer(&self, name: &str, owner: &Variable, value: Tensor) {
+        if let Some(slots) = self.cell.get() {
+            let set = slots.sets.iter().find(|s| s.name == name);
+            let at = slots.ids.iter().position(|&id| id == owner.id());
+            if let (Some(set), Some(i)) = (set, at) {
+                set.vars[i].set_value(&value);
+                return;
+            }
+        }
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert((name.to_string(), owner.id()), value);
+    }
+}
+
 /// The slots of `vars`, created on first use; panics when an optimizer
 /// built for other variables is applied to these.
 pub(crate) fn slots_for<'s>(
-    cell: &'s OnceLock<Slots>,
+    store: &'s SlotStore,
     optimizer: &str,
     names: &[&'static str],
     vars: &[Variable],
     paths: impl FnOnce() -> Vec<String>,
 ) -> &'s Slots {
-    let slots = cell.get_or_init(|| Slots::zeros(names, vars, paths()));
+    let slots = store.cell.get_or_init(|| {
+        let mut pending = store.pending.lock().unwrap_or_else(|e| e.into_inner());
+        Slots::new(names, vars, paths(), &mut pending)
+    });
     let ids: Vec<u64> = vars.iter().map(Variable::id).collect();
     assert!(
         slots.ids == ids,
@@ -148,15 +213,24 @@ pub(crate) fn slots_for<'s>(
     slots
 }
 
-/// Visits `iterations` and every slot as `name.path.of.variable`.
-pub(crate) fn visit_state<'m>(iterations: &'m Variable, slots: Option<&'m Slots>, visitor: &mut dyn Visitor<'m>) {
+/// Visits `iterations` and every slot as the slot of its variable (walks
+/// of the whole tree name it `name.<the variable's path there>`; others
+/// `name.<path given to build_for, or the variable's name>`), and the
+/// optimizer as a [`SlotHolder`].
+pub(crate) fn visit_state<'m>(
+    iterations: &'m Variable,
+    slots: Option<&'m Slots>,
+    holder: &'m dyn SlotHolder,
+    visitor: &mut dyn Visitor<'m>,
+) {
+    visitor.slot_holder(holder);
     visitor.enter(Segment::Field("iterations"));
     iterations.visit(visitor);
     visitor.exit(Segment::Field("iterations"));
     let Some(slots) = slots else { return };
     for set in &slots.sets {
         visitor.enter(Segment::Field(set.name));
-        for (var, path) in set.vars.iter().zip(&slots.paths) {
+        for ((var, path), &owner) in set.vars.iter().zip(&slots.paths).zip(&slots.ids) {
             let segs: Vec<Segment<'m>> = path
                 .iter()
                 .map(|s| match s {
@@ -165,13 +239,7 @@ pub(crate) fn visit_state<'m>(iterations: &'m Variable, slots: Option<&'m Slots>
                     OwnedSegment::Key(k) => Segment::Key(k),
                 })
                 .collect();
-            for s in &segs {
-                visitor.enter(*s);
-            }
-            var.visit(visitor);
-            for s in segs.iter().rev() {
-                visitor.exit(*s);
-            }
+            visitor.slot(owner, &segs, var);
         }
         visitor.exit(Segment::Field(set.name));
     }
@@ -189,6 +257,25 @@ pub(crate) fn trainable_paths(model: &dyn tracejit_module::Module) -> (Vec<Varia
         }
     }
     (vars, paths)
+}
+
+/// Everything one step reads and writes: the step counter, the variables
+/// and their slots. A step runs inside `locked_update` of all of them, so
+/// steps on threads sharing the variables never interleave (TF's
+/// `use_locking=True`): 8 threads x 1,000 SGD steps used to lose most of
+/// them, and Adam's moments could be updated by one step and the weight by
+/// another.
+pub(crate) fn step_state<'a>(
+    iterations: &'a Variable,
+    vars: &'a [Variable],
+    slots: Option<&'a Slots>,
+) -> Vec<&'a Variable> {
+    let mut all: Vec<&Variable> = vec![iterations];
+    all.extend(vars);
+    if let Some(slots) = slots {
+        all.extend(slots.sets.iter().flat_map(|set| set.vars.iter()));
+    }
+    all
 }
 
 /// A new `iterations` counter.

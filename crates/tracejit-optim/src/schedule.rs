@@ -42,6 +42,34 @@ pub enum LearningRate {
     },
 }
 
+impl LearningRate {
+    /// Panics, naming `optimizer` and the parameter, unless every number of
+    /// the schedule is finite and in range: rates at least 0, step counts
+    /// above 0, `alpha` in [0, 1].
+    #[track_caller]
+    pub(crate) fn check(&self, optimizer: &str) {
+        use crate::optimizer::check_hyperparameter as check;
+        let at_least_0 = "finite and at least 0";
+        match self {
+            LearningRate::Constant(lr) => check(optimizer, "the learning rate", *lr, 0.0.., at_least_0),
+            LearningRate::ExponentialDecay { initial, rate, steps, staircase: _ } => {
+                check(optimizer, "ExponentialDecay's initial rate", *initial, 0.0.., at_least_0);
+                check(optimizer, "ExponentialDecay's rate", *rate, 0.0.., at_least_0);
+                check(optimizer, "ExponentialDecay's steps", *steps, f64::MIN_POSITIVE.., "finite and above 0");
+            }
+            LearningRate::CosineDecay { initial, steps, alpha } => {
+                check(optimizer, "CosineDecay's initial rate", *initial, 0.0.., at_least_0);
+                check(optimizer, "CosineDecay's steps", *steps, f64::MIN_POSITIVE.., "finite and above 0");
+                check(optimizer, "CosineDecay's alpha", *alpha, 0.0..=1.0, "in [0, 1]");
+            }
+            LearningRate::Warmup { steps, then } => {
+                check(optimizer, "Warmup's steps", *steps, f64::MIN_POSITIVE.., "finite and above 0");
+                then.check(optimizer);
+            }
+        }
+    }
+}
+
 impl From<f64> for LearningRate {
     fn from(v: f64) -> LearningRate {
         LearningRate::Constant(v)

@@ -1,12 +1,15 @@
 //! [`Sgd`]: stochastic gradient descent with optional momentum, Nesterov
 //! momentum and (coupled, L2-style) weight decay.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use tracejit_module::{walk, Module, Visit, Visitor};
-use tracejit_trace::{Tensor, Variable};
+use tracejit_module::{walk, Module, SlotHolder, Visit, Visitor};
+use tracejit_trace::{locked_update, Tensor, Variable};
 
-use crate::optimizer::{check_update, new_iterations, slots_for, trainable_paths, visit_state, Optimizer, Slots};
+use crate::optimizer::{
+    check_hyperparameter, check_update, new_iterations, slots_for, step_state, trainable_paths, visit_state, Optimizer,
+    SlotStore, Slots,
+};
 use crate::schedule::LearningRate;
 
 /// SGD: `g += weight_decay · w`; with momentum `velocity = momentum ·
@@ -36,21 +39,28 @@ struct SgdState {
     nesterov: bool,
     weight_decay: f64,
     iterations: Variable,
-    slots: OnceLock<Slots>,
+    slots: SlotStore,
 }
 
 impl Sgd {
     /// Plain SGD with learning rate `lr` (a number or a [`LearningRate`]
     /// schedule).
+    ///
+    /// # Panics
+    /// When the learning rate (or a number of its schedule) is NaN,
+    /// infinite or negative, naming it.
+    #[track_caller]
     pub fn new(lr: impl Into<LearningRate>) -> Sgd {
+        let lr = lr.into();
+        lr.check("Sgd");
         Sgd {
             inner: Arc::new(SgdState {
-                lr: lr.into(),
+                lr,
                 momentum: 0.0,
                 nesterov: false,
                 weight_decay: 0.0,
                 iterations: new_iterations(),
-                slots: OnceLock::new(),
+                slots: SlotStore::default(),
             }),
         }
     }
@@ -61,7 +71,12 @@ impl Sgd {
     }
 
     /// Momentum (a `velocity` slot per variable).
+    ///
+    /// # Panics
+    /// Unless it is finite and at least 0.
+    #[track_caller]
     pub fn momentum(self, momentum: f64) -> Sgd {
+        check_hyperparameter("Sgd", "momentum", momentum, 0.0.., "finite and at least 0");
         self.configure(|s| s.momentum = momentum)
     }
 
@@ -71,7 +86,12 @@ impl Sgd {
     }
 
     /// Weight decay added to the gradient (`g + weight_decay · w`).
+    ///
+    /// # Panics
+    /// Unless it is finite and at least 0.
+    #[track_caller]
     pub fn weight_decay(self, weight_decay: f64) -> Sgd {
+        check_hyperparameter("Sgd", "weight_decay", weight_decay, 0.0.., "finite and at least 0");
         self.configure(|s| s.weight_decay = weight_decay)
     }
 
@@ -83,8 +103,14 @@ impl Sgd {
 impl Sgd {
     fn apply(&self, grads: &[Tensor], vars: &[Variable]) {
         check_update("Sgd", grads, vars);
-        let s = &self.inner;
         let slots = self.slots(vars, || vars.iter().map(Variable::name).collect());
+        let state = step_state(&self.inner.iterations, vars, slots);
+        locked_update(&state, || self.update(grads, vars, slots));
+    }
+
+    /// The step itself, run holding the update locks.
+    fn update(&self, grads: &[Tensor], vars: &[Variable], slots: Option<&Slots>) {
+        let s = &self.inner;
         let step = s.iterations.read();
         for (i, (g, v)) in grads.iter().zip(vars).enumerate() {
             let lr = s.lr.at(&step.cast(v.dtype()), v.dtype());
@@ -141,7 +167,21 @@ impl Module for Sgd {
     }
 
     fn visit_fields<'m>(&'m self, visitor: &mut dyn Visitor<'m>) {
-        visit_state(&self.inner.iterations, self.inner.slots.get(), visitor);
+        visit_state(&self.inner.iterations, self.inner.slots.get(), self, visitor);
+    }
+}
+
+impl SlotHolder for Sgd {
+    fn slot_names(&self) -> Vec<&'static str> {
+        if self.inner.momentum != 0.0 {
+            vec!["velocity"]
+        } else {
+            vec![]
+        }
+    }
+
+    fn defer_slot(&self, name: &str, owner: &Variable, value: Tensor) {
+        self.inner.slots.defer(name, owner, value);
     }
 }
 

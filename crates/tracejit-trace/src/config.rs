@@ -41,7 +41,10 @@ pub fn functions_run_eagerly() -> bool {
 /// use, from the next kernel that starts (one already running finishes
 /// with the count it started with, so this is safe at any time, from any
 /// thread). `0` restores the default: `TRACEJIT_NUM_THREADS` if set, else
-/// the cores available.
+/// the cores available. Returns the count now in effect: a count above
+/// `tracejit_jit::threads::max_threads()` (four per core available, at
+/// least 16, at most 1024) is clamped to it with a `log` warning, never an
+/// abort.
 ///
 /// What it affects: in traced functions, fused region kernels whose work
 /// is large (split by rows, element ranges or columns) and f32/f64 matrix
@@ -74,8 +77,8 @@ pub fn functions_run_eagerly() -> bool {
 /// set_num_threads(0); // back to the default
 /// # Ok::<(), tracejit_trace::Error>(())
 /// ```
-pub fn set_num_threads(n: usize) {
-    tracejit_jit::threads::set_num_threads(n);
+pub fn set_num_threads(n: usize) -> usize {
+    tracejit_jit::threads::set_num_threads(n)
 }
 
 /// The number of threads large kernels and matrix products use now (at
@@ -88,6 +91,17 @@ pub fn set_num_threads(n: usize) {
 /// ```
 pub fn num_threads() -> usize {
     tracejit_jit::threads::num_threads()
+}
+
+/// The most threads [`set_num_threads`] accepts on this machine (four per
+/// core available, at least 16, at most 1024); a larger count is clamped
+/// to it.
+///
+/// ```
+/// assert!(tracejit_trace::config::max_threads() >= 16);
+/// ```
+pub fn max_threads() -> usize {
+    tracejit_jit::threads::max_threads()
 }
 
 /// How many times calls made on this thread have split a kernel or a

@@ -200,6 +200,12 @@ impl Drop for ContextGuard {
     }
 }
 
+/// How many traces are in progress on this thread (functions and the
+/// subgraphs of control flow, nested).
+pub(crate) fn depth() -> usize {
+    STACK.with(|s| s.borrow().len())
+}
+
 /// The name of the function being traced on this thread, if any.
 pub(crate) fn current_function() -> Option<Arc<str>> {
     STACK.with(|s| s.borrow().last().map(|c| c.fn_name.clone()))

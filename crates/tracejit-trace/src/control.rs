@@ -1,5 +1,6 @@
-//! Control flow on tensor values: [`cond`], [`while_loop`] and
-//! [`fori_loop`].
+//! Control flow on tensor values: [`cond`], [`while_loop`] (and
+//! [`while_loop_with`], which a trip limit or a [`CancelToken`] may stop)
+//! and [`fori_loop`].
 //!
 //! Eagerly (no trace on this thread) they are plain Rust: an `if` on the
 //! predicate's value, a `loop`. While tracing, each becomes one graph node
@@ -18,6 +19,7 @@
 
 use std::sync::Arc;
 
+pub use tracejit_ir::control::CancelToken;
 use tracejit_ir::{join_types, Graph, Op, TensorType};
 use tracejit_tensor::DType;
 
@@ -52,15 +54,44 @@ fn flat<R: Nest>(r: &R) -> Flat {
     }
 }
 
+/// How deeply `cond`, `while_loop` and function calls may nest while
+/// tracing. Each level costs stack while it is traced and run (a few KiB;
+/// 500 nested `cond`s overflowed a 2 MiB thread stack and aborted the
+/// process); past this a trace is an `Err` naming the limit, so 128 levels
+/// fit a 2 MiB stack with room for the user's own frames. Eager control
+/// flow has no such limit.
+pub const MAX_NESTING: usize = 128;
+
+/// Panics (the `Err` of the call) when a new subgraph would nest deeper
+/// than [`MAX_NESTING`].
+#[track_caller]
+fn check_nesting(what: &str) {
+    let depth = context::depth();
+    if depth > MAX_NESTING {
+        panic!(
+            "{what}: control flow nests more than {MAX_NESTING} levels deep in function `{}` (tracejit traces at most \
+             {MAX_NESTING} nested cond/while_loop/function levels: each level's trace and run use stack, and a \
+             deeper one would overflow a 2 MiB thread stack); flatten the nesting, e.g. compute the branches' values \
+             and pick one with Tensor::select, or run it eagerly",
+            context::current_function().as_deref().unwrap_or("?")
+        );
+    }
+}
+
 /// Traces `f` on fresh parameters of `params` into a new graph named
 /// `name`. `known_captures` become its first implicit parameters, in
 /// order, whether used or not (so two branches can share a prefix).
+#[track_caller]
 fn trace_subgraph(
     name: String,
     params: &[TensorType],
     known_captures: &[Tensor],
     f: impl FnOnce(Vec<Tensor>) -> Flat,
 ) -> Subtrace {
+    check_nesting(match name.rsplit('.').next() {
+        Some("then" | "else" | "untaken") => "cond",
+        _ => "while_loop",
+    });
     let guard = push_context(subgraph_context(name));
     let placeholders: Vec<Tensor> = guard.with(|ctx| {
         params
@@ -141,7 +172,10 @@ fn record(op: Op, inputs: &[&Tensor]) -> Vec<Tensor> {
 /// eagerly and as a graph node.
 ///
 /// `pred` is a bool scalar. Eagerly (or when `pred` is known while
-/// tracing) only the taken closure runs. While tracing with a symbolic
+/// tracing) only the taken closure runs; the other is traced into a graph
+/// that is thrown away (its tensor ops on eager values compute, its
+/// variable writes do not happen, no tape records it), so the rule below
+/// holds in every mode. While tracing with a symbolic
 /// `pred`, both closures are traced once into the branches of one `cond`
 /// node and the taken branch runs at each call, so one trace serves both
 /// predicate values. The branches must return the same nest with the same
@@ -166,12 +200,20 @@ fn record(op: Op, inputs: &[&Tensor]) -> Vec<Tensor> {
 #[track_caller]
 pub fn cond<R: Nest>(pred: &Tensor, then: impl FnOnce() -> R, other: impl FnOnce() -> R) -> R {
     check_bool_scalar(pred, "cond: the predicate");
-    if !pred.is_symbolic() {
-        return if eager_bool(pred) { then() } else { other() };
-    }
     // Mismatches are the user's `cond` call: its line goes in the message.
     let at = std::panic::Location::caller();
     let at = format!("{}:{}", at.file(), at.line());
+    if !pred.is_symbolic() {
+        return if eager_bool(pred) {
+            let out = then();
+            check_untaken(&out, other, true, &at);
+            out
+        } else {
+            let out = other();
+            check_untaken(&out, then, false, &at);
+            out
+        };
+    }
     let base = traced_name().unwrap_or_else(|| Arc::from("cond"));
     let mut paths = Vec::new();
     let t = trace_subgraph(format!("{base}.then"), &[], &[], |_| {
@@ -180,28 +222,9 @@ pub fn cond<R: Nest>(pred: &Tensor, then: impl FnOnce() -> R, other: impl FnOnce
         flat(&r)
     });
     let e = trace_subgraph(format!("{base}.else"), &[], &t.captures, |_| flat(&other()));
-    if t.structure != e.structure || !same_statics(&t.statics, &e.statics) {
-        panic!(
-            "cond: the branches return different structures (then: {} values, else: {}); both must return the \
-             same nest (the cond at {at})",
-            t.graph.outputs.len(),
-            e.graph.outputs.len()
-        );
-    }
-    let (tt, et) = (t.graph.output_types(), e.graph.output_types());
-    if tt.len() != et.len() {
-        panic!("cond: the then branch returns {} tensors, the else branch {} (the cond at {at})", tt.len(), et.len());
-    }
-    for (i, (a, b)) in tt.iter().zip(&et).enumerate() {
-        let known_differ = a.dims.iter().zip(&b.dims).any(|(x, y)| matches!((x, y), (Some(x), Some(y)) if x != y));
-        if join_types(a, b).is_none() || known_differ {
-            let path = paths.get(i).map(|p| format!(" (`{p}`)")).unwrap_or_default();
-            panic!(
-                "cond: output {i}{path}: the then branch returns {a}, the else branch {b}; the branches must return \
-                 the same dtypes and shapes (dims may differ only where one is unknown) (the cond at {at})"
-            );
-        }
-    }
+    let then_side = Branch { structure: &t.structure, statics: &t.statics, types: t.graph.output_types() };
+    let else_side = Branch { structure: &e.structure, statics: &e.statics, types: e.graph.output_types() };
+    check_branches(&then_side, &else_side, &paths, &at);
     // Both branches take every capture: the then branch those the else
     // branch added after its own.
     let mut then_graph = t.graph;
@@ -213,6 +236,101 @@ pub fn cond<R: Nest>(pred: &Tensor, then: impl FnOnce() -> R, other: impl FnOnce
     inputs.extend(e.captures.iter());
     let outs = record(op, &inputs);
     R::unflatten(&mut Unflattener::new(outs, t.statics, t.structure))
+}
+
+/// What a branch of a `cond` returns, for [`check_branches`].
+struct Branch<'a> {
+    structure: &'a [u32],
+    statics: &'a [Arc<dyn StaticValue>],
+    types: Vec<TensorType>,
+}
+
+/// Panics, naming both sides, unless the branches return the same nest
+/// with the same dtypes, and dims that differ only where one is unknown:
+/// the one rule of `cond`, traced or eager.
+/// `paths` names the outputs (`output.0`, ...; may be empty) and `at` is
+/// the user's `cond` call, both for the message.
+#[track_caller]
+fn check_branches(t: &Branch<'_>, e: &Branch<'_>, paths: &[String], at: &str) {
+    if t.structure != e.structure || !same_statics(t.statics, e.statics) {
+        panic!(
+            "cond: the branches return different structures (then: {} values, else: {}); both must return the \
+             same nest (the cond at {at})",
+            t.types.len(),
+            e.types.len()
+        );
+    }
+    if t.types.len() != e.types.len() {
+        panic!(
+            "cond: the then branch returns {} tensors, the else branch {} (the cond at {at})",
+            t.types.len(),
+            e.types.len()
+        );
+    }
+    for (i, (a, b)) in t.types.iter().zip(&e.types).enumerate() {
+        let known_differ = a.dims.iter().zip(&b.dims).any(|(x, y)| matches!((x, y), (Some(x), Some(y)) if x != y));
+        if join_types(a, b).is_none() || known_differ {
+            let path = paths.get(i).map(|p| format!(" (`{p}`)")).unwrap_or_default();
+            panic!(
+                "cond: output {i}{path}: the then branch returns {a}, the else branch {b}; the branches must return \
+                 the same dtypes and shapes (dims may differ only where one is unknown) (the cond at {at})"
+            );
+        }
+    }
+}
+
+thread_local! {
+    /// Set while `cond` traces a branch it does not take: conds inside it
+    /// take their branch without checking theirs (the check then costs at
+    /// most one trace of each branch, however deep the nesting).
+    static CHECKING_UNTAKEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// With a known predicate (eagerly, or a constant while tracing) only the
+/// taken branch runs; the other is traced into a graph that is thrown away,
+/// so that the branches must agree as they must when traced, the one rule
+/// of every mode: a cond that is an error in a traced function is an error
+/// eagerly and under `run_functions_eagerly(true)` too, at the first call
+/// rather than the first one that takes the other branch. Tracing runs the
+/// branch's Rust code (its tensor ops on eager values compute; variable
+/// writes are only recorded, and no tape sees any of it). A branch that
+/// cannot be traced here (it reads a value with `to_vec`) is not checked.
+#[track_caller]
+fn check_untaken<R: Nest>(taken: &R, untaken: impl FnOnce() -> R, taken_is_then: bool, at: &str) {
+    let taken_value = taken;
+    if CHECKING_UNTAKEN.with(std::cell::Cell::get) {
+        return;
+    }
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            CHECKING_UNTAKEN.with(|c| c.set(false));
+        }
+    }
+    CHECKING_UNTAKEN.with(|c| c.set(true));
+    let reset = Reset;
+    let base = traced_name().unwrap_or_else(|| Arc::from("cond"));
+    let traced = tracejit_ir::catch_quietly(|| {
+        crate::tape::without_recording(|| {
+            let sub = trace_subgraph(format!("{base}.untaken"), &[], &[], |_| flat(&untaken()));
+            (sub.graph.output_types(), sub.statics, sub.structure)
+        })
+    });
+    drop(reset);
+    let Ok((types, statics, structure)) = traced else { return };
+    let out = flat(taken);
+    let taken = Branch {
+        structure: &out.structure,
+        statics: &out.statics,
+        types: out.tensors.iter().map(Tensor::tensor_type).collect(),
+    };
+    let untaken = Branch { structure: &structure, statics: &statics, types };
+    let paths = crate::nest::nest_paths(taken_value, "output");
+    if taken_is_then {
+        check_branches(&taken, &untaken, &paths, at);
+    } else {
+        check_branches(&untaken, &taken, &paths, at);
+    }
 }
 
 /// Runs `body` while `cond` holds, starting from `init`; returns the final
@@ -248,18 +366,114 @@ pub fn cond<R: Nest>(pred: &Tensor, then: impl FnOnce() -> R, other: impl FnOnce
 /// ```
 #[track_caller]
 pub fn while_loop<S: Nest>(cond: impl Fn(&S) -> Tensor, body: impl Fn(S) -> S, init: S) -> S {
-    if traced_name().is_none() {
-        let mut state = init;
-        loop {
-            let c = cond(&state);
-            check_bool_scalar(&c, "while_loop: the condition");
-            if !eager_bool(&c) {
-                return state;
-            }
-            state = body(state);
-        }
+    while_loop_with(cond, body, init, WhileOptions::default())
+}
+
+/// How a [`while_loop_with`] may be stopped: TF's `maximum_iterations`, and
+/// a [`CancelToken`] checked before every trip.
+#[derive(Clone, Debug, Default)]
+pub struct WhileOptions {
+    maximum_iterations: Option<u64>,
+    cancel: Option<CancelToken>,
+}
+
+impl WhileOptions {
+    /// No limit, no token: what [`while_loop`] uses.
+    pub fn new() -> WhileOptions {
+        WhileOptions::default()
     }
-    traced_while(&cond, &body, init, None)
+
+    /// Runs at most `n` trips: the condition is and-ed with a hidden trip
+    /// counter (as TF's `while_loop(maximum_iterations=n)`), so the loop
+    /// ends normally with the state after `n` trips. The counter is part of
+    /// the graph (it exports to ONNX).
+    pub fn maximum_iterations(mut self, n: u64) -> WhileOptions {
+        self.maximum_iterations = Some(n);
+        self
+    }
+
+    /// Checks `token` before every trip: once it is cancelled
+    /// ([`CancelToken::cancel`], from any thread) or past its deadline
+    /// ([`CancelToken::cancel_after`]), the loop stops with an error — the
+    /// `Err` of the call naming the loop's line (eagerly, a panic). The
+    /// token is held by the traced graph, so every later call checks it
+    /// too; [`CancelToken::reset`] it to run again.
+    pub fn cancel(mut self, token: &CancelToken) -> WhileOptions {
+        self.cancel = Some(token.clone());
+        self
+    }
+}
+
+/// [`while_loop`] that may be stopped: after `options`'
+/// `maximum_iterations` trips (normally, as TF's `while_loop`), or by its
+/// [`CancelToken`] (an error). A traced loop whose condition never turns
+/// false otherwise hangs its call with no way out.
+///
+/// ```
+/// use std::time::Duration;
+/// use tracejit_trace::{function, while_loop_with, CancelToken, Tensor, WhileOptions};
+///
+/// // Never ends on its own: x only grows.
+/// let forever = |x: &Tensor| x.sum_all().gt(0.0);
+/// let capped = function(move |x: Tensor| {
+///     while_loop_with(forever, |x: Tensor| &x + 1.0, x, WhileOptions::new().maximum_iterations(10))
+/// });
+/// assert_eq!(capped.call(Tensor::scalar(1.0f32))?.to_vec::<f32>()?, vec![11.0]);
+///
+/// let token = CancelToken::new();
+/// let t = token.clone();
+/// let stoppable = function(move |x: Tensor| {
+///     while_loop_with(forever, |x: Tensor| &x + 1.0, x, WhileOptions::new().cancel(&t))
+/// });
+/// token.cancel_after(Duration::from_millis(10));
+/// let e = stoppable.call(Tensor::scalar(1.0f32)).unwrap_err();
+/// assert!(e.to_string().contains("CancelToken"), "{e}");
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+#[track_caller]
+pub fn while_loop_with<S: Nest>(
+    cond: impl Fn(&S) -> Tensor,
+    body: impl Fn(S) -> S,
+    init: S,
+    options: WhileOptions,
+) -> S {
+    if traced_name().is_none() {
+        return eager_while(&cond, &body, init, &options);
+    }
+    let Some(max) = options.maximum_iterations else {
+        return traced_while(&cond, &body, init, None, options.cancel);
+    };
+    let limit = i64::try_from(max).unwrap_or(i64::MAX);
+    let (_, state) = traced_while(
+        &|(k, s): &(Tensor, S)| cond(s).logical_and(k.lt(limit)),
+        &|(k, s): (Tensor, S)| (&k + 1i64, body(s)),
+        (Tensor::scalar(0i64), init),
+        None,
+        options.cancel,
+    );
+    state
+}
+
+/// A while loop run eagerly: a Rust loop with the options' limit and token.
+#[track_caller]
+fn eager_while<S: Nest>(cond: &dyn Fn(&S) -> Tensor, body: &dyn Fn(S) -> S, init: S, options: &WhileOptions) -> S {
+    let mut state = init;
+    let mut trips: u64 = 0;
+    loop {
+        if options.maximum_iterations.is_some_and(|max| trips >= max) {
+            return state;
+        }
+        if let Some(Err(e)) = options.cancel.as_ref().map(|t| t.check(trips)) {
+            panic!("while_loop: {e}");
+        }
+        let c = cond(&state);
+        check_bool_scalar(&c, "while_loop: the condition");
+        if !eager_bool(&c) {
+            return state;
+        }
+        state = body(state);
+        trips += 1;
+    }
 }
 
 /// `body(i, state)` for `i` in `lower..upper` (an i64 scalar tensor),
@@ -291,13 +505,20 @@ pub fn fori_loop<S: Nest>(lower: i64, upper: i64, body: impl Fn(Tensor, S) -> S,
         &|(i, s): (Tensor, S)| (&i + 1i64, body(i, s)),
         (Tensor::scalar(lower), init),
         Some(trips),
+        None,
     );
     state
 }
 
 /// The `while` node of a loop inside a trace.
 #[track_caller]
-fn traced_while<S: Nest>(cond: &dyn Fn(&S) -> Tensor, body: &dyn Fn(S) -> S, init: S, trip_count: Option<usize>) -> S {
+fn traced_while<S: Nest>(
+    cond: &dyn Fn(&S) -> Tensor,
+    body: &dyn Fn(S) -> S,
+    init: S,
+    trip_count: Option<usize>,
+    cancel: Option<CancelToken>,
+) -> S {
     // Mismatches are the user's loop call: its line goes in the message.
     let at = std::panic::Location::caller();
     let at = format!("{}:{}", at.file(), at.line());
@@ -345,7 +566,7 @@ fn traced_while<S: Nest>(cond: &dyn Fn(&S) -> Tensor, body: &dyn Fn(S) -> S, ini
     for x in &c.captures[traced_body.captures.len()..] {
         body_graph.add_param(x.tensor_type());
     }
-    let op = Op::While { parts: [Arc::new(c.graph), Arc::new(body_graph)], trip_count };
+    let op = Op::While { parts: [Arc::new(c.graph), Arc::new(body_graph)], trip_count, cancel };
     let mut inputs: Vec<&Tensor> = init.tensors.iter().collect();
     inputs.extend(c.captures.iter());
     let outs = record(op, &inputs);

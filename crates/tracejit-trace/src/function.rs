@@ -32,7 +32,8 @@ mod optimize;
 mod retrace;
 mod retrace_warning;
 mod shadow;
-pub use retrace::{CacheStats, RetracePolicy};
+use retrace::TraceLimit;
+pub use retrace::{CacheStats, RetracePolicy, DEFAULT_MAX_TRACES};
 
 /// Wraps a closure into a traced [`Function`]: each call looks up a
 /// ConcreteFunction for its arguments' signature (dtypes, shapes, static
@@ -89,7 +90,7 @@ where
             implements: None,
             jit: true,
             optimizations: OptimizationOptions::default(),
-            max_traces: None,
+            max_traces: TraceLimit::Default,
             retrace_policy: None,
             validate: None,
         }),
@@ -134,7 +135,7 @@ struct FunctionConfig {
     implements: Option<std::result::Result<String, String>>,
     jit: bool,
     optimizations: OptimizationOptions,
-    max_traces: Option<usize>,
+    max_traces: TraceLimit,
     retrace_policy: Option<RetracePolicy>,
     /// Shadow-eager validation; `None`: `TRACEJIT_VALIDATE`.
     validate: Option<bool>,
@@ -173,6 +174,8 @@ struct FunctionState {
     stats: Mutex<CacheStats>,
     /// The variables the body created while running eagerly.
     eager_variables: Arc<crate::eager::EagerVariables>,
+    /// Set once the default cache bound has warned about evicting.
+    warned_eviction: std::sync::atomic::AtomicBool,
 }
 
 /// What a call that missed the cache runs.
@@ -666,8 +669,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
         }
         // A malformed `implements` name failed the call before tracing.
         let attrs = FunctionAttrs { implements: self.config.implements.clone().and_then(Result::ok) };
-        let (optimized, report) = self.optimize_graph(&ctx.graph)?;
-        let (executable, jit_error) = self.prepare_executable(&optimized);
+        let (optimized, report, executable, jit_error) = self.optimize_and_prepare(&ctx.graph)?;
         let graph = Arc::new(ctx.graph);
         let n_params = specs.len();
         let cf = Arc::new(ConcreteFunction {

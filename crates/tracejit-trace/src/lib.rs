@@ -32,10 +32,10 @@ mod windows;
 
 pub use concrete::ConcreteFunction;
 pub use context::attributed_to;
-pub use control::{cond, fori_loop, while_loop};
+pub use control::{cond, fori_loop, while_loop, while_loop_with, CancelToken, WhileOptions, MAX_NESTING};
 pub use custom::{custom_gradient, custom_gradient_n};
 pub use error::{Error, Result};
-pub use function::{function, CacheStats, Function, RetracePolicy};
+pub use function::{function, CacheStats, Function, RetracePolicy, DEFAULT_MAX_TRACES};
 pub use nest::{
     nest_join_field, nest_paths, Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener,
 };
@@ -46,4 +46,4 @@ pub use tracejit_derive::Nest;
 pub use tracejit_ir::passes::{OptimizationOptions, PipelineReport};
 pub use tracejit_jit::{Profile, ScheduleStats, StepTime};
 pub use tracejit_tensor::{DType, RandomDist, SliceSpec};
-pub use variable::{remember, remember_in, Scope, Variable};
+pub use variable::{locked_update, remember, remember_in, Scope, Variable};

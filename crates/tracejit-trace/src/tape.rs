@@ -178,6 +178,19 @@ pub(crate) fn recording() -> bool {
     RECORDING.with(|r| r.get() > 0)
 }
 
+/// Runs `f` with no tape of this thread recording (what it computes is
+/// thrown away: `cond` checking the branch it does not take).
+pub(crate) fn without_recording<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            RECORDING.with(|r| r.set(self.0));
+        }
+    }
+    let _restore = Restore(RECORDING.with(|r| r.replace(0)));
+    f()
+}
+
 fn for_each_tape(mut f: impl FnMut(&mut TapeState)) {
     TAPES.with(|tapes| {
         for t in tapes.borrow().iter().filter_map(Weak::upgrade) {
@@ -248,7 +261,7 @@ pub(crate) type CallVariables = Vec<(VarId, Tensor)>;
 pub(crate) fn call_variable_values(g: &Graph) -> CallVariables {
     let mut vars = Vec::new();
     for (vid, res) in g.variables.iter() {
-        let read = g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var } if var == vid));
+        let read = g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var, .. } if var == vid));
         if let (true, Some(v)) = (read, Variable::by_id(res.id())) {
             vars.push((vid, v.read()));
         }

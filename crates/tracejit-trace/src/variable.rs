@@ -35,6 +35,8 @@ struct VarState {
     shape: Vec<usize>,
     trainable: std::sync::atomic::AtomicBool,
     value: RwLock<Storage>,
+    /// Serializes locked updates ([`locked_update`]).
+    update_lock: tracejit_ir::locks::UpdateLock,
 }
 
 impl Drop for VarState {
@@ -80,6 +82,9 @@ impl VariableResource for VarState {
     }
     fn id(&self) -> u64 {
         self.id
+    }
+    fn update_lock(&self) -> Option<&tracejit_ir::locks::UpdateLock> {
+        Some(&self.update_lock)
     }
 }
 
@@ -167,6 +172,7 @@ impl Variable {
                 shape: storage.shape().to_vec(),
                 trainable: std::sync::atomic::AtomicBool::new(true),
                 value: RwLock::new(storage),
+                update_lock: tracejit_ir::locks::UpdateLock::new(),
             }),
         };
         context::note_variable_created(&var);
@@ -267,7 +273,8 @@ impl Variable {
         } else {
             let (var, control) = self.graph_handle(false);
             let (node, outs) =
-                context::record_in_current(Op::ReadVariable { var }, &[], &control).expect("a trace is active");
+                context::record_in_current(Op::ReadVariable { var, locked: self.in_locked_update() }, &[], &control)
+                    .expect("a trace is active");
             self.note_access(node, false);
             outs.into_iter().next().expect("a read has one output")
         };
@@ -346,9 +353,14 @@ impl Variable {
             return;
         }
         let (var, control) = self.graph_handle(true);
-        let (node, _) = context::record_in_current(Op::AssignVariable { var, kind }, &[value], &control)
-            .expect("a trace is active");
+        let op = Op::AssignVariable { var, kind, locked: self.in_locked_update() };
+        let (node, _) = context::record_in_current(op, &[value], &control).expect("a trace is active");
         self.note_access(node, true);
+    }
+
+    /// True while tracing the body of a [`locked_update`] of this variable.
+    fn in_locked_update(&self) -> bool {
+        LOCKED.with(|l| l.borrow().contains(&self.state.id))
     }
 
     /// Registers the variable in the innermost graph and returns its id with
@@ -377,6 +389,67 @@ impl Variable {
             }
         });
     }
+}
+
+thread_local! {
+    /// The variables of the [`locked_update`]s being traced on this thread.
+    static LOCKED: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f`, an update of `vars` (read, compute, assign), as one atomic
+/// step with respect to every other locked update of any of them, on any
+/// thread, eagerly or inside compiled functions: TensorFlow's
+/// `use_locking=True`. The optimizers update each variable and its slots
+/// this way, so threads sharing a model lose no step.
+///
+/// Eagerly it holds the variables' update locks (taken in id order, so two
+/// updates never wait for each other in a cycle; re-entrant on one thread)
+/// while `f` runs. While tracing, the reads and assignments of `vars` that
+/// `f` records are marked `locked`; each run of the compiled function takes
+/// the locks of all its locked variables at its first locked access and
+/// releases each after its last (see `tracejit_ir::locks`), so compiled
+/// and eager updates exclude each other too. Reads outside a locked update
+/// (a forward pass) take no lock and see the value before or after an
+/// update, never a mix.
+///
+/// ```
+/// use tracejit_trace::{locked_update, Tensor, Variable};
+///
+/// let total = Variable::new(Tensor::scalar(0.0f64));
+/// std::thread::scope(|s| {
+///     for _ in 0..4 {
+///         s.spawn(|| {
+///             for _ in 0..100 {
+///                 // Read-modify-write: without the lock, concurrent
+///                 // updates could read the same value and lose a step.
+///                 locked_update(&[&total], || total.assign(&(total.read() + 1.0)));
+///             }
+///         });
+///     }
+/// });
+/// assert_eq!(total.value().to_vec::<f64>()?, vec![400.0]);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+pub fn locked_update<T>(vars: &[&Variable], f: impl FnOnce() -> T) -> T {
+    if context::current_function().is_none() {
+        let resources: Vec<Arc<dyn tracejit_ir::VariableResource>> =
+            vars.iter().map(|v| v.state.clone() as Arc<dyn tracejit_ir::VariableResource>).collect();
+        let _held = tracejit_ir::locks::lock_all(&resources);
+        return f();
+    }
+    struct Pop(usize);
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            LOCKED.with(|l| l.borrow_mut().truncate(self.0));
+        }
+    }
+    let _pop = Pop(LOCKED.with(|l| {
+        let mut l = l.borrow_mut();
+        let len = l.len();
+        l.extend(vars.iter().map(|v| v.state.id));
+        len
+    }));
+    f()
 }
 
 /// Program order of one variable's accesses within a trace.

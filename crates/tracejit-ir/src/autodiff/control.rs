@@ -6,12 +6,10 @@
 //!   outputs, replays its forward and returns dense cotangents (zeros where
 //!   its branch does not use an operand), so both branches return the same
 //!   types. Only the branch the forward took runs in the backward.
-//! - **`while` with a static trip count** (`fori_loop`): the forward is
-//!   replayed iteration by iteration through the emitter, so every
-//!   iteration's values are there for the backward, which then walks the
-//!   iterations in reverse. In a traced function this unrolls the loop into
-//!   the backward graph (its size grows with the trip count); that is the
-//!   price of keeping each iteration's residuals without a stacking op.
+//! - **`while` with a static trip count** (`fori_loop`): two loops, a
+//!   forward one stacking each trip's state and a backward one walking the
+//!   trips in reverse (`loops`), so tracing costs the same for any trip
+//!   count and a state too large to stack is an error, not an abort.
 //! - **`while` with a data-dependent trip count** refuses reverse mode, as
 //!   JAX does: how many iterations to undo is not known until run time.
 //!
@@ -20,10 +18,10 @@
 //! their cotangents. Without them (a conditional nested in other code) a
 //! read is an error, never a silently missing gradient.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{accumulate, backprop_replayed, replay, vjp_graph, zeros_like, AutodiffError, Emitter, GraphEmitter};
+use super::loops::{loop_vjp, LoopVjp};
+use super::{vjp_graph, zeros_like, AutodiffError, Emitter, GraphEmitter};
 use crate::passes::{Inline, Pass, PassContext};
 use crate::{primitive_ops, Graph, Op, TensorType, ValueId, VarId, VariableResource};
 
@@ -44,7 +42,7 @@ pub fn vjp_control<E: Emitter>(
 ) -> R<(Vec<Option<E::Value>>, Vec<Option<E::Value>>)> {
     match op {
         Op::Cond { branches } => cond_vjp(e, branches, inputs, outputs, cotangents, variables),
-        Op::While { parts, trip_count: Some(n) } => while_vjp(e, &parts[1], *n, inputs, cotangents, variables),
+        Op::While { parts, trip_count: Some(n), .. } => while_vjp(e, &parts[1], *n, inputs, cotangents, variables),
         Op::While { trip_count: None, .. } => Err(AutodiffError::Unsupported {
             op: "while".into(),
             message: "reverse-mode differentiation needs a static trip count, and this loop's depends on the data \
@@ -79,7 +77,7 @@ pub fn control_variables(op: &Op) -> Vec<Arc<dyn VariableResource>> {
 }
 
 fn reads(g: &Graph, var: VarId) -> bool {
-    g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var: v } if v == var))
+    g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var: v, .. } if v == var))
 }
 
 /// `g` with its calls inlined (the VJP rules differentiate primitives),
@@ -225,48 +223,21 @@ fn while_vjp<E: Emitter>(
     let body = inlined(body);
     let carried = body.outputs.len();
     let bound = bind_variables(&body, variables, "while")?;
-    // Forward: every iteration's values, kept for the backward.
-    let mut saved: Vec<HashMap<ValueId, E::Value>> = Vec::with_capacity(trips);
-    let mut state: Vec<E::Value> = inputs[..carried].to_vec();
-    for _ in 0..trips {
-        let mut args = state.clone();
-        args.extend_from_slice(&inputs[carried..]);
-        let vals = replay(e, &body, &args, &bound)?;
-        state = body.outputs.iter().map(|o| vals[o].clone()).collect();
-        saved.push(vals);
+    if trips == 0 || cotangents.iter().all(Option::is_none) {
+        // No trip: the outputs are the inputs.
+        let mut in_cts: Vec<Option<E::Value>> = cotangents.to_vec();
+        in_cts.resize(inputs.len(), None);
+        in_cts.truncate(inputs.len());
+        return Ok((in_cts, vec![None; variables.len()]));
     }
-    // Backward, last iteration first.
-    let mut ct_state: Vec<Option<E::Value>> = cotangents.to_vec();
-    let mut ct_rest: HashMap<ValueId, E::Value> = HashMap::new();
-    let mut var_totals: Vec<Option<E::Value>> = vec![None; bound.len()];
-    for vals in saved.iter().rev() {
-        if ct_state.iter().all(Option::is_none) {
-            break;
-        }
-        let (in_cts, var_cts) = backprop_replayed(e, &body, vals, &bound, &ct_state)?;
-        ct_state = in_cts[..carried].to_vec();
-        for (i, ct) in in_cts.into_iter().enumerate().skip(carried) {
-            if let Some(ct) = ct {
-                // Keyed by the parameter, as `accumulate` wants a value id.
-                accumulate(e, &mut ct_rest, ValueId::from(body.params[i]), ct)?;
-            }
-        }
-        for (total, ct) in var_totals.iter_mut().zip(var_cts) {
-            if let Some(ct) = ct {
-                *total = Some(match total.take() {
-                    Some(prev) => e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[prev, ct])?.remove(0),
-                    None => ct,
-                });
-            }
-        }
-    }
-    let mut in_cts = ct_state;
-    in_cts.extend((carried..inputs.len()).map(|i| ct_rest.remove(&ValueId::from(body.params[i]))));
+    let l =
+        LoopVjp { body: &body, trips, inputs, cotangents: &cotangents[..carried.min(cotangents.len())], bound: &bound };
+    let (in_cts, bound_cts) = loop_vjp(e, &l)?;
     // Back to the caller's variable order.
     let var_cts = variables
         .iter()
         .map(|(id, _)| {
-            bound.iter().position(|(vid, _)| body.variables[*vid].id() == *id).and_then(|k| var_totals[k].clone())
+            bound.iter().position(|(vid, _)| body.variables[*vid].id() == *id).and_then(|k| bound_cts[k].clone())
         })
         .collect();
     Ok((in_cts, var_cts))

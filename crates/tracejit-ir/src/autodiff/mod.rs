@@ -44,6 +44,7 @@
 //! emitter refuses by name.
 
 mod control;
+mod loops;
 mod rules;
 
 use std::collections::HashMap;
@@ -297,6 +298,18 @@ pub(crate) fn replay<E: Emitter>(
     inputs: &[E::Value],
     variables: &[(crate::VarId, E::Value)],
 ) -> Result<HashMap<ValueId, E::Value>, AutodiffError> {
+    Ok(replay_state(e, graph, inputs, variables)?.0)
+}
+
+/// [`replay`], also returning each variable's value after the graph (as
+/// its assignments left it): what a loop body hands the next trip.
+#[allow(clippy::type_complexity)]
+pub(crate) fn replay_state<E: Emitter>(
+    e: &mut E,
+    graph: &Graph,
+    inputs: &[E::Value],
+    variables: &[(crate::VarId, E::Value)],
+) -> Result<(HashMap<ValueId, E::Value>, Vec<(crate::VarId, E::Value)>), AutodiffError> {
     let mut vals: HashMap<ValueId, E::Value> = HashMap::new();
     let mut variables: Vec<(crate::VarId, E::Value)> = variables.to_vec();
     for (id, node) in graph.nodes() {
@@ -306,11 +319,11 @@ pub(crate) fn replay<E: Emitter>(
                 .cloned()
                 .ok_or_else(|| AutodiffError::Request(format!("input {index} of `{}` is missing", graph.name)))?],
             Op::Constant { value } => vec![e.constant(value.clone())],
-            Op::ReadVariable { var } => {
+            Op::ReadVariable { var, .. } => {
                 let value = variables.iter().find(|(v, _)| v == var).map(|(_, x)| x.clone());
                 vec![value.ok_or_else(|| AutodiffError::Request(format!("no value given for variable {var}")))?]
             }
-            Op::AssignVariable { var, kind } => {
+            Op::AssignVariable { var, kind, .. } => {
                 // Only a later read needs the new value; without one the
                 // variable was given no value (nothing reads it).
                 if let Some(slot) = variables.iter().position(|(v, _)| v == var) {
@@ -381,7 +394,7 @@ pub(crate) fn replay<E: Emitter>(
             vals.insert(ValueId::new(id, i as u32), v);
         }
     }
-    Ok(vals)
+    Ok((vals, variables))
 }
 
 /// The second half of [`vjp_graph`]: `graph` differentiated from its
@@ -407,7 +420,7 @@ pub(crate) fn backprop_replayed<E: Emitter>(
     for (var, _) in variables {
         let mut total: Option<E::Value> = None;
         for (id, node) in graph.nodes() {
-            if matches!(node.op, Op::ReadVariable { var: v } if v == *var) {
+            if matches!(node.op, Op::ReadVariable { var: v, .. } if v == *var) {
                 if let Some(ct) = cts.remove(&ValueId::new(id, 0)) {
                     total = Some(match total {
                         Some(prev) => e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[prev, ct])?.remove(0),

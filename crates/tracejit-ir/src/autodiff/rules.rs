@@ -466,10 +466,36 @@ fn reduce<E: Emitter>(
             b.mask(&hit, &share)
         }
         ReduceOp::Prod => {
-            // y / x (a zero element gives NaN, as the plain formula does).
-            let yb = b.unreduce(y, axes, keepdims, x)?;
-            let d = b.div(&yb, x)?;
+            let d = prod_of_others(b, axes, x)?;
             b.mul(&gb, &d)
         }
     }
+}
+
+/// For each element of `x`, the product of the other elements it is
+/// reduced with over `axes` (the derivative of a product): what JAX and TF
+/// compute from exclusive cumulative products, built here without a
+/// cumulative product op. With no zero among them it is `y / x` (as
+/// before); with one zero, the product of the nonzero others at the zero
+/// and 0 elsewhere; with two or more, 0 everywhere. (`y / x` alone gave
+/// NaN at a zero: `[0, 2, 3]` has the gradient `[6, 0, 0]`.)
+fn prod_of_others<E: Emitter>(b: &mut B<'_, E>, axes: &[usize], x: &E::Value) -> R<E::Value> {
+    let (zero, one) = (b.k(x, 0.0), b.k(x, 1.0));
+    let is_zero = b.bin(BinaryOp::Eq, x, &zero)?;
+    let nonzero = b.op(Op::Select, &[is_zero.clone(), one, x.clone()])?;
+    let reduce = |op| Op::Reduce { op, axes: axes.to_vec(), keepdims: true };
+    let product = b.op(reduce(ReduceOp::Prod), std::slice::from_ref(&nonzero))?;
+    let zeros = b.op(Op::Cast { to: b.ty(x).dtype }, std::slice::from_ref(&is_zero))?;
+    let n_zeros = b.op(reduce(ReduceOp::Sum), &[zeros])?;
+    let others = b.div(&product, &nonzero)?;
+    let k0 = b.k(x, 0.0);
+    let none = b.bin(BinaryOp::Eq, &n_zeros, &k0)?;
+    let k1 = b.k(x, 1.0);
+    let single = b.bin(BinaryOp::Eq, &n_zeros, &k1)?;
+    let at_zero = b.mask(&is_zero, &product)?;
+    let with_zero = b.mask(&single, &at_zero)?;
+    let d = b.op(Op::Select, &[none, others, with_zero])?;
+    // The selects broadcast to `x`'s shape (every operand but the kept
+    // reductions has it).
+    broadcast_like(b.e, d, x)
 }

@@ -37,7 +37,7 @@ pub(super) enum Nested {
     /// A conditional: then and else blocks.
     Cond,
     /// A loop: condition and body blocks, and its static trip count.
-    While(Option<usize>),
+    While(Option<usize>, bool),
 }
 
 impl Nested {
@@ -45,7 +45,7 @@ impl Nested {
     pub(super) fn blocks(self) -> usize {
         match self {
             Nested::Fused(_) => 1,
-            Nested::Cond | Nested::While(_) => 2,
+            Nested::Cond | Nested::While(..) => 2,
         }
     }
 }
@@ -186,16 +186,22 @@ pub(super) fn parse_op(
         }
         "cond" => return Ok(ParsedOp::Nested(Nested::Cond)),
         "while" => {
-            let trips = if c.eat("[") {
-                c.expect("trips")?;
-                c.expect("=")?;
-                let n = c.number("a trip count")?;
+            let (mut trips, mut cancel) = (None, false);
+            if c.eat("[") {
+                if c.eat("cancel") {
+                    cancel = true;
+                } else {
+                    c.expect("trips")?;
+                    c.expect("=")?;
+                    trips = Some(c.number("a trip count")?);
+                    if c.eat(",") {
+                        c.expect("cancel")?;
+                        cancel = true;
+                    }
+                }
                 c.expect("]")?;
-                Some(n)
-            } else {
-                None
-            };
-            return Ok(ParsedOp::Nested(Nested::While(trips)));
+            }
+            return Ok(ParsedOp::Nested(Nested::While(trips, cancel)));
         }
         "kernel" => {
             let column = node.op_column;
@@ -208,8 +214,12 @@ pub(super) fn parse_op(
         "read_variable" => {
             c.expect("[")?;
             let var = variable(c, vars)?;
+            let locked = c.eat(",") && {
+                c.expect("locked")?;
+                true
+            };
             c.expect("]")?;
-            Op::ReadVariable { var }
+            Op::ReadVariable { var, locked }
         }
         "assign_variable" => {
             c.expect("[")?;
@@ -227,8 +237,12 @@ pub(super) fn parse_op(
                     found: format!("`{word}`"),
                 });
             };
+            let locked = c.eat(",") && {
+                c.expect("locked")?;
+                true
+            };
             c.expect("]")?;
-            Op::AssignVariable { var, kind }
+            Op::AssignVariable { var, kind, locked }
         }
         other => {
             return Err(ParseError::UnknownOp { line: c.line(), column: node.op_column, name: other.to_string() });

@@ -153,7 +153,7 @@ impl HoistLoopProducts {
         let loops: Vec<(NodeId, Vec<Candidate>)> = g
             .nodes()
             .filter_map(|(id, node)| match &node.op {
-                Op::While { parts, trip_count: Some(trips) } if *trips >= 1 => {
+                Op::While { parts, trip_count: Some(trips), .. } if *trips >= 1 => {
                     let c = candidates(&parts[1], *trips);
                     (!c.is_empty()).then_some((id, c))
                 }
@@ -169,7 +169,8 @@ impl HoistLoopProducts {
             if rw.is_mapped(id) {
                 continue;
             }
-            let (Some((_, cands)), Op::While { parts, trip_count }) = (loops.iter().find(|(l, _)| *l == id), &node.op)
+            let (Some((_, cands)), Op::While { parts, trip_count, cancel }) =
+                (loops.iter().find(|(l, _)| *l == id), &node.op)
             else {
                 rw.copy(id);
                 continue;
@@ -198,7 +199,7 @@ impl HoistLoopProducts {
                 rw.copy(id);
                 continue;
             };
-            let op = Op::While { parts: [cond.into(), body.into()], trip_count: *trip_count };
+            let op = Op::While { parts: [cond.into(), body.into()], trip_count: *trip_count, cancel: cancel.clone() };
             let all: SmallVec<[ValueId; 4]> = inputs.iter().copied().chain(products.iter().copied()).collect();
             let control = rw.control(id);
             match rw.emit(op, &all, &control, node.location) {

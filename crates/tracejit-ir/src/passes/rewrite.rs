@@ -443,9 +443,12 @@ impl<'g> Rewriter<'g> {
     fn reintern(&mut self, body: &Graph, op: &Op) -> Op {
         match op {
             Op::Call { func } => Op::Call { func: self.intern_function(body.library.get(*func)) },
-            Op::ReadVariable { var } => Op::ReadVariable { var: self.new.add_variable(body.variables[*var].clone()) },
-            Op::AssignVariable { var, kind } => {
-                Op::AssignVariable { var: self.new.add_variable(body.variables[*var].clone()), kind: *kind }
+            Op::ReadVariable { var, locked } => {
+                Op::ReadVariable { var: self.new.add_variable(body.variables[*var].clone()), locked: *locked }
+            }
+            Op::AssignVariable { var, kind, locked } => {
+                let var = self.new.add_variable(body.variables[*var].clone());
+                Op::AssignVariable { var, kind: *kind, locked: *locked }
             }
             // No reference into the body's tables (fused bodies, branches
             // and loop bodies are self-contained graphs).

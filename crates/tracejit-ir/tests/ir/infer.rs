@@ -390,13 +390,13 @@ fn variable_types_and_errors() {
     let mut g = Graph::new("vars");
     let w = g.add_variable(TestVar::new("w", Storage::full(&[2, 3], F32, 0.0)));
     let flag = g.add_variable(TestVar::new("flag", Storage::full(&[], Bool, 0.0)));
-    let read = Op::ReadVariable { var: w };
+    let read = Op::ReadVariable { var: w, locked: false };
     assert_eq!(infer(&read, &[], Some(&g)).unwrap().to_vec(), vec![f32t(&[2, 3])]);
     assert!(infer(&read, &[], None).unwrap_err().to_string().starts_with("read_variable: needs the graph"));
-    let missing = Op::ReadVariable { var: tracejit_ir::VarId::from_u32(9) };
+    let missing = Op::ReadVariable { var: tracejit_ir::VarId::from_u32(9), locked: false };
     assert_eq!(infer(&missing, &[], Some(&g)).unwrap_err().to_string(), "read_variable: unknown variable var9");
 
-    let assign = |kind| Op::AssignVariable { var: w, kind };
+    let assign = |kind| Op::AssignVariable { var: w, kind, locked: false };
     for kind in [AssignKind::Assign, AssignKind::Add, AssignKind::Sub] {
         assert!(infer(&assign(kind), &[f32t(&[2, 3])], Some(&g)).unwrap().is_empty());
         assert!(infer(&assign(kind), &[f32t(&[-1, 3])], Some(&g)).unwrap().is_empty());
@@ -408,11 +408,16 @@ fn variable_types_and_errors() {
     assert!(m.contains("f32[3]") && m.contains("f32[2, 3]"), "{m}");
     let m = infer(&assign(AssignKind::Assign), &[], Some(&g)).unwrap_err().to_string();
     assert!(m.contains("expected 1 input, got 0"), "{m}");
-    let m = infer(&Op::AssignVariable { var: flag, kind: AssignKind::Add }, &[ty(Bool, &[])], Some(&g))
+    let m = infer(&Op::AssignVariable { var: flag, kind: AssignKind::Add, locked: false }, &[ty(Bool, &[])], Some(&g))
         .unwrap_err()
         .to_string();
     assert!(m.contains("bool variable"), "{m}");
-    assert!(infer(&Op::AssignVariable { var: flag, kind: AssignKind::Assign }, &[ty(Bool, &[])], Some(&g)).is_ok());
+    assert!(infer(
+        &Op::AssignVariable { var: flag, kind: AssignKind::Assign, locked: false },
+        &[ty(Bool, &[])],
+        Some(&g)
+    )
+    .is_ok());
 }
 
 #[test]
@@ -431,7 +436,7 @@ fn num_inputs_and_outputs() {
     assert_eq!(Op::Concat { axis: 0 }.num_inputs(), None);
     assert_eq!(Op::MatMul.num_outputs(), Some(1));
     assert_eq!(
-        Op::AssignVariable { var: tracejit_ir::VarId::from_u32(0), kind: AssignKind::Add }.num_outputs(),
+        Op::AssignVariable { var: tracejit_ir::VarId::from_u32(0), kind: AssignKind::Add, locked: false }.num_outputs(),
         Some(0)
     );
 }

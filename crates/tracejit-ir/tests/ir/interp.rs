@@ -229,13 +229,18 @@ fn variables_read_and_assign_in_program_order() {
     let mut g = Graph::new("step");
     let var = g.add_variable(w.clone());
     let x = g.add_param(f32t(&[3]));
-    let r0 = node_ctrl(&mut g, Op::ReadVariable { var }, &[], &[]);
-    let a1 = node_ctrl(&mut g, Op::AssignVariable { var, kind: AssignKind::Add }, &[x], &[r0]);
-    let r1 = node_ctrl(&mut g, Op::ReadVariable { var }, &[], &[a1]);
-    let a2 = node_ctrl(&mut g, Op::AssignVariable { var, kind: AssignKind::Sub }, &[ValueId::from(r0)], &[r1]);
-    let r2 = node_ctrl(&mut g, Op::ReadVariable { var }, &[], &[a2]);
+    let r0 = node_ctrl(&mut g, Op::ReadVariable { var, locked: false }, &[], &[]);
+    let a1 = node_ctrl(&mut g, Op::AssignVariable { var, kind: AssignKind::Add, locked: false }, &[x], &[r0]);
+    let r1 = node_ctrl(&mut g, Op::ReadVariable { var, locked: false }, &[], &[a1]);
+    let a2 = node_ctrl(
+        &mut g,
+        Op::AssignVariable { var, kind: AssignKind::Sub, locked: false },
+        &[ValueId::from(r0)],
+        &[r1],
+    );
+    let r2 = node_ctrl(&mut g, Op::ReadVariable { var, locked: false }, &[], &[a2]);
     let d = node(&mut g, Op::Binary(BinaryOp::Mul), &[ValueId::from(r1), x]);
-    let a3 = node_ctrl(&mut g, Op::AssignVariable { var, kind: AssignKind::Assign }, &[d], &[r2]);
+    let a3 = node_ctrl(&mut g, Op::AssignVariable { var, kind: AssignKind::Assign, locked: false }, &[d], &[r2]);
     g.outputs = vec![ValueId::from(r0), ValueId::from(r1), ValueId::from(r2)];
     let _ = a3;
     verify(&g).unwrap();

@@ -108,10 +108,10 @@ fn every_op_graph() -> Graph {
         outputs: vec![f32t(&[2, 3])],
     };
     outputs.push(node(&mut g, k_same, &[known]));
-    let r = node(&mut g, Op::ReadVariable { var }, &[]);
-    let a = node_ctrl(&mut g, Op::AssignVariable { var, kind: AssignKind::Add }, &[known], &[r.node]);
+    let r = node(&mut g, Op::ReadVariable { var, locked: false }, &[]);
+    let a = node_ctrl(&mut g, Op::AssignVariable { var, kind: AssignKind::Add, locked: false }, &[known], &[r.node]);
     for kind in AssignKind::ALL {
-        node_ctrl(&mut g, Op::AssignVariable { var, kind }, &[r], &[a]);
+        node_ctrl(&mut g, Op::AssignVariable { var, kind, locked: false }, &[r], &[a]);
     }
     outputs.push(r);
     g.outputs = outputs;

@@ -308,7 +308,7 @@ fn golden_const_fold() {
     let e = un(&mut g, UnaryOp::Exp, five);
     let big = node(&mut g, Op::BroadcastTo { shape: vec![2048] }, &[e]);
     let y = bin(&mut g, BinaryOp::Mul, x, big);
-    let r = ValueId::from(g.add_node(Op::ReadVariable { var: v }, &[], &[], None).unwrap());
+    let r = ValueId::from(g.add_node(Op::ReadVariable { var: v, locked: false }, &[], &[], None).unwrap());
     let rs = bin(&mut g, BinaryOp::Add, r, five);
     let small = node(&mut g, Op::BroadcastTo { shape: vec![2, 2] }, &[two]);
     let ints = g.add_constant(Storage::from_vec(vec![7i32, -7, 1], &[3]).unwrap());
@@ -340,8 +340,8 @@ fn golden_cse() {
     let a3 = bin(&mut g, BinaryOp::Mul, s2, nz);
     let n1 = bin(&mut g, BinaryOp::Add, a1, nan1);
     let n2 = bin(&mut g, BinaryOp::Add, a2, nan2);
-    let r1 = ValueId::from(g.add_node(Op::ReadVariable { var: v }, &[], &[], None).unwrap());
-    let r2 = ValueId::from(g.add_node(Op::ReadVariable { var: v }, &[], &[], None).unwrap());
+    let r1 = ValueId::from(g.add_node(Op::ReadVariable { var: v, locked: false }, &[], &[], None).unwrap());
+    let r2 = ValueId::from(g.add_node(Op::ReadVariable { var: v, locked: false }, &[], &[], None).unwrap());
     g.outputs = vec![n1, n2, a3, r1, r2];
     let after = filetest_pass("cse", &Cse, &g, &PassContext::new("cse"));
     assert_eq!(count_ops(&after, "exp"), 1);
@@ -361,9 +361,10 @@ fn golden_dce() {
     let ordered = un(&mut g, UnaryOp::Sqrt, y);
     let two = f32c(&mut g, 2.0);
     let upd = bin(&mut g, BinaryOp::Mul, x, two);
-    let a = node_ctrl(&mut g, Op::AssignVariable { var: v, kind: AssignKind::Add }, &[upd], &[ordered.node]);
-    let r = ValueId::from(node_ctrl(&mut g, Op::ReadVariable { var: v }, &[], &[a]));
-    let _unused_read = node_ctrl(&mut g, Op::ReadVariable { var: v }, &[], &[a]);
+    let a =
+        node_ctrl(&mut g, Op::AssignVariable { var: v, kind: AssignKind::Add, locked: false }, &[upd], &[ordered.node]);
+    let r = ValueId::from(node_ctrl(&mut g, Op::ReadVariable { var: v, locked: false }, &[], &[a]));
+    let _unused_read = node_ctrl(&mut g, Op::ReadVariable { var: v, locked: false }, &[], &[a]);
     g.outputs = vec![r];
     let after = filetest_pass("dce", &Dce, &g, &PassContext::new("dce"));
     assert_eq!(count_ops(&after, "exp") + count_ops(&after, "tanh"), 0);

@@ -86,7 +86,8 @@ function f0 "two" implements="tracejit.test.two":
 fn listing_never_panics_on_broken_graphs() {
     let mut g = sample_graph();
     g.node_mut(tracejit_ir::NodeId::from_u32(3)).op = Op::Call { func: tracejit_ir::FuncId::from_u32(9) };
-    g.node_mut(tracejit_ir::NodeId::from_u32(6)).op = Op::ReadVariable { var: tracejit_ir::VarId::from_u32(9) };
+    g.node_mut(tracejit_ir::NodeId::from_u32(6)).op =
+        Op::ReadVariable { var: tracejit_ir::VarId::from_u32(9), locked: false };
     g.params.push(tracejit_ir::NodeId::from_u32(99));
     let text = g.to_string();
     assert!(text.contains("call @f9 <missing>"), "{text}");

@@ -26,7 +26,7 @@ fn body_with_assign() -> Graph {
     let mut b = Graph::new("writes");
     let x = b.add_param(f32t(&[4]));
     let v = b.add_variable(TestVar::new("acc", f32s(&[4], 1)));
-    node_ctrl(&mut b, Op::AssignVariable { var: v, kind: AssignKind::Add }, &[x], &[]);
+    node_ctrl(&mut b, Op::AssignVariable { var: v, kind: AssignKind::Add, locked: false }, &[x], &[]);
     b.outputs.push(x);
     b
 }
@@ -53,8 +53,8 @@ fn effects_of_primitives_variables_calls_and_nested_code() {
     assert!(Op::Unary(UnaryOp::Exp).effects(&lib).is_pure());
     let mut g = Graph::new("g");
     let v = g.add_variable(TestVar::new("v", f32s(&[4], 2)));
-    assert!(Op::ReadVariable { var: v }.effects(&lib).reads());
-    assert!(Op::AssignVariable { var: v, kind: AssignKind::Assign }.effects(&lib).writes());
+    assert!(Op::ReadVariable { var: v, locked: false }.effects(&lib).reads());
+    assert!(Op::AssignVariable { var: v, kind: AssignKind::Assign, locked: false }.effects(&lib).writes());
     assert!(Op::Fused { body: Arc::new(body_with_duplicate()) }.effects(&lib).is_pure());
     let writes = Op::Fused { body: Arc::new(body_with_assign()) }.effects(&lib);
     assert!(writes.writes() && !writes.reads());

@@ -27,8 +27,8 @@ pub fn sample_graph() -> Graph {
     let m = node(&mut g, Op::Binary(BinaryOp::Mul), &[a, half]);
     let c = node(&mut g, Op::Call { func: f }, &[m]);
     let s = node(&mut g, Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdims: false }, &[c]);
-    let asg = node_ctrl(&mut g, Op::AssignVariable { var: w, kind: AssignKind::Add }, &[s], &[]);
-    let r = node_ctrl(&mut g, Op::ReadVariable { var: w }, &[], &[asg]);
+    let asg = node_ctrl(&mut g, Op::AssignVariable { var: w, kind: AssignKind::Add, locked: false }, &[s], &[]);
+    let r = node_ctrl(&mut g, Op::ReadVariable { var: w, locked: false }, &[], &[asg]);
     let out = node(&mut g, Op::Binary(BinaryOp::Add), &[c, ValueId::from(r)]);
     g.outputs = vec![out, s];
     g
@@ -108,7 +108,7 @@ fn rejects_unknown_function_and_variable() {
     g.node_mut(NodeId::from_u32(3)).op = Op::Call { func: FuncId::from_u32(3) };
     rejects(&g, 3, &["unknown function f3"]);
     let mut g = sample_graph();
-    g.node_mut(NodeId::from_u32(6)).op = Op::ReadVariable { var: VarId::from_u32(2) };
+    g.node_mut(NodeId::from_u32(6)).op = Op::ReadVariable { var: VarId::from_u32(2), locked: false };
     rejects(&g, 6, &["unknown variable var2"]);
 }
 

@@ -113,8 +113,8 @@ fn kind_of(
         Op::While { parts, .. } => {
             StepKind::While(Box::new(prepare_pair(parts, opts, run)?), parts[1].outputs.len(), None)
         }
-        Op::ReadVariable { var } => StepKind::Read(*var),
-        Op::AssignVariable { var, kind } => StepKind::Assign(*var, *kind),
+        Op::ReadVariable { var, .. } => StepKind::Read(*var),
+        Op::AssignVariable { var, kind, .. } => StepKind::Assign(*var, *kind),
         // A region planned by the fusion pass: compiled when this JIT
         // supports it, else its body is interpreted (a fallback).
         Op::Fused { body } if supports(body) => StepKind::Region(compile_region_with(body, opts)?),

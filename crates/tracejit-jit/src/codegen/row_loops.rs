@@ -23,7 +23,7 @@ impl SchedulePass for RowLoops {
         let mut split = 0;
         for st in &mut s.steps {
             let StepKind::While(_, carried, plan) = &mut st.kind else { continue };
-            let Op::While { parts, trip_count } = &cx.graph.node(st.node).op else { continue };
+            let Op::While { parts, trip_count, .. } = &cx.graph.node(st.node).op else { continue };
             *plan = batch::plan(parts, *carried, *trip_count, cx.opts, cx.gemm_threshold).map(Box::new);
             split += usize::from(plan.is_some());
         }

@@ -120,7 +120,12 @@ impl Split {
     /// subgraphs cannot be prepared, or when a block fails (its blocks
     /// stop at different trips: the whole loop reports the error one
     /// thread reports); the caller then runs the loop whole.
-    pub(crate) fn run(&self, carried: usize, args: &[Storage]) -> Option<Vec<Storage>> {
+    pub(crate) fn run(
+        &self,
+        carried: usize,
+        args: &[Storage],
+        cancel: Option<&tracejit_ir::control::CancelToken>,
+    ) -> Option<Vec<Storage>> {
         let pool = crate::threads::pool()?;
         let LoopRows { b, inputs: rows, .. } = &self.rows;
         let n = pool.threads().min(b / self.least);
@@ -157,7 +162,12 @@ impl Split {
             let mut bufs = BufPool::checkout(&pools[t]);
             // A block's kernels stay on its thread.
             let out = crate::threads::serial(|| {
-                tracejit_ir::control::run_while(carried, &inputs, &mut Shared { subs: &exes[t], pool: &mut bufs })
+                tracejit_ir::control::run_while(
+                    carried,
+                    &inputs,
+                    &mut Shared { subs: &exes[t], pool: &mut bufs },
+                    cancel,
+                )
             });
             bufs.checkin(&pools[t]);
             *results[t].lock().unwrap_or_else(|e| e.into_inner()) = Some(out);

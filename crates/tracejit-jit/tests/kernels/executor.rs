@@ -131,8 +131,8 @@ fn variables() {
     let mut g = Graph::new("state");
     let vid = g.add_variable(var.clone());
     let x = param(&mut g, DType::F32, &[4]);
-    let a = g.add_node(Op::AssignVariable { var: vid, kind: AssignKind::Add }, &[x], &[], None).unwrap();
-    let r = ValueId::from(g.add_node(Op::ReadVariable { var: vid }, &[], &[a], None).unwrap());
+    let a = g.add_node(Op::AssignVariable { var: vid, kind: AssignKind::Add, locked: false }, &[x], &[], None).unwrap();
+    let r = ValueId::from(g.add_node(Op::ReadVariable { var: vid, locked: false }, &[], &[a], None).unwrap());
     let y = node(&mut g, Op::Binary(BinaryOp::Mul), &[r, x]);
     g.outputs.push(y);
     let exe = Executable::new(&g).unwrap();

@@ -12,7 +12,51 @@ use super::Function;
 use crate::nest::Nest;
 use crate::{Error, Result};
 
+/// Nesting depth (see `Graph::nesting_depth`) past which a trace is
+/// optimized and compiled on a thread of its own with [`DEEP_STACK`]
+/// bytes of stack: the passes and the JIT's preparation recurse once per
+/// level, a few KiB each, and 400 nested `cond`s overflowed a 2 MiB
+/// thread stack there.
+const SHALLOW: usize = 16;
+
+/// The stack of the thread that optimizes and compiles deeply nested
+/// traces (reserved, not committed, until used).
+const DEEP_STACK: usize = 256 << 20;
+
 impl<A: Nest, R: Nest> Function<A, R> {
+    /// [`Function::optimize_graph`] and [`Function::prepare_executable`],
+    /// on a thread with a deep stack when the graph nests deeply.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn optimize_and_prepare(
+        &self,
+        graph: &Graph,
+    ) -> Result<(Graph, PipelineReport, Option<tracejit_jit::Executable>, Option<String>)> {
+        let work = || -> Result<_> {
+            let (optimized, report) = self.optimize_graph(graph)?;
+            let (executable, jit_error) = self.prepare_executable(&optimized);
+            Ok((optimized, report, executable, jit_error))
+        };
+        if graph.nesting_depth() <= SHALLOW {
+            return work();
+        }
+        std::thread::scope(|s| {
+            let handle = std::thread::Builder::new()
+                .name("tracejit-compile".into())
+                .stack_size(DEEP_STACK)
+                .spawn_scoped(s, work);
+            match handle {
+                Ok(h) => h.join().unwrap_or_else(|p| {
+                    Err(Error::TracePanic {
+                        function: self.config.name.clone(),
+                        message: tracejit_ir::panic_message(&*p),
+                    })
+                }),
+                // No thread to be had: on this one, as for shallow graphs.
+                Err(_) => work(),
+            }
+        })
+    }
+
     /// Compiles the optimized graph for the JIT executor when `jit(true)`.
     /// A graph the executor cannot prepare runs in the interpreter instead:
     /// slower, never wrong, and never silent — a `log` warning names the

@@ -5,8 +5,12 @@
 //!
 //! An unbounded cache is what tf.function and jax.jit have: a Function
 //! called with 2,000 shapes keeps 2,000 traces (and their compiled code)
-//! forever. With a bound, every decision the policy takes is counted and
-//! logged with its reason, so a cache that churns says so.
+//! forever. A tracejit Function keeps [`DEFAULT_MAX_TRACES`] unless told
+//! otherwise (`max_traces(n)`, or `unbounded_cache()` for the old
+//! behaviour), and every decision the policy takes is counted and logged
+//! with its reason, so a cache that churns says so. A new trace evicts
+//! only once it has succeeded: a call whose trace fails leaves the cache
+//! as it was.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -15,6 +19,7 @@ use std::sync::Arc;
 use tracejit_ir::TensorType;
 
 use super::{Function, FunctionConfig};
+
 use crate::concrete::ConcreteFunction;
 use crate::nest::{Nest, StaticValue};
 use crate::{Error, Result};
@@ -109,11 +114,34 @@ impl CacheStats {
     }
 }
 
+/// How many traces a `Function` keeps when nothing says otherwise
+/// ([`crate::Function::max_traces`], [`crate::Function::unbounded_cache`]):
+/// past it the least recently used trace is evicted, with a warning the
+/// first time that names the arguments whose shapes keep changing. A
+/// Function called with 10,000 shapes used to keep 10,001 traces (700 MB).
+pub const DEFAULT_MAX_TRACES: usize = 64;
+
+/// The cache bound a `Function` was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TraceLimit {
+    /// Nothing said: [`DEFAULT_MAX_TRACES`], evicting with a warning.
+    Default,
+    /// `max_traces(n)`.
+    At(usize),
+    /// `unbounded_cache()`: every trace is kept.
+    Unbounded,
+}
+
 impl FunctionConfig {
-    /// The cache bound: `max_traces`, or one trace when only a policy was
-    /// given; `None`: unbounded.
+    /// The cache bound: `max_traces`, one trace when only a policy was
+    /// given, [`DEFAULT_MAX_TRACES`] when nothing was; `None`: unbounded.
     pub(super) fn trace_limit(&self) -> Option<usize> {
-        self.max_traces.or(self.retrace_policy.map(|_| 1))
+        match self.max_traces {
+            TraceLimit::At(n) => Some(n),
+            TraceLimit::Unbounded => None,
+            TraceLimit::Default if self.retrace_policy.is_some() => Some(1),
+            TraceLimit::Default => Some(DEFAULT_MAX_TRACES),
+        }
     }
 }
 
@@ -134,8 +162,31 @@ impl<A: Nest, R: Nest> Function<A, R> {
     /// assert_eq!(f.cache_stats().evictions, 3);
     /// # Ok::<(), tracejit_trace::Error>(())
     /// ```
+    ///
+    /// Without `max_traces` a Function keeps [`DEFAULT_MAX_TRACES`] (64)
+    /// traces and warns the first time it evicts one;
+    /// [`Function::unbounded_cache`] keeps every trace.
     pub fn max_traces(self, n: usize) -> Self {
-        self.with_config(|c| c.max_traces = Some(n.max(1)))
+        self.with_config(|c| c.max_traces = TraceLimit::At(n.max(1)))
+    }
+
+    /// Keeps every trace, however many signatures the Function is called
+    /// with (what tf.function and jax.jit do, and what tracejit did before
+    /// the default bound of [`DEFAULT_MAX_TRACES`]): memory grows with
+    /// every new signature, for the life of the Function.
+    ///
+    /// ```
+    /// use tracejit_trace::{function, DType, Tensor};
+    ///
+    /// let f = function(|x: Tensor| x * 2.0).unbounded_cache();
+    /// for n in 1..=70 {
+    ///     f.call(Tensor::zeros(&[n], DType::F32))?;
+    /// }
+    /// assert_eq!(f.concrete_functions().len(), 70);
+    /// # Ok::<(), tracejit_trace::Error>(())
+    /// ```
+    pub fn unbounded_cache(self) -> Self {
+        self.with_config(|c| c.max_traces = TraceLimit::Unbounded)
     }
 
     /// What a call does when it needs a new trace and the cache is full
@@ -224,24 +275,29 @@ impl<A: Nest, R: Nest> Function<A, R> {
             }
             RetracePolicy::Evict | RetracePolicy::Generalize | RetracePolicy::Eager => {}
         }
-        drop(stats);
-        let excess = cached.len() + 1 - limit;
-        self.evict_lru(excess, &format!("to trace {reason}"));
+        // The eviction waits for the new trace to succeed (`after_trace`):
+        // a trace that fails must not cost the working ones (with a body
+        // that creates variables on its first trace, losing the only trace
+        // made every later call fail).
         Ok(Some(specs.to_vec()))
     }
 
     /// After a trace of a bounded Function: stamps `cf` as just used, drops
-    /// the cached traces it accepts (a generalized trace replaces them),
-    /// and evicts down to the bound.
+    /// the cached traces it accepts (a generalized trace replaces them; not
+    /// under the default bound), and evicts down to the bound.
     pub(super) fn after_trace(&self, cf: &Arc<ConcreteFunction>) {
         let Some(limit) = self.config.trace_limit() else { return };
         cf.last_used.store(self.state.clock.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         let types: Vec<TensorType> = cf.signature.iter().map(|s| s.ty.clone()).collect();
+        // Under the default bound the traces a general one accepts stay, as
+        // without a bound: their exact shapes may run faster.
+        let chosen = self.config.max_traces != TraceLimit::Default || self.config.retrace_policy.is_some();
         let subsumed: Vec<Arc<ConcreteFunction>> = self
             .concrete_functions()
             .into_iter()
             .filter(|old| {
-                !Arc::ptr_eq(old, cf)
+                chosen
+                    && !Arc::ptr_eq(old, cf)
                     && old.structure == cf.structure
                     && old.statics.len() == cf.statics.len()
                     && old.statics.iter().zip(&cf.statics).all(|(a, b)| a.dyn_eq(&**b))
@@ -254,8 +310,34 @@ impl<A: Nest, R: Nest> Function<A, R> {
         }
         let len = self.concrete_functions().len();
         if len > limit {
-            self.evict_lru(len - limit, "to stay within max_traces");
+            self.warn_default_bound(limit);
+            self.evict_lru(len - limit, &format!("to trace {}", cf.trace_reason));
         }
+    }
+
+    /// The first eviction under the default bound warns (once per
+    /// Function), naming the arguments whose shapes differ among the
+    /// cached traces, as tf.function warns about repeated retracing.
+    fn warn_default_bound(&self, limit: usize) {
+        if self.config.max_traces != TraceLimit::Default || self.config.retrace_policy.is_some() {
+            return;
+        }
+        if self.state.warned_eviction.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let cached = self.concrete_functions();
+        let changing = changing_arguments(&cached);
+        let which = if changing.is_empty() {
+            "its static arguments or argument structure keep changing".to_string()
+        } else {
+            format!("the shape of {} keeps changing", changing.join(", "))
+        };
+        log::warn!(
+            "tracejit: `{}` has more than {limit} traces (the default max_traces), so it evicts the least recently \
+             used one from now on: {which}. Pass an input_signature with -1 dims or reduce_retracing(true) to trace \
+             once for many shapes, or choose the bound with max_traces(n) (unbounded_cache() keeps every trace)",
+            self.config.name
+        );
     }
 
     /// Evicts the `n` least recently used traces.
@@ -282,6 +364,23 @@ impl<A: Nest, R: Nest> Function<A, R> {
         stats.evictions += 1;
         stats.note(event);
     }
+}
+
+/// The nest paths (`args.0`, `x`) of the tensor arguments whose dims differ
+/// among `cached` traces of the same dtypes and ranks.
+fn changing_arguments(cached: &[Arc<ConcreteFunction>]) -> Vec<String> {
+    let mut out = Vec::new();
+    let Some(first) = cached.first() else { return out };
+    for (i, spec) in first.signature.iter().enumerate() {
+        let differs = cached
+            .iter()
+            .any(|cf| cf.signature.get(i).is_some_and(|s| s.ty.dtype == spec.ty.dtype && s.ty.dims != spec.ty.dims));
+        if differs {
+            let path = first.input_paths.get(i).cloned().unwrap_or_else(|| format!("argument {i}"));
+            out.push(format!("`{path}` (argument {i})"));
+        }
+    }
+    out
 }
 
 /// `(f32[2], i64[?])`: a trace's signature, for messages.
