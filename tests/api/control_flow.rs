@@ -460,7 +460,7 @@ fn mixed_dtypes(x: &Tensor) -> Tensor {
     cond(&x.sum_all().gt(0.0), || x * 2.0, || x.cast(DType::F64))
 }
 
-const MIXED: &str = "output 0: the then branch returns f32[2], the else branch f64[2]";
+const MIXED: &str = "the then branch returns f32[2], the else branch f64[2]";
 
 pub(crate) fn panic_text(f: impl FnOnce()) -> String {
     let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).expect_err("must panic");

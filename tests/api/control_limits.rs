@@ -47,7 +47,7 @@ fn child_cancelled_loops() {
     };
     let e = f.call(t(&[1.0])).unwrap_err().to_string();
     canceller.join().unwrap();
-    assert!(e.contains("CancelToken was cancelled") && e.contains("control_flow.rs"), "{e}");
+    assert!(e.contains("CancelToken was cancelled") && e.contains("control_limits.rs"), "{e}");
     // The token stays cancelled until reset; a deadline stops it again.
     assert!(f.call(t(&[1.0])).is_err());
     token.reset();

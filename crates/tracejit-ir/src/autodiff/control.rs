@@ -9,7 +9,10 @@
 //! - **`while` with a static trip count** (`fori_loop`): two loops, a
 //!   forward one stacking each trip's state and a backward one walking the
 //!   trips in reverse (`loops`), so tracing costs the same for any trip
-//!   count and a state too large to stack is an error, not an abort.
+//!   count and a state too large to stack is an error, not an abort. A
+//!   body calling a custom-gradient function (whose backward is a Rust
+//!   closure, which cannot go into a graph) is unrolled instead, up to
+//!   `UNROLL_CUSTOM_GRADIENTS` trips.
 //! - **`while` with a data-dependent trip count** refuses reverse mode, as
 //!   JAX does: how many iterations to undo is not known until run time.
 //!
@@ -18,10 +21,11 @@
 //! their cotangents. Without them (a conditional nested in other code) a
 //! read is an error, never a silently missing gradient.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::loops::{loop_vjp, LoopVjp};
-use super::{vjp_graph, zeros_like, AutodiffError, Emitter, GraphEmitter};
+use super::{accumulate, backprop_replayed, replay, vjp_graph, zeros_like, AutodiffError, Emitter, GraphEmitter};
 use crate::passes::{Inline, Pass, PassContext};
 use crate::{primitive_ops, Graph, Op, TensorType, ValueId, VarId, VariableResource};
 
@@ -230,9 +234,12 @@ fn while_vjp<E: Emitter>(
         in_cts.truncate(inputs.len());
         return Ok((in_cts, vec![None; variables.len()]));
     }
-    let l =
-        LoopVjp { body: &body, trips, inputs, cotangents: &cotangents[..carried.min(cotangents.len())], bound: &bound };
-    let (in_cts, bound_cts) = loop_vjp(e, &l)?;
+    let (in_cts, bound_cts) = if trips <= UNROLL_CUSTOM_GRADIENTS && has_custom_gradient(&body) {
+        unrolled_vjp(e, &body, trips, inputs, cotangents, &bound)?
+    } else {
+        let cotangents = &cotangents[..carried.min(cotangents.len())];
+        loop_vjp(e, &LoopVjp { body: &body, trips, inputs, cotangents, bound: &bound })?
+    };
     // Back to the caller's variable order.
     let var_cts = variables
         .iter()
@@ -241,4 +248,69 @@ fn while_vjp<E: Emitter>(
         })
         .collect();
     Ok((in_cts, var_cts))
+}
+
+/// Trip counts up to which a loop whose body calls a custom-gradient
+/// function is differentiated unrolled: the user's backward is a Rust
+/// closure, which only the caller's emitter can run, so it cannot go into
+/// the backward loop's graph ([`loop_vjp`]). Past this, the error says so.
+const UNROLL_CUSTOM_GRADIENTS: usize = 1024;
+
+/// True when `body` calls a custom-gradient function.
+fn has_custom_gradient(body: &Graph) -> bool {
+    body.nodes().any(|(_, n)| matches!(&n.op, Op::Call { func } if super::is_custom_gradient(body.library.get(*func))))
+}
+
+/// The loop's VJP unrolled: every trip replayed and differentiated with
+/// the caller's emitter (which runs custom gradients); tracing grows with
+/// `trips`, so only for short loops.
+#[allow(clippy::type_complexity)]
+fn unrolled_vjp<E: Emitter>(
+    e: &mut E,
+    body: &Graph,
+    trips: usize,
+    inputs: &[E::Value],
+    cotangents: &[Option<E::Value>],
+    bound: &[(VarId, E::Value)],
+) -> R<(Vec<Option<E::Value>>, Vec<Option<E::Value>>)> {
+    let carried = body.outputs.len();
+    // Forward: every trip's values, kept for the backward.
+    let mut saved: Vec<HashMap<ValueId, E::Value>> = Vec::with_capacity(trips);
+    let mut state: Vec<E::Value> = inputs[..carried].to_vec();
+    for _ in 0..trips {
+        let mut args = state.clone();
+        args.extend_from_slice(&inputs[carried..]);
+        let vals = replay(e, body, &args, bound)?;
+        state = body.outputs.iter().map(|o| vals[o].clone()).collect();
+        saved.push(vals);
+    }
+    // Backward, last trip first.
+    let mut ct_state: Vec<Option<E::Value>> = cotangents.to_vec();
+    ct_state.resize(carried, None);
+    let mut ct_rest: HashMap<ValueId, E::Value> = HashMap::new();
+    let mut var_totals: Vec<Option<E::Value>> = vec![None; bound.len()];
+    for vals in saved.iter().rev() {
+        if ct_state.iter().all(Option::is_none) {
+            break;
+        }
+        let (in_cts, var_cts) = backprop_replayed(e, body, vals, bound, &ct_state)?;
+        ct_state = in_cts[..carried].to_vec();
+        for (i, ct) in in_cts.into_iter().enumerate().skip(carried) {
+            if let Some(ct) = ct {
+                // Keyed by the parameter, as `accumulate` wants a value id.
+                accumulate(e, &mut ct_rest, ValueId::from(body.params[i]), ct)?;
+            }
+        }
+        for (total, ct) in var_totals.iter_mut().zip(var_cts) {
+            if let Some(ct) = ct {
+                *total = Some(match total.take() {
+                    Some(prev) => e.emit(Op::Binary(tracejit_tensor::BinaryOp::Add), &[prev, ct])?.remove(0),
+                    None => ct,
+                });
+            }
+        }
+    }
+    let mut in_cts = ct_state;
+    in_cts.extend((carried..inputs.len()).map(|i| ct_rest.remove(&ValueId::from(body.params[i]))));
+    Ok((in_cts, var_totals))
 }
