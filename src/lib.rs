@@ -107,6 +107,11 @@ pub mod autodiff {
 }
 pub use tracejit_trace::GradientTape;
 
+/// Printing and inspecting run-time values inside compiled functions
+/// (`jax.debug.print`, `jax.debug.callback`): a `println!` in a traced
+/// closure runs once, at trace time.
+pub use tracejit_trace::debug;
+
 /// The names most programs need: `use tracejit::prelude::*;`.
 pub mod prelude {
     pub use tracejit_module::Module;

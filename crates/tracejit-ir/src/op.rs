@@ -16,8 +16,9 @@ use crate::TensorType;
 /// [`Op::Kernel`] node holding one of these when a kernel is registered for
 /// `name` in [`crate::registry`] (which `tracejit::composite` fills).
 ///
-/// A kernel must be a pure function of its inputs (passes may merge two
-/// identical kernel nodes, or drop one whose results are unused) and return
+/// A kernel must be a pure function of its inputs unless its
+/// [`ExternalKernel::effects`] say otherwise (passes may merge two
+/// identical pure kernel nodes, or drop one whose results are unused) and return
 /// one value per declared output, of the declared dtype and a shape the
 /// declared type accepts; `eval_primitive` checks that and panics naming the
 /// kernel otherwise.
@@ -26,6 +27,15 @@ pub trait ExternalKernel: Send + Sync + fmt::Debug {
     /// allows (the JIT passes its options' [`tracejit_kernels::Isa`]; the
     /// interpreter [`tracejit_kernels::Isa::from_env`]).
     fn run(&self, inputs: &[Storage], isa: tracejit_kernels::Isa) -> Vec<Storage>;
+
+    /// What running it does besides computing its outputs: pure for every
+    /// composite's kernel (the default). A kernel that acts on the world
+    /// (`tracejit::debug::print` and `callback`, which return nothing)
+    /// says [`Effects::WRITES`], so that passes keep it and executors run
+    /// it in program order with the other stateful nodes.
+    fn effects(&self) -> Effects {
+        Effects::PURE
+    }
 }
 
 /// The pattern of the primitive compute ops: stateless, holding no code,
@@ -520,8 +530,9 @@ impl Op {
             | Op::Pad { .. }
             | Op::Cumsum { .. }
             | Op::TopK { .. } => Effects::PURE,
-            // A kernel must be a pure function of its inputs (its contract).
-            Op::Kernel { .. } => Effects::PURE,
+            // A composite's kernel is a pure function of its inputs; a
+            // debug callback says it writes.
+            Op::Kernel { kernel, .. } => kernel.effects(),
             Op::ReadVariable { .. } => Effects::READS,
             Op::AssignVariable { .. } => Effects::WRITES,
             Op::Call { func } => match library.try_get(*func) {

@@ -285,6 +285,9 @@ fn emit_node(
             let (values, indices) = (out(names, body, 0), out(names, body, 1));
             crate::windows::top_k(body, &x, *k, [&values, &indices]);
         }
+        // `tracejit::debug::print` and `callback`: an action with no
+        // result, which ONNX cannot express; the model leaves it out.
+        Op::Kernel { .. } if node.outputs.is_empty() => {}
         Op::Kernel { name, .. } => {
             return Err(unsupported(
                 g,

@@ -15,6 +15,7 @@ mod backward_check;
 mod concrete;
 pub mod config;
 mod context;
+pub mod debug;
 mod control;
 mod custom;
 mod eager;
