@@ -175,3 +175,27 @@ fn exporting_a_draw_is_an_error_naming_it() {
     let e = tracejit::onnx::to_bytes(&cf).unwrap_err().to_string();
     assert!(e.contains("random_normal") && e.contains("random.rs"), "{e}");
 }
+
+#[test]
+fn threads_sharing_a_generator_in_a_compiled_function_never_draw_the_same_numbers() {
+    let g = Generator::from_seed(21);
+    let h = g.clone();
+    let f = function(move |x: Tensor| &x + h.uniform(&[2], 0.0, 1.0, DType::F64));
+    let zero = Tensor::zeros(&[2], DType::F64);
+    f.call(zero.clone()).unwrap();
+    let seen: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    (0..200).map(|_| bits(&[f.call(zero.clone()).unwrap()]).remove(0)).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let distinct: std::collections::HashSet<_> = seen.iter().collect();
+    assert_eq!(distinct.len(), 800, "every concurrent call drew its own numbers");
+    // 801 draws advanced the counter 801 times: none was lost.
+    assert_eq!(g.state().value().to_vec::<i64>().unwrap(), [0, 801, 21]);
+    assert_eq!(f.tracing_count(), 1);
+}

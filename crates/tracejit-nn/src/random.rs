@@ -17,8 +17,9 @@
 //! Inside a traced function a draw is a read of the state, a random node
 //! (which passes never fold, merge or move) and an `assign_add` of the
 //! advance: a compiled step draws fresh numbers on every call without
-//! retracing. Eagerly, the read and the advance are one atomic update, so
-//! threads sharing a generator never draw the same numbers.
+//! retracing. The read and the advance are one atomic update (eagerly; in
+//! compiled functions under the state's update lock, as optimizer steps),
+//! so threads sharing a generator never draw the same numbers.
 //!
 //! `Tensor::randn(shape, seed)` inside a traced closure is a constant (it
 //! runs once, while tracing, like any eager tensor the closure makes): use a

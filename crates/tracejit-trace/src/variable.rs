@@ -301,15 +301,19 @@ impl Variable {
         self.write(AssignKind::Sub, value);
     }
 
-    /// `v = v + delta`, returning the value before the add: eagerly as one
-    /// atomic update (two threads never see the same old value); while
-    /// tracing, a read ordered before an `assign_add`.
+    /// `v = v + delta`, returning the value before the add, as one atomic
+    /// update: two threads never see the same old value, eagerly or in
+    /// concurrent calls of a compiled function (while tracing, a read and
+    /// an `assign_add` under the variable's update lock, as
+    /// [`locked_update`]).
     #[track_caller]
     pub fn fetch_add(&self, delta: &Tensor) -> Tensor {
         if context::current_function().is_some() {
-            let old = self.read();
-            self.assign_add(delta);
-            return old;
+            return locked_update(&[self], || {
+                let old = self.read();
+                self.assign_add(delta);
+                old
+            });
         }
         let d = delta.eager_storage().clone();
         if d.dtype() != self.state.dtype {
