@@ -286,7 +286,8 @@ impl Trainer {
     /// is predicted once, from up to `context - 1` before it.
     pub fn validation_bpc(&self) -> anyhow::Result<f64> {
         let (t, text) = (self.config.context, &self.corpus.valid);
-        let windows: Vec<&[i64]> = (0..text.len().saturating_sub(1)).step_by(t - 1).map(|s| &text[s..(s + t).min(text.len())]).collect();
+        let windows: Vec<&[i64]> =
+            (0..text.len().saturating_sub(1)).step_by(t - 1).map(|s| &text[s..(s + t).min(text.len())]).collect();
         let (full, tail): (Vec<_>, Vec<_>) = windows.into_iter().partition(|w| w.len() == t);
         let (mut nats, mut count) = (0.0f64, 0usize);
         // Batches of 32 full windows, then the rest, then the short tail:
@@ -359,11 +360,14 @@ fn prefill(model: &Gpt, s: &Shape, keep: &Tensor) -> (Vec<(Tensor, Tensor)>, Ten
     let origin = Tensor::from_vec(vec![0i64; 4], &[4]);
     let caches = if m > 1 {
         let (_, kv) = model.forward(&keep.slice_axis(1, 0, m as i64 - 1), s, None);
-        kv.iter().map(|(k, v)| (empty.dynamic_update_slice(k, &origin), empty.dynamic_update_slice(v, &origin))).collect()
+        kv.iter()
+            .map(|(k, v)| (empty.dynamic_update_slice(k, &origin), empty.dynamic_update_slice(v, &origin)))
+            .collect()
     } else {
         vec![(empty.clone(), empty); s.blocks]
     };
-    let window = Tensor::zeros(&[1, s.context + 1], DType::I64).dynamic_update_slice(keep, &Tensor::from_vec(vec![0i64, 0], &[2]));
+    let window = Tensor::zeros(&[1, s.context + 1], DType::I64)
+        .dynamic_update_slice(keep, &Tensor::from_vec(vec![0i64, 0], &[2]));
     (caches, window, Tensor::scalar(m as i64 - 1))
 }
 

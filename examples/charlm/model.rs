@@ -128,8 +128,8 @@ impl Block {
     /// Queries, keys and values of `x` `[b, t, D]`, as heads.
     fn qkv(&self, x: &Tensor, s: &Shape) -> [Tensor; 3] {
         let d = s.width as i64;
-        let qkv = layer_norm(x, &self.ln1_g.read(), &self.ln1_b.read(), 1e-5).matmul(&self.w_qkv.read())
-            + self.b_qkv.read();
+        let qkv =
+            layer_norm(x, &self.ln1_g.read(), &self.ln1_b.read(), 1e-5).matmul(&self.w_qkv.read()) + self.b_qkv.read();
         [0, 1, 2].map(|i| heads(&qkv.slice_axis(-1, i * d, (i + 1) * d), s))
     }
 
@@ -137,8 +137,10 @@ impl Block {
     /// MLP, residual.
     fn finish(&self, x: &Tensor, attn: &Tensor, s: &Shape, d: Dropout<'_>) -> Tensor {
         let h = x + drop(merge(attn, s).matmul(&self.w_o.read()) + self.b_o.read(), d);
-        let u = gelu(&(layer_norm(&h, &self.ln2_g.read(), &self.ln2_b.read(), 1e-5).matmul(&self.w_fc.read())
-            + self.b_fc.read()));
+        let u = gelu(
+            &(layer_norm(&h, &self.ln2_g.read(), &self.ln2_b.read(), 1e-5).matmul(&self.w_fc.read())
+                + self.b_fc.read()),
+        );
         &h + drop(u.matmul(&self.w_proj.read()) + self.b_proj.read(), d)
     }
 
@@ -195,14 +197,21 @@ impl Gpt {
     /// One token `[1, 1]` at position `at` (i64 scalar) against caches
     /// `[1, H, context, dh]` holding positions `0..at`: its logits `[1,
     /// vocab]` and the caches with its keys and values written at `at`.
-    pub fn step(&self, token: &Tensor, at: &Tensor, caches: &[(Tensor, Tensor)], s: &Shape) -> (Tensor, Vec<(Tensor, Tensor)>) {
+    pub fn step(
+        &self,
+        token: &Tensor,
+        at: &Tensor,
+        caches: &[(Tensor, Tensor)],
+        s: &Shape,
+    ) -> (Tensor, Vec<(Tensor, Tensor)>) {
         let zero = Tensor::scalar(0i64);
         let row = Tensor::stack(&[at, &zero], 0);
         let position = self.positions.read().dynamic_slice(&row, &[1, s.width]);
         let mut h = embedding(&self.tokens.read(), token) + position.expand_dims(0);
         // Cached positions `0..=at` are visible; the rest of the cache is
         // not written yet.
-        let visible = Tensor::arange(0.0, s.context as f64, 1.0, DType::I64).le(at).reshape(&[1, 1, 1, s.context as i64]);
+        let visible =
+            Tensor::arange(0.0, s.context as f64, 1.0, DType::I64).le(at).reshape(&[1, 1, 1, s.context as i64]);
         let start = Tensor::stack(&[&zero, &zero, at, &zero], 0);
         let mut next = Vec::new();
         for (b, (kc, vc)) in self.blocks.iter().zip(caches) {

@@ -49,18 +49,20 @@ fn callbacks_run_in_program_order_with_variable_writes_and_per_loop_trip() {
         w.assign(&x);
         note(&l, "after", &w.read());
         let l2 = l.clone();
-        fori_loop(0, 3, move |_i, s: Tensor| {
-            let s = &s + 1.0;
-            note(&l2, "trip", &s);
-            s
-        }, x)
+        fori_loop(
+            0,
+            3,
+            move |_i, s: Tensor| {
+                let s = &s + 1.0;
+                note(&l2, "trip", &s);
+                s
+            },
+            x,
+        )
     });
     let out = f.call(t(&[10.0])).unwrap();
     assert_eq!(out.to_vec::<f32>().unwrap(), [13.0]);
-    assert_eq!(
-        *log.lock().unwrap(),
-        ["before[0.0]", "after[10.0]", "trip[11.0]", "trip[12.0]", "trip[13.0]"]
-    );
+    assert_eq!(*log.lock().unwrap(), ["before[0.0]", "after[10.0]", "trip[11.0]", "trip[12.0]", "trip[13.0]"]);
 }
 
 #[test]

@@ -570,3 +570,44 @@ fn the_gradient_of_a_product_is_the_product_of_the_others_even_at_zeros() {
     };
     assert_eq!(g.to_vec::<f32>().unwrap(), vec![6.0, 0.0, 0.0]);
 }
+
+/// A weight shared by a batch of matrices (`[b, m, k] @ [k, n]`, as every
+/// dense layer on a sequence): its gradient is one product over all rows
+/// (reshaped), checked against central differences, eagerly and in a
+/// function whose batch dim is unknown.
+#[test]
+fn a_shared_weights_gradient_over_a_batch_of_matrices_matches_finite_differences() {
+    let x = Tensor::randn(&[3, 4, 5], 11).cast(DType::F64);
+    let w = Tensor::randn(&[5, 2], 12).cast(DType::F64);
+    let loss = |x: &Tensor, w: &Tensor| (x.matmul(w).tanh() * x.matmul(w)).sum_all();
+    let grads = move |x: Tensor, w: Tensor| {
+        let tape = GradientTape::new();
+        tape.watch(&x);
+        tape.watch(&w);
+        let y = loss(&x, &w);
+        let g = tape.gradient(&y, &[&x, &w]).unwrap();
+        (g[0].clone().unwrap(), g[1].clone().unwrap())
+    };
+    let (gx, gw) = grads(x.clone(), w.clone());
+    let h = 1e-6;
+    let wv = vals(&w);
+    let fd: Vec<f64> = (0..wv.len())
+        .map(|i| {
+            let bump = |d: f64| {
+                let mut v = wv.clone();
+                v[i] += d;
+                vals(&loss(&x, &Tensor::from_vec(v, &[5, 2])))[0]
+            };
+            (bump(h) - bump(-h)) / (2.0 * h)
+        })
+        .collect();
+    assert!(close(&vals(&gw), &fd, 1e-6), "{:?} vs {fd:?}", vals(&gw));
+    let f = function(move |(x, w): (Tensor, Tensor)| {
+        let (gx, gw) = grads(x, w);
+        vec![gx, gw]
+    })
+    .input_signature(vec![TensorSpec::new(DType::F64, &[-1, 4, 5]), TensorSpec::new(DType::F64, &[5, 2])]);
+    let traced = f.call((x, w)).unwrap();
+    assert!(close(&vals(&traced[0]), &vals(&gx), 1e-12));
+    assert!(close(&vals(&traced[1]), &vals(&gw), 1e-12));
+}

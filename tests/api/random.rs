@@ -185,11 +185,7 @@ fn threads_sharing_a_generator_in_a_compiled_function_never_draw_the_same_number
     f.call(zero.clone()).unwrap();
     let seen: Vec<Vec<u64>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..4)
-            .map(|_| {
-                s.spawn(|| {
-                    (0..200).map(|_| bits(&[f.call(zero.clone()).unwrap()]).remove(0)).collect::<Vec<_>>()
-                })
-            })
+            .map(|_| s.spawn(|| (0..200).map(|_| bits(&[f.call(zero.clone()).unwrap()]).remove(0)).collect::<Vec<_>>()))
             .collect();
         handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });

@@ -199,10 +199,27 @@ pub fn vjp<E: Emitter>(
         Op::MatMul => {
             let (a, c) = (&inputs[0], &inputs[1]);
             let (ta, tc) = (b.ty(a), b.ty(c));
-            let at = b.op(Op::Transpose { perm: swap_last(ta.rank()) }, std::slice::from_ref(a))?;
             let ct = b.op(Op::Transpose { perm: swap_last(tc.rank()) }, std::slice::from_ref(c))?;
             let ga = b.op(Op::MatMul, &[g.clone(), ct])?;
-            let gc = b.op(Op::MatMul, &[at, g])?;
+            let known = |t: &TensorType, i: usize| t.dims.get(i).copied().flatten();
+            let gc = match (tc.rank(), known(&tc, 0), known(&tc, 1)) {
+                // A weight shared by every row of a batched `a` ([.., M, K]
+                // @ [K, N]): its gradient is one GEMM over all rows,
+                // reshape(a, [-1, K])ᵀ @ reshape(g, [-1, N]), not a batch
+                // of [K, N] products summed afterwards (8x the output
+                // written and read again in W10's train step).
+                (2, Some(k), Some(n)) if ta.rank() > 2 => {
+                    let n = n as i64;
+                    let rows = b.op(Op::Reshape { shape: vec![-1, k as i64] }, std::slice::from_ref(a))?;
+                    let rows_t = b.op(Op::Transpose { perm: vec![1, 0] }, &[rows])?;
+                    let g_rows = b.op(Op::Reshape { shape: vec![-1, n] }, &[g])?;
+                    b.op(Op::MatMul, &[rows_t, g_rows])?
+                }
+                _ => {
+                    let at = b.op(Op::Transpose { perm: swap_last(ta.rank()) }, std::slice::from_ref(a))?;
+                    b.op(Op::MatMul, &[at, g])?
+                }
+            };
             vec![Some(b.unbroadcast(ga, &ta)?), Some(b.unbroadcast(gc, &tc)?)]
         }
         Op::Reshape { .. } => {

@@ -65,6 +65,9 @@ pub(crate) fn scatter_add(x: &Storage, indices: &Storage, updates: &Storage, axi
     if broadcast_shapes(indices.shape(), &ushape).as_deref() != Some(&ushape[..]) {
         panic!("scatter_add: indices of shape {:?} do not broadcast to the updates' {ushape:?}", indices.shape());
     }
+    if let Some(out) = scatter_rows(x, indices, updates, axis) {
+        return out;
+    }
     let idx = index_values("scatter_add", &super::shape::broadcast_to(indices, &ushape));
     let len = x.shape()[axis];
     let offsets: Vec<usize> = {
@@ -85,6 +88,57 @@ pub(crate) fn scatter_add(x: &Storage, indices: &Storage, updates: &Storage, axi
             updates.dtype()
         ),
     }
+}
+
+/// `scatter_add` where each index moves a whole block: the indices are 1
+/// on every axis but `axis` (where they match the updates), and `x` and
+/// the updates agree off `axis` — an embedding's or a gather's gradient.
+/// Block `j` of the updates is added to block `indices[j]` of `x`, in the
+/// updates' row-major order, so the sums are the general path's bits.
+/// `None` where the shapes are not of that kind or the dtype is not float.
+fn scatter_rows(x: &Storage, indices: &Storage, updates: &Storage, axis: usize) -> Option<Storage> {
+    let (xs, us, is) = (x.shape(), updates.shape(), indices.shape());
+    let m = us[axis];
+    let blocks = is.len() == us.len()
+        && is.iter().enumerate().all(|(k, &d)| if k == axis { d == m } else { d == 1 })
+        && xs.iter().zip(us).enumerate().all(|(k, (a, b))| k == axis || a == b);
+    // Empty updates check no index, as the general path.
+    if !blocks || us.contains(&0) {
+        return None;
+    }
+    match (x, updates) {
+        (Storage::F32(_), Storage::F32(_)) => Some(add_blocks::<f32>(x, indices, updates, axis)),
+        (Storage::F64(_), Storage::F64(_)) => Some(add_blocks::<f64>(x, indices, updates, axis)),
+        _ => None,
+    }
+}
+
+fn add_blocks<T: StorageElement + std::ops::Add<Output = T>>(
+    x: &Storage,
+    indices: &Storage,
+    updates: &Storage,
+    axis: usize,
+) -> Storage {
+    let (xs, us) = (x.shape(), updates.shape());
+    let (m, len) = (us[axis], xs[axis]);
+    let outer: usize = us[..axis].iter().product();
+    let inner: usize = us[axis + 1..].iter().product();
+    let idx: Vec<usize> =
+        index_values("scatter_add", indices).iter().map(|&i| resolve("scatter_add", i, len, axis)).collect();
+    let mut out: Vec<T> = x.to_vec::<T>().expect("dtype checked");
+    let upd: Vec<T> = updates.to_vec::<T>().expect("dtype checked");
+    if inner > 0 {
+        for o in 0..outer {
+            for (j, &i) in idx.iter().enumerate() {
+                let src = &upd[(o * m + j) * inner..][..inner];
+                let dst = &mut out[(o * len + i) * inner..][..inner];
+                for (d, &u) in dst.iter_mut().zip(src) {
+                    *d = *d + u;
+                }
+            }
+        }
+    }
+    Storage::from_array(ArrayD::from_shape_vec(IxDyn(xs), out).expect("x's element count"))
 }
 
 /// A copy of `x` with `updates[k]` added at flat offset `offsets[k]`, in
@@ -152,5 +206,31 @@ mod tests {
     #[should_panic(expected = "index 3 is out of range for axis 0 of size 3")]
     fn out_of_range_indices_panic_with_the_index() {
         scatter_add(&t(vec![0.0f64; 3], &[3]), &t(vec![3i64], &[1]), &t(vec![1.0f64], &[1]), 0);
+    }
+    #[test]
+    fn block_scatters_match_the_elementwise_path() {
+        // Embedding-like: x [6, 3], updates [k, 3] with duplicate and
+        // negative indices; also a middle axis.
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as i64
+        };
+        for (xs, us, axis) in
+            [(vec![6, 3], vec![9, 3], 0), (vec![2, 5, 4], vec![2, 7, 4], 1), (vec![4, 1], vec![3, 1], 0)]
+        {
+            let n: usize = us.iter().product();
+            let x: Vec<f64> = (0..xs.iter().product::<usize>()).map(|_| (next() % 100) as f64 / 7.0).collect();
+            let u: Vec<f64> = (0..n).map(|_| (next() % 100) as f64 / 3.0).collect();
+            let len = xs[axis] as i64;
+            let ids: Vec<i64> = (0..us[axis]).map(|_| next() % (2 * len) - len).collect();
+            let mut ishape = vec![1; us.len()];
+            ishape[axis] = us[axis];
+            let (x, u, i) = (t(x, &xs), t(u, &us), t(ids, &ishape));
+            let fast = scatter_add(&x, &i, &u, axis);
+            let full = super::super::shape::broadcast_to(&i, &us);
+            let slow = scatter_add(&x, &full, &u, axis);
+            assert_eq!(v::<f64>(&fast), v::<f64>(&slow), "{xs:?} {us:?} axis {axis}");
+        }
     }
 }

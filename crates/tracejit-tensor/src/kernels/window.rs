@@ -86,8 +86,17 @@ pub(crate) fn pad(x: &Storage, pads: &[(usize, usize)], value: f64) -> Storage {
         panic!("pad: {} (before, after) pairs for a tensor of shape {:?}", pads.len(), x.shape());
     }
     let shape: Vec<usize> = x.shape().iter().zip(pads).map(|(&d, &(lo, hi))| d + lo + hi).collect();
+    match x {
+        Storage::F32(_) => pad_rows::<f32>(x, pads, &shape, value),
+        Storage::F64(_) => pad_rows::<f64>(x, pads, &shape, value),
+        Storage::I32(_) | Storage::I64(_) | Storage::Bool(_) => pad_by_view(x, pads, &shape, value),
+    }
+}
+
+/// `pad` through ndarray: the output's inner window assigned from `x`.
+fn pad_by_view(x: &Storage, pads: &[(usize, usize)], shape: &[usize], value: f64) -> Storage {
     crate::with_array!(x, a => {
-        let mut out = ArrayD::from_elem(IxDyn(&shape), Element::from_f64(value));
+        let mut out = ArrayD::from_elem(IxDyn(shape), Element::from_f64(value));
         let mut inner = out.view_mut();
         inner.slice_each_axis_inplace(|ax| {
             let i = ax.axis.index();
@@ -96,6 +105,39 @@ pub(crate) fn pad(x: &Storage, pads: &[(usize, usize)], value: f64) -> Storage {
         inner.assign(a);
         Storage::from_array(out)
     })
+}
+
+/// `pad` by rows: `x` in row-major order (one fast copy when it is a
+/// strided view), each last-axis row copied into place in an output
+/// filled with `value`. The gradient of a slice is this pad; ndarray's
+/// element-wise assignment into a sliced view ran at 3 GB/s there.
+fn pad_rows<T: StorageElement>(x: &Storage, pads: &[(usize, usize)], shape: &[usize], value: f64) -> Storage {
+    let src: Vec<T> = x.to_vec::<T>().expect("dtype matched");
+    let mut out = vec![T::from_f64(value); shape.iter().product()];
+    let dims = x.shape();
+    let rank = dims.len();
+    let last = dims.last().copied().unwrap_or(1);
+    if rank > 0 && last > 0 && !src.is_empty() {
+        let mut ostrides = vec![1usize; rank];
+        for k in (0..rank - 1).rev() {
+            ostrides[k] = ostrides[k + 1] * shape[k + 1];
+        }
+        // The row's index over the leading axes, advanced like an odometer.
+        let mut idx = vec![0usize; rank - 1];
+        for row in src.chunks_exact(last) {
+            let at: usize =
+                idx.iter().enumerate().map(|(k, &i)| (i + pads[k].0) * ostrides[k]).sum::<usize>() + pads[rank - 1].0;
+            out[at..at + last].copy_from_slice(row);
+            for k in (0..rank - 1).rev() {
+                idx[k] += 1;
+                if idx[k] < dims[k] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
+    }
+    Storage::from_array(ArrayD::from_shape_vec(IxDyn(shape), out).expect("the padded element count"))
 }
 
 #[cfg(test)]
@@ -139,5 +181,30 @@ mod tests {
     #[should_panic(expected = "a window of 4 does not fit axis 0 of size 3")]
     fn windows_larger_than_the_axis_panic() {
         dynamic_slice(&t(vec![0i32; 3], &[3]), &t(vec![0i64], &[1]), &[4]);
+    }
+    #[test]
+    fn row_pads_match_the_view_path_on_strided_and_empty_inputs() {
+        for (shape, pads) in [
+            (vec![2, 3], vec![(1, 0), (2, 1)]),
+            (vec![3, 1, 4], vec![(0, 2), (1, 1), (0, 3)]),
+            (vec![0, 3], vec![(1, 1), (0, 2)]),
+            (vec![4], vec![(3, 0)]),
+            (vec![2, 0], vec![(0, 1), (1, 1)]),
+        ] {
+            let n: usize = shape.iter().product();
+            let x = t((0..n).map(|i| i as f64 * 0.5 - 1.0).collect::<Vec<f64>>(), &shape);
+            assert_eq!(v::<f64>(&pad(&x, &pads, 9.0)), v::<f64>(&pad_by_view(&x, &pads, &out(&shape, &pads), 9.0)));
+            if shape.len() == 2 {
+                // A transposed (strided) input.
+                let xt = crate::kernels::transpose(&x, &[1, 0]);
+                let pt = [pads[1], pads[0]];
+                let want = pad_by_view(&xt, &pt, &out(xt.shape(), &pt), 9.0);
+                assert_eq!(v::<f64>(&pad(&xt, &pt, 9.0)), v::<f64>(&want));
+            }
+        }
+    }
+
+    fn out(shape: &[usize], pads: &[(usize, usize)]) -> Vec<usize> {
+        shape.iter().zip(pads).map(|(&d, &(lo, hi))| d + lo + hi).collect()
     }
 }
