@@ -37,7 +37,7 @@ train_charlm: a character-level GPT on FreeBSD's fortunes, trained by tracejit
 options:
   --epochs N        passes over the training text (default 2)
   --batch N         windows of 128 characters per step (default 16)
-  --lr X            AdamW's peak learning rate (default 0.002)
+  --lr X            AdamW's peak learning rate (default 0.004)
   --dropout P       dropout rate while training (default 0.1)
   --steps N         stop each epoch after N steps (default: the whole text)
   --seed N          seeds the weights, the windows and dropout (default 0)

@@ -117,7 +117,7 @@ impl Default for Config {
             blocks: 2,
             batch: 16,
             epochs: 2,
-            lr: 2e-3,
+            lr: 4e-3,
             warmup: 100,
             dropout: 0.1,
             seed: 0,

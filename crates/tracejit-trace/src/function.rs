@@ -696,7 +696,14 @@ impl<A: Nest, R: Nest> Function<A, R> {
         debug_assert_eq!(cf.graph.params.len(), n_params + cf.implicit_inputs.len());
         let count = self.state.tracing_count.fetch_add(1, Ordering::SeqCst) + 1;
         log::info!("tracejit: tracing `{}` (trace #{count}): {reason}", self.config.name);
-        retrace_warning::warn_if_excessive(&self.config.name, count);
+        // A composite's shared Function (`implements`) is traced once per
+        // shape it meets in any caller, bounded by its own cache; its users
+        // have no input_signature to give it, so the warning would only
+        // alarm (train_charlm met layer_norm in 5 shapes: train, eval,
+        // sampling).
+        if self.config.implements.is_none() {
+            retrace_warning::warn_if_excessive(&self.config.name, count);
+        }
         self.state.concrete.write().expect("concrete list poisoned").push(cf.clone());
         Ok(cf)
     }
