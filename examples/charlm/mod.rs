@@ -187,7 +187,7 @@ impl Trainer {
     /// A fresh model for `config` on `corpus`, with its compiled step.
     pub fn new(config: Config, corpus: Corpus) -> anyhow::Result<Trainer> {
         ensure!(config.batch > 0 && config.context >= 2, "batch and context must be positive (context at least 2)");
-        ensure!(config.width % config.heads == 0, "the width must divide into the heads");
+        ensure!(config.heads > 0 && config.width.is_multiple_of(config.heads), "the width must divide into the heads");
         ensure!(
             corpus.train.len() > config.batch * config.context && corpus.valid.len() >= config.context,
             "the corpus is too short for one batch"
