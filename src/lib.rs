@@ -103,7 +103,9 @@ pub use tracejit_trace::{OptimizationOptions, PipelineReport, Profile, ScheduleS
 /// # Ok::<(), tracejit::Error>(())
 /// ```
 pub mod autodiff {
-    pub use tracejit_trace::{custom_gradient, custom_gradient_n, value_and_grad, GradientTape, Source};
+    pub use tracejit_trace::{
+        custom_gradient, custom_gradient_n, grad, hessian, jacfwd, jacrev, jvp, value_and_grad, GradientTape, Source,
+    };
 }
 pub use tracejit_trace::GradientTape;
 

@@ -36,5 +36,6 @@ mod source_locations;
 mod tracing;
 mod train_charlm;
 mod train_digits;
+mod transforms;
 mod validation;
 mod variables;
