@@ -206,3 +206,35 @@ fn misuse_names_the_op_and_the_sizes() {
     let e = f.call((x, Tensor::from_vec(vec![5i64, 0, 0, 0], &[1, 4]))).unwrap_err().to_string();
     assert!(e.contains("index 5 is out of range"), "{e}");
 }
+
+/// `dynamic_update_slice` of a buffer that dies at the write runs in place
+/// (the profile shows it); in a loop (a KV cache, the stacks of a loop's
+/// gradient) the result is the eager one.
+#[test]
+fn a_dying_buffer_is_updated_in_place_and_loops_match_eager() {
+    let f = function(|(x, row): (Tensor, Tensor)| {
+        let buf = (&x * 2.0).exp();
+        buf.dynamic_update_slice(&row, &Tensor::from_vec(vec![2i64, 1], &[2])) * 3.0
+    });
+    let (x, row) = (Tensor::randn(&[4, 3], 4), Tensor::randn(&[1, 2], 5));
+    let got = f.call((x.clone(), row.clone())).unwrap();
+    let want = (&x * 2.0).exp().dynamic_update_slice(&row, &Tensor::from_vec(vec![2i64, 1], &[2])) * 3.0;
+    let close = |a: &Tensor, b: &Tensor| {
+        let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+        a.len() == b.len() && a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-5 * (1.0 + q.abs()))
+    };
+    assert!(close(&got, &want), "{got} vs eager {want}");
+    let cf = f.concrete_functions()[0].clone();
+    let p = cf.profile(&[x, row], 2).unwrap().expect("the JIT runs it");
+    let write = p.steps.iter().find(|s| s.what.starts_with("dynamic_update_slice")).expect("the write is a step");
+    assert!(write.what.ends_with("(in place of input 0)"), "{p}");
+
+    let body = |i: Tensor, (buf, h): (Tensor, Tensor)| {
+        let h = (&h * 1.5).tanh() + i.cast(DType::F32) * 0.01;
+        let at = Tensor::stack(&[i.clone(), Tensor::scalar(0i64)], 0);
+        (buf.dynamic_update_slice(&h.reshape(&[1, 5]), &at), h)
+    };
+    let run = move |x: Tensor| fori_loop(0, 9, body, (Tensor::zeros(&[9, 5], DType::F32), x)).0;
+    let x = Tensor::randn(&[5], 6);
+    assert!(close(&function(run).call(x.clone()).unwrap(), &run(x)));
+}

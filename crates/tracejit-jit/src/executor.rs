@@ -58,6 +58,7 @@ mod profile;
 mod scalars;
 mod stats;
 pub(crate) mod views;
+mod windows;
 pub use profile::{Profile, StepTime};
 pub use stats::ScheduleStats;
 
@@ -342,7 +343,13 @@ impl Executable {
                 },
                 StepKind::External(op) => outs.extend(tracejit_ir::eval_kernel(op, &args, self.isa)),
                 StepKind::Primitive(op) => {
-                    let scalar = if let Op::Binary(b) = op { scalars::binary(*b, &args, pool) } else { None };
+                    let scalar = if let Op::Binary(b) = op {
+                        scalars::binary(*b, &args, pool)
+                    } else if let (Op::DynamicUpdateSlice, Some((0, ptr))) = (op, alias) {
+                        windows::update_in_place(&args, ptr)
+                    } else {
+                        None
+                    };
                     match scalar {
                         Some(x) => outs.push(x),
                         None => outs.extend(eval_primitive(op, &args)),

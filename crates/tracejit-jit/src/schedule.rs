@@ -211,7 +211,10 @@ impl Schedule {
             }
             if let Some(p) = s.in_place {
                 let frees_it = s.inputs.get(p).is_some_and(|x| s.frees.contains(x));
-                if !frees_it || !matches!(s.kind, StepKind::Region(_)) {
+                let writes =
+                    matches!(s.kind, StepKind::Region(_) | StepKind::Primitive(tracejit_ir::Op::DynamicUpdateSlice))
+                        && (p == 0 || matches!(s.kind, StepKind::Region(_)));
+                if !frees_it || !writes {
                     return Err(format!("step {i} writes in place over input {p}, which it does not free"));
                 }
             }

@@ -20,13 +20,11 @@
 //! [`AutodiffError`] naming it (a loop of 2^40 trips asked the allocator
 //! for 52 TB and aborted the process), never an abort.
 //!
-//! A row is written into its buffer with a one-hot mask and a `select`,
-//! the primitives the IR has: that rewrites the whole buffer every trip
-//! (O(trips^2) work in all, against O(trips) for the unrolled backward it
-//! replaces, whose tracing grew with the trip count: 10^5 trips took 136 s
-//! and 817 MB to trace). `dynamic_update_slice` would be the better
-//! primitive — an O(1) write of one row — and should replace the mask once
-//! the IR has it.
+//! A row is written into its buffer with `dynamic_update_slice` (a
+//! one-hot mask and a `select` computed over the whole buffer every trip
+//! before). The JIT runs that write in place when the buffer dies at it
+//! and is owned, which a loop body's carried parameter is not yet: each
+//! trip still copies the stack, O(trips^2) bytes in all, at memcpy speed.
 
 use std::sync::Arc;
 
@@ -155,16 +153,17 @@ fn zero_stack<E: Emitter>(e: &mut E, x: &E::Value, trips: usize) -> R<E::Value> 
     one(e, Op::Gather { axis: 0 }, &[row, index])
 }
 
-/// `stack` with row `k` replaced by `x` (see the module docs on why a
-/// mask and not `dynamic_update_slice`).
-fn write_row(g: &mut GraphEmitter<'_>, stack: ValueId, x: ValueId, k: ValueId, trips: usize) -> R<ValueId> {
+/// `stack` with row `k` replaced by `x`: a `dynamic_update_slice` at
+/// `[k, 0, ..]`.
+fn write_row(g: &mut GraphEmitter<'_>, stack: ValueId, x: ValueId, k: ValueId) -> R<ValueId> {
     let rank = g.value_type(&x).rank();
-    let mask = one(g, Op::OneHot { depth: trips, dtype: DType::Bool }, &[k])?;
-    let mut shape = vec![trips as i64];
-    shape.extend(std::iter::repeat_n(1, rank));
-    let mask = one(g, Op::Reshape { shape }, &[mask])?;
     let row = one(g, Op::ExpandDims { axis: 0 }, &[x])?;
-    one(g, Op::Select, &[mask, row, stack])
+    let mut starts = vec![k];
+    for _ in 0..rank {
+        starts.push(int(g, 0));
+    }
+    let starts = one(g, Op::Stack { axis: 0 }, &starts)?;
+    one(g, Op::DynamicUpdateSlice, &[stack, row, starts])
 }
 
 /// The condition of both loops: `(k, ...) -> k < trips`, `k` the param at
@@ -213,7 +212,7 @@ fn forward<E: Emitter>(e: &mut E, l: &LoopVjp<'_, E::Value>, layout: &Layout) ->
     let step = int(&mut ge, 1);
     outs.push(one(&mut ge, Op::Binary(BinaryOp::Add), &[k, step])?);
     for (s, x) in stacks.iter().zip(state) {
-        outs.push(write_row(&mut ge, *s, *x, k, l.trips)?);
+        outs.push(write_row(&mut ge, *s, *x, k)?);
     }
     g.outputs = outs;
     let cond = below(&params, nc + nw, l.trips)?;

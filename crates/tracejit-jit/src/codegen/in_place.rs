@@ -1,4 +1,4 @@
-//! `in_place`: a region may write its output over an input that dies at
+//! `in_place`: a region (or a `dynamic_update_slice`) may write its output over an input that dies at
 //! its step, when that input is an intermediate (the caller's inputs and
 //! constants are never unique at run time) and the region allows it
 //! (`CompiledRegion::may_write_in_place`: same shape and dtype, read
@@ -32,8 +32,16 @@ impl SchedulePass for InPlace {
                     let x = st.inputs[p];
                     st.frees.contains(&x) && !lent.contains(&x) && r.may_write_in_place(p)
                 });
-                marked += usize::from(st.in_place.is_some());
+            } else if matches!(st.kind, StepKind::Primitive(tracejit_ir::Op::DynamicUpdateSlice)) {
+                // The updated buffer dies here and is not also the update:
+                // the window is written into it (`executor::windows`).
+                let x = st.inputs[0];
+                let own = st.frees.contains(&x) && !lent.contains(&x) && st.inputs[1..].iter().all(|&y| y != x);
+                st.in_place = own.then_some(0);
+            } else {
+                continue;
             }
+            marked += usize::from(st.in_place.is_some());
         }
         PassResult::count(marked, "regions write in place")
     }
