@@ -16,6 +16,7 @@
 pub mod autodiff;
 mod boundary;
 pub mod control;
+mod effects;
 mod equality;
 mod error;
 mod graph;
@@ -33,13 +34,14 @@ mod types;
 mod verifier;
 
 pub use boundary::{catch_quietly, in_boundary, note_running, running_location};
+pub use effects::Effects;
 pub use error::{panic_message, IrError, OpError};
 pub use graph::{
     FuncId, FunctionAttrs, FunctionLibrary, Graph, LibraryFunction, Node, NodeId, ValueId, VarId, VariableResource,
 };
 pub use infer::{broadcast_dims, check_outputs_allocatable, infer, join_types};
 pub use interp::{eval_kernel, eval_primitive, interpret};
-pub use op::{AssignKind, Effects, ExternalKernel, Op, OpClass};
+pub use op::{AssignKind, ExternalKernel, Op, OpClass};
 pub use op_key::OpKey;
 pub use parser::{ParseError, ParsedVariable};
 pub use types::{Dim, Dims, DimsDisplay, TensorType};
