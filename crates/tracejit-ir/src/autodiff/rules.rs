@@ -196,32 +196,7 @@ pub fn vjp<E: Emitter>(
             vec![Some(reduce(&mut b, *r, axes, *keepdims, &x, &y, &g)?)]
         }
         Op::ArgReduce { .. } | Op::OneHot { .. } => none(),
-        Op::MatMul => {
-            let (a, c) = (&inputs[0], &inputs[1]);
-            let (ta, tc) = (b.ty(a), b.ty(c));
-            let ct = b.op(Op::Transpose { perm: swap_last(tc.rank()) }, std::slice::from_ref(c))?;
-            let ga = b.op(Op::MatMul, &[g.clone(), ct])?;
-            let known = |t: &TensorType, i: usize| t.dims.get(i).copied().flatten();
-            let gc = match (tc.rank(), known(&tc, 0), known(&tc, 1)) {
-                // A weight shared by every row of a batched `a` ([.., M, K]
-                // @ [K, N]): its gradient is one GEMM over all rows,
-                // reshape(a, [-1, K])ᵀ @ reshape(g, [-1, N]), not a batch
-                // of [K, N] products summed afterwards (8x the output
-                // written and read again in W10's train step).
-                (2, Some(k), Some(n)) if ta.rank() > 2 => {
-                    let n = n as i64;
-                    let rows = b.op(Op::Reshape { shape: vec![-1, k as i64] }, std::slice::from_ref(a))?;
-                    let rows_t = b.op(Op::Transpose { perm: vec![1, 0] }, &[rows])?;
-                    let g_rows = b.op(Op::Reshape { shape: vec![-1, n] }, &[g])?;
-                    b.op(Op::MatMul, &[rows_t, g_rows])?
-                }
-                _ => {
-                    let at = b.op(Op::Transpose { perm: swap_last(ta.rank()) }, std::slice::from_ref(a))?;
-                    b.op(Op::MatMul, &[at, g])?
-                }
-            };
-            vec![Some(b.unbroadcast(ga, &ta)?), Some(b.unbroadcast(gc, &tc)?)]
-        }
+        Op::MatMul => matmul_vjp(&mut b, &inputs[0], &inputs[1], g)?,
         Op::Reshape { .. } => {
             let x = x.expect("reshape input");
             let t = b.ty(&x);
@@ -515,4 +490,32 @@ fn prod_of_others<E: Emitter>(b: &mut B<'_, E>, axes: &[usize], x: &E::Value) ->
     // The selects broadcast to `x`'s shape (every operand but the kept
     // reductions has it).
     broadcast_like(b.e, d, x)
+}
+
+/// The product's VJP: `g · cᵀ` for `a`, `aᵀ · g` for `c`, each summed
+/// down to its operand's shape.
+fn matmul_vjp<E: Emitter>(b: &mut B<'_, E>, a: &E::Value, c: &E::Value, g: E::Value) -> R<Vec<Option<E::Value>>> {
+    let (ta, tc) = (b.ty(a), b.ty(c));
+    let ct = b.op(Op::Transpose { perm: swap_last(tc.rank()) }, std::slice::from_ref(c))?;
+    let ga = b.op(Op::MatMul, &[g.clone(), ct])?;
+    let known = |t: &TensorType, i: usize| t.dims.get(i).copied().flatten();
+    let gc = match (tc.rank(), known(&tc, 0), known(&tc, 1)) {
+        // A weight shared by every row of a batched `a` ([.., M, K]
+        // @ [K, N]): its gradient is one GEMM over all rows,
+        // reshape(a, [-1, K])ᵀ @ reshape(g, [-1, N]), not a batch
+        // of [K, N] products summed afterwards (8x the output
+        // written and read again in W10's train step).
+        (2, Some(k), Some(n)) if ta.rank() > 2 => {
+            let n = n as i64;
+            let rows = b.op(Op::Reshape { shape: vec![-1, k as i64] }, std::slice::from_ref(a))?;
+            let rows_t = b.op(Op::Transpose { perm: vec![1, 0] }, &[rows])?;
+            let g_rows = b.op(Op::Reshape { shape: vec![-1, n] }, &[g])?;
+            b.op(Op::MatMul, &[rows_t, g_rows])?
+        }
+        _ => {
+            let at = b.op(Op::Transpose { perm: swap_last(ta.rank()) }, std::slice::from_ref(a))?;
+            b.op(Op::MatMul, &[at, g])?
+        }
+    };
+    Ok(vec![Some(b.unbroadcast(ga, &ta)?), Some(b.unbroadcast(gc, &tc)?)])
 }
