@@ -13,6 +13,8 @@ mod checkpoint;
 mod composite;
 mod control_flow;
 mod control_limits;
+mod conv;
+mod conv_grad;
 mod custom_gradient;
 mod differential;
 mod doc_examples;
