@@ -35,6 +35,7 @@ mod retrace_policy;
 mod schedule_stats;
 mod source_locations;
 mod tracing;
+mod train_cnn_digits;
 mod train_digits;
 mod validation;
 mod variables;
