@@ -22,6 +22,12 @@ const ITEMS: &[(&str, &str)] = &[
     ("crates/tracejit-optim/src/sgd.rs", "pub struct Sgd {"),
     ("crates/tracejit-module/src/checkpoint.rs", "pub fn save<"),
     ("crates/tracejit-onnx/src/lib.rs", "pub fn save("),
+    ("crates/tracejit-nn/src/conv.rs", "pub fn conv2d("),
+    ("crates/tracejit-nn/src/conv.rs", "pub struct Conv2dOptions {"),
+    ("crates/tracejit-nn/src/conv.rs", "pub fn max_pool2d("),
+    ("crates/tracejit-nn/src/conv.rs", "pub fn avg_pool2d("),
+    ("crates/tracejit-nn/src/batch_norm.rs", "pub fn batch_norm("),
+    ("crates/tracejit-trace/src/spatial.rs", "pub fn spatial("),
 ];
 
 /// The doc comment lines directly above the line starting with `item`

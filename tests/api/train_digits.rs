@@ -5,7 +5,7 @@
 //! the uninterrupted run.
 
 #[path = "../../examples/digits/mod.rs"]
-mod digits;
+pub(crate) mod digits;
 
 use digits::{Config, Dataset, StepStats, Trainer, DATA};
 use tracejit::optim::Optimizer;

@@ -8,6 +8,7 @@
 //! beside the workloads: a backward kernel against its body's VJP.
 
 pub mod cli;
+pub mod cnn;
 pub mod floors;
 pub mod measure;
 pub mod micro;

@@ -51,7 +51,7 @@ pub fn gen_labels(seed: u64, n: usize, k: usize) -> Tensor {
 }
 
 /// He-uniform bound `sqrt(6 / fan_in)`.
-fn he(fan_in: usize) -> f64 {
+pub(crate) fn he(fan_in: usize) -> f64 {
     (6.0 / fan_in as f64).sqrt()
 }
 

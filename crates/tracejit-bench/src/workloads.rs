@@ -1,4 +1,4 @@
-//! The workloads W1-W10 of shared/WORKLOADS.md, each written once as a
+//! The workloads W1-W12 of shared/WORKLOADS.md, each written once as a
 //! closure over [`Tensor`]s and run in every [`Mode`] from that one closure.
 //!
 //! Inputs are f32 from fixed seeds, built by [`WorkloadSpec::build`] outside
@@ -232,7 +232,7 @@ pub enum Body {
 
 /// A workload's identity and how to build it.
 pub struct WorkloadSpec {
-    /// `W1`..`W10`.
+    /// `W1`..`W12`.
     pub id: &'static str,
     /// The name used in JSON (`small_ops`, `gelu`, ...).
     pub name: &'static str,
@@ -253,7 +253,7 @@ pub struct WorkloadSpec {
 /// Bytes in a MiB.
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// Every workload, in order W1..W10, then the micro rows ([`crate::micro`]).
+/// Every workload, in order W1..W12, then the micro rows ([`crate::micro`]).
 pub fn all() -> Vec<WorkloadSpec> {
     vec![
         WorkloadSpec {
@@ -356,6 +356,27 @@ pub fn all() -> Vec<WorkloadSpec> {
             floor_bytes: None,
             modes: STANDARD_MODES,
             build: crate::transformer::build_gpt_train_step,
+        },
+        WorkloadSpec {
+            id: "W11",
+            name: "conv_block",
+            what: "NCHW x [32, 32, 32, 32]: 3x3 conv 32 -> 64 pad 1 + bias, relu, 2x2 max pool; forward",
+            tolerance: Tolerance { rtol: 1e-5, atol: 1e-5 },
+            tolerance_note: "exact ops, but sums of 288 products in another order than the reference loops",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: crate::cnn::build_conv_block,
+        },
+        WorkloadSpec {
+            id: "W12",
+            name: "cnn_train_step",
+            what: "x [64, 1, 28, 28]: two 5x5 conv + bias, relu, 2x2 max pool blocks (16, 32), dense 1568 -> 10, \
+                   softmax cross-entropy, backward, SGD (lr 0.01)",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "exp/log in the loss; gradients summed over 50,176 pixels in another order",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: crate::cnn::build_cnn_train_step,
         },
     ]
     .into_iter()
@@ -588,7 +609,7 @@ mod tests {
     fn names_follow_workloads_md() {
         let names: Vec<&str> = all().iter().map(|w| w.name).collect();
         assert_eq!(
-            names[..10],
+            names[..12],
             [
                 "small_ops",
                 "gelu",
@@ -599,10 +620,12 @@ mod tests {
                 "lstm_cell",
                 "rnn_loop",
                 "transformer_block",
-                "gpt_train_step"
+                "gpt_train_step",
+                "conv_block",
+                "cnn_train_step"
             ]
         );
-        assert_eq!(names[10..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
+        assert_eq!(names[12..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
         assert_eq!(selected(Some("gelu")).len(), 1);
         assert_eq!(selected(Some("w7"))[0].name, "lstm_cell");
         assert_eq!(selected(Some("mlp")).len(), 2);

@@ -162,6 +162,7 @@ fn op_eq(inner: &mut String, a: &Op, b: &Op) -> bool {
         }
         Op::Cumsum { axis } => matches!(b, Op::Cumsum { axis: x } if axis == x),
         Op::TopK { k } => matches!(b, Op::TopK { k: j } if k == j),
+        Op::Spatial(sp) => matches!(b, Op::Spatial(o) if sp == o),
         Op::Random { dist, dtype, shape } => {
             let bits = |d: &tracejit_tensor::RandomDist| {
                 let (p, q) = d.params();

@@ -17,6 +17,7 @@ use crate::{Dim, Dims, DimsDisplay, FuncId, Graph, Op, OpError, TensorType};
 mod elementwise;
 mod reduce;
 mod shape;
+mod spatial;
 mod state;
 mod window;
 
@@ -133,6 +134,7 @@ fn infer_types(op: &Op, inputs: &[TensorType], graph: Option<&Graph>) -> Result<
         Op::Cumsum { axis } => window::cumsum(*axis, inputs).map_err(err),
         Op::TopK { k } => window::top_k(*k, inputs).map_err(err),
         Op::Random { dtype, shape, .. } => window::random(*dtype, shape.as_deref(), inputs).map_err(err),
+        Op::Spatial(sp) => spatial::spatial(sp, inputs).map_err(err),
         Op::Call { func } => {
             let graph = graph.ok_or_else(|| err("needs the calling graph (its function library)".into()))?;
             infer_call(*func, inputs, graph).map_err(err)

@@ -60,8 +60,18 @@ pub fn eval_primitive(op: &Op, inputs: &[&Storage]) -> Vec<Storage> {
         let (values, indices) = kernels::top_k(inputs[0], *k);
         return vec![values, indices];
     }
+    // Spatial ops may return two values (a filter gradient with the
+    // bias's).
+    if let Op::Spatial(sp) = op {
+        return kernels::spatial(sp, inputs);
+    }
     let out = match op {
-        Op::Fused { .. } | Op::Kernel { .. } | Op::Cond { .. } | Op::While { .. } | Op::TopK { .. } => {
+        Op::Fused { .. }
+        | Op::Kernel { .. }
+        | Op::Cond { .. }
+        | Op::While { .. }
+        | Op::TopK { .. }
+        | Op::Spatial(_) => {
             unreachable!("handled above")
         }
         Op::Parameter { .. } | Op::Call { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } => {

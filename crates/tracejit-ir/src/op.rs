@@ -6,7 +6,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use tracejit_tensor::{ArgReduceOp, BinaryOp, DType, RandomDist, ReduceOp, SliceSpec, Storage, UnaryOp};
+use tracejit_tensor::{ArgReduceOp, BinaryOp, DType, RandomDist, ReduceOp, SliceSpec, SpatialOp, Storage, UnaryOp};
 
 use crate::graph::{FuncId, VarId};
 use crate::{Effects, TensorType};
@@ -74,6 +74,7 @@ macro_rules! primitive_ops {
             | $crate::Op::Cumsum { .. }
             | $crate::Op::TopK { .. }
             | $crate::Op::Random { .. }
+            | $crate::Op::Spatial(_)
     };
 }
 
@@ -262,6 +263,12 @@ pub enum Op {
         /// The output shape, or `None` for the second input's.
         shape: Option<Vec<usize>>,
     },
+    /// A 2-D convolution or pooling over NCHW tensors, or one of their
+    /// gradients (ONNX `Conv` / `MaxPool` / `AveragePool` semantics); the
+    /// table on [`SpatialOp`] lists each one's inputs and outputs. The JIT
+    /// runs them through the direct kernels of `tracejit_kernels::conv`
+    /// and `pool2d`, the interpreter through the reference loops.
+    Spatial(SpatialOp),
     /// Calls a function of the graph's library; inputs are its arguments,
     /// outputs its results.
     Call {
@@ -369,6 +376,7 @@ impl Op {
             Op::Cumsum { .. } => "cumsum",
             Op::TopK { .. } => "top_k",
             Op::Random { dist, .. } => dist.name(),
+            Op::Spatial(sp) => sp.name(),
             Op::Call { .. } => "call",
             Op::Fused { .. } => "fused",
             Op::Cond { .. } => "cond",
@@ -405,6 +413,7 @@ impl Op {
             }
             Op::Select | Op::ScatterAdd { .. } | Op::DynamicUpdateSlice => Some(3),
             Op::Random { shape, .. } => Some(if shape.is_some() { 1 } else { 2 }),
+            Op::Spatial(sp) => Some(sp.num_inputs()),
             Op::Concat { .. } | Op::Stack { .. } | Op::Call { .. } => None,
             Op::Fused { body } => Some(body.params.len()),
             Op::Cond { branches } => Some(1 + branches[0].params.len()),
@@ -419,6 +428,7 @@ impl Op {
         match self {
             Op::AssignVariable { .. } => Some(0),
             Op::TopK { .. } => Some(2),
+            Op::Spatial(sp) => Some(sp.num_outputs()),
             Op::Call { .. } => None,
             Op::Fused { body } => Some(body.outputs.len()),
             Op::Cond { branches } => Some(branches[0].outputs.len()),
@@ -529,7 +539,8 @@ impl Op {
             | Op::DynamicUpdateSlice
             | Op::Pad { .. }
             | Op::Cumsum { .. }
-            | Op::TopK { .. } => Effects::PURE,
+            | Op::TopK { .. }
+            | Op::Spatial(_) => Effects::PURE,
             // A composite's kernel is a pure function of its inputs; a
             // debug callback says it writes.
             Op::Kernel { kernel, .. } => kernel.effects(),
@@ -565,6 +576,7 @@ impl Op {
             | Op::Pad { .. } => OpClass::Layout,
             Op::Reduce { .. } | Op::ArgReduce { .. } => OpClass::Reduction,
             Op::MatMul => OpClass::Contraction,
+            Op::Spatial(_) => OpClass::Spatial,
             Op::Gather { .. } | Op::OneHot { .. } | Op::GatherElements { .. } | Op::ScatterAdd { .. } => {
                 OpClass::Indexing
             }
@@ -609,6 +621,7 @@ impl Op {
             | OpClass::Scan
             | OpClass::Random
             | OpClass::Contraction
+            | OpClass::Spatial
             | OpClass::Region
             | OpClass::Control
             | OpClass::Call
@@ -654,6 +667,8 @@ pub enum OpClass {
     Random,
     /// A matrix product.
     Contraction,
+    /// A 2-D convolution or pooling, or one of their gradients.
+    Spatial,
     /// Reads or writes entries by index: gather, one_hot, gather_elements,
     /// scatter_add.
     Indexing,

@@ -133,6 +133,13 @@ impl OpKey {
             }
             Op::Cumsum { axis } => w.extend([32, *axis as u64]),
             Op::TopK { k } => w.extend([33, *k as u64]),
+            Op::Spatial(sp) => {
+                // The attributes' hash: the variant and every field (the
+                // derive covers them all).
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                sp.hash(&mut h);
+                w.extend([35, h.finish()]);
+            }
             Op::Random { dist, dtype, shape } => {
                 let (p, q) = dist.params();
                 let kind = u64::from(matches!(dist, tracejit_tensor::RandomDist::Normal { .. }));

@@ -28,6 +28,7 @@
 
 mod cursor;
 mod ops;
+mod spatial;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -178,6 +178,24 @@ fn listing_name(op: &Op) -> String {
     op.name().to_string()
 }
 
+/// A spatial op's attributes, without brackets (the parser's
+/// `parser/spatial.rs` reads them back).
+fn spatial_attrs(op: &tracejit_tensor::SpatialOp) -> String {
+    use tracejit_tensor::SpatialOp as S;
+    let conv = |c: &tracejit_tensor::Conv2dAttrs| {
+        format!("stride={:?}, dilation={:?}, pads={:?}, groups={}", c.stride, c.dilation, c.pad, c.groups)
+    };
+    let pool =
+        |p: &tracejit_tensor::Pool2dAttrs| format!("kernel={:?}, stride={:?}, pads={:?}", p.kernel, p.stride, p.pad);
+    match op {
+        S::Conv2d { conv: c, bias, relu } => format!("{}, bias={bias}, relu={relu}", conv(c)),
+        S::Conv2dBackwardData { conv: c, input_hw } => format!("{}, input_hw={input_hw:?}", conv(c)),
+        S::Conv2dBackwardFilter { conv: c, kernel, bias } => format!("{}, kernel={kernel:?}, bias={bias}", conv(c)),
+        S::MaxPool2d { pool: p } | S::MaxPool2dBackward { pool: p } | S::AvgPool2d { pool: p } => pool(p),
+        S::AvgPool2dBackward { pool: p, input_hw } => format!("{}, input_hw={input_hw:?}", pool(p)),
+    }
+}
+
 /// The op with its attributes: `reduce_sum[axes=[1], keepdims=false]`,
 /// `call @f0 "inner"`.
 fn write_op(s: &mut String, g: &Graph, op: &Op) -> fmt::Result {
@@ -212,6 +230,7 @@ fn write_op(s: &mut String, g: &Graph, op: &Op) -> fmt::Result {
             write!(s, "[pads=[{}], value={}]", pads.join(", "), f64_text(*value))
         }
         Op::TopK { k } => write!(s, "[k={k}]"),
+        Op::Spatial(sp) => write!(s, "[{}]", spatial_attrs(sp)),
         Op::Random { dist, dtype, shape } => {
             let (p, q) = dist.params();
             let names = match dist {

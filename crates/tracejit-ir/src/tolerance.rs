@@ -164,6 +164,7 @@ pub fn own_budget(graph: &Graph, node: &Node) -> f64 {
         // reciprocal (one extra rounding).
         Op::Binary(BinaryOp::Div) if input(0).dtype.is_float() => 1.0,
         Op::Kernel { .. } => KERNEL_BUDGET,
+        Op::Spatial(sp) => spatial_terms(sp, input(0), input(node.inputs.len().min(2) - 1)),
         Op::Call { func } => {
             let f = graph.library.get(*func);
             let body = body_budget(&f.graph);
@@ -210,6 +211,28 @@ pub fn own_budget(graph: &Graph, node: &Node) -> f64 {
     }
 }
 
+/// How many terms a spatial op's outputs sum (its own budget): a
+/// convolution's per-group channels times taps (plus the bias), a
+/// gradient's pixels or channels, a pool's window (0 for the max, which
+/// rounds nothing). Unknown sizes count 1024, as elsewhere.
+fn spatial_terms(op: &tracejit_tensor::SpatialOp, a: &TensorType, b: &TensorType) -> f64 {
+    use tracejit_tensor::SpatialOp as S;
+    if !a.dtype.is_float() {
+        return 0.0;
+    }
+    let d = |t: &TensorType, i: usize| t.dims.get(i).copied().flatten().unwrap_or(1024) as f64;
+    match op {
+        // x, w: w's [in/g, kh, kw] per output.
+        S::Conv2d { .. } => d(b, 1) * d(b, 2) * d(b, 3) + 1.0,
+        // dy, w: [out/g, kh, kw] per input value.
+        S::Conv2dBackwardData { conv, .. } => d(b, 0) / conv.groups.max(1) as f64 * d(b, 2) * d(b, 3),
+        // x, dy: images times output pixels.
+        S::Conv2dBackwardFilter { .. } => d(b, 0) * d(b, 2) * d(b, 3),
+        S::MaxPool2d { .. } | S::MaxPool2dBackward { .. } => 0.0,
+        S::AvgPool2d { pool } | S::AvgPool2dBackward { pool, .. } => (pool.kernel[0] * pool.kernel[1]) as f64 + 1.0,
+    }
+}
+
 /// The largest budget along any path of `body` (no values: scales are not
 /// tracked inside a nested graph).
 pub fn body_budget(body: &Graph) -> f64 {
@@ -238,6 +261,9 @@ pub fn budgets(graph: &Graph, values: &[Option<Vec<Storage>>]) -> HashMap<ValueI
             Op::Binary(tracejit_tensor::BinaryOp::Mul) => ins.iter().map(|b| b.scale.max(1.0)).product::<f64>(),
             Op::Reduce { op: ReduceOp::Sum, .. } => in_scale * own.max(1.0),
             Op::MatMul => ins.iter().map(|b| b.scale.max(1.0)).product::<f64>() * own.max(1.0),
+            // Sums of products, like a matrix product's (a pool's inputs
+            // are one value: its own terms times its scale).
+            Op::Spatial(_) => ins.iter().map(|b| b.scale.max(1.0)).product::<f64>() * own.max(1.0),
             Op::Parameter { .. }
             | Op::Constant { .. }
             | Op::Unary(_)

@@ -194,6 +194,7 @@ fn rows_of(op: &Op, ins: &[(Rows, &TensorType)], out: &TensorType) -> Option<Row
         | Op::DynamicSlice { .. }
         | Op::DynamicUpdateSlice
         | Op::TopK { .. }
+        | Op::Spatial(_)
         | Op::Random { .. } => None,
         Op::Call { .. }
         | Op::Cond { .. }
@@ -462,6 +463,7 @@ pub(crate) fn trip_costs(g: &Graph, a: &Annotated) -> TripCosts {
             | Op::Pad { .. }
             | Op::Cumsum { .. }
             | Op::TopK { .. }
+            | Op::Spatial(_)
             | Op::Random { .. }
             | Op::Call { .. }
             | Op::Cond { .. }

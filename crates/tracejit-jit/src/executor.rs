@@ -267,7 +267,9 @@ impl Executable {
         if step.check || step.probe {
             let op = match &step.kind {
                 StepKind::Primitive(op) | StepKind::External(op) => Some(op),
-                StepKind::MatMul | StepKind::Region(_) | StepKind::View(_) => Some(&g.node(step.node).op),
+                StepKind::MatMul | StepKind::Region(_) | StepKind::View(_) | StepKind::Spatial(_) => {
+                    Some(&g.node(step.node).op)
+                }
                 _ => None,
             };
             if let Some(op) = op {
@@ -342,6 +344,7 @@ impl Executable {
                     None => outs.extend(eval_primitive(&g.node(step.node).op, &args)),
                 },
                 StepKind::External(op) => outs.extend(tracejit_ir::eval_kernel(op, &args, self.isa)),
+                StepKind::Spatial(op) => outs.extend(crate::spatial::run(op, &args, self.isa, pool)),
                 StepKind::Primitive(op) => {
                     let scalar = if let Op::Binary(b) = op {
                         scalars::binary(*b, &args, pool)

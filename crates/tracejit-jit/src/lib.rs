@@ -159,6 +159,7 @@ mod options;
 mod region;
 mod scalar;
 mod schedule;
+mod spatial;
 
 pub use analysis::MAX_CONST_ELEMENTS;
 pub use error::JitError;

@@ -187,6 +187,7 @@ fn op_tag(op: &Op) -> u64 {
         | Op::Pad { .. }
         | Op::Cumsum { .. }
         | Op::TopK { .. }
+        | Op::Spatial(_)
         | Op::Random { .. }
         | Op::Call { .. }
         | Op::Fused { .. }

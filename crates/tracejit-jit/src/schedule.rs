@@ -45,6 +45,9 @@ pub(crate) enum StepKind {
     Primitive(Op),
     /// A registered native kernel (`Op::Kernel`).
     External(Op),
+    /// A convolution, pool or gradient of one, run by the direct kernels
+    /// of `tracejit_kernels` (f32) or the reference loops (f64).
+    Spatial(tracejit_ir::tensor::SpatialOp),
     /// A call of a library function.
     Call(Arc<Executable>),
     /// A conditional: the then and else branches, prepared once.
@@ -133,6 +136,7 @@ impl StepKind {
             StepKind::Primitive(op) => format!("reference {}", op.name()),
             StepKind::External(Op::Kernel { name, .. }) => format!("kernel {name}"),
             StepKind::External(op) => format!("kernel {}", op.name()),
+            StepKind::Spatial(op) => format!("kernel {}", crate::spatial::kernel_name(op)),
             StepKind::Call(e) => format!("call {}", e.graph().name),
             StepKind::Cond(_) => "cond".to_string(),
             StepKind::While(_, carried, split) => match split {

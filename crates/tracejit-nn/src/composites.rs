@@ -122,6 +122,7 @@ pub(crate) static ALL: &[&Composite] = &[
     &DROPOUT,
     &crate::attention::ATTENTION,
     &crate::attention::ATTENTION_GRAD,
+    &crate::batch_norm::BATCH_NORM,
 ];
 
 fn first(mut v: Vec<Tensor>) -> Tensor {

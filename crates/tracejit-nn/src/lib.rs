@@ -35,6 +35,12 @@
 //! | [`scaled_dot_product_attention`] | `tracejit.nn.scaled_dot_product_attention` (and `_grad`) | f32 flash attention, forward and backward |
 //! | [`dropout`] | `tracejit.nn.dropout` | f32 and f64, drawing in chunks; its backward is dropout of the cotangent |
 //!
+//! Convolutional layers are not composites but ops of the IR's spatial
+//! family, which compiled functions run through direct kernels:
+//! [`conv2d`] (with [`Conv2dOptions`]), [`max_pool2d`], [`avg_pool2d`];
+//! [`batch_norm`] is written with primitives and assigns its moving
+//! statistics in training.
+//!
 //! The kernels compute `exp`, `tanh` and `sigmoid` with the JIT's own
 //! approximations (`tracejit_kernels::fastmath`: the same bits as the JIT's
 //! in-line and AVX2 code, within the ULP bounds `tracejit-jit` documents;
@@ -62,9 +68,11 @@
 
 mod attention;
 mod backward;
+mod batch_norm;
 mod bodies;
 pub mod composite;
 mod composites;
+mod conv;
 mod decl;
 mod dropout;
 mod kernels;
@@ -72,10 +80,12 @@ pub mod random;
 mod samples;
 
 pub use attention::scaled_dot_product_attention;
+pub use batch_norm::batch_norm;
 pub use bodies::Activation;
 pub use composites::{
     dense, gelu, layer_norm, layer_norm_grad, log_softmax, lstm_cell, softmax, softmax_cross_entropy_with_logits,
 };
+pub use conv::{avg_pool2d, conv2d, max_pool2d, Conv2dOptions, Padding, Pair};
 pub use decl::{
     declared, AcceptsFn, BackwardFn, BodyFn, Composite, ExamplesFn, Native, NativeFn, COMPOSITE_MAX_TRACES,
 };

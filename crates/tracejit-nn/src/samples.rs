@@ -202,3 +202,27 @@ pub(crate) fn attention_grad() -> Vec<(Vec<Tensor>, u32)> {
         })
         .collect()
 }
+
+/// Batch norm in inference: `(x [N, C, ..], gamma, beta, mean, var [C],
+/// eps)`, NCHW and `[N, C]`, a batch of 0 among them.
+pub(crate) fn batch_norm() -> Vec<(Vec<Tensor>, u32)> {
+    let mut out = Vec::new();
+    for (i, shape) in [&[2usize, 3, 4, 5][..], &[0, 2, 3, 3], &[5, 4]].into_iter().enumerate() {
+        for dtype in [DType::F32, DType::F64] {
+            let (c, seed) = (shape[1], 40 + 10 * i as u64);
+            let var = values(&[c], dtype, seed + 4, false).abs() + 0.5;
+            out.push((
+                vec![
+                    values(shape, dtype, seed, i == 0),
+                    values(&[c], dtype, seed + 1, false),
+                    values(&[c], dtype, seed + 2, false),
+                    values(&[c], dtype, seed + 3, false),
+                    var,
+                    Tensor::full(&[], 1e-5, dtype),
+                ],
+                0,
+            ));
+        }
+    }
+    out
+}

@@ -116,6 +116,16 @@ pub(crate) fn attr_int(name: &str, value: i64) -> AttributeProto {
     }
 }
 
+/// A float attribute.
+pub(crate) fn attr_float(name: &str, value: f32) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Float as i32),
+        f: Some(value),
+        ..AttributeProto::default()
+    }
+}
+
 /// An integer-list attribute.
 pub(crate) fn attr_ints(name: &str, values: &[i64]) -> AttributeProto {
     AttributeProto {

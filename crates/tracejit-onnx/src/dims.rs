@@ -130,6 +130,16 @@ fn node_dims(g: &Graph, op: &Op, ins: &[Syms], in_types: &[&TensorType], outs: &
             }
             vec![s.clone(), s]
         }
+        // Convolutions and pools keep the batch; their other dims change.
+        Op::Spatial(sp) => {
+            let mut s = vec![None; out_rank(0)];
+            if !matches!(sp, tracejit_ir::tensor::SpatialOp::Conv2dBackwardFilter { .. }) && !s.is_empty() {
+                s[0] = x.first().cloned().flatten();
+            }
+            let mut all = vec![s];
+            all.extend((1..outs.len()).map(|i| vec![None; out_rank(i)]));
+            all
+        }
         Op::Random { shape: None, .. } => one(ins.get(1).cloned().unwrap_or_default()),
         Op::DynamicSlice { .. } | Op::Random { .. } => one(vec![None; out_rank(0)]),
         // A composite's body (as traced, its fused regions not yet

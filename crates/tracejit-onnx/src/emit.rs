@@ -122,6 +122,7 @@ fn is_computed(op: &Op, scope: Scope) -> bool {
         | Op::Pad { .. }
         | Op::Cumsum { .. }
         | Op::TopK { .. }
+        | Op::Spatial(_)
         | Op::Random { .. }
         | Op::Call { .. }
         | Op::Fused { .. }
@@ -250,6 +251,12 @@ fn emit_node(
             let Some(implements) = callee.implements() else {
                 return Err(unsupported(g, id, node, "a call left after inlining (a bug in the exporter)"));
             };
+            if let Some(eps) = crate::spatial::batch_norm_eps(g, node, implements) {
+                let ins: Vec<String> = node.inputs[..5].iter().map(|&v| names[&v].clone()).collect();
+                let o = out(names, body, 0);
+                crate::spatial::batch_norm(body, &ins, eps, &o);
+                return Ok(());
+            }
             let (domain, name, overload) = composite_function(callee, implements, state)?;
             let inputs: Vec<String> = node.inputs.iter().map(|&v| names[&v].clone()).collect();
             let outputs: Vec<String> = (0..node.outputs.len() as u32).map(|i| out(names, body, i)).collect();
@@ -279,6 +286,14 @@ fn emit_node(
             let ins: Vec<String> = node.inputs.iter().map(|&v| names[&v].clone()).collect();
             let outs: Vec<String> = (0..node.outputs.len() as u32).map(|i| out(names, body, i)).collect();
             crate::control::emit_loop(parts, *trip_count, &ins, &outs, scope, body, state)?;
+        }
+        Op::Spatial(sp) => {
+            let ins: Vec<String> = node.inputs.iter().map(|&v| names[&v].clone()).collect();
+            if node.outputs.len() != 1 {
+                return Err(unsupported(g, id, node, format!("`{}` is a gradient op (not exported)", sp.name())));
+            }
+            let o = out(names, body, 0);
+            crate::spatial::emit(body, sp, &ins, &o).map_err(|reason| unsupported(g, id, node, reason))?;
         }
         Op::TopK { k } => {
             let x = names[&node.inputs[0]].clone();

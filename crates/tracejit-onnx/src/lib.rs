@@ -74,6 +74,7 @@ mod error;
 mod ops;
 pub mod pb;
 mod prepare;
+mod spatial;
 mod tensor_proto;
 mod windows;
 

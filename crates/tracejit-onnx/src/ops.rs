@@ -163,6 +163,7 @@ pub(crate) fn lower(
         | Op::While { .. }
         | Op::Kernel { .. }
         | Op::TopK { .. }
+        | Op::Spatial(_)
         | Op::ReadVariable { .. }
         | Op::AssignVariable { .. } => {
             return Err(format!("`{}` is not a one-output primitive op (a bug in the exporter)", op.name()));

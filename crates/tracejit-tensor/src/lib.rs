@@ -29,6 +29,7 @@ mod error;
 pub mod kernels;
 mod limits;
 mod ops;
+pub mod spatial;
 mod storage;
 
 pub use dtype::{DType, Element};
@@ -37,6 +38,7 @@ pub use limits::{byte_size, check_allocation, element_count, PROBE_BYTES};
 pub use ops::{
     ArgReduceOp, BinaryKind, BinaryOp, Cost, Exactness, RandomDist, ReduceKind, ReduceOp, SliceSpec, UnaryKind, UnaryOp,
 };
+pub use spatial::{Conv2dAttrs, Pool2dAttrs, SpatialOp};
 pub use storage::{Storage, StorageElement};
 
 // ndarray's GEMM runs the reference matmul; naming matrixmultiply turns on

@@ -24,6 +24,7 @@ mod function;
 mod nest;
 mod operators;
 mod ops;
+mod spatial;
 mod tape;
 mod tensor;
 mod tracelock;
@@ -42,11 +43,12 @@ pub use nest::{
     nest_join_field, nest_paths, Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener,
 };
 pub use ops::{Operand, Scalar};
+pub use spatial::spatial;
 pub use tape::{register_gradient, unregister_gradient, value_and_grad, GradientFn, GradientTape, Source};
 pub use tensor::Tensor;
 pub use tracejit_derive::Nest;
 pub use tracejit_ir::passes::{OptimizationOptions, PipelineReport};
 pub use tracejit_jit::{Profile, ScheduleStats, StepTime};
-pub use tracejit_tensor::{DType, RandomDist, SliceSpec};
+pub use tracejit_tensor::{Conv2dAttrs, DType, Pool2dAttrs, RandomDist, SliceSpec, SpatialOp};
 pub use transforms::{grad, hessian, jacfwd, jacrev, jvp};
 pub use variable::{locked_update, remember, remember_in, Scope, Variable};

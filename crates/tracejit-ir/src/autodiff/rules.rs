@@ -5,6 +5,7 @@
 use tracejit_tensor::{BinaryOp, DType, ReduceOp, SliceSpec, UnaryOp};
 
 mod indexing;
+mod spatial;
 mod window;
 
 use indexing::{concat_vjp, gather_vjp, slice_vjp};
@@ -133,6 +134,15 @@ pub fn vjp<E: Emitter>(
     // the variables its subgraphs read, it refuses to differentiate those.
     if let Op::Cond { .. } | Op::While { .. } = op {
         return Ok(vjp_control(e, op, inputs, outputs, cotangents, &[])?.0);
+    }
+    // Spatial ops may have two outputs (a filter gradient with the bias's),
+    // either one's cotangent given.
+    if let Op::Spatial(sp) = op {
+        let float = cotangents.iter().flatten().all(|g| e.value_type(g).dtype.is_float());
+        if !float {
+            return Ok(none());
+        }
+        return spatial::spatial_vjp(&mut B { e }, op, sp, inputs, outputs, cotangents);
     }
     let Some(g) = cotangents.first().cloned().flatten() else {
         return Ok(none());
@@ -269,6 +279,7 @@ pub fn vjp<E: Emitter>(
         // A draw's values depend on its state only through the stream: no
         // gradient (the state is an integer).
         Op::Random { .. } => none(),
+        Op::Spatial(_) => unreachable!("spatial ops are differentiated above"),
         Op::Cond { .. } | Op::While { .. } => unreachable!("control flow is differentiated above"),
         Op::Call { .. } | Op::Kernel { .. } | Op::Fused { .. } => {
             return Err(unsupported(

@@ -95,6 +95,9 @@ pub(super) fn parse_op(
     if let Some(op) = indexing_op(name, c)? {
         return Ok(ParsedOp::Op(op));
     }
+    if let Some(op) = super::spatial::spatial_op(name, c)? {
+        return Ok(ParsedOp::Op(Op::Spatial(op)));
+    }
     let op = match name {
         "parameter" => {
             c.expect("[")?;

@@ -37,6 +37,7 @@ fn foldable(g: &Graph, op: &Op) -> bool {
         | OpClass::Layout
         | OpClass::Reduction
         | OpClass::Contraction
+        | OpClass::Spatial
         | OpClass::Indexing
         | OpClass::Scan => true,
         OpClass::Source

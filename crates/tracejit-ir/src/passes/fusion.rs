@@ -144,6 +144,7 @@ pub fn default_accepts_region(body: &Graph) -> bool {
             | Op::DynamicUpdateSlice
             | Op::Pad { .. }
             | Op::Cumsum { .. }
+            | Op::Spatial(_)
             | Op::TopK { .. }
             | Op::Random { .. }
             | Op::Call { .. }

@@ -20,6 +20,7 @@
 //! | `const_fold` | [`ConstantFolding`] | evaluates small, pure, constant-input nodes with the reference kernels |
 //! | `simplify` | [`Simplify`] | algebraic rewrites that are exact under IEEE 754 |
 //! | `cse` | [`Cse`] | merges structurally identical pure nodes |
+//! | `conv_relu` | [`ConvRelu`] | a `relu` of a convolution moves into its output pass |
 //! | `dce` | [`Dce`] | drops nodes that neither reach an output nor have side effects |
 //! | `fusion` | [`Fusion`] | groups elementwise chains and reductions into `Op::Fused` regions |
 //!
@@ -43,6 +44,7 @@ use std::sync::Arc;
 use crate::{ExternalKernel, Graph, Op, TensorType};
 
 mod const_fold;
+mod conv_relu;
 mod cse;
 mod dce;
 mod fusion;
@@ -54,6 +56,7 @@ mod select;
 mod simplify;
 
 pub use const_fold::ConstantFolding;
+pub use conv_relu::ConvRelu;
 pub use cse::Cse;
 pub use dce::Dce;
 pub use fusion::{default_accepts_region, Fusion, MAX_REGION_NODES};

@@ -8,7 +8,7 @@
 //! inline                        every non-composite call
 //! selector                      composite calls -> kernel, or inlined
 //! hoist                         a counted loop's input projection, before the loop
-//! fixpoint "simplify" (cap 8):  const_fold, simplify, cse, dce
+//! fixpoint "simplify" (cap 8):  const_fold, simplify, cse, conv_relu, dce
 //! fusion                        elementwise/reduction regions
 //! ```
 //!
@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use cranelift_entity::EntityRef;
 
 use crate::passes::{
-    AcceptRegion, ConstantFolding, Cse, Dce, Fusion, HoistLoopProducts, Inline, Pass, PassContext,
+    AcceptRegion, ConstantFolding, ConvRelu, Cse, Dce, Fusion, HoistLoopProducts, Inline, Pass, PassContext,
     SelectImplementation, Simplify, DEFAULT_FOLD_LIMIT,
 };
 use crate::{verify, Graph, IrError, NodeId};
@@ -255,7 +255,13 @@ impl Pipeline {
             Stage::pass(HoistLoopProducts),
             Stage::Fixpoint {
                 name: "simplify",
-                passes: vec![Box::new(ConstantFolding), Box::new(Simplify), Box::new(Cse), Box::new(Dce)],
+                passes: vec![
+                    Box::new(ConstantFolding),
+                    Box::new(Simplify),
+                    Box::new(Cse),
+                    Box::new(ConvRelu),
+                    Box::new(Dce),
+                ],
                 max_iterations: 8,
             },
             Stage::pass(Fusion::default()),
@@ -487,7 +493,10 @@ mod tests {
     #[test]
     fn the_default_pipeline_reads_top_to_bottom() {
         let p = Pipeline::default_pipeline();
-        assert_eq!(p.pass_names(), ["inline", "selector", "hoist", "const_fold", "simplify", "cse", "dce", "fusion"]);
+        assert_eq!(
+            p.pass_names(),
+            ["inline", "selector", "hoist", "const_fold", "simplify", "cse", "conv_relu", "dce", "fusion"]
+        );
         assert!(p.validate().is_ok());
         let bad = Pipeline::default_pipeline().with_options(OptimizationOptions::default().disable("csee"));
         assert!(bad.validate().unwrap_err().contains("unknown pass `csee`"));

@@ -221,6 +221,7 @@ fn rule(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
         | Op::DynamicUpdateSlice
         | Op::Pad { .. }
         | Op::Cumsum { .. }
+        | Op::Spatial(_)
         | Op::TopK { .. }
         | Op::Random { .. }
         | Op::Call { .. }

@@ -17,5 +17,6 @@ mod passes;
 mod pipeline;
 mod printer;
 mod props;
+mod spatial;
 mod subgraphs;
 mod verifier;

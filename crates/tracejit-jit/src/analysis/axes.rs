@@ -218,6 +218,7 @@ impl Unified {
             | Op::Pad { .. }
             | Op::Cumsum { .. }
             | Op::TopK { .. }
+            | Op::Spatial(_)
             | Op::Random { .. }
             | Op::Call { .. }
             | Op::Fused { .. }

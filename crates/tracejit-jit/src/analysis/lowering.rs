@@ -152,6 +152,7 @@ pub(super) fn lower(body: &Graph, live: &[bool], d: &Domain) -> Result<Lowered, 
             | Op::Pad { .. }
             | Op::Cumsum { .. }
             | Op::TopK { .. }
+            | Op::Spatial(_)
             | Op::Random { .. }
             | Op::Call { .. }
             | Op::Fused { .. }

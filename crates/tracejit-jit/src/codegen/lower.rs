@@ -50,7 +50,7 @@ fn step_for(g: &Graph, id: NodeId, kind: StepKind, slot_of: &HashMap<ValueId, us
     let has_unknown = |node: &Node| {
         node.outputs.iter().chain(node.inputs.iter().map(|v| g.value_type(*v))).any(|t| t.shape().is_none())
     };
-    let probe = matches!(kind, StepKind::Region(_) | StepKind::MatMul | StepKind::Primitive(_))
+    let probe = matches!(kind, StepKind::Region(_) | StepKind::MatMul | StepKind::Primitive(_) | StepKind::Spatial(_))
         && node.outputs.iter().any(|t| {
             t.shape()
                 .and_then(|s| tracejit_ir::tensor::byte_size(t.dtype, &s))
@@ -121,6 +121,8 @@ fn kind_of(
         Op::Fused { .. } => StepKind::Primitive(node.op.clone()),
         // A registered native kernel runs as itself.
         Op::Kernel { .. } => StepKind::External(node.op.clone()),
+        // Convolutions and pools run through their direct kernels.
+        Op::Spatial(op) => StepKind::Spatial(*op),
         Op::Transpose { perm } => StepKind::View(View::Transpose(perm.clone())),
         Op::Gather { axis } if g.value_type(node.inputs[1]).rank() == 0 => StepKind::View(View::Index(*axis)),
         Op::Unary(_)

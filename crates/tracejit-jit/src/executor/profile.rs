@@ -124,6 +124,7 @@ fn subgraphs(kind: &StepKind) -> Vec<(&'static str, &Executable)> {
         | StepKind::View(_)
         | StepKind::Primitive(_)
         | StepKind::External(_)
+        | StepKind::Spatial(_)
         | StepKind::Read(_)
         | StepKind::Assign(..) => Vec::new(),
     }
@@ -166,7 +167,7 @@ fn kind_name(kind: &StepKind) -> &'static str {
         StepKind::MatMul => "gemm",
         StepKind::View(_) => "view",
         StepKind::Primitive(_) => "reference",
-        StepKind::External(_) => "native",
+        StepKind::External(_) | StepKind::Spatial(_) => "native",
         StepKind::Call(_) => "call",
         StepKind::Cond(_) => "cond",
         StepKind::While(..) => "while",
@@ -226,6 +227,8 @@ fn describe(exe: &Executable, step: &Step) -> String {
         Op::Fused { body } => body.nodes().filter_map(|(_, n)| op_label(&n.op)).collect::<Vec<_>>().join(","),
         // Which composite: `kernel tracejit.nn.dropout`.
         Op::Kernel { name, .. } => format!("kernel {name}"),
+        // Which spatial kernel: `kernel conv2d+bias+relu (direct)`.
+        Op::Spatial(sp) => format!("kernel {}", crate::spatial::kernel_name(sp)),
         op => op.name().to_string(),
     };
     // A region that may write over a dying input (when it is unique at

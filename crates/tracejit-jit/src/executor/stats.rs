@@ -127,7 +127,7 @@ impl Executable {
                 StepKind::MatMul => st.gemms += 1,
                 StepKind::Primitive(_) => st.fallbacks += 1,
                 StepKind::View(_) => st.views += 1,
-                StepKind::External(_) => st.native_kernels += 1,
+                StepKind::External(_) | StepKind::Spatial(_) => st.native_kernels += 1,
                 StepKind::Call(e) => {
                     st.calls += 1;
                     st.add(&e.stats());

@@ -13,4 +13,5 @@ mod errors;
 mod models;
 mod names;
 mod ops;
+mod spatial;
 mod windows;

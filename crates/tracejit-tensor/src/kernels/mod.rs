@@ -130,7 +130,7 @@
 //! with the `libm` crate's `log` and `cos` (not the platform's) and then
 //! rounded to the dtype. Both take float dtypes only.
 
-use crate::{ArgReduceOp, BinaryOp, DType, RandomDist, ReduceOp, SliceSpec, Storage, UnaryOp};
+use crate::{ArgReduceOp, BinaryOp, DType, RandomDist, ReduceOp, SliceSpec, SpatialOp, Storage, UnaryOp};
 
 /// Matches two storages of one dtype, binding their typed arrays; panics
 /// naming `$name` if the dtypes differ. `$body` must type-check for every
@@ -177,9 +177,11 @@ macro_rules! with_dtype {
 }
 
 mod binary;
+mod conv;
 mod index;
 mod matmul;
 mod num;
+mod pool;
 mod random;
 mod reduce;
 pub mod scalar;
@@ -340,6 +342,32 @@ pub fn top_k(x: &Storage, k: usize) -> (Storage, Storage) {
 /// the state and `i` only.
 pub fn random(dist: RandomDist, state: &Storage, shape: &[usize], dtype: DType) -> Storage {
     random::random(dist, state, shape, dtype)
+}
+
+/// A spatial op (convolution, pooling or one of their gradients) on its
+/// inputs, in the order [`SpatialOp`] lists them; f32 or f64. Plain loops:
+/// the oracle of the fast kernels.
+///
+/// # Panics
+/// On operands the op's type rule rejects (a plain message; the IR checks
+/// first and names the user's line).
+pub fn spatial(op: &SpatialOp, inputs: &[&Storage]) -> Vec<Storage> {
+    assert_eq!(inputs.len(), op.num_inputs(), "{}: takes {} inputs, got {}", op.name(), op.num_inputs(), inputs.len());
+    match *op {
+        SpatialOp::Conv2d { conv, bias, relu } => {
+            vec![conv::forward(conv, inputs[0], inputs[1], bias.then(|| inputs[2]), relu)]
+        }
+        SpatialOp::Conv2dBackwardData { conv, input_hw } => {
+            vec![conv::backward_data(conv, input_hw, inputs[0], inputs[1])]
+        }
+        SpatialOp::Conv2dBackwardFilter { conv, kernel, bias } => {
+            conv::backward_filter(conv, kernel, bias, inputs[0], inputs[1])
+        }
+        SpatialOp::MaxPool2d { pool } => vec![pool::max_forward(pool, inputs[0])],
+        SpatialOp::MaxPool2dBackward { pool } => vec![pool::max_backward(pool, inputs[0], inputs[1])],
+        SpatialOp::AvgPool2d { pool } => vec![pool::avg_forward(pool, inputs[0])],
+        SpatialOp::AvgPool2dBackward { pool, input_hw } => vec![pool::avg_backward(pool, input_hw, inputs[0])],
+    }
 }
 
 /// The Philox stream a random op reads from `state` (see [`random`]), for

@@ -1,0 +1,213 @@
+//! The spatial op family: 2-D convolution and pooling over NCHW tensors and
+//! their gradients ([`SpatialOp`]), with their attributes
+//! ([`Conv2dAttrs`], [`Pool2dAttrs`]) and the output-size rule they share.
+//!
+//! Semantics are ONNX's (`Conv`, `MaxPool`, `AveragePool`) and PyTorch's:
+//! activations `[batch, channels, height, width]`, convolution weights
+//! `[out_channels, in_channels / groups, kh, kw]`, explicit zero padding
+//! per side (top, left, bottom, right), strides, dilations, groups
+//! (depthwise when `groups == in_channels`), floor mode for output sizes
+//! (`(in + pads - ((k - 1) · dilation + 1)) / stride + 1`). Pools take
+//! each pad below the window's size; max pooling treats padding as -inf
+//! (it never wins), average pooling leaves it out of the count (ONNX
+//! `count_include_pad = 0`, TF). The gradient ops exist so that a
+//! differentiated graph keeps one op per product (not a graph of
+//! gathers) that executors run through fast kernels.
+
+/// The attributes of a 2-D convolution (the kernel's size comes from the
+/// weights).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Conv2dAttrs {
+    /// Stride (height, width), each at least 1.
+    pub stride: [usize; 2],
+    /// Dilation (height, width), each at least 1.
+    pub dilation: [usize; 2],
+    /// Zero padding: top, left, bottom, right.
+    pub pad: [usize; 4],
+    /// Groups: channels split into this many independent convolutions.
+    pub groups: usize,
+}
+
+impl Conv2dAttrs {
+    /// Stride 1, dilation 1, no padding, one group.
+    pub const DEFAULT: Conv2dAttrs = Conv2dAttrs { stride: [1, 1], dilation: [1, 1], pad: [0; 4], groups: 1 };
+
+    /// The output size on `axis` (0: height, 1: width) of an input of `n`
+    /// and a kernel of `k`, or `None` when the dilated kernel does not fit
+    /// the padded input.
+    pub fn out_size(&self, axis: usize, n: usize, k: usize) -> Option<usize> {
+        out_size(n, self.pad[axis] + self.pad[axis + 2], k, self.stride[axis], self.dilation[axis])
+    }
+}
+
+/// The attributes of a 2-D pooling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Pool2dAttrs {
+    /// Window (height, width).
+    pub kernel: [usize; 2],
+    /// Stride (height, width).
+    pub stride: [usize; 2],
+    /// Padding: top, left, bottom, right, each below the window's size on
+    /// its axis.
+    pub pad: [usize; 4],
+}
+
+impl Pool2dAttrs {
+    /// The output size on `axis` of an input of `n`, or `None` when the
+    /// window does not fit the padded input.
+    pub fn out_size(&self, axis: usize, n: usize) -> Option<usize> {
+        out_size(n, self.pad[axis] + self.pad[axis + 2], self.kernel[axis], self.stride[axis], 1)
+    }
+
+    /// What is wrong with the attributes themselves (a zero size, a pad
+    /// not below the window), or `None`.
+    pub fn problem(&self) -> Option<String> {
+        for (name, v) in [
+            ("kernel height", self.kernel[0]),
+            ("kernel width", self.kernel[1]),
+            ("stride height", self.stride[0]),
+            ("stride width", self.stride[1]),
+        ] {
+            if v == 0 {
+                return Some(format!("{name} is 0"));
+            }
+        }
+        for (i, side) in ["top", "left", "bottom", "right"].iter().enumerate() {
+            let k = self.kernel[i % 2];
+            if self.pad[i] >= k {
+                return Some(format!("padding {side} {} must be smaller than the window's {k}", self.pad[i]));
+            }
+        }
+        None
+    }
+}
+
+/// Floor-mode output size, `None` when the dilated kernel exceeds the
+/// padded input (or a size is 0).
+fn out_size(n: usize, pads: usize, k: usize, stride: usize, dilation: usize) -> Option<usize> {
+    if k == 0 || stride == 0 || dilation == 0 {
+        return None;
+    }
+    let extent = (k - 1).checked_mul(dilation)?.checked_add(1)?;
+    let room = n.checked_add(pads)?.checked_sub(extent)?;
+    Some(room / stride + 1)
+}
+
+/// A spatial op. Inputs and outputs, per variant:
+///
+/// | op | inputs | outputs |
+/// |---|---|---|
+/// | `conv2d` | x `[N, C, H, W]`, w `[O, C/g, kh, kw]`, bias `[O]` if `bias` | y `[N, O, oh, ow]` (`max(y, 0)` if `relu`) |
+/// | `conv2d_backward_data` | dy `[N, O, oh, ow]`, w | dx `[N, C, input_hw]` |
+/// | `conv2d_backward_filter` | x, dy | dw `[O, C/g, kernel]`, and db `[O]` if `bias` |
+/// | `max_pool2d`, `avg_pool2d` | x `[N, C, H, W]` | y `[N, C, oh, ow]` |
+/// | `max_pool2d_backward` | x, dy | dx (each `dy` at its window's first maximum) |
+/// | `avg_pool2d_backward` | dy | dx `[N, C, input_hw]` |
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SpatialOp {
+    /// Convolution, with the bias added and relu applied in its output
+    /// pass when asked.
+    Conv2d {
+        /// Strides, dilations, padding, groups.
+        conv: Conv2dAttrs,
+        /// A third input, the bias, is added per output channel.
+        bias: bool,
+        /// The result goes through `max(y, 0)` (set by the optimizer when a
+        /// relu is the convolution's only reader).
+        relu: bool,
+    },
+    /// The gradient of a convolution with respect to its input: the
+    /// transposed convolution of `dy` with `w`.
+    Conv2dBackwardData {
+        /// The forward convolution's attributes.
+        conv: Conv2dAttrs,
+        /// The forward input's (height, width), which a strided
+        /// convolution's output does not determine.
+        input_hw: [usize; 2],
+    },
+    /// The gradient of a convolution with respect to its weights (and its
+    /// bias: the sum of `dy` over batch and space).
+    Conv2dBackwardFilter {
+        /// The forward convolution's attributes.
+        conv: Conv2dAttrs,
+        /// The kernel's (height, width).
+        kernel: [usize; 2],
+        /// Also return the bias gradient (a second output).
+        bias: bool,
+    },
+    /// Max pooling.
+    MaxPool2d {
+        /// Window, stride, padding.
+        pool: Pool2dAttrs,
+    },
+    /// The gradient of a max pooling: `dy` routed to each window's first
+    /// maximum in row-major order (a NaN window: its last NaN), summed
+    /// where windows overlap.
+    MaxPool2dBackward {
+        /// Window, stride, padding.
+        pool: Pool2dAttrs,
+    },
+    /// Average pooling (padding left out of the count).
+    AvgPool2d {
+        /// Window, stride, padding.
+        pool: Pool2dAttrs,
+    },
+    /// The gradient of an average pooling: each `dy` divided by its
+    /// window's count and spread over it.
+    AvgPool2dBackward {
+        /// Window, stride, padding.
+        pool: Pool2dAttrs,
+        /// The forward input's (height, width).
+        input_hw: [usize; 2],
+    },
+}
+
+impl SpatialOp {
+    /// The op's name in listings and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SpatialOp::Conv2d { .. } => "conv2d",
+            SpatialOp::Conv2dBackwardData { .. } => "conv2d_backward_data",
+            SpatialOp::Conv2dBackwardFilter { .. } => "conv2d_backward_filter",
+            SpatialOp::MaxPool2d { .. } => "max_pool2d",
+            SpatialOp::MaxPool2dBackward { .. } => "max_pool2d_backward",
+            SpatialOp::AvgPool2d { .. } => "avg_pool2d",
+            SpatialOp::AvgPool2dBackward { .. } => "avg_pool2d_backward",
+        }
+    }
+
+    /// Every name, for parsers.
+    pub const NAMES: [&'static str; 7] = [
+        "conv2d",
+        "conv2d_backward_data",
+        "conv2d_backward_filter",
+        "max_pool2d",
+        "max_pool2d_backward",
+        "avg_pool2d",
+        "avg_pool2d_backward",
+    ];
+
+    /// How many inputs it takes.
+    pub fn num_inputs(&self) -> usize {
+        match self {
+            SpatialOp::Conv2d { bias, .. } => 2 + usize::from(*bias),
+            SpatialOp::Conv2dBackwardData { .. }
+            | SpatialOp::Conv2dBackwardFilter { .. }
+            | SpatialOp::MaxPool2dBackward { .. } => 2,
+            SpatialOp::MaxPool2d { .. } | SpatialOp::AvgPool2d { .. } | SpatialOp::AvgPool2dBackward { .. } => 1,
+        }
+    }
+
+    /// How many outputs it returns.
+    pub fn num_outputs(&self) -> usize {
+        match self {
+            SpatialOp::Conv2dBackwardFilter { bias, .. } => 1 + usize::from(*bias),
+            SpatialOp::Conv2d { .. }
+            | SpatialOp::Conv2dBackwardData { .. }
+            | SpatialOp::MaxPool2d { .. }
+            | SpatialOp::MaxPool2dBackward { .. }
+            | SpatialOp::AvgPool2d { .. }
+            | SpatialOp::AvgPool2dBackward { .. } => 1,
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! Convolutional layers (`nn::conv2d`, `max_pool2d`, `avg_pool2d`):
+//! ONNX's documented examples, the compiled direct kernels against the
+//! reference loops (eager) on random geometries with odd sizes, strides,
+//! dilations, groups, depthwise and "same" padding, functions traced
+//! with an unknown batch, the profile naming the native kernels, and the
+//! errors a bad shape gives.
+
+use proptest::prelude::*;
+use tracejit::nn::{avg_pool2d, conv2d, max_pool2d, Conv2dOptions};
+use tracejit::prelude::*;
+
+fn vals(t: &Tensor) -> Vec<f32> {
+    t.to_vec::<f32>().unwrap()
+}
+
+/// Deterministic values in [-1, 1) with no two equal in a small window
+/// (pool ties are tested on purpose elsewhere).
+fn data(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::rand_uniform(shape, -1.0, 1.0, seed)
+}
+
+/// `got` within `tol · (1 + |want|)` of `want` everywhere, same length.
+fn assert_near(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}: element {i}: {g} vs {w}");
+    }
+}
+
+#[test]
+fn onnx_examples() {
+    // ONNX Conv: a 5x5 ramp, 3x3 ones, padding 1 / none / stride 2.
+    let x = Tensor::from_vec((0..25).map(|i| i as f32).collect(), &[1, 1, 5, 5]);
+    let w = Tensor::ones(&[1, 1, 3, 3], DType::F32);
+    let y = conv2d(&x, &w, None, Conv2dOptions::default());
+    assert_eq!(vals(&y), [54., 63., 72., 99., 108., 117., 144., 153., 162.]);
+    // conv_with_strides_padding: pads 1, strides 2.
+    let x7 = Tensor::from_vec((0..35).map(|i| i as f32).collect(), &[1, 1, 7, 5]);
+    let y = conv2d(&x7, &w, None, Conv2dOptions::default().stride(2).padding(1));
+    assert_eq!(vals(&y), [12., 27., 24., 63., 108., 81., 123., 198., 141., 112., 177., 124.]);
+    // conv_with_strides_and_asymmetric_padding: pads [1, 0, 1, 0].
+    let y = conv2d(&x7, &w, None, Conv2dOptions::default().stride(2).pads([1, 0, 1, 0]));
+    assert_eq!(vals(&y), [21., 33., 99., 117., 189., 207., 171., 183.]);
+    // MaxPool 2d_pads: 5x5 ramp, 5x5 window, pads 2: the corner sees 0..=12.
+    let y = max_pool2d(&x, [5, 5], [1, 1], [2, 2]);
+    assert_eq!(vals(&y)[..3], [12., 13., 14.]);
+    // AveragePool 2d_pads (count_include_pad = 0): 5x5 window, pads 2.
+    let y = avg_pool2d(&x, [5, 5], [1, 1], [2, 2]);
+    assert_eq!(vals(&y)[..3], [6., 6.5, 7.]);
+}
+
+#[test]
+fn same_padding_keeps_the_size_at_stride_1_and_ceils_at_stride_2() {
+    let x = data(&[2, 3, 7, 6], 1);
+    let w = data(&[4, 3, 3, 2], 2);
+    let y = conv2d(&x, &w, None, Conv2dOptions::default().padding_same());
+    assert_eq!(y.shape(), [2, 4, 7, 6]);
+    let y = conv2d(&x, &w, None, Conv2dOptions::default().padding_same().stride(2));
+    assert_eq!(y.shape(), [2, 4, 4, 3]);
+    // SAME_LOWER differs from SAME_UPPER only by where the odd pad goes:
+    // a 2-wide kernel at stride 1 pads one column, left or right.
+    let upper = conv2d(&x, &w, None, Conv2dOptions::default().padding_same());
+    let lower = conv2d(&x, &w, None, Conv2dOptions::default().padding_same_lower());
+    let explicit_upper = conv2d(&x, &w, None, Conv2dOptions::default().pads([1, 0, 1, 1]));
+    let explicit_lower = conv2d(&x, &w, None, Conv2dOptions::default().pads([1, 1, 1, 0]));
+    assert_eq!(vals(&upper), vals(&explicit_upper));
+    assert_eq!(vals(&lower), vals(&explicit_lower));
+}
+
+/// One random convolution problem.
+#[derive(Debug, Clone)]
+struct ConvCase {
+    batch: usize,
+    groups: usize,
+    icg: usize,
+    ocg: usize,
+    hw: [usize; 2],
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    dilation: [usize; 2],
+    pads: [usize; 4],
+    bias: bool,
+    seed: u64,
+}
+
+impl ConvCase {
+    fn options(&self) -> Conv2dOptions {
+        Conv2dOptions::default().stride(self.stride).dilation(self.dilation).pads(self.pads).groups(self.groups)
+    }
+
+    /// The padded input holds the dilated kernel.
+    fn fits(&self) -> bool {
+        (0..2).all(|a| self.hw[a] + self.pads[a] + self.pads[a + 2] > (self.kernel[a] - 1) * self.dilation[a])
+    }
+}
+
+fn conv_case() -> impl Strategy<Value = ConvCase> {
+    let sizes = prop_oneof![Just(0usize), Just(1), Just(3), Just(5)];
+    (
+        sizes.clone(),
+        prop_oneof![Just(1usize), Just(2), Just(3)],
+        1usize..4,
+        1usize..4,
+        (1usize..8, 1usize..8),
+        (1usize..4, 1usize..4),
+        (1usize..4, 1usize..4),
+        (1usize..3, 1usize..3),
+        (0usize..3, 0usize..3, 0usize..3, 0usize..3),
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(|(batch, groups, icg, ocg, hw, k, s, d, p, bias, seed)| ConvCase {
+            batch,
+            groups,
+            icg,
+            ocg,
+            hw: [hw.0, hw.1],
+            kernel: [k.0, k.1],
+            stride: [s.0, s.1],
+            dilation: [d.0, d.1],
+            pads: [p.0, p.1, p.2, p.3],
+            bias,
+            seed: seed % 1000,
+        })
+        .prop_filter("the kernel fits the padded input", ConvCase::fits)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The compiled direct kernels (forward, both gradients) agree with
+    /// the reference loops that eager mode runs, on any geometry.
+    #[test]
+    fn compiled_conv_and_gradients_match_the_reference(c in conv_case()) {
+        let (cin, cout) = (c.icg * c.groups, c.ocg * c.groups);
+        let x = data(&[c.batch, cin, c.hw[0], c.hw[1]], c.seed);
+        let w = data(&[cout, c.icg, c.kernel[0], c.kernel[1]], c.seed + 1);
+        let b = data(&[cout], c.seed + 2);
+        let opts = c.options();
+        let bias = c.bias;
+        let step = move |(x, w, b): (Tensor, Tensor, Tensor)| {
+            let tape = GradientTape::new();
+            tape.watch(&x);
+            tape.watch(&w);
+            tape.watch(&b);
+            let y = conv2d(&x, &w, bias.then_some(&b), opts);
+            // A cotangent that differs per element.
+            let loss = (&y * &y.sin()).sum_all();
+            let g = tape.gradient(&loss, &[&x, &w, &b]).unwrap();
+            let gb = g[2].clone().unwrap_or_else(|| Tensor::zeros(&[b.shape()[0]], DType::F32));
+            (y, g[0].clone().unwrap(), g[1].clone().unwrap(), gb)
+        };
+        let eager = step((x.clone(), w.clone(), b.clone()));
+        let compiled = function(step).call((x, w, b)).unwrap();
+        let terms = (c.icg * c.kernel[0] * c.kernel[1]).max(c.batch * 64) as f32;
+        let tol = 4.0 * terms * f32::EPSILON;
+        assert_near("y", &vals(&compiled.0), &vals(&eager.0), tol);
+        assert_near("dx", &vals(&compiled.1), &vals(&eager.1), tol);
+        assert_near("dw", &vals(&compiled.2), &vals(&eager.2), tol);
+        assert_near("db", &vals(&compiled.3), &vals(&eager.3), tol);
+    }
+
+    /// Pools, forward and backward, compiled against the reference.
+    #[test]
+    fn compiled_pools_match_the_reference(
+        batch in prop_oneof![Just(0usize), Just(1), Just(3)],
+        channels in 1usize..4,
+        hw in (1usize..9, 1usize..9),
+        k in (1usize..4, 1usize..4),
+        s in (1usize..4, 1usize..4),
+        p in (0usize..3, 0usize..3),
+        seed in 0u64..1000,
+    ) {
+        let (kernel, stride) = ([k.0, k.1], [s.0, s.1]);
+        let pad = [p.0.min(k.0 - 1), p.1.min(k.1 - 1)];
+        prop_assume!(hw.0 + 2 * pad[0] >= k.0 && hw.1 + 2 * pad[1] >= k.1);
+        let x = data(&[batch, channels, hw.0, hw.1], seed);
+        let step = move |x: Tensor| {
+            let tape = GradientTape::persistent();
+            tape.watch(&x);
+            let m = max_pool2d(&x, kernel, stride, pad);
+            let a = avg_pool2d(&x, kernel, stride, pad);
+            let dm = tape.gradient(&(&m * &m.cos()).sum_all(), &[&x]).unwrap().remove(0).unwrap();
+            let da = tape.gradient(&(&a * &a.cos()).sum_all(), &[&x]).unwrap().remove(0).unwrap();
+            (m, a, dm, da)
+        };
+        let eager = step(x.clone());
+        let compiled = function(step).call(x).unwrap();
+        let tol = 8.0 * f32::EPSILON * (k.0 * k.1) as f32;
+        assert_eq!(vals(&compiled.0), vals(&eager.0), "max");
+        assert_near("avg", &vals(&compiled.1), &vals(&eager.1), tol);
+        assert_near("max grad", &vals(&compiled.2), &vals(&eager.2), tol);
+        assert_near("avg grad", &vals(&compiled.3), &vals(&eager.3), tol);
+    }
+}
+
+#[test]
+fn depthwise_conv_is_one_filter_per_channel() {
+    // groups == in_channels: each output channel sees only its own input
+    // channel, so a per-channel delta kernel scaled by c returns c · x.
+    let x = data(&[2, 3, 4, 4], 3);
+    let mut wv = vec![0.0f32; 3 * 9];
+    for c in 0..3 {
+        wv[c * 9 + 4] = (c + 1) as f32;
+    }
+    let w = Tensor::from_vec(wv, &[3, 1, 3, 3]);
+    let f = function(|(x, w): (Tensor, Tensor)| conv2d(&x, &w, None, Conv2dOptions::default().padding(1).groups(3)));
+    let y = f.call((x.clone(), w.clone())).unwrap();
+    let xv = vals(&x);
+    for (i, (yv, xv)) in vals(&y).iter().zip(&xv).enumerate() {
+        let c = (i / 16) % 3;
+        assert_eq!(*yv, xv * (c + 1) as f32, "element {i}");
+    }
+}
+
+#[test]
+fn max_pool_gradient_goes_to_the_first_maximum() {
+    // Two equal maxima in each window: PyTorch and ONNX route to the first
+    // in row-major order, eagerly and compiled.
+    let x = Tensor::from_vec(vec![1.0f32, 4.0, 4.0, 2.0, 4.0, 0.0, 4.0, 4.0], &[1, 2, 2, 2]);
+    let step = |x: Tensor| {
+        let tape = GradientTape::new();
+        tape.watch(&x);
+        let y = max_pool2d(&x, [2, 2], [2, 2], [0, 0]);
+        tape.gradient(&y.sum_all(), &[&x]).unwrap().remove(0).unwrap()
+    };
+    let want = [0.0f32, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0];
+    assert_eq!(vals(&step(x.clone())), want);
+    assert_eq!(vals(&function(step).call(x).unwrap()), want);
+}
+
+#[test]
+fn an_unknown_batch_traces_once_and_runs_any_batch() {
+    let w = data(&[8, 3, 3, 3], 4);
+    let b = data(&[8], 5);
+    let f = function(move |x: Tensor| {
+        let y = conv2d(&x, &w, Some(&b), Conv2dOptions::default().padding(1).stride(2)).relu();
+        avg_pool2d(&max_pool2d(&y, [2, 2], [2, 2], [0, 0]), [2, 2], [1, 1], [1, 1])
+    })
+    .input_signature(vec![TensorSpec::new(DType::F32, &[-1, 3, 9, 9])]);
+    let cf = f.get_concrete_function(TensorSpec::new(DType::F32, &[-1, 3, 9, 9])).unwrap();
+    let out = cf.graph().value_type(cf.graph().outputs[0]).clone();
+    assert_eq!(out.dims.as_slice(), [None, Some(8), Some(3), Some(3)], "{}", cf.graph());
+    for batch in [0, 1, 3] {
+        let x = data(&[batch, 3, 9, 9], 6 + batch as u64);
+        let got = f.call(x.clone()).unwrap();
+        assert_eq!(got.shape(), [batch, 8, 3, 3]);
+        let eager = {
+            let w = data(&[8, 3, 3, 3], 4);
+            let b = data(&[8], 5);
+            let y = conv2d(&x, &w, Some(&b), Conv2dOptions::default().padding(1).stride(2)).relu();
+            avg_pool2d(&max_pool2d(&y, [2, 2], [2, 2], [0, 0]), [2, 2], [1, 1], [1, 1])
+        };
+        assert_near("batch", &vals(&got), &vals(&eager), 1e-5);
+    }
+    assert_eq!(f.tracing_count(), 1);
+}
+
+#[test]
+fn the_profile_shows_native_conv_and_pool_steps() {
+    let w = data(&[16, 8, 3, 3], 7);
+    let b = data(&[16], 8);
+    let f = function(move |x: Tensor| {
+        let y = conv2d(&x, &w, Some(&b), Conv2dOptions::default().padding(1)).relu();
+        max_pool2d(&y, [2, 2], [2, 2], [0, 0])
+    });
+    let x = data(&[2, 8, 12, 12], 9);
+    f.call(x.clone()).unwrap();
+    let cf = &f.concrete_functions()[0];
+    let profile = cf.profile(std::slice::from_ref(&x), 1).unwrap().expect("the JIT runs the step");
+    let native: Vec<&str> = profile.steps.iter().filter(|s| s.kind == "native").map(|s| s.what.as_str()).collect();
+    // The relu runs in the convolution's output pass (the `conv_relu` pass).
+    assert!(native.iter().any(|w| w.contains("conv2d+bias+relu")), "{profile}");
+    assert!(native.iter().any(|w| w.contains("max_pool2d")), "{profile}");
+    assert!(!profile.steps.iter().any(|s| s.kind == "reference"), "{profile}");
+}
+
+#[test]
+fn bad_shapes_name_the_op_what_was_expected_and_the_line() {
+    let x = data(&[2, 4, 8, 8], 10);
+    let w = data(&[8, 3, 3, 3], 11);
+    let err = tracejit::ir::catch_quietly(|| conv2d(&x, &w, None, Conv2dOptions::default())).unwrap_err();
+    let msg = tracejit::ir::panic_message(&*err);
+    assert!(msg.contains("conv2d") && msg.contains("expect 3 input channels") && msg.contains("got 4"), "{msg}");
+    // Traced: the error comes back from `call`, naming the user's line.
+    let line = line!() + 1;
+    let f = function(move |(x, w): (Tensor, Tensor)| conv2d(&x, &w, None, Conv2dOptions::default().padding(1)));
+    let err = f.call((data(&[1, 3, 2, 2], 1), data(&[4, 3, 5, 5], 2))).unwrap_err().to_string();
+    assert!(err.contains("conv2d") && err.contains("does not fit"), "{err}");
+    assert!(err.contains(&format!("conv.rs:{line}")), "{err}");
+    // A pool's padding must be below its window.
+    let err = tracejit::ir::catch_quietly(|| max_pool2d(&x, [2, 2], [2, 2], [2, 0])).unwrap_err();
+    let msg = tracejit::ir::panic_message(&*err);
+    assert!(msg.contains("max_pool2d") && msg.contains("must be smaller than the window"), "{msg}");
+}
+
+#[test]
+fn a_training_step_fuses_the_relu_into_the_convolution() {
+    // The relu's gradient reads `conv > 0`, which the fused output answers
+    // alike, so the fusion holds in training too; the result is the
+    // unfused eager step's.
+    let step = |(x, w, b): (Tensor, Tensor, Tensor)| {
+        let tape = GradientTape::new();
+        tape.watch(&w);
+        tape.watch(&b);
+        let y = conv2d(&x, &w, Some(&b), Conv2dOptions::default().padding(2)).relu();
+        let loss = (&y * &y.cos()).sum_all();
+        let g = tape.gradient(&loss, &[&w, &b]).unwrap();
+        (y, g[0].clone().unwrap(), g[1].clone().unwrap())
+    };
+    let (x, w, b) = (data(&[3, 2, 9, 9], 12), data(&[4, 2, 5, 5], 13), data(&[4], 14));
+    let f = function(step);
+    let got = f.call((x.clone(), w.clone(), b.clone())).unwrap();
+    let want = step((x, w, b));
+    assert_near("y", &vals(&got.0), &vals(&want.0), 1e-5);
+    assert_near("dw", &vals(&got.1), &vals(&want.1), 1e-4);
+    assert_near("db", &vals(&got.2), &vals(&want.2), 1e-4);
+    let graph = f.concrete_functions()[0].optimized_graph().clone();
+    use tracejit::ir::{tensor::SpatialOp, tensor::UnaryOp, Op};
+    let fused = graph.nodes().any(|(_, n)| matches!(n.op, Op::Spatial(SpatialOp::Conv2d { relu: true, .. })));
+    fn relus(g: &tracejit::ir::Graph) -> usize {
+        g.nodes()
+            .map(|(_, n)| {
+                usize::from(matches!(n.op, Op::Unary(UnaryOp::Relu)))
+                    + n.op.subgraphs().iter().map(|s| relus(s)).sum::<usize>()
+            })
+            .sum()
+    }
+    assert!(fused && relus(&graph) == 0, "{graph}");
+}

@@ -1,0 +1,238 @@
+//! Gradients of the convolutional layers against central finite
+//! differences in f64 (strided, dilated, grouped, padded convolutions
+//! with and without bias; pools; batch norm in training), eagerly and
+//! through a Function traced with an unknown batch; batch norm's moving
+//! statistics (assigned in training, read in inference, non-trainable,
+//! checkpointed).
+
+use tracejit::nn::{avg_pool2d, batch_norm, conv2d, max_pool2d, Conv2dOptions};
+use tracejit::prelude::*;
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.to_vec::<f64>().unwrap()
+}
+
+fn randn(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::randn(shape, seed).cast(DType::F64)
+}
+
+/// Values spread at least 0.01 apart (a permutation of a grid), so that
+/// finite differences of a max pool never cross a tie.
+fn distinct(shape: &[usize], seed: u64) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut v: Vec<f64> = (0..n).map(|i| i as f64 * 0.01 - n as f64 * 0.005).collect();
+    let mut s = seed | 1;
+    for i in (1..n).rev() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        v.swap(i, (s % (i as u64 + 1)) as usize);
+    }
+    Tensor::from_vec(v, shape)
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = (0..got.len()).find(|&i| (got[i] - want[i]).abs() > tol * want[i].abs().max(1.0)) {
+        panic!("{what}: element {i} of {}: autodiff {} vs finite differences {}", got.len(), got[i], want[i]);
+    }
+}
+
+fn finite_differences(x: &Tensor, h: f64, f: &dyn Fn(&Tensor) -> f64) -> Vec<f64> {
+    let xs = vals(x);
+    let shape = x.shape().to_vec();
+    (0..xs.len())
+        .map(|i| {
+            let at = |d: f64| {
+                let mut v = xs.clone();
+                v[i] += d;
+                f(&Tensor::from_vec(v, &shape))
+            };
+            (at(h) - at(-h)) / (2.0 * h)
+        })
+        .collect()
+}
+
+type Loss = fn(&[Tensor]) -> Tensor;
+
+/// `sum(y² / 2 + sin(y))`: a cotangent that differs per element.
+fn weighted(y: &Tensor) -> Tensor {
+    (y.square() * 0.5 + y.sin()).sum_all()
+}
+
+/// The tape's gradients of `loss` against central differences, eagerly
+/// and through a function traced with the first input's batch unknown.
+fn check(name: &str, loss: Loss, inputs: &[Tensor]) {
+    let tape = GradientTape::persistent();
+    inputs.iter().for_each(|x| tape.watch(x));
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let eager: Vec<Tensor> =
+        tape.gradient(&loss(inputs), refs.as_slice()).unwrap().into_iter().map(Option::unwrap).collect();
+    let f = function(move |xs: Vec<Tensor>| {
+        let tape = GradientTape::new();
+        xs.iter().for_each(|x| tape.watch(x));
+        let refs: Vec<&Tensor> = xs.iter().collect();
+        tape.gradient(&loss(&xs), refs.as_slice()).unwrap().into_iter().map(Option::unwrap).collect::<Vec<_>>()
+    });
+    let specs: Vec<TensorSpec> = inputs
+        .iter()
+        .enumerate()
+        .map(|(k, x)| {
+            let mut dims: Vec<i64> = x.shape().iter().map(|&d| d as i64).collect();
+            if k == 0 {
+                dims[0] = -1;
+            }
+            TensorSpec::new(x.dtype(), &dims)
+        })
+        .collect();
+    let cf = f.get_concrete_function(specs).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let traced = cf.call_flat(inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (k, x) in inputs.iter().enumerate() {
+        let fd = finite_differences(x, 1e-5, &|xk| {
+            let mut xs = inputs.to_vec();
+            xs[k] = xk.clone();
+            vals(&loss(&xs))[0]
+        });
+        assert_close(&format!("{name}: eager gradient {k}"), &vals(&eager[k]), &fd, 1e-6);
+        assert_close(&format!("{name}: traced gradient {k}"), &vals(&traced[k]), &fd, 1e-6);
+    }
+}
+
+#[test]
+fn conv_gradients_match_finite_differences() {
+    let cases: [(&str, Loss, [usize; 4], [usize; 4]); 6] = [
+        (
+            "plain",
+            |xs| weighted(&conv2d(&xs[0], &xs[1], Some(&xs[2]), Conv2dOptions::default())),
+            [2, 2, 4, 5],
+            [3, 2, 3, 2],
+        ),
+        (
+            "strided, padded",
+            |xs| {
+                weighted(&conv2d(
+                    &xs[0],
+                    &xs[1],
+                    Some(&xs[2]),
+                    Conv2dOptions::default().stride([2, 3]).pads([1, 0, 2, 1]),
+                ))
+            },
+            [1, 2, 5, 7],
+            [2, 2, 3, 3],
+        ),
+        (
+            "dilated",
+            |xs| weighted(&conv2d(&xs[0], &xs[1], Some(&xs[2]), Conv2dOptions::default().dilation([2, 1]).padding(1))),
+            [3, 1, 5, 4],
+            [2, 1, 2, 3],
+        ),
+        (
+            "grouped",
+            |xs| weighted(&conv2d(&xs[0], &xs[1], Some(&xs[2]), Conv2dOptions::default().groups(2).stride(2))),
+            [1, 4, 5, 5],
+            [6, 2, 2, 2],
+        ),
+        (
+            "depthwise, same",
+            |xs| weighted(&conv2d(&xs[0], &xs[1], Some(&xs[2]), Conv2dOptions::default().groups(3).padding_same())),
+            [2, 3, 4, 3],
+            [3, 1, 3, 2],
+        ),
+        (
+            "one pixel",
+            |xs| weighted(&conv2d(&xs[0], &xs[1], Some(&xs[2]), Conv2dOptions::default())),
+            [1, 1, 1, 1],
+            [1, 1, 1, 1],
+        ),
+    ];
+    for (name, loss, x, w) in cases {
+        let inputs = [randn(&x, 1), randn(&w, 2) * 0.5, randn(&[w[0]], 3)];
+        check(name, loss, &inputs);
+    }
+    // Without a bias.
+    check(
+        "no bias",
+        |xs| weighted(&conv2d(&xs[0], &xs[1], None, Conv2dOptions::default().padding(1))),
+        &[randn(&[2, 2, 3, 3], 4), randn(&[2, 2, 3, 3], 5)],
+    );
+}
+
+#[test]
+fn pool_gradients_match_finite_differences() {
+    check("max 2x2", |xs| weighted(&max_pool2d(&xs[0], [2, 2], [2, 2], [0, 0])), &[distinct(&[2, 2, 5, 4], 1)]);
+    check(
+        "max 3x3 overlapping, padded",
+        |xs| weighted(&max_pool2d(&xs[0], [3, 2], [1, 2], [1, 1])),
+        &[distinct(&[1, 3, 4, 5], 2)],
+    );
+    check("avg 3x3 padded", |xs| weighted(&avg_pool2d(&xs[0], [3, 3], [1, 1], [1, 1])), &[randn(&[2, 2, 4, 3], 3)]);
+    check("avg strided", |xs| weighted(&avg_pool2d(&xs[0], [2, 3], [2, 1], [0, 1])), &[randn(&[1, 2, 5, 5], 4)]);
+}
+
+#[test]
+fn batch_norm_gradients_match_finite_differences() {
+    // Fresh moving statistics per call: the assignments are not
+    // differentiated and do not change the result in training.
+    let loss: Loss = |xs| {
+        let c = xs[1].shape()[0];
+        let mean = Variable::new(Tensor::zeros(&[c], DType::F64)).with_trainable(false);
+        let var = Variable::new(Tensor::ones(&[c], DType::F64)).with_trainable(false);
+        weighted(&batch_norm(&xs[0], &xs[1], &xs[2], &mean, &var, 0.9, 1e-3, true))
+    };
+    let f = |xs: &[Tensor]| vals(&loss(xs))[0];
+    let inputs = [randn(&[3, 2, 2, 3], 1), randn(&[2], 2) * 0.5 + 1.0, randn(&[2], 3)];
+    // Eagerly only: a traced function may create its variables on its
+    // first trace only (the finite differences above run eagerly too).
+    let tape = GradientTape::persistent();
+    inputs.iter().for_each(|x| tape.watch(x));
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let grads = tape.gradient(&loss(&inputs), refs.as_slice()).unwrap();
+    for (k, g) in grads.into_iter().enumerate() {
+        let fd = finite_differences(&inputs[k], 1e-5, &|xk| {
+            let mut xs = inputs.to_vec();
+            xs[k] = xk.clone();
+            f(&xs)
+        });
+        assert_close(&format!("batch_norm gradient {k}"), &vals(&g.unwrap()), &fd, 1e-6);
+    }
+}
+
+#[test]
+fn batch_norm_keeps_moving_statistics_and_infers_with_them() {
+    let x = randn(&[4, 3, 2, 2], 7) * 2.0 + 1.0;
+    let (gamma, beta) = (Tensor::ones(&[3], DType::F64), Tensor::zeros(&[3], DType::F64));
+    let mean = Variable::new(Tensor::zeros(&[3], DType::F64)).with_trainable(false).with_name("bn/moving_mean");
+    let var = Variable::new(Tensor::ones(&[3], DType::F64)).with_trainable(false).with_name("bn/moving_var");
+    let (m2, v2, g2, b2) = (mean.clone(), var.clone(), gamma.clone(), beta.clone());
+    let train = function(move |x: Tensor| batch_norm(&x, &g2, &b2, &m2, &v2, 0.9, 1e-5, true));
+    let y = train.call(x.clone()).unwrap();
+    // Training output: per channel, mean 0 and (biased) variance ~1.
+    let yv = vals(&y);
+    for c in 0..3 {
+        let ch: Vec<f64> = (0..4).flat_map(|n| (0..4).map(move |p| (n * 3 + c) * 4 + p)).map(|i| yv[i]).collect();
+        let m = ch.iter().sum::<f64>() / 16.0;
+        let v = ch.iter().map(|a| (a - m) * (a - m)).sum::<f64>() / 16.0;
+        assert!(m.abs() < 1e-12 && (v - 1.0).abs() < 1e-4, "channel {c}: mean {m}, var {v}");
+    }
+    // moving = 0.9 · old + 0.1 · batch (biased variance).
+    let xv = vals(&x);
+    let batch_mean: Vec<f64> = (0..3)
+        .map(|c| (0..4).flat_map(|n| (0..4).map(move |p| (n * 3 + c) * 4 + p)).map(|i| xv[i]).sum::<f64>() / 16.0)
+        .collect();
+    let got = vals(&mean.value());
+    for c in 0..3 {
+        assert!((got[c] - 0.1 * batch_mean[c]).abs() < 1e-12, "{got:?} vs {batch_mean:?}");
+    }
+    train.call(x.clone()).unwrap();
+    assert!((vals(&mean.value())[0] - 0.19 * batch_mean[0]).abs() < 1e-12, "a second step updates again");
+    // Inference reads the moving values and assigns nothing.
+    let before = vals(&var.value());
+    let (m3, v3) = (mean.clone(), var.clone());
+    let infer = function(move |x: Tensor| batch_norm(&x, &gamma, &beta, &m3, &v3, 0.9, 1e-5, false));
+    let y = infer.call(x.clone()).unwrap();
+    let (mv, vv) = (vals(&mean.value()), vals(&var.value()));
+    assert_eq!(vv, before);
+    let want = (xv[0] - mv[0]) / (vv[0] + 1e-5).sqrt();
+    assert!((vals(&y)[0] - want).abs() < 1e-12);
+    assert!(!mean.trainable() && !var.trainable());
+}
