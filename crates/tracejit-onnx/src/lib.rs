@@ -35,6 +35,10 @@
 //!   body, called from the main graph: the file runs anywhere, and a runtime
 //!   that knows the name may swap in its own kernel. A composite that runs
 //!   as a native kernel in tracejit still exports its body.
+//! - convolutions and pools as ONNX `Conv` (a fused relu as a `Relu`
+//!   after it), `MaxPool` and `AveragePool` (`count_include_pad = 0`), and
+//!   `tracejit.nn.batch_norm` (inference batch norm, constant epsilon) as
+//!   one `BatchNormalization` node instead of a local function.
 //!
 //! Every primitive op maps (see the table in `ops.rs` for those that need a
 //! few ONNX nodes to agree with the reference kernels); `cond` becomes an
