@@ -161,29 +161,8 @@ pub fn vjp<E: Emitter>(
             let (x, y) = (x.expect("unary input"), y.expect("unary output"));
             vec![unary(&mut b, *u, &x, &y, &g)?]
         }
-        Op::Binary(op2) => {
-            let (a, c) = (&inputs[0], &inputs[1]);
-            let y = y.expect("binary output");
-            let (ga, gc) = binary(&mut b, *op2, a, c, &y, &g)?;
-            let (ta, tc) = (b.ty(a), b.ty(c));
-            let ga = match ga {
-                Some(v) => Some(b.unbroadcast(v, &ta)?),
-                None => None,
-            };
-            let gc = match gc {
-                Some(v) => Some(b.unbroadcast(v, &tc)?),
-                None => None,
-            };
-            vec![ga, gc]
-        }
-        Op::Select => {
-            let c = &inputs[0];
-            let zero = b.k(&g, 0.0);
-            let ga = b.op(Op::Select, &[c.clone(), g.clone(), zero.clone()])?;
-            let gb = b.op(Op::Select, &[c.clone(), zero, g])?;
-            let (ta, tb) = (b.ty(&inputs[1]), b.ty(&inputs[2]));
-            vec![None, Some(b.unbroadcast(ga, &ta)?), Some(b.unbroadcast(gb, &tb)?)]
-        }
+        Op::Binary(op2) => binary_vjp(&mut b, *op2, inputs, &y.expect("binary output"), &g)?,
+        Op::Select => select_vjp(&mut b, inputs, g)?,
         Op::Cast { .. } => {
             let x = x.expect("cast input");
             if !float_in(&b, 0) {
@@ -192,39 +171,14 @@ pub fn vjp<E: Emitter>(
             let from = b.ty(&x).dtype;
             vec![Some(b.op(Op::Cast { to: from }, &[g])?)]
         }
-        Op::Clamp { min, max } => {
-            let x = x.expect("clamp input");
-            let lo = b.k(&x, *min);
-            let hi = b.k(&x, *max);
-            let ge = b.bin(BinaryOp::Ge, &x, &lo)?;
-            let le = b.bin(BinaryOp::Le, &x, &hi)?;
-            let inside = b.bin(BinaryOp::LogicalAnd, &ge, &le)?;
-            vec![Some(b.mask(&inside, &g)?)]
-        }
+        Op::Clamp { min, max } => vec![Some(clamp_vjp(&mut b, &x.expect("clamp input"), *min, *max, &g)?)],
         Op::Reduce { op: r, axes, keepdims } => {
             let (x, y) = (x.expect("reduce input"), y.expect("reduce output"));
             vec![Some(reduce(&mut b, *r, axes, *keepdims, &x, &y, &g)?)]
         }
         Op::ArgReduce { .. } | Op::OneHot { .. } => none(),
         Op::MatMul => matmul_vjp(&mut b, &inputs[0], &inputs[1], g)?,
-        Op::Reshape { .. } => {
-            let x = x.expect("reshape input");
-            let t = b.ty(&x);
-            if t.dims.iter().filter(|d| d.is_none()).count() > 1 {
-                // Reshaping the cotangent back needs x's run-time shape, and
-                // a reshape names at most one `-1`: it would take an op that
-                // reshapes to another value's shape, which the IR lacks.
-                return Err(unsupported(
-                    op,
-                    format!(
-                        "its input {t} has more than one unknown dim, and the cotangent cannot be reshaped back \
-                         to a run-time shape (a reshape resolves at most one -1)"
-                    ),
-                ));
-            }
-            let shape = t.dims.iter().map(|d| d.map_or(-1, |d| d as i64)).collect();
-            vec![Some(b.op(Op::Reshape { shape }, &[g])?)]
-        }
+        Op::Reshape { .. } => vec![Some(reshape_vjp(&mut b, op, &x.expect("reshape input"), g)?)],
         Op::Transpose { perm } => {
             let mut inverse = vec![0; perm.len()];
             for (i, &p) in perm.iter().enumerate() {
@@ -245,17 +199,7 @@ pub fn vjp<E: Emitter>(
             vec![Some(g)]
         }
         Op::Concat { axis } => concat_vjp(&mut b, op, *axis, inputs, &g)?,
-        Op::Stack { axis } => {
-            let rank = b.ty(&g).rank();
-            let mut out = Vec::with_capacity(inputs.len());
-            for i in 0..inputs.len() as i64 {
-                let mut specs = vec![SliceSpec::FULL; rank];
-                specs[*axis] = SliceSpec::range(i, i + 1);
-                let s = b.op(Op::Slice { specs }, std::slice::from_ref(&g))?;
-                out.push(Some(b.op(Op::Squeeze { axes: vec![*axis] }, &[s])?));
-            }
-            out
-        }
+        Op::Stack { axis } => stack_vjp(&mut b, *axis, inputs.len(), &g)?,
         Op::Slice { specs } => vec![Some(slice_vjp(&mut b, op, specs, &x.expect("slice input"), g)?)],
         Op::Gather { axis } => vec![Some(gather_vjp(&mut b, op, *axis, &inputs[0], &inputs[1], g)?), None],
         Op::GatherElements { axis } => {
@@ -501,6 +445,81 @@ fn prod_of_others<E: Emitter>(b: &mut B<'_, E>, axes: &[usize], x: &E::Value) ->
     // The selects broadcast to `x`'s shape (every operand but the kept
     // reductions has it).
     broadcast_like(b.e, d, x)
+}
+
+/// A binary op's VJP, each operand's part summed down to its shape.
+fn binary_vjp<E: Emitter>(
+    b: &mut B<'_, E>,
+    op: BinaryOp,
+    inputs: &[E::Value],
+    y: &E::Value,
+    g: &E::Value,
+) -> R<Vec<Option<E::Value>>> {
+    let (a, c) = (&inputs[0], &inputs[1]);
+    let (ga, gc) = binary(b, op, a, c, y, g)?;
+    let (ta, tc) = (b.ty(a), b.ty(c));
+    let ga = match ga {
+        Some(v) => Some(b.unbroadcast(v, &ta)?),
+        None => None,
+    };
+    let gc = match gc {
+        Some(v) => Some(b.unbroadcast(v, &tc)?),
+        None => None,
+    };
+    Ok(vec![ga, gc])
+}
+
+/// `select(c, a, b)`: the cotangent goes to the chosen side, none to `c`.
+fn select_vjp<E: Emitter>(b: &mut B<'_, E>, inputs: &[E::Value], g: E::Value) -> R<Vec<Option<E::Value>>> {
+    let c = &inputs[0];
+    let zero = b.k(&g, 0.0);
+    let ga = b.op(Op::Select, &[c.clone(), g.clone(), zero.clone()])?;
+    let gb = b.op(Op::Select, &[c.clone(), zero, g])?;
+    let (ta, tb) = (b.ty(&inputs[1]), b.ty(&inputs[2]));
+    Ok(vec![None, Some(b.unbroadcast(ga, &ta)?), Some(b.unbroadcast(gb, &tb)?)])
+}
+
+/// `clamp(x, min, max)`: the cotangent where `x` is inside the range.
+fn clamp_vjp<E: Emitter>(b: &mut B<'_, E>, x: &E::Value, min: f64, max: f64, g: &E::Value) -> R<E::Value> {
+    let lo = b.k(x, min);
+    let hi = b.k(x, max);
+    let ge = b.bin(BinaryOp::Ge, x, &lo)?;
+    let le = b.bin(BinaryOp::Le, x, &hi)?;
+    let inside = b.bin(BinaryOp::LogicalAnd, &ge, &le)?;
+    b.mask(&inside, g)
+}
+
+/// A reshape's VJP: the cotangent reshaped back to `x`'s shape.
+fn reshape_vjp<E: Emitter>(b: &mut B<'_, E>, op: &Op, x: &E::Value, g: E::Value) -> R<E::Value> {
+    let t = b.ty(x);
+    if t.dims.iter().filter(|d| d.is_none()).count() > 1 {
+        // Reshaping the cotangent back needs x's run-time shape, and a
+        // reshape names at most one `-1`: it would take an op that
+        // reshapes to another value's shape, which the IR lacks.
+        return Err(unsupported(
+            op,
+            format!(
+                "its input {t} has more than one unknown dim, and the cotangent cannot be reshaped back to a \
+                 run-time shape (a reshape resolves at most one -1)"
+            ),
+        ));
+    }
+    let shape = t.dims.iter().map(|d| d.map_or(-1, |d| d as i64)).collect();
+    b.op(Op::Reshape { shape }, &[g])
+}
+
+/// A stack's VJP: slice `i` of the cotangent along `axis`, squeezed, for
+/// each of the `n` inputs.
+fn stack_vjp<E: Emitter>(b: &mut B<'_, E>, axis: usize, n: usize, g: &E::Value) -> R<Vec<Option<E::Value>>> {
+    let rank = b.ty(g).rank();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n as i64 {
+        let mut specs = vec![SliceSpec::FULL; rank];
+        specs[axis] = SliceSpec::range(i, i + 1);
+        let s = b.op(Op::Slice { specs }, std::slice::from_ref(g))?;
+        out.push(Some(b.op(Op::Squeeze { axes: vec![axis] }, &[s])?));
+    }
+    Ok(out)
 }
 
 /// The product's VJP: `g · cᵀ` for `a`, `aᵀ · g` for `c`, each summed
