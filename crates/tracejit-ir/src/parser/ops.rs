@@ -98,6 +98,15 @@ pub(super) fn parse_op(
     if let Some(op) = super::spatial::spatial_op(name, c)? {
         return Ok(ParsedOp::Op(Op::Spatial(op)));
     }
+    if let Some(op) = layout_op(name, c)? {
+        return Ok(ParsedOp::Op(op));
+    }
+    if let Some(op) = state_op(name, c, vars)? {
+        return Ok(ParsedOp::Op(op));
+    }
+    if let Some(parsed) = nested_op(name, c, node)? {
+        return Ok(parsed);
+    }
     let op = match name {
         "parameter" => {
             c.expect("[")?;
@@ -126,6 +135,17 @@ pub(super) fn parse_op(
             c.expect("]")?;
             Op::Clamp { min, max }
         }
+        other => {
+            return Err(ParseError::UnknownOp { line: c.line(), column: node.op_column, name: other.to_string() });
+        }
+    };
+    Ok(ParsedOp::Op(op))
+}
+
+/// The layout ops (reshape, transpose, broadcasts, squeezes, joins,
+/// slices, `one_hot`), or `None` for another name.
+fn layout_op(name: &str, c: &mut Cursor<'_>) -> Result<Option<Op>, ParseError> {
+    Ok(Some(match name {
         "reshape" => {
             c.expect("[")?;
             c.key("shape")?;
@@ -169,51 +189,14 @@ pub(super) fn parse_op(
             c.expect("]")?;
             Op::OneHot { depth, dtype }
         }
-        "call" => {
-            let column = node.op_column;
-            c.expect("@")?;
-            let func = FuncId::from_u32(entity(c, "f", "a function id such as `f0`")?);
-            let name = c.string("the callee's name in quotes")?;
-            return Ok(ParsedOp::Call { func, name, column });
-        }
-        "fused" => {
-            let nodes = if c.eat("[") {
-                let n = c.number("a node count")?;
-                c.expect("nodes")?;
-                c.expect("]")?;
-                Some(n)
-            } else {
-                None
-            };
-            return Ok(ParsedOp::Nested(Nested::Fused(nodes)));
-        }
-        "cond" => return Ok(ParsedOp::Nested(Nested::Cond)),
-        "while" => {
-            let (mut trips, mut cancel) = (None, false);
-            if c.eat("[") {
-                if c.eat("cancel") {
-                    cancel = true;
-                } else {
-                    c.expect("trips")?;
-                    c.expect("=")?;
-                    trips = Some(c.number("a trip count")?);
-                    if c.eat(",") {
-                        c.expect("cancel")?;
-                        cancel = true;
-                    }
-                }
-                c.expect("]")?;
-            }
-            return Ok(ParsedOp::Nested(Nested::While(trips, cancel)));
-        }
-        "kernel" => {
-            let column = node.op_column;
-            c.expect("[")?;
-            let name = c.string("the kernel's name in quotes")?;
-            c.expect("]")?;
-            let inputs = if c.peek() == Some('(') { Some(c.list("(", ")", |c| c.tensor_type())?) } else { None };
-            return Ok(ParsedOp::Kernel { name, inputs, column });
-        }
+        _ => return Ok(None),
+    }))
+}
+
+/// Variable reads and writes (`[var=v0(, kind=..)(, locked)]`), or `None`
+/// for another name.
+fn state_op(name: &str, c: &mut Cursor<'_>, vars: &VarNames<'_>) -> Result<Option<Op>, ParseError> {
+    Ok(Some(match name {
         "read_variable" => {
             c.expect("[")?;
             let var = variable(c, vars)?;
@@ -247,11 +230,62 @@ pub(super) fn parse_op(
             c.expect("]")?;
             Op::AssignVariable { var, kind, locked }
         }
-        other => {
-            return Err(ParseError::UnknownOp { line: c.line(), column: node.op_column, name: other.to_string() });
+        _ => return Ok(None),
+    }))
+}
+
+/// The ops holding or naming other code (calls, fused regions, `cond`,
+/// `while`, kernels), whose bodies the caller parses, or `None` for
+/// another name.
+fn nested_op(name: &str, c: &mut Cursor<'_>, node: &NodeName) -> Result<Option<ParsedOp>, ParseError> {
+    match name {
+        "call" => {
+            let column = node.op_column;
+            c.expect("@")?;
+            let func = FuncId::from_u32(entity(c, "f", "a function id such as `f0`")?);
+            let name = c.string("the callee's name in quotes")?;
+            Ok(Some(ParsedOp::Call { func, name, column }))
         }
-    };
-    Ok(ParsedOp::Op(op))
+        "fused" => {
+            let nodes = if c.eat("[") {
+                let n = c.number("a node count")?;
+                c.expect("nodes")?;
+                c.expect("]")?;
+                Some(n)
+            } else {
+                None
+            };
+            Ok(Some(ParsedOp::Nested(Nested::Fused(nodes))))
+        }
+        "cond" => Ok(Some(ParsedOp::Nested(Nested::Cond))),
+        "while" => {
+            let (mut trips, mut cancel) = (None, false);
+            if c.eat("[") {
+                if c.eat("cancel") {
+                    cancel = true;
+                } else {
+                    c.expect("trips")?;
+                    c.expect("=")?;
+                    trips = Some(c.number("a trip count")?);
+                    if c.eat(",") {
+                        c.expect("cancel")?;
+                        cancel = true;
+                    }
+                }
+                c.expect("]")?;
+            }
+            Ok(Some(ParsedOp::Nested(Nested::While(trips, cancel))))
+        }
+        "kernel" => {
+            let column = node.op_column;
+            c.expect("[")?;
+            let name = c.string("the kernel's name in quotes")?;
+            c.expect("]")?;
+            let inputs = if c.peek() == Some('(') { Some(c.list("(", ")", |c| c.tensor_type())?) } else { None };
+            Ok(Some(ParsedOp::Kernel { name, inputs, column }))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// The ops of the third milestone's indexing, window, scan and random
