@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use tracejit_ir::{Graph, LibraryFunction, Node, NodeId, Op, TensorType, ValueId};
+use tracejit_ir::{FuncId, Graph, LibraryFunction, Node, NodeId, Op, TensorType, ValueId, VarId};
 
 use crate::body::Body;
 use crate::pb::tensor_shape_proto::{dimension, Dimension};
@@ -198,6 +198,67 @@ fn unsupported(g: &Graph, id: NodeId, node: &Node, reason: impl Into<String>) ->
     }
 }
 
+/// A variable read: its readers use the variable's initializer by name.
+fn read_variable(
+    g: &Graph,
+    id: NodeId,
+    node: &Node,
+    var: VarId,
+    scope: Scope,
+    names: &mut HashMap<ValueId, String>,
+    state: &ModelState,
+) -> Result<()> {
+    if scope == Scope::Function {
+        return Err(unsupported(g, id, node, "an ONNX function cannot read the model's initializers"));
+    }
+    let Some(name) = state.variables_done.get(&g.variables[var].id()).cloned() else {
+        return Err(unsupported(g, id, node, "a variable missed by the initializer walk (a bug in the exporter)"));
+    };
+    // Readers (and a trailing Identity, if the value is a result)
+    // use the initializer by name.
+    names.insert(ValueId::new(id, 0), name);
+    Ok(())
+}
+
+/// A composite call left in the export graph: BatchNormalization, or a
+/// node of the composite's ONNX local function.
+fn emit_call(
+    g: &Graph,
+    id: NodeId,
+    node: &Node,
+    func: FuncId,
+    body: &mut Body,
+    names: &mut HashMap<ValueId, String>,
+    state: &mut ModelState,
+) -> Result<()> {
+    let out =
+        |names: &mut HashMap<ValueId, String>, body: &mut Body, i: u32| name_of(names, body, g, ValueId::new(id, i));
+    let callee = g.library.get(func);
+    let Some(implements) = callee.implements() else {
+        return Err(unsupported(g, id, node, "a call left after inlining (a bug in the exporter)"));
+    };
+    if let Some(eps) = crate::spatial::batch_norm_eps(g, node, implements) {
+        let ins: Vec<String> = node.inputs[..5].iter().map(|&v| names[&v].clone()).collect();
+        let o = out(names, body, 0);
+        crate::spatial::batch_norm(body, &ins, eps, &o);
+        return Ok(());
+    }
+    let (domain, name, overload) = composite_function(callee, implements, state)?;
+    let inputs: Vec<String> = node.inputs.iter().map(|&v| names[&v].clone()).collect();
+    let outputs: Vec<String> = (0..node.outputs.len() as u32).map(|i| out(names, body, i)).collect();
+    let node_name = body.fresh(&format!("{name}_{}", id.as_u32()));
+    body.nodes.push(NodeProto {
+        input: inputs,
+        output: outputs,
+        name: Some(node_name),
+        op_type: Some(name),
+        domain: Some(domain),
+        overload,
+        ..NodeProto::default()
+    });
+    Ok(())
+}
+
 fn emit_node(
     g: &Graph,
     id: NodeId,
@@ -218,22 +279,7 @@ fn emit_node(
                 Scope::Nested | Scope::Function => body.constant_to(&name, value),
             }
         }
-        Op::ReadVariable { var, .. } => {
-            if scope == Scope::Function {
-                return Err(unsupported(g, id, node, "an ONNX function cannot read the model's initializers"));
-            }
-            let Some(name) = state.variables_done.get(&g.variables[*var].id()).cloned() else {
-                return Err(unsupported(
-                    g,
-                    id,
-                    node,
-                    "a variable missed by the initializer walk (a bug in the exporter)",
-                ));
-            };
-            // Readers (and a trailing Identity, if the value is a result)
-            // use the initializer by name.
-            names.insert(ValueId::new(id, 0), name);
-        }
+        Op::ReadVariable { var, .. } => read_variable(g, id, node, *var, scope, names, state)?,
         Op::AssignVariable { var, .. } => {
             return Err(unsupported(
                 g,
@@ -246,31 +292,7 @@ fn emit_node(
                 ),
             ));
         }
-        Op::Call { func } => {
-            let callee = g.library.get(*func);
-            let Some(implements) = callee.implements() else {
-                return Err(unsupported(g, id, node, "a call left after inlining (a bug in the exporter)"));
-            };
-            if let Some(eps) = crate::spatial::batch_norm_eps(g, node, implements) {
-                let ins: Vec<String> = node.inputs[..5].iter().map(|&v| names[&v].clone()).collect();
-                let o = out(names, body, 0);
-                crate::spatial::batch_norm(body, &ins, eps, &o);
-                return Ok(());
-            }
-            let (domain, name, overload) = composite_function(callee, implements, state)?;
-            let inputs: Vec<String> = node.inputs.iter().map(|&v| names[&v].clone()).collect();
-            let outputs: Vec<String> = (0..node.outputs.len() as u32).map(|i| out(names, body, i)).collect();
-            let node_name = body.fresh(&format!("{name}_{}", id.as_u32()));
-            body.nodes.push(NodeProto {
-                input: inputs,
-                output: outputs,
-                name: Some(node_name),
-                op_type: Some(name),
-                domain: Some(domain),
-                overload,
-                ..NodeProto::default()
-            });
-        }
+        Op::Call { func } => emit_call(g, id, node, *func, body, names, state)?,
         Op::Fused { .. } => {
             return Err(unsupported(g, id, node, "a fused region in the export graph (a bug in the exporter)"));
         }

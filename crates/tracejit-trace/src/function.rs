@@ -116,7 +116,7 @@ fn short_type_name<F>() -> String {
     let full = std::any::type_name::<F>();
     let trimmed = full.trim_end_matches("::{{closure}}");
     let last = trimmed.rsplit("::").next().unwrap_or(trimmed);
-    if last.is_empty() || last.contains('{') {
+    if last.is_empty() || last.contains("{") {
         "function".to_string()
     } else {
         last.to_string()

@@ -5,7 +5,8 @@
 //! with the static sizes and the runtime size sources found on the way.
 
 use cranelift_entity::EntityRef;
-use tracejit_ir::{Graph, Node, NodeId, Op};
+use tracejit_ir::tensor::Storage;
+use tracejit_ir::{Graph, Node, NodeId, Op, TensorType};
 
 use super::unify::{aligned, Ax, UnionFind};
 use super::{SizeSource, MAX_CONST_ELEMENTS};
@@ -79,84 +80,11 @@ impl Unified {
         let ins: Vec<Vec<Ax>> = node.inputs.iter().map(|v| self.axes[v.node.index()].clone()).collect();
         let input_axes = |k: usize| -> &Vec<Ax> { &ins[k] };
         Ok(match &node.op {
-            Op::Parameter { index } => {
-                let ty = &node.outputs[0];
-                ty.dims
-                    .iter()
-                    .enumerate()
-                    .map(|(axis, d)| match d {
-                        Some(1) => Ax::Unit,
-                        _ => {
-                            let c = self.uf.fresh();
-                            self.sources_raw.push((c, SizeSource { param: *index, axis }));
-                            if let Some(s) = d {
-                                self.static_raw.push((c, *s));
-                            }
-                            Ax::Class(c)
-                        }
-                    })
-                    .collect()
-            }
-            Op::Constant { value } => {
-                if value.len() != 1 && value.len() > MAX_CONST_ELEMENTS {
-                    return Err(format!("constant {id} has {} elements", value.len()));
-                }
-                value
-                    .shape()
-                    .iter()
-                    .map(|&d| {
-                        if d == 1 || value.len() == 1 {
-                            Ax::Unit
-                        } else {
-                            let c = self.uf.fresh();
-                            self.static_raw.push((c, d));
-                            Ax::Class(c)
-                        }
-                    })
-                    .collect()
-            }
+            Op::Parameter { index } => self.parameter_axes(*index, &node.outputs[0]),
+            Op::Constant { value } => self.constant_axes(id, value)?,
             Op::Unary(_) | Op::Cast { .. } | Op::Clamp { .. } => input_axes(0).clone(),
-            Op::Binary(_) | Op::Select => {
-                let k = node.inputs.len();
-                let rank = (0..k).map(|j| input_axes(j).len()).max().unwrap_or(0);
-                let mut out = Vec::with_capacity(rank);
-                for j in 0..rank {
-                    let mut cls: Option<u32> = None;
-                    for q in 0..k {
-                        if let Ax::Class(c) = aligned(input_axes(q), rank, j) {
-                            match cls {
-                                None => cls = Some(c),
-                                Some(c0) => self.uf.union(c0, c),
-                            }
-                        }
-                    }
-                    out.push(cls.map_or(Ax::Unit, Ax::Class));
-                }
-                out
-            }
-            Op::BroadcastTo { shape } => {
-                let inp = input_axes(0).clone();
-                let rank = shape.len();
-                if inp.len() > rank {
-                    return Err(format!("broadcast_to {id} lowers the rank"));
-                }
-                let mut out = Vec::with_capacity(rank);
-                for (j, &t) in shape.iter().enumerate() {
-                    match aligned(&inp, rank, j) {
-                        Ax::Class(c) => {
-                            self.static_raw.push((c, t));
-                            out.push(Ax::Class(c));
-                        }
-                        Ax::Unit if t == 1 => out.push(Ax::Unit),
-                        Ax::Unit => {
-                            let c = self.uf.fresh();
-                            self.static_raw.push((c, t));
-                            out.push(Ax::Class(c));
-                        }
-                    }
-                }
-                out
-            }
+            Op::Binary(_) | Op::Select => self.broadcast_operands(&ins),
+            Op::BroadcastTo { shape } => self.broadcast_to_axes(id, input_axes(0), shape)?,
             Op::OneHot { depth, .. } => {
                 // `out[.., j] = labels[..] == j`: the labels' axes and a new
                 // inner axis of `depth`, indexed by an iota constant.
@@ -228,5 +156,91 @@ impl Unified {
             | Op::ReadVariable { .. }
             | Op::AssignVariable { .. }) => return Err(format!("node {id}: op `{}` is not fusible", other.name())),
         })
+    }
+
+    /// A parameter's axes: a fresh class per axis not known to be 1, whose
+    /// size comes from the parameter at run time (and is static when known).
+    fn parameter_axes(&mut self, index: usize, ty: &TensorType) -> Vec<Ax> {
+        ty.dims
+            .iter()
+            .enumerate()
+            .map(|(axis, d)| match d {
+                Some(1) => Ax::Unit,
+                _ => {
+                    let c = self.uf.fresh();
+                    self.sources_raw.push((c, SizeSource { param: index, axis }));
+                    if let Some(s) = d {
+                        self.static_raw.push((c, *s));
+                    }
+                    Ax::Class(c)
+                }
+            })
+            .collect()
+    }
+
+    /// A constant's axes: a class of static size per axis over 1 (a scalar
+    /// broadcasts); too large a constant is refused.
+    fn constant_axes(&mut self, id: NodeId, value: &Storage) -> Result<Vec<Ax>, String> {
+        if value.len() != 1 && value.len() > MAX_CONST_ELEMENTS {
+            return Err(format!("constant {id} has {} elements", value.len()));
+        }
+        Ok(value
+            .shape()
+            .iter()
+            .map(|&d| {
+                if d == 1 || value.len() == 1 {
+                    Ax::Unit
+                } else {
+                    let c = self.uf.fresh();
+                    self.static_raw.push((c, d));
+                    Ax::Class(c)
+                }
+            })
+            .collect())
+    }
+
+    /// Elementwise operands broadcast numpy-style: the classes of aligned
+    /// axes are unified.
+    fn broadcast_operands(&mut self, ins: &[Vec<Ax>]) -> Vec<Ax> {
+        let rank = ins.iter().map(Vec::len).max().unwrap_or(0);
+        let mut out = Vec::with_capacity(rank);
+        for j in 0..rank {
+            let mut cls: Option<u32> = None;
+            for input in ins {
+                if let Ax::Class(c) = aligned(input, rank, j) {
+                    match cls {
+                        None => cls = Some(c),
+                        Some(c0) => self.uf.union(c0, c),
+                    }
+                }
+            }
+            out.push(cls.map_or(Ax::Unit, Ax::Class));
+        }
+        out
+    }
+
+    /// `broadcast_to(shape)`: the input's classes get the target's static
+    /// sizes; new or size-1 axes become classes of their own.
+    fn broadcast_to_axes(&mut self, id: NodeId, inp: &[Ax], shape: &[usize]) -> Result<Vec<Ax>, String> {
+        let rank = shape.len();
+        if inp.len() > rank {
+            return Err(format!("broadcast_to {id} lowers the rank"));
+        }
+        let mut out = Vec::with_capacity(rank);
+        for (j, &t) in shape.iter().enumerate() {
+            match aligned(inp, rank, j) {
+                Ax::Class(c) => {
+                    self.static_raw.push((c, t));
+                    out.push(Ax::Class(c));
+                }
+                Ax::Unit if t == 1 => out.push(Ax::Unit),
+                Ax::Unit => {
+                    let c = self.uf.fresh();
+                    self.static_raw.push((c, t));
+                    out.push(Ax::Class(c));
+                }
+            }
+        }
+        Ok(out)
     }
 }
