@@ -76,6 +76,8 @@ pub use tracejit_onnx as onnx;
 /// Optimizers: `Sgd`, `Adam`, the `Optimizer` trait (the `tracejit-optim` crate).
 pub use tracejit_optim as optim;
 pub use tracejit_tensor as tensor;
+/// The element types of [`DType::BF16`] and [`DType::F16`] (the `half` crate's).
+pub use tracejit_tensor::{bf16, f16};
 /// Control flow on tensor values: plain Rust eagerly, `cond` / `while`
 /// graph nodes (subgraphs traced once) inside a traced function.
 pub use tracejit_trace::{cond, fori_loop, while_loop, while_loop_with, CancelToken, WhileOptions, MAX_NESTING};

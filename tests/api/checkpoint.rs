@@ -103,6 +103,10 @@ fn snapshot(m: &dyn Module) -> Vec<(String, DType, Vec<usize>, Vec<u64>)> {
                 DType::I32 => t.to_vec::<i32>().unwrap().into_iter().map(|x| x as u32 as u64).collect(),
                 DType::I64 => t.to_vec::<i64>().unwrap().into_iter().map(|x| x as u64).collect(),
                 DType::Bool => t.to_vec::<bool>().unwrap().into_iter().map(u64::from).collect(),
+                // Widening to f64 is exact and keeps distinct values distinct.
+                DType::BF16 | DType::F16 => {
+                    t.cast(DType::F64).to_vec::<f64>().unwrap().into_iter().map(f64::to_bits).collect()
+                }
             };
             (p, v.dtype(), v.shape().to_vec(), bits)
         })

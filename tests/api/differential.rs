@@ -92,6 +92,7 @@ fn values(n: usize, dtype: DType, seed: u64) -> Tensor {
         DType::I32 => Tensor::from_vec(raw.iter().map(|&v| if v.is_finite() { v as i32 } else { 3 }).collect(), &[n]),
         DType::I64 => Tensor::from_vec(raw.iter().map(|&v| if v.is_finite() { v as i64 } else { -3 }).collect(), &[n]),
         DType::Bool => Tensor::from_vec(raw.iter().map(|&v| v > 0.0).collect(), &[n]),
+        DType::BF16 | DType::F16 => Tensor::from_vec(raw, &[n]).cast(dtype),
     }
 }
 

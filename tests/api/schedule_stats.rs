@@ -29,7 +29,10 @@ fn every_kind_of_step_is_counted() {
     assert_eq!((st.reads, st.writes, st.calls, st.control_flow), (1, 1, 0, 1), "{st}");
     assert_eq!(st.kernels(), 5);
     let text = st.to_string();
-    assert!(text.starts_with("5 kernels: 3 fused regions, 1 GEMMs, 0 native kernels, 1 reference ops"), "{text}");
+    assert!(
+        text.starts_with("5 kernels: 3 fused regions, 1 GEMMs (0 bf16), 0 native kernels, 1 reference ops"),
+        "{text}"
+    );
 
     f.call(args(false)).unwrap();
     assert_eq!(f.tracing_count(), 1);

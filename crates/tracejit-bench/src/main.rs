@@ -11,7 +11,7 @@ use tracejit_bench::floors::{
 };
 use tracejit_bench::peak::PeakAlloc;
 use tracejit_bench::report::{json_lines, report_dir, table, write_reports, Results};
-use tracejit_bench::workloads::{selected, LSTM_CELL_IMPL};
+use tracejit_bench::workloads::{selected, Mode, LSTM_CELL_IMPL};
 use tracejit_bench::{cli, profile_workload, run_workload, Budget, RunConfig, WorkloadSpec};
 
 // Counts heap bytes so the report can give each mode's peak memory per call.
@@ -148,15 +148,18 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// `--profile`: each workload's traced-jit call, step by step.
+/// `--profile`: each workload's JIT calls (traced-jit, and traced-jit-bf16
+/// where it has that mode), step by step.
 fn print_profiles(specs: &[WorkloadSpec], budget: Budget) -> ExitCode {
     let mut failed = false;
     for spec in specs {
-        match profile_workload(spec, budget) {
-            Ok(p) => println!("{} {}: {p}", spec.id, spec.name),
-            Err(e) => {
-                failed = true;
-                eprintln!("tracejit-bench: {} {}: no profile: {e}", spec.id, spec.name);
+        for &mode in spec.modes.iter().filter(|m| m.needs_jit() && **m != Mode::TracedJitNoSelect) {
+            match profile_workload(spec, mode, budget) {
+                Ok(p) => println!("{} {} ({}): {p}", spec.id, spec.name, mode.name()),
+                Err(e) => {
+                    failed = true;
+                    eprintln!("tracejit-bench: {} {} ({}): no profile: {e}", spec.id, spec.name, mode.name());
+                }
             }
         }
     }

@@ -94,7 +94,11 @@ fn fmt_us(v: f64) -> String {
 /// GEMM, 2 ref) + 1 view". Native kernels and views (transposes and
 /// one-index gathers, no kernel) are named only when there are some.
 pub fn schedule_note(st: &tracejit::ScheduleStats) -> String {
-    let mut parts = vec![format!("{} fused", st.regions), format!("{} GEMM", st.gemms)];
+    let gemm = match st.bf16_gemms {
+        0 => format!("{} GEMM", st.gemms),
+        b => format!("{} GEMM ({b} bf16)", st.gemms),
+    };
+    let mut parts = vec![format!("{} fused", st.regions), gemm];
     if st.native_kernels > 0 {
         parts.push(format!("{} native", st.native_kernels));
     }
@@ -128,6 +132,9 @@ fn cells(res: &Results, row: &Row) -> [String; 10] {
         if timing.batch > 1 {
             notes.push(format!("batches of {}", timing.batch));
         }
+    }
+    if let (Status::Measured { agreement, .. }, true) = (&row.status, row.mode.is_low_precision()) {
+        notes.push(format!("error {:.1e} of max |f32 value|", agreement.max_scaled_err));
     }
     if let Some(st) = row.schedule() {
         notes.push(schedule_note(st));
@@ -302,6 +309,7 @@ pub fn row_json(res: &Results, row: &Row) -> Value {
             obj.insert("batch".into(), timing.batch.into());
             obj.insert("max_abs_err".into(), num(Some(agreement.max_abs_err)));
             obj.insert("max_rel_err".into(), num(Some(agreement.max_rel_err)));
+            obj.insert("error".into(), num(Some(agreement.max_scaled_err)));
             obj.insert("executor".into(), executor.map(Value::from).unwrap_or(Value::Null));
             if let Some(st) = schedule {
                 obj.insert(

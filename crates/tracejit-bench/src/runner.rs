@@ -161,6 +161,7 @@ pub fn run_case(
             progress(spec.name, mode);
             let status = if mode.is_traced() {
                 let inject = cfg.inject_wrong_result.as_deref() == Some(spec.name);
+                let tol = if mode.is_low_precision() { Tolerance::BF16 } else { tol };
                 run_traced(case, mode, &reference, tol, cfg.budget, inject)
             } else {
                 run_eager(case, &reference, tol, cfg.budget)
@@ -234,6 +235,7 @@ fn run_traced(
         Ok(a) => {
             agreement.max_abs_err = agreement.max_abs_err.max(a.max_abs_err);
             agreement.max_rel_err = agreement.max_rel_err.max(a.max_rel_err);
+            agreement.max_scaled_err = agreement.max_scaled_err.max(a.max_scaled_err);
         }
         Err(m) => return Status::Failed(format!("wrong result on a cached call: {m}")),
     }
@@ -257,15 +259,17 @@ fn run_traced(
     }
 }
 
-/// Where one traced-jit call of `spec` spends its time (`--profile`): the
-/// function is traced and called twice, then profiled over as many calls
-/// as fit in `budget` (at least 3). `Err` says why there is no profile.
-pub fn profile_workload(spec: &WorkloadSpec, budget: Budget) -> Result<tracejit::Profile, String> {
+/// Where one call of `spec` in JIT mode `mode` (traced-jit, or
+/// traced-jit-bf16 where the workload has it) spends its time
+/// (`--profile`): the function is traced and called twice, then profiled
+/// over as many calls as fit in `budget` (at least 3). `Err` says why
+/// there is no profile.
+pub fn profile_workload(spec: &WorkloadSpec, mode: Mode, budget: Budget) -> Result<tracejit::Profile, String> {
     let case = match (spec.build)() {
         Body::Unavailable(reason) => return Err(reason),
         Body::Runnable(case) => case,
     };
-    let mut runner = case.traced(Mode::TracedJit)?;
+    let mut runner = case.traced(mode)?;
     runner.call()?;
     let (once_us, second) = time_once(|| runner.call());
     second?;

@@ -9,7 +9,11 @@
 //! - `traced-jit`: `function(closure).jit(true)`, reported only when the
 //!   ConcreteFunction's `executor_kind()` says `"jit"`;
 //! - `traced-jit-noselect` (W7): the JIT with the implementation selector off
-//!   (see [`configure_function`]).
+//!   (see [`configure_function`]);
+//! - `traced-jit-bf16` (W5, W6, W9, W10): the JIT with
+//!   `mixed_precision(DType::BF16)` (products in bf16, f32 accumulation),
+//!   checked against the f32 eager result within [`Tolerance::BF16`] and
+//!   reported with its error (max abs error / max abs value).
 //!
 //! Softmax (W3) and layer norm (W4) are written with primitives (`max`, `sub`,
 //! `exp`, `sum`, `div` / `mean`, `rsqrt`), as the workloads define them.
@@ -34,6 +38,9 @@ pub enum Mode {
     /// Traced, compiled by the JIT, with the implementation selector off (so
     /// composites are inlined instead of swapped for their kernels).
     TracedJitNoSelect,
+    /// Traced, compiled by the JIT, with mixed precision: products in bf16
+    /// with f32 accumulation (`Function::mixed_precision(DType::BF16)`).
+    TracedJitBf16,
 }
 
 impl Mode {
@@ -44,6 +51,7 @@ impl Mode {
             Mode::TracedInterp => "traced-interp",
             Mode::TracedJit => "traced-jit",
             Mode::TracedJitNoSelect => "traced-jit-noselect",
+            Mode::TracedJitBf16 => "traced-jit-bf16",
         }
     }
 
@@ -54,7 +62,13 @@ impl Mode {
 
     /// True for the modes whose figures must come from the JIT executor.
     pub fn needs_jit(self) -> bool {
-        matches!(self, Mode::TracedJit | Mode::TracedJitNoSelect)
+        matches!(self, Mode::TracedJit | Mode::TracedJitNoSelect | Mode::TracedJitBf16)
+    }
+
+    /// True for the reduced-precision modes, whose rows report their error
+    /// against the f32 result.
+    pub fn is_low_precision(self) -> bool {
+        matches!(self, Mode::TracedJitBf16)
     }
 }
 
@@ -62,6 +76,8 @@ impl Mode {
 pub const STANDARD_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit];
 /// W7's modes: the standard ones plus the JIT with the selector off.
 pub const COMPOSITE_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit, Mode::TracedJitNoSelect];
+/// W5, W6, W9 and W10's modes: the standard ones plus mixed precision.
+pub const BF16_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit, Mode::TracedJitBf16];
 
 /// Configures a fresh `Function` for a traced mode: THE place where modes map
 /// to builder calls. `Err` carries the reason a mode cannot run yet.
@@ -73,6 +89,7 @@ pub fn configure_function<A: Nest, R: Nest>(f: Function<A, R>, mode: Mode) -> Re
         // Composites inlined and fused like any other code instead of being
         // swapped for their registered kernels.
         Mode::TracedJitNoSelect => Ok(f.jit(true).selector(false)),
+        Mode::TracedJitBf16 => Ok(f.jit(true).mixed_precision(DType::BF16)),
     }
 }
 
@@ -303,7 +320,7 @@ pub fn all() -> Vec<WorkloadSpec> {
             tolerance: Tolerance { rtol: 1e-5, atol: 1e-5 },
             tolerance_note: "exact ops, but dot products of length 784 summed in another order cancel",
             floor_bytes: None,
-            modes: STANDARD_MODES,
+            modes: BF16_MODES,
             build: build_mlp_forward,
         },
         WorkloadSpec {
@@ -313,7 +330,7 @@ pub fn all() -> Vec<WorkloadSpec> {
             tolerance: Tolerance::TRANSCENDENTAL,
             tolerance_note: "exp/log in the loss",
             floor_bytes: None,
-            modes: STANDARD_MODES,
+            modes: BF16_MODES,
             build: build_mlp_train_step,
         },
         WorkloadSpec {
@@ -343,7 +360,7 @@ pub fn all() -> Vec<WorkloadSpec> {
             tolerance: Tolerance::TRANSCENDENTAL,
             tolerance_note: "exp in the attention, tanh in GELU, rsqrt in the layer norms",
             floor_bytes: None,
-            modes: STANDARD_MODES,
+            modes: BF16_MODES,
             build: crate::transformer::build_transformer_block,
         },
         WorkloadSpec {
@@ -354,7 +371,7 @@ pub fn all() -> Vec<WorkloadSpec> {
             tolerance_note: "AdamW's first step is about lr * sign(g): a gradient near 0 may flip it (atol 1e-3 of \
                              the largest parameter covers a full lr of 3e-4)",
             floor_bytes: None,
-            modes: STANDARD_MODES,
+            modes: BF16_MODES,
             build: crate::transformer::build_gpt_train_step,
         },
         WorkloadSpec {

@@ -69,6 +69,9 @@ pub fn epsilon(dtype: DType) -> f64 {
     match dtype {
         DType::F32 => f32::EPSILON as f64,
         DType::F64 => f64::EPSILON,
+        // Half an ulp of rounding per result: 2^-8 and 2^-11.
+        DType::BF16 => 2f64.powi(-7),
+        DType::F16 => 2f64.powi(-10),
         DType::I32 | DType::I64 | DType::Bool => 0.0,
     }
 }

@@ -180,6 +180,12 @@ pub(crate) struct Analysis {
 /// reductions, and the runtime sizes. `Err` carries why the body is not
 /// supported.
 pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
+    // Regions compute in f32, f64 and the integers: the 16-bit floats run
+    // through the reference kernels (f32 arithmetic, rounded once), and
+    // products on them through the bf16 GEMM (`crate::gemm`).
+    if let Some((_, n)) = body.nodes().find(|(_, n)| n.outputs.iter().any(|t| t.dtype.is_low_precision())) {
+        return Err(format!("{} on {} is not compiled into regions", n.op.name(), n.outputs[0].dtype));
+    }
     let live = axes::liveness(body)?;
     let mut unified = axes::unify(body, &live)?;
     let domain = domain::domain(body, &live, &mut unified)?;

@@ -8,6 +8,7 @@
 //! plan_regions     elementwise/reduction regions, by the IR's fusion pass   (graph; raw graphs only)
 //! lower            one step per node: regions compiled, products, views,
 //!                  subgraphs prepared, native kernels, reference ops        (graph -> schedule)
+//! bf16_products    products of bf16(-rounded) operands on the bf16 GEMM, their casts dropped
 //! row_loops        loops whose batch rows never meet: run in row blocks
 //! hoist_views      views a later product reads move before an earlier one
 //! last_uses        each slot freed at its last use
@@ -40,6 +41,7 @@ use tracejit_ir::{Graph, IrError, NodeId};
 use crate::schedule::Schedule;
 use crate::{JitError, JitOptions};
 
+mod bf16_products;
 mod in_place;
 mod liveness;
 pub(crate) mod lower;
@@ -71,6 +73,7 @@ pub(crate) trait SchedulePass {
 /// The schedule passes, in order (after `lower`).
 fn passes() -> Vec<Box<dyn SchedulePass>> {
     vec![
+        Box::new(bf16_products::Bf16Products),
         Box::new(row_loops::RowLoops),
         Box::new(products::HoistViews),
         Box::new(liveness::LastUses),

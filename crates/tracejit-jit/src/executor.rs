@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex};
 
 use cranelift_entity::EntityRef;
 use smallvec::SmallVec;
-use tracejit_ir::tensor::{kernels, BinaryOp, Storage};
+use tracejit_ir::tensor::{kernels, BinaryOp, DType, Storage};
 use tracejit_ir::{eval_primitive, infer, AssignKind, Graph, IrError, NodeId, Op, TensorType, VarId};
 
 use crate::codegen::lower::Callees;
@@ -267,14 +267,20 @@ impl Executable {
         if step.check || step.probe {
             let op = match &step.kind {
                 StepKind::Primitive(op) | StepKind::External(op) => Some(op),
-                StepKind::MatMul | StepKind::Region(_) | StepKind::View(_) | StepKind::Spatial(_) => {
-                    Some(&g.node(step.node).op)
-                }
+                StepKind::MatMul
+                | StepKind::MatMulBf16(_)
+                | StepKind::Region(_)
+                | StepKind::View(_)
+                | StepKind::Spatial(_) => Some(&g.node(step.node).op),
                 _ => None,
             };
             if let Some(op) = op {
-                let types: SmallVec<[TensorType; 2]> =
-                    args.iter().map(|x| TensorType::known(x.dtype(), x.shape())).collect();
+                // A bf16 product's node multiplies the operands widened to f32.
+                let widened = matches!(step.kind, StepKind::MatMulBf16(_));
+                let types: SmallVec<[TensorType; 2]> = args
+                    .iter()
+                    .map(|x| TensorType::known(if widened { DType::F32 } else { x.dtype() }, x.shape()))
+                    .collect();
                 // A region's body types its outputs; its concrete sizes
                 // are checked where it plans a launch.
                 let location = g.node(step.node).location;
@@ -338,6 +344,7 @@ impl Executable {
                     outs.extend(r.try_run_pooled(&args, pool, alias).map_err(|e| e.at(g.node(step.node).location))?)
                 }
                 StepKind::MatMul => outs.push(self.run_product(step, &args, values, pool, &mut partner_out)?),
+                StepKind::MatMulBf16(p) => outs.push(p.run(self.isa, args[0], args[1], pool)),
                 StepKind::View(view) => match view.apply(&args) {
                     Some(v) => outs.push(v),
                     // Out of range: the reference kernel reports it.

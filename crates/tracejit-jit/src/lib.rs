@@ -149,6 +149,7 @@ mod dispatch;
 mod error;
 mod executor;
 mod gemm;
+mod gemm_bf16;
 mod helpers;
 mod jit;
 mod kernel;

@@ -83,6 +83,9 @@ impl<'a, 'b> Emit<'a, 'b> {
                 (DType::I64, _) => types::I64X2,
                 (DType::Bool, 32) => types::I32X4,
                 (DType::Bool, _) => types::I64X2,
+                (DType::BF16 | DType::F16, _) => {
+                    unreachable!("16-bit floats never reach a region (analysis rejects them)")
+                }
             },
         }
     }
@@ -374,6 +377,7 @@ impl<'a, 'b> Emit<'a, 'b> {
                     Mode::Scalar => self.b.ins().bxor_imm_s(x, 1),
                 }
             }
+            DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
         }
     }
 
@@ -663,6 +667,7 @@ pub(crate) fn sty(dtype: DType) -> Type {
         DType::I32 => types::I32,
         DType::I64 => types::I64,
         DType::Bool => types::I8,
+        DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
     }
 }
 

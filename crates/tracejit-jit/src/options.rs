@@ -207,6 +207,8 @@ fn element_bits(value: &Storage) -> Vec<u64> {
         Storage::I32(a) => a.iter().map(|&x| u64::from(x as u32)).collect(),
         Storage::I64(a) => a.iter().map(|&x| x as u64).collect(),
         Storage::Bool(a) => a.iter().map(|&x| u64::from(x)).collect(),
+        Storage::BF16(a) => a.iter().map(|x| u64::from(x.to_bits())).collect(),
+        Storage::F16(a) => a.iter().map(|x| u64::from(x.to_bits())).collect(),
     }
 }
 

@@ -207,7 +207,7 @@ fn whole_buffer(s: Storage) -> Option<Storage> {
             }
         };
     }
-    flat!(F32, F64, I32, I64, Bool)
+    flat!(F32, F64, I32, I64, Bool, BF16, F16)
 }
 
 impl BufPool {
@@ -234,7 +234,7 @@ impl BufPool {
                 }
             };
         }
-        reshape!(F32, F64, I32, I64, Bool)
+        reshape!(F32, F64, I32, I64, Bool, BF16, F16)
     }
 
     /// Keeps `s` (which others may still hold) for later reuse.

@@ -23,6 +23,7 @@ impl Scalar {
             DType::I32 => Scalar::I32(v as i32),
             DType::I64 => Scalar::I64(v as i64),
             DType::Bool => Scalar::Bool(v != 0.0),
+            DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
         }
     }
 
@@ -34,6 +35,9 @@ impl Scalar {
             Storage::I32(a) => Scalar::I32(*a.iter().next().expect("one element")),
             Storage::I64(a) => Scalar::I64(*a.iter().next().expect("one element")),
             Storage::Bool(a) => Scalar::Bool(*a.iter().next().expect("one element")),
+            Storage::BF16(_) | Storage::F16(_) => {
+                unreachable!("16-bit floats never reach a region (analysis rejects them)")
+            }
         }
     }
 

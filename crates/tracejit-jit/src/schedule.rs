@@ -38,6 +38,9 @@ pub(crate) enum StepKind {
     Region(Arc<CompiledRegion>),
     /// A matrix product.
     MatMul,
+    /// A matrix product of bf16 (or bf16-rounded f32) operands accumulated
+    /// in f32, on the bf16 GEMM (the `bf16_products` pass).
+    MatMulBf16(Arc<crate::gemm_bf16::Bf16Product>),
     /// A view of its input (no copy): a transpose, or a gather of one
     /// index.
     View(View),
@@ -131,6 +134,7 @@ impl StepKind {
                 }
             }
             StepKind::MatMul => "matmul".to_string(),
+            StepKind::MatMulBf16(p) => p.describe(),
             StepKind::View(View::Transpose(perm)) => format!("view transpose {perm:?}"),
             StepKind::View(View::Index(axis)) => format!("view index axis {axis}"),
             StepKind::Primitive(op) => format!("reference {}", op.name()),

@@ -76,18 +76,18 @@ impl PackedBf16 {
     /// Packs `b [k, n]` (any strides), rounding each value to bf16 as
     /// [`half::bf16::from_f32`] does.
     pub fn from_f32(b: ArrayView2<'_, f32>) -> Self {
-        Self::pack(b, |v| bf16::from_f32(v).to_bits())
+        Self::pack(b)
     }
 
     /// Packs `b [k, n]` (any strides).
     pub fn from_bf16(b: ArrayView2<'_, bf16>) -> Self {
-        Self::pack(b, bf16::to_bits)
+        Self::pack(b)
     }
 
-    fn pack<T: Copy>(b: ArrayView2<'_, T>, bits: impl Fn(T) -> u16) -> Self {
+    fn pack<T: pack::LhsValue>(b: ArrayView2<'_, T>) -> Self {
         let (k, n) = b.dim();
         let mut words = Words::zeroed(rhs_len(n, k.div_ceil(2)));
-        pack::pack_rhs(b, words.words_mut(), bits);
+        pack::pack_rhs(b, words.words_mut(), Isa::from_env());
         PackedBf16 { k, n, words }
     }
 

@@ -320,6 +320,9 @@ fn to_safetensors_dtype(dtype: DType) -> Dtype {
         DType::I32 => Dtype::I32,
         DType::I64 => Dtype::I64,
         DType::Bool => Dtype::BOOL,
+        // PyTorch's `torch.bfloat16` / `torch.float16` in safetensors.
+        DType::BF16 => Dtype::BF16,
+        DType::F16 => Dtype::F16,
     }
 }
 
@@ -330,6 +333,8 @@ fn from_safetensors_dtype(dtype: Dtype) -> Option<DType> {
         Dtype::I32 => Some(DType::I32),
         Dtype::I64 => Some(DType::I64),
         Dtype::BOOL => Some(DType::Bool),
+        Dtype::BF16 => Some(DType::BF16),
+        Dtype::F16 => Some(DType::F16),
         _ => None,
     }
 }
@@ -342,6 +347,8 @@ fn encode(s: &Storage) -> Encoded {
         Storage::I32(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Storage::I64(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Storage::Bool(a) => a.iter().map(|&b| u8::from(b)).collect(),
+        Storage::BF16(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::F16(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
     };
     Encoded { dtype: to_safetensors_dtype(s.dtype()), shape: s.shape().to_vec(), data }
 }
@@ -367,6 +374,8 @@ fn decode(dtype: DType, shape: &[usize], data: &[u8]) -> Result<Storage, String>
         DType::I32 => le(data, shape, i32::from_le_bytes),
         DType::I64 => le(data, shape, i64::from_le_bytes),
         DType::Bool => le(data, shape, |[b]: [u8; 1]| b != 0),
+        DType::BF16 => le(data, shape, tracejit_tensor::bf16::from_le_bytes),
+        DType::F16 => le(data, shape, tracejit_tensor::f16::from_le_bytes),
     }
 }
 

@@ -7,7 +7,8 @@ use tracejit_tensor::{DType, Storage};
 use crate::pb::tensor_proto::DataType;
 use crate::pb::TensorProto;
 
-/// The ONNX element type of a tracejit dtype. All five map.
+/// The ONNX element type of a tracejit dtype. All seven map (BFLOAT16 and
+/// FLOAT16 for the 16-bit floats).
 pub(crate) fn data_type(dtype: DType) -> i32 {
     let t = match dtype {
         DType::F32 => DataType::Float,
@@ -15,6 +16,8 @@ pub(crate) fn data_type(dtype: DType) -> i32 {
         DType::I32 => DataType::Int32,
         DType::I64 => DataType::Int64,
         DType::Bool => DataType::Bool,
+        DType::BF16 => DataType::Bfloat16,
+        DType::F16 => DataType::Float16,
     };
     t as i32
 }
@@ -28,6 +31,8 @@ pub(crate) fn tensor_proto(name: &str, value: &Storage) -> TensorProto {
         Storage::I32(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
         Storage::I64(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
         Storage::Bool(a) => raw.extend(a.iter().map(|&v| u8::from(v))),
+        Storage::BF16(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
+        Storage::F16(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
     }
     TensorProto {
         dims: value.shape().iter().map(|&d| d as i64).collect(),

@@ -16,15 +16,38 @@ pub enum DType {
     I64,
     /// Boolean.
     Bool,
+    /// bfloat16 (8 exponent bits, 8 significant bits): a storage dtype.
+    /// Arithmetic on it computes in f32 and rounds each result to nearest
+    /// even, as JAX on CPU does.
+    BF16,
+    /// IEEE half precision (5 exponent bits, 11 significant bits): a
+    /// storage dtype like [`DType::BF16`]; casts overflow to ±Inf past 65504.
+    F16,
 }
 
 impl DType {
     /// All dtypes, in a fixed order (handy for tests).
-    pub const ALL: [DType; 5] = [DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool];
+    pub const ALL: [DType; 7] = [DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool, DType::BF16, DType::F16];
 
-    /// True for F32 and F64.
+    /// True for the float dtypes: F32, F64, BF16 and F16.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F64)
+        matches!(self, DType::F32 | DType::F64 | DType::BF16 | DType::F16)
+    }
+
+    /// True for the 16-bit storage dtypes BF16 and F16, whose arithmetic
+    /// runs in f32 (see [`DType::compute`]).
+    pub fn is_low_precision(self) -> bool {
+        matches!(self, DType::BF16 | DType::F16)
+    }
+
+    /// The dtype arithmetic on this one computes in: F32 for BF16 and F16,
+    /// else the dtype itself.
+    pub fn compute(self) -> DType {
+        if self.is_low_precision() {
+            DType::F32
+        } else {
+            self
+        }
     }
 
     /// True for I32 and I64.
@@ -43,6 +66,7 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::F64 | DType::I64 => 8,
             DType::Bool => 1,
+            DType::BF16 | DType::F16 => 2,
         }
     }
 
@@ -54,6 +78,8 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::Bool => "bool",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
         }
     }
 }
@@ -66,7 +92,8 @@ impl fmt::Display for DType {
 
 /// A Rust type that can be the element of a tensor.
 ///
-/// Sealed in spirit: only the five types matching [`DType`] implement it.
+/// Sealed in spirit: only the seven types matching [`DType`] implement it
+/// (`half::bf16` and `half::f16` for the 16-bit floats).
 pub trait Element: Copy + Send + Sync + 'static + fmt::Debug + PartialEq + PartialOrd + Default {
     /// The tag of this element type.
     const DTYPE: DType;
@@ -111,4 +138,42 @@ impl Element for bool {
             0.0
         }
     }
+}
+
+macro_rules! impl_half_element {
+    ($t:ty, $d:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+            /// Rounds to nearest even as if straight from f64 (no double rounding).
+            #[inline]
+            fn from_f64(v: f64) -> Self {
+                <$t>::from_f32(f64_to_f32_odd(v))
+            }
+            #[inline]
+            fn to_f64(self) -> f64 {
+                <$t>::to_f64(self)
+            }
+        }
+    };
+}
+impl_half_element!(half::bf16, BF16);
+impl_half_element!(half::f16, F16);
+
+/// `v` rounded to f32 "to odd" (truncated, the last bit set when inexact):
+/// rounding that to a format with at least two fewer significant bits
+/// (bf16's 8, f16's 11, against f32's 24) to nearest even gives the
+/// correctly rounded result from `v`, where rounding to f32 to nearest first
+/// could make a false tie (`half`'s own `from_f64` goes through f32 so).
+pub(crate) fn f64_to_f32_odd(v: f64) -> f32 {
+    let t = v as f32;
+    if !t.is_finite() || t as f64 == v {
+        return t;
+    }
+    let bits = t.to_bits();
+    if bits & 1 == 1 {
+        return t;
+    }
+    // Even and inexact: the odd neighbour on `v`'s side of `t`.
+    let away_from_zero = (t as f64).abs() < v.abs();
+    f32::from_bits(if away_from_zero { bits + 1 } else { bits - 1 })
 }

@@ -41,6 +41,9 @@ pub use ops::{
 pub use spatial::{Conv2dAttrs, Pool2dAttrs, SpatialOp};
 pub use storage::{Storage, StorageElement};
 
+/// The 16-bit float element types of [`DType::BF16`] and [`DType::F16`].
+pub use half::{bf16, f16};
+
 // ndarray's GEMM runs the reference matmul; naming matrixmultiply turns on
 // its default `avx512` feature (runtime-selected AVX-512 kernels).
 use matrixmultiply as _;

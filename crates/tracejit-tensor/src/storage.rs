@@ -6,7 +6,7 @@ use ndarray::{ArcArray, ArrayD, IxDyn};
 
 use crate::{DType, Element, TensorError};
 
-/// An n-dimensional array of one of the five dtypes, cheaply cloneable.
+/// An n-dimensional array of one of the seven dtypes, cheaply cloneable.
 #[derive(Clone, Debug)]
 pub enum Storage {
     /// f32 elements.
@@ -19,6 +19,10 @@ pub enum Storage {
     I64(ArcArray<i64, IxDyn>),
     /// bool elements.
     Bool(ArcArray<bool, IxDyn>),
+    /// bf16 elements.
+    BF16(ArcArray<half::bf16, IxDyn>),
+    /// f16 elements.
+    F16(ArcArray<half::f16, IxDyn>),
 }
 
 /// Runs `$body` with `$a` bound to the array inside `$s`, whatever its dtype.
@@ -32,6 +36,8 @@ macro_rules! with_array {
             $crate::Storage::I32($a) => $body,
             $crate::Storage::I64($a) => $body,
             $crate::Storage::Bool($a) => $body,
+            $crate::Storage::BF16($a) => $body,
+            $crate::Storage::F16($a) => $body,
         }
     };
 }
@@ -67,6 +73,8 @@ impl_storage_element!(f64, F64);
 impl_storage_element!(i32, I32);
 impl_storage_element!(i64, I64);
 impl_storage_element!(bool, Bool);
+impl_storage_element!(half::bf16, BF16);
+impl_storage_element!(half::f16, F16);
 
 impl Storage {
     /// The dtype tag.
@@ -77,6 +85,8 @@ impl Storage {
             Storage::I32(_) => DType::I32,
             Storage::I64(_) => DType::I64,
             Storage::Bool(_) => DType::Bool,
+            Storage::BF16(_) => DType::BF16,
+            Storage::F16(_) => DType::F16,
         }
     }
 
@@ -131,6 +141,8 @@ impl Storage {
             DType::I32 => mk::<i32>(shape, value),
             DType::I64 => mk::<i64>(shape, value),
             DType::Bool => mk::<bool>(shape, value),
+            DType::BF16 => mk::<half::bf16>(shape, value),
+            DType::F16 => mk::<half::f16>(shape, value),
         }
     }
 
@@ -199,6 +211,8 @@ impl Storage {
             (Storage::I32(a), Storage::I32(b)) => a == b,
             (Storage::I64(a), Storage::I64(b)) => a == b,
             (Storage::Bool(a), Storage::Bool(b)) => a == b,
+            (Storage::BF16(a), Storage::BF16(b)) => a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits()),
+            (Storage::F16(a), Storage::F16(b)) => a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits()),
             _ => false,
         }
     }

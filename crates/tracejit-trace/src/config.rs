@@ -3,8 +3,42 @@
 //! directly on eager tensors, which is how a traced program is debugged.
 //! [`set_num_threads`] (or `TRACEJIT_NUM_THREADS`) sets how many threads
 //! large compiled kernels and matrix products share.
+//! [`set_mixed_precision`] runs every function's products in bf16.
 
 use std::sync::atomic::{AtomicU8, Ordering};
+
+use tracejit_tensor::DType;
+
+// 0: off, 1: bf16, 2: f16.
+static MIXED_PRECISION: AtomicU8 = AtomicU8::new(0);
+
+/// Runs every `Function` traced from now on with mixed precision in
+/// `dtype` (`Some(DType::BF16)` or `Some(DType::F16)`), as
+/// `Function::mixed_precision` does for one (which wins over this);
+/// `None` turns it off. Functions already traced keep their traces.
+///
+/// # Panics
+/// If `dtype` is `Some` of a dtype other than BF16 or F16.
+pub fn set_mixed_precision(dtype: Option<DType>) {
+    let code = match dtype {
+        None => 0,
+        Some(DType::BF16) => 1,
+        Some(DType::F16) => 2,
+        Some(d @ (DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::Bool)) => {
+            panic!("set_mixed_precision: expected Some(BF16), Some(F16) or None, got {d}")
+        }
+    };
+    MIXED_PRECISION.store(code, Ordering::Relaxed);
+}
+
+/// The process-wide mixed precision dtype ([`set_mixed_precision`]).
+pub fn mixed_precision() -> Option<DType> {
+    match MIXED_PRECISION.load(Ordering::Relaxed) {
+        1 => Some(DType::BF16),
+        2 => Some(DType::F16),
+        _ => None,
+    }
+}
 
 // 0: not decided yet (read the environment), 1: graphs, 2: eager.
 static EAGER: AtomicU8 = AtomicU8::new(0);

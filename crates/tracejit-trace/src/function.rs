@@ -94,6 +94,7 @@ where
             max_traces: TraceLimit::Default,
             retrace_policy: None,
             validate: None,
+            mixed_precision: None,
         }),
         state: Arc::new(FunctionState::default()),
         _marker: PhantomData,
@@ -140,6 +141,8 @@ struct FunctionConfig {
     retrace_policy: Option<RetracePolicy>,
     /// Shadow-eager validation; `None`: `TRACEJIT_VALIDATE`.
     validate: Option<bool>,
+    /// `Function::mixed_precision`; `None`: [`crate::config::mixed_precision`].
+    mixed_precision: Option<Option<tracejit_tensor::DType>>,
 }
 
 /// The cache's keys are already signature hashes: hashing them again (with

@@ -22,6 +22,8 @@ fn float_to_storage(v: f64, dtype: DType, op: &str) -> Storage {
     match dtype {
         DType::F32 => Storage::scalar(v as f32),
         DType::F64 => Storage::scalar(v),
+        // Weakly typed, as in JAX: the scalar is rounded to the tensor's dtype.
+        DType::BF16 | DType::F16 => Storage::full(&[], dtype, v),
         DType::I32 if v.fract() == 0.0 && (i32::MIN as f64..=i32::MAX as f64).contains(&v) => Storage::scalar(v as i32),
         // 2^63 itself is out of range, hence the half-open interval.
         DType::I64 if v.fract() == 0.0 && (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&v) => {
@@ -35,6 +37,7 @@ fn int_to_storage(v: i64, dtype: DType, op: &str) -> Storage {
     match dtype {
         DType::F32 => Storage::scalar(v as f32),
         DType::F64 => Storage::scalar(v as f64),
+        DType::BF16 | DType::F16 => Storage::full(&[], dtype, v as f64),
         DType::I32 => match i32::try_from(v) {
             Ok(v) => Storage::scalar(v),
             Err(_) => panic!("{op}: the scalar {v} does not fit in i32"),
@@ -242,6 +245,46 @@ impl Tensor {
     #[track_caller]
     pub fn matmul(&self, other: &Tensor) -> Tensor {
         one(Op::MatMul, &[self, other])
+    }
+
+    /// [`Tensor::matmul`] accumulated and returned in `acc` (F32 or F64):
+    /// `bf16 x bf16 -> f32` keeps the f32 sums where `matmul` would round
+    /// them back to bf16. Widening is exact, so this is `matmul` of the
+    /// operands cast to `acc`; inside a compiled function the JIT runs it
+    /// on the bf16 GEMM (`vdpbf16ps` where the CPU has it) without the
+    /// widened copies. Gradients flow back in the operands' dtype.
+    ///
+    /// ```
+    /// use tracejit_trace::{DType, Tensor};
+    ///
+    /// let a = Tensor::from_vec(vec![1.0f32, 1.0 / 512.0], &[1, 2]).cast(DType::BF16);
+    /// let b = Tensor::from_vec(vec![1.0f32, 1.0], &[2, 1]).cast(DType::BF16);
+    /// let c = a.matmul_acc(&b, DType::F32);
+    /// assert_eq!(c.dtype(), DType::F32);
+    /// assert_eq!(c.to_vec::<f32>()?, [1.0 + 1.0 / 512.0]); // bf16 would round to 1
+    /// # Ok::<(), tracejit_trace::Error>(())
+    /// ```
+    ///
+    /// # Panics
+    /// If the operands' dtypes differ, or `acc` is not a float at least as
+    /// wide as them (F32 for BF16, F16 and F32; F64 for any float).
+    #[track_caller]
+    pub fn matmul_acc(&self, other: &Tensor, acc: DType) -> Tensor {
+        let d = self.dtype();
+        if d != other.dtype() {
+            panic!("matmul_acc: operands have different dtypes ({d} and {})", other.dtype());
+        }
+        let ok = match acc {
+            DType::F32 => matches!(d, DType::F32 | DType::BF16 | DType::F16),
+            DType::F64 => d.is_float(),
+            DType::I32 | DType::I64 | DType::Bool | DType::BF16 | DType::F16 => false,
+        };
+        if !ok {
+            panic!(
+                "matmul_acc: cannot accumulate {d} operands in {acc} (the accumulator is f32 or f64, at least as wide)"
+            );
+        }
+        self.cast(acc).matmul(&other.cast(acc))
     }
 
     /// Same elements in a new shape; one entry may be `-1`.

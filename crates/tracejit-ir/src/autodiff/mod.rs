@@ -442,6 +442,8 @@ pub(crate) fn scalar<E: Emitter>(e: &mut E, dtype: DType, v: f64) -> E::Value {
         DType::I32 => Storage::from_vec(vec![v as i32], &[]),
         DType::I64 => Storage::from_vec(vec![v as i64], &[]),
         DType::Bool => Storage::from_vec(vec![v != 0.0], &[]),
+        DType::BF16 => Storage::from_vec(vec![tracejit_tensor::bf16::from_f64(v)], &[]),
+        DType::F16 => Storage::from_vec(vec![tracejit_tensor::f16::from_f64(v)], &[]),
     };
     e.constant(value.expect("a scalar has one element"))
 }

@@ -470,6 +470,9 @@ fn constant(c: &mut Cursor<'_>, node: &NodeName) -> Result<Storage, ParseError> 
         DType::I32 => values(c, node, &shape, |s| s.parse::<i32>().ok()),
         DType::I64 => values(c, node, &shape, |s| s.parse::<i64>().ok()),
         DType::Bool => values(c, node, &shape, |s| s.parse::<bool>().ok()),
+        // Printed as their exact f32 widening, so the round trip is exact.
+        DType::BF16 => values(c, node, &shape, |s| f32_from_text(s).map(tracejit_tensor::bf16::from_f32)),
+        DType::F16 => values(c, node, &shape, |s| f32_from_text(s).map(tracejit_tensor::f16::from_f32)),
     }
 }
 

@@ -22,6 +22,7 @@
 //! | `cse` | [`Cse`] | merges structurally identical pure nodes |
 //! | `conv_relu` | [`ConvRelu`] | a `relu` of a convolution moves into its output pass |
 //! | `dce` | [`Dce`] | drops nodes that neither reach an output nor have side effects |
+//! | `auto_mixed_precision` | [`AutoMixedPrecision`] | with [`PassContext::mixed_precision`] set: products and convolutions read bf16-rounded operands, accumulate in f32 |
 //! | `fusion` | [`Fusion`] | groups elementwise chains and reductions into `Op::Fused` regions |
 //!
 //! Nodes cannot be removed from a graph's arena, so a pass that deletes or
@@ -50,6 +51,7 @@ mod dce;
 mod fusion;
 mod hoist;
 mod inline;
+mod mixed_precision;
 mod pipeline;
 mod rewrite;
 mod select;
@@ -62,6 +64,7 @@ pub use dce::Dce;
 pub use fusion::{default_accepts_region, Fusion, MAX_REGION_NODES};
 pub use hoist::HoistLoopProducts;
 pub use inline::Inline;
+pub use mixed_precision::AutoMixedPrecision;
 pub use pipeline::{FixpointOutcome, OptimizationOptions, PassRecord, PassSnapshot, Pipeline, PipelineReport, Stage};
 pub use rewrite::Rewriter;
 pub use select::SelectImplementation;
@@ -187,6 +190,9 @@ pub struct PassContext {
     pub keep_custom_gradients: bool,
     /// The file name prefix of graph dumps; `None`: the function's name.
     pub dump_prefix: Option<String>,
+    /// The low dtype (`BF16` or `F16`) `auto_mixed_precision` rounds
+    /// products' operands to; `None` (the default): the pass does nothing.
+    pub mixed_precision: Option<tracejit_tensor::DType>,
 }
 
 impl PassContext {
@@ -201,6 +207,7 @@ impl PassContext {
             keep_composites: false,
             keep_custom_gradients: false,
             dump_prefix: None,
+            mixed_precision: None,
         }
     }
 
@@ -225,6 +232,7 @@ impl fmt::Debug for PassContext {
             .field("fold_limit", &self.fold_limit)
             .field("keep_composites", &self.keep_composites)
             .field("keep_custom_gradients", &self.keep_custom_gradients)
+            .field("mixed_precision", &self.mixed_precision)
             .finish()
     }
 }

@@ -9,6 +9,7 @@
 //! selector                      composite calls -> kernel, or inlined
 //! hoist                         a counted loop's input projection, before the loop
 //! fixpoint "simplify" (cap 8):  const_fold, simplify, cse, conv_relu, dce
+//! auto_mixed_precision          products in bf16 with f32 accumulation (when asked)
 //! fusion                        elementwise/reduction regions
 //! ```
 //!
@@ -29,8 +30,8 @@ use std::time::{Duration, Instant};
 use cranelift_entity::EntityRef;
 
 use crate::passes::{
-    AcceptRegion, ConstantFolding, ConvRelu, Cse, Dce, Fusion, HoistLoopProducts, Inline, Pass, PassContext,
-    SelectImplementation, Simplify, DEFAULT_FOLD_LIMIT,
+    AcceptRegion, AutoMixedPrecision, ConstantFolding, ConvRelu, Cse, Dce, Fusion, HoistLoopProducts, Inline, Pass,
+    PassContext, SelectImplementation, Simplify, DEFAULT_FOLD_LIMIT,
 };
 use crate::{verify, Graph, IrError, NodeId};
 
@@ -264,6 +265,7 @@ impl Pipeline {
                 ],
                 max_iterations: 8,
             },
+            Stage::pass(AutoMixedPrecision),
             Stage::pass(Fusion::default()),
         ])
     }

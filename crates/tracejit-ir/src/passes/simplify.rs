@@ -288,6 +288,8 @@ fn all_are(c: &Storage, want: Identity) -> bool {
         Storage::I32(a) => a.iter().all(|&x| test(x as f64)),
         // Only 0 and 1 convert to 0.0 and 1.0.
         Storage::I64(a) => a.iter().all(|&x| test(x as f64)),
+        Storage::BF16(a) => a.iter().all(|&x| test(x.to_f64())),
+        Storage::F16(a) => a.iter().all(|&x| test(x.to_f64())),
         Storage::Bool(_) => false,
     }
 }

@@ -121,6 +121,7 @@ fn subgraphs(kind: &StepKind) -> Vec<(&'static str, &Executable)> {
         | StepKind::Constant(_)
         | StepKind::Region(_)
         | StepKind::MatMul
+        | StepKind::MatMulBf16(_)
         | StepKind::View(_)
         | StepKind::Primitive(_)
         | StepKind::External(_)
@@ -165,6 +166,7 @@ fn kind_name(kind: &StepKind) -> &'static str {
         StepKind::Constant(_) => "constant",
         StepKind::Region(_) => "region",
         StepKind::MatMul => "gemm",
+        StepKind::MatMulBf16(_) => "gemm_bf16",
         StepKind::View(_) => "view",
         StepKind::Primitive(_) => "reference",
         StepKind::External(_) | StepKind::Spatial(_) => "native",

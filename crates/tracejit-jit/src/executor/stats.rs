@@ -13,6 +13,9 @@ pub struct ScheduleStats {
     pub regions: usize,
     /// Matrix products through the GEMM.
     pub gemms: usize,
+    /// Of the `gemms`, those on the bf16 GEMM (bf16 or bf16-rounded
+    /// operands, f32 accumulation: `matmul_acc`, mixed precision).
+    pub bf16_gemms: usize,
     /// Registered native kernels (composites swapped for their kernel).
     pub native_kernels: usize,
     /// Ops run by the reference kernels instead (shape ops such as
@@ -44,6 +47,7 @@ impl ScheduleStats {
         let ScheduleStats {
             regions,
             gemms,
+            bf16_gemms,
             native_kernels,
             fallbacks,
             views,
@@ -56,6 +60,7 @@ impl ScheduleStats {
         self.regions += regions;
         self.views += views;
         self.gemms += gemms;
+        self.bf16_gemms += bf16_gemms;
         self.native_kernels += native_kernels;
         self.fallbacks += fallbacks;
         self.reads += reads;
@@ -76,11 +81,12 @@ impl std::fmt::Display for ScheduleStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} kernels: {} fused regions, {} GEMMs, {} native kernels, {} reference ops; {} views, \
+            "{} kernels: {} fused regions, {} GEMMs ({} bf16), {} native kernels, {} reference ops; {} views, \
              {} variable reads, {} writes, {} calls, {} control-flow nodes ({} loops in row blocks)",
             self.kernels(),
             self.regions,
             self.gemms,
+            self.bf16_gemms,
             self.native_kernels,
             self.fallbacks,
             self.views,
@@ -125,6 +131,10 @@ impl Executable {
                 StepKind::Param(_) | StepKind::Constant(_) => {}
                 StepKind::Region(_) => st.regions += 1,
                 StepKind::MatMul => st.gemms += 1,
+                StepKind::MatMulBf16(_) => {
+                    st.gemms += 1;
+                    st.bf16_gemms += 1;
+                }
                 StepKind::Primitive(_) => st.fallbacks += 1,
                 StepKind::View(_) => st.views += 1,
                 StepKind::External(_) | StepKind::Spatial(_) => st.native_kernels += 1,

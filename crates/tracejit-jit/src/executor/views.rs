@@ -24,6 +24,8 @@ macro_rules! view_of {
             Storage::I32($a) => Storage::I32($body),
             Storage::I64($a) => Storage::I64($body),
             Storage::Bool($a) => Storage::Bool($body),
+            Storage::BF16($a) => Storage::BF16($body),
+            Storage::F16($a) => Storage::F16($body),
         }
     };
 }
@@ -46,9 +48,13 @@ impl View {
                 let i = match index {
                     Storage::I64(a) if a.ndim() == 0 => *a.iter().next()?,
                     Storage::I32(a) if a.ndim() == 0 => i64::from(*a.iter().next()?),
-                    Storage::I32(_) | Storage::I64(_) | Storage::F32(_) | Storage::F64(_) | Storage::Bool(_) => {
-                        return None
-                    }
+                    Storage::I32(_)
+                    | Storage::I64(_)
+                    | Storage::F32(_)
+                    | Storage::F64(_)
+                    | Storage::Bool(_)
+                    | Storage::BF16(_)
+                    | Storage::F16(_) => return None,
                 };
                 let len = *x.shape().get(*axis)? as i64;
                 // Negative indices count from the end, as the reference's.

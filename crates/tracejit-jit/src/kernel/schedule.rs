@@ -158,6 +158,7 @@ pub(super) fn lane_bits(an: &Analysis) -> Option<u32> {
             DType::Bool => continue,
             DType::F32 | DType::I32 => 32,
             DType::F64 | DType::I64 => 64,
+            DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
         };
         match bits {
             None => bits = Some(b),

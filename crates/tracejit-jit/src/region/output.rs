@@ -34,6 +34,7 @@ impl OutBuf {
             DType::I32 => OutBuf::I32(Vec::with_capacity(len)),
             DType::I64 => OutBuf::I64(Vec::with_capacity(len)),
             DType::Bool => OutBuf::Bool(Vec::with_capacity(len)),
+            DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
         }
     }
 
@@ -52,6 +53,8 @@ impl OutBuf {
                 Storage::I32(a) => a.as_mut_ptr() as i64,
                 Storage::I64(a) => a.as_mut_ptr() as i64,
                 Storage::Bool(a) => a.as_mut_ptr() as i64,
+                Storage::BF16(a) => a.as_mut_ptr() as i64,
+                Storage::F16(a) => a.as_mut_ptr() as i64,
             },
             OutBuf::Aliased(_, p) => *p,
         }

@@ -54,6 +54,7 @@ pub fn data(dtype: DType, shape: &[usize], seed: u64, special: bool) -> Storage 
     let mut r = Rng(seed ^ 0x9e37_79b9_7f4a_7c15);
     let fspecial = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, 1e-40, -3.5, 2.5, 0.5, 1e30];
     match dtype {
+        DType::BF16 | DType::F16 => tracejit_ir::tensor::kernels::cast(&data(DType::F64, shape, seed, special), dtype),
         DType::F32 | DType::F64 => {
             let v: Vec<f64> = (0..n)
                 .map(|_| {

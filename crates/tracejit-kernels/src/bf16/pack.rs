@@ -8,7 +8,7 @@
 use half::bf16;
 use ndarray::ArrayView2;
 
-use super::tiles::{halves_mut, pack_rows, rhs_index};
+use super::tiles::{halves_mut, pack_rows, rhs_index, NR};
 use crate::Isa;
 
 /// An lhs element: f32 (rounded to nearest even while packing) or bf16.
@@ -40,13 +40,63 @@ pub(super) fn pack_lhs<T: LhsValue>(a: ArrayView2<'_, T>, out: &mut [u32], isa: 
 }
 
 /// Packs `b` [k, n] (any strides) into `out` (`tiles::rhs_len(n, kw)`
-/// zeroed words) as bf16 bits given by `bits`, reading `b` row by row.
-pub(super) fn pack_rhs<T: Copy>(b: ArrayView2<'_, T>, out: &mut [u32], bits: impl Fn(T) -> u16) {
-    let kw = b.nrows().div_ceil(2);
-    let out = halves_mut(out);
-    for (kk, row) in b.rows().into_iter().enumerate() {
-        for (j, &v) in row.iter().enumerate() {
-            out[2 * rhs_index(kw, kk / 2, j) + kk % 2] = bits(v);
+/// zeroed words), rounding f32 values to bf16. Each contiguous line of `b`
+/// (a row, or a column of a transposed view) is converted in one vector
+/// pass ([`LhsValue::to_bits`]) and then placed: a weight's packing costs
+/// about as much as reading it, not a strided walk per element.
+pub(super) fn pack_rhs<T: LhsValue>(b: ArrayView2<'_, T>, out: &mut [u32], isa: Isa) {
+    let (k, n) = b.dim();
+    if k == 0 || n == 0 {
+        return;
+    }
+    if b.strides()[0] == 1 && n > 1 {
+        return pack_rhs_columns(b, out, isa);
+    }
+    let kw = k.div_ceil(2);
+    let mut lo = vec![0u16; n];
+    let mut hi = vec![0u16; n];
+    let mut line = Vec::new();
+    for p in 0..kw {
+        bits_of(b.row(2 * p), &mut lo, &mut line, isa);
+        if 2 * p + 1 < k {
+            bits_of(b.row(2 * p + 1), &mut hi, &mut line, isa);
+        } else {
+            hi.fill(0);
+        }
+        for (panel, (l, h)) in lo.chunks(NR).zip(hi.chunks(NR)).enumerate() {
+            let at = rhs_index(kw, p, panel * NR);
+            for ((w, &l), &h) in out[at..at + l.len()].iter_mut().zip(l).zip(h) {
+                *w = u32::from(l) | (u32::from(h) << 16);
+            }
+        }
+    }
+}
+
+/// [`pack_rhs`] for a `b` whose columns are contiguous (the transpose of
+/// a row-major weight): each column's bf16 bits are, pair by pair, the
+/// words of its packed column.
+fn pack_rhs_columns<T: LhsValue>(b: ArrayView2<'_, T>, out: &mut [u32], isa: Isa) {
+    let (k, n) = b.dim();
+    let kw = k.div_ceil(2);
+    let mut bits = vec![0u16; 2 * kw];
+    let mut line = Vec::new();
+    for j in 0..n {
+        bits_of(b.column(j), &mut bits[..k], &mut line, isa);
+        for (p, pair) in bits.chunks_exact(2).enumerate() {
+            out[rhs_index(kw, p, j)] = u32::from(pair[0]) | (u32::from(pair[1]) << 16);
+        }
+    }
+}
+
+/// `v`'s bf16 bits into `out` (as long as `v`), through `line` when `v`
+/// is not contiguous.
+fn bits_of<T: LhsValue>(v: ndarray::ArrayView1<'_, T>, out: &mut [u16], line: &mut Vec<T>, isa: Isa) {
+    match v.as_slice() {
+        Some(s) => T::to_bits(s, out, isa),
+        None => {
+            line.clear();
+            line.extend(v.iter().copied());
+            T::to_bits(line, out, isa);
         }
     }
 }

@@ -33,6 +33,7 @@ fn datum_type(d: DType) -> DatumType {
         DType::I32 => DatumType::I32,
         DType::I64 => DatumType::I64,
         DType::Bool => DatumType::Bool,
+        DType::BF16 | DType::F16 => panic!("these tests run tract on f32, f64, i32, i64 and bool, not {d}"),
     }
 }
 
@@ -44,6 +45,9 @@ fn to_tract(s: &Storage) -> TractTensor {
         Storage::I32(_) => TractTensor::from_shape(shape, &s.to_vec::<i32>().unwrap()),
         Storage::I64(_) => TractTensor::from_shape(shape, &s.to_vec::<i64>().unwrap()),
         Storage::Bool(_) => TractTensor::from_shape(shape, &s.to_vec::<bool>().unwrap()),
+        Storage::BF16(_) | Storage::F16(_) => {
+            panic!("these tests feed tract f32, f64, i32, i64 and bool, not {}", s.dtype())
+        }
     };
     t.expect("shape matches the data")
 }
@@ -161,7 +165,7 @@ pub fn assert_close(what: &str, got: &[Storage], want: &[Storage], tol: f64) {
                     assert!(ok, "{what}: result {i} element {k}: runtime {a}, tracejit {b}");
                 }
             }
-            DType::I32 | DType::I64 | DType::Bool => {
+            DType::I32 | DType::I64 | DType::Bool | DType::BF16 | DType::F16 => {
                 assert!(g.bit_eq(w), "{what}: result {i}: runtime {g:?}, tracejit {w:?}");
             }
         }

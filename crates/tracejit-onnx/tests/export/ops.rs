@@ -73,6 +73,7 @@ fn tensor(dtype: DType, shape: &[usize], raw: &[f64], specials: bool) -> Tensor 
         DType::I32 => Tensor::from_vec(vals.iter().map(|&v| int(v) as i32).collect(), shape),
         DType::I64 => Tensor::from_vec(vals.iter().map(|&v| int(v) as i64).collect(), shape),
         DType::Bool => Tensor::from_vec(vals.iter().map(|&v| v > 0.0).collect(), shape),
+        DType::BF16 | DType::F16 => Tensor::from_vec(vals, shape).cast(dtype),
     }
 }
 

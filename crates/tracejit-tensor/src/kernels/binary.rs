@@ -44,6 +44,9 @@ pub(crate) fn binary(op: BinaryOp, a: &Storage, b: &Storage) -> Storage {
         (Storage::I32(x), Storage::I32(y)) => binary_num(op, x, y),
         (Storage::I64(x), Storage::I64(y)) => binary_num(op, x, y),
         (Storage::Bool(x), Storage::Bool(y)) => binary_bool(op, x, y),
+        (Storage::BF16(_), Storage::BF16(_)) | (Storage::F16(_), Storage::F16(_)) => {
+            super::in_f32(&[a, b], |w| vec![binary(op, w[0], w[1])]).remove(0)
+        }
         _ => unreachable!("dtypes checked above"),
     }
 }
@@ -121,6 +124,8 @@ fn cast_t<T: Cast>(a: &ArcArray<T, IxDyn>, to: DType) -> Storage {
         DType::I32 => Storage::from_array(a.mapv(T::cast_i32)),
         DType::I64 => Storage::from_array(a.mapv(T::cast_i64)),
         DType::Bool => Storage::from_array(a.mapv(T::cast_bool)),
+        DType::BF16 => Storage::from_array(a.mapv(T::cast_bf16)),
+        DType::F16 => Storage::from_array(a.mapv(T::cast_f16)),
     }
 }
 
@@ -131,6 +136,7 @@ pub(crate) fn clamp(x: &Storage, min: f64, max: f64) -> Storage {
         Storage::I32(a) => clamp_t(a, min, max),
         Storage::I64(a) => clamp_t(a, min, max),
         Storage::Bool(_) => panic!("clamp: dtype bool is not accepted"),
+        Storage::BF16(_) | Storage::F16(_) => super::in_f32_1(x, |w| clamp(w, min, max)),
     }
 }
 

@@ -172,6 +172,14 @@ macro_rules! with_dtype {
                 type $T = bool;
                 $body
             }
+            $crate::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
         }
     };
 }
@@ -179,10 +187,12 @@ macro_rules! with_dtype {
 mod binary;
 mod conv;
 mod index;
+mod low_precision;
 mod matmul;
 mod num;
 mod pool;
 mod random;
+pub(crate) use low_precision::{in_f32, in_f32_1};
 mod reduce;
 pub mod scalar;
 mod scan;
@@ -235,9 +245,44 @@ pub fn arg_reduce(op: ArgReduceOp, x: &Storage, axis: usize, keepdims: bool) -> 
     reduce::arg_reduce(op, x, axis, keepdims)
 }
 
-/// Matrix product of the last two axes, batch axes broadcast.
+/// Matrix product of the last two axes, batch axes broadcast. bf16/f16
+/// operands multiply in f32 and the result is rounded back (see
+/// [`matmul_acc`] to keep the f32 sums).
 pub fn matmul(a: &Storage, b: &Storage) -> Storage {
+    if low_pair(a, b) {
+        return in_f32(&[a, b], |w| vec![matmul::matmul(w[0], w[1])]).remove(0);
+    }
     matmul::matmul(a, b)
+}
+
+/// [`matmul`] accumulated and returned in `acc` (F32 or F64): bf16/f16
+/// operands are widened exactly, so each product is exact and the sums are
+/// `acc`'s; operands already of dtype `acc` give plain `matmul`.
+///
+/// # Panics
+/// If `acc` is not F32 or F64, or the operands' dtypes differ or are not
+/// floats of at most `acc`'s width.
+pub fn matmul_acc(a: &Storage, b: &Storage, acc: DType) -> Storage {
+    if a.dtype() != b.dtype() {
+        panic!("matmul_acc: operands have different dtypes ({} and {})", a.dtype(), b.dtype());
+    }
+    let ok = match acc {
+        DType::F32 => matches!(a.dtype(), DType::F32 | DType::BF16 | DType::F16),
+        DType::F64 => a.dtype().is_float(),
+        DType::I32 | DType::I64 | DType::Bool | DType::BF16 | DType::F16 => false,
+    };
+    if !ok {
+        panic!(
+            "matmul_acc: cannot accumulate {} operands in {acc} (the accumulator is f32 or f64, at least as wide)",
+            a.dtype()
+        );
+    }
+    matmul::matmul(&cast(a, acc), &cast(b, acc))
+}
+
+/// True when both operands are the same 16-bit float dtype.
+fn low_pair(a: &Storage, b: &Storage) -> bool {
+    a.dtype() == b.dtype() && a.dtype().is_low_precision()
 }
 
 /// Same elements, new shape (same element count).
@@ -287,11 +332,17 @@ pub fn arange(start: f64, stop: f64, step: f64, dtype: DType) -> Storage {
 
 /// Standard normal samples from a counter-based generator.
 pub fn randn(shape: &[usize], seed: u64, dtype: DType) -> Storage {
+    if dtype.is_low_precision() {
+        return cast(&random::randn(shape, seed, DType::F32), dtype);
+    }
     random::randn(shape, seed, dtype)
 }
 
 /// Uniform samples in `[low, high)` from a counter-based generator.
 pub fn rand_uniform(shape: &[usize], low: f64, high: f64, seed: u64, dtype: DType) -> Storage {
+    if dtype.is_low_precision() {
+        return cast(&random::rand_uniform(shape, low, high, seed, DType::F32), dtype);
+    }
     random::rand_uniform(shape, low, high, seed, dtype)
 }
 
@@ -299,6 +350,9 @@ pub fn rand_uniform(shape: &[usize], low: f64, high: f64, seed: u64, dtype: DTyp
 /// ScatterElements with `reduction="add"`; indices broadcast against the
 /// updates; duplicates sum in row-major order).
 pub fn scatter_add(x: &Storage, indices: &Storage, updates: &Storage, axis: usize) -> Storage {
+    if low_pair(x, updates) {
+        return in_f32(&[x, updates], |w| vec![scatter::scatter_add(w[0], indices, w[1], axis)]).remove(0);
+    }
     scatter::scatter_add(x, indices, updates, axis)
 }
 
@@ -336,11 +390,15 @@ pub fn top_k(x: &Storage, k: usize) -> (Storage, Storage) {
     scan::top_k(x, k)
 }
 
-/// A random draw of `shape` and `dtype` (f32 or f64) from the Philox
+/// A random draw of `shape` and `dtype` (a float; bf16 and f16 drawn in
+/// f32 and rounded) from the Philox
 /// stream of `state` (an i64 `[counter_lo, counter_hi, key]`, or an i64
 /// `[s0, s1]` seed standing for `[0, s1, s0]`): element `i` is a function of
 /// the state and `i` only.
 pub fn random(dist: RandomDist, state: &Storage, shape: &[usize], dtype: DType) -> Storage {
+    if dtype.is_low_precision() {
+        return cast(&random::random(dist, state, shape, DType::F32), dtype);
+    }
     random::random(dist, state, shape, dtype)
 }
 
@@ -353,6 +411,9 @@ pub fn random(dist: RandomDist, state: &Storage, shape: &[usize], dtype: DType) 
 /// first and names the user's line).
 pub fn spatial(op: &SpatialOp, inputs: &[&Storage]) -> Vec<Storage> {
     assert_eq!(inputs.len(), op.num_inputs(), "{}: takes {} inputs, got {}", op.name(), op.num_inputs(), inputs.len());
+    if inputs.iter().any(|s| s.dtype().is_low_precision()) {
+        return in_f32(inputs, |w| spatial(op, w));
+    }
     match *op {
         SpatialOp::Conv2d { conv, bias, relu } => {
             vec![conv::forward(conv, inputs[0], inputs[1], bias.then(|| inputs[2]), relu)]

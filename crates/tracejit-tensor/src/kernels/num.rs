@@ -364,13 +364,21 @@ macro_rules! impl_int {
 impl_int!(i32);
 impl_int!(i64);
 
-/// `as`-style conversion from one element type to each of the five.
+/// `as`-style conversion from one element type to each of the seven; to
+/// the 16-bit floats it rounds to nearest even once, straight from the
+/// source value (NaN stays NaN, f16 overflows to ±Inf, subnormals kept).
 pub(crate) trait Cast: StorageElement {
     fn cast_f32(self) -> f32;
     fn cast_f64(self) -> f64;
     fn cast_i32(self) -> i32;
     fn cast_i64(self) -> i64;
     fn cast_bool(self) -> bool;
+    fn cast_bf16(self) -> half::bf16 {
+        crate::Element::from_f64(self.cast_f64())
+    }
+    fn cast_f16(self) -> half::f16 {
+        crate::Element::from_f64(self.cast_f64())
+    }
 }
 
 macro_rules! impl_cast {
@@ -401,8 +409,79 @@ macro_rules! impl_cast {
         }
     };
 }
-impl_cast!(f32, 0.0);
 impl_cast!(f64, 0.0);
+
+// f32 rounds to the 16-bit floats directly (its f64 widening is exact, so
+// the default would agree; this is the fast path).
+impl Cast for f32 {
+    #[inline]
+    fn cast_f32(self) -> f32 {
+        self
+    }
+    #[inline]
+    fn cast_f64(self) -> f64 {
+        self as f64
+    }
+    #[inline]
+    fn cast_i32(self) -> i32 {
+        self as i32
+    }
+    #[inline]
+    fn cast_i64(self) -> i64 {
+        self as i64
+    }
+    #[inline]
+    fn cast_bool(self) -> bool {
+        // NaN != 0, so NaN is true.
+        self != 0.0
+    }
+    #[inline]
+    fn cast_bf16(self) -> half::bf16 {
+        half::bf16::from_f32(self)
+    }
+    #[inline]
+    fn cast_f16(self) -> half::f16 {
+        half::f16::from_f32(self)
+    }
+}
+
+// The 16-bit floats widen exactly to f32 and convert from there.
+macro_rules! impl_half_cast {
+    ($t:ty) => {
+        impl Cast for $t {
+            #[inline]
+            fn cast_f32(self) -> f32 {
+                self.to_f32()
+            }
+            #[inline]
+            fn cast_f64(self) -> f64 {
+                self.to_f64()
+            }
+            #[inline]
+            fn cast_i32(self) -> i32 {
+                self.to_f32() as i32
+            }
+            #[inline]
+            fn cast_i64(self) -> i64 {
+                self.to_f32() as i64
+            }
+            #[inline]
+            fn cast_bool(self) -> bool {
+                self.to_f32() != 0.0
+            }
+            #[inline]
+            fn cast_bf16(self) -> half::bf16 {
+                half::bf16::from_f32(self.to_f32())
+            }
+            #[inline]
+            fn cast_f16(self) -> half::f16 {
+                half::f16::from_f32(self.to_f32())
+            }
+        }
+    };
+}
+impl_half_cast!(half::bf16);
+impl_half_cast!(half::f16);
 impl_cast!(i32, 0);
 impl_cast!(i64, 0);
 

@@ -22,6 +22,7 @@ pub(crate) fn cumsum(x: &Storage, axis: usize) -> Storage {
         Storage::I32(a) => Storage::I32(scan(a, axis, i32::wrapping_add)),
         Storage::I64(a) => Storage::I64(scan(a, axis, i64::wrapping_add)),
         Storage::Bool(_) => panic!("cumsum: expected a numeric tensor, got bool (cast it first)"),
+        Storage::BF16(_) | Storage::F16(_) => super::in_f32_1(x, |w| cumsum(w, axis)),
     }
 }
 
@@ -67,6 +68,15 @@ pub(crate) fn top_k(x: &Storage, k: usize) -> (Storage, Storage) {
         Storage::I32(_) => top_k_t::<i32>(x, n, k, &out_shape),
         Storage::I64(_) => top_k_t::<i64>(x, n, k, &out_shape),
         Storage::Bool(_) => panic!("top_k: expected a numeric tensor, got bool (cast it first)"),
+        // Widening is exact and monotone, so the order (and ties) are the 16-bit values'.
+        Storage::BF16(_) | Storage::F16(_) => {
+            let mut r = super::in_f32(&[x], |w| {
+                let (v, i) = top_k(w[0], k);
+                vec![v, i]
+            });
+            let i = r.remove(1);
+            (r.remove(0), i)
+        }
     }
 }
 

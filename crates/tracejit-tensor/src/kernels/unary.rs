@@ -20,6 +20,7 @@ pub(crate) fn unary(op: UnaryOp, x: &Storage) -> Storage {
             assert!(op == UnaryOp::LogicalNot, "result_dtype accepts only logical_not on bool, not {}", op.name());
             Storage::from_array(a.mapv(|b| !b))
         }
+        Storage::BF16(_) | Storage::F16(_) => super::in_f32_1(x, |w| unary(op, w)),
     }
 }
 

@@ -65,6 +65,8 @@ pub(crate) fn dynamic_update_slice(x: &Storage, update: &Storage, starts: &Stora
         (Storage::I32(a), Storage::I32(u)) => Storage::I32(write_window(a, u, &at)),
         (Storage::I64(a), Storage::I64(u)) => Storage::I64(write_window(a, u, &at)),
         (Storage::Bool(a), Storage::Bool(u)) => Storage::Bool(write_window(a, u, &at)),
+        (Storage::BF16(a), Storage::BF16(u)) => Storage::BF16(write_window(a, u, &at)),
+        (Storage::F16(a), Storage::F16(u)) => Storage::F16(write_window(a, u, &at)),
         _ => unreachable!("dtypes checked above"),
     }
 }
@@ -89,7 +91,9 @@ pub(crate) fn pad(x: &Storage, pads: &[(usize, usize)], value: f64) -> Storage {
     match x {
         Storage::F32(_) => pad_rows::<f32>(x, pads, &shape, value),
         Storage::F64(_) => pad_rows::<f64>(x, pads, &shape, value),
-        Storage::I32(_) | Storage::I64(_) | Storage::Bool(_) => pad_by_view(x, pads, &shape, value),
+        Storage::I32(_) | Storage::I64(_) | Storage::Bool(_) | Storage::BF16(_) | Storage::F16(_) => {
+            pad_by_view(x, pads, &shape, value)
+        }
     }
 }
 

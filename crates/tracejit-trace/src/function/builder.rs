@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::{Function, FunctionConfig, FunctionState};
 use crate::nest::{Nest, TensorSpec};
 use tracejit_ir::passes::OptimizationOptions;
+use tracejit_tensor::DType;
 
 impl<A: Nest, R: Nest> Function<A, R> {
     pub(super) fn with_config(mut self, f: impl FnOnce(&mut FunctionConfig)) -> Self {
@@ -43,6 +44,41 @@ impl<A: Nest, R: Nest> Function<A, R> {
     pub fn implements(self, name: &str) -> Self {
         let checked = validate_composite_name(name);
         self.with_config(|c| c.implements = Some(checked))
+    }
+
+    /// Runs the function's products and convolutions in `dtype` (`BF16` or
+    /// `F16`) with f32 accumulation: the `auto_mixed_precision` pass
+    /// (Grappler's; PyTorch's `autocast`, Keras' `mixed_bfloat16`). What
+    /// changes and what stays f32 is listed in
+    /// [`tracejit_ir::passes::AutoMixedPrecision`]; Variables stay f32 and
+    /// get f32 gradients, so optimizers are unchanged. Overrides
+    /// [`crate::config::set_mixed_precision`] for this function; `F32`
+    /// turns mixed precision off for it.
+    ///
+    /// # Panics
+    /// If `dtype` is not `BF16`, `F16` or `F32`.
+    ///
+    /// ```
+    /// use tracejit_trace::{function, DType, Tensor};
+    ///
+    /// let f = function(|(x, w): (Tensor, Tensor)| x.matmul(&w)).mixed_precision(DType::BF16);
+    /// let x = Tensor::from_vec(vec![1.0f32 + 1.0 / 512.0; 4], &[2, 2]);
+    /// let w = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 1.0], &[2, 2]);
+    /// let y = f.call((x, w))?;
+    /// assert_eq!(y.dtype(), DType::F32);
+    /// // The operand was rounded to bf16 (8 significant bits) for the product.
+    /// assert_eq!(y.to_vec::<f32>()?, [1.0; 4]);
+    /// # Ok::<(), tracejit_trace::Error>(())
+    /// ```
+    pub fn mixed_precision(self, dtype: DType) -> Self {
+        let low = match dtype {
+            DType::BF16 | DType::F16 => Some(dtype),
+            DType::F32 => None,
+            DType::F64 | DType::I32 | DType::I64 | DType::Bool => {
+                panic!("mixed_precision: expected BF16 or F16 (or F32 for off), got {dtype}")
+            }
+        };
+        self.with_config(|c| c.mixed_precision = Some(low))
     }
 
     /// Optimizes traced graphs under `options` (which passes run, the

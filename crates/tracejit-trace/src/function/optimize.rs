@@ -111,8 +111,13 @@ impl<A: Nest, R: Nest> Function<A, R> {
     pub(super) fn pipeline_and_context(&self, dump_prefix: String) -> Result<(Pipeline, PassContext)> {
         let pipeline = Pipeline::default_pipeline().with_options(self.config.optimizations.clone());
         pipeline.validate().map_err(|message| Error::Options { function: self.config.name.clone(), message })?;
-        let mut cx = PassContext { dump_prefix: Some(dump_prefix), ..PassContext::new(self.config.name.clone()) }
-            .with_kernels(tracejit_ir::registry::global());
+        let mixed_precision = self.config.mixed_precision.unwrap_or_else(crate::config::mixed_precision);
+        let mut cx = PassContext {
+            dump_prefix: Some(dump_prefix),
+            mixed_precision,
+            ..PassContext::new(self.config.name.clone())
+        }
+        .with_kernels(tracejit_ir::registry::global());
         if self.config.jit {
             // Form only regions the JIT compiles (smaller ones where it
             // would reject a bigger one); `OptimizationOptions::accept_region`

@@ -1,0 +1,153 @@
+//! `auto_mixed_precision`: Grappler's pass of the same name, for bf16 (or
+//! f16) on CPU. Each f32 product and convolution reads its operands rounded
+//! to the low dtype, `cast(cast(x, bf16), f32)`, and keeps its f32 result:
+//! the products of 8-bit-significand values are exact in f32, so this is a
+//! bf16 product accumulated in f32, which the JIT runs on its bf16 GEMM
+//! (`vdpbf16ps`) without materializing the rounded copies.
+//!
+//! Which ops change is a list, as in Grappler and PyTorch's autocast:
+//!
+//! | list | ops | dtype |
+//! |---|---|---|
+//! | allow | `matmul`, `conv2d`, `conv2d_backward_data`, `conv2d_backward_filter` | operands rounded to the low dtype, f32 accumulation and result |
+//! | deny | every other op: `exp`, `log`, softmax, reductions, normalizations, losses, elementwise arithmetic, optimizer updates | f32, unchanged |
+//!
+//! There is no "infer" list: the allowed ops' results stay f32, so nothing
+//! downstream sees a low dtype. Variables stay f32 and their gradients are
+//! f32 (the backward's products are products too, so they are rounded
+//! likewise, as autocast does). A value read by several products is
+//! rounded once. The pass runs inside loop bodies and branches; composite
+//! kernels (attention, LSTM) keep their own f32 arithmetic.
+
+use std::collections::HashMap;
+
+use tracejit_tensor::{DType, SpatialOp};
+
+use crate::passes::{run_in_subgraphs, Pass, PassContext, PassResult, Rewriter};
+use crate::{Graph, NodeId, Op, ValueId};
+
+/// The automatic mixed precision pass (`auto_mixed_precision`); a no-op
+/// unless [`PassContext::mixed_precision`] names a low dtype.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AutoMixedPrecision;
+
+impl Pass for AutoMixedPrecision {
+    fn name(&self) -> &'static str {
+        "auto_mixed_precision"
+    }
+
+    fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
+        let Some(low) = cx.mixed_precision.filter(|d| d.is_low_precision()) else {
+            return PassResult::unchanged();
+        };
+        let nested = run_in_subgraphs(self, g, cx);
+        let operands: Vec<(NodeId, Vec<usize>)> =
+            g.nodes().filter_map(|(id, _)| Some((id, rounded_operands(g, id)?))).collect();
+        if operands.is_empty() {
+            return nested;
+        }
+        let mut rw = Rewriter::new(g);
+        // The rounded f32 copy of each old value, made once.
+        let mut rounded: HashMap<ValueId, ValueId> = HashMap::new();
+        let mut changed = 0;
+        for (id, node) in g.nodes() {
+            if rw.is_mapped(id) {
+                continue;
+            }
+            let Some((_, which)) = operands.iter().find(|(n, _)| *n == id) else {
+                rw.copy(id);
+                continue;
+            };
+            let mut inputs = rw.inputs(id);
+            for &i in which {
+                let old = node.inputs[i];
+                let v = match rounded.get(&old) {
+                    Some(&v) => v,
+                    None => {
+                        let v = round_through(&mut rw, inputs[i], low, node.location);
+                        rounded.insert(old, v);
+                        v
+                    }
+                };
+                inputs[i] = v;
+            }
+            if rw.replace_if_types(id, node.op.clone(), &inputs, &node.outputs) {
+                changed += 1;
+            } else {
+                rw.copy(id);
+            }
+        }
+        *g = rw.finish();
+        let what = if changed == 1 { "product" } else { "products" };
+        nested.and(PassResult::count(changed, &format!("{what} in {low} with f32 accumulation")))
+    }
+}
+
+/// `cast(cast(v, low), f32)` in the new graph.
+fn round_through(
+    rw: &mut Rewriter<'_>,
+    v: ValueId,
+    low: DType,
+    location: Option<&'static std::panic::Location<'static>>,
+) -> ValueId {
+    let down = rw.emit(Op::Cast { to: low }, &[v], &[], location).expect("a cast of an f32 value types");
+    let up =
+        rw.emit(Op::Cast { to: DType::F32 }, &[ValueId::new(down, 0)], &[], location).expect("a cast of a value types");
+    ValueId::new(up, 0)
+}
+
+/// The operands of node `id` to round: those of an allow-listed op whose
+/// operands and result are f32 (a product's two, a convolution's input and
+/// filter, never its bias). `None` for every other node.
+fn rounded_operands(g: &Graph, id: NodeId) -> Option<Vec<usize>> {
+    let node = g.node(id);
+    let which: &[usize] = match &node.op {
+        Op::MatMul => &[0, 1],
+        Op::Spatial(SpatialOp::Conv2d { .. }) | Op::Spatial(SpatialOp::Conv2dBackwardData { .. }) => &[0, 1],
+        Op::Spatial(SpatialOp::Conv2dBackwardFilter { .. }) => &[0, 1],
+        Op::Spatial(
+            SpatialOp::MaxPool2d { .. }
+            | SpatialOp::MaxPool2dBackward { .. }
+            | SpatialOp::AvgPool2d { .. }
+            | SpatialOp::AvgPool2dBackward { .. },
+        ) => return None,
+        // The deny list: every other op keeps f32.
+        Op::Parameter { .. }
+        | Op::Constant { .. }
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Select
+        | Op::Cast { .. }
+        | Op::Clamp { .. }
+        | Op::Reduce { .. }
+        | Op::ArgReduce { .. }
+        | Op::BroadcastTo { .. }
+        | Op::ExpandDims { .. }
+        | Op::Squeeze { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Concat { .. }
+        | Op::Stack { .. }
+        | Op::Slice { .. }
+        | Op::Gather { .. }
+        | Op::OneHot { .. }
+        | Op::GatherElements { .. }
+        | Op::ScatterAdd { .. }
+        | Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice
+        | Op::Pad { .. }
+        | Op::Cumsum { .. }
+        | Op::TopK { .. }
+        | Op::Random { .. }
+        | Op::Call { .. }
+        | Op::Cond { .. }
+        | Op::While { .. }
+        | Op::ReadVariable { .. }
+        | Op::AssignVariable { .. }
+        | Op::Fused { .. }
+        | Op::Kernel { .. } => return None,
+    };
+    let f32s = which.iter().all(|&i| g.value_type(node.inputs[i]).dtype == DType::F32)
+        && node.outputs.iter().all(|t| t.dtype == DType::F32);
+    f32s.then(|| which.to_vec())
+}
