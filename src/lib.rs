@@ -116,6 +116,11 @@ pub use tracejit_trace::GradientTape;
 /// closure runs once, at trace time.
 pub use tracejit_trace::debug;
 
+/// Dynamic int8 quantization of a traced function for inference
+/// (`quantize::dynamic(&cf)`): products against variables or constants
+/// run in int8 on `vpdpbusd`.
+pub use tracejit_trace::quantize;
+
 /// The names most programs need: `use tracejit::prelude::*;`.
 pub mod prelude {
     pub use tracejit_module::Module;

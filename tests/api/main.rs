@@ -32,6 +32,7 @@ mod passes;
 mod precision;
 mod primitives;
 mod profile;
+mod quantize;
 mod random;
 mod retrace_policy;
 mod schedule_stats;

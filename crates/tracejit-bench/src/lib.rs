@@ -10,6 +10,7 @@
 pub mod cli;
 pub mod cnn;
 pub mod floors;
+mod int8;
 pub mod measure;
 pub mod micro;
 pub mod peak;

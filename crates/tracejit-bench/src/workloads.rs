@@ -13,7 +13,10 @@
 //! - `traced-jit-bf16` (W5, W6, W9, W10): the JIT with
 //!   `mixed_precision(DType::BF16)` (products in bf16, f32 accumulation),
 //!   checked against the f32 eager result within [`Tolerance::BF16`] and
-//!   reported with its error (max abs error / max abs value).
+//!   reported with its error (max abs error / max abs value);
+//! - `traced-jit-int8` (W5, W9): inference through `quantize::dynamic`,
+//!   the weights held in Variables (see `crate::int8`), checked and
+//!   reported like the bf16 mode.
 //!
 //! Softmax (W3) and layer norm (W4) are written with primitives (`max`, `sub`,
 //! `exp`, `sum`, `div` / `mean`, `rsqrt`), as the workloads define them.
@@ -41,6 +44,9 @@ pub enum Mode {
     /// Traced, compiled by the JIT, with mixed precision: products in bf16
     /// with f32 accumulation (`Function::mixed_precision(DType::BF16)`).
     TracedJitBf16,
+    /// Traced with the weights in Variables, compiled, and quantized with
+    /// `tracejit::quantize::dynamic` (int8 products, f32 elsewhere).
+    TracedJitInt8,
 }
 
 impl Mode {
@@ -52,6 +58,7 @@ impl Mode {
             Mode::TracedJit => "traced-jit",
             Mode::TracedJitNoSelect => "traced-jit-noselect",
             Mode::TracedJitBf16 => "traced-jit-bf16",
+            Mode::TracedJitInt8 => "traced-jit-int8",
         }
     }
 
@@ -62,13 +69,13 @@ impl Mode {
 
     /// True for the modes whose figures must come from the JIT executor.
     pub fn needs_jit(self) -> bool {
-        matches!(self, Mode::TracedJit | Mode::TracedJitNoSelect | Mode::TracedJitBf16)
+        matches!(self, Mode::TracedJit | Mode::TracedJitNoSelect | Mode::TracedJitBf16 | Mode::TracedJitInt8)
     }
 
     /// True for the reduced-precision modes, whose rows report their error
     /// against the f32 result.
     pub fn is_low_precision(self) -> bool {
-        matches!(self, Mode::TracedJitBf16)
+        matches!(self, Mode::TracedJitBf16 | Mode::TracedJitInt8)
     }
 }
 
@@ -76,8 +83,11 @@ impl Mode {
 pub const STANDARD_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit];
 /// W7's modes: the standard ones plus the JIT with the selector off.
 pub const COMPOSITE_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit, Mode::TracedJitNoSelect];
-/// W5, W6, W9 and W10's modes: the standard ones plus mixed precision.
+/// W6 and W10's modes: the standard ones plus mixed precision.
 pub const BF16_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit, Mode::TracedJitBf16];
+/// W5 and W9's modes: the standard ones plus mixed precision and int8.
+pub const LOW_PRECISION_MODES: &[Mode] =
+    &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit, Mode::TracedJitBf16, Mode::TracedJitInt8];
 
 /// Configures a fresh `Function` for a traced mode: THE place where modes map
 /// to builder calls. `Err` carries the reason a mode cannot run yet.
@@ -90,6 +100,7 @@ pub fn configure_function<A: Nest, R: Nest>(f: Function<A, R>, mode: Mode) -> Re
         // swapped for their registered kernels.
         Mode::TracedJitNoSelect => Ok(f.jit(true).selector(false)),
         Mode::TracedJitBf16 => Ok(f.jit(true).mixed_precision(DType::BF16)),
+        Mode::TracedJitInt8 => Err("the int8 mode runs a quantized ConcreteFunction (crate::int8)".to_string()),
     }
 }
 
@@ -191,6 +202,9 @@ where
     }
 
     fn traced(&self, mode: Mode) -> Result<Box<dyn TracedRunner + '_>, String> {
+        if mode == Mode::TracedJitInt8 {
+            return Ok(Box::new(crate::int8::runner(self.name, &self.args, self.closure.clone())?));
+        }
         let f = configure_function(self.function(), mode)?;
         Ok(Box::new(BoundFunction { f, args: &self.args }))
     }
@@ -320,7 +334,7 @@ pub fn all() -> Vec<WorkloadSpec> {
             tolerance: Tolerance { rtol: 1e-5, atol: 1e-5 },
             tolerance_note: "exact ops, but dot products of length 784 summed in another order cancel",
             floor_bytes: None,
-            modes: BF16_MODES,
+            modes: LOW_PRECISION_MODES,
             build: build_mlp_forward,
         },
         WorkloadSpec {
@@ -360,7 +374,7 @@ pub fn all() -> Vec<WorkloadSpec> {
             tolerance: Tolerance::TRANSCENDENTAL,
             tolerance_note: "exp in the attention, tanh in GELU, rsqrt in the layer norms",
             floor_bytes: None,
-            modes: BF16_MODES,
+            modes: LOW_PRECISION_MODES,
             build: crate::transformer::build_transformer_block,
         },
         WorkloadSpec {

@@ -347,9 +347,9 @@ fn is_permutation(perm: &[usize], rank: usize) -> bool {
 /// Describes the dtypes an op accepts: `float`, `numeric`, `bool` or a list.
 fn accepted_kind(accepts: impl Fn(DType) -> bool) -> String {
     let ok: Vec<DType> = DType::ALL.into_iter().filter(|&d| accepts(d)).collect();
-    if ok == [DType::F32, DType::F64] {
+    if ok == [DType::F32, DType::F64, DType::BF16, DType::F16] {
         "float".into()
-    } else if ok == [DType::F32, DType::F64, DType::I32, DType::I64] {
+    } else if ok == [DType::F32, DType::F64, DType::I32, DType::I64, DType::BF16, DType::F16] {
         "numeric".into()
     } else if ok == [DType::I32, DType::I64] {
         "integer".into()

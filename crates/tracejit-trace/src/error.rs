@@ -177,6 +177,14 @@ pub enum Error {
         /// The function being traced.
         function: String,
     },
+    /// `quantize::dynamic` found nothing to quantize in a function.
+    #[error("quantize::dynamic: function `{function}`: nothing to quantize: {message}")]
+    Quantize {
+        /// The function.
+        function: String,
+        /// What it found instead.
+        message: String,
+    },
     /// A gradient could not be computed (a spent tape, an integer source,
     /// an op without a gradient rule, ...).
     #[error("gradient: {message}")]
@@ -241,6 +249,7 @@ impl Error {
             | Error::Validation { .. }
             | Error::SymbolicValue { .. }
             | Error::Gradient { .. }
+            | Error::Quantize { .. }
             | Error::Ir(_)
             | Error::Tensor(_) => None,
         }

@@ -24,6 +24,7 @@ mod function;
 mod nest;
 mod operators;
 mod ops;
+pub mod quantize;
 mod spatial;
 mod tape;
 mod tensor;

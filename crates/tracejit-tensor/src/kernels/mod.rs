@@ -143,6 +143,8 @@ macro_rules! same_dtype {
             ($crate::Storage::I32($x), $crate::Storage::I32($y)) => $body,
             ($crate::Storage::I64($x), $crate::Storage::I64($y)) => $body,
             ($crate::Storage::Bool($x), $crate::Storage::Bool($y)) => $body,
+            ($crate::Storage::BF16($x), $crate::Storage::BF16($y)) => $body,
+            ($crate::Storage::F16($x), $crate::Storage::F16($y)) => $body,
             (a, b) => panic!("{}: operands have different dtypes ({} and {})", $name, a.dtype(), b.dtype()),
         }
     };
