@@ -22,9 +22,13 @@ fn w6_reports_its_kernels_and_gemms() {
     assert!(st.regions >= 3, "bias/relu epilogues, the loss and the updates are fused: {st}");
     assert_eq!(st.fallbacks, 0, "the labels' one_hot runs inside the loss region: {st}");
     assert_eq!(st.kernels(), st.regions + st.gemms + st.native_kernels + st.fallbacks);
-    for r in rows.iter().filter(|r| r.mode != Mode::TracedJit) {
+    for r in rows.iter().filter(|r| !r.mode.needs_jit()) {
         assert!(r.schedule().is_none(), "{:?} runs no compiled schedule", r.mode);
     }
+    // Mixed precision runs the same products on the bf16 GEMM.
+    let bf16 = rows.iter().find(|r| r.mode == Mode::TracedJitBf16).expect("a traced-jit-bf16 row");
+    let st16 = bf16.schedule().expect("compiled");
+    assert_eq!((st16.gemms, st16.bf16_gemms, st16.fallbacks), (8, 8, 0), "{st16}");
 
     let timing = Timing { median_us: 1.0, min_us: 1.0, max_us: 1.0, samples: 1, batch: 1 };
     let bandwidth = tracejit_bench::floors::Bandwidth { gbps: 1.0, buffer_bytes: 1 << 20, timing: timing.clone() };

@@ -497,7 +497,18 @@ mod tests {
         let p = Pipeline::default_pipeline();
         assert_eq!(
             p.pass_names(),
-            ["inline", "selector", "hoist", "const_fold", "simplify", "cse", "conv_relu", "dce", "fusion"]
+            [
+                "inline",
+                "selector",
+                "hoist",
+                "const_fold",
+                "simplify",
+                "cse",
+                "conv_relu",
+                "dce",
+                "auto_mixed_precision",
+                "fusion"
+            ]
         );
         assert!(p.validate().is_ok());
         let bad = Pipeline::default_pipeline().with_options(OptimizationOptions::default().disable("csee"));

@@ -17,7 +17,8 @@ fn add_f32() {
 
 #[test]
 fn all_unary_all_dtypes() {
-    for dt in DType::ALL {
+    // Regions compute f32, f64 and the integers (16-bit floats stay out).
+    for dt in DType::ALL.into_iter().filter(|d| !d.is_low_precision()) {
         for u in UnaryOp::ALL {
             if u.result_dtype(dt).is_none() {
                 continue;
@@ -38,7 +39,8 @@ fn all_unary_all_dtypes() {
 
 #[test]
 fn all_binary_all_dtypes() {
-    for dt in DType::ALL {
+    // Regions compute f32, f64 and the integers (16-bit floats stay out).
+    for dt in DType::ALL.into_iter().filter(|d| !d.is_low_precision()) {
         for op in BinaryOp::ALL {
             if op.result_dtype(dt).is_none() {
                 continue;
