@@ -313,3 +313,30 @@ fn every_declared_composite_is_a_local_function_that_runs() {
         }
     }
 }
+
+#[test]
+fn sixteen_bit_floats_export_as_bfloat16_and_float16() {
+    // A bf16 weight as an initializer, and casts both ways: the types are
+    // ONNX's BFLOAT16 (16) and FLOAT16 (10), the raw data two bytes each.
+    let w = Variable::new(Tensor::from_vec(vec![0.5f32, -1.5, 3.0], &[3]).cast(DType::BF16)).with_name("w16");
+    let w2 = w.clone();
+    let f = function(move |x: Tensor| (x.cast(DType::BF16) * w2.read()).cast(DType::F32));
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 0.1], &[3]);
+    let cf = f.get_concrete_function(spec(&x)).unwrap();
+    let model = Exporter::new(&cf).to_model().unwrap();
+    let graph = model.graph.as_ref().unwrap();
+    let init = graph.initializer.iter().find(|t| t.name() == "w16").expect("the bf16 variable");
+    assert_eq!((init.data_type(), init.raw_data().len()), (16, 6));
+    let casts: Vec<i64> = graph
+        .node
+        .iter()
+        .filter(|n| n.op_type() == "Cast")
+        .flat_map(|n| n.attribute.iter().filter(|a| a.name() == "to").map(|a| a.i()))
+        .collect();
+    assert!(casts.contains(&16) && casts.contains(&1), "{casts:?}");
+
+    // f16 runs in tract: the product rounded to f16 once, as tracejit does.
+    let h = function(|x: Tensor| (x.cast(DType::F16) * 3.0).cast(DType::F32));
+    let x = Tensor::from_vec(vec![1.0f32, 0.1, 65504.0, -2.5e-5], &[4]);
+    common::check("f16_round_trip", &h.get_concrete_function(spec(&x)).unwrap(), &[x], 0.0);
+}
