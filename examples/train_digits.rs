@@ -39,6 +39,7 @@ options:
   --out DIR         where the checkpoint and the SVG curve go (default target/train_digits)
   --resume          continue from DIR/checkpoint.safetensors if it exists
   --eager           run the training step eagerly instead of compiled (for debugging)
+  --bf16            products in bf16 with f32 accumulation (mixed precision; weights stay f32)
   --help            this text";
 
 /// The command line.
@@ -66,6 +67,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Option<O
             "--out" => o.out = value("--out")?.into(),
             "--resume" => o.resume = true,
             "--eager" => o.eager = true,
+            "--bf16" => o.config.bf16 = true,
             "--help" | "-h" => return Ok(None),
             other => bail!("unknown option {other:?}\n\n{USAGE}"),
         }
@@ -96,7 +98,11 @@ fn main() -> anyhow::Result<()> {
         tracejit::Module::summary(&trainer.state.model).total_parameters,
         trainer.steps_per_epoch(),
         opts.config.batch,
-        if opts.eager { "eager" } else { "compiled" },
+        match (opts.eager, opts.config.bf16) {
+            (true, _) => "eager",
+            (false, true) => "compiled, bf16 products",
+            (false, false) => "compiled",
+        },
     );
     if opts.resume && checkpoint.exists() {
         trainer.restore(&checkpoint)?;

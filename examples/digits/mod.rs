@@ -48,11 +48,14 @@ pub struct Config {
     pub seed: u64,
     /// Fraction of the data held out for testing.
     pub test_fraction: f64,
+    /// Compiled steps run their products in bf16 with f32 accumulation
+    /// (`Function::mixed_precision`); weights, gradients and Adam stay f32.
+    pub bf16: bool,
 }
 
 impl Default for Config {
     fn default() -> Config {
-        Config { hidden: vec![128], epochs: 30, batch: 32, lr: 3e-3, seed: 0, test_fraction: 0.2 }
+        Config { hidden: vec![128], epochs: 30, batch: 32, lr: 3e-3, seed: 0, test_fraction: 0.2, bf16: false }
     }
 }
 
@@ -343,8 +346,9 @@ impl Trainer {
         let model = state.model.clone();
         let eval_body = move |(x, labels): (Tensor, Tensor)| loss_and_correct(&model.forward(&x), &labels);
         let (step, eval, compiled): (StepFn, StepFn, _) = if compiled {
-            let f = function(body).name("digits_train_step");
-            let e = function(eval_body).name("digits_eval");
+            let precision = if config.bf16 { DType::BF16 } else { DType::F32 };
+            let f = function(body).name("digits_train_step").mixed_precision(precision);
+            let e = function(eval_body).name("digits_eval").mixed_precision(precision);
             let g = f.clone();
             (Box::new(move |x, y| g.call((x, y))), Box::new(move |x, y| e.call((x, y))), Some(f))
         } else {

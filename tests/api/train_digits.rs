@@ -246,3 +246,20 @@ fn the_readme_training_loop_trains() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `--bf16`: the products run on the bf16 GEMM, the weights stay f32, and
+/// the held-out accuracy is the f32 run's within half a point.
+#[test]
+fn bf16_mixed_precision_trains_as_well() {
+    let d = data();
+    let accuracy = |bf16: bool| {
+        let t = Trainer::new(Config { bf16, ..short(30) }, &d, true).unwrap();
+        train(&t);
+        let f = t.compiled.as_ref().unwrap().concrete_functions()[0].clone();
+        assert_eq!(f.schedule_stats().unwrap().bf16_gemms, if bf16 { 5 } else { 0 });
+        assert!(t.state.variables().iter().all(|v| v.dtype() != DType::BF16));
+        t.evaluate(&t.test).unwrap().1
+    };
+    let (full, mixed) = (accuracy(false), accuracy(true));
+    assert!(mixed >= full - 0.005, "bf16 {mixed} vs f32 {full}");
+}
