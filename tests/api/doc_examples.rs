@@ -28,6 +28,9 @@ const ITEMS: &[(&str, &str)] = &[
     ("crates/tracejit-nn/src/conv.rs", "pub fn avg_pool2d("),
     ("crates/tracejit-nn/src/batch_norm.rs", "pub fn batch_norm("),
     ("crates/tracejit-trace/src/spatial.rs", "pub fn spatial("),
+    ("crates/tracejit-trace/src/ops.rs", "pub fn matmul_acc("),
+    ("crates/tracejit-trace/src/function/builder.rs", "pub fn mixed_precision("),
+    ("crates/tracejit-trace/src/quantize.rs", "pub fn dynamic("),
 ];
 
 /// The doc comment lines directly above the line starting with `item`

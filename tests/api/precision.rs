@@ -252,3 +252,26 @@ proptest! {
         }
     }
 }
+
+/// The README's "Reduced precision" example, as written there.
+#[test]
+fn the_readme_example_runs() -> tracejit::Result<()> {
+    let a = Tensor::randn(&[64, 256], 0).cast(DType::BF16);
+    let b = Tensor::randn(&[256, 32], 1).cast(DType::BF16);
+    let c = a.matmul_acc(&b, DType::F32);
+    let w = Variable::new(Tensor::randn(&[256, 10], 2));
+    let f = {
+        let w = w.clone();
+        function(move |x: Tensor| x.matmul(&w.read()).relu())
+    }
+    .mixed_precision(DType::BF16);
+    let y = f.call(Tensor::randn(&[64, 256], 3))?;
+    let cf = f.get_concrete_function(Tensor::randn(&[64, 256], 3))?;
+    let q = tracejit::quantize::dynamic(&cf)?;
+    let y8 = q.call_flat(&[Tensor::randn(&[64, 256], 3)])?;
+    assert_eq!((c.dtype(), y.dtype(), y8[0].dtype()), (DType::F32, DType::F32, DType::F32));
+    let (y, y8) = (f32s(&y), f32s(&y8[0]));
+    let scale = y.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    assert!(y.iter().zip(&y8).all(|(a, b)| (a - b).abs() <= 3e-2 * scale));
+    Ok(())
+}

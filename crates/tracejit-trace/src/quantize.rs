@@ -16,7 +16,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use tracejit_ir::{ExternalKernel, Graph, NodeId, Op, TensorType};
+use tracejit_ir::{ExternalKernel, Graph, NodeId, Op, TensorType, ValueId};
 use tracejit_kernels::int8::{gemm_dynamic_i8, PackedI8, MAX_K};
 use tracejit_kernels::Isa;
 use tracejit_tensor::{DType, Storage};
@@ -52,6 +52,10 @@ pub fn dynamic(cf: &ConcreteFunction) -> Result<Arc<ConcreteFunction>> {
     let mut optimized = (*cf.optimized).clone();
     let mut seen = Seen::default();
     quantize_graph(&mut optimized, &mut seen);
+    // The roundings a mixed-precision trace put on the products' operands
+    // are left without readers: int8 reads the f32 values.
+    let cx = tracejit_ir::passes::PassContext::new(cf.name.clone());
+    tracejit_ir::passes::Pass::run(&tracejit_ir::passes::Dce, &mut optimized, &cx);
     if seen.quantized == 0 {
         let message = if seen.products == 0 {
             "it has no matrix product".to_string()
@@ -116,13 +120,18 @@ fn quantize_graph(g: &mut Graph, seen: &mut Seen) {
                 continue;
             }
             seen.quantized += 1;
-            let inputs: Vec<TensorType> = node.inputs.iter().map(|v| g.value_type(*v).clone()).collect();
-            Op::Kernel {
+            let operands: Vec<ValueId> = node.inputs.iter().map(|&v| unrounded(g, v)).collect();
+            let inputs: Vec<TensorType> = operands.iter().map(|v| g.value_type(*v).clone()).collect();
+            let op = Op::Kernel {
                 name: KERNEL_NAME.to_string(),
                 kernel: Arc::new(DynamicI8::default()),
                 inputs,
                 outputs: node.outputs.to_vec(),
-            }
+            };
+            let node = g.node_mut(id);
+            node.inputs = operands.into_iter().collect();
+            node.op = op;
+            continue;
         } else if let Op::While { parts, trip_count, cancel } = &node.op {
             Op::While {
                 parts: [sub(&parts[0], seen), sub(&parts[1], seen)],
@@ -152,7 +161,23 @@ fn eligible(g: &Graph, id: NodeId) -> bool {
     let (x, w) = (g.value_type(node.inputs[0]), g.value_type(node.inputs[1]));
     let shapes = w.rank() == 2 && x.rank() >= 2 && w.dims[0].is_some_and(|k| k <= MAX_K);
     let f32s = x.dtype == DType::F32 && w.dtype == DType::F32 && node.outputs[0].dtype == DType::F32;
-    shapes && f32s && is_weight(g, node.inputs[1].node)
+    shapes && f32s && is_weight(g, unrounded(g, node.inputs[1]).node)
+}
+
+/// The f32 value `v` is a rounding of (`cast(cast(x, bf16 or f16), f32)`,
+/// what `mixed_precision` puts on a product's operands), else `v`.
+fn unrounded(g: &Graph, v: ValueId) -> ValueId {
+    let up = g.node(v.node);
+    if !matches!(up.op, Op::Cast { to: DType::F32 }) {
+        return v;
+    }
+    let down = g.node(up.inputs[0].node);
+    let rounds = matches!(down.op, Op::Cast { to: DType::BF16 | DType::F16 });
+    if rounds && g.value_type(down.inputs[0]).dtype == DType::F32 {
+        down.inputs[0]
+    } else {
+        v
+    }
 }
 
 /// True when node `id` reads a variable, is a constant, or transposes one.
