@@ -45,6 +45,7 @@ options:
   --temperature X   the sample's temperature (default 0.8)
   --out DIR         where the checkpoint and the SVG curve go (default target/train_charlm)
   --resume          continue from DIR/checkpoint.safetensors if it exists
+  --bf16            products in bf16 with f32 accumulation (mixed precision; weights stay f32)
   --help            this text";
 
 /// The command line.
@@ -78,6 +79,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Option<O
             "--temperature" => o.temperature = value("--temperature")?.parse().context("--temperature")?,
             "--out" => o.out = value("--out")?.into(),
             "--resume" => o.resume = true,
+            "--bf16" => o.config.bf16 = true,
             "--help" | "-h" => return Ok(None),
             other => bail!("unknown option {other:?}\n\n{USAGE}"),
         }

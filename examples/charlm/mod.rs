@@ -106,6 +106,9 @@ pub struct Config {
     pub seed: u64,
     /// Stop an epoch after this many steps (tests; `None`: the whole text).
     pub max_steps_per_epoch: Option<usize>,
+    /// Products in bf16 with f32 accumulation (`Function::mixed_precision`)
+    /// in the training and evaluation steps; weights and AdamW stay f32.
+    pub bf16: bool,
 }
 
 impl Default for Config {
@@ -122,6 +125,7 @@ impl Default for Config {
             dropout: 0.1,
             seed: 0,
             max_steps_per_epoch: None,
+            bf16: false,
         }
     }
 }
@@ -218,6 +222,7 @@ impl Trainer {
         };
         let (m, opt, g, p) = (state.model.clone(), state.opt.clone(), state.dropout.clone(), config.dropout);
         let vars = m.trainable_variables();
+        let precision = if config.bf16 { DType::BF16 } else { DType::F32 };
         let step = function(move |tokens: Tensor| {
             let tape = GradientTape::new();
             let loss = m.loss(&tokens, &shape, Some((&g, p)));
@@ -230,13 +235,15 @@ impl Trainer {
             opt.apply_gradients(&grads, &vars);
             loss
         })
-        .name("charlm_train_step");
+        .name("charlm_train_step")
+        .mixed_precision(precision);
         let m = state.model.clone();
         let eval = function(move |tokens: Tensor| {
             let n = tokens.dims()[0].expect("a known batch") as f64;
             m.loss(&tokens, &shape, None) * n
         })
-        .name("charlm_eval");
+        .name("charlm_eval")
+        .mixed_precision(precision);
         Ok(Trainer { state, config, shape, corpus, step, eval })
     }
 

@@ -26,6 +26,7 @@ fn small(epochs: usize, steps: usize) -> Config {
         dropout: 0.1,
         seed: 3,
         max_steps_per_epoch: Some(steps),
+        bf16: false,
     }
 }
 
@@ -67,6 +68,18 @@ fn a_short_run_lowers_the_loss_compiled() {
     let curve = t.curve().unwrap();
     assert_eq!(curve.len(), 1);
     assert!(curve[0].valid_bpc.is_finite() && curve[0].valid_bpc < 6.7, "{curve:?}");
+}
+
+#[test]
+fn a_short_bf16_run_lowers_the_loss_on_the_bf16_gemm() {
+    let t = Trainer::new(Config { bf16: true, ..small(1, 60) }, corpus()).unwrap();
+    let l = losses(&t);
+    let first: f32 = l[..10].iter().sum::<f32>() / 10.0;
+    let last: f32 = l[l.len() - 10..].iter().sum::<f32>() / 10.0;
+    assert!(last < first - 0.5, "the loss did not fall: {first} -> {last}");
+    let stats = t.step.concrete_functions()[0].schedule_stats().unwrap();
+    assert!(stats.bf16_gemms > 0 && stats.bf16_gemms == stats.gemms, "{stats}");
+    assert!(t.state.model.trainable_variables().iter().all(|v| v.dtype() == DType::F32));
 }
 
 #[test]
