@@ -108,6 +108,10 @@ pub mod autodiff {
     };
 }
 pub use tracejit_trace::GradientTape;
+/// JAX's vectorizing map: [`vmap`] maps axis 0 of a closure's argument
+/// and result, [`vmap_axes`] chosen axes of several (see
+/// `tracejit::ir::batching` for the per-op rules).
+pub use tracejit_trace::{vmap, vmap_axes};
 
 /// Printing and inspecting run-time values inside compiled functions
 /// (`jax.debug.print`, `jax.debug.callback`): a `println!` in a traced

@@ -42,3 +42,4 @@ mod train_digits;
 mod transforms;
 mod validation;
 mod variables;
+mod vmap;

@@ -31,6 +31,7 @@ mod tracelock;
 mod transforms;
 mod validate;
 mod variable;
+mod vmap;
 mod windows;
 
 pub use concrete::ConcreteFunction;
@@ -52,3 +53,4 @@ pub use tracejit_jit::{Profile, ScheduleStats, StepTime};
 pub use tracejit_tensor::{Conv2dAttrs, DType, Pool2dAttrs, RandomDist, SliceSpec, SpatialOp};
 pub use transforms::{grad, hessian, jacfwd, jacrev, jvp};
 pub use variable::{locked_update, remember, remember_in, Scope, Variable};
+pub use vmap::{vmap, vmap_axes, ByRef, ByValue, TensorFn};
