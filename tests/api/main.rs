@@ -43,3 +43,4 @@ mod transforms;
 mod validation;
 mod variables;
 mod vmap;
+mod vmap_control;

@@ -165,9 +165,10 @@ pub(super) fn dynamic_update_slice<E: BatchEmitter>(
     Ok(vec![(emit1(e, Op::DynamicUpdateSlice, &[x, upd, starts])?, Some(0))])
 }
 
-/// A random draw per example, each from its own stream: a shared state
-/// draws `[batch, shape..]` at once (example `b` reads block `b`); a
-/// mapped state (one key per example) draws from each example's key and
+/// A random draw per example. A shared state draws once, shared by every
+/// example (as JAX: the same key gives the same numbers; a draw shaped
+/// like a mapped value takes one example's shape); a mapped state (one key
+/// per example) draws from each example's key, each its own stream, and
 /// stacks the draws.
 pub(super) fn random<E: BatchEmitter>(
     e: &mut E,
@@ -175,10 +176,7 @@ pub(super) fn random<E: BatchEmitter>(
     dist: RandomDist,
     dtype: DType,
     shape: Option<&[usize]>,
-    size: Option<usize>,
 ) -> Outs<E::Value> {
-    let size = args.iter().find_map(|(v, b)| b.and_then(|a| e.value_type(v).dims[a])).or(size);
-    let batch = size.ok_or_else(|| BatchError::UnknownSize { what: "a random draw".into() })?;
     let (state, sb) = args[0].clone();
     let example_shape: Vec<usize> = match shape {
         Some(s) => s.to_vec(),
@@ -192,17 +190,19 @@ pub(super) fn random<E: BatchEmitter>(
             })?
         }
     };
+    let draw = Op::Random { dist, dtype, shape: Some(example_shape.clone()) };
     let Some(b) = sb else {
-        let full = std::iter::once(batch).chain(example_shape).collect();
-        return Ok(vec![(emit1(e, Op::Random { dist, dtype, shape: Some(full) }, &[state])?, Some(0))]);
+        return Ok(vec![(emit1(e, draw, &[state])?, None)]);
     };
     let states = to_front(e, state, b)?;
+    let batch = e.value_type(&states).dims[0]
+        .ok_or_else(|| BatchError::UnknownSize { what: "random draws from one key per example".into() })?;
     let mut draws = Vec::with_capacity(batch);
     for i in 0..batch as i64 {
         let spec = SliceSpec { start: Some(i), stop: Some(i + 1), step: 1 };
         let one = emit1(e, Op::Slice { specs: vec![spec, SliceSpec::FULL] }, &[states.clone()])?;
         let one = emit1(e, Op::Squeeze { axes: vec![0] }, &[one])?;
-        draws.push(emit1(e, Op::Random { dist, dtype, shape: Some(example_shape.clone()) }, &[one])?);
+        draws.push(emit1(e, draw.clone(), &[one])?);
     }
     if draws.is_empty() {
         let full: Vec<usize> = std::iter::once(0).chain(example_shape).collect();

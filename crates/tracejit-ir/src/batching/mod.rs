@@ -31,9 +31,10 @@
 //! - `while` carries a batch axis on every value that some iteration makes
 //!   mapped; with a mapped condition it runs until every example's
 //!   condition is false and stops updating each example once its own is;
-//! - random draws give each example its own stream: an unmapped state draws
-//!   `[batch, ..]` at once (example `b` gets block `b`), a mapped state
-//!   (one key per example) draws from each example's key;
+//! - random draws follow their key, as JAX's: a shared key (seed or
+//!   state) draws once for every example, a mapped key (one per example,
+//!   e.g. a `[batch, 2]` seed mapped on axis 0) gives each example its
+//!   own stream;
 //! - calls and fused regions are batched through their bodies;
 //! - variables are read unmapped; a write is an error, as is a native
 //!   kernel (composites are batched through their bodies before the

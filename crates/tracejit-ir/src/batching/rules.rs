@@ -20,10 +20,10 @@ pub fn batch_rule<E: BatchEmitter>(
 ) -> R<Vec<Batched<E::Value>>> {
     let all_unmapped = args.iter().all(|(_, b)| b.is_none());
     // Stateless ops of unmapped operands compute the same for every example:
-    // they run once, unmapped. Calls resolve against this graph's library and
-    // random draws give each example its own stream, so both have rules below.
+    // they run once, unmapped (a random draw from a shared key included, as
+    // in JAX). Calls resolve against this graph's library, so have a rule.
     let shared = match op {
-        Op::Call { .. } | Op::Random { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } => false,
+        Op::Call { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } => false,
         Op::Parameter { .. } | Op::Constant { .. } => false,
         Op::Unary(_)
         | Op::Binary(_)
@@ -50,6 +50,7 @@ pub fn batch_rule<E: BatchEmitter>(
         | Op::Pad { .. }
         | Op::Cumsum { .. }
         | Op::TopK { .. }
+        | Op::Random { .. }
         | Op::Spatial(_)
         | Op::Fused { .. }
         | Op::Cond { .. }
@@ -110,7 +111,7 @@ pub fn batch_rule<E: BatchEmitter>(
         Op::ScatterAdd { axis } => indexing::scatter_add(e, args, *axis, size),
         Op::DynamicSlice { sizes } => indexing::dynamic_slice(e, args, sizes, size),
         Op::DynamicUpdateSlice => indexing::dynamic_update_slice(e, args, size),
-        Op::Random { dist, dtype, shape } => indexing::random(e, args, *dist, *dtype, shape.as_deref(), size),
+        Op::Random { dist, dtype, shape } => indexing::random(e, args, *dist, *dtype, shape.as_deref()),
         Op::Spatial(sp) => indexing::spatial(e, sp, args),
         Op::Call { func } => {
             let callee = graph.library.try_get(*func).ok_or_else(|| {
