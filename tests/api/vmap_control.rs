@@ -13,7 +13,10 @@ fn vals(t: &Tensor) -> Vec<f64> {
 
 fn close(a: &Tensor, b: &Tensor, tol: f64) -> bool {
     a.shape() == b.shape()
-        && vals(a).iter().zip(vals(b)).all(|(x, y)| (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol * (1.0 + y.abs()))
+        && vals(a)
+            .iter()
+            .zip(vals(b))
+            .all(|(x, y)| (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol * (1.0 + y.abs()))
 }
 
 fn example(x: &Tensor, i: usize) -> Tensor {
