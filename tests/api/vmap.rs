@@ -278,3 +278,44 @@ fn by_value_closures_and_unknown_batch_dims() {
     }
     assert_eq!(f.tracing_count(), 1);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(10))]
+
+    /// The sum of squares of an outer product under vmap is factored
+    /// (`||a||² ||b||²`), so the `[batch, m, n]` products are never built.
+    #[test]
+    fn norms_of_outer_products_are_factored(n in prop::sample::select(vec![0usize, 1, 3, 5]), m in 1usize..5, seed in 0u64..1000, nan in any::<bool>()) {
+        let mut a = vals(&randn(&[n, m], seed));
+        if nan && !a.is_empty() {
+            a[0] = f64::NAN;
+        }
+        let a = Tensor::from_vec(a, &[n, m]);
+        let b = randn(&[n, 4], seed + 1);
+        fn outer(xs: &[Tensor]) -> Tensor {
+            xs[0].reshape(&[-1, 1]).matmul(&xs[1].reshape(&[1, -1]))
+        }
+        let by_mul = |xs: Vec<Tensor>| {
+            let g = outer(&xs);
+            vec![(&g * &g).sum_all()]
+        };
+        let by_square = |xs: Vec<Tensor>| vec![outer(&xs).square().sum(&[0, 1], false).sqrt()];
+        let in_axes = [Some(0), Some(0)];
+        for norm in [by_mul as fn(Vec<Tensor>) -> Vec<Tensor>, by_square] {
+            let want = reference(&norm, &[a.clone(), b.clone()], &in_axes, &[0]);
+            let f = function(move |xs: Vec<Tensor>| vmap_axes(norm, &in_axes, &[0])(xs));
+            let got = f.call(vec![a.clone(), b.clone()]).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert!(close_tol(&got[0], &want[0], 1e-12), "{:?} vs {:?}", got[0], want[0]);
+            let text = f.concrete_functions()[0].graph().to_string();
+            prop_assert!(!text.contains("matmul"), "{}", text);
+        }
+    }
+}
+
+fn close_tol(a: &Tensor, b: &Tensor, tol: f64) -> bool {
+    a.shape() == b.shape()
+        && vals(a)
+            .iter()
+            .zip(vals(b))
+            .all(|(x, y)| (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol * (1.0 + y.abs()))
+}

@@ -13,6 +13,7 @@ pub mod floors;
 pub mod measure;
 pub mod micro;
 pub mod peak;
+pub mod per_example;
 pub mod report;
 pub mod runner;
 pub mod transformer;

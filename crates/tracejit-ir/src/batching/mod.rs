@@ -41,6 +41,7 @@
 //!   selector picks kernels) or a convolution's filter gradient.
 
 mod control;
+mod ghost;
 mod helpers;
 mod indexing;
 mod rules;
@@ -149,9 +150,18 @@ pub fn batch_values<E: BatchEmitter>(
         )));
     }
     let mut env: std::collections::HashMap<ValueId, Batched<E::Value>> = std::collections::HashMap::new();
+    let (ghosts, skipped) = ghost::plan(graph);
     for (id, node) in graph.nodes() {
+        if skipped.contains(&id) {
+            continue;
+        }
         let outs = match &node.op {
             Op::Parameter { index } => vec![inputs[*index].clone()],
+            op @ Op::Reduce { .. } if ghosts.contains_key(&id) => {
+                let g = &ghosts[&id];
+                let (a, b) = (env[&g.a].clone(), env[&g.b].clone());
+                ghost_sum_of_squares(e, op, a, b, size, graph)?
+            }
             op => {
                 let args: Vec<Batched<E::Value>> = node
                     .inputs
@@ -166,6 +176,29 @@ pub fn batch_values<E: BatchEmitter>(
         }
     }
     Ok(graph.outputs.iter().map(|v| env[v].clone()).collect())
+}
+
+/// `reduce(square(a @ b))` for an inner dim of 1, as
+/// `reduce(sum(a²) · sum(b²))` with the matrix axes' sums kept as unit
+/// axes (see [`ghost`]): the reduction then sums size-1 axes there, so
+/// its result has the original's shape.
+fn ghost_sum_of_squares<E: BatchEmitter>(
+    e: &mut E,
+    reduce: &Op,
+    a: Batched<E::Value>,
+    b: Batched<E::Value>,
+    size: Option<usize>,
+    graph: &Graph,
+) -> R<Vec<Batched<E::Value>>> {
+    let mut sums = Vec::with_capacity(2);
+    for x in [a, b] {
+        let r = e.value_type(&x.0).rank() - usize::from(x.1.is_some());
+        let sq = batch_rule(e, &Op::Unary(tracejit_tensor::UnaryOp::Square), &[x], size, graph)?.remove(0);
+        let sum = Op::Reduce { op: tracejit_tensor::ReduceOp::Sum, axes: vec![r - 2, r - 1], keepdims: true };
+        sums.push(batch_rule(e, &sum, &[sq], size, graph)?.remove(0));
+    }
+    let product = batch_rule(e, &Op::Binary(tracejit_tensor::BinaryOp::Mul), &sums, size, graph)?;
+    batch_rule(e, reduce, &product, size, graph)
 }
 
 /// `graph` batched as a new graph: parameter `i` of the result has a batch
