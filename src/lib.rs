@@ -104,7 +104,8 @@ pub use tracejit_trace::{OptimizationOptions, PipelineReport, Profile, ScheduleS
 /// ```
 pub mod autodiff {
     pub use tracejit_trace::{
-        custom_gradient, custom_gradient_n, grad, hessian, jacfwd, jacrev, jvp, value_and_grad, GradientTape, Source,
+        checkpoint, checkpoint_with, custom_gradient, custom_gradient_n, grad, hessian, jacfwd, jacrev, jvp,
+        value_and_grad, CheckpointPolicy, GradientTape, Source,
     };
 }
 pub use tracejit_trace::GradientTape;

@@ -32,6 +32,7 @@ mod passes;
 mod primitives;
 mod profile;
 mod random;
+mod remat;
 mod retrace_policy;
 mod schedule_stats;
 mod source_locations;

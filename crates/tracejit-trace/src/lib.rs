@@ -24,6 +24,7 @@ mod function;
 mod nest;
 mod operators;
 mod ops;
+mod remat;
 mod spatial;
 mod tape;
 mod tensor;
@@ -44,6 +45,7 @@ pub use nest::{
     nest_join_field, nest_paths, Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener,
 };
 pub use ops::{Operand, Scalar};
+pub use remat::{checkpoint, checkpoint_with, CheckpointPolicy};
 pub use spatial::spatial;
 pub use tape::{register_gradient, unregister_gradient, value_and_grad, GradientFn, GradientTape, Source};
 pub use tensor::Tensor;

@@ -122,6 +122,24 @@ pub fn batch_rule<E: BatchEmitter>(
         Op::Fused { body } => super::batch_values(e, body, args, size),
         Op::Cond { branches } => control::cond(e, branches, args, size),
         Op::While { parts, trip_count, cancel } => control::while_loop(e, parts, *trip_count, cancel, args, size),
+        Op::Kernel { name, kernel, outputs, .. } if kernel.maps_leading_axis() => {
+            let size = args.iter().find_map(|(v, b)| b.and_then(|a| e.value_type(v).dims[a])).or(size);
+            let mut values = Vec::with_capacity(args.len());
+            for (v, b) in args {
+                values.push(materialize(e, v.clone(), *b, size)?);
+            }
+            let inputs = values.iter().map(|v| e.value_type(v)).collect();
+            let outputs = outputs
+                .iter()
+                .map(|t| {
+                    let mut t = t.clone();
+                    t.dims.insert(0, size);
+                    t
+                })
+                .collect();
+            let op = Op::Kernel { name: name.clone(), kernel: kernel.clone(), inputs, outputs };
+            Ok(e.emit(op, &values)?.into_iter().map(|v| (v, Some(0))).collect())
+        }
         Op::Kernel { name, .. } => Err(BatchError::Unsupported {
             op: format!("kernel {name}"),
             message: "a native kernel has no batch axis; vmap the function before its composites are replaced by \
