@@ -358,6 +358,16 @@ pub fn all() -> Vec<WorkloadSpec> {
             build: crate::transformer::build_gpt_train_step,
         },
         WorkloadSpec {
+            id: "W10c",
+            name: "gpt_train_step_remat",
+            what: "W10 with both blocks in autodiff::checkpoint: the backward recomputes them (peak memory vs W10)",
+            tolerance: Tolerance { rtol: 1e-3, atol: 1e-3 },
+            tolerance_note: "as W10",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: crate::transformer::build_gpt_train_step_remat,
+        },
+        WorkloadSpec {
             id: "W11",
             name: "conv_block",
             what: "NCHW x [32, 32, 32, 32]: 3x3 conv 32 -> 64 pad 1 + bias, relu, 2x2 max pool; forward",
@@ -630,7 +640,7 @@ mod tests {
     fn names_follow_workloads_md() {
         let names: Vec<&str> = all().iter().map(|w| w.name).collect();
         assert_eq!(
-            names[..14],
+            names[..15],
             [
                 "small_ops",
                 "gelu",
@@ -642,13 +652,14 @@ mod tests {
                 "rnn_loop",
                 "transformer_block",
                 "gpt_train_step",
+                "gpt_train_step_remat",
                 "conv_block",
                 "cnn_train_step",
                 "per_example_grads",
                 "per_example_grad_norms"
             ]
         );
-        assert_eq!(names[14..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
+        assert_eq!(names[15..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
         assert_eq!(selected(Some("gelu")).len(), 1);
         assert_eq!(selected(Some("w7"))[0].name, "lstm_cell");
         assert_eq!(selected(Some("mlp")).len(), 2);
