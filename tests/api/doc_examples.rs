@@ -28,6 +28,11 @@ const ITEMS: &[(&str, &str)] = &[
     ("crates/tracejit-nn/src/conv.rs", "pub fn avg_pool2d("),
     ("crates/tracejit-nn/src/batch_norm.rs", "pub fn batch_norm("),
     ("crates/tracejit-trace/src/spatial.rs", "pub fn spatial("),
+    ("crates/tracejit-trace/src/vmap.rs", "pub fn vmap<"),
+    ("crates/tracejit-trace/src/vmap.rs", "pub fn vmap_axes<"),
+    ("crates/tracejit-trace/src/remat.rs", "pub fn checkpoint<"),
+    ("crates/tracejit-trace/src/remat.rs", "pub fn checkpoint_with<"),
+    ("crates/tracejit-ir/src/batching/mod.rs", "pub fn batch_graph("),
 ];
 
 /// The doc comment lines directly above the line starting with `item`

@@ -18,46 +18,7 @@ pub fn batch_rule<E: BatchEmitter>(
     size: Option<usize>,
     graph: &Graph,
 ) -> R<Vec<Batched<E::Value>>> {
-    let all_unmapped = args.iter().all(|(_, b)| b.is_none());
-    // Stateless ops of unmapped operands compute the same for every example:
-    // they run once, unmapped (a random draw from a shared key included, as
-    // in JAX). Calls resolve against this graph's library, so have a rule.
-    let shared = match op {
-        Op::Call { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } => false,
-        Op::Parameter { .. } | Op::Constant { .. } => false,
-        Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Select
-        | Op::Cast { .. }
-        | Op::Clamp { .. }
-        | Op::Reduce { .. }
-        | Op::ArgReduce { .. }
-        | Op::MatMul
-        | Op::Reshape { .. }
-        | Op::Transpose { .. }
-        | Op::BroadcastTo { .. }
-        | Op::ExpandDims { .. }
-        | Op::Squeeze { .. }
-        | Op::Concat { .. }
-        | Op::Stack { .. }
-        | Op::Slice { .. }
-        | Op::Gather { .. }
-        | Op::OneHot { .. }
-        | Op::GatherElements { .. }
-        | Op::ScatterAdd { .. }
-        | Op::DynamicSlice { .. }
-        | Op::DynamicUpdateSlice
-        | Op::Pad { .. }
-        | Op::Cumsum { .. }
-        | Op::TopK { .. }
-        | Op::Random { .. }
-        | Op::Spatial(_)
-        | Op::Fused { .. }
-        | Op::Cond { .. }
-        | Op::While { .. }
-        | Op::Kernel { .. } => all_unmapped,
-    };
-    if shared {
+    if args.iter().all(|(_, b)| b.is_none()) && is_stateless(op) {
         let values: Vec<E::Value> = args.iter().map(|(v, _)| v.clone()).collect();
         return Ok(e.emit(op.clone(), &values)?.into_iter().map(|v| (v, None)).collect());
     }
@@ -122,31 +83,7 @@ pub fn batch_rule<E: BatchEmitter>(
         Op::Fused { body } => super::batch_values(e, body, args, size),
         Op::Cond { branches } => control::cond(e, branches, args, size),
         Op::While { parts, trip_count, cancel } => control::while_loop(e, parts, *trip_count, cancel, args, size),
-        Op::Kernel { name, kernel, outputs, .. } if kernel.maps_leading_axis() => {
-            let size = args.iter().find_map(|(v, b)| b.and_then(|a| e.value_type(v).dims[a])).or(size);
-            let mut values = Vec::with_capacity(args.len());
-            for (v, b) in args {
-                values.push(materialize(e, v.clone(), *b, size)?);
-            }
-            let inputs = values.iter().map(|v| e.value_type(v)).collect();
-            let outputs = outputs
-                .iter()
-                .map(|t| {
-                    let mut t = t.clone();
-                    t.dims.insert(0, size);
-                    t
-                })
-                .collect();
-            let op = Op::Kernel { name: name.clone(), kernel: kernel.clone(), inputs, outputs };
-            Ok(e.emit(op, &values)?.into_iter().map(|v| (v, Some(0))).collect())
-        }
-        Op::Kernel { name, .. } => Err(BatchError::Unsupported {
-            op: format!("kernel {name}"),
-            message: "a native kernel has no batch axis; vmap the function before its composites are replaced by \
-                      kernels (a traced function called inside vmap is batched through its optimized graph: \
-                      call the closure itself instead)"
-                .into(),
-        }),
+        Op::Kernel { .. } => kernel(e, op, args, size),
         Op::ReadVariable { var, .. } => {
             let resource =
                 graph.variables.get(*var).cloned().ok_or_else(|| {
@@ -162,6 +99,86 @@ pub fn batch_rule<E: BatchEmitter>(
                 graph.variables.get(*var).map(|v| v.name()).unwrap_or_else(|| var.to_string())
             ),
         }),
+    }
+}
+
+/// A native kernel: one call on the batch when it maps over a leading
+/// axis, else refused by name.
+fn kernel<E: BatchEmitter>(
+    e: &mut E,
+    op: &Op,
+    args: &[Batched<E::Value>],
+    size: Option<usize>,
+) -> R<Vec<Batched<E::Value>>> {
+    let Op::Kernel { name, kernel, outputs, .. } = op else {
+        return Err(BatchError::Request(format!("`{}` is not a kernel (a bug in tracejit)", op.name())));
+    };
+    if !kernel.maps_leading_axis() {
+        return Err(BatchError::Unsupported {
+            op: format!("kernel {name}"),
+            message: "a native kernel has no batch axis; vmap the function before its composites are replaced by \
+                      kernels (a traced function called inside vmap is batched through its optimized graph: \
+                      call the closure itself instead)"
+                .into(),
+        });
+    }
+    let size = args.iter().find_map(|(v, b)| b.and_then(|a| e.value_type(v).dims[a])).or(size);
+    let mut values = Vec::with_capacity(args.len());
+    for (v, b) in args {
+        values.push(materialize(e, v.clone(), *b, size)?);
+    }
+    let inputs = values.iter().map(|v| e.value_type(v)).collect();
+    let outputs = outputs
+        .iter()
+        .map(|t| {
+            let mut t = t.clone();
+            t.dims.insert(0, size);
+            t
+        })
+        .collect();
+    let op = Op::Kernel { name: name.clone(), kernel: kernel.clone(), inputs, outputs };
+    Ok(e.emit(op, &values)?.into_iter().map(|v| (v, Some(0))).collect())
+}
+
+/// Ops that compute the same for every example when no operand is
+/// mapped, so run once, unmapped (a random draw from a shared key
+/// included, as in JAX). Calls resolve against their graph's library and
+/// variable accesses go through the emitter, so those have rules.
+fn is_stateless(op: &Op) -> bool {
+    match op {
+        Op::Call { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } => false,
+        Op::Parameter { .. } | Op::Constant { .. } => false,
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Select
+        | Op::Cast { .. }
+        | Op::Clamp { .. }
+        | Op::Reduce { .. }
+        | Op::ArgReduce { .. }
+        | Op::MatMul
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::BroadcastTo { .. }
+        | Op::ExpandDims { .. }
+        | Op::Squeeze { .. }
+        | Op::Concat { .. }
+        | Op::Stack { .. }
+        | Op::Slice { .. }
+        | Op::Gather { .. }
+        | Op::OneHot { .. }
+        | Op::GatherElements { .. }
+        | Op::ScatterAdd { .. }
+        | Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice
+        | Op::Pad { .. }
+        | Op::Cumsum { .. }
+        | Op::TopK { .. }
+        | Op::Random { .. }
+        | Op::Spatial(_)
+        | Op::Fused { .. }
+        | Op::Cond { .. }
+        | Op::While { .. }
+        | Op::Kernel { .. } => true,
     }
 }
 

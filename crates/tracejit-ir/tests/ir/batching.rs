@@ -27,7 +27,6 @@ fn nodes(g: &mut Graph, op: Op, inputs: &[ValueId]) -> Vec<ValueId> {
 
 fn cases() -> Vec<Case> {
     let f = |s: &[usize]| (s.to_vec(), None);
-    let i = |s: &[usize], bound: i64| (s.to_vec(), Some(bound));
     vec![
         Case { name: "unary", params: vec![f(&[2, 3])], body: |g, p| vec![node(g, Op::Unary(UnaryOp::Exp), &[p[0]])] },
         Case {
@@ -95,6 +94,17 @@ fn cases() -> Vec<Case> {
                 ]
             },
         },
+    ]
+    .into_iter()
+    .chain(indexing_cases())
+    .collect()
+}
+
+/// The indexing ops' cases: integer indices and starts.
+fn indexing_cases() -> Vec<Case> {
+    let f = |s: &[usize]| (s.to_vec(), None);
+    let i = |s: &[usize], bound: i64| (s.to_vec(), Some(bound));
+    vec![
         Case {
             name: "gather",
             params: vec![f(&[4, 2]), i(&[3], 4)],
@@ -222,7 +232,7 @@ proptest! {
 }
 
 #[test]
-fn a_write_and_a_kernel_are_refused_by_name() {
+fn a_filter_gradient_is_refused_by_name() {
     let mut g = Graph::new("w");
     let x = g.add_param(TensorType::known(DType::F64, &[2]));
     let grad = Op::Spatial(tracejit_ir::tensor::SpatialOp::Conv2dBackwardFilter {
