@@ -48,6 +48,9 @@ fn batched_type(ty: &TensorType, mapped: bool, size: Option<usize>) -> TensorTyp
     ty
 }
 
+/// Emits a batched subgraph's outputs from its batched parameters.
+type Finish<'f> = dyn FnMut(&mut GraphEmitter<'_>, &[Batched<ValueId>]) -> R<Vec<ValueId>> + 'f;
+
 /// Batches `graph` into a new graph whose parameters have the batch axis
 /// first where `mapped` says; returns it with its outputs' batch dims
 /// (outputs left where the rules put them).
@@ -55,7 +58,7 @@ fn batch_subgraph(
     graph: &Graph,
     mapped: &[bool],
     size: Option<usize>,
-    finish: &mut dyn FnMut(&mut GraphEmitter<'_>, &[Batched<ValueId>]) -> R<Vec<ValueId>>,
+    finish: &mut Finish<'_>,
 ) -> R<Graph> {
     let mut out = Graph::new(format!("vmap({})", graph.name));
     let inputs: Vec<Batched<ValueId>> = graph
@@ -127,7 +130,7 @@ pub(super) fn while_loop<E: BatchEmitter>(
         for ((v, b), (old, _)) in new.into_iter().zip(ins) {
             let v = if mapped[outs.len()] { materialize(e, v, b, size)? } else { v };
             outs.push(match &pred {
-                Some(p) => broadcasting(e, &Op::Select, &[p.clone(), (v, Some(0)), (*old, Some(0))])?,
+                Some(p) => broadcasting(e, &Op::Select, &[*p, (v, Some(0)), (*old, Some(0))])?,
                 None => v,
             });
         }

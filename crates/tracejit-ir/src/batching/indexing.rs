@@ -134,7 +134,7 @@ pub(super) fn dynamic_slice<E: BatchEmitter>(
         let dim =
             dims[j + 1].ok_or_else(|| BatchError::UnknownSize { what: "a dynamic_slice with mapped starts".into() })?;
         let spec = SliceSpec { start: Some(j as i64), stop: Some(j as i64 + 1), step: 1 };
-        let s = emit1(e, Op::Slice { specs: vec![SliceSpec::FULL, spec] }, &[starts.clone()])?;
+        let s = emit1(e, Op::Slice { specs: vec![SliceSpec::FULL, spec] }, std::slice::from_ref(&starts))?;
         let s = emit1(e, Op::Clamp { min: 0.0, max: (dim - window) as f64 }, &[s])?;
         let steps = int_constant(e, (0..window as i64).collect(), &[1, window], dtype)?;
         let idx = emit1(e, Op::Binary(BinaryOp::Add), &[s, steps])?;
@@ -200,7 +200,7 @@ pub(super) fn random<E: BatchEmitter>(
     let mut draws = Vec::with_capacity(batch);
     for i in 0..batch as i64 {
         let spec = SliceSpec { start: Some(i), stop: Some(i + 1), step: 1 };
-        let one = emit1(e, Op::Slice { specs: vec![spec, SliceSpec::FULL] }, &[states.clone()])?;
+        let one = emit1(e, Op::Slice { specs: vec![spec, SliceSpec::FULL] }, std::slice::from_ref(&states))?;
         let one = emit1(e, Op::Squeeze { axes: vec![0] }, &[one])?;
         draws.push(emit1(e, draw.clone(), &[one])?);
     }
