@@ -111,6 +111,26 @@ mod tests {
         vec![outer(x, &dz1), dz1.clone(), outer(&h1, &dz2), dz2, outer(&h2, &dlg), dlg]
     }
 
+    /// `bench_peers.py`'s `checksum`: `sum_k (k+1) * sum_i a_k[i] * (1 + i % 7)`.
+    fn checksum(outs: &[Tensor]) -> f64 {
+        let mut total = 0.0;
+        for (k, a) in outs.iter().enumerate() {
+            let v = a.to_vec::<f32>().unwrap();
+            let s: f64 = v.iter().enumerate().map(|(i, &x)| f64::from(x) * (1.0 + (i % 7) as f64)).sum();
+            total += (k + 1) as f64 * s;
+        }
+        total
+    }
+
+    #[test]
+    fn the_inputs_are_bench_peers_w13() {
+        // bench_peers.py's float64 reference checksum of W13 on these inputs
+        // (JAX's own is within 3.4e-7 of it).
+        let got = checksum(&per_example_grads(inputs()));
+        let reference = 5689.8534842579;
+        assert!(((got - reference) / reference).abs() < 1e-5, "{got} vs {reference}");
+    }
+
     #[test]
     fn per_example_gradients_and_norms_match_the_hand_written_backward() {
         let (x, y, p) = inputs();
