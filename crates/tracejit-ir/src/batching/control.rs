@@ -54,12 +54,7 @@ type Finish<'f> = dyn FnMut(&mut GraphEmitter<'_>, &[Batched<ValueId>]) -> R<Vec
 /// Batches `graph` into a new graph whose parameters have the batch axis
 /// first where `mapped` says; returns it with its outputs' batch dims
 /// (outputs left where the rules put them).
-fn batch_subgraph(
-    graph: &Graph,
-    mapped: &[bool],
-    size: Option<usize>,
-    finish: &mut Finish<'_>,
-) -> R<Graph> {
+fn batch_subgraph(graph: &Graph, mapped: &[bool], size: Option<usize>, finish: &mut Finish<'_>) -> R<Graph> {
     let mut out = Graph::new(format!("vmap({})", graph.name));
     let inputs: Vec<Batched<ValueId>> = graph
         .param_types()
