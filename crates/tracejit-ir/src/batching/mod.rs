@@ -215,7 +215,8 @@ fn ghost_sum_of_squares<E: BatchEmitter>(
 /// let mut g = Graph::new("f");
 /// let x = g.add_param(TensorType::known(DType::F64, &[2]));
 /// let w = g.add_param(TensorType::known(DType::F64, &[2]));
-/// g.outputs.push(ValueId::from(g.add_node(Op::Binary(BinaryOp::Mul), &[x, w], &[], None)?));
+/// let y = ValueId::from(g.add_node(Op::Binary(BinaryOp::Mul), &[x, w], &[], None)?);
+/// g.outputs.push(y);
 /// let batched = batch_graph(&g, &[Some(0), None], 3)?;
 /// let xs = Storage::from_vec(vec![1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2])?;
 /// let out = interpret(&batched, &[xs, Storage::from_vec(vec![10.0f64, 100.0], &[2])?])?;
