@@ -222,6 +222,19 @@ fn function_inside_vmap_is_batched_through_its_graph() {
 }
 
 #[test]
+fn compiled_functions_with_composites_batch_inside_vmap() {
+    // The callee's optimized graph holds native kernels (no batch axis);
+    // vmap batches the graph as traced, composites through their bodies.
+    let inner = function(|x: Tensor| tracejit::nn::softmax(&x.reshape(&[1, -1]), -1).squeeze(&[0]));
+    let x = Tensor::randn(&[4, 5], 9); // f32: the softmax kernel accepts it
+    let want = Tensor::stack(&(0..4).map(|i| inner.call(example(&x, 0, i)).unwrap()).collect::<Vec<_>>(), 0);
+    let optimized = inner.concrete_functions()[0].optimized_graph().to_string();
+    assert!(optimized.contains("kernel"), "the callee runs the native kernel: {optimized}");
+    let per = vmap(move |v: &Tensor| inner.call(v.clone()).unwrap());
+    assert!(close_tol(&per(&x), &want, 1e-6));
+}
+
+#[test]
 fn the_batched_graph_has_one_product_whatever_the_batch() {
     // One matmul node for 2 or 64 examples: a batched GEMM, not a loop.
     for n in [2usize, 64] {

@@ -148,9 +148,37 @@ struct Traced {
     captures: Vec<Tensor>,
 }
 
+thread_local! {
+    /// How many `vmap` traces are under way on this thread.
+    static TRACING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// True while `vmap` traces a closure on this thread: a compiled function
+/// called there is recorded with its graph as traced (see
+/// `ConcreteFunction::callee_graph`).
+pub(crate) fn tracing() -> bool {
+    TRACING.with(|t| t.get() > 0)
+}
+
+struct Tracing;
+
+impl Tracing {
+    fn start() -> Tracing {
+        TRACING.with(|t| t.set(t.get() + 1));
+        Tracing
+    }
+}
+
+impl Drop for Tracing {
+    fn drop(&mut self) {
+        TRACING.with(|t| t.set(t.get() - 1));
+    }
+}
+
 /// Traces `f` on placeholders of `types` into a graph of its own. No tape
 /// records while tracing (the batched ops are what tapes see).
 fn trace(what: &str, f: &dyn Fn(Vec<Tensor>) -> Vec<Tensor>, types: &[TensorType]) -> Traced {
+    let _tracing = Tracing::start();
     let guard = push_context(subgraph_context(format!("{what}.body")));
     let placeholders: Vec<Tensor> = guard.with(|ctx| {
         types
