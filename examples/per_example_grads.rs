@@ -12,6 +12,7 @@
 //! cargo run --release --example per_example_grads -- --epochs 5 --sigma 0.5
 //! ```
 
+#[path = "digits/mod.rs"]
 mod digits;
 
 use std::time::Instant;
@@ -33,17 +34,40 @@ options:
   --seed N     seeds the weights, the split, the shuffles and the noise (default 0)
   --help       this text";
 
-struct Options {
-    epochs: usize,
-    batch: usize,
-    lr: f64,
-    clip: f64,
-    sigma: f64,
-    seed: u64,
+/// The command line.
+pub struct Options {
+    /// Passes over the training set.
+    pub epochs: usize,
+    /// Examples per step.
+    pub batch: usize,
+    /// Learning rate of both trainings.
+    pub lr: f64,
+    /// Per-example gradient norm bound.
+    pub clip: f64,
+    /// Noise multiplier.
+    pub sigma: f64,
+    /// Seeds everything.
+    pub seed: u64,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { epochs: 20, batch: 64, lr: 0.1, clip: 1.0, sigma: 1.0, seed: 0 }
+    }
+}
+
+/// What a run measured.
+pub struct Summary {
+    /// DP-SGD's and SGD's test accuracy (0..1).
+    pub accuracy: (f64, f64),
+    /// Seconds per compiled step, DP-SGD and SGD.
+    pub step_seconds: (f64, f64),
+    /// How many times each step was traced.
+    pub traces: (usize, usize),
 }
 
 fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Option<Options>> {
-    let mut o = Options { epochs: 20, batch: 64, lr: 0.1, clip: 1.0, sigma: 1.0, seed: 0 };
+    let mut o = Options::default();
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
@@ -171,11 +195,8 @@ fn accuracy(params: &[Variable], data: &Dataset) -> anyhow::Result<f64> {
     Ok(f64::from(right) / data.len() as f64)
 }
 
-fn main() -> anyhow::Result<()> {
-    let Some(o) = parse_args(std::env::args().skip(1))? else {
-        println!("{USAGE}");
-        return Ok(());
-    };
+/// Trains the MLP by DP-SGD and by SGD from the same initial weights.
+pub fn run(o: &Options) -> anyhow::Result<Summary> {
     let (train_set, test_set) = Dataset::load(DATA)?.split(0.2, o.seed);
     println!(
         "digits: {} training, {} test examples; MLP 64 -> 128 -> 10; batch {}, lr {}, clip {}, noise multiplier {}",
@@ -187,22 +208,28 @@ fn main() -> anyhow::Result<()> {
         o.sigma
     );
     let dp_params = init(o.seed);
-    let dp = dp_step(dp_params.clone(), Generator::from_seed(o.seed + 1), &o);
-    let dp_time = train(&dp, &train_set, &o, "DP-SGD")?;
+    let dp = dp_step(dp_params.clone(), Generator::from_seed(o.seed + 1), o);
+    let dp_time = train(&dp, &train_set, o, "DP-SGD")?;
     let sgd_params = init(o.seed);
     let sgd = sgd_step(sgd_params.clone(), o.lr);
-    let sgd_time = train(&sgd, &train_set, &o, "SGD")?;
-    println!(
-        "time per step: DP-SGD {:.1} µs, SGD {:.1} µs ({:.1}x)",
-        dp_time * 1e6,
-        sgd_time * 1e6,
-        dp_time / sgd_time
-    );
-    println!("compiled: DP-SGD traced {} time(s), SGD {}", dp.tracing_count(), sgd.tracing_count());
-    println!(
-        "test accuracy: DP-SGD {:.1}%, SGD {:.1}%",
-        100.0 * accuracy(&dp_params, &test_set)?,
-        100.0 * accuracy(&sgd_params, &test_set)?
-    );
+    let sgd_time = train(&sgd, &train_set, o, "SGD")?;
+    Ok(Summary {
+        accuracy: (accuracy(&dp_params, &test_set)?, accuracy(&sgd_params, &test_set)?),
+        step_seconds: (dp_time, sgd_time),
+        traces: (dp.tracing_count(), sgd.tracing_count()),
+    })
+}
+
+#[allow(dead_code, reason = "the test binary that includes this file calls `run`, not `main`")]
+fn main() -> anyhow::Result<()> {
+    let Some(o) = parse_args(std::env::args().skip(1))? else {
+        println!("{USAGE}");
+        return Ok(());
+    };
+    let s = run(&o)?;
+    let (dp, sgd) = s.step_seconds;
+    println!("time per step: DP-SGD {:.1} µs, SGD {:.1} µs ({:.1}x)", dp * 1e6, sgd * 1e6, dp / sgd);
+    println!("compiled: DP-SGD traced {} time(s), SGD {}", s.traces.0, s.traces.1);
+    println!("test accuracy: DP-SGD {:.1}%, SGD {:.1}%", 100.0 * s.accuracy.0, 100.0 * s.accuracy.1);
     Ok(())
 }

@@ -29,6 +29,7 @@ mod modules;
 mod optim;
 mod optim_fusion;
 mod passes;
+mod per_example_grads;
 mod primitives;
 mod profile;
 mod random;
