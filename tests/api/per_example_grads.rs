@@ -4,6 +4,7 @@
 
 #[path = "../../examples/per_example_grads.rs"]
 #[allow(dead_code, reason = "the example's `main` and option parsing are not used here")]
+#[allow(clippy::duplicate_mod, reason = "the example brings its own copy of the digits module")]
 mod example;
 
 #[test]
