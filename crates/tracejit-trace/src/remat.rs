@@ -45,7 +45,8 @@ pub enum CheckpointPolicy {
 
 /// The block `f` with its intermediates recomputed in the backward
 /// instead of kept: same values and gradients as `f`, less memory held
-/// between the forward and the backward.
+/// between the forward and the backward. The result is `Send` and `Sync`
+/// when `f` is (so it can go into `grad` or a `function`).
 ///
 /// ```
 /// use tracejit_trace::{checkpoint, grad, Tensor};
@@ -57,9 +58,9 @@ pub enum CheckpointPolicy {
 /// assert_eq!(plain.to_vec::<f64>()?, remat.to_vec::<f64>()?);
 /// # Ok::<(), tracejit_trace::Error>(())
 /// ```
-pub fn checkpoint<F>(f: F) -> impl Fn(&Tensor) -> Tensor + Clone + Send + Sync + 'static
+pub fn checkpoint<F>(f: F) -> impl Fn(&Tensor) -> Tensor + Clone + 'static
 where
-    F: Fn(&Tensor) -> Tensor + Clone + Send + Sync + 'static,
+    F: Fn(&Tensor) -> Tensor + Clone + 'static,
 {
     checkpoint_with(f, CheckpointPolicy::NothingSaveable)
 }
@@ -76,9 +77,9 @@ where
 /// assert_eq!(g.shape(), &[1, 2]);
 /// # Ok::<(), tracejit_trace::Error>(())
 /// ```
-pub fn checkpoint_with<F>(f: F, policy: CheckpointPolicy) -> impl Fn(&Tensor) -> Tensor + Clone + Send + Sync + 'static
+pub fn checkpoint_with<F>(f: F, policy: CheckpointPolicy) -> impl Fn(&Tensor) -> Tensor + Clone + 'static
 where
-    F: Fn(&Tensor) -> Tensor + Clone + Send + Sync + 'static,
+    F: Fn(&Tensor) -> Tensor + Clone + 'static,
 {
     move |x: &Tensor| {
         if !tape::recording() {

@@ -42,11 +42,12 @@ pub(super) fn plan(graph: &Graph) -> (HashMap<NodeId, Ghost>, HashSet<NodeId>) {
         let sq = n.inputs[0];
         let sq_node = graph.node(sq.node);
         // square(m) or m * m, read by this reduction alone.
-        let (m, reads) = match &sq_node.op {
-            Op::Unary(UnaryOp::Square) => (sq_node.inputs[0], 1),
-            Op::Binary(BinaryOp::Mul) if sq_node.inputs[0] == sq_node.inputs[1] => (sq_node.inputs[0], 2),
-            _ => continue,
-        };
+        let squares = matches!(sq_node.op, Op::Unary(UnaryOp::Square));
+        let self_product = matches!(sq_node.op, Op::Binary(BinaryOp::Mul)) && sq_node.inputs[0] == sq_node.inputs[1];
+        if !squares && !self_product {
+            continue;
+        }
+        let (m, reads) = (sq_node.inputs[0], if squares { 1 } else { 2 });
         let m_node = graph.node(m.node);
         if !matches!(m_node.op, Op::MatMul) || !only_reader(sq, 1) || !only_reader(m, reads) {
             continue;
