@@ -290,6 +290,28 @@ fn by_value_closures_and_unknown_batch_dims() {
         assert!(close(&got, &want[0]), "{got:?} vs {:?}", want[0]);
     }
     assert_eq!(f.tracing_count(), 1);
+    // Unmapped values meeting mapped ones (a concat, a shared result) with
+    // the batch size unknown in the trace: broadcast through the batch.
+    let g = function(|xs: Vec<Tensor>| {
+        vmap_axes(
+            |v: Vec<Tensor>| vec![Tensor::concat(&[v[0].clone(), v[1].clone()], 0), v[1].clone()],
+            &[Some(0), None],
+            &[0, 1],
+        )(xs)
+    })
+    .input_signature(vec![TensorSpec::new(DType::F64, &[-1, 3]), TensorSpec::new(DType::F64, &[2])]);
+    for n in [0usize, 1, 5] {
+        let args = vec![randn(&[n, 3], n as u64), randn(&[2], 7)];
+        let got = g.call(args.clone()).unwrap();
+        let want = reference(
+            &|v: Vec<Tensor>| vec![Tensor::concat(&[v[0].clone(), v[1].clone()], 0), v[1].clone()],
+            &args,
+            &[Some(0), None],
+            &[0, 1],
+        );
+        assert!(close(&got[0], &want[0]) && close(&got[1], &want[1]), "{got:?} vs {want:?}");
+    }
+    assert_eq!(g.tracing_count(), 1);
 }
 
 proptest! {

@@ -17,8 +17,10 @@
 
 use std::sync::Arc;
 
+use tracejit_ir::autodiff::{AutodiffError, Emitter};
 use tracejit_ir::batching::{batch_values, place_batch_axis, BatchEmitter, BatchError, Bdim};
-use tracejit_ir::{TensorType, VariableResource};
+use tracejit_ir::{Op, TensorType, VariableResource};
+use tracejit_tensor::{DType, Storage};
 
 use crate::context::{self, push_context, subgraph_context};
 use crate::tape::TensorEmitter;
@@ -201,13 +203,54 @@ fn trace(what: &str, f: &dyn Fn(Vec<Tensor>) -> Vec<Tensor>, types: &[TensorType
 }
 
 /// The batching rules over tensors: ops run eagerly or land in the
-/// enclosing trace; variables are read through their handles.
-impl BatchEmitter for TensorEmitter {
+/// enclosing trace (through the tape's emitter); variables are read
+/// through their handles.
+struct VmapEmitter {
+    /// All-true `[batch]`, when the batch size is unknown in the trace.
+    mask: Option<Tensor>,
+}
+
+impl Emitter for VmapEmitter {
+    type Value = Tensor;
+
+    fn emit(&mut self, op: Op, inputs: &[Tensor]) -> Result<Vec<Tensor>, AutodiffError> {
+        TensorEmitter.emit(op, inputs)
+    }
+
+    fn value_type(&self, v: &Tensor) -> TensorType {
+        v.tensor_type()
+    }
+
+    fn constant(&mut self, value: Storage) -> Tensor {
+        Tensor::from_storage(value)
+    }
+}
+
+impl BatchEmitter for VmapEmitter {
     fn read_variable(&mut self, var: &Arc<dyn VariableResource>) -> Result<Tensor, BatchError> {
         let handle = Variable::by_id(var.id())
             .ok_or_else(|| BatchError::Request(format!("variable `{}` was dropped while mapped", var.name())))?;
         Ok(handle.read())
     }
+
+    fn batch_mask(&mut self) -> Option<Tensor> {
+        self.mask.clone()
+    }
+}
+
+/// An all-true bool `[batch]` from a mapped argument whose batch size is
+/// unknown in the trace: its first entry of every example (a slice, not
+/// a reshape, so an empty batch works), true whatever its value.
+fn batch_mask(x: &Tensor, axis: usize) -> Tensor {
+    let rank = x.rank() as i64;
+    let mut perm: Vec<i64> = vec![axis as i64];
+    perm.extend((0..rank).filter(|&a| a != axis as i64));
+    let mut first = x.transpose(&perm);
+    for _ in 1..rank {
+        first = first.slice_axis(1, 0, 1).squeeze(&[1]);
+    }
+    let b = first.cast(DType::Bool);
+    b.logical_or(&b.logical_not())
 }
 
 /// `f` mapped over `xs` per `in_axes`, its results' batch axes at `out_axes`.
@@ -229,7 +272,11 @@ fn batch_call(
     );
     let inputs: Vec<(Tensor, Bdim)> =
         xs.into_iter().zip(in_axes.iter().copied()).chain(traced.captures.into_iter().map(|t| (t, None))).collect();
-    let mut e = TensorEmitter;
+    let mask = match size {
+        Some(_) => None,
+        None => inputs.iter().find_map(|(t, b)| b.map(|a| batch_mask(t, a))),
+    };
+    let mut e = VmapEmitter { mask };
     let fail = |err: BatchError| -> ! { panic!("{err}") };
     let results = batch_values(&mut e, &traced.graph, &inputs, size).unwrap_or_else(|err| fail(err));
     results

@@ -3,7 +3,7 @@
 
 use tracejit_tensor::{DType, Storage};
 
-use super::{BatchError, Bdim, R};
+use super::{BatchEmitter, BatchError, Bdim, R};
 use crate::autodiff::Emitter;
 use crate::Op;
 
@@ -42,14 +42,20 @@ pub(super) fn from_front<E: Emitter>(e: &mut E, v: E::Value, to: usize) -> R<E::
 /// The value with a batch axis at the front: moved there when it is
 /// mapped, broadcast to `size` copies when it is not (which needs the
 /// batch size known).
-pub(super) fn materialize<E: Emitter>(e: &mut E, v: E::Value, bdim: Bdim, size: Option<usize>) -> R<E::Value> {
+pub(super) fn materialize<E: BatchEmitter>(e: &mut E, v: E::Value, bdim: Bdim, size: Option<usize>) -> R<E::Value> {
     if let Some(b) = bdim {
         return to_front(e, v, b);
     }
-    let size = size.ok_or_else(|| BatchError::UnknownSize {
-        what: "an unmapped value that meets a mapped one where both need the batch axis".into(),
-    })?;
     let ty = e.value_type(&v);
+    let Some(size) = size else {
+        // Unknown in the trace: a select against the batch's all-true mask.
+        let mask = e.batch_mask().ok_or_else(|| BatchError::UnknownSize {
+            what: "an unmapped value that meets a mapped one where both need the batch axis".into(),
+        })?;
+        let mask = insert_units(e, mask, 1, ty.rank())?;
+        let expanded = emit1(e, Op::ExpandDims { axis: 0 }, &[v])?;
+        return emit1(e, Op::Select, &[mask, expanded.clone(), expanded]);
+    };
     let expanded = emit1(e, Op::ExpandDims { axis: 0 }, &[v])?;
     match ty.shape() {
         Some(dims) => {

@@ -107,6 +107,13 @@ impl From<OpError> for BatchError {
 pub trait BatchEmitter: Emitter {
     /// The current value of `var` (unmapped: every example reads the same).
     fn read_variable(&mut self, var: &Arc<dyn VariableResource>) -> R<Self::Value>;
+
+    /// A bool `[batch]` of trues when the batch size is unknown in the
+    /// trace, so an unmapped value can still be broadcast to the batch (a
+    /// select against it); `None` when there is none.
+    fn batch_mask(&mut self) -> Option<Self::Value> {
+        None
+    }
 }
 
 impl BatchEmitter for GraphEmitter<'_> {
@@ -118,7 +125,13 @@ impl BatchEmitter for GraphEmitter<'_> {
 
 /// `v`, whose batch axis is `bdim`, with its batch axis at `to`: moved
 /// there, or (unmapped) broadcast to `size` copies first.
-pub fn place_batch_axis<E: Emitter>(e: &mut E, v: E::Value, bdim: Bdim, to: usize, size: Option<usize>) -> R<E::Value> {
+pub fn place_batch_axis<E: BatchEmitter>(
+    e: &mut E,
+    v: E::Value,
+    bdim: Bdim,
+    to: usize,
+    size: Option<usize>,
+) -> R<E::Value> {
     let rank = e.value_type(&v).rank() + usize::from(bdim.is_none());
     if to >= rank {
         return Err(BatchError::Request(format!(
