@@ -250,7 +250,7 @@ fn batch_mask(x: &Tensor, axis: usize) -> Tensor {
         first = first.slice_axis(1, 0, 1).squeeze(&[1]);
     }
     let b = first.cast(DType::Bool);
-    b.logical_or(&b.logical_not())
+    b.logical_or(b.logical_not())
 }
 
 /// `f` mapped over `xs` per `in_axes`, its results' batch axes at `out_axes`.
