@@ -361,8 +361,9 @@ pub fn all() -> Vec<WorkloadSpec> {
             id: "W10c",
             name: "gpt_train_step_remat",
             what: "W10 with both blocks in autodiff::checkpoint: the backward recomputes them (peak memory vs W10)",
-            tolerance: Tolerance { rtol: 1e-3, atol: 1e-3 },
-            tolerance_note: "as W10",
+            tolerance: Tolerance { rtol: 2e-3, atol: 2e-3 },
+            tolerance_note: "W10's, doubled: the recomputed blocks' gradients reach the shared parameters in another \
+                             order, and AdamW's first step is about lr * sign(g), so a gradient near 0 may flip",
             floor_bytes: None,
             modes: STANDARD_MODES,
             build: crate::transformer::build_gpt_train_step_remat,
