@@ -106,10 +106,15 @@ pub use tracejit_trace::{OptimizationOptions, PipelineReport, Profile, ScheduleS
 /// ```
 pub mod autodiff {
     pub use tracejit_trace::{
-        custom_gradient, custom_gradient_n, grad, hessian, jacfwd, jacrev, jvp, value_and_grad, GradientTape, Source,
+        checkpoint, checkpoint_with, custom_gradient, custom_gradient_n, grad, hessian, jacfwd, jacrev, jvp,
+        value_and_grad, CheckpointPolicy, GradientTape, Source,
     };
 }
 pub use tracejit_trace::GradientTape;
+/// JAX's vectorizing map: [`vmap`] maps axis 0 of a closure's argument
+/// and result, [`vmap_axes`] chosen axes of several (see
+/// `tracejit::ir::batching` for the per-op rules).
+pub use tracejit_trace::{vmap, vmap_axes};
 
 /// Printing and inspecting run-time values inside compiled functions
 /// (`jax.debug.print`, `jax.debug.callback`): a `println!` in a traced

@@ -31,6 +31,11 @@ const ITEMS: &[(&str, &str)] = &[
     ("crates/tracejit-trace/src/ops.rs", "pub fn matmul_acc("),
     ("crates/tracejit-trace/src/function/builder.rs", "pub fn mixed_precision("),
     ("crates/tracejit-trace/src/quantize.rs", "pub fn dynamic("),
+    ("crates/tracejit-trace/src/vmap.rs", "pub fn vmap<"),
+    ("crates/tracejit-trace/src/vmap.rs", "pub fn vmap_axes<"),
+    ("crates/tracejit-trace/src/remat.rs", "pub fn checkpoint<"),
+    ("crates/tracejit-trace/src/remat.rs", "pub fn checkpoint_with<"),
+    ("crates/tracejit-ir/src/batching/mod.rs", "pub fn batch_graph("),
 ];
 
 /// The doc comment lines directly above the line starting with `item`

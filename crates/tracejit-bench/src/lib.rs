@@ -14,6 +14,7 @@ mod int8;
 pub mod measure;
 pub mod micro;
 pub mod peak;
+pub mod per_example;
 pub mod report;
 pub mod runner;
 pub mod transformer;

@@ -118,10 +118,21 @@ pub fn transformer_block((x, p): (Tensor, Vec<Tensor>)) -> Tensor {
 /// W10's loss: mean next-token cross-entropy, positions `0..T-1`
 /// predicting tokens `1..T`.
 pub fn gpt_loss(tok: &Tensor, p: &[Tensor]) -> Tensor {
+    gpt_loss_with(tok, p, None)
+}
+
+/// [`gpt_loss`] with each block wrapped in
+/// `autodiff::checkpoint_with(.., policy)` when a policy is given: the
+/// backward recomputes the blocks instead of keeping their intermediates.
+pub fn gpt_loss_with(tok: &Tensor, p: &[Tensor], remat: Option<tracejit::autodiff::CheckpointPolicy>) -> Tensor {
     let t = tok.dims()[1].expect("a known sequence length") as i64;
     let mut h = tracejit::nn::embedding(&p[0], tok) + p[1].slice_axis(0, 0, t);
     for i in 0..2 {
-        h = block(&h, &p[2 + 12 * i..14 + 12 * i]);
+        let params = p[2 + 12 * i..14 + 12 * i].to_vec();
+        h = match remat {
+            Some(policy) => tracejit::autodiff::checkpoint_with(move |h: &Tensor| block(h, &params), policy)(&h),
+            None => block(&h, &params),
+        };
     }
     let logits = ln(&h, &p[26], &p[27]).matmul(&p[28]).slice_axis(1, 0, t - 1);
     let targets = tok.slice_axis(1, 1, t).one_hot(VOCAB, logits.dtype());
@@ -142,12 +153,25 @@ pub type GptArgs = (Tensor, Vec<Tensor>, Vec<Tensor>, Vec<Tensor>, Tensor);
 /// W10's closure: the loss, its gradients through a tape, and one AdamW
 /// step (bias-corrected, decoupled weight decay) on every parameter.
 /// Returns the updated parameters, moments and step, then the loss.
-pub fn gpt_train_step((tok, params, m, v, step): GptArgs) -> Vec<Tensor> {
+pub fn gpt_train_step(args: GptArgs) -> Vec<Tensor> {
+    gpt_train_step_with(args, None)
+}
+
+/// W10c's closure: W10 with its blocks checkpointed (recomputed in the
+/// backward), to compare peak memory and time with W10.
+pub fn gpt_train_step_remat(args: GptArgs) -> Vec<Tensor> {
+    gpt_train_step_with(args, Some(tracejit::autodiff::CheckpointPolicy::NothingSaveable))
+}
+
+fn gpt_train_step_with(
+    (tok, params, m, v, step): GptArgs,
+    remat: Option<tracejit::autodiff::CheckpointPolicy>,
+) -> Vec<Tensor> {
     let tape = tracejit::GradientTape::new();
     for p in &params {
         tape.watch(p);
     }
-    let loss = gpt_loss(&tok, &params);
+    let loss = gpt_loss_with(&tok, &params, remat);
     let refs: Vec<&Tensor> = params.iter().collect();
     let grads = tape.gradient(&loss, &refs).expect("every parameter is differentiable");
     let step = step + 1.0;
@@ -176,13 +200,21 @@ pub fn build_transformer_block() -> Body {
     Body::Runnable(Box::new(Case::new("transformer_block", (x, block_params(41)), transformer_block)))
 }
 
-/// W10's inputs: `gpt_tok`, `gpt_p`, zero moments and step 0.
-pub fn build_gpt_train_step() -> Body {
+fn gpt_args() -> GptArgs {
     let tok = gen_labels(60, B * T, VOCAB).reshape(&[B as i64, T as i64]);
     let params = gpt_params();
     let zeros: Vec<Tensor> = params.iter().map(Tensor::zeros_like).collect();
-    let args = (tok, params, zeros.clone(), zeros, Tensor::zeros(&[], DType::F32));
-    Body::Runnable(Box::new(Case::new("gpt_train_step", args, gpt_train_step)))
+    (tok, params, zeros.clone(), zeros, Tensor::zeros(&[], DType::F32))
+}
+
+/// W10's inputs: `gpt_tok`, `gpt_p`, zero moments and step 0.
+pub fn build_gpt_train_step() -> Body {
+    Body::Runnable(Box::new(Case::new("gpt_train_step", gpt_args(), gpt_train_step)))
+}
+
+/// W10c: W10's inputs, blocks checkpointed.
+pub fn build_gpt_train_step_remat() -> Body {
+    Body::Runnable(Box::new(Case::new("gpt_train_step_remat", gpt_args(), gpt_train_step_remat)))
 }
 
 /// Multiply-adds of W9 (the products and the attention's two) and of

@@ -1,4 +1,4 @@
-//! The workloads W1-W12 of shared/WORKLOADS.md, each written once as a
+//! The workloads W1-W13 of shared/WORKLOADS.md, each written once as a
 //! closure over [`Tensor`]s and run in every [`Mode`] from that one closure.
 //!
 //! Inputs are f32 from fixed seeds, built by [`WorkloadSpec::build`] outside
@@ -263,7 +263,7 @@ pub enum Body {
 
 /// A workload's identity and how to build it.
 pub struct WorkloadSpec {
-    /// `W1`..`W12`.
+    /// `W1`..`W13b`.
     pub id: &'static str,
     /// The name used in JSON (`small_ops`, `gelu`, ...).
     pub name: &'static str,
@@ -284,7 +284,7 @@ pub struct WorkloadSpec {
 /// Bytes in a MiB.
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// Every workload, in order W1..W12, then the micro rows ([`crate::micro`]).
+/// Every workload, in order W1..W13b, then the micro rows ([`crate::micro`]).
 pub fn all() -> Vec<WorkloadSpec> {
     vec![
         WorkloadSpec {
@@ -389,6 +389,17 @@ pub fn all() -> Vec<WorkloadSpec> {
             build: crate::transformer::build_gpt_train_step,
         },
         WorkloadSpec {
+            id: "W10c",
+            name: "gpt_train_step_remat",
+            what: "W10 with both blocks in autodiff::checkpoint: the backward recomputes them (peak memory vs W10)",
+            tolerance: Tolerance { rtol: 2e-3, atol: 2e-3 },
+            tolerance_note: "W10's, doubled: the recomputed blocks' gradients reach the shared parameters in another \
+                             order, and AdamW's first step is about lr * sign(g), so a gradient near 0 may flip",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: crate::transformer::build_gpt_train_step_remat,
+        },
+        WorkloadSpec {
             id: "W11",
             name: "conv_block",
             what: "NCHW x [32, 32, 32, 32]: 3x3 conv 32 -> 64 pad 1 + bias, relu, 2x2 max pool; forward",
@@ -408,6 +419,27 @@ pub fn all() -> Vec<WorkloadSpec> {
             floor_bytes: None,
             modes: STANDARD_MODES,
             build: crate::cnn::build_cnn_train_step,
+        },
+        WorkloadSpec {
+            id: "W13",
+            name: "per_example_grads",
+            what: "vmap(grad) of W5's MLP + softmax cross-entropy over 128 examples: [128, ..] per parameter (343 MB)",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "exp/log in the loss; products summed in another order",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: crate::per_example::build_per_example_grads,
+        },
+        WorkloadSpec {
+            id: "W13b",
+            name: "per_example_grad_norms",
+            what: "W13 returning only each example's gradient norm [128] (the DP-SGD case; weights' per-example \
+                   gradients never built)",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "exp/log in the loss; norms factored as ||x|| ||g|| sum in another order",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: crate::per_example::build_per_example_grad_norms,
         },
     ]
     .into_iter()
@@ -640,7 +672,7 @@ mod tests {
     fn names_follow_workloads_md() {
         let names: Vec<&str> = all().iter().map(|w| w.name).collect();
         assert_eq!(
-            names[..12],
+            names[..15],
             [
                 "small_ops",
                 "gelu",
@@ -652,11 +684,14 @@ mod tests {
                 "rnn_loop",
                 "transformer_block",
                 "gpt_train_step",
+                "gpt_train_step_remat",
                 "conv_block",
-                "cnn_train_step"
+                "cnn_train_step",
+                "per_example_grads",
+                "per_example_grad_norms"
             ]
         );
-        assert_eq!(names[12..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
+        assert_eq!(names[15..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
         assert_eq!(selected(Some("gelu")).len(), 1);
         assert_eq!(selected(Some("w7"))[0].name, "lstm_cell");
         assert_eq!(selected(Some("mlp")).len(), 2);

@@ -14,6 +14,7 @@
 //! process-wide table of composite kernels they consult.
 
 pub mod autodiff;
+pub mod batching;
 mod boundary;
 pub mod control;
 mod effects;

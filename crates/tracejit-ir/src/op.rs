@@ -36,6 +36,14 @@ pub trait ExternalKernel: Send + Sync + fmt::Debug {
     fn effects(&self) -> Effects {
         Effects::PURE
     }
+
+    /// True when the kernel maps over a leading axis of all its inputs
+    /// and outputs: run on inputs with a batch axis in front, it returns
+    /// each example's results stacked the same way. `vmap` then batches a
+    /// call of it as one call; otherwise it refuses it by name.
+    fn maps_leading_axis(&self) -> bool {
+        false
+    }
 }
 
 /// The pattern of the primitive compute ops: stateless, holding no code,

@@ -326,6 +326,17 @@ impl ConcreteFunction {
         }
     }
 
+    /// The graph a `Call` of this function refers to: the optimized one,
+    /// except while `vmap` traces a closure, whose batching rules walk the
+    /// graph as traced (composites still calls of their bodies, not native
+    /// kernels without a batch axis) when it takes the same inputs.
+    fn callee_graph(&self) -> Arc<Graph> {
+        if crate::vmap::tracing() && self.graph.param_types() == self.optimized.param_types() {
+            return self.graph.clone();
+        }
+        self.optimized.clone()
+    }
+
     #[track_caller]
     fn record_call(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         if context::current_function().is_none() {
@@ -333,8 +344,7 @@ impl ConcreteFunction {
         }
         let mut all: Vec<&Tensor> = inputs.to_vec();
         all.extend(self.implicit_inputs.iter());
-        let lib_fn =
-            LibraryFunction { name: self.name.clone(), attrs: self.attrs.clone(), graph: self.optimized.clone() };
+        let lib_fn = LibraryFunction { name: self.name.clone(), attrs: self.attrs.clone(), graph: self.callee_graph() };
         let func = with_current(|ctx| {
             let existing =
                 ctx.graph.library.iter().find(|(_, f)| Arc::ptr_eq(&f.graph, &lib_fn.graph)).map(|(id, _)| id);

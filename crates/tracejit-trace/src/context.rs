@@ -232,8 +232,19 @@ fn with_current_and_outer<R>(f: impl FnOnce(&mut TraceContext, &[TraceContext]) 
 pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> SmallVec<[Tensor; 1]> {
     let location = node_location(Location::caller());
     let recording = crate::tape::recording();
+    // A product recomputed by a checkpoint that saved it is not recomputed.
+    if let Some(out) = crate::remat::replayed(&op, inputs) {
+        if recording {
+            crate::tape::record(&op, inputs, &out, location);
+        }
+        return out;
+    }
     let op_for_tape = if recording { Some(op.clone()) } else { None };
+    let observed = matches!(op, Op::MatMul).then(|| op.clone());
     let out = apply_untaped(op, inputs, location);
+    if let Some(op) = observed {
+        crate::remat::observe(&op, &out);
+    }
     if let Some(op) = op_for_tape {
         crate::tape::record(&op, inputs, &out, location);
     }

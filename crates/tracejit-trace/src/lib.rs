@@ -25,6 +25,7 @@ mod nest;
 mod operators;
 mod ops;
 pub mod quantize;
+mod remat;
 mod spatial;
 mod tape;
 mod tensor;
@@ -32,6 +33,7 @@ mod tracelock;
 mod transforms;
 mod validate;
 mod variable;
+mod vmap;
 mod windows;
 
 pub use concrete::ConcreteFunction;
@@ -44,6 +46,7 @@ pub use nest::{
     nest_join_field, nest_paths, Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener,
 };
 pub use ops::{Operand, Scalar};
+pub use remat::{checkpoint, checkpoint_with, CheckpointPolicy};
 pub use spatial::spatial;
 pub use tape::{register_gradient, unregister_gradient, value_and_grad, GradientFn, GradientTape, Source};
 pub use tensor::Tensor;
@@ -53,3 +56,4 @@ pub use tracejit_jit::{Profile, ScheduleStats, StepTime};
 pub use tracejit_tensor::{Conv2dAttrs, DType, Pool2dAttrs, RandomDist, SliceSpec, SpatialOp};
 pub use transforms::{grad, hessian, jacfwd, jacrev, jvp};
 pub use variable::{locked_update, remember, remember_in, Scope, Variable};
+pub use vmap::{vmap, vmap_axes, ByRef, ByValue, TensorFn};

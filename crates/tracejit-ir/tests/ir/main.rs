@@ -7,6 +7,7 @@
 
 mod autodiff;
 mod autodiff_unknown;
+mod batching;
 mod common;
 mod filetests;
 mod infer;

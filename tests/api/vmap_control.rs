@@ -1,0 +1,182 @@
+//! `vmap` through control flow, random draws, variables, composites,
+//! convolutions and under gradients: each against the per-example
+//! reference, eagerly and compiled.
+
+use proptest::prelude::*;
+use tracejit::autodiff::grad;
+use tracejit::prelude::*;
+use tracejit::{cond, fori_loop, vmap, vmap_axes, while_loop};
+
+fn vals(t: &Tensor) -> Vec<f64> {
+    t.cast(DType::F64).to_vec::<f64>().unwrap()
+}
+
+fn close(a: &Tensor, b: &Tensor, tol: f64) -> bool {
+    a.shape() == b.shape()
+        && vals(a)
+            .iter()
+            .zip(vals(b))
+            .all(|(x, y)| (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol * (1.0 + y.abs()))
+}
+
+fn example(x: &Tensor, i: usize) -> Tensor {
+    x.slice_axis(0, i as i64, i as i64 + 1).squeeze(&[0])
+}
+
+/// `f` on each example of `x` (axis 0), stacked; `None` for zero examples.
+fn stacked(f: &dyn Fn(&Tensor) -> Tensor, x: &Tensor) -> Option<Tensor> {
+    let n = x.shape()[0];
+    (n > 0).then(|| Tensor::stack(&(0..n).map(|i| f(&example(x, i))).collect::<Vec<_>>(), 0))
+}
+
+/// Checks `vmap(f)` eagerly and compiled (the JIT ran) against `stacked`.
+fn check(f: impl Fn(&Tensor) -> Tensor + Clone + Send + Sync + 'static, x: &Tensor) -> Result<(), TestCaseError> {
+    let eager = vmap(f.clone())(x);
+    if let Some(want) = stacked(&f, x) {
+        prop_assert!(close(&eager, &want, 1e-9), "eager {:?} vs {:?}", eager, want);
+    } else {
+        prop_assert_eq!(eager.shape()[0], 0);
+    }
+    let compiled = function(move |x: Tensor| vmap(f.clone())(&x));
+    let traced = compiled.call(x.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert!(close(&traced, &eager, 1e-9), "compiled {:?} vs eager {:?}", traced, eager);
+    let cf = &compiled.concrete_functions()[0];
+    prop_assert_eq!(cf.executor_kind(), "jit", "{:?}", cf.jit_error());
+    Ok(())
+}
+
+/// A branch per example on its own values.
+fn branchy(x: &Tensor) -> Tensor {
+    cond(&x.sum_all().gt(0.0), || x * 2.0 + 1.0, || x.exp() - x)
+}
+
+/// A loop whose trip count depends on each example: halve until below 1.
+fn halving(x: &Tensor) -> Tensor {
+    let (v, n) = while_loop(
+        |(v, _): &(Tensor, Tensor)| v.abs().max_all().gt(1.0),
+        |(v, n): (Tensor, Tensor)| (&v * 0.5, &n + 1.0),
+        (x.clone(), Tensor::scalar(0.0f64)),
+    );
+    &v + &n
+}
+
+/// A static trip count with a shared counter: the loop stays a fori_loop.
+fn fori(x: &Tensor) -> Tensor {
+    fori_loop(0, 3, |i, acc: Tensor| &acc * x + i.cast(DType::F64), x.clone())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    #[test]
+    fn control_flow_matches_each_example(n in prop::sample::select(vec![0usize, 1, 3, 5]), d in 1usize..4, seed in 0u64..1000) {
+        let x = Tensor::randn(&[n, d], seed).cast(DType::F64) * 3.0;
+        check(branchy, &x)?;
+        check(halving, &x)?;
+        check(fori, &x)?;
+    }
+
+    #[test]
+    fn gradients_of_mapped_functions(n in prop::sample::select(vec![1usize, 3, 5]), seed in 0u64..1000) {
+        // grad(vmap(f)): the batched ops are recorded on the tape.
+        let x = Tensor::randn(&[n, 3], seed).cast(DType::F64);
+        let w = Tensor::randn(&[3, 2], seed + 1).cast(DType::F64);
+        let per = {
+            let w = w.clone();
+            move |v: &Tensor| v.reshape(&[1, 3]).matmul(&w).tanh().sum_all()
+        };
+        let total = {
+            let per = per.clone();
+            move |x: &Tensor| vmap(per.clone())(x).sum_all()
+        };
+        let g = grad(total)(&x);
+        let want = stacked(&grad(per), &x).unwrap();
+        prop_assert!(close(&g, &want, 1e-9), "{:?} vs {:?}", g, want);
+        // Through a fori_loop under vmap(grad): its trip count stays static.
+        let through_loop = |v: &Tensor| fori(v).sum_all();
+        check(grad(through_loop), &x)?;
+    }
+}
+
+#[test]
+fn composites_batch_through_their_bodies() {
+    let x = Tensor::randn(&[4, 5], 3).cast(DType::F64);
+    let f = |v: &Tensor| tracejit::nn::log_softmax(&v.reshape(&[1, 5]), -1).squeeze(&[0]);
+    let got = vmap(f)(&x);
+    assert!(close(&got, &stacked(&f, &x).unwrap(), 1e-9));
+    // Per-example gradients of a cross-entropy written with the composite.
+    let loss = |v: &Tensor| -tracejit::nn::log_softmax(&v.reshape(&[1, 5]), -1).slice_axis(1, 2, 3).sum_all();
+    let got = vmap(grad(loss))(&x);
+    assert!(close(&got, &stacked(&grad(loss), &x).unwrap(), 1e-9));
+    let compiled = function(move |x: Tensor| vmap(grad(loss))(&x));
+    assert!(close(&compiled.call(x.clone()).unwrap(), &got, 1e-9));
+}
+
+#[test]
+fn random_draws_follow_their_keys() {
+    let seed = Tensor::from_vec(vec![7i64, 9], &[2]);
+    let noisy = {
+        let seed = seed.clone();
+        move |v: &Tensor| v + tracejit::random::stateless_normal(&[3], &seed, DType::F64)
+    };
+    let x = Tensor::zeros(&[4, 3], DType::F64);
+    // A shared key draws the same numbers for every example (as JAX),
+    // eagerly and compiled (where the draw is a graph node).
+    let want = stacked(&noisy, &x).unwrap();
+    assert!(close(&vmap(noisy.clone())(&x), &want, 0.0));
+    let f = function(move |(x, seed): (Tensor, Tensor)| {
+        vmap(move |v: &Tensor| v + tracejit::random::stateless_normal(&[3], &seed, DType::F64))(&x)
+    });
+    assert!(close(&f.call((x.clone(), seed.clone())).unwrap(), &want, 0.0));
+    // One key per example: each example's draw is the draw from its key.
+    let keys = Tensor::from_vec(vec![1i64, 2, 3, 4, 5, 6], &[3, 2]);
+    let draw = |k: &Tensor| tracejit::random::stateless_normal(&[2], k, DType::F64);
+    let got = vmap(draw)(&keys);
+    assert!(close(&got, &stacked(&draw, &keys).unwrap(), 0.0));
+}
+
+#[test]
+fn variables_are_read_shared_and_a_write_is_an_error() {
+    let w = Variable::new(Tensor::from_vec(vec![1.0f64, 2.0], &[2]));
+    let scaled = {
+        let w = w.clone();
+        move |v: &Tensor| v * &w.read()
+    };
+    let x = Tensor::ones(&[3, 2], DType::F64);
+    assert_eq!(vals(&vmap(scaled.clone())(&x)), [1.0, 2.0, 1.0, 2.0, 1.0, 2.0]);
+    let f = function(move |x: Tensor| vmap(scaled.clone())(&x));
+    assert_eq!(vals(&f.call(x.clone()).unwrap()), [1.0, 2.0, 1.0, 2.0, 1.0, 2.0]);
+    w.assign(&Tensor::from_vec(vec![3.0f64, 4.0], &[2]));
+    assert_eq!(vals(&f.call(x.clone()).unwrap()), [3.0, 4.0, 3.0, 4.0, 3.0, 4.0]);
+    let writes = {
+        let w = w.clone();
+        move |v: &Tensor| {
+            w.assign_add(v);
+            v.clone()
+        }
+    };
+    let err = std::panic::catch_unwind(|| vmap(writes)(&x)).unwrap_err();
+    let msg = tracejit::ir::panic_message(&*err);
+    assert!(msg.contains("vmap of `assign_add`") && msg.contains("a write of variable"), "{msg}");
+    assert_eq!(vals(&w.read()), [3.0, 4.0], "the refused write did not happen");
+}
+
+#[test]
+fn convolutions_fold_the_batch_into_the_images() {
+    let x = Tensor::randn(&[3, 2, 1, 6, 6], 1).cast(DType::F64);
+    let w = Tensor::randn(&[4, 1, 3, 3], 2).cast(DType::F64);
+    let f = move |v: &Tensor| {
+        let y = tracejit::nn::conv2d(v, &w, None, tracejit::nn::Conv2dOptions::default()).relu();
+        tracejit::nn::max_pool2d(&y, [2, 2], [2, 2], [0, 0])
+    };
+    let got = vmap(f.clone())(&x);
+    assert!(close(&got, &stacked(&f, &x).unwrap(), 1e-9));
+}
+
+#[test]
+fn out_axes_and_shared_results() {
+    let f = vmap_axes(|xs: Vec<Tensor>| vec![xs[0].clone(), xs[1].clone()], &[Some(0), None], &[1, 0]);
+    let out = f(vec![Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]), Tensor::from_vec(vec![5.0f32], &[1])]);
+    assert_eq!(vals(&out[0]), [1.0, 3.0, 2.0, 4.0]);
+    assert_eq!((out[1].shape(), vals(&out[1])), (&[2usize, 1][..], vec![5.0, 5.0]));
+}
