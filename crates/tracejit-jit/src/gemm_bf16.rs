@@ -88,7 +88,7 @@ impl Bf16Product {
         if self.cache_rhs {
             let cached = self.packed.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((held, p)) = cached.as_ref() {
-                if same_buffer(held, b) {
+                if held.same_elements(b) {
                     return p.clone();
                 }
             }
@@ -135,13 +135,4 @@ fn pack(b: &Storage) -> PackedBf16 {
         Storage::BF16(x) => PackedBf16::from_bf16(x.view().into_dimensionality::<ndarray::Ix2>().expect("rank 2")),
         other => unreachable!("the bf16_products pass gives f32 or bf16 operands, not {}", other.dtype()),
     }
-}
-
-/// True when `a` and `b` are the same elements of the same buffer (same
-/// pointer, shape and strides, same dtype).
-fn same_buffer(a: &Storage, b: &Storage) -> bool {
-    fn ptr(s: &Storage) -> (usize, Vec<isize>) {
-        tracejit_ir::tensor::with_array!(s, x => (x.as_ptr() as usize, x.strides().to_vec()))
-    }
-    a.dtype() == b.dtype() && a.shape() == b.shape() && ptr(a) == ptr(b)
 }

@@ -199,6 +199,17 @@ impl Storage {
         with_array!(self, a => Storage::from_array(crate::kernels::shape::materialize(a.view())))
     }
 
+    /// True when `self` and `other` are the same elements of the same buffer
+    /// (dtype, shape, element pointer and strides): what a cache keyed by a
+    /// value (a weight packed once per version) compares, holding a clone
+    /// so that the buffer cannot be freed and reused meanwhile.
+    pub fn same_elements(&self, other: &Storage) -> bool {
+        fn at(s: &Storage) -> (usize, &[isize]) {
+            with_array!(s, x => (x.as_ptr() as usize, x.strides()))
+        }
+        self.dtype() == other.dtype() && self.shape() == other.shape() && at(self) == at(other)
+    }
+
     /// Bitwise equality of shape, dtype and every element (NaN equals NaN with
     /// the same bits); what tests mean by "exactly the same result".
     pub fn bit_eq(&self, other: &Storage) -> bool {

@@ -206,7 +206,7 @@ impl DynamicI8 {
     fn weight(&self, w: &Storage) -> Arc<PackedI8> {
         let mut cached = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((held, p)) = cached.as_ref() {
-            if same_buffer(held, w) {
+            if held.same_elements(w) {
                 return p.clone();
             }
         }
@@ -233,12 +233,4 @@ impl ExternalKernel for DynamicI8 {
         gemm_dynamic_i8(a, &packed, &mut c, false, isa);
         vec![Storage::from_vec(c, &shape).expect("sized above")]
     }
-}
-
-/// True when `a` and `b` are the same elements of the same buffer.
-fn same_buffer(a: &Storage, b: &Storage) -> bool {
-    fn at(s: &Storage) -> (usize, Vec<isize>) {
-        tracejit_tensor::with_array!(s, x => (x.as_ptr() as usize, x.strides().to_vec()))
-    }
-    a.dtype() == b.dtype() && a.shape() == b.shape() && at(a) == at(b)
 }
