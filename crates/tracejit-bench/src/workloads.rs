@@ -1,22 +1,7 @@
 //! The workloads W1-W13 of shared/WORKLOADS.md, each written once as a
 //! closure over [`Tensor`]s and run in every [`Mode`] from that one closure.
 //!
-//! Inputs are f32 from fixed seeds, built by [`WorkloadSpec::build`] outside
-//! every timed region. How each mode runs the closure:
-//!
-//! - `eager`: the closure called directly on eager tensors;
-//! - `traced-interp`: `function(closure).jit(false)`;
-//! - `traced-jit`: `function(closure).jit(true)`, reported only when the
-//!   ConcreteFunction's `executor_kind()` says `"jit"`;
-//! - `traced-jit-noselect` (W7): the JIT with the implementation selector off
-//!   (see [`configure_function`]);
-//! - `traced-jit-bf16` (W5, W6, W9, W10): the JIT with
-//!   `mixed_precision(DType::BF16)` (products in bf16, f32 accumulation),
-//!   checked against the f32 eager result within [`Tolerance::BF16`] and
-//!   reported with its error (max abs error / max abs value);
-//! - `traced-jit-int8` (W5, W9): inference through `quantize::dynamic`,
-//!   the weights held in Variables (see `crate::int8`), checked and
-//!   reported like the bf16 mode.
+//! How each mode runs the closure is in [`crate::modes`].
 //!
 //! Softmax (W3) and layer norm (W4) are written with primitives (`max`, `sub`,
 //! `exp`, `sum`, `div` / `mean`, `rsqrt`), as the workloads define them.
@@ -29,80 +14,7 @@ use tracejit::{function, DType, Flattener, Function, Nest, StaticValue, Tensor, 
 
 use crate::verify::Tolerance;
 
-/// How a workload is run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Mode {
-    /// The closure called directly.
-    Eager,
-    /// Traced, the graph run by the interpreter.
-    TracedInterp,
-    /// Traced, compiled by the JIT.
-    TracedJit,
-    /// Traced, compiled by the JIT, with the implementation selector off (so
-    /// composites are inlined instead of swapped for their kernels).
-    TracedJitNoSelect,
-    /// Traced, compiled by the JIT, with mixed precision: products in bf16
-    /// with f32 accumulation (`Function::mixed_precision(DType::BF16)`).
-    TracedJitBf16,
-    /// Traced with the weights in Variables, compiled, and quantized with
-    /// `tracejit::quantize::dynamic` (int8 products, f32 elsewhere).
-    TracedJitInt8,
-}
-
-impl Mode {
-    /// The name used in tables and JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Eager => "eager",
-            Mode::TracedInterp => "traced-interp",
-            Mode::TracedJit => "traced-jit",
-            Mode::TracedJitNoSelect => "traced-jit-noselect",
-            Mode::TracedJitBf16 => "traced-jit-bf16",
-            Mode::TracedJitInt8 => "traced-jit-int8",
-        }
-    }
-
-    /// True for the modes that go through `function`.
-    pub fn is_traced(self) -> bool {
-        self != Mode::Eager
-    }
-
-    /// True for the modes whose figures must come from the JIT executor.
-    pub fn needs_jit(self) -> bool {
-        matches!(self, Mode::TracedJit | Mode::TracedJitNoSelect | Mode::TracedJitBf16 | Mode::TracedJitInt8)
-    }
-
-    /// True for the reduced-precision modes, whose rows report their error
-    /// against the f32 result.
-    pub fn is_low_precision(self) -> bool {
-        matches!(self, Mode::TracedJitBf16 | Mode::TracedJitInt8)
-    }
-}
-
-/// The modes every workload runs in.
-pub const STANDARD_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit];
-/// W7's modes: the standard ones plus the JIT with the selector off.
-pub const COMPOSITE_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit, Mode::TracedJitNoSelect];
-/// W6 and W10's modes: the standard ones plus mixed precision.
-pub const BF16_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit, Mode::TracedJitBf16];
-/// W5 and W9's modes: the standard ones plus mixed precision and int8.
-pub const LOW_PRECISION_MODES: &[Mode] =
-    &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit, Mode::TracedJitBf16, Mode::TracedJitInt8];
-
-/// Configures a fresh `Function` for a traced mode: THE place where modes map
-/// to builder calls. `Err` carries the reason a mode cannot run yet.
-pub fn configure_function<A: Nest, R: Nest>(f: Function<A, R>, mode: Mode) -> Result<Function<A, R>, String> {
-    match mode {
-        Mode::Eager => Err("eager mode does not go through `function`".to_string()),
-        Mode::TracedInterp => Ok(f.jit(false)),
-        Mode::TracedJit => Ok(f.jit(true)),
-        // Composites inlined and fused like any other code instead of being
-        // swapped for their registered kernels.
-        Mode::TracedJitNoSelect => Ok(f.jit(true).selector(false)),
-        Mode::TracedJitBf16 => Ok(f.jit(true).mixed_precision(DType::BF16)),
-        Mode::TracedJitInt8 => Err("the int8 mode runs a quantized ConcreteFunction (crate::int8)".to_string()),
-    }
-}
+pub use crate::modes::{configure_function, Mode, BF16_MODES, COMPOSITE_MODES, LOW_PRECISION_MODES, STANDARD_MODES};
 
 /// A workload's inputs and closure, ready to run in any mode.
 pub trait Runnable {
@@ -286,6 +198,11 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 /// Every workload, in order W1..W13b, then the micro rows ([`crate::micro`]).
 pub fn all() -> Vec<WorkloadSpec> {
+    elementwise().into_iter().chain(networks()).chain(models()).chain(crate::micro::specs()).collect()
+}
+
+/// W1-W4: elementwise chains, softmax and layer norm.
+fn elementwise() -> Vec<WorkloadSpec> {
     vec![
         WorkloadSpec {
             id: "W1",
@@ -327,6 +244,12 @@ pub fn all() -> Vec<WorkloadSpec> {
             modes: STANDARD_MODES,
             build: build_layernorm,
         },
+    ]
+}
+
+/// W5-W8: the MLP forward and train step, the LSTM cell, the RNN loop.
+fn networks() -> Vec<WorkloadSpec> {
+    vec![
         WorkloadSpec {
             id: "W5",
             name: "mlp_forward",
@@ -367,6 +290,12 @@ pub fn all() -> Vec<WorkloadSpec> {
             modes: STANDARD_MODES,
             build: build_rnn_loop,
         },
+    ]
+}
+
+/// W9-W13b: transformers, convolutional nets, per-example gradients.
+fn models() -> Vec<WorkloadSpec> {
+    vec![
         WorkloadSpec {
             id: "W9",
             name: "transformer_block",
@@ -442,9 +371,6 @@ pub fn all() -> Vec<WorkloadSpec> {
             build: crate::per_example::build_per_example_grad_norms,
         },
     ]
-    .into_iter()
-    .chain(crate::micro::specs())
-    .collect()
 }
 
 /// The workloads whose name contains `filter` (ASCII case-insensitive) or
