@@ -6,7 +6,8 @@
 //! own scale and packs four consecutive `k` per 32-bit word in panels of
 //! 64 columns, keeping `−128 · Σ q` per column; [`gemm_dynamic_i8`]
 //! quantizes each lhs row with its own scale into `u8 = q + 128` (the
-//! unsigned operand of `vpdpbusd`), packs it (in a buffer each thread
+//! unsigned operand of `vpdpbusd`), or, for a row with no negative value
+//! (after a relu), into `u ∈ [0, 255]` with half the step, packs it (in a buffer each thread
 //! keeps), and computes the output in blocks fixed by the sizes over the
 //! thread pool, each tile of up to 6 × 64 outputs summed over the whole
 //! depth by one `vpdpbusd` micro-kernel (AVX-512 VNNI: 64 multiply-adds
@@ -16,8 +17,9 @@
 //! # Results
 //!
 //! For row `i` and column `j`: `acc = Σₚ (qa[i,p] + 128) · qw[p,j] −
-//! 128 · Σₚ qw[p,j]`, exact in i32 (wrapping sums whose result is exact for
-//! `k ≤ 2¹⁷`, the most accepted), then `c[i,j] = ((acc as f32) ·
+//! 128 · Σₚ qw[p,j]` (a signed row) or `acc = Σₚ ua[i,p] · qw[p,j]` (an
+//! unsigned one), exact in i32 (wrapping sums whose result is exact for
+//! `k ≤ 2¹⁷`, the most accepted; unsigned rows only up to `2¹⁶`), then `c[i,j] = ((acc as f32) ·
 //! scale_a[i]) · scale_w[j]`, added to `c` with `accumulate`. Both paths
 //! perform the same operations: their results have the same bits, for
 //! every thread count too.
@@ -153,14 +155,17 @@ pub fn gemm_dynamic_i8(a: ArrayView2<'_, f32>, w: &PackedI8, c: &mut [f32], accu
         return;
     }
     let kw = k.div_ceil(4);
-    let mut row_scales = vec![0f32; m];
+    let mut forms = vec![quantize::RowForm { scale: 0.0, unsigned: false }; m];
     with_scratch(lhs_len(m, kw), |lhs| {
-        quantize::pack_lhs(a, lhs, &mut row_scales, isa);
+        quantize::pack_lhs(a, lhs, &mut forms, isa);
+        let row_scales: Vec<f32> = forms.iter().map(|f| f.scale).collect();
+        let unsigned_rows: Vec<bool> = forms.iter().map(|f| f.unsigned).collect();
         let ep = kernel::Epilogue {
             c: OutPtr(c.as_mut_ptr()),
             n,
             accumulate,
             row_scales: &row_scales,
+            unsigned_rows: &unsigned_rows,
             col_scales: &w.scales,
             starts: &w.starts,
         };

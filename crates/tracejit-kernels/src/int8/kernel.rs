@@ -26,6 +26,9 @@ pub(super) struct Epilogue<'a> {
     pub accumulate: bool,
     /// The lhs rows' scales.
     pub row_scales: &'a [f32],
+    /// Which lhs rows are stored unsigned (their sums start at 0, not at
+    /// the columns' `starts`).
+    pub unsigned_rows: &'a [bool],
     /// The weight columns' scales, padded to whole rhs panels.
     pub col_scales: &'a [f32],
     /// The weight columns' `−128 · Σ q` (where their sums start), padded
@@ -81,8 +84,8 @@ pub(super) unsafe fn run_block(
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn tile_avx512<const R: usize, const V: usize>(t: &Tile, kw: usize, ep: &Epilogue<'_>) {
     use std::arch::x86_64::*;
-    // The sums start at `−128 · Σ q` (the shift of the lhs's `+ 128`), so
-    // the epilogue has no subtraction.
+    // A signed row's sums start at `−128 · Σ q` (the shift of its
+    // `+ 128`), so the epilogue has no subtraction; an unsigned row's at 0.
     let mut start = [_mm512_setzero_si512(); V];
     for (v, start) in start.iter_mut().enumerate() {
         let starts = &ep.starts[t.col + v * LANES..t.col + (v + 1) * LANES];
@@ -90,6 +93,11 @@ unsafe fn tile_avx512<const R: usize, const V: usize>(t: &Tile, kw: usize, ep: &
         *start = unsafe { _mm512_loadu_si512(starts.as_ptr().cast()) };
     }
     let mut acc = [start; R];
+    for (r, acc) in acc.iter_mut().enumerate() {
+        if ep.unsigned_rows[t.row + r] {
+            *acc = [_mm512_setzero_si512(); V];
+        }
+    }
     let (mut a, mut b) = (t.a, t.b);
     let mut p = 0;
     while p < kw {
@@ -157,8 +165,10 @@ unsafe fn tile_portable(t: &Tile, kw: usize, ep: &Epilogue<'_>) {
     let width = t.vecs * LANES;
     let on = |j: usize| t.masks[j / LANES] >> (j % LANES) & 1 == 1;
     let mut acc = [[0i32; NR]; MR];
-    for acc in acc.iter_mut().take(t.rows) {
-        acc[..width].copy_from_slice(&ep.starts[t.col..t.col + width]);
+    for (r, acc) in acc.iter_mut().enumerate().take(t.rows) {
+        if !ep.unsigned_rows[t.row + r] {
+            acc[..width].copy_from_slice(&ep.starts[t.col..t.col + width]);
+        }
     }
     // Products `u8 · i8` fit in i16 (|255 · 127| < 2¹⁵): 16-bit multiplies
     // where LLVM would otherwise emit slow 32-bit ones.

@@ -1,14 +1,20 @@
-//! Symmetric int8 quantization: of an f32 lhs row by row at run time
-//! (stored as `u8 = q + 128` for `vpdpbusd`'s unsigned operand), and of a
-//! weight column by column once per version.
+//! int8 quantization: of an f32 lhs row by row at run time (stored as
+//! `vpdpbusd`'s unsigned operand), and of a weight column by column once
+//! per version (symmetric).
 //!
-//! The rule, for a row (or column) `x`: `scale = max |xᵢ| / 127`, or 1
-//! when that is 0 (an all-zero row, or one so small that the division
-//! underflows); `qᵢ = round_half_even(xᵢ / scale)` clamped to
-//! `[-127, 127]`. A row holding a NaN or ±Inf gets `scale = NaN` and
-//! `q = 0`, so that every output it reaches is NaN. The vector and the
-//! scalar forms perform the same IEEE operations (a true division, the
-//! same rounding) and give the same bytes.
+//! The symmetric rule, for a weight column and for an lhs row holding a
+//! negative value: `scale = max |xᵢ| / 127`, or 1 when that is 0 (an
+//! all-zero row, or one so small that the division underflows);
+//! `qᵢ = round_half_even(xᵢ / scale)` clamped to `[-127, 127]`, an lhs
+//! row stored as `u8 = q + 128`. An lhs row with no negative value (the
+//! input of a layer after a relu) uses the whole unsigned range instead,
+//! half the step: `scale = max xᵢ / 255` (or 1), `uᵢ =
+//! round_half_even(xᵢ / scale)` clamped to `[0, 255]`, stored as it is,
+//! when the depth allows its sums in i32 ([`UNSIGNED_MAX_K`]). A row
+//! holding a NaN or ±Inf gets `scale = NaN` and `q = 0`, so that every
+//! output it reaches is NaN. The vector and the scalar forms perform the
+//! same IEEE operations (a true division, the same rounding) and give the
+//! same bytes.
 
 use ndarray::ArrayView2;
 
@@ -27,30 +33,58 @@ fn scale_of(top: f32, finite: bool) -> f32 {
     }
 }
 
+/// The deepest product whose lhs rows may be quantized unsigned: their
+/// sums `Σ u · q` stay within i32 (`255 · 127 · 2¹⁶ < 2³¹`).
+pub(super) const UNSIGNED_MAX_K: usize = 1 << 16;
+
 /// `x` quantized with `scale` (not NaN).
 fn level(x: f32, scale: f32) -> i8 {
     (x / scale).round_ties_even().clamp(-127.0, 127.0) as i8
 }
 
-/// Quantizes `row` into `out` (as long) as `q + 128`, returning the scale.
-fn quantize_row(row: &[f32], out: &mut [u8], isa: Isa) -> f32 {
+/// How a row is stored: its scale, and whether it is unsigned (`u`, else
+/// `q + 128`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct RowForm {
+    pub scale: f32,
+    pub unsigned: bool,
+}
+
+/// The form of a row from its largest magnitude, whether it is finite and
+/// whether it has a negative value (see the module).
+fn form_of(top: f32, finite: bool, negative: bool, unsigned_ok: bool) -> RowForm {
+    if finite && !negative && unsigned_ok {
+        let scale = top / 255.0;
+        return RowForm { scale: if scale == 0.0 { 1.0 } else { scale }, unsigned: true };
+    }
+    RowForm { scale: scale_of(top, finite), unsigned: false }
+}
+
+/// Quantizes `row` into `out` (as long) by the module's rule; unsigned
+/// only where `unsigned_ok`.
+fn quantize_row(row: &[f32], out: &mut [u8], unsigned_ok: bool, isa: Isa) -> RowForm {
     debug_assert_eq!(row.len(), out.len());
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx512_vnni() {
         // SAFETY: the features were checked; the lengths are equal.
-        return unsafe { quantize_row_avx512(row, out) };
+        return unsafe { quantize_row_avx512(row, out, unsigned_ok) };
     }
     let _ = isa;
-    let (mut top, mut finite) = (0f32, true);
+    let (mut top, mut finite, mut negative) = (0f32, true, false);
     for &x in row {
         finite &= x.is_finite();
+        negative |= x < 0.0;
         top = top.max(x.abs());
     }
-    let scale = scale_of(top, finite);
+    let form = form_of(top, finite, negative, unsigned_ok);
     for (o, &x) in out.iter_mut().zip(row) {
-        *o = if finite { (level(x, scale) as u8).wrapping_add(128) } else { 128 };
+        *o = match (finite, form.unsigned) {
+            (false, _) => 128,
+            (true, true) => (x / form.scale).round_ties_even().clamp(0.0, 255.0) as u8,
+            (true, false) => (level(x, form.scale) as u8).wrapping_add(128),
+        };
     }
-    scale
+    form
 }
 
 /// [`quantize_row`] 16 values per register.
@@ -60,26 +94,29 @@ fn quantize_row(row: &[f32], out: &mut [u8], isa: Isa) -> f32 {
 /// `vpdpbusd` kernel); `out` is as long as `row`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn quantize_row_avx512(row: &[f32], out: &mut [u8]) -> f32 {
+unsafe fn quantize_row_avx512(row: &[f32], out: &mut [u8], unsigned_ok: bool) -> RowForm {
     use std::arch::x86_64::*;
     let len = row.len();
     let mask = |i: usize| if len - i >= 16 { u16::MAX } else { ((1u32 << (len - i)) - 1) as u16 };
-    let (mut top, mut bad) = (_mm512_setzero_ps(), 0u16);
+    let (mut top, mut bad, mut negative) = (_mm512_setzero_ps(), 0u16, 0u16);
     for i in (0..len).step_by(16) {
         // SAFETY: the masked lanes lie inside `row`.
         let x = unsafe { _mm512_maskz_loadu_ps(mask(i), row.as_ptr().add(i)) };
         let abs = _mm512_castps_si512(_mm512_abs_ps(x));
         bad |= _mm512_cmpge_epi32_mask(abs, _mm512_set1_epi32(0x7f80_0000));
+        negative |= _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_setzero_ps());
         top = _mm512_max_ps(top, _mm512_castsi512_ps(abs));
     }
-    let scale = scale_of(_mm512_reduce_max_ps(top), bad == 0);
+    let form = form_of(_mm512_reduce_max_ps(top), bad == 0, negative != 0, unsigned_ok);
     if bad != 0 {
         out.fill(128);
-        return scale;
+        return form;
     }
     // Clamping before rounding is the same as after: the bounds are
-    // integers. `q + 128` is `q ^ 0x80` on a byte.
-    let (lo, hi, scale_v) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0), _mm512_set1_ps(scale));
+    // integers. A signed row's `q + 128` is `q ^ 0x80` on a byte; an
+    // unsigned row's levels (0 to 255) are its bytes.
+    let (lo, hi, flip, offset) = if form.unsigned { (0.0, 255.0, 0i8, 0) } else { (-127.0, 127.0, i8::MIN, 128) };
+    let (lo, hi, scale_v) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi), _mm512_set1_ps(form.scale));
     let levels = |x: __m512| {
         let q = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(x, scale_v), lo), hi);
         _mm512_cvt_roundps_epi32::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(q)
@@ -94,7 +131,7 @@ unsafe fn quantize_row_avx512(row: &[f32], out: &mut [u8]) -> f32 {
         }
         let bytes =
             _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_set_m128i(q[1], q[0])), _mm256_set_m128i(q[3], q[2]));
-        let bytes = _mm512_xor_si512(bytes, _mm512_set1_epi8(-128));
+        let bytes = _mm512_xor_si512(bytes, _mm512_set1_epi8(flip));
         // SAFETY: 64 bytes from `i` lie inside `out`.
         unsafe { _mm512_storeu_si512(out.as_mut_ptr().add(i).cast(), bytes) };
         i += 64;
@@ -103,21 +140,23 @@ unsafe fn quantize_row_avx512(row: &[f32], out: &mut [u8]) -> f32 {
         // SAFETY: the masked lanes lie inside `row` and `out`.
         unsafe {
             let x = _mm512_maskz_loadu_ps(mask(i), row.as_ptr().add(i));
-            let q = _mm512_add_epi32(levels(x), _mm512_set1_epi32(128));
+            let q = _mm512_add_epi32(levels(x), _mm512_set1_epi32(offset));
             _mm512_mask_cvtepi32_storeu_epi8(out.as_mut_ptr().add(i).cast(), mask(i), q);
         }
         i += 16;
     }
-    scale
+    form
 }
 
 /// Packs `a [m, k]` (any strides) quantized row by row into `out`
-/// (`tiles::lhs_len(m, ceil(k / 4))` words of four `u8`), the rows' scales
-/// into `scales` (`m` values). Pad bytes hold 128 (a zero).
-pub(super) fn pack_lhs(a: ArrayView2<'_, f32>, out: &mut [u32], scales: &mut [f32], isa: Isa) {
+/// (`tiles::lhs_len(m, ceil(k / 4))` words of four `u8`), the rows' forms
+/// into `forms` (`m` values). Pad bytes hold 128 (they meet the weight's
+/// zero pads).
+pub(super) fn pack_lhs(a: ArrayView2<'_, f32>, out: &mut [u32], forms: &mut [RowForm], isa: Isa) {
     let k = a.ncols();
+    let unsigned_ok = k <= UNSIGNED_MAX_K;
     pack_rows(a, k.div_ceil(4), out, 0x8080_8080, |i, row, words| {
-        scales[i] = quantize_row(row, &mut bytes_mut(words)[..k], isa);
+        forms[i] = quantize_row(row, &mut bytes_mut(words)[..k], unsigned_ok, isa);
     });
 }
 

@@ -8,31 +8,42 @@ use super::*;
 use crate::bf16::tests::{paths, with_threads, Rng};
 use crate::bf16::tiles::{lhs_len, with_scratch, OutPtr};
 
-/// Scales and levels of the rows of `x`, by the documented rule.
+/// Scales and levels of the rows of `x`, by the documented symmetric rule.
 fn levels(x: ArrayView2<'_, f32>) -> (Vec<f32>, Array2<i64>) {
+    levels_with(x, false).0
+}
+
+/// Scales and levels of the rows of `x` by the documented rule, rows with
+/// no negative value unsigned when `unsigned`; and which rows are.
+fn levels_with(x: ArrayView2<'_, f32>, unsigned: bool) -> ((Vec<f32>, Array2<i64>), Vec<bool>) {
     let mut q = Array2::zeros(x.dim());
+    let mut forms = Vec::new();
     let scales = x
         .rows()
         .into_iter()
         .zip(q.rows_mut())
         .map(|(row, mut q)| {
             if !row.iter().all(|v| v.is_finite()) {
+                forms.push(false);
                 return f32::NAN;
             }
-            let scale = row.iter().fold(0f32, |t, v| t.max(v.abs())) / 127.0;
+            let positive = unsigned && row.iter().all(|&v| v >= 0.0);
+            forms.push(positive);
+            let (steps, lo, hi) = if positive { (255.0, 0.0, 255.0) } else { (127.0, -127.0, 127.0) };
+            let scale = row.iter().fold(0f32, |t, v| t.max(v.abs())) / steps;
             let scale = if scale == 0.0 { 1.0 } else { scale };
             for (q, &v) in q.iter_mut().zip(&row) {
-                *q = (v / scale).round_ties_even().clamp(-127.0, 127.0) as i64;
+                *q = (v / scale).round_ties_even().clamp(lo, hi) as i64;
             }
             scale
         })
         .collect();
-    (scales, q)
+    ((scales, q), forms)
 }
 
 /// The documented result, computed independently (i64 sums).
 fn exact(a: ArrayView2<'_, f32>, w: ArrayView2<'_, f32>, c0: &[f32], acc: bool) -> Vec<f32> {
-    let (sa, qa) = levels(a);
+    let ((sa, qa), _) = levels_with(a, true);
     let (sw, qw) = levels(w.t());
     let ((m, k), n) = (a.dim(), w.ncols());
     let mut c = vec![0f32; m * n];
@@ -54,10 +65,12 @@ fn reversed_rows(x: &Array2<f32>) -> Array2<f32> {
 }
 
 fn check_shape(m: usize, k: usize, n: usize, rng: &mut Rng) {
-    let (a, w) = (rng.matrix(m, k), rng.matrix(k, n));
+    let (mut a, w) = (rng.matrix(m, k), rng.matrix(k, n));
+    // Every third row a relu's output: quantized unsigned.
+    a.rows_mut().into_iter().step_by(3).for_each(|mut r| r.mapv_inplace(|v| v.max(0.0)));
     let c0: Vec<f32> = (0..m * n).map(|_| rng.uniform()).collect();
     let packed = PackedI8::quantize(w.view());
-    let (sa, _) = levels(a.view());
+    let ((sa, _), _) = levels_with(a.view(), true);
     let want64 = a.mapv(f64::from).dot(&w.mapv(f64::from));
     let a_t = a.t().as_standard_layout().to_owned();
     for acc in [false, true] {
@@ -104,30 +117,40 @@ fn products_have_the_documented_bits_at_odd_sizes() {
 #[test]
 fn quantization_follows_the_rule_on_both_paths() {
     let mut rng = Rng::new(2);
-    // Ties, zeros, a huge and a tiny row, a non-finite one.
-    let mut a = rng.matrix(6, 77);
+    // Ties, zeros, a huge and a tiny row, a non-finite one, and rows with
+    // no negative value (unsigned: a relu's output, with -0.0 and a tie).
+    let mut a = rng.matrix(8, 77);
     a.row_mut(1).fill(0.0);
     a.row_mut(2).iter_mut().enumerate().for_each(|(i, v)| *v = (i as f32 - 38.0) * 0.5);
     a.row_mut(3).mapv_inplace(|v| v * 1e-42);
     a.row_mut(4).mapv_inplace(|v| v * 3e38);
     a[[5, 60]] = f32::NEG_INFINITY;
-    let (want_scales, want_q) = levels(a.view());
+    a.row_mut(6).mapv_inplace(|v| v.max(0.0));
+    a[[6, 3]] = -0.0;
+    a.row_mut(7).iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 * 0.5);
+    let ((want_scales, want_q), want_unsigned) = levels_with(a.view(), true);
+    assert_eq!(want_unsigned, [false, true, false, false, false, false, true, true]);
     for isa in paths() {
         let kw = 77usize.div_ceil(4);
-        let mut scales = vec![0f32; 6];
-        with_scratch(lhs_len(6, kw), |lhs| {
-            quantize::pack_lhs(a.view(), lhs, &mut scales, isa);
+        let mut forms = vec![quantize::RowForm { scale: 0.0, unsigned: false }; 8];
+        with_scratch(lhs_len(8, kw), |lhs| {
+            quantize::pack_lhs(a.view(), lhs, &mut forms, isa);
             let bytes = crate::bf16::tiles::bytes_mut(lhs);
-            for i in 0..6 {
+            for i in 0..8 {
+                let offset = if want_unsigned[i] { 0 } else { 128 };
                 for p in 0..77 {
-                    let at = 4 * crate::bf16::tiles::lhs_slot(6, kw, i, p / 64) + 4 * (p % 64 / 4) + p % 4;
+                    let at = 4 * crate::bf16::tiles::lhs_slot(8, kw, i, p / 64) + 4 * (p % 64 / 4) + p % 4;
                     let q = if want_scales[i].is_nan() { 0 } else { want_q[[i, p]] };
-                    assert_eq!(i64::from(bytes[at]) - 128, q, "{isa:?} ({i}, {p})");
+                    assert_eq!(i64::from(bytes[at]) - offset, q, "{isa:?} ({i}, {p})");
                 }
             }
         });
-        for (got, want) in scales.iter().zip(&want_scales) {
-            assert_eq!(got.to_bits(), want.to_bits(), "{isa:?}");
+        for (i, got) in forms.iter().enumerate() {
+            assert_eq!(
+                (got.scale.to_bits(), got.unsigned),
+                (want_scales[i].to_bits(), want_unsigned[i]),
+                "{isa:?} {i}"
+            );
         }
     }
 }
@@ -174,19 +197,23 @@ fn empty_sizes_write_zeros_or_nothing() {
 fn any_blocks_give_the_bits_of_the_whole() {
     let mut rng = Rng::new(6);
     let (m, k, n) = (37, 23, 101);
-    let (a, w) = (rng.matrix(m, k), PackedI8::quantize(rng.matrix(k, n).view()));
+    let (mut a, w) = (rng.matrix(m, k), PackedI8::quantize(rng.matrix(k, n).view()));
+    a.rows_mut().into_iter().step_by(2).for_each(|mut r| r.mapv_inplace(f32::abs));
     for isa in paths() {
         let mut whole = vec![0f32; m * n];
         gemm_dynamic_i8(a.view(), &w, &mut whole, false, isa);
         let mut parts = vec![0f32; m * n];
-        let (kw, mut row_scales) = (k.div_ceil(4), vec![0f32; m]);
+        let (kw, mut forms) = (k.div_ceil(4), vec![quantize::RowForm { scale: 0.0, unsigned: false }; m]);
         with_scratch(lhs_len(m, kw), |lhs| {
-            quantize::pack_lhs(a.view(), lhs, &mut row_scales, isa);
+            quantize::pack_lhs(a.view(), lhs, &mut forms, isa);
+            let row_scales: Vec<f32> = forms.iter().map(|f| f.scale).collect();
+            let unsigned_rows: Vec<bool> = forms.iter().map(|f| f.unsigned).collect();
             let ep = kernel::Epilogue {
                 c: OutPtr(parts.as_mut_ptr()),
                 n,
                 accumulate: false,
                 row_scales: &row_scales,
+                unsigned_rows: &unsigned_rows,
                 col_scales: &w.scales,
                 starts: &w.starts,
             };
