@@ -409,43 +409,11 @@ macro_rules! impl_cast {
         }
     };
 }
+impl_cast!(f32, 0.0);
 impl_cast!(f64, 0.0);
 
-// f32 rounds to the 16-bit floats directly (its f64 widening is exact, so
-// the default would agree; this is the fast path).
-impl Cast for f32 {
-    #[inline]
-    fn cast_f32(self) -> f32 {
-        self
-    }
-    #[inline]
-    fn cast_f64(self) -> f64 {
-        self as f64
-    }
-    #[inline]
-    fn cast_i32(self) -> i32 {
-        self as i32
-    }
-    #[inline]
-    fn cast_i64(self) -> i64 {
-        self as i64
-    }
-    #[inline]
-    fn cast_bool(self) -> bool {
-        // NaN != 0, so NaN is true.
-        self != 0.0
-    }
-    #[inline]
-    fn cast_bf16(self) -> half::bf16 {
-        half::bf16::from_f32(self)
-    }
-    #[inline]
-    fn cast_f16(self) -> half::f16 {
-        half::f16::from_f32(self)
-    }
-}
-
-// The 16-bit floats widen exactly to f32 and convert from there.
+// The 16-bit floats widen exactly to f32 and convert from there (to each
+// other through the trait's exact-widening default, like every type).
 macro_rules! impl_half_cast {
     ($t:ty) => {
         impl Cast for $t {
@@ -468,14 +436,6 @@ macro_rules! impl_half_cast {
             #[inline]
             fn cast_bool(self) -> bool {
                 self.to_f32() != 0.0
-            }
-            #[inline]
-            fn cast_bf16(self) -> half::bf16 {
-                half::bf16::from_f32(self.to_f32())
-            }
-            #[inline]
-            fn cast_f16(self) -> half::f16 {
-                half::f16::from_f32(self.to_f32())
             }
         }
     };
