@@ -39,6 +39,7 @@ mod remat;
 mod retrace_policy;
 mod schedule_stats;
 mod source_locations;
+mod sparse_update;
 mod tracing;
 mod train_charlm;
 mod train_cnn_digits;

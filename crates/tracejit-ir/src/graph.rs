@@ -107,6 +107,17 @@ pub trait VariableResource: Send + Sync + fmt::Debug {
         let new = f(&self.read());
         self.write(new);
     }
+    /// Changes the value through `f`, atomically as [`VariableResource::update`];
+    /// `f` may write into the value's buffer when nothing else holds it (a
+    /// sparse update of a few rows of a large table). The default hands `f`
+    /// a handle that shares the buffer, so a write copies it first.
+    fn update_in_place(&self, f: &mut dyn FnMut(&mut Storage)) {
+        self.update(&mut |cur| {
+            let mut v = cur.clone();
+            f(&mut v);
+            v
+        });
+    }
     /// A stable identity, so two handles to one variable compare equal.
     fn id(&self) -> u64;
     /// The lock that serializes locked updates of the variable

@@ -8,6 +8,7 @@
 //! plan_regions     elementwise/reduction regions, by the IR's fusion pass   (graph; raw graphs only)
 //! lower            one step per node: regions compiled, products, views,
 //!                  subgraphs prepared, native kernels, reference ops        (graph -> schedule)
+//! sparse_updates   `w -= lr · scatter_add(0, ids, rows)`: in place, on the named rows only
 //! bf16_products    products of bf16(-rounded) operands on the bf16 GEMM, their casts dropped
 //! row_loops        loops whose batch rows never meet: run in row blocks
 //! hoist_views      views a later product reads move before an earlier one
@@ -48,6 +49,7 @@ pub(crate) mod lower;
 mod products;
 mod regions;
 mod row_loops;
+mod sparse_updates;
 
 pub use regions::plan_regions;
 
@@ -73,6 +75,7 @@ pub(crate) trait SchedulePass {
 /// The schedule passes, in order (after `lower`).
 fn passes() -> Vec<Box<dyn SchedulePass>> {
     vec![
+        Box::new(sparse_updates::SparseUpdates),
         Box::new(bf16_products::Bf16Products),
         Box::new(row_loops::RowLoops),
         Box::new(products::HoistViews),

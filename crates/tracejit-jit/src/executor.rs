@@ -56,6 +56,7 @@ mod epilogue;
 mod pairs;
 mod profile;
 mod scalars;
+pub(crate) mod sparse_update;
 mod stats;
 pub(crate) mod views;
 mod windows;
@@ -394,6 +395,9 @@ impl Executable {
                     outs.push(v.read())
                 }
                 StepKind::Assign(var, kind) => self.run_assign(step, *var, *kind, args[0], pool)?,
+                StepKind::SparseUpdate(u) => {
+                    u.run(g, &args).ok_or_else(|| self.broken(step, format!("unknown variable {}", u.var)))?
+                }
             }
             drop(args);
             if !partner_out.is_empty() {

@@ -63,6 +63,10 @@ pub(crate) enum StepKind {
     Read(VarId),
     /// Writes a variable.
     Assign(VarId, AssignKind),
+    /// Subtracts scattered rows from a variable in place, on the rows
+    /// named (the `sparse_updates` pass); inputs: ids, rows, and the scale
+    /// when it is not a constant.
+    SparseUpdate(Arc<crate::executor::sparse_update::SparseUpdate>),
 }
 
 /// A step's part in a pair of steps run together.
@@ -149,6 +153,7 @@ impl StepKind {
             },
             StepKind::Read(var) => format!("read {var}"),
             StepKind::Assign(var, kind) => format!("{} {var}", kind.name()),
+            StepKind::SparseUpdate(u) => u.describe(),
         }
     }
 }

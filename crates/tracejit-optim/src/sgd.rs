@@ -14,7 +14,10 @@ use crate::schedule::LearningRate;
 
 /// SGD: `g += weight_decay · w`; with momentum `velocity = momentum ·
 /// velocity + g` and `w -= lr · velocity` (Nesterov: `w -= lr · (g +
-/// momentum · velocity)`); without, `w -= lr · g`.
+/// momentum · velocity)`); without, `w -= lr · g`. Without momentum or
+/// weight decay, a compiled step whose gradient is an embedding's (a
+/// scatter of rows) updates only the rows it names, in place, with the
+/// dense update's bits (see `tracejit_nn::embedding`).
 ///
 /// ```
 /// use tracejit_optim::{Optimizer, Sgd};

@@ -80,6 +80,11 @@ impl VariableResource for VarState {
         let new = f(&guard);
         *guard = new;
     }
+    fn update_in_place(&self, f: &mut dyn FnMut(&mut Storage)) {
+        // The lock's own handle: a write copies the buffer only if a
+        // snapshot (a read still alive) shares it.
+        f(&mut self.value.write().unwrap_or_else(|e| e.into_inner()));
+    }
     fn id(&self) -> u64 {
         self.id
     }

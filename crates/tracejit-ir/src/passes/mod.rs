@@ -21,6 +21,7 @@
 //! | `simplify` | [`Simplify`] | algebraic rewrites that are exact under IEEE 754 |
 //! | `cse` | [`Cse`] | merges structurally identical pure nodes |
 //! | `conv_relu` | [`ConvRelu`] | a `relu` of a convolution moves into its output pass |
+//! | `sparse_update` | [`SparseUpdate`] | `assign(w, w - lr · scatter_add(0, ids, rows))` becomes `assign_sub`, which the JIT runs in place on the named rows |
 //! | `dce` | [`Dce`] | drops nodes that neither reach an output nor have side effects |
 //! | `auto_mixed_precision` | [`AutoMixedPrecision`] | with [`PassContext::mixed_precision`] set: products and convolutions read bf16-rounded operands, accumulate in f32 |
 //! | `fusion` | [`Fusion`] | groups elementwise chains and reductions into `Op::Fused` regions |
@@ -56,6 +57,7 @@ mod pipeline;
 mod rewrite;
 mod select;
 mod simplify;
+mod sparse_update;
 
 pub use const_fold::ConstantFolding;
 pub use conv_relu::ConvRelu;
@@ -69,6 +71,7 @@ pub use pipeline::{FixpointOutcome, OptimizationOptions, PassRecord, PassSnapsho
 pub use rewrite::Rewriter;
 pub use select::SelectImplementation;
 pub use simplify::Simplify;
+pub use sparse_update::SparseUpdate;
 
 /// A graph rewrite with a stable name (used to disable it, in reports and
 /// in dump file names).

@@ -8,7 +8,7 @@
 //! inline                        every non-composite call
 //! selector                      composite calls -> kernel, or inlined
 //! hoist                         a counted loop's input projection, before the loop
-//! fixpoint "simplify" (cap 8):  const_fold, simplify, cse, conv_relu, dce
+//! fixpoint "simplify" (cap 8):  const_fold, simplify, cse, conv_relu, sparse_update, dce
 //! auto_mixed_precision          products in bf16 with f32 accumulation (when asked)
 //! fusion                        elementwise/reduction regions
 //! ```
@@ -31,7 +31,7 @@ use cranelift_entity::EntityRef;
 
 use crate::passes::{
     AcceptRegion, AutoMixedPrecision, ConstantFolding, ConvRelu, Cse, Dce, Fusion, HoistLoopProducts, Inline, Pass,
-    PassContext, SelectImplementation, Simplify, DEFAULT_FOLD_LIMIT,
+    PassContext, SelectImplementation, Simplify, SparseUpdate, DEFAULT_FOLD_LIMIT,
 };
 use crate::{verify, Graph, IrError, NodeId};
 
@@ -261,6 +261,7 @@ impl Pipeline {
                     Box::new(Simplify),
                     Box::new(Cse),
                     Box::new(ConvRelu),
+                    Box::new(SparseUpdate),
                     Box::new(Dce),
                 ],
                 max_iterations: 8,
@@ -505,6 +506,7 @@ mod tests {
                 "simplify",
                 "cse",
                 "conv_relu",
+                "sparse_update",
                 "dce",
                 "auto_mixed_precision",
                 "fusion"

@@ -127,7 +127,8 @@ fn subgraphs(kind: &StepKind) -> Vec<(&'static str, &Executable)> {
         | StepKind::External(_)
         | StepKind::Spatial(_)
         | StepKind::Read(_)
-        | StepKind::Assign(..) => Vec::new(),
+        | StepKind::Assign(..)
+        | StepKind::SparseUpdate(_) => Vec::new(),
     }
 }
 
@@ -175,6 +176,7 @@ fn kind_name(kind: &StepKind) -> &'static str {
         StepKind::While(..) => "while",
         StepKind::Read(_) => "read",
         StepKind::Assign(..) => "assign",
+        StepKind::SparseUpdate(_) => "sparse_update",
     }
 }
 

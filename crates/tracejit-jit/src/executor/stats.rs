@@ -28,6 +28,10 @@ pub struct ScheduleStats {
     pub reads: usize,
     /// Variable writes.
     pub writes: usize,
+    /// Of the `writes`, sparse updates: `w -= lr · scatter_add(0, ids,
+    /// rows)` subtracted in place on the rows the ids name (plain SGD on
+    /// an embedding's gradient; the `sparse_updates` pass).
+    pub sparse_updates: usize,
     /// Calls of library functions (their steps are counted in the fields
     /// above).
     pub calls: usize,
@@ -53,6 +57,7 @@ impl ScheduleStats {
             views,
             reads,
             writes,
+            sparse_updates,
             calls,
             control_flow,
             row_loops,
@@ -65,6 +70,7 @@ impl ScheduleStats {
         self.fallbacks += fallbacks;
         self.reads += reads;
         self.writes += writes;
+        self.sparse_updates += sparse_updates;
         self.calls += calls;
         self.control_flow += control_flow;
         self.row_loops += row_loops;
@@ -82,7 +88,7 @@ impl std::fmt::Display for ScheduleStats {
         write!(
             f,
             "{} kernels: {} fused regions, {} GEMMs ({} bf16), {} native kernels, {} reference ops; {} views, \
-             {} variable reads, {} writes, {} calls, {} control-flow nodes ({} loops in row blocks)",
+             {} variable reads, {} writes ({} sparse), {} calls, {} control-flow nodes ({} loops in row blocks)",
             self.kernels(),
             self.regions,
             self.gemms,
@@ -92,6 +98,7 @@ impl std::fmt::Display for ScheduleStats {
             self.views,
             self.reads,
             self.writes,
+            self.sparse_updates,
             self.calls,
             self.control_flow,
             self.row_loops
@@ -149,6 +156,10 @@ impl Executable {
                 }
                 StepKind::Read(_) => st.reads += 1,
                 StepKind::Assign(..) => st.writes += 1,
+                StepKind::SparseUpdate(_) => {
+                    st.writes += 1;
+                    st.sparse_updates += 1;
+                }
             }
         }
         st

@@ -199,6 +199,7 @@ mod reduce;
 pub mod scalar;
 mod scan;
 mod scatter;
+mod scatter_update;
 pub(crate) mod shape;
 mod unary;
 mod window;
@@ -357,6 +358,8 @@ pub fn scatter_add(x: &Storage, indices: &Storage, updates: &Storage, axis: usiz
     }
     scatter::scatter_add(x, indices, updates, axis)
 }
+
+pub use scatter_update::scatter_sub_in_place;
 
 /// `x` read at `indices` along `axis` (ONNX GatherElements, numpy's
 /// `take_along_axis`): the result has the indices' shape.

@@ -40,7 +40,7 @@ fn retarget(flat: usize, shape: &[usize], axis: usize, idx: usize, target_stride
 }
 
 /// An index along an axis of size `len`, negative counting from the end.
-fn resolve(name: &str, i: i64, len: usize, axis: usize) -> usize {
+pub(super) fn resolve(name: &str, i: i64, len: usize, axis: usize) -> usize {
     let j = if i < 0 { i + len as i64 } else { i };
     if j < 0 || j >= len as i64 {
         panic!("{name}: index {i} is out of range for axis {axis} of size {len}");
@@ -97,13 +97,9 @@ pub(crate) fn scatter_add(x: &Storage, indices: &Storage, updates: &Storage, axi
 /// updates' row-major order, so the sums are the general path's bits.
 /// `None` where the shapes are not of that kind or the dtype is not float.
 fn scatter_rows(x: &Storage, indices: &Storage, updates: &Storage, axis: usize) -> Option<Storage> {
-    let (xs, us, is) = (x.shape(), updates.shape(), indices.shape());
-    let m = us[axis];
-    let blocks = is.len() == us.len()
-        && is.iter().enumerate().all(|(k, &d)| if k == axis { d == m } else { d == 1 })
-        && xs.iter().zip(us).enumerate().all(|(k, (a, b))| k == axis || a == b);
+    let us = updates.shape();
     // Empty updates check no index, as the general path.
-    if !blocks || us.contains(&0) {
+    if !is_block_scatter(x.shape(), indices.shape(), us, axis) || us.contains(&0) {
         return None;
     }
     match (x, updates) {
@@ -111,6 +107,17 @@ fn scatter_rows(x: &Storage, indices: &Storage, updates: &Storage, axis: usize) 
         (Storage::F64(_), Storage::F64(_)) => Some(add_blocks::<f64>(x, indices, updates, axis)),
         _ => None,
     }
+}
+
+/// True when a scatter of `us`-shaped updates at `is`-shaped indices into
+/// `xs` moves whole blocks: the indices are 1 on every axis but `axis`
+/// (where they match the updates), and `x` and the updates agree off it.
+pub(super) fn is_block_scatter(xs: &[usize], is: &[usize], us: &[usize], axis: usize) -> bool {
+    let Some(&m) = us.get(axis) else { return false };
+    is.len() == us.len()
+        && xs.len() == us.len()
+        && is.iter().enumerate().all(|(k, &d)| if k == axis { d == m } else { d == 1 })
+        && xs.iter().zip(us).enumerate().all(|(k, (a, b))| k == axis || a == b)
 }
 
 fn add_blocks<T: StorageElement + std::ops::Add<Output = T>>(
