@@ -180,3 +180,63 @@ fn out_axes_and_shared_results() {
     assert_eq!(vals(&out[0]), [1.0, 3.0, 2.0, 4.0]);
     assert_eq!((out[1].shape(), vals(&out[1])), (&[2usize, 1][..], vec![5.0, 5.0]));
 }
+
+/// A `Generator` draw inside `vmap` is one draw of the whole batch from the
+/// generator's state (each example its own numbers, as PyTorch's
+/// `randomness="different"`), and the generator advances once per call —
+/// eagerly and compiled, where each call draws fresh numbers.
+#[test]
+fn generator_draws_differ_per_example_and_advance_once() {
+    use tracejit::random::Generator;
+    let bits = |t: &Tensor| t.to_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let x = Tensor::zeros(&[4, 3], DType::F32);
+    let g = Generator::from_seed(5);
+    let noisy = {
+        let g = g.clone();
+        move |v: &Tensor| v + g.normal_like(v)
+    };
+    let got = vmap(noisy)(&x);
+    let reference = Generator::from_seed(5);
+    assert_eq!(bits(&got), bits(&reference.normal(&[4, 3], DType::F32)));
+    assert_ne!(bits(&example(&got, 0)), bits(&example(&got, 1)), "each example has numbers of its own");
+    assert_eq!(g.state().value().to_vec::<i64>().unwrap(), reference.state().value().to_vec::<i64>().unwrap());
+    // Compiled: one trace, fresh numbers on every call, the eager sequence.
+    let f = {
+        let g = Generator::from_seed(6);
+        function(move |x: Tensor| {
+            let g = g.clone();
+            vmap(move |v: &Tensor| v + g.uniform_like(v, 0.0, 1.0))(&x)
+        })
+    };
+    let reference = Generator::from_seed(6);
+    for _ in 0..2 {
+        let want = reference.uniform(&[4, 3], 0.0, 1.0, DType::F32);
+        assert_eq!(bits(&f.call(x.clone()).unwrap()), bits(&want));
+    }
+    assert_eq!(f.tracing_count(), 1);
+    // Dropout per example: the masks differ between examples.
+    let gd = Generator::from_seed(9);
+    let dropped = vmap(move |v: &Tensor| tracejit::nn::dropout(v, 0.5, &gd, true))(&Tensor::ones(&[2, 64], DType::F32));
+    assert_ne!(bits(&example(&dropped, 0)), bits(&example(&dropped, 1)));
+    // A stateless seed stays a JAX key: the same numbers for every example.
+    let seed = Tensor::from_vec(vec![1i64, 2], &[2]);
+    let shared = vmap(move |v: &Tensor| v + tracejit::random::stateless_normal(&[3], &seed, DType::F32))(&x);
+    assert_eq!(bits(&example(&shared, 0)), bits(&example(&shared, 3)));
+}
+
+#[test]
+fn a_write_the_same_for_every_example_happens_once() {
+    let count = Variable::new(Tensor::zeros(&[], DType::F64));
+    let c = count.clone();
+    let f = move |v: &Tensor| {
+        c.assign_add(&Tensor::scalar(1.0f64));
+        v * 2.0
+    };
+    let x = Tensor::ones(&[5, 2], DType::F64);
+    assert_eq!(vals(&vmap(f.clone())(&x)), [2.0; 10]);
+    assert_eq!(vals(&count.read()), [1.0]);
+    let compiled = function(move |x: Tensor| vmap(f.clone())(&x));
+    compiled.call(x.clone()).unwrap();
+    compiled.call(x).unwrap();
+    assert_eq!(vals(&count.read()), [3.0]);
+}

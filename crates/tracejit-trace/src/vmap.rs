@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use tracejit_ir::autodiff::{AutodiffError, Emitter};
 use tracejit_ir::batching::{batch_values, place_batch_axis, BatchEmitter, BatchError, Bdim};
-use tracejit_ir::{Op, TensorType, VariableResource};
+use tracejit_ir::{AssignKind, Op, TensorType, VariableResource};
 use tracejit_tensor::{DType, Storage};
 
 use crate::context::{self, push_context, subgraph_context};
@@ -231,6 +231,22 @@ impl BatchEmitter for VmapEmitter {
         let handle = Variable::by_id(var.id())
             .ok_or_else(|| BatchError::Request(format!("variable `{}` was dropped while mapped", var.name())))?;
         Ok(handle.read())
+    }
+
+    fn assign_variable(
+        &mut self,
+        var: &Arc<dyn VariableResource>,
+        kind: AssignKind,
+        value: Tensor,
+    ) -> Result<(), BatchError> {
+        let handle = Variable::by_id(var.id())
+            .ok_or_else(|| BatchError::Request(format!("variable `{}` was dropped while mapped", var.name())))?;
+        match kind {
+            AssignKind::Assign => handle.assign(&value),
+            AssignKind::Add => handle.assign_add(&value),
+            AssignKind::Sub => handle.assign_sub(&value),
+        }
+        Ok(())
     }
 
     fn batch_mask(&mut self) -> Option<Tensor> {

@@ -165,9 +165,13 @@ pub(super) fn dynamic_update_slice<E: BatchEmitter>(
     Ok(vec![(emit1(e, Op::DynamicUpdateSlice, &[x, upd, starts])?, Some(0))])
 }
 
-/// A random draw per example. A shared state draws once, shared by every
-/// example (as JAX: the same key gives the same numbers; a draw shaped
-/// like a mapped value takes one example's shape); a mapped state (one key
+/// A random draw per example. A shared seed (an i64 `[2]`, a stateless
+/// draw's JAX-style key) draws once, shared by every example (the same key
+/// gives the same numbers; a draw shaped like a mapped value takes one
+/// example's shape); a shared generator state (an i64 `[3]`, what a
+/// `Generator` draw reads) draws once for the whole batch, `[batch, ..]`,
+/// so each example gets numbers of its own (PyTorch's `randomness =
+/// "different"`) and the generator advances once; a mapped state (one key
 /// per example) draws from each example's key, each its own stream, and
 /// stacks the draws.
 pub(super) fn random<E: BatchEmitter>(
@@ -176,6 +180,7 @@ pub(super) fn random<E: BatchEmitter>(
     dist: RandomDist,
     dtype: DType,
     shape: Option<&[usize]>,
+    size: Option<usize>,
 ) -> Outs<E::Value> {
     let (state, sb) = args[0].clone();
     let example_shape: Vec<usize> = match shape {
@@ -192,7 +197,12 @@ pub(super) fn random<E: BatchEmitter>(
     };
     let draw = Op::Random { dist, dtype, shape: Some(example_shape.clone()) };
     let Some(b) = sb else {
-        return Ok(vec![(emit1(e, draw, &[state])?, None)]);
+        if e.value_type(&state).dims[..] != [Some(3)] {
+            return Ok(vec![(emit1(e, draw, &[state])?, None)]);
+        }
+        let batch = size.ok_or_else(|| BatchError::UnknownSize { what: "a generator's draw per example".into() })?;
+        let shape = std::iter::once(batch).chain(example_shape).collect();
+        return Ok(vec![(emit1(e, Op::Random { dist, dtype, shape: Some(shape) }, &[state])?, Some(0))]);
     };
     let states = to_front(e, state, b)?;
     let batch = e.value_type(&states).dims[0]

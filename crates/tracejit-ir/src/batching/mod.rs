@@ -31,12 +31,17 @@
 //! - `while` carries a batch axis on every value that some iteration makes
 //!   mapped; with a mapped condition it runs until every example's
 //!   condition is false and stops updating each example once its own is;
-//! - random draws follow their key, as JAX's: a shared key (seed or
-//!   state) draws once for every example, a mapped key (one per example,
-//!   e.g. a `[batch, 2]` seed mapped on axis 0) gives each example its
-//!   own stream;
+//! - random draws follow their key: a shared stateless seed (i64 `[2]`)
+//!   draws once for every example, as JAX's keys; a shared generator
+//!   state (i64 `[3]`, a `Generator` draw) draws `[batch, ..]` at once, so
+//!   every example gets its own numbers and the generator advances once
+//!   per call (PyTorch's `randomness="different"`); a mapped key (one per
+//!   example, e.g. a `[batch, 2]` seed mapped on axis 0) gives each
+//!   example its own stream;
 //! - calls and fused regions are batched through their bodies;
-//! - variables are read unmapped; a write is an error, as is a native
+//! - variables are read unmapped; a write of a value the same for every
+//!   example (a generator's advance) happens once per call, a write of a
+//!   mapped value is an error, as is a native
 //!   kernel (composites are batched through their bodies before the
 //!   selector picks kernels) or a convolution's filter gradient.
 
@@ -49,7 +54,7 @@ mod rules;
 use std::sync::Arc;
 
 use crate::autodiff::{AutodiffError, Emitter, GraphEmitter};
-use crate::{Graph, Op, OpError, ValueId, VariableResource};
+use crate::{AssignKind, Graph, Op, OpError, ValueId, VariableResource};
 
 pub use rules::batch_rule;
 
@@ -108,6 +113,9 @@ pub trait BatchEmitter: Emitter {
     /// The current value of `var` (unmapped: every example reads the same).
     fn read_variable(&mut self, var: &Arc<dyn VariableResource>) -> R<Self::Value>;
 
+    /// Writes `value`, the same for every example, into `var` once.
+    fn assign_variable(&mut self, var: &Arc<dyn VariableResource>, kind: AssignKind, value: Self::Value) -> R<()>;
+
     /// A bool `[batch]` of trues when the batch size is unknown in the
     /// trace, so an unmapped value can still be broadcast to the batch (a
     /// select against it); `None` when there is none.
@@ -120,6 +128,19 @@ impl BatchEmitter for GraphEmitter<'_> {
     fn read_variable(&mut self, var: &Arc<dyn VariableResource>) -> R<ValueId> {
         let id = self.graph.add_variable(var.clone());
         Ok(self.emit(Op::ReadVariable { var: id, locked: false }, &[])?.remove(0))
+    }
+
+    fn assign_variable(&mut self, var: &Arc<dyn VariableResource>, kind: AssignKind, value: ValueId) -> R<()> {
+        let id = self.graph.add_variable(var.clone());
+        // After every earlier access of the variable, as traced.
+        let earlier: Vec<crate::NodeId> = self
+            .graph
+            .nodes()
+            .filter(|(_, n)| matches!(n.op, Op::ReadVariable { var, .. } | Op::AssignVariable { var, .. } if var == id))
+            .map(|(n, _)| n)
+            .collect();
+        self.graph.add_node(Op::AssignVariable { var: id, kind, locked: false }, &[value], &earlier, None)?;
+        Ok(())
     }
 }
 

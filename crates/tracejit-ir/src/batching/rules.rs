@@ -72,7 +72,7 @@ pub fn batch_rule<E: BatchEmitter>(
         Op::ScatterAdd { axis } => indexing::scatter_add(e, args, *axis, size),
         Op::DynamicSlice { sizes } => indexing::dynamic_slice(e, args, sizes, size),
         Op::DynamicUpdateSlice => indexing::dynamic_update_slice(e, args, size),
-        Op::Random { dist, dtype, shape } => indexing::random(e, args, *dist, *dtype, shape.as_deref()),
+        Op::Random { dist, dtype, shape } => indexing::random(e, args, *dist, *dtype, shape.as_deref(), size),
         Op::Spatial(sp) => indexing::spatial(e, sp, args),
         Op::Call { func } => {
             let callee = graph.library.try_get(*func).ok_or_else(|| {
@@ -91,14 +91,22 @@ pub fn batch_rule<E: BatchEmitter>(
                 })?;
             Ok(vec![(e.read_variable(&resource)?, None)])
         }
-        Op::AssignVariable { var, kind, .. } => Err(BatchError::Unsupported {
-            op: kind.name().into(),
-            message: format!(
-                "a write of variable `{}` inside vmap (each example would write its own value); return the values \
-                 from the mapped function and write them after it",
-                graph.variables.get(*var).map(|v| v.name()).unwrap_or_else(|| var.to_string())
-            ),
-        }),
+        // A value the same for every example (a generator's advance) is
+        // written once per call; a mapped one would be a write per example.
+        Op::AssignVariable { var, kind, .. } => match (args[0].1, graph.variables.get(*var)) {
+            (None, Some(resource)) => {
+                e.assign_variable(resource, *kind, args[0].0.clone())?;
+                Ok(Vec::new())
+            }
+            (_, resource) => Err(BatchError::Unsupported {
+                op: kind.name().into(),
+                message: format!(
+                    "a write of variable `{}` inside vmap of a value that differs per example; return the values \
+                     from the mapped function and write them after it",
+                    resource.map(|v| v.name()).unwrap_or_else(|| var.to_string())
+                ),
+            }),
+        },
     }
 }
 
@@ -141,12 +149,13 @@ fn kernel<E: BatchEmitter>(
 }
 
 /// Ops that compute the same for every example when no operand is
-/// mapped, so run once, unmapped (a random draw from a shared key
-/// included, as in JAX). Calls resolve against their graph's library and
+/// mapped, so run once, unmapped. Calls resolve against their graph's library and
 /// variable accesses go through the emitter, so those have rules.
 fn is_stateless(op: &Op) -> bool {
     match op {
-        Op::Call { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } => false,
+        // A draw from a generator's state differs per example even when
+        // nothing is mapped (`indexing::random`).
+        Op::Call { .. } | Op::ReadVariable { .. } | Op::AssignVariable { .. } | Op::Random { .. } => false,
         Op::Parameter { .. } | Op::Constant { .. } => false,
         Op::Unary(_)
         | Op::Binary(_)
@@ -173,7 +182,6 @@ fn is_stateless(op: &Op) -> bool {
         | Op::Pad { .. }
         | Op::Cumsum { .. }
         | Op::TopK { .. }
-        | Op::Random { .. }
         | Op::Spatial(_)
         | Op::Fused { .. }
         | Op::Cond { .. }
