@@ -107,7 +107,7 @@ pub use tracejit_trace::{OptimizationOptions, PipelineReport, Profile, ScheduleS
 pub mod autodiff {
     pub use tracejit_trace::{
         checkpoint, checkpoint_with, custom_gradient, custom_gradient_n, grad, hessian, jacfwd, jacrev, jvp,
-        value_and_grad, CheckpointPolicy, GradientTape, Source,
+        value_and_grad, CheckpointPolicy, GradientTape, Source, REMAT_BARRIER,
     };
 }
 pub use tracejit_trace::GradientTape;

@@ -44,6 +44,16 @@ pub trait ExternalKernel: Send + Sync + fmt::Debug {
     fn maps_leading_axis(&self) -> bool {
         false
     }
+
+    /// `Some(i)` when, for gradients, the kernel is the identity of its
+    /// input `i` (the others get no gradient): `checkpoint`'s barrier,
+    /// which only orders the recomputation, so a second derivative
+    /// through it is the block's own. `None` (the default): a kernel is
+    /// differentiated through its composite's body, before the selector
+    /// chooses it, and reaching one in a gradient is an error.
+    fn gradient_passes_through(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// The pattern of the primitive compute ops: stateless, holding no code,

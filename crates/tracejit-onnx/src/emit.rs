@@ -325,6 +325,12 @@ fn emit_node(
         // `tracejit::debug::print` and `callback`: an action with no
         // result, which ONNX cannot express; the model leaves it out.
         Op::Kernel { .. } if node.outputs.is_empty() => {}
+        // `checkpoint`'s barrier only orders the recomputation after the
+        // cotangent exists; its value is its first input's.
+        Op::Kernel { name, .. } if name == tracejit_trace::REMAT_BARRIER => {
+            let (x, o) = (names[&node.inputs[0]].clone(), out(names, body, 0));
+            body.to(&o, "Identity", &[&x], vec![]);
+        }
         Op::Kernel { name, .. } => {
             return Err(unsupported(
                 g,

@@ -46,7 +46,7 @@ pub use nest::{
     nest_join_field, nest_paths, Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener,
 };
 pub use ops::{Operand, Scalar};
-pub use remat::{checkpoint, checkpoint_with, CheckpointPolicy};
+pub use remat::{checkpoint, checkpoint_with, CheckpointPolicy, REMAT_BARRIER};
 pub use spatial::spatial;
 pub use tape::{register_gradient, unregister_gradient, value_and_grad, GradientFn, GradientTape, Source};
 pub use tensor::Tensor;

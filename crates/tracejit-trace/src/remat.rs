@@ -159,6 +159,12 @@ fn captured_floats(f: &dyn Fn(&Tensor) -> Tensor, x: &Tensor) -> Vec<Tensor> {
     outer.chain(ctx.captures).filter(|t| t.dtype().is_float()).collect()
 }
 
+/// The name of `checkpoint`'s barrier kernel in graphs: an identity of its
+/// first input that also reads the cotangent (its second), so the
+/// recomputation runs only once the backward reaches the block. An
+/// exporter may write it as an identity.
+pub const REMAT_BARRIER: &str = "tracejit.remat.barrier";
+
 /// The barrier kernel: an identity (a copy) of its first input that also
 /// reads its second, opaque to the optimizer.
 #[derive(Debug)]
@@ -172,6 +178,12 @@ impl ExternalKernel for Barrier {
     fn maps_leading_axis(&self) -> bool {
         true
     }
+
+    // A derivative of the backward (a Hessian through the block) passes
+    // through to the block's input: the barrier only orders.
+    fn gradient_passes_through(&self) -> Option<usize> {
+        Some(0)
+    }
 }
 
 /// `x`, after `dy` is known: eagerly `x` itself; in a trace a copy through
@@ -183,7 +195,7 @@ fn barrier(x: &Tensor, dy: &Tensor) -> Tensor {
     }
     let types: Vec<TensorType> = vec![x.tensor_type(), dy.tensor_type()];
     let op = Op::Kernel {
-        name: "tracejit.remat.barrier".into(),
+        name: REMAT_BARRIER.into(),
         kernel: Arc::new(Barrier),
         inputs: types,
         outputs: vec![x.tensor_type()],

@@ -225,6 +225,10 @@ pub fn vjp<E: Emitter>(
         Op::Random { .. } => none(),
         Op::Spatial(_) => unreachable!("spatial ops are differentiated above"),
         Op::Cond { .. } | Op::While { .. } => unreachable!("control flow is differentiated above"),
+        Op::Kernel { kernel, .. } if kernel.gradient_passes_through().is_some_and(|i| i < inputs.len()) => {
+            let through = kernel.gradient_passes_through();
+            (0..inputs.len()).map(|i| (Some(i) == through).then(|| g.clone())).collect()
+        }
         Op::Call { .. } | Op::Kernel { .. } | Op::Fused { .. } => {
             return Err(unsupported(
                 op,

@@ -14,4 +14,5 @@ mod models;
 mod names;
 mod ops;
 mod spatial;
+mod transforms;
 mod windows;
