@@ -75,6 +75,9 @@ pub struct Executable {
     /// Freed intermediates and earlier results, reused for region outputs
     /// (see [`BufPool`]).
     pool: Mutex<BufPool>,
+    /// Which freed buffers the pool keeps, planned from a recorded call
+    /// ([`crate::pool`]).
+    planner: Mutex<crate::pool::Planner>,
     /// Nanoseconds per step, summed while [`Executable::profile`] runs
     /// (empty otherwise).
     clock: Mutex<Vec<u64>>,
@@ -166,6 +169,7 @@ impl Executable {
             report: CodegenReport::default(),
             isa: opts.isa(),
             pool: Mutex::new(BufPool::default()),
+            planner: Mutex::default(),
             clock: Mutex::default(),
         })
     }
@@ -212,16 +216,18 @@ impl Executable {
     pub fn run(&self, inputs: &[Storage]) -> Result<Vec<Storage>, IrError> {
         self.check_inputs(inputs)?;
         let mut pool = BufPool::checkout(&self.pool);
+        crate::pool::Planner::start(&self.planner, &mut pool);
         // The slot table is kept with the pool: a train step's is a few KiB.
         let mut values = std::mem::take(&mut pool.table);
         values.resize(self.schedule.n_slots, None);
-        let result = self.run_steps(inputs, &mut values, &mut pool);
+        let result = self.run_steps(inputs, &mut values, &mut pool, true);
         if let Ok(outs) = &result {
             // Kept so the buffers can be reused once the caller drops them.
             for v in outs {
                 pool.give(v.clone());
             }
         }
+        crate::pool::Planner::finish(&self.planner, &mut pool, result.is_ok());
         values.clear();
         pool.table = values;
         pool.checkin(&self.pool);
@@ -236,7 +242,7 @@ impl Executable {
         // bodies of up to 16 values (W8's fits) costs no allocation.
         let mut values: SmallVec<[Option<Storage>; 16]> = SmallVec::new();
         values.resize(self.schedule.n_slots, None);
-        self.run_steps(inputs, &mut values, pool)
+        self.run_steps(inputs, &mut values, pool, false)
     }
 
     fn check_inputs(&self, inputs: &[Storage]) -> Result<(), IrError> {
@@ -298,12 +304,17 @@ impl Executable {
         Ok(())
     }
 
+    /// Runs the schedule; `top`: this is the call's own graph, not a
+    /// subgraph run in its caller's pool (whose live bytes a recorded call
+    /// notes after each step).
     fn run_steps(
         &self,
         inputs: &[Storage],
         values: &mut [Option<Storage>],
         pool: &mut BufPool,
+        top: bool,
     ) -> Result<Vec<Storage>, IrError> {
+        let note = top && pool.recording();
         let g = &*self.graph;
         let mut clock: Option<Vec<u64>> = profile::profiling().then(|| vec![0; self.schedule.steps.len()]);
         // Filled in place by each step and drained into the slots: moving a
@@ -413,6 +424,9 @@ impl Executable {
                 values[s] = Some(x);
             }
             self.free_slots(step, values, pool);
+            if note {
+                pool.note_live(live_bytes(values));
+            }
             if let (Some(clock), Some(started)) = (clock.as_mut(), started) {
                 clock[i] += started.elapsed().as_nanos() as u64;
             }
@@ -507,4 +521,17 @@ impl Executable {
             })
             .collect()
     }
+}
+
+/// Bytes the buffers in `values` hold, each buffer once.
+fn live_bytes(values: &[Option<Storage>]) -> usize {
+    let mut seen = std::collections::HashSet::with_capacity(values.len());
+    let mut bytes = 0;
+    for v in values.iter().flatten() {
+        let ptr = tracejit_ir::tensor::with_array!(v, a => a.as_ptr() as usize);
+        if seen.insert(ptr) {
+            bytes += tracejit_ir::tensor::byte_size(v.dtype(), v.shape()).unwrap_or(0);
+        }
+    }
+    bytes
 }

@@ -157,6 +157,7 @@ mod lower;
 mod math;
 mod native;
 mod options;
+mod pool;
 mod region;
 mod scalar;
 mod schedule;

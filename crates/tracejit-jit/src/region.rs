@@ -25,11 +25,10 @@
 
 use cranelift_entity::EntityRef;
 use std::collections::HashMap;
-use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use smallvec::SmallVec;
-use tracejit_ir::tensor::{kernels, DType, Storage};
+use tracejit_ir::tensor::{kernels, Storage};
 use tracejit_ir::{Graph, IrError, TensorType};
 
 use crate::analysis::{analyze, Analysis, KernelKind, LoadId, LoadSource};
@@ -42,6 +41,7 @@ use crate::JitError;
 mod epilogue;
 mod output;
 
+pub(crate) use crate::pool::BufPool;
 pub(crate) use epilogue::Product;
 use output::{data_ptr, OutBuf};
 pub(crate) use output::{same_shape, unique_mut_ptr};
@@ -164,130 +164,6 @@ pub struct CompiledRegion {
     static_shapes: Option<Vec<Vec<usize>>>,
     /// Outputs of earlier calls, reused once the caller has dropped them.
     pool: Mutex<BufPool>,
-}
-
-/// Most buffers a pool keeps.
-const POOL_MAX: usize = 64;
-
-/// Buffers kept for reuse as kernel outputs, so that a steady-state call
-/// takes no fresh pages. An entry may still be held elsewhere (a result the
-/// caller has not dropped yet); it is only reused once the pool holds the
-/// sole reference, so a live result is never overwritten.
-///
-/// Pools are not shared while in use: a caller moves the pool out of its
-/// `Mutex` with `try_lock` (never blocking; a concurrent call that finds it
-/// taken starts with an empty pool) and merges it back afterwards.
-#[derive(Default)]
-pub(crate) struct BufPool {
-    bufs: Vec<Storage>,
-    /// The row kernels' scratch space, kept between calls.
-    scratch: Vec<u64>,
-    /// An executable's slot table, kept between calls (empty between them).
-    pub(crate) table: Vec<Option<Storage>>,
-}
-
-/// True when no other `Storage` shares `s`'s buffer.
-fn is_unique(s: &Storage) -> bool {
-    tracejit_ir::tensor::with_array!(s, a => a.is_unique())
-}
-
-/// The whole buffer under `s` (uniquely held, in any axis order that
-/// covers a contiguous block) as a flat array, without copying; `None` when
-/// its elements are not one block.
-fn whole_buffer(s: Storage) -> Option<Storage> {
-    macro_rules! flat {
-        ($($v:ident),*) => {
-            match s {
-                $(Storage::$v(a) => {
-                    a.as_slice_memory_order()?;
-                    // Unique: `into_owned` takes the buffer as it is.
-                    let (v, _) = a.into_owned().into_raw_vec_and_offset();
-                    Some(Storage::$v(ndarray::ArcArray::from_vec(v).into_dyn()))
-                })*
-            }
-        };
-    }
-    flat!(F32, F64, I32, I64, Bool, BF16, F16)
-}
-
-impl BufPool {
-    /// Takes a buffer of `dtype` with `shape`'s element count that nothing
-    /// else references, shaped as `shape`.
-    pub(crate) fn take(&mut self, dtype: DType, shape: &[usize]) -> Option<Storage> {
-        let len: usize = shape.iter().product();
-        if len == 0 {
-            return None;
-        }
-        // The most recently freed match: the likeliest to be in cache.
-        let i = self.bufs.iter().rposition(|s| s.dtype() == dtype && s.len() == len && is_unique(s))?;
-        let s = self.bufs.remove(i);
-        // Pairs with the release decrement of the last other holder's drop:
-        // its accesses happen before our writes.
-        fence(Ordering::Acquire);
-        if same_shape(s.shape(), shape) {
-            return Some(s);
-        }
-        macro_rules! reshape {
-            ($($v:ident),*) => {
-                match s {
-                    $(Storage::$v(a) => a.into_shape_with_order(ndarray::IxDyn(shape)).ok().map(Storage::$v),)*
-                }
-            };
-        }
-        reshape!(F32, F64, I32, I64, Bool, BF16, F16)
-    }
-
-    /// Keeps `s` (which others may still hold) for later reuse.
-    pub(crate) fn give(&mut self, s: Storage) {
-        if s.is_empty() || !s.is_standard_layout() {
-            return;
-        }
-        if self.bufs.len() >= POOL_MAX {
-            self.bufs.remove(0);
-        }
-        self.bufs.push(s);
-    }
-
-    /// Keeps `s` if nothing else holds it (a freed intermediate). A
-    /// transposed view holding the last reference to its buffer (a GEMM
-    /// operand) gives the buffer back, flat.
-    pub(crate) fn give_if_unique(&mut self, s: Storage) {
-        if !is_unique(&s) {
-            return;
-        }
-        if s.is_standard_layout() {
-            self.give(s);
-        } else if let Some(flat) = whole_buffer(s) {
-            self.give(flat);
-        }
-    }
-
-    /// Moves the pool out of `m` without blocking (empty if `m` is busy).
-    pub(crate) fn checkout(m: &Mutex<BufPool>) -> BufPool {
-        match m.try_lock() {
-            Ok(mut p) => std::mem::take(&mut *p),
-            Err(_) => BufPool::default(),
-        }
-    }
-
-    /// Puts the pool back into `m` without blocking (dropped if `m` is busy).
-    pub(crate) fn checkin(self, m: &Mutex<BufPool>) {
-        if let Ok(mut p) = m.try_lock() {
-            if p.bufs.is_empty() && p.scratch.capacity() <= self.scratch.capacity() {
-                *p = self;
-            } else {
-                for s in self.bufs {
-                    p.give(s);
-                }
-                if p.scratch.capacity() < self.scratch.capacity() {
-                    p.scratch = self.scratch;
-                }
-                if p.table.capacity() < self.table.capacity() {
-                    p.table = self.table;
-                }
-            }
-        }
-    }
 }
 
 impl std::fmt::Debug for CompiledRegion {
