@@ -12,8 +12,9 @@
 //! buffer is kept only for the first later request of its dtype and
 //! length (in this call or at the start of the next), and
 //! only if holding it until then keeps live plus kept bytes within
-//! [`HEADROOM`] of the call's own peak of live bytes. Later calls follow
-//! the plan; a call whose releases differ from the recording (shapes that
+//! [`HEADROOM`] (or [`HEADROOM_BYTES`]) of the call's own peak of live
+//! bytes; a call whose live values peak below [`PLAN_MIN_PEAK`] keeps every
+//! buffer. Later calls follow the plan; a call whose releases differ from the recording (shapes that
 //! change, a loop's trip count) falls back to keeping every buffer and
 //! the next call records again, a few times at most.
 
@@ -31,8 +32,20 @@ const POOL_MAX: usize = 64;
 /// How far above the peak of live bytes kept buffers may take a call:
 /// 10% (measured on W10's training step: the peak of live plus kept bytes
 /// 135 -> 89 MiB with more reuse than keeping every buffer, 76 -> 100 of
-/// 143 requests served from the pool).
+/// 143 requests served from the pool), or [`HEADROOM_BYTES`] if that is
+/// more.
 const HEADROOM: f64 = 1.1;
+
+/// The least headroom: a few MiB are not worth their page faults on every
+/// call (a small model's weight-sized buffers, written by one step and
+/// taken again by the next).
+const HEADROOM_BYTES: f64 = 4.0 * 1024.0 * 1024.0;
+
+/// Calls whose live values peak below this keep every buffer: there the
+/// memory a plan saves is small, and the allocator hands freed buffers
+/// back to the system and faults them in again on the next call (W9's
+/// transformer block, 8 MiB at its peak: 3 MiB saved cost 3 ms of its 18).
+const PLAN_MIN_PEAK: f64 = 16.0 * 1024.0 * 1024.0;
 
 /// Calls recorded before an executable stops planning (shapes that keep
 /// changing).
@@ -268,24 +281,44 @@ impl Planner {
 /// release is matched with the first unclaimed later request of its dtype
 /// and length (cyclically: a release late in the call serves a request
 /// early in the next), and kept if live plus kept bytes stay within
-/// [`HEADROOM`] of the peak of live bytes all the while.
+/// [`HEADROOM`] (or [`HEADROOM_BYTES`]) of the peak of live bytes all the
+/// while. A call that peaks below [`PLAN_MIN_PEAK`] keeps every buffer.
 fn plan(events: &[Event]) -> ReusePlan {
-    let n = events.len();
-    // The live bytes at each event: the last step's report, plus the
-    // buffers requested and less those released since.
-    let bytes_of = |d: DType, len: usize| tracejit_ir::tensor::byte_size(d, &[len]).unwrap_or(usize::MAX) as f64;
-    let first = events.iter().find_map(|e| if let Event::Live(b) = e { Some(*b) } else { None }).unwrap_or(0);
-    let mut live = Vec::with_capacity(n);
-    let mut cur = first as f64;
-    for e in events {
-        cur = match *e {
-            Event::Live(b) => b as f64,
-            Event::Request(d, len) => cur + bytes_of(d, len),
-            Event::Release(d, len) => (cur - bytes_of(d, len)).max(0.0),
-        };
-        live.push(cur);
+    let live = live_bytes(events);
+    let peak = live.iter().copied().fold(0.0, f64::max);
+    let cap = (HEADROOM * peak).max(peak + HEADROOM_BYTES);
+    let mut releases = matched(events, &live, cap);
+    if peak < PLAN_MIN_PEAK {
+        releases.iter_mut().for_each(|r| r.1 = true);
     }
-    let cap = HEADROOM * live.iter().copied().fold(0.0, f64::max);
+    ReusePlan { releases }
+}
+
+fn bytes_of(d: DType, len: usize) -> f64 {
+    tracejit_ir::tensor::byte_size(d, &[len]).unwrap_or(usize::MAX) as f64
+}
+
+/// The live bytes at each event: the last step's report, plus the buffers
+/// requested and less those released since.
+fn live_bytes(events: &[Event]) -> Vec<f64> {
+    let first = events.iter().find_map(|e| if let Event::Live(b) = e { Some(*b) } else { None }).unwrap_or(0);
+    let mut cur = first as f64;
+    events
+        .iter()
+        .map(|e| {
+            cur = match *e {
+                Event::Live(b) => b as f64,
+                Event::Request(d, len) => cur + bytes_of(d, len),
+                Event::Release(d, len) => (cur - bytes_of(d, len)).max(0.0),
+            };
+            cur
+        })
+        .collect()
+}
+
+/// Whether each release is kept: matched with a later request within `cap`.
+fn matched(events: &[Event], live: &[f64], cap: f64) -> Vec<((DType, usize), bool)> {
+    let n = events.len();
     let mut requests: HashMap<(DType, usize), Vec<usize>> = HashMap::new();
     for (j, e) in events.iter().enumerate() {
         if let Event::Request(d, len) = *e {
@@ -313,7 +346,7 @@ fn plan(events: &[Event]) -> ReusePlan {
         });
         releases.push(((d, len), keep));
     }
-    ReusePlan { releases }
+    releases
 }
 
 #[cfg(test)]
@@ -322,33 +355,51 @@ mod tests {
 
     const F: DType = DType::F32;
 
+    /// `n` MiB of f32, in elements.
+    const fn mib(n: usize) -> usize {
+        n << 18
+    }
+
     #[test]
     fn a_buffer_is_kept_for_a_later_request_that_fits_under_the_peak() {
-        // Live 100 bytes at the peak; a release of 8 elements (32 bytes)
-        // reused by the request right after it; 4 elements released before
-        // the peak and wanted only after it (holding them would take the
-        // call to 116 bytes, past 110): dropped.
+        // Live 100 MiB at the peak; 8 MiB released and requested right
+        // after; 32 MiB released before the peak and wanted only after it
+        // (holding them would take the call to 132 MiB, past 110): dropped;
+        // 1 MiB with no later request: dropped.
         let events = [
-            Event::Live(40),
-            Event::Release(F, 8),
-            Event::Request(F, 8),
-            Event::Live(90),
-            Event::Release(F, 4),
-            Event::Live(100),
-            Event::Live(10),
-            Event::Request(F, 4),
-            Event::Release(F, 2),
+            Event::Live(40 << 20),
+            Event::Release(F, mib(8)),
+            Event::Request(F, mib(8)),
+            Event::Live(90 << 20),
+            Event::Release(F, mib(32)),
+            Event::Live(100 << 20),
+            Event::Live(10 << 20),
+            Event::Request(F, mib(32)),
+            Event::Release(F, mib(1)),
         ];
-        let p = plan(&events);
-        let keeps: Vec<bool> = p.releases.iter().map(|r| r.1).collect();
-        // The last release serves no request of its length: dropped.
+        let keeps: Vec<bool> = plan(&events).releases.iter().map(|r| r.1).collect();
         assert_eq!(keeps, [true, false, false]);
+        // A small call may go a few MiB over its peak: 2 MiB held across a
+        // peak of 10 is kept.
+        let events = [Event::Release(F, mib(2)), Event::Live(10 << 20), Event::Request(F, mib(2))];
+        assert_eq!(plan(&events).releases, [((F, mib(2)), true)]);
+    }
+
+    #[test]
+    fn a_small_call_keeps_every_buffer() {
+        // 6 MiB held across a peak of 12 MiB would take the call to 18,
+        // past 16 (12 and the 4 MiB floor), but the call peaks under
+        // 16 MiB: every buffer is kept.
+        let events =
+            [Event::Release(F, mib(6)), Event::Live(12 << 20), Event::Live(1 << 20), Event::Request(F, mib(6))];
+        assert_eq!(plan(&events).releases, [((F, mib(6)), true)]);
     }
 
     #[test]
     fn a_late_release_serves_the_next_calls_first_request() {
-        let events = [Event::Request(F, 8), Event::Live(64), Event::Live(8), Event::Release(F, 8)];
-        assert_eq!(plan(&events).releases, [((F, 8), true)]);
+        let events =
+            [Event::Request(F, mib(8)), Event::Live(64 << 20), Event::Live(8 << 20), Event::Release(F, mib(8))];
+        assert_eq!(plan(&events).releases, [((F, mib(8)), true)]);
     }
 
     #[test]
