@@ -70,3 +70,19 @@ pub fn measure_peak<T>(f: impl FnOnce() -> T) -> (T, Option<usize>) {
     let peak = PEAK.load(Ordering::SeqCst).saturating_sub(base);
     (out, INSTALLED.load(Ordering::Relaxed).then_some(peak))
 }
+
+/// The live heap bytes now (0 when [`PeakAlloc`] is not installed).
+pub fn live_heap() -> usize {
+    LIVE.load(Ordering::SeqCst)
+}
+
+/// Like [`measure_peak`], but counts from `base` (an earlier
+/// [`live_heap`]) instead of the heap at `f`'s start: what was allocated
+/// since `base` and is still held (a compiled function's buffer pool,
+/// kept between calls) counts too.
+pub fn measure_peak_above<T>(base: usize, f: impl FnOnce() -> T) -> (T, Option<usize>) {
+    PEAK.store(LIVE.load(Ordering::SeqCst), Ordering::SeqCst);
+    let out = f();
+    let peak = PEAK.load(Ordering::SeqCst).saturating_sub(base);
+    (out, INSTALLED.load(Ordering::Relaxed).then_some(peak))
+}

@@ -197,7 +197,9 @@ pub fn schedules_text(res: &Results) -> Vec<String> {
 
 /// Peak heap memory of one steady call of each workload, per mode, one
 /// line each (workloads whose modes were all measured without the counting
-/// allocator are left out).
+/// allocator are left out): for eager, what the call allocates above the
+/// heap at its start; for a traced mode, the heap above what it was before
+/// the function existed (what the function keeps between calls counts).
 pub fn peaks_text(res: &Results) -> Vec<String> {
     let mut lines = Vec::new();
     let mut seen: Vec<&str> = Vec::new();
@@ -213,7 +215,7 @@ pub fn peaks_text(res: &Results) -> Vec<String> {
             .filter_map(|q| Some(format!("{} {}", q.mode.name(), fmt_bytes(q.peak_bytes()?))))
             .collect();
         if !parts.is_empty() {
-            lines.push(format!("peak heap of one call of {} {}: {}", r.id, r.workload, parts.join(", ")));
+            lines.push(format!("peak heap of a steady call of {} {}: {}", r.id, r.workload, parts.join(", ")));
         }
     }
     lines

@@ -200,7 +200,8 @@ pub fn build_transformer_block() -> Body {
     Body::Runnable(Box::new(Case::new("transformer_block", (x, block_params(41)), transformer_block)))
 }
 
-fn gpt_args() -> GptArgs {
+/// W10's inputs (`bench_peers.py`'s `gpt_tok` and `gpt_p`), zero moments, step 0.
+pub fn gpt_args() -> GptArgs {
     let tok = gen_labels(60, B * T, VOCAB).reshape(&[B as i64, T as i64]);
     let params = gpt_params();
     let zeros: Vec<Tensor> = params.iter().map(Tensor::zeros_like).collect();
