@@ -20,6 +20,7 @@ pub mod control;
 mod effects;
 mod equality;
 mod error;
+mod external;
 mod graph;
 mod infer;
 mod interp;

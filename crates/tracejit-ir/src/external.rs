@@ -1,0 +1,55 @@
+//! [`ExternalKernel`]: the interface of native code in a graph (an
+//! [`crate::Op::Kernel`] node): a composite's kernel the selector chose,
+//! or an action such as `tracejit::debug::print`, with what passes,
+//! executors, `vmap` and gradients may assume of it.
+
+use std::fmt;
+
+use tracejit_tensor::Storage;
+
+use crate::Effects;
+
+/// Native code standing in for a composite function: the implementation
+/// selector replaces a `Call` of a function marked `implements = name` by an
+/// [`crate::Op::Kernel`] node holding one of these when a kernel is registered for
+/// `name` in [`crate::registry`] (which `tracejit::composite` fills).
+///
+/// A kernel must be a pure function of its inputs unless its
+/// [`ExternalKernel::effects`] say otherwise (passes may merge two
+/// identical pure kernel nodes, or drop one whose results are unused) and return
+/// one value per declared output, of the declared dtype and a shape the
+/// declared type accepts; `eval_primitive` checks that and panics naming the
+/// kernel otherwise.
+pub trait ExternalKernel: Send + Sync + fmt::Debug {
+    /// Runs the kernel on concrete inputs, with the vector code `isa`
+    /// allows (the JIT passes its options' [`tracejit_kernels::Isa`]; the
+    /// interpreter [`tracejit_kernels::Isa::from_env`]).
+    fn run(&self, inputs: &[Storage], isa: tracejit_kernels::Isa) -> Vec<Storage>;
+
+    /// What running it does besides computing its outputs: pure for every
+    /// composite's kernel (the default). A kernel that acts on the world
+    /// (`tracejit::debug::print` and `callback`, which return nothing)
+    /// says [`Effects::WRITES`], so that passes keep it and executors run
+    /// it in program order with the other stateful nodes.
+    fn effects(&self) -> Effects {
+        Effects::PURE
+    }
+
+    /// True when the kernel maps over a leading axis of all its inputs
+    /// and outputs: run on inputs with a batch axis in front, it returns
+    /// each example's results stacked the same way. `vmap` then batches a
+    /// call of it as one call; otherwise it refuses it by name.
+    fn maps_leading_axis(&self) -> bool {
+        false
+    }
+
+    /// `Some(i)` when, for gradients, the kernel is the identity of its
+    /// input `i` (the others get no gradient): `checkpoint`'s barrier,
+    /// which only orders the recomputation, so a second derivative
+    /// through it is the block's own. `None` (the default): a kernel is
+    /// differentiated through its composite's body, before the selector
+    /// chooses it, and reaching one in a gradient is an error.
+    fn gradient_passes_through(&self) -> Option<usize> {
+        None
+    }
+}
