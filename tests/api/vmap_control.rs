@@ -225,18 +225,26 @@ fn generator_draws_differ_per_example_and_advance_once() {
 }
 
 #[test]
-fn a_write_the_same_for_every_example_happens_once() {
-    let count = Variable::new(Tensor::zeros(&[], DType::F64));
+fn only_a_generators_advance_is_written_inside_vmap() {
+    // A write of a value the same for every example is still a write per
+    // example: an error naming the variable, nothing written.
+    let count = Variable::new(Tensor::zeros(&[], DType::F64)).with_name("count");
     let c = count.clone();
     let f = move |v: &Tensor| {
         c.assign_add(&Tensor::scalar(1.0f64));
         v * 2.0
     };
     let x = Tensor::ones(&[5, 2], DType::F64);
-    assert_eq!(vals(&vmap(f.clone())(&x)), [2.0; 10]);
-    assert_eq!(vals(&count.read()), [1.0]);
+    let err = std::panic::catch_unwind(|| vmap(f.clone())(&x)).unwrap_err();
+    let msg = tracejit::ir::panic_message(&*err);
+    assert!(msg.contains("a write of variable `count`"), "{msg}");
     let compiled = function(move |x: Tensor| vmap(f.clone())(&x));
-    compiled.call(x.clone()).unwrap();
-    compiled.call(x).unwrap();
-    assert_eq!(vals(&count.read()), [3.0]);
+    let e = compiled.call(x.clone()).unwrap_err().to_string();
+    assert!(e.contains("a write of variable `count`"), "{e}");
+    assert_eq!(vals(&count.read()), [0.0]);
+    // A generator over a state variable of the user's is marked by it.
+    let state = Variable::new(Tensor::from_vec(vec![0i64, 0, 7], &[3]));
+    let g = tracejit::random::Generator::from_state(state.clone());
+    vmap(move |v: &Tensor| v + g.normal_like(v))(&x);
+    assert_eq!(state.value().to_vec::<i64>().unwrap(), [0, 1, 7], "one advance for the whole batch");
 }

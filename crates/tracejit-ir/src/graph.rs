@@ -118,6 +118,12 @@ pub trait VariableResource: Send + Sync + fmt::Debug {
             v
         });
     }
+    /// True for a random generator's state: inside `vmap`, a write of it
+    /// that is the same for every example (a draw's advance) happens once
+    /// per call; other variables may not be written there.
+    fn is_random_state(&self) -> bool {
+        false
+    }
     /// A stable identity, so two handles to one variable compare equal.
     fn id(&self) -> u64;
     /// The lock that serializes locked updates of the variable

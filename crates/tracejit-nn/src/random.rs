@@ -77,7 +77,7 @@ impl Generator {
     #[track_caller]
     pub fn from_seed(seed: u64) -> Generator {
         let state = Tensor::from_vec(vec![0i64, 0, seed as i64], &[3]);
-        Generator { state: Variable::new(state).with_trainable(false).with_name("generator_state") }
+        Generator { state: Variable::new(state).with_trainable(false).with_name("generator_state").with_random_state() }
     }
 
     /// A generator over an existing state variable (an i64 `[3]`).
@@ -91,7 +91,7 @@ impl Generator {
             state.dtype(),
             state.shape()
         );
-        Generator { state }
+        Generator { state: state.with_random_state() }
     }
 
     /// The state variable: an i64 `[counter_lo, counter_hi, key]`.

@@ -34,6 +34,8 @@ struct VarState {
     dtype: DType,
     shape: Vec<usize>,
     trainable: std::sync::atomic::AtomicBool,
+    /// A random generator's state ([`Variable::with_random_state`]).
+    random_state: std::sync::atomic::AtomicBool,
     value: RwLock<Storage>,
     /// Serializes locked updates ([`locked_update`]).
     update_lock: tracejit_ir::locks::UpdateLock,
@@ -79,6 +81,9 @@ impl VariableResource for VarState {
         let mut guard = self.value.write().unwrap_or_else(|e| e.into_inner());
         let new = f(&guard);
         *guard = new;
+    }
+    fn is_random_state(&self) -> bool {
+        self.random_state.load(Ordering::Relaxed)
     }
     fn update_in_place(&self, f: &mut dyn FnMut(&mut Storage)) {
         // The lock's own handle: a write copies the buffer only if a
@@ -176,6 +181,7 @@ impl Variable {
                 dtype: storage.dtype(),
                 shape: storage.shape().to_vec(),
                 trainable: std::sync::atomic::AtomicBool::new(true),
+                random_state: std::sync::atomic::AtomicBool::new(false),
                 value: RwLock::new(storage),
                 update_lock: tracejit_ir::locks::UpdateLock::new(),
             }),
@@ -210,6 +216,15 @@ impl Variable {
     /// Marks the variable trainable or not (builder style).
     pub fn with_trainable(self, trainable: bool) -> Variable {
         self.state.trainable.store(trainable, Ordering::Relaxed);
+        self
+    }
+
+    /// Marks the variable as a random generator's state (builder style;
+    /// `tracejit::random::Generator` marks its own): inside `vmap` its
+    /// advance, the same for every example, happens once per call, where
+    /// a write of any other variable is an error.
+    pub fn with_random_state(self) -> Variable {
+        self.state.random_state.store(true, Ordering::Relaxed);
         self
     }
 

@@ -39,9 +39,9 @@
 //!   example, e.g. a `[batch, 2]` seed mapped on axis 0) gives each
 //!   example its own stream;
 //! - calls and fused regions are batched through their bodies;
-//! - variables are read unmapped; a write of a value the same for every
-//!   example (a generator's advance) happens once per call, a write of a
-//!   mapped value is an error, as is a native
+//! - variables are read unmapped; a generator's advance (a write of its
+//!   state, the same for every example) happens once per call, any other
+//!   write is an error, as is a native
 //!   kernel (composites are batched through their bodies before the
 //!   selector picks kernels) or a convolution's filter gradient.
 

@@ -91,18 +91,19 @@ pub fn batch_rule<E: BatchEmitter>(
                 })?;
             Ok(vec![(e.read_variable(&resource)?, None)])
         }
-        // A value the same for every example (a generator's advance) is
-        // written once per call; a mapped one would be a write per example.
+        // A generator's advance, the same for every example, is written
+        // once per call (its draws cover the batch); any other write would
+        // be one per example.
         Op::AssignVariable { var, kind, .. } => match (args[0].1, graph.variables.get(*var)) {
-            (None, Some(resource)) => {
+            (None, Some(resource)) if resource.is_random_state() => {
                 e.assign_variable(resource, *kind, args[0].0.clone())?;
                 Ok(Vec::new())
             }
             (_, resource) => Err(BatchError::Unsupported {
                 op: kind.name().into(),
                 message: format!(
-                    "a write of variable `{}` inside vmap of a value that differs per example; return the values \
-                     from the mapped function and write them after it",
+                    "a write of variable `{}` inside vmap (each example would write its own value); return the \
+                     values from the mapped function and write them after it",
                     resource.map(|v| v.name()).unwrap_or_else(|| var.to_string())
                 ),
             }),
