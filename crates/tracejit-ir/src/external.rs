@@ -52,4 +52,13 @@ pub trait ExternalKernel: Send + Sync + fmt::Debug {
     fn gradient_passes_through(&self) -> Option<usize> {
         None
     }
+
+    /// True when compiled code should run the composite's body instead:
+    /// an elementwise body that the JIT fuses with its neighbours and
+    /// splits over threads beats the kernel there (GELU after a product's
+    /// bias). The implementation selector then skips the kernel; eager
+    /// calls still run it.
+    fn eager_only(&self) -> bool {
+        false
+    }
 }

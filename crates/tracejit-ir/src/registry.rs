@@ -146,8 +146,10 @@ pub fn lookup(name: &str, inputs: &[TensorType]) -> Option<Arc<dyn ExternalKerne
 struct Global;
 
 impl KernelRegistry for Global {
+    /// Kernels meant for eager calls only ([`ExternalKernel::eager_only`])
+    /// are not chosen for graphs.
     fn lookup(&self, name: &str, inputs: &[TensorType]) -> Option<Arc<dyn ExternalKernel>> {
-        lookup(name, inputs)
+        lookup(name, inputs).filter(|k| !k.eager_only())
     }
 }
 

@@ -15,7 +15,10 @@ use crate::bodies::{
 use crate::decl::{Composite, Native};
 use crate::{backward, kernels, samples};
 
-/// `tracejit.nn.gelu`.
+/// `tracejit.nn.gelu`. Eager calls run the native kernel; compiled code
+/// runs the body, which the JIT fuses with the product's bias before it and
+/// splits over threads (W9's block at two threads: 12.3 -> 10.3 ms; the
+/// kernel took 1.2 ms of it on one thread, the fused region 0.3).
 pub(crate) static GELU: Composite = Composite::new(
     "tracejit.nn.gelu",
     "gelu",
@@ -23,7 +26,8 @@ pub(crate) static GELU: Composite = Composite::new(
     Some(Native { accepts: kernels::gelu_accepts, run: kernels::gelu }),
     None,
     samples::unary,
-);
+)
+.traced_as_body();
 
 /// `tracejit.nn.softmax` (last axis).
 pub(crate) static SOFTMAX: Composite = Composite::new(

@@ -76,6 +76,9 @@ pub struct Composite {
     kernel: Option<Native>,
     backward: Option<BackwardFn>,
     examples: ExamplesFn,
+    /// Compiled code runs the body, eager calls the kernel
+    /// ([`Composite::traced_as_body`]).
+    traced_as_body: bool,
     function: OnceLock<CompositeFunction>,
 }
 
@@ -96,7 +99,15 @@ impl Composite {
         backward: Option<BackwardFn>,
         examples: ExamplesFn,
     ) -> Composite {
-        Composite { name, short, body, kernel, backward, examples, function: OnceLock::new() }
+        Composite { name, short, body, kernel, backward, examples, traced_as_body: false, function: OnceLock::new() }
+    }
+
+    /// The native kernel serves eager calls only; in a traced function the
+    /// selector inlines the body, which the JIT fuses with its neighbours
+    /// and splits over threads ([`ExternalKernel::eager_only`]).
+    pub(crate) const fn traced_as_body(mut self) -> Composite {
+        self.traced_as_body = true;
+        self
     }
 
     /// The `implements` name, `org.semantic.opname`.
@@ -108,6 +119,12 @@ impl Composite {
     /// another one under [`Composite::name`]).
     pub fn native(&self) -> Option<Native> {
         self.kernel
+    }
+
+    /// True when compiled code runs the body and only eager calls the
+    /// native kernel ([`ExternalKernel::eager_only`]).
+    pub fn runs_body_when_traced(&self) -> bool {
+        self.traced_as_body
     }
 
     /// The declared backward kernel, if any.
@@ -213,6 +230,10 @@ impl ExternalKernel for DeclaredKernel {
                 Err(_) => panic!("composite kernel `{}` returned a symbolic tensor", self.composite.name),
             })
             .collect()
+    }
+
+    fn eager_only(&self) -> bool {
+        self.composite.traced_as_body
     }
 }
 

@@ -33,17 +33,17 @@ fn a_variable_assignment_is_an_error_naming_the_node_and_line() {
 
 #[test]
 fn a_native_kernel_without_its_body_is_an_error_naming_the_composite() {
-    // `inner` is optimized on its own, so its gelu call became the
+    // `inner` is optimized on its own, so its softmax call became the
     // registered f32 kernel; calling it from `outer` inlines that kernel.
-    let inner = function(|x: Tensor| tracejit_nn::gelu(&x) + 1.0).name("inner");
+    let inner = function(|x: Tensor| tracejit_nn::softmax(&x, -1) + 1.0).name("inner");
     let outer = function(move |x: Tensor| inner.call(x).unwrap() * 2.0).name("outer");
     let cf = outer.get_concrete_function(TensorSpec::new(DType::F32, &[4])).unwrap();
     match tracejit_onnx::to_bytes(&cf) {
         // Without a registered kernel the body was inlined: that exports.
-        Ok(_) => assert!(tracejit_ir::registry::get("tracejit.nn.gelu").is_none()),
+        Ok(_) => assert!(tracejit_ir::registry::get("tracejit.nn.softmax").is_none()),
         Err(e) => {
             let msg = e.to_string();
-            assert!(msg.contains("tracejit.nn.gelu") && msg.contains("native kernel"), "{msg}");
+            assert!(msg.contains("tracejit.nn.softmax") && msg.contains("native kernel"), "{msg}");
         }
     }
 }
