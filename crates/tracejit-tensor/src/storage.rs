@@ -199,6 +199,19 @@ impl Storage {
         with_array!(self, a => Storage::from_array(crate::kernels::shape::materialize(a.view())))
     }
 
+    /// True for float elements that are all `+0.0` (a `-0.0` or an integer
+    /// tensor is not): a base that adding to, or subtracting, leaves every
+    /// value's bits as they are (the sparse-update passes test it).
+    pub fn is_all_positive_zeros(&self) -> bool {
+        match self {
+            Storage::F32(a) => a.iter().all(|x| x.to_bits() == 0),
+            Storage::F64(a) => a.iter().all(|x| x.to_bits() == 0),
+            Storage::BF16(a) => a.iter().all(|x| x.to_bits() == 0),
+            Storage::F16(a) => a.iter().all(|x| x.to_bits() == 0),
+            Storage::I32(_) | Storage::I64(_) | Storage::Bool(_) => false,
+        }
+    }
+
     /// True when `self` and `other` are the same elements of the same buffer
     /// (dtype, shape, element pointer and strides): what a cache keyed by a
     /// value (a weight packed once per version) compares, holding a clone

@@ -19,7 +19,7 @@
 //! match and keep `assign(w - ..)`, which writes the new value into the
 //! old buffer in one fused region.
 
-use tracejit_tensor::{BinaryOp, Storage};
+use tracejit_tensor::BinaryOp;
 
 use crate::passes::{run_in_subgraphs, Pass, PassContext, PassResult};
 use crate::{AssignKind, Graph, NodeId, Op, ValueId, VarId};
@@ -92,14 +92,7 @@ fn is_positive_zeros(g: &Graph, v: ValueId) -> bool {
     if let Op::BroadcastTo { .. } = node.op {
         return is_positive_zeros(g, node.inputs[0]);
     }
-    let Op::Constant { value } = &node.op else { return false };
-    match value {
-        Storage::F32(a) => a.iter().all(|x| x.to_bits() == 0),
-        Storage::F64(a) => a.iter().all(|x| x.to_bits() == 0),
-        Storage::BF16(a) => a.iter().all(|x| x.to_bits() == 0),
-        Storage::F16(a) => a.iter().all(|x| x.to_bits() == 0),
-        Storage::I32(_) | Storage::I64(_) | Storage::Bool(_) => false,
-    }
+    matches!(&node.op, Op::Constant { value } if value.is_all_positive_zeros())
 }
 
 /// True when the only reader of `v` is node `reader` (once), and `v` is

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 use tracejit_ir::passes::PassResult;
-use tracejit_ir::tensor::{BinaryOp, Storage};
+use tracejit_ir::tensor::BinaryOp;
 use tracejit_ir::{AssignKind, Graph, Op};
 
 use super::{CodegenContext, SchedulePass};
@@ -146,27 +146,19 @@ fn scaled_operand(g: &Graph, s: &Schedule, p: usize) -> Option<(usize, (Scale, O
 fn makes_zeros(g: &Graph, s: &Schedule, z: usize) -> bool {
     let step = &s.steps[z];
     match &step.kind {
-        StepKind::Constant(c) => positive_zeros(c),
+        StepKind::Constant(c) => c.is_all_positive_zeros(),
         StepKind::Region(_) => {
             let Op::Fused { body } = &g.node(step.node).op else { return false };
             step.inputs.is_empty()
                 && body.outputs.len() == 1
                 && body.nodes().all(|(_, n)| {
                     if let Op::Constant { value } = &n.op {
-                        positive_zeros(value)
+                        value.is_all_positive_zeros()
                     } else {
                         matches!(n.op, Op::BroadcastTo { .. })
                     }
                 })
         }
         _ => false,
-    }
-}
-
-fn positive_zeros(c: &Storage) -> bool {
-    match c {
-        Storage::F32(a) => a.iter().all(|x| x.to_bits() == 0),
-        Storage::F64(a) => a.iter().all(|x| x.to_bits() == 0),
-        Storage::BF16(_) | Storage::F16(_) | Storage::I32(_) | Storage::I64(_) | Storage::Bool(_) => false,
     }
 }
