@@ -460,17 +460,18 @@ pub fn mlp_forward((x, w1, b1, w2, b2, w3, b3): MlpArgs) -> Tensor {
 
 /// A dense layer's weight [fan_in, fan_out] scaled by 1/sqrt(fan_in), and its
 /// bias [fan_out], from `seed`.
-fn dense(fan_in: usize, fan_out: usize, seed: u64) -> (Tensor, Tensor) {
-    let w = Tensor::randn(&[fan_in, fan_out], seed) * (1.0 / (fan_in as f64).sqrt());
-    let b = Tensor::randn(&[fan_out], seed + 1) * 0.1;
-    (w, b)
+/// W5/W6's input `x [64, 784]` (U(0, 1)) and weights, `bench_peers.py`'s
+/// `mlp_x` and `mlp_p`: the same numbers as the peers', so that the
+/// reduced-precision modes' errors compare like with like (a quantized
+/// product's error depends on its inputs' signs and spread).
+fn mlp_data() -> (Tensor, [Tensor; 6]) {
+    let p = crate::per_example::mlp_params();
+    let x = crate::transformer::gen(7, &[64, 784], 0.0, 1.0);
+    (x, p.try_into().expect("six parameters"))
 }
 
 fn build_mlp_forward() -> Body {
-    let x = Tensor::randn(&[64, 784], 5);
-    let (w1, b1) = dense(784, 512, 50);
-    let (w2, b2) = dense(512, 512, 52);
-    let (w3, b3) = dense(512, 10, 54);
+    let (x, [w1, b1, w2, b2, w3, b3]) = mlp_data();
     Body::Runnable(Box::new(Case::new("mlp_forward", (x, w1, b1, w2, b2, w3, b3), mlp_forward)))
 }
 
@@ -503,11 +504,9 @@ pub fn mlp_train_step((x, labels, w1, b1, w2, b2, w3, b3): TrainArgs) -> Vec<Ten
 }
 
 fn build_mlp_train_step() -> Body {
-    let x = Tensor::randn(&[64, 784], 6);
-    let labels = (Tensor::rand_uniform(&[64], 0.0, 10.0, 60).floor()).cast(DType::I64);
-    let (w1, b1) = dense(784, 512, 50);
-    let (w2, b2) = dense(512, 512, 52);
-    let (w3, b3) = dense(512, 10, 54);
+    let (x, [w1, b1, w2, b2, w3, b3]) = mlp_data();
+    // `mlp_y`.
+    let labels = crate::transformer::gen_labels(14, 64, 10);
     Body::Runnable(Box::new(Case::new("mlp_train_step", (x, labels, w1, b1, w2, b2, w3, b3), mlp_train_step)))
 }
 
