@@ -3,7 +3,8 @@
 //! GEMM (`gemm::product::<f32>`), of the bf16 product (f32 lhs rounded
 //! while packed, weight packed once) and of the dynamic int8 product
 //! (weight quantized once, lhs quantized per call), with each one's error
-//! (max |c − c_f64| / max |c_f64|).
+//! (max |c − c_f64| / max |c_f64|); then what packing each weight into
+//! bf16 pairs costs, paid per call when the weight is an argument.
 //!
 //! ```text
 //! CARGO_TARGET_DIR=/work/target-lowp taskset -c 0 \
@@ -95,6 +96,7 @@ fn main() {
         "×f32",
         "error"
     );
+    let mut packing = Vec::new();
     for s in &SHAPES {
         let (m, k, n) = (s.m, s.k, s.n);
         let stored = if s.at { matrix(k, m, 1) } else { matrix(m, k, 1) };
@@ -132,6 +134,8 @@ fn main() {
         let f32_err = error(&c, &want);
 
         let packed = PackedBf16::from_f32(b.view());
+        // What a product whose weight is an argument pays per call on top.
+        packing.push((s.name, us(time(|| drop(PackedBf16::from_f32(b.view()))))));
         let bf16_time = time(|| gemm_bf16_from_f32(a, &packed, &mut c, false, isa));
         let bf16_err = error(&c, &want);
 
@@ -157,5 +161,9 @@ fn main() {
             speedup(int8_time),
             int8_err
         );
+    }
+    println!("packing the rhs into bf16 pairs (per call when the weight is an argument):");
+    for (name, t) in packing {
+        println!("  {name:<9} {t:>7.1} µs");
     }
 }

@@ -110,17 +110,7 @@ unsafe fn round_avx512(src: &[f32], dst: &mut [u16]) {
                 )
             }
         };
-        // Lanes 0-15 from `lo`, 16-31 from `hi`.
-        // SAFETY: both types are 512 plain bits.
-        let pairs = unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo)) };
-        let sub = subnormals(lo) as u32 | (subnormals(hi) as u32) << 16;
-        let pairs = if sub == 0 {
-            pairs
-        } else {
-            // Rare: redo the register's subnormal lanes exactly.
-            let exact = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(round_int(lo)), round_int(hi));
-            _mm512_mask_blend_epi16(sub, pairs, exact)
-        };
+        let pairs = round_pairs(lo, hi);
         if rest >= 32 {
             // SAFETY: 32 values from `i` lie inside `dst`.
             unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), pairs) };
@@ -130,6 +120,23 @@ unsafe fn round_avx512(src: &[f32], dst: &mut [u16]) {
         }
         i += 32;
     }
+}
+
+/// `lo` and `hi` rounded to bf16 with [`half::bf16::from_f32`]'s bits:
+/// `lo`'s 16 values in the 16-bit lanes 0-15, `hi`'s in 16-31.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(super) fn round_pairs(lo: std::arch::x86_64::__m512, hi: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    // SAFETY: both types are 512 plain bits.
+    let pairs = unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo)) };
+    let sub = subnormals(lo) as u32 | (subnormals(hi) as u32) << 16;
+    if sub == 0 {
+        return pairs;
+    }
+    // Rare: redo the register's subnormal lanes exactly.
+    let exact = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(round_int(lo)), round_int(hi));
+    _mm512_mask_blend_epi16(sub, pairs, exact)
 }
 
 /// The lanes of 16 holding subnormal values (exponent 0, mantissa not 0).
@@ -157,7 +164,7 @@ fn round_int(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m256i {
 }
 
 /// The first `min(rest, 16)` lanes.
-fn lane_mask(rest: usize) -> u16 {
+pub(super) fn lane_mask(rest: usize) -> u16 {
     if rest >= 16 {
         u16::MAX
     } else {

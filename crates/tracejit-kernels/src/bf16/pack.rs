@@ -11,15 +11,35 @@ use ndarray::ArrayView2;
 use super::tiles::{halves_mut, pack_rows, rhs_index, NR};
 use crate::Isa;
 
+#[cfg(target_arch = "x86_64")]
+mod vector;
+
 /// An lhs element: f32 (rounded to nearest even while packing) or bf16.
 pub(super) trait LhsValue: Copy + Default {
     /// Writes `row`'s values as bf16 bits into `out` (as long as `row`).
     fn to_bits(row: &[Self], out: &mut [u16], isa: Isa);
+
+    /// Packs `b` as [`pack_rhs`] does, with the same bits, when a vector
+    /// path takes its layout; false (nothing written) otherwise.
+    fn pack_rhs_vector(b: ArrayView2<'_, Self>, out: &mut [u32], isa: Isa) -> bool {
+        let _ = (b, out, isa);
+        false
+    }
 }
 
 impl LhsValue for f32 {
     fn to_bits(row: &[f32], out: &mut [u16], isa: Isa) {
         super::convert::to_bits(row, out, isa);
+    }
+
+    fn pack_rhs_vector(b: ArrayView2<'_, f32>, out: &mut [u32], isa: Isa) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return vector::pack_rhs_f32(b, out, isa);
+        #[cfg(not(target_arch = "x86_64"))]
+        return {
+            let _ = (b, out, isa);
+            false
+        };
     }
 }
 
@@ -46,7 +66,7 @@ pub(super) fn pack_lhs<T: LhsValue>(a: ArrayView2<'_, T>, out: &mut [u32], isa: 
 /// about as much as reading it, not a strided walk per element.
 pub(super) fn pack_rhs<T: LhsValue>(b: ArrayView2<'_, T>, out: &mut [u32], isa: Isa) {
     let (k, n) = b.dim();
-    if k == 0 || n == 0 {
+    if k == 0 || n == 0 || T::pack_rhs_vector(b, out, isa) {
         return;
     }
     if b.strides()[0] == 1 && n > 1 {

@@ -257,3 +257,41 @@ fn mismatched_sizes_panic_with_the_sizes() {
     let b = PackedBf16::from_f32(Array2::<f32>::zeros((4, 5)).view());
     gemm_bf16_from_f32(Array2::<f32>::zeros((2, 3)).view(), &b, &mut [0.0; 10], false, Isa::native());
 }
+
+/// Every value kind a weight may hold: uniform values, subnormals, NaNs
+/// with payloads, infinities, signed zeros, ties.
+fn special_matrix(rng: &mut Rng, k: usize, n: usize) -> Array2<f32> {
+    Array2::from_shape_fn((k, n), |_| match rng.bits() % 9 {
+        0 => f32::from_bits(rng.bits() as u32 & 0x807f_ffff),
+        1 => f32::from_bits(0x7f80_0000 | rng.bits() as u32 & 0x807f_ffff | 1),
+        2 => [f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0][rng.bits() as usize % 4],
+        3 => f32::from_bits((rng.bits() as u32 & 0xffff_0000) | 0x8000),
+        _ => rng.uniform(),
+    })
+}
+
+#[test]
+fn the_vector_packing_has_the_portable_bits_for_every_layout() {
+    let mut rng = Rng::new(23);
+    let [vector, portable] = paths();
+    let (ks, ns) = ([1, 2, 3, 5, 32, 33, 34, 63], [1, 15, 16, 17, 64, 65, 130]);
+    for (k, n) in ks.iter().flat_map(|&k| ns.iter().map(move |&n| (k, n))) {
+        let x = special_matrix(&mut rng, k, n);
+        let wide = special_matrix(&mut rng, k, 2 * n);
+        let transposed = layout(&x, 1);
+        let views: [(&str, ArrayView2<'_, f32>); 5] = [
+            ("row-major", x.view()),
+            ("transposed storage", transposed.view()),
+            ("reversed rows", x.slice(s![..;-1, ..])),
+            ("every other column", wide.slice(s![.., ..;2])),
+            ("reversed columns", x.slice(s![.., ..;-1])),
+        ];
+        for (name, b) in views {
+            let len = tiles::rhs_len(n, k.div_ceil(2));
+            let (mut got, mut want) = (vec![0u32; len], vec![0u32; len]);
+            pack::pack_rhs(b, &mut got, vector);
+            pack::pack_rhs(b, &mut want, portable);
+            assert_eq!(got, want, "{name} [{k}, {n}]");
+        }
+    }
+}
