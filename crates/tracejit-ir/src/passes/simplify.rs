@@ -13,6 +13,7 @@
 //! | `x / c` → `x * (1/c)` | only when every element of the constant `c` is a power of two whose reciprocal is also representable (finite, not subnormal-overflowing): then `x * 2^-k` and `x / 2^k` are the same real number, rounded once |
 //! | `transpose(transpose(x, p), q)` → `transpose(x, p∘q)`, identity permutations dropped | data movement only |
 //! | `reshape(reshape(x))` → `reshape(x)`; a reshape to the input's own type dropped | the row-major order of elements is unchanged |
+//! | `reshape(slice(x, last axis s..s+h·d), [.., h, d])` → `slice(reshape(x, [.., n/d, d]), axis -2 s/d..s/d+h)` when `d` divides `s` and the axis's length `n` (the other axes whole) | the same elements in the same order; the new reshape is of `x` itself, a contiguous buffer's view, where the old one copied a strided slice (attention's q/k/v split from one product) |
 //! | an operand `broadcast_to(s, shape)` of an elementwise op, with `s` holding one element → `s` | the op broadcasts `s` itself, element for element the same values |
 //!
 //! A rule fires only where it keeps the node's result type exactly (a
@@ -22,7 +23,7 @@
 //! the operands left unused are removed by `dce`.
 
 use smallvec::SmallVec;
-use tracejit_tensor::{BinaryOp, Storage, UnaryOp};
+use tracejit_tensor::{BinaryOp, SliceSpec, Storage, UnaryOp};
 
 use crate::passes::{run_in_subgraphs, Pass, PassContext, PassResult, Rewriter};
 use crate::{Graph, Op, ValueId};
@@ -39,6 +40,8 @@ enum Rewrite {
     Replace(Op, SmallVec<[ValueId; 3]>),
     /// The node becomes `x * c` with the new constant `c`.
     MulByConstant(ValueId, Storage),
+    /// The node becomes a slice (these specs) of a new `reshape(x, shape)`.
+    SliceOfReshape(ValueId, Vec<i64>, Vec<SliceSpec>),
 }
 
 impl Pass for Simplify {
@@ -85,6 +88,11 @@ impl Simplify {
                     Some(Rewrite::MulByConstant(x, c)) => {
                         let c = rw.constant(c);
                         (Op::Binary(BinaryOp::Mul), smallvec::smallvec![x, c])
+                    }
+                    Some(Rewrite::SliceOfReshape(x, shape, specs)) => {
+                        // Left for `dce` when the slice does not type-check.
+                        let Ok(r) = rw.emit(Op::Reshape { shape }, &[x], &[], node.location) else { break };
+                        (Op::Slice { specs }, smallvec::smallvec![ValueId { node: r, index: 0 }])
                     }
                     _ => break,
                 };
@@ -188,6 +196,9 @@ fn rule(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
             if *rw.value_type(x) == out[0] {
                 return Some(Rewrite::Alias(x));
             }
+            if let Op::Slice { specs } = producer(x) {
+                return slice_split(rw, g.node(x.node).inputs[0], specs, &out[0]);
+            }
             if !matches!(producer(x), Op::Reshape { .. }) {
                 return None;
             }
@@ -232,6 +243,31 @@ fn rule(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
         | Op::ReadVariable { .. }
         | Op::AssignVariable { .. } => None,
     }
+}
+
+/// `reshape(slice(x, specs), out)` as a slice of a reshape of `x` (the
+/// module's table): `x [.., n]` sliced to `s..s + h·d` on its last axis
+/// only (step 1), reshaped to `[.., h, d]`, with `d` dividing `s` and `n`.
+fn slice_split(rw: &Rewriter<'_>, x: ValueId, specs: &[SliceSpec], out: &crate::TensorType) -> Option<Rewrite> {
+    let (src, out) = (rw.value_type(x).shape()?, out.shape()?);
+    let r = src.len();
+    if r == 0 || out.len() != r + 1 || specs.len() > r || out[..r - 1] != src[..r - 1] {
+        return None;
+    }
+    let spec = |i: usize| specs.get(i).copied().unwrap_or(SliceSpec::FULL).resolve(src[i]);
+    if (0..r - 1).any(|i| spec(i) != (0, src[i], 1)) {
+        return None;
+    }
+    let ((start, len, step), (h, d), n) = (spec(r - 1), (out[r - 1], out[r]), src[r - 1]);
+    let start = usize::try_from(start).ok()?;
+    if step != 1 || d == 0 || h * d != len || start % d != 0 || n % d != 0 {
+        return None;
+    }
+    let mut shape: Vec<i64> = src[..r - 1].iter().map(|&v| v as i64).collect();
+    shape.extend([(n / d) as i64, d as i64]);
+    let mut new_specs = vec![SliceSpec::FULL; r + 1];
+    new_specs[r - 1] = SliceSpec::range((start / d) as i64, (start / d + h) as i64);
+    Some(Rewrite::SliceOfReshape(x, shape, new_specs))
 }
 
 /// An elementwise binary op or select with an operand `broadcast_to(s)`,

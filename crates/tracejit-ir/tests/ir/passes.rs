@@ -12,7 +12,7 @@ use tracejit_ir::passes::{
     default_accepts_region, ConstantFolding, Cse, Dce, Fusion, Inline, KernelRegistry, Pass, PassContext, PassResult,
     Pipeline, SelectImplementation, Simplify,
 };
-use tracejit_ir::tensor::{kernels, BinaryOp, DType, ReduceOp, Storage, UnaryOp};
+use tracejit_ir::tensor::{kernels, BinaryOp, DType, ReduceOp, SliceSpec, Storage, UnaryOp};
 use tracejit_ir::{
     interpret, verify, AssignKind, ExternalKernel, FunctionAttrs, Graph, LibraryFunction, Op, TensorType, ValueId,
 };
@@ -612,4 +612,46 @@ fn golden_default_pipeline() {
     }
     assert_eq!(report.nodes_before, call_graph().len());
     assert_eq!(report.nodes_after, after.len());
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+    /// `reshape(slice(x, last axis), [.., h, d])` becomes a slice of a
+    /// reshape of `x` exactly when `d` divides the start and the axis,
+    /// with the same results; otherwise the graph is unchanged.
+    #[test]
+    fn simplify_moves_a_reshape_before_a_last_axis_slice(
+        lead in proptest::collection::vec(0usize..4, 0..3),
+        (n, start, h, d) in (0usize..13, 0usize..13, 0usize..5, 1usize..5),
+        first_axis_sliced in proptest::bool::ANY,
+        seed in proptest::prelude::any::<u64>(),
+    ) {
+        proptest::prop_assume!(start + h * d <= n);
+        let dims: Vec<usize> = lead.iter().copied().chain([n]).collect();
+        let mut g = Graph::new("split");
+        let x = g.add_param(f32t(&dims.iter().map(|&v| v as i64).collect::<Vec<_>>()));
+        let r = dims.len();
+        let mut specs = vec![SliceSpec::FULL; r];
+        specs[r - 1] = SliceSpec::range(start as i64, (start + h * d) as i64);
+        let cut_first = first_axis_sliced && r > 1 && dims[0] > 0;
+        if cut_first {
+            specs[0] = SliceSpec::range(0, dims[0] as i64 - 1);
+        }
+        let sliced = node(&mut g, Op::Slice { specs }, &[x]);
+        let mut shape: Vec<i64> = g.value_type(sliced).shape().unwrap()[..r - 1].iter().map(|&v| v as i64).collect();
+        shape.extend([h as i64, d as i64]);
+        g.outputs = vec![node(&mut g, Op::Reshape { shape }, &[sliced])];
+        let (after, result) = run_checked(&Simplify, &g, &PassContext::new("split"));
+        let moves = !cut_first && start % d == 0 && n % d == 0;
+        proptest::prop_assert_eq!(result.changed, moves, "{}", after);
+        if moves {
+            let out = after.node(after.outputs[0].node);
+            proptest::prop_assert!(matches!(out.op, Op::Slice { .. }), "{}", after);
+            let inner = after.node(out.inputs[0].node);
+            proptest::prop_assert!(matches!(inner.op, Op::Reshape { .. }) && inner.inputs[0] == x, "{}", after);
+        }
+        let args = [f32s(&dims, seed)];
+        proptest::prop_assert!(same_results(&interpret(&g, &args).unwrap(), &interpret(&after, &args).unwrap()));
+    }
 }
