@@ -50,6 +50,10 @@ pub(crate) static LOG_SOFTMAX: Composite = Composite::new(
 );
 
 /// `tracejit.nn.layer_norm`: `(x, gamma, beta, eps)`, eps a rank-0 tensor.
+/// The native kernel serves eager calls; compiled code runs the body, which
+/// the JIT fuses with its neighbours (a residual add) and splits over
+/// threads (W9's two layer norms at one thread: 626 µs in the kernel,
+/// 213 µs fused, one residual add included).
 pub(crate) static LAYER_NORM: Composite = Composite::new(
     "tracejit.nn.layer_norm",
     "layer_norm",
@@ -57,7 +61,8 @@ pub(crate) static LAYER_NORM: Composite = Composite::new(
     Some(Native { accepts: kernels::layer_norm_accepts, run: kernels::layer_norm }),
     Some(backward::layer_norm),
     samples::layer_norm,
-);
+)
+.traced_as_body();
 
 /// `tracejit.nn.layer_norm_grad`: `(x, gamma, beta, eps, dy)` to `(dx,
 /// dgamma, dbeta)`.
