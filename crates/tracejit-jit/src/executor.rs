@@ -154,6 +154,7 @@ impl Executable {
         callees: &mut Callees,
         run: &mut Run,
     ) -> Result<Executable, JitError> {
+        crate::malloc::tune_once();
         let started = std::time::Instant::now();
         let mut schedule = crate::codegen::lower::lower(&graph, opts, callees, run)?;
         run.record_lower(&graph, schedule.steps.len(), started.elapsed());

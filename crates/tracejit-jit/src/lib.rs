@@ -154,6 +154,7 @@ mod helpers;
 mod jit;
 mod kernel;
 mod lower;
+mod malloc;
 mod math;
 mod native;
 mod options;
