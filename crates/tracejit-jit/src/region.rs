@@ -47,7 +47,7 @@ use output::{data_ptr, OutBuf};
 pub(crate) use output::{same_shape, unique_mut_ptr};
 
 /// A compiled kernel and its scratch plan, shared through the cache.
-struct Kernel {
+pub(crate) struct Kernel {
     code: KernelCode,
     schedule: Schedule,
     /// The hand-written kernel's name when `code` is one (`crate::native`).
@@ -104,29 +104,41 @@ pub fn compile_region(body: &tracejit_ir::Graph) -> Result<Arc<CompiledRegion>, 
 /// [`compile_region`] with explicit options (part of the cache key).
 pub fn compile_region_with(body: &tracejit_ir::Graph, opts: &JitOptions) -> Result<Arc<CompiledRegion>, JitError> {
     let an = analyze(body).map_err(JitError::Unsupported)?;
-    let kernel = {
-        let mut c = cache().lock().unwrap_or_else(|p| p.into_inner());
-        let key = (an.key.clone(), *opts);
-        match c.get(&key) {
-            Some(k) => k.clone(),
-            None => {
-                let schedule = kernel::schedule(&an, opts);
-                let native = crate::native::kernel_for(&an, opts);
-                let code = match native {
-                    Some((name, entry)) => {
-                        if opts.dump {
-                            eprintln!("== kernel {}: the hand-written {name} (crate::native)", an.key);
-                        }
-                        jit::KernelCode::native(entry)
-                    }
-                    None => jit::compile(&an, &schedule, opts)?,
-                };
-                let k = Arc::new(Kernel { code, schedule, native: native.map(|n| n.0) });
-                c.insert(key, k.clone());
-                k
+    let kernel = cached_kernel(&an, opts)?;
+    Ok(region_from(kernel, an, body))
+}
+
+/// Whether the cache holds `an`'s kernel for `opts`.
+pub(crate) fn is_cached(an: &Analysis, opts: &JitOptions) -> bool {
+    cache().lock().unwrap_or_else(|p| p.into_inner()).contains_key(&(an.key.clone(), *opts))
+}
+
+/// `an`'s kernel for `opts`: the cached one, or compiled and cached. The
+/// cache's lock is not held while Cranelift compiles, so regions compile
+/// in parallel (`codegen::lower`); when two threads compile the same key,
+/// the first to finish is kept and both return it.
+pub(crate) fn cached_kernel(an: &Analysis, opts: &JitOptions) -> Result<Arc<Kernel>, JitError> {
+    let key = (an.key.clone(), *opts);
+    if let Some(k) = cache().lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(k.clone());
+    }
+    let schedule = kernel::schedule(an, opts);
+    let native = crate::native::kernel_for(an, opts);
+    let code = match native {
+        Some((name, entry)) => {
+            if opts.dump {
+                eprintln!("== kernel {}: the hand-written {name} (crate::native)", an.key);
             }
+            jit::KernelCode::native(entry)
         }
+        None => jit::compile(an, &schedule, opts)?,
     };
+    let k = Arc::new(Kernel { code, schedule, native: native.map(|n| n.0) });
+    Ok(cache().lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(k).clone())
+}
+
+/// The region of `body` (analyzed as `an`) running `kernel`.
+pub(crate) fn region_from(kernel: Arc<Kernel>, an: Analysis, body: &Graph) -> Arc<CompiledRegion> {
     let param_types = body.param_types();
     let cost = crate::dispatch::cost_per_element(&an);
     let mut region = CompiledRegion {
@@ -147,7 +159,7 @@ pub fn compile_region_with(body: &tracejit_ir::Graph, opts: &JitOptions) -> Resu
             region.static_shapes = Some(shapes);
         }
     }
-    Ok(Arc::new(region))
+    Arc::new(region)
 }
 
 /// A region compiled to native code; cheap to share (`Send + Sync`), and

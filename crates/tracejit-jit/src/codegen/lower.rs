@@ -12,9 +12,11 @@ use smallvec::SmallVec;
 use tracejit_ir::{FuncId, Graph, IrError, Node, NodeId, Op, ValueId};
 
 use super::Run;
+
+mod compile;
 use crate::executor::views::View;
 use crate::schedule::{Pair, Schedule, Step, StepKind};
-use crate::{compile_region_with, supports, Executable, JitError, JitOptions};
+use crate::{CompiledRegion, Executable, JitError, JitOptions};
 
 /// Callees prepared so far, shared by the call steps of one graph.
 pub(crate) type Callees = HashMap<FuncId, Arc<Executable>>;
@@ -96,12 +98,14 @@ fn callee(
 
 /// What node `id` runs as. Every op is listed: a new op is a compile error
 /// here until the JIT handles it (or sends it to the reference kernels).
+/// A fused node takes its region from `regions` (compiled beforehand).
 fn kind_of(
     g: &Graph,
     id: NodeId,
     opts: &JitOptions,
     callees: &mut Callees,
     run: &mut Run,
+    regions: &mut HashMap<NodeId, Arc<CompiledRegion>>,
 ) -> Result<StepKind, JitError> {
     let node = g.node(id);
     Ok(match &node.op {
@@ -115,10 +119,12 @@ fn kind_of(
         }
         Op::ReadVariable { var, .. } => StepKind::Read(*var),
         Op::AssignVariable { var, kind, .. } => StepKind::Assign(*var, *kind),
-        // A region planned by the fusion pass: compiled when this JIT
-        // supports it, else its body is interpreted (a fallback).
-        Op::Fused { body } if supports(body) => StepKind::Region(compile_region_with(body, opts)?),
-        Op::Fused { .. } => StepKind::Primitive(node.op.clone()),
+        // A region planned by the fusion pass: compiled (`compile`) when
+        // this JIT supports it, else its body is interpreted (a fallback).
+        Op::Fused { .. } => match regions.remove(&id) {
+            Some(region) => StepKind::Region(region),
+            None => StepKind::Primitive(node.op.clone()),
+        },
         // A registered native kernel runs as itself.
         Op::Kernel { .. } => StepKind::External(node.op.clone()),
         // Convolutions and pools run through their direct kernels.
@@ -157,8 +163,9 @@ fn kind_of(
 pub(crate) fn lower(g: &Graph, opts: &JitOptions, callees: &mut Callees, run: &mut Run) -> Result<Schedule, JitError> {
     let (slot_of, n_slots) = slot_table(g);
     let mut steps = Vec::with_capacity(g.len());
+    let mut regions = compile::compile_regions(g, opts)?;
     for (id, _) in g.nodes() {
-        let kind = kind_of(g, id, opts, callees, run)?;
+        let kind = kind_of(g, id, opts, callees, run, &mut regions)?;
         steps.push(step_for(g, id, kind, &slot_of)?);
     }
     let outputs = g
