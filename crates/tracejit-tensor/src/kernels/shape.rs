@@ -143,10 +143,35 @@ pub(crate) fn concat(xs: &[&Storage], axis: usize) -> Storage {
     if !ok {
         panic!("concat: cannot concatenate shapes {:?} along axis {axis}", shapes(xs));
     }
-    with_dtype!(xs[0].dtype(), T => {
-        let vs = views::<T>(xs);
-        Storage::from_array(ndarray::concatenate(Axis(axis), &vs).expect("shapes checked"))
-    })
+    with_dtype!(xs[0].dtype(), T => Storage::from_array(concat_t(&views::<T>(xs), axis)))
+}
+
+/// The concatenation in row-major order, block by block: for each index of
+/// the axes before `axis`, each input's contiguous run in turn.
+/// `ndarray::concatenate` over `IxDyn` steps a dynamic index per element
+/// (3 ms for W10's `[8, 128, 3 × 256]` gradient, 0.15 ms this way).
+fn concat_t<T: Clone>(vs: &[ArrayView<'_, T, IxDyn>], axis: usize) -> ArrayD<T> {
+    let mut shape = vs[0].shape().to_vec();
+    shape[axis] = vs.iter().map(|v| v.shape()[axis]).sum();
+    let outer: usize = shape[..axis].iter().product();
+    let total: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(total);
+    if total > 0 {
+        let rows: Vec<std::borrow::Cow<'_, [T]>> = vs
+            .iter()
+            .map(|v| match v.as_slice() {
+                Some(s) => std::borrow::Cow::Borrowed(s),
+                None => std::borrow::Cow::Owned(row_major(v.view())),
+            })
+            .collect();
+        for o in 0..outer {
+            for r in &rows {
+                let run = r.len() / outer;
+                out.extend_from_slice(&r[o * run..(o + 1) * run]);
+            }
+        }
+    }
+    ArrayD::from_shape_vec(IxDyn(&shape), out).expect("the runs fill the shape")
 }
 
 pub(crate) fn stack(xs: &[&Storage], axis: usize) -> Storage {
@@ -368,6 +393,36 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
+        /// The block-wise concat equals ndarray's element-wise one, for
+        /// inputs in any layout (transposed views), any axis, empty sizes.
+        #[test]
+        fn concat_matches_ndarray(
+            shape in prop::collection::vec(0usize..4, 1..4),
+            extra in prop::collection::vec(0usize..4, 1..4),
+            axis_pick in 0usize..3,
+            transposed in any::<bool>(),
+        ) {
+            let axis = axis_pick % shape.len();
+            let parts: Vec<Storage> = extra.iter().enumerate().map(|(i, &n)| {
+                let mut s = shape.clone();
+                s[axis] = n;
+                let x = crate::kernels::binary(crate::BinaryOp::Add, &iota(&s), &Storage::scalar(100 * i as i32));
+                if transposed && s.len() > 1 {
+                    // The same values from a transposed buffer.
+                    let rev: Vec<usize> = (0..s.len()).rev().collect();
+                    transpose(&transpose(&x, &rev).to_standard(), &rev)
+                } else {
+                    x
+                }
+            }).collect();
+            let refs: Vec<&Storage> = parts.iter().collect();
+            let got = concat(&refs, axis);
+            let views: Vec<_> = parts.iter().map(|p| p.array::<i32>().unwrap().view()).collect();
+            let want = Storage::from_array(ndarray::concatenate(Axis(axis), &views).unwrap());
+            prop_assert!(got.is_standard_layout());
+            prop_assert!(got.bit_eq(&want.to_standard()), "{:?} vs {:?}", got, want);
+        }
+
         #[test]
         fn transpose_round_trip(shape in shape_strategy(), seed in any::<u64>()) {
             let x = iota(&shape);
