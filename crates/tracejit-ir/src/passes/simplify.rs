@@ -14,6 +14,8 @@
 //! | `transpose(transpose(x, p), q)` → `transpose(x, p∘q)`, identity permutations dropped | data movement only |
 //! | `reshape(reshape(x))` → `reshape(x)`; a reshape to the input's own type dropped | the row-major order of elements is unchanged |
 //! | `reshape(slice(x, last axis s..s+h·d), [.., h, d])` → `slice(reshape(x, [.., n/d, d]), axis -2 s/d..s/d+h)` when `d` divides `s` and the axis's length `n` (the other axes whole) | the same elements in the same order; the new reshape is of `x` itself, a contiguous buffer's view, where the old one copied a strided slice (attention's q/k/v split from one product) |
+//! | `pad(a, +0.0) + pad(b, +0.0)` where the two cover adjacent, disjoint ranges of one axis (padded alike elsewhere) → `pad(concat(a, b), +0.0) + 0.0`; an operand `x + 0.0` is read as `x` | every element is one operand's value plus `+0.0` (or `0.0 + 0.0`), which the new form adds too (`-0.0 + 0.0 = +0.0` both ways); a slice's gradients summed back into one tensor (attention's `dq`, `dk`, `dv`) stop writing and reading three full-size tensors |
+//! | `pad(x)` by nothing on every axis → `x` | the same elements |
 //! | an operand `broadcast_to(s, shape)` of an elementwise op, with `s` holding one element → `s` | the op broadcasts `s` itself, element for element the same values |
 //!
 //! A rule fires only where it keeps the node's result type exactly (a
@@ -42,6 +44,9 @@ enum Rewrite {
     MulByConstant(ValueId, Storage),
     /// The node becomes a slice (these specs) of a new `reshape(x, shape)`.
     SliceOfReshape(ValueId, Vec<i64>, Vec<SliceSpec>),
+    /// The node becomes `pad(concat(parts, axis), pads) + 0` (the pad left
+    /// out when it adds nothing).
+    PaddedConcat { parts: Vec<ValueId>, axis: usize, pads: Vec<(usize, usize)> },
 }
 
 impl Pass for Simplify {
@@ -88,6 +93,19 @@ impl Simplify {
                     Some(Rewrite::MulByConstant(x, c)) => {
                         let c = rw.constant(c);
                         (Op::Binary(BinaryOp::Mul), smallvec::smallvec![x, c])
+                    }
+                    Some(Rewrite::PaddedConcat { parts, axis, pads }) => {
+                        let dtype = rw.value_type(parts[0]).dtype;
+                        let Ok(joined) = rw.emit(Op::Concat { axis }, &parts, &[], node.location) else { break };
+                        let mut x = ValueId { node: joined, index: 0 };
+                        if pads.iter().any(|&p| p != (0, 0)) {
+                            let Ok(padded) = rw.emit(Op::Pad { pads, value: 0.0 }, &[x], &[], node.location) else {
+                                break;
+                            };
+                            x = ValueId { node: padded, index: 0 };
+                        }
+                        let zero = rw.constant(Storage::scalar_of(dtype, 0.0));
+                        (Op::Binary(BinaryOp::Add), smallvec::smallvec![x, zero])
                     }
                     Some(Rewrite::SliceOfReshape(x, shape, specs)) => {
                         // Left for `dce` when the slice does not type-check.
@@ -147,6 +165,7 @@ fn rule(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
             match b {
                 BinaryOp::Add if is(c, Identity::AddZero) => Some(Rewrite::Alias(a)),
                 BinaryOp::Add if is(a, Identity::AddZero) => Some(Rewrite::Alias(c)),
+                BinaryOp::Add if padded_parts(rw, a).is_some() && padded_parts(rw, c).is_some() => join_pads(rw, a, c),
                 BinaryOp::Add => match (negated(c), negated(a)) {
                     (Some(nb), _) => Some(Rewrite::Replace(Op::Binary(BinaryOp::Sub), smallvec::smallvec![a, nb])),
                     (None, Some(na)) => Some(Rewrite::Replace(Op::Binary(BinaryOp::Sub), smallvec::smallvec![c, na])),
@@ -208,6 +227,7 @@ fn rule(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
             }
             Some(Rewrite::Replace(Op::Reshape { shape: shape.clone() }, smallvec::smallvec![inner]))
         }
+        Op::Pad { pads, .. } if pads.iter().all(|&p| p == (0, 0)) => Some(Rewrite::Alias(inputs[0])),
         // Every other op: no identity this pass knows of (a new op must be
         // listed here or given a rule).
         Op::Parameter { .. }
@@ -268,6 +288,63 @@ fn slice_split(rw: &Rewriter<'_>, x: ValueId, specs: &[SliceSpec], out: &crate::
     let mut new_specs = vec![SliceSpec::FULL; r + 1];
     new_specs[r - 1] = SliceSpec::range((start / d) as i64, (start / d + h) as i64);
     Some(Rewrite::SliceOfReshape(x, shape, new_specs))
+}
+
+/// A summand `v` of the pad rule (the module's table): `pad(x, +0.0)`,
+/// possibly under `+ 0`, as `(parts, axis pads)` where `parts` are the
+/// pieces it concatenates (one, or a concat's inputs along the one axis
+/// that differs) — `None` for anything else or unknown shapes.
+fn padded_parts(rw: &Rewriter<'_>, v: ValueId) -> Option<(Vec<ValueId>, Vec<(usize, usize)>)> {
+    let g = rw.graph();
+    let mut node = g.node(v.node);
+    if let (Op::Binary(BinaryOp::Add), [x, z]) = (&node.op, &node.inputs[..]) {
+        let zero = matches!(&g.node(z.node).op, Op::Constant { value } if all_are(value, Identity::SubZero) && value.len() == 1);
+        if zero && g.value_type(*x) == g.value_type(v) {
+            node = g.node(x.node);
+        }
+    }
+    let Op::Pad { pads, value } = &node.op else { return None };
+    if value.to_bits() != 0 || !g.value_type(v).dtype.is_float() {
+        return None;
+    }
+    rw.value_type(node.inputs[0]).shape()?;
+    Some((vec![node.inputs[0]], pads.clone()))
+}
+
+/// `a + c` for two summands of the pad rule covering adjacent ranges of
+/// one axis, as a padded concat of their pieces in order.
+fn join_pads(rw: &Rewriter<'_>, a: ValueId, c: ValueId) -> Option<Rewrite> {
+    let ((pa, da), (pc, dc)) = (padded_parts(rw, a)?, padded_parts(rw, c)?);
+    let (sa, sc) = (rw.value_type(pa[0]).shape()?, rw.value_type(pc[0]).shape()?);
+    if da.len() != dc.len() || sa.len() != da.len() || sc.len() != dc.len() {
+        return None;
+    }
+    let differ: Vec<usize> = (0..da.len()).filter(|&i| da[i] != dc[i] || sa[i] != sc[i]).collect();
+    let &[axis] = &differ[..] else { return None };
+    let (ra, rc) = ((da[axis].0, da[axis].0 + sa[axis]), (dc[axis].0, dc[axis].0 + sc[axis]));
+    let total = da[axis].0 + sa[axis] + da[axis].1;
+    let (first, second, lo) = if ra.1 == rc.0 {
+        (pa, pc, ra.0)
+    } else if rc.1 == ra.0 {
+        (pc, pa, rc.0)
+    } else {
+        return None;
+    };
+    let len = sa[axis] + sc[axis];
+    let mut pads = da.clone();
+    pads[axis] = (lo, total - lo - len);
+    let parts: Vec<ValueId> = first.into_iter().chain(second).flat_map(|p| concat_inputs(rw, p, axis)).collect();
+    Some(Rewrite::PaddedConcat { parts, axis, pads })
+}
+
+/// The inputs of `v` when it is a concat along `axis` (so nested joins
+/// copy once), else `v`.
+fn concat_inputs(rw: &Rewriter<'_>, v: ValueId, axis: usize) -> Vec<ValueId> {
+    let node = rw.graph().node(v.node);
+    match &node.op {
+        Op::Concat { axis: a } if *a == axis => node.inputs.to_vec(),
+        _ => vec![v],
+    }
 }
 
 /// An elementwise binary op or select with an operand `broadcast_to(s)`,
