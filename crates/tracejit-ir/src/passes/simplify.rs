@@ -290,11 +290,13 @@ fn slice_split(rw: &Rewriter<'_>, x: ValueId, specs: &[SliceSpec], out: &crate::
     Some(Rewrite::SliceOfReshape(x, shape, new_specs))
 }
 
+/// Pads per axis, `(before, after)`.
+type Pads = Vec<(usize, usize)>;
+
 /// A summand `v` of the pad rule (the module's table): `pad(x, +0.0)`,
-/// possibly under `+ 0`, as `(parts, axis pads)` where `parts` are the
-/// pieces it concatenates (one, or a concat's inputs along the one axis
-/// that differs) — `None` for anything else or unknown shapes.
-fn padded_parts(rw: &Rewriter<'_>, v: ValueId) -> Option<(Vec<ValueId>, Vec<(usize, usize)>)> {
+/// possibly under `+ 0`, as `(x, pads)` — `None` for anything else or an
+/// `x` of unknown shape.
+fn padded_parts(rw: &Rewriter<'_>, v: ValueId) -> Option<(ValueId, Pads)> {
     let g = rw.graph();
     let mut node = g.node(v.node);
     if let (Op::Binary(BinaryOp::Add), [x, z]) = (&node.op, &node.inputs[..]) {
@@ -308,14 +310,14 @@ fn padded_parts(rw: &Rewriter<'_>, v: ValueId) -> Option<(Vec<ValueId>, Vec<(usi
         return None;
     }
     rw.value_type(node.inputs[0]).shape()?;
-    Some((vec![node.inputs[0]], pads.clone()))
+    Some((node.inputs[0], pads.clone()))
 }
 
 /// `a + c` for two summands of the pad rule covering adjacent ranges of
 /// one axis, as a padded concat of their pieces in order.
 fn join_pads(rw: &Rewriter<'_>, a: ValueId, c: ValueId) -> Option<Rewrite> {
     let ((pa, da), (pc, dc)) = (padded_parts(rw, a)?, padded_parts(rw, c)?);
-    let (sa, sc) = (rw.value_type(pa[0]).shape()?, rw.value_type(pc[0]).shape()?);
+    let (sa, sc) = (rw.value_type(pa).shape()?, rw.value_type(pc).shape()?);
     if da.len() != dc.len() || sa.len() != da.len() || sc.len() != dc.len() {
         return None;
     }
@@ -333,7 +335,8 @@ fn join_pads(rw: &Rewriter<'_>, a: ValueId, c: ValueId) -> Option<Rewrite> {
     let len = sa[axis] + sc[axis];
     let mut pads = da.clone();
     pads[axis] = (lo, total - lo - len);
-    let parts: Vec<ValueId> = first.into_iter().chain(second).flat_map(|p| concat_inputs(rw, p, axis)).collect();
+    // A piece that is itself a join along the axis contributes its pieces.
+    let parts: Vec<ValueId> = [first, second].into_iter().flat_map(|p| concat_inputs(rw, p, axis)).collect();
     Some(Rewrite::PaddedConcat { parts, axis, pads })
 }
 

@@ -665,7 +665,13 @@ fn signed_zeros(shape: &[usize], seed: u64) -> Storage {
         .unwrap()
         .into_iter()
         .enumerate()
-        .map(|(i, x)| if (i as u64 + seed) % 3 == 0 { specials[(i + seed as usize) % specials.len()] } else { x })
+        .map(|(i, x)| {
+            if (i as u64).wrapping_add(seed).is_multiple_of(3) {
+                specials[(i as u64).wrapping_add(seed) as usize % specials.len()]
+            } else {
+                x
+            }
+        })
         .collect();
     Storage::from_vec(v, shape).unwrap()
 }
