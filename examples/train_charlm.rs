@@ -35,7 +35,7 @@ const USAGE: &str = "\
 train_charlm: a character-level GPT on FreeBSD's fortunes, trained by tracejit
 
 options:
-  --epochs N        passes over the training text (default 2)
+  --epochs N        passes over the training text (default 4)
   --batch N         windows of 128 characters per step (default 16)
   --lr X            AdamW's peak learning rate (default 0.004)
   --dropout P       dropout rate while training (default 0.1)
@@ -45,7 +45,9 @@ options:
   --temperature X   the sample's temperature (default 0.8)
   --out DIR         where the checkpoint and the SVG curve go (default target/train_charlm)
   --resume          continue from DIR/checkpoint.safetensors if it exists
-  --bf16            products in bf16 with f32 accumulation (mixed precision; weights stay f32)
+  --bf16            products in bf16 with f32 accumulation (mixed precision; weights stay f32);
+                    the default where the CPU has AVX-512 BF16
+  --f32             every product in f32
   --help            this text";
 
 /// The command line.
@@ -80,6 +82,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Option<O
             "--out" => o.out = value("--out")?.into(),
             "--resume" => o.resume = true,
             "--bf16" => o.config.bf16 = true,
+            "--f32" => o.config.bf16 = false,
             "--help" | "-h" => return Ok(None),
             other => bail!("unknown option {other:?}\n\n{USAGE}"),
         }
@@ -104,7 +107,7 @@ fn main() -> anyhow::Result<()> {
     let c = &opts.config;
     println!(
         "fortunes: {} training and {} validation characters, {} distinct; GPT {} blocks x {} wide, {} heads, \
-         context {}, {} parameters; {} steps of {} x {} characters per epoch",
+         context {}, {} parameters; {} steps of {} x {} characters per epoch; products in {}",
         trainer.corpus.train.len(),
         trainer.corpus.valid.len(),
         trainer.shape.vocab,
@@ -116,6 +119,7 @@ fn main() -> anyhow::Result<()> {
         trainer.steps_per_epoch(),
         c.batch,
         c.context,
+        if c.bf16 { "bf16 (f32 accumulation; --f32 for f32)" } else { "f32" },
     );
     if opts.resume && checkpoint.exists() {
         trainer.restore(&checkpoint)?;
