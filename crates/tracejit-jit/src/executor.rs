@@ -357,7 +357,7 @@ impl Executable {
                     outs.extend(r.try_run_pooled(&args, pool, alias).map_err(|e| e.at(g.node(step.node).location))?)
                 }
                 StepKind::MatMul => outs.push(self.run_product(step, &args, values, pool, &mut partner_out)?),
-                StepKind::MatMulBf16(p) => outs.push(p.run(self.isa, args[0], args[1], pool)),
+                StepKind::MatMulBf16(_) => outs.push(self.run_product(step, &args, values, pool, &mut partner_out)?),
                 StepKind::View(view) => match view.apply(&args) {
                     Some(v) => outs.push(v),
                     // Out of range: the reference kernel reports it.
@@ -456,7 +456,8 @@ impl Executable {
                 let b: SmallVec<[&Storage; 2]> =
                     other.inputs.iter().map(|&x| self.slot(step, values, x)).collect::<Result<_, _>>()?;
                 self.check_step(other, &b)?;
-                pairs::run_pair(self.isa, [args[0], b[0]], [args[1], b[1]], pool).map(|[x, y]| {
+                let gemms = [gemm_of(step), gemm_of(other)];
+                pairs::run_pair(self.isa, gemms, [args[0], b[0]], [args[1], b[1]], pool).map(|[x, y]| {
                     partner_out.push((other.outputs[0], y));
                     x
                 })
@@ -467,7 +468,10 @@ impl Executable {
             }),
             Pair::None | Pair::Second | Pair::After => None,
         };
-        Ok(paired.unwrap_or_else(|| crate::gemm::matmul_with(self.isa, args[0], args[1], &mut |d, s| pool.take(d, s))))
+        Ok(paired.unwrap_or_else(|| match gemm_of(step) {
+            pairs::Gemm::Plain => crate::gemm::matmul_with(self.isa, args[0], args[1], &mut |d, s| pool.take(d, s)),
+            pairs::Gemm::Bf16(p) => p.run(self.isa, args[0], args[1], pool),
+        }))
     }
 
     /// A variable write. `update` holds the variable's lock across read and
@@ -535,4 +539,13 @@ fn live_bytes(values: &[Option<Storage>]) -> usize {
         }
     }
     bytes
+}
+
+/// The GEMM a product step runs on (a `matmul` step's is the plain one).
+fn gemm_of(step: &Step) -> pairs::Gemm<'_> {
+    if let StepKind::MatMulBf16(p) = &step.kind {
+        pairs::Gemm::Bf16(p)
+    } else {
+        pairs::Gemm::Plain
+    }
 }

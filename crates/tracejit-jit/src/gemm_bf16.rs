@@ -47,6 +47,18 @@ impl Bf16Product {
 
     /// `a · b` accumulated in f32, into a pooled buffer when one fits.
     pub(crate) fn run(&self, isa: Isa, a: &Storage, b: &Storage, pool: &mut BufPool) -> Storage {
+        self.run_with(isa, a, b, &mut |d, s| pool.take(d, s))
+    }
+
+    /// [`Bf16Product::run`] with the output buffer from `take` (a product
+    /// run on a worker thread gets one taken beforehand).
+    pub(crate) fn run_with(
+        &self,
+        isa: Isa,
+        a: &Storage,
+        b: &Storage,
+        take: &mut dyn FnMut(DType, &[usize]) -> Option<Storage>,
+    ) -> Storage {
         let fast = self.lhs_rows(a).zip(rhs_matrix(b)).filter(|((_, k), (k2, _))| k == k2);
         let Some(((rows, k), (_, n))) = fast else {
             return self.widened(a, b);
@@ -54,7 +66,7 @@ impl Bf16Product {
         let mut shape = a.shape().to_vec();
         *shape.last_mut().expect("rank >= 2") = n;
         let packed = self.packed_rhs(b);
-        let mut out = match pool.take(DType::F32, &shape) {
+        let mut out = match take(DType::F32, &shape) {
             Some(Storage::F32(buf)) if buf.is_standard_layout() => buf,
             _ => ndarray::ArcArray::zeros(IxDyn(&shape)),
         };

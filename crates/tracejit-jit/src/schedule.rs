@@ -262,7 +262,8 @@ impl Schedule {
             Pair::None | Pair::Second | Pair::After => Ok(()),
             Pair::First(j) => {
                 partner(j, Pair::Second)?;
-                let both = matches!(s.kind, StepKind::MatMul) && matches!(self.steps[j].kind, StepKind::MatMul);
+                let product = |k: &StepKind| matches!(k, StepKind::MatMul | StepKind::MatMulBf16(_));
+                let both = product(&s.kind) && product(&self.steps[j].kind);
                 both.then_some(()).ok_or_else(|| format!("steps {i} and {j} side by side are not both products"))
             }
             Pair::Then(j) => {

@@ -93,6 +93,64 @@ fn a_layers_two_gradients_run_side_by_side_with_the_bits_of_one_thread() {
     }
 }
 
+/// `x` rounded to bf16 and widened back: what `auto_mixed_precision`
+/// writes before a product, which the bf16 GEMM reads as bf16.
+fn rounded(g: &mut Graph, x: ValueId) -> ValueId {
+    let low = node(g, Op::Cast { to: DType::BF16 }, &[x]);
+    node(g, Op::Cast { to: DType::F32 }, &[low])
+}
+
+#[test]
+fn bf16_products_pair_too_with_the_bits_of_one_thread() {
+    let _s = serial();
+    // W6's second layer again, its operands rounded to bf16: both products
+    // run on the bf16 GEMM, side by side.
+    let (b, i, o) = (64, 512, 512);
+    let mut g = Graph::new("backward_bf16");
+    let x = param(&mut g, DType::F32, &[b, i]);
+    let w = param(&mut g, DType::F32, &[i, o]);
+    let dy = param(&mut g, DType::F32, &[b, o]);
+    let (xt, wt) = (transpose(&mut g, x), transpose(&mut g, w));
+    let (xt, wt, dy) = (rounded(&mut g, xt), rounded(&mut g, wt), rounded(&mut g, dy));
+    let dw = node(&mut g, Op::MatMul, &[xt, dy]);
+    let dx = node(&mut g, Op::MatMul, &[dy, wt]);
+    g.outputs.extend([dw, dx]);
+    let ins = vec![
+        data(DType::F32, &[b, i], 1, true),
+        data(DType::F32, &[i, o], 2, true),
+        data(DType::F32, &[b, o], 3, true),
+    ];
+    let exe = Executable::new(&g).unwrap();
+    let listing = exe.profile(&ins, 1).unwrap().to_string();
+    assert!(listing.contains("alongside") && listing.contains("gemm_bf16"), "{listing}");
+    set_num_threads(1);
+    let before = pool_dispatches();
+    let one = exe.run(&ins).unwrap();
+    assert_eq!(pool_dispatches(), before, "one thread entered the pool");
+    for t in [2, 3] {
+        set_num_threads(t);
+        let before = pool_dispatches();
+        let got = exe.run(&ins).unwrap();
+        assert_eq!(pool_dispatches() - before, 1, "one dispatch for both at {t} threads");
+        assert_eq!(bits(&got), bits(&one), "{t} threads vs 1");
+    }
+    set_num_threads(1);
+    // The products of the rounded operands, summed in f32 in another order.
+    let k = tracejit_ir::tensor::kernels::cast;
+    let round = |x: &Storage| k(&k(x, DType::BF16), DType::F32);
+    let tr = |x: &Storage| tracejit_ir::tensor::kernels::transpose(x, &[1, 0]);
+    let want = [
+        tracejit_jit::matmul(&round(&tr(&ins[0])), &round(&ins[2])),
+        tracejit_jit::matmul(&round(&ins[2]), &round(&tr(&ins[1]))),
+    ];
+    for (got, want) in one.iter().zip(&want) {
+        let (got, want) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+        let top = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let err = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err <= 1e-5 * top, "{err} of {top}");
+    }
+}
+
 #[test]
 fn small_or_dependent_products_are_not_paired() {
     let _s = serial();

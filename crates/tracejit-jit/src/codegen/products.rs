@@ -73,10 +73,11 @@ fn static_work(g: &Graph, s: &Step) -> Option<usize> {
     product_sizes(g, s).map(|(m, k, n)| m * k * n)
 }
 
-/// Whether step `s` is a static 2-D float product of at least `min_work`
-/// multiply-adds: worth a thread of its own.
+/// Whether step `s` is a static 2-D float product (on the f32 or the
+/// bf16 GEMM) of at least `min_work` multiply-adds: worth a thread of its
+/// own.
 fn big_product(g: &Graph, s: &Step, min_work: usize) -> bool {
-    matches!(s.kind, StepKind::MatMul) && static_work(g, s).is_some_and(|w| w >= min_work)
+    matches!(s.kind, StepKind::MatMul | StepKind::MatMulBf16(_)) && static_work(g, s).is_some_and(|w| w >= min_work)
 }
 
 /// The step making each slot (slots are assigned once).
