@@ -67,7 +67,9 @@ impl Bf16Product {
         *shape.last_mut().expect("rank >= 2") = n;
         let packed = self.packed_rhs(b);
         let mut out = match take(DType::F32, &shape) {
-            Some(Storage::F32(buf)) if buf.is_standard_layout() => buf,
+            Some(Storage::F32(buf)) if buf.is_standard_layout() && crate::region::same_shape(buf.shape(), &shape) => {
+                buf
+            }
             _ => ndarray::ArcArray::zeros(IxDyn(&shape)),
         };
         let c = out.as_slice_mut().expect("a fresh or pooled buffer is contiguous");

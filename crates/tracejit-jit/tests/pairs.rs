@@ -152,6 +152,47 @@ fn bf16_products_pair_too_with_the_bits_of_one_thread() {
 }
 
 #[test]
+fn a_stack_of_rows_times_a_matrix_pairs_too() {
+    let _s = serial();
+    // A transformer's `dy · wᵀ` multiplies a [batch, seq, width] stack: one
+    // product of all its rows, paired with an independent 2-D product,
+    // on the f32 GEMM and on the bf16 one.
+    for bf16 in [false, true] {
+        let mut g = Graph::new("stacked");
+        let a = param(&mut g, DType::F32, &[8, 8, 512]);
+        let w1 = param(&mut g, DType::F32, &[512, 512]);
+        let b = param(&mut g, DType::F32, &[64, 512]);
+        let w2 = param(&mut g, DType::F32, &[512, 384]);
+        let ops: Vec<ValueId> =
+            if bf16 { [a, w1, b, w2].into_iter().map(|v| rounded(&mut g, v)).collect() } else { vec![a, w1, b, w2] };
+        let p1 = node(&mut g, Op::MatMul, &[ops[0], ops[1]]);
+        let p2 = node(&mut g, Op::MatMul, &[ops[2], ops[3]]);
+        g.outputs.extend([p1, p2]);
+        let ins = vec![
+            data(DType::F32, &[8, 8, 512], 4, true),
+            data(DType::F32, &[512, 512], 5, true),
+            data(DType::F32, &[64, 512], 6, true),
+            data(DType::F32, &[512, 384], 7, true),
+        ];
+        let exe = Executable::new(&g).unwrap();
+        let listing = exe.profile(&ins, 1).unwrap().to_string();
+        assert!(listing.contains("alongside"), "bf16 {bf16}: {listing}");
+        set_num_threads(1);
+        let one = exe.run(&ins).unwrap();
+        assert_eq!(one[0].shape(), &[8, 8, 512]);
+        set_num_threads(2);
+        let before = pool_dispatches();
+        let two = exe.run(&ins).unwrap();
+        assert_eq!(pool_dispatches() - before, 1, "bf16 {bf16}: one dispatch for both");
+        assert_eq!(bits(&two), bits(&one), "bf16 {bf16}");
+        set_num_threads(1);
+        if !bf16 {
+            assert_eq!(bits(&one[..1]), bits(&[tracejit_jit::matmul(&ins[0], &ins[1])]));
+        }
+    }
+}
+
+#[test]
 fn small_or_dependent_products_are_not_paired() {
     let _s = serial();
     // Under the GEMM threshold: nothing to gain from a second thread.
@@ -173,6 +214,20 @@ fn small_or_dependent_products_are_not_paired() {
         data(DType::F32, &[512, 512], 3, false),
     ];
     assert!(!exe.profile(&ins, 1).unwrap().to_string().contains("alongside"));
+    // Independent but four times apart: the larger one alone on a thread
+    // would outlast both split over the pool.
+    let mut g = Graph::new("unbalanced");
+    let (x, y) = (param(&mut g, DType::F32, &[64, 512]), param(&mut g, DType::F32, &[256, 512]));
+    let w = param(&mut g, DType::F32, &[512, 512]);
+    let (p, q) = (node(&mut g, Op::MatMul, &[x, w]), node(&mut g, Op::MatMul, &[y, w]));
+    g.outputs.extend([p, q]);
+    let uneven = [
+        data(DType::F32, &[64, 512], 1, false),
+        data(DType::F32, &[256, 512], 2, false),
+        data(DType::F32, &[512, 512], 3, false),
+    ];
+    let listing = Executable::new(&g).unwrap().profile(&uneven, 1).unwrap().to_string();
+    assert!(!listing.contains("alongside"), "{listing}");
     set_num_threads(1);
     let one = exe.run(&ins).unwrap();
     set_num_threads(2);

@@ -68,14 +68,24 @@ fn product_sizes(g: &Graph, s: &Step) -> Option<(usize, usize, usize)> {
     (k == k2 && node.outputs.first().is_some_and(|t| t.dtype.is_float())).then_some((m, k, n))
 }
 
-/// Multiply-adds of a static 2-D product at step `s` ([`product_sizes`]).
+/// Multiply-adds of a static float product at step `s` whose rhs is a
+/// matrix and whose lhs is a matrix or a stack of rows (`[.., m, k]`, run
+/// as one `[rows, k]` product by both GEMMs: a transformer's `dy · wᵀ`).
 fn static_work(g: &Graph, s: &Step) -> Option<usize> {
-    product_sizes(g, s).map(|(m, k, n)| m * k * n)
+    let node = g.node(s.node);
+    if !matches!(node.op, Op::MatMul) || node.inputs.len() != 2 {
+        return None;
+    }
+    let a = g.value_type(node.inputs[0]).shape()?;
+    let b = g.value_type(node.inputs[1]).shape()?;
+    let (&[k2, n], Some((&k, rows))) = (&b[..], a.split_last()) else { return None };
+    let float = node.outputs.first().is_some_and(|t| t.dtype.is_float());
+    (k == k2 && !rows.is_empty() && float).then(|| rows.iter().product::<usize>() * k * n)
 }
 
-/// Whether step `s` is a static 2-D float product (on the f32 or the
-/// bf16 GEMM) of at least `min_work` multiply-adds: worth a thread of its
-/// own.
+/// Whether step `s` is a static float product ([`static_work`], on the
+/// f32 or the bf16 GEMM) of at least `min_work` multiply-adds: worth a
+/// thread of its own.
 fn big_product(g: &Graph, s: &Step, min_work: usize) -> bool {
     matches!(s.kind, StepKind::MatMul | StepKind::MatMulBf16(_)) && static_work(g, s).is_some_and(|w| w >= min_work)
 }
@@ -128,8 +138,19 @@ fn hoist_views(steps: &mut Vec<Step>, g: &Graph, min_work: usize) -> usize {
     moved_views
 }
 
-/// Marks pairs of products that may run side by side: both static 2-D
-/// float products of at least `min_work` multiply-adds, the later one
+/// Whether two products of `a` and `b` multiply-adds keep two threads
+/// busy side by side: within 25% of each other (a layer's weight and input
+/// gradients have the same count). Otherwise the larger one, run on one
+/// thread, would take longer than both split over all of them (W10 in
+/// bf16 at two threads: 49 -> 73 ms when its LM head's products paired
+/// with a block's four times larger ones).
+fn balanced(a: usize, b: usize) -> bool {
+    4 * a.min(b) >= 3 * a.max(b)
+}
+
+/// Marks pairs of products that may run side by side: both static float
+/// products of at least `min_work` multiply-adds and of about the same
+/// work ([`balanced`]), the later one
 /// within [`WINDOW`] steps and reading only values made before the first.
 fn pair_products(steps: &mut [Step], g: &Graph, min_work: usize) -> usize {
     let made_at = producers(steps);
@@ -139,10 +160,12 @@ fn pair_products(steps: &mut [Step], g: &Graph, min_work: usize) -> usize {
             continue;
         }
         let end = (i + 1 + WINDOW).min(steps.len());
+        let work = static_work(g, &steps[i]).unwrap_or(0);
         let partner = (i + 1..end).find(|&j| {
             let s = &steps[j];
             s.pair == Pair::None
                 && big_product(g, s, min_work)
+                && balanced(work, static_work(g, s).unwrap_or(0))
                 && s.inputs.iter().all(|x| made_at.get(x).is_some_and(|&p| p < i))
         });
         if let Some(j) = partner {
