@@ -18,6 +18,7 @@ mod passes;
 mod pipeline;
 mod printer;
 mod props;
+mod simplify_moves;
 mod spatial;
 mod subgraphs;
 mod verifier;
