@@ -54,6 +54,28 @@ fn bits(xs: &[Storage]) -> Vec<Vec<u32>> {
     xs.iter().map(|x| x.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()).collect()
 }
 
+/// Runs `exe` on one thread (which must not enter the pool), then on two
+/// and three, where the paired products take `dispatches` pool dispatches
+/// (`None`: not checked) and give the bits of one thread; returns the
+/// one-thread outputs (the count is left at 1).
+fn same_bits_at_each_count(exe: &Executable, ins: &[Storage], dispatches: Option<u64>, what: &str) -> Vec<Storage> {
+    set_num_threads(1);
+    let before = pool_dispatches();
+    let one = exe.run(ins).unwrap();
+    assert_eq!(pool_dispatches(), before, "{what}: one thread entered the pool");
+    for t in [2, 3] {
+        set_num_threads(t);
+        let before = pool_dispatches();
+        let got = exe.run(ins).unwrap();
+        if let Some(n) = dispatches {
+            assert_eq!(pool_dispatches() - before, n, "{what}: dispatches at {t} threads");
+        }
+        assert_eq!(bits(&got), bits(&one), "{what}: {t} threads vs 1");
+    }
+    set_num_threads(1);
+    one
+}
+
 #[test]
 fn a_layers_two_gradients_run_side_by_side_with_the_bits_of_one_thread() {
     let _s = serial();
@@ -64,21 +86,9 @@ fn a_layers_two_gradients_run_side_by_side_with_the_bits_of_one_thread() {
         let exe = Executable::new(&g).unwrap();
         let listing = exe.profile(&ins, 1).unwrap().to_string();
         assert!(listing.contains("alongside"), "{listing}");
-        set_num_threads(1);
-        let before = pool_dispatches();
-        let one = exe.run(&ins).unwrap();
-        assert_eq!(pool_dispatches(), before, "one thread entered the pool");
-        for t in [2, 3] {
-            set_num_threads(t);
-            let before = pool_dispatches();
-            let got = exe.run(&ins).unwrap();
-            if !update {
-                // One dispatch for both (each alone would split: one each).
-                assert_eq!(pool_dispatches() - before, 1, "{t} threads");
-            }
-            assert_eq!(bits(&got), bits(&one), "{t} threads vs 1, update {update}");
-        }
-        set_num_threads(1);
+        // One dispatch for both (each alone would split: one each).
+        let dispatches = (!update).then_some(1);
+        let one = same_bits_at_each_count(&exe, &ins, dispatches, &format!("update {update}"));
         // The products themselves: the executor's GEMM on one thread.
         let kernels = |x: &Storage| tracejit_ir::tensor::kernels::transpose(x, &[1, 0]);
         let dw = tracejit_jit::matmul(&kernels(&ins[0]), &ins[2]);
@@ -123,18 +133,7 @@ fn bf16_products_pair_too_with_the_bits_of_one_thread() {
     let exe = Executable::new(&g).unwrap();
     let listing = exe.profile(&ins, 1).unwrap().to_string();
     assert!(listing.contains("alongside") && listing.contains("gemm_bf16"), "{listing}");
-    set_num_threads(1);
-    let before = pool_dispatches();
-    let one = exe.run(&ins).unwrap();
-    assert_eq!(pool_dispatches(), before, "one thread entered the pool");
-    for t in [2, 3] {
-        set_num_threads(t);
-        let before = pool_dispatches();
-        let got = exe.run(&ins).unwrap();
-        assert_eq!(pool_dispatches() - before, 1, "one dispatch for both at {t} threads");
-        assert_eq!(bits(&got), bits(&one), "{t} threads vs 1");
-    }
-    set_num_threads(1);
+    let one = same_bits_at_each_count(&exe, &ins, Some(1), "bf16");
     // The products of the rounded operands, summed in f32 in another order.
     let k = tracejit_ir::tensor::kernels::cast;
     let round = |x: &Storage| k(&k(x, DType::BF16), DType::F32);
@@ -177,15 +176,8 @@ fn a_stack_of_rows_times_a_matrix_pairs_too() {
         let exe = Executable::new(&g).unwrap();
         let listing = exe.profile(&ins, 1).unwrap().to_string();
         assert!(listing.contains("alongside"), "bf16 {bf16}: {listing}");
-        set_num_threads(1);
-        let one = exe.run(&ins).unwrap();
+        let one = same_bits_at_each_count(&exe, &ins, Some(1), &format!("stacked, bf16 {bf16}"));
         assert_eq!(one[0].shape(), &[8, 8, 512]);
-        set_num_threads(2);
-        let before = pool_dispatches();
-        let two = exe.run(&ins).unwrap();
-        assert_eq!(pool_dispatches() - before, 1, "bf16 {bf16}: one dispatch for both");
-        assert_eq!(bits(&two), bits(&one), "bf16 {bf16}");
-        set_num_threads(1);
         if !bf16 {
             assert_eq!(bits(&one[..1]), bits(&[tracejit_jit::matmul(&ins[0], &ins[1])]));
         }
