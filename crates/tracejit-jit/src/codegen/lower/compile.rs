@@ -43,11 +43,16 @@ pub(super) fn compile_regions(g: &Graph, opts: &JitOptions) -> Result<HashMap<No
     Ok(regions)
 }
 
+/// Fewer items than this run on the calling thread: a thread costs tens
+/// of microseconds to start, a small graph's regions less to compile.
+const MIN_PARALLEL: usize = 4;
+
 /// `f` over `items` on up to `threads` threads (this one included), in
-/// `items`' order; plainly on this thread when there is one of either.
+/// `items`' order; plainly on this thread for one thread or fewer than
+/// [`MIN_PARALLEL`] items.
 fn parallel_map<T: Sync, R: Send>(threads: usize, items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let threads = threads.min(items.len());
-    if threads <= 1 {
+    if threads <= 1 || items.len() < MIN_PARALLEL {
         return items.iter().map(f).collect();
     }
     let next = AtomicUsize::new(0);
