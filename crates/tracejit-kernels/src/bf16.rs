@@ -50,7 +50,7 @@ pub(crate) mod tiles;
 
 pub use convert::{bf16_to_f32_slice, f32_to_bf16_slice};
 
-use tiles::{lhs_len, rhs_len, with_scratch, OutPtr, Words};
+use tiles::{lhs_len, with_scratch, OutPtr, Words};
 
 /// A right operand `b [k, n]` packed once for [`gemm_bf16`] and
 /// [`gemm_bf16_from_f32`]: bf16 pairs along `k` (an odd `k` padded with a
@@ -84,10 +84,9 @@ impl PackedBf16 {
         Self::pack(b)
     }
 
-    fn pack<T: pack::LhsValue>(b: ArrayView2<'_, T>) -> Self {
+    fn pack<T: pack::LhsValue + Sync>(b: ArrayView2<'_, T>) -> Self {
         let (k, n) = b.dim();
-        let mut words = Words::zeroed(rhs_len(n, k.div_ceil(2)));
-        pack::pack_rhs(b, words.words_mut(), Isa::from_env());
+        let words = pack::pack_rhs_split(b, Isa::from_env());
         PackedBf16 { k, n, words }
     }
 
@@ -182,7 +181,7 @@ fn product<T: pack::LhsValue + Sync>(
     }
     let kw = k.div_ceil(2);
     with_scratch(lhs_len(m, kw), |lhs| {
-        pack::pack_lhs(a, lhs, isa);
+        pack::pack_lhs_split(a, lhs, isa);
         let (lhs, rhs, out) = (&*lhs, b.words.words(), OutPtr(c.as_mut_ptr()));
         threads::run_gemm_blocks(m, n, k, &|rows, cols| {
             // SAFETY: `out` is `c`, `m · n` values that outlive the blocks,

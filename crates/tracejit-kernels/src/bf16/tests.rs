@@ -295,3 +295,63 @@ fn the_vector_packing_has_the_portable_bits_for_every_layout() {
         }
     }
 }
+
+/// The lhs packed in parts over the pool, and a transposed lhs packed from
+/// its transposing copy, give the words of the one-thread packing of the
+/// same values in row-major storage.
+#[test]
+fn lhs_packing_over_threads_and_from_transposes_has_the_row_major_words() {
+    let mut rng = Rng::new(29);
+    // Small ones (never split), one panel, panels that do not divide
+    // evenly, odd depths; the large ones pass the split's threshold.
+    for (m, k) in [(1, 7), (2, 2), (5, 3), (6, 33), (13, 5041), (257, 300), (1023, 65), (64, 1024)] {
+        let x = special_matrix(&mut rng, m, k);
+        let wide = special_matrix(&mut rng, m, 2 * k);
+        let transposed = layout(&x, 1);
+        let len = lhs_len(m, k.div_ceil(2));
+        for isa in paths() {
+            let views: [(&str, ArrayView2<'_, f32>); 3] = [
+                ("row-major", x.view()),
+                ("transposed storage", transposed.view()),
+                ("every other column", wide.slice(s![.., ..;2])),
+            ];
+            for (name, a) in views {
+                let mut want = vec![0u32; len];
+                pack::pack_lhs(a.as_standard_layout().view(), &mut want, isa);
+                for threads in [1, 2, 3] {
+                    let mut got = vec![u32::MAX; len];
+                    with_threads(threads, || pack::pack_lhs_split(a, &mut got, isa));
+                    assert!(got == want, "{name} [{m}, {k}] at {threads} threads, {isa:?}");
+                }
+            }
+            // The reversed transposed storage: negative column strides.
+            let flipped = transposed.slice(s![.., ..;-1]);
+            let mut want = vec![0u32; len];
+            pack::pack_lhs(flipped.as_standard_layout().view(), &mut want, isa);
+            let mut got = vec![u32::MAX; len];
+            pack::pack_lhs(flipped, &mut got, isa);
+            assert!(got == want, "reversed transposed storage [{m}, {k}], {isa:?}");
+        }
+    }
+}
+
+/// The rhs packed in parts over the pool (each part zeroing its panels)
+/// gives the words of the one-thread packing into a zeroed buffer.
+#[test]
+fn rhs_packing_over_threads_has_the_one_thread_words() {
+    let mut rng = Rng::new(31);
+    for (k, n) in [(3, 5), (300, 257), (65, 1023), (1024, 130), (7, 10000), (1023, 64)] {
+        let x = special_matrix(&mut rng, k, n);
+        let transposed = layout(&x, 1);
+        for isa in paths() {
+            for (name, b) in [("row-major", x.view()), ("transposed storage", transposed.view())] {
+                let mut want = vec![0u32; tiles::rhs_len(n, k.div_ceil(2))];
+                pack::pack_rhs(b, &mut want, isa);
+                for threads in [1, 2, 3] {
+                    let got = with_threads(threads, || pack::pack_rhs_split(b, isa));
+                    assert!(got.words() == want.as_slice(), "{name} [{k}, {n}] at {threads} threads, {isa:?}");
+                }
+            }
+        }
+    }
+}

@@ -61,6 +61,11 @@ impl Words {
         Words(vec![Line([0; GROUP]); len.div_ceil(GROUP)])
     }
 
+    /// The words of `lines` (packed by the caller).
+    pub(crate) fn from_lines(lines: Vec<Line>) -> Words {
+        Words(lines)
+    }
+
     /// All the words.
     pub(crate) fn words(&self) -> &[u32] {
         // SAFETY: `Line` is GROUP u32 values without padding.
