@@ -224,3 +224,68 @@ fn bad_arguments_are_errors_naming_them() {
     let e = g.call(q).unwrap_err().to_string();
     assert!(e.contains("mask is f32, expected bool"), "{e}");
 }
+
+/// q, k and v as W10 makes them: slices of one fused projection
+/// `[batch, t, 3, heads, d]` seen as `[batch, heads, t, d]` (strided views;
+/// compiled code hands them to the kernels, which read them in place), and
+/// a transposed cotangent: the outputs and gradients have the bits of the
+/// same call on contiguous copies, eager and compiled.
+#[test]
+fn views_of_a_fused_projection_give_the_bits_of_contiguous_copies() {
+    let qkv = Tensor::randn(&[2, 37, 3, 3, 16], 11);
+    let heads = qkv.transpose(&[2, 0, 3, 1, 4]);
+    let part = |i: i64| heads.slice_axis(0, i, i + 1);
+    let (q, k, v) = (part(0), part(1), part(2));
+    let w = Tensor::randn(&[1, 2, 37, 3, 16], 12).transpose(&[0, 1, 3, 2, 4]);
+    for x in [&q, &k, &v, &w] {
+        assert!(!x.storage().unwrap().is_standard_layout(), "a view, not a copy: {:?}", x.shape());
+    }
+    let copy = |x: &Tensor| Tensor::from_vec(x.to_vec::<f32>().unwrap(), x.shape());
+    let run = |q: &Tensor, k: &Tensor, v: &Tensor, w: &Tensor| {
+        let tape = GradientTape::new();
+        for x in [q, k, v] {
+            tape.watch(x);
+        }
+        let y = tracejit::nn::scaled_dot_product_attention(q, k, v, None, true, None);
+        let l = (&y * w).sum_all();
+        let mut all = vec![y];
+        all.extend(tape.gradient(&l, &[q, k, v]).unwrap().into_iter().map(Option::unwrap));
+        all
+    };
+    // The first output and element whose bits differ, with both values.
+    let differ = |a: &[Tensor], b: &[Tensor]| {
+        a.iter().zip(b).enumerate().find_map(|(n, (x, y))| {
+            assert_eq!(x.shape(), y.shape(), "output {n}");
+            let (x, y) = (x.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap());
+            x.iter().zip(&y).position(|(p, q)| p.to_bits() != q.to_bits()).map(|i| (n, i, x[i], y[i]))
+        })
+    };
+    let views = run(&q, &k, &v, &w);
+    let copies = run(&copy(&q), &copy(&k), &copy(&v), &copy(&w));
+    assert_eq!(differ(&views, &copies), None, "eager");
+    // Compiled, the views come from the traced transposes.
+    let step = function(|(qkv, w): (Tensor, Tensor)| {
+        let heads = qkv.transpose(&[2, 0, 3, 1, 4]);
+        let part = |i: i64| heads.slice_axis(0, i, i + 1);
+        let tape = GradientTape::new();
+        let (q, k, v) = (part(0), part(1), part(2));
+        for x in [&q, &k, &v] {
+            tape.watch(x);
+        }
+        let y = tracejit::nn::scaled_dot_product_attention(&q, &k, &v, None, true, None);
+        let l = (&y * &w.transpose(&[0, 1, 3, 2, 4])).sum_all();
+        let mut all = vec![y];
+        all.extend(tape.gradient(&l, &[&q, &k, &v]).unwrap().into_iter().map(Option::unwrap));
+        all
+    });
+    let compiled = step.call((qkv.clone(), Tensor::randn(&[1, 2, 37, 3, 16], 12))).unwrap();
+    // The same step on contiguous arguments (compiled code computes the
+    // default scale its own way, so it is compared with compiled code).
+    let plain = function(move |(q, k, v, w): (Tensor, Tensor, Tensor, Tensor)| run(&q, &k, &v, &w));
+    let copied = plain.call((copy(&q), copy(&k), copy(&v), copy(&w))).unwrap();
+    for cf in [&step.concrete_functions()[0], &plain.concrete_functions()[0]] {
+        assert_eq!(cf.executor_kind(), "jit", "{:?}", cf.jit_error());
+        assert_eq!(kernels_in(cf).len(), 2, "{:?}", kernels_in(cf));
+    }
+    assert_eq!(differ(&compiled, &copied), None, "compiled");
+}

@@ -110,6 +110,45 @@ pub struct Mask<'a> {
     pub col_stride: usize,
 }
 
+/// An operand laid out as a view of a larger tensor: problem `b`'s row
+/// `r` (its `d` or `dv` values contiguous) starts at
+/// `data[starts[b] + r·row_stride]`. What attention's q, k and v are when
+/// sliced from one fused projection and seen as `[batch, heads, t, d]`:
+/// [`forward_strided`] reads them in place, where a copy to contiguous rows
+/// cost W10 about a quarter of its attention time.
+///
+/// ```
+/// use tracejit_kernels::attention::Operand;
+///
+/// // Two problems of three rows of 4 values, the rows 8 apart (every
+/// // other group of 4 of a [2, 3, 8] buffer).
+/// let data = vec![0.0f32; 2 * 3 * 8];
+/// let q = Operand { data: &data, starts: &[0, 24], row_stride: 8 };
+/// assert_eq!(q.starts.len(), 2);
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Operand<'a> {
+    /// The values (any elements between the rows are never read).
+    pub data: &'a [f32],
+    /// Where each problem's first row starts.
+    pub starts: &'a [usize],
+    /// Distance between a problem's rows.
+    pub row_stride: usize,
+}
+
+impl Operand<'_> {
+    /// Problem `b`'s row `r`.
+    #[inline(always)]
+    pub(crate) fn row(&self, b: usize, r: usize) -> *const f32 {
+        self.data.as_ptr().wrapping_add(self.starts[b] + r * self.row_stride)
+    }
+}
+
+/// The starts of `batch` problems of `rows × cols` values laid end to end.
+fn packed_starts(batch: usize, rows: usize, cols: usize) -> Vec<usize> {
+    (0..batch).map(|b| b * rows * cols).collect()
+}
+
 /// `out = softmax(q·kᵀ·scale, masked)·v` per problem, and `lse[b, i]`, the
 /// log-sum-exp of query `i`'s scaled, masked scores (what [`backward`]
 /// needs), with the vector code `isa` allows (the same bits at every
@@ -163,6 +202,33 @@ pub fn forward(
     lse: &mut [f32],
     isa: Isa,
 ) {
+    let (qs, ks) = (packed_starts(p.batch, p.tq, p.d), packed_starts(p.batch, p.tk, p.d));
+    let vs = packed_starts(p.batch, p.tk, p.dv);
+    let q = Operand { data: q, starts: &qs, row_stride: p.d };
+    let k = Operand { data: k, starts: &ks, row_stride: p.d };
+    let v = Operand { data: v, starts: &vs, row_stride: p.dv };
+    forward_on(Path::of(isa), p, q, k, v, mask, out, lse);
+}
+
+/// [`forward`] with `q`, `k` and `v` read in place from views
+/// ([`Operand`]); `out` and `lse` as in [`forward`]. The same bits as
+/// [`forward`] on contiguous copies of the operands.
+///
+/// # Panics
+/// If an operand's `starts` is not `batch` long or its rows reach past its
+/// data, if `out` or `lse` does not match the problem, or the mask is too
+/// short for its strides.
+#[allow(clippy::too_many_arguments, reason = "the operands of one attention call")]
+pub fn forward_strided(
+    p: &Problem,
+    q: Operand<'_>,
+    k: Operand<'_>,
+    v: Operand<'_>,
+    mask: Option<&Mask<'_>>,
+    out: &mut [f32],
+    lse: &mut [f32],
+    isa: Isa,
+) {
     forward_on(Path::of(isa), p, q, k, v, mask, out, lse);
 }
 
@@ -171,9 +237,9 @@ pub fn forward(
 fn forward_on(
     path: Path,
     p: &Problem,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    q: Operand<'_>,
+    k: Operand<'_>,
+    v: Operand<'_>,
     mask: Option<&Mask<'_>>,
     out: &mut [f32],
     lse: &mut [f32],
@@ -232,7 +298,39 @@ pub fn backward(
     isa: Isa,
 ) {
     let grads = Grads { dq, dk, dv };
-    backward_on(Path::of(isa), p, q, k, v, mask, out, lse, dout, grads);
+    let (qs, ks) = (packed_starts(p.batch, p.tq, p.d), packed_starts(p.batch, p.tk, p.d));
+    let (vs, os) = (packed_starts(p.batch, p.tk, p.dv), packed_starts(p.batch, p.tq, p.dv));
+    let q = Operand { data: q, starts: &qs, row_stride: p.d };
+    let k = Operand { data: k, starts: &ks, row_stride: p.d };
+    let v = Operand { data: v, starts: &vs, row_stride: p.dv };
+    let out = Operand { data: out, starts: &os, row_stride: p.dv };
+    let dout = Operand { data: dout, starts: &os, row_stride: p.dv };
+    backward_on(Path::of(isa), p, [q, k, v], mask, out, lse, dout, grads);
+}
+
+/// [`backward`] with `q`, `k`, `v`, `out` and `dout` read in place from
+/// views ([`Operand`]); `lse` and the gradients contiguous as in
+/// [`backward`]. The same bits as [`backward`] on contiguous copies.
+///
+/// # Panics
+/// As [`forward_strided`], and if `dq`, `dk` or `dv` does not match the
+/// problem.
+#[allow(clippy::too_many_arguments, reason = "the operands of one attention call")]
+pub fn backward_strided(
+    p: &Problem,
+    q: Operand<'_>,
+    k: Operand<'_>,
+    v: Operand<'_>,
+    mask: Option<&Mask<'_>>,
+    out: Operand<'_>,
+    lse: &[f32],
+    dout: Operand<'_>,
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+    isa: Isa,
+) {
+    backward_on(Path::of(isa), p, [q, k, v], mask, out, lse, dout, Grads { dq, dk, dv });
 }
 
 /// [`backward`]'s outputs.
@@ -247,13 +345,11 @@ struct Grads<'a> {
 fn backward_on(
     path: Path,
     p: &Problem,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    [q, k, v]: [Operand<'_>; 3],
     mask: Option<&Mask<'_>>,
-    out: &[f32],
+    out: Operand<'_>,
     lse: &[f32],
-    dout: &[f32],
+    dout: Operand<'_>,
     g: Grads<'_>,
 ) {
     const NAME: &str = "attention::backward";
@@ -263,9 +359,9 @@ fn backward_on(
         [("batch", p.batch), ("tq", p.tq), ("d", p.d)],
         [("batch", p.batch), ("tk", p.tk), ("d", p.d)],
     );
-    check_len(NAME, "out", out.len(), &rows_out);
+    check_operand(NAME, "out", &out, &rows_out);
     check_len(NAME, "lse", lse.len(), &[("batch", p.batch), ("tq", p.tq)]);
-    check_len(NAME, "dout", dout.len(), &rows_out);
+    check_operand(NAME, "dout", &dout, &rows_out);
     check_len(NAME, "dq", g.dq.len(), &rows_q);
     check_len(NAME, "dk", g.dk.len(), &rows_k);
     check_len(NAME, "dv", g.dv.len(), &[("batch", p.batch), ("tk", p.tk), ("dv", p.dv)]);
@@ -301,14 +397,14 @@ fn rule<'a>(p: &Problem, mask: Option<&'a Mask<'a>>) -> Rule<'a> {
 fn inputs<'a>(
     name: &str,
     p: &Problem,
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+    q: Operand<'a>,
+    k: Operand<'a>,
+    v: Operand<'a>,
     mask: Option<&'a Mask<'a>>,
 ) -> Inputs<'a> {
-    check_len(name, "q", q.len(), &[("batch", p.batch), ("tq", p.tq), ("d", p.d)]);
-    check_len(name, "k", k.len(), &[("batch", p.batch), ("tk", p.tk), ("d", p.d)]);
-    check_len(name, "v", v.len(), &[("batch", p.batch), ("tk", p.tk), ("dv", p.dv)]);
+    check_operand(name, "q", &q, &[("batch", p.batch), ("tq", p.tq), ("d", p.d)]);
+    check_operand(name, "k", &k, &[("batch", p.batch), ("tk", p.tk), ("d", p.d)]);
+    check_operand(name, "v", &v, &[("batch", p.batch), ("tk", p.tk), ("dv", p.dv)]);
     if let Some(m) = mask {
         check_mask(name, p, m);
     }
@@ -323,6 +419,35 @@ fn check_len(name: &str, what: &str, len: usize, dims: &[(&str, usize)]) {
         let sizes: Vec<String> = dims.iter().map(|(n, d)| format!("{n} {d}")).collect();
         let want = want.map_or("more than usize::MAX".to_string(), |w| w.to_string());
         panic!("{name}: {what} has {len} values, expected {} = {want}", sizes.join(" × "));
+    }
+}
+
+/// Panics unless `x` has a start per problem and every row of
+/// `[batch, rows, cols]` inside its data (for packed operands, that the
+/// length is the product, as [`check_len`] words it).
+fn check_operand(name: &str, what: &str, x: &Operand<'_>, dims: &[(&str, usize); 3]) {
+    let [(_, batch), (_, rows), (_, cols)] = *dims;
+    let size = rows.checked_mul(cols);
+    let packed = x.row_stride == cols
+        && x.starts.iter().enumerate().all(|(b, &s)| Some(s) == size.and_then(|size| b.checked_mul(size)));
+    if packed && x.starts.len() == batch {
+        return check_len(name, what, x.data.len(), dims);
+    }
+    if x.starts.len() != batch {
+        panic!("{name}: {what} has {} problem starts, expected batch {batch}", x.starts.len());
+    }
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let end = |s: usize| {
+        (rows - 1).checked_mul(x.row_stride).and_then(|r| r.checked_add(s)).and_then(|r| r.checked_add(cols))
+    };
+    if let Some((b, s)) = x.starts.iter().enumerate().find(|(_, &s)| end(s).is_none_or(|e| e > x.data.len())) {
+        panic!(
+            "{name}: {what}'s problem {b} ({rows} rows of {cols} values from {s}, {} apart) reaches past its {} values",
+            x.row_stride,
+            x.data.len()
+        );
     }
 }
 

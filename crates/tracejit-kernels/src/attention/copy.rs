@@ -9,28 +9,36 @@
 use super::plan::TILE;
 use super::vector::Vector;
 
-/// `dst[c·TILE + r] = src[r·cols + c] · scale` for `r < n`, `c < cols`,
+/// `dst[c·TILE + r] = src[r·ss + c] · scale` for `r < n`, `c < cols`,
 /// and 0 for `n ≤ r < width`.
 ///
 /// # Safety
-/// `src` has `n` rows of `cols` readable values, `dst` `cols` rows of
+/// `src` has `n` rows of `cols` readable values `ss` apart, `dst` `cols` rows of
 /// `width ≤ TILE` writable ones (`width` a multiple of the lanes, at least
 /// `n`); the features of `V`.
 #[inline(always)]
-pub(super) unsafe fn pack<V: Vector>(src: *const f32, n: usize, cols: usize, scale: f32, dst: *mut f32, width: usize) {
+pub(super) unsafe fn pack<V: Vector>(
+    src: *const f32,
+    ss: usize,
+    n: usize,
+    cols: usize,
+    scale: f32,
+    dst: *mut f32,
+    width: usize,
+) {
     let l = V::LANES;
     let (full_r, full_c) = (n / l * l, cols / l * l);
     // SAFETY: blocks within `n × cols` and `cols × width`.
     unsafe {
         for r in (0..full_r).step_by(l) {
             for c in (0..full_c).step_by(l) {
-                V::transpose(src.add(r * cols + c), cols, dst.add(c * TILE + r), TILE, scale);
+                V::transpose(src.add(r * ss + c), ss, dst.add(c * TILE + r), TILE, scale);
             }
         }
         for r in 0..width {
             let from = if r < full_r { full_c } else { 0 };
             for c in from..cols {
-                *dst.add(c * TILE + r) = if r < n { *src.add(r * cols + c) * scale } else { 0.0 };
+                *dst.add(c * TILE + r) = if r < n { *src.add(r * ss + c) * scale } else { 0.0 };
             }
         }
     }

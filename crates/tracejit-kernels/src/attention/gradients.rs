@@ -19,13 +19,14 @@ use super::copy::{pack, unpack, zero};
 use super::kernel::{panels, staircase, Bcast, Rows, MAX_VECTORS};
 use super::plan::{group_ceil, group_end, group_first, row_dot, Carve, Inputs, OutPtr, BLOCK, TILE};
 use super::vector::Vector;
+use super::Operand;
 
 /// A backward call as its tasks see it.
 pub(super) struct BackwardCall<'a> {
     pub x: Inputs<'a>,
-    pub out: &'a [f32],
+    pub out: Operand<'a>,
     pub lse: &'a [f32],
-    pub dout: &'a [f32],
+    pub dout: Operand<'a>,
     pub dq: OutPtr,
     pub dk: OutPtr,
     pub dv: OutPtr,
@@ -207,15 +208,16 @@ unsafe fn queries<V: Vector, const MR: usize, const NV: usize>(call: &BackwardCa
     // SAFETY: the tile's rows of the inputs and of `dq` (this task's
     // alone), key rows `< tk` of the problem, the scratch regions.
     unsafe {
-        pack::<V>(x.q.as_ptr().add(row0 * p.d), tile.n, p.d, p.scale, s.qt, width);
-        pack::<V>(call.dout.as_ptr().add(row0 * p.dv), tile.n, p.dv, 1.0, s.dot, width);
+        let (q, dout) = (x.q.row(tile.b, tile.r0), call.dout.row(tile.b, tile.r0));
+        pack::<V>(q, x.q.row_stride, tile.n, p.d, p.scale, s.qt, width);
+        pack::<V>(dout, call.dout.row_stride, tile.n, p.dv, 1.0, s.dot, width);
         zero::<V>(s.dqt, p.d, width);
         for lane in 0..width {
             let (mut lse, mut dd) = (0.0, 0.0);
             if lane < tile.n {
-                let i = row0 + lane;
-                lse = call.lse[i];
-                dd = row_dot(call.dout.as_ptr().add(i * p.dv), call.out.as_ptr().add(i * p.dv), p.dv);
+                let i = tile.r0 + lane;
+                lse = call.lse[row0 + lane];
+                dd = row_dot(call.dout.row(tile.b, i), call.out.row(tile.b, i), p.dv);
             }
             *s.lse.add(lane) = lse;
             *s.dd.add(lane) = dd;
@@ -249,8 +251,7 @@ unsafe fn query_block<V: Vector, const MR: usize, const NV: usize>(
     for (v, h) in hi.iter_mut().enumerate().take(tile.nv) {
         *h = rule.key_end(tile.r0 + tile.n.min(group_end(v, l)) - 1).clamp(j0, j1);
     }
-    let krows = x.k.as_ptr().wrapping_add((tile.b * p.tk + j0) * p.d);
-    let vrows = x.v.as_ptr().wrapping_add((tile.b * p.tk + j0) * p.dv);
+    let (krows, vrows) = (x.k.row(tile.b, j0), x.v.row(tile.b, j0));
     let cols = |r0: usize, _: usize| {
         let first = group_first(rule.query_start(j0 + r0).saturating_sub(tile.r0), l);
         (first.min(tile.nv), tile.nv)
@@ -258,9 +259,9 @@ unsafe fn query_block<V: Vector, const MR: usize, const NV: usize>(
     let (st, dpt) = (Rows { ptr: s.st, stride: TILE }, Rows { ptr: s.dpt, stride: TILE });
     // SAFETY: key rows `[j0, j1)`; the scratch regions.
     unsafe {
-        let a = Bcast { ptr: krows, rs: p.d, ks: 1 };
+        let a = Bcast { ptr: krows, rs: x.k.row_stride, ks: 1 };
         panels::<V, MR, NV>(j1 - j0, p.d, a, Rows { ptr: s.qt, stride: TILE }, st, cols);
-        let a = Bcast { ptr: vrows, rs: p.dv, ks: 1 };
+        let a = Bcast { ptr: vrows, rs: x.v.row_stride, ks: 1 };
         panels::<V, MR, NV>(j1 - j0, p.dv, a, Rows { ptr: s.dot, stride: TILE }, dpt, cols);
         for (v, &h) in hi.iter().enumerate().take(tile.nv) {
             if h > j0 {
@@ -286,7 +287,7 @@ unsafe fn query_block<V: Vector, const MR: usize, const NV: usize>(
                 }
             }
         }
-        let a = Bcast { ptr: krows, rs: 1, ks: p.d };
+        let a = Bcast { ptr: krows, rs: 1, ks: x.k.row_stride };
         staircase::<V, MR, NV>(
             p.d,
             j0,
@@ -315,8 +316,9 @@ unsafe fn keys<V: Vector, const MR: usize, const NV: usize>(call: &BackwardCall<
     // SAFETY: the tile's rows of the inputs and of `dk`, `dv` (this task's
     // alone), query rows `< tq` of the problem, the scratch regions.
     unsafe {
-        pack::<V>(x.k.as_ptr().add(row0 * p.d), tile.n, p.d, p.scale, s.kt, width);
-        pack::<V>(x.v.as_ptr().add(row0 * p.dv), tile.n, p.dv, 1.0, s.vt, width);
+        let (k, v) = (x.k.row(tile.b, tile.r0), x.v.row(tile.b, tile.r0));
+        pack::<V>(k, x.k.row_stride, tile.n, p.d, p.scale, s.kt, width);
+        pack::<V>(v, x.v.row_stride, tile.n, p.dv, 1.0, s.vt, width);
         zero::<V>(s.dkt, p.d, width);
         zero::<V>(s.dvt, p.dv, width);
         let mut i0 = rule.query_start(tile.r0);
@@ -353,8 +355,8 @@ unsafe fn key_block<V: Vector, const MR: usize, const NV: usize>(
         *o = rule.query_start(tile.r0 + group_first(v * l, l) * l).clamp(i0, i1);
     }
     let row0 = tile.b * p.tq + i0;
-    let qrows = x.q.as_ptr().wrapping_add(row0 * p.d);
-    let orows = call.dout.as_ptr().wrapping_add(row0 * p.dv);
+    let (qrows, orows) = (x.q.row(tile.b, i0), call.dout.row(tile.b, i0));
+    let (qs, os) = (x.q.row_stride, call.dout.row_stride);
     let (sr, dpr) = (Rows { ptr: s.s, stride: TILE }, Rows { ptr: s.dp, stride: TILE });
     // SAFETY: query rows `[i0, i1)`; the scratch regions.
     unsafe {
@@ -362,17 +364,17 @@ unsafe fn key_block<V: Vector, const MR: usize, const NV: usize>(
         panels::<V, MR, NV>(
             i1 - i0,
             p.d,
-            Bcast { ptr: qrows, rs: p.d, ks: 1 },
+            Bcast { ptr: qrows, rs: qs, ks: 1 },
             Rows { ptr: s.kt, stride: TILE },
             sr,
             cols,
         );
-        let a = Bcast { ptr: orows, rs: p.dv, ks: 1 };
+        let a = Bcast { ptr: orows, rs: os, ks: 1 };
         panels::<V, MR, NV>(i1 - i0, p.dv, a, Rows { ptr: s.vt, stride: TILE }, dpr, cols);
         for r in 0..i1 - i0 {
-            let i = row0 + r;
-            *s.lse.add(r) = call.lse[i];
-            *s.dd.add(r) = row_dot(call.dout.as_ptr().add(i * p.dv), call.out.as_ptr().add(i * p.dv), p.dv);
+            *s.lse.add(r) = call.lse[row0 + r];
+            let (dout, out) = (call.dout.row(tile.b, i0 + r), call.out.row(tile.b, i0 + r));
+            *s.dd.add(r) = row_dot(dout, out, p.dv);
             let (lse, dd) = (V::splat(*s.lse.add(r)), V::splat(*s.dd.add(r)));
             probabilities(ends(i0 + r), l, s.s.add(r * TILE), s.dp.add(r * TILE), lse, dd, true);
         }
@@ -392,9 +394,9 @@ unsafe fn key_block<V: Vector, const MR: usize, const NV: usize>(
             }
         }
         let (lo, hi) = (&lo[..tile.nv], &hi[..tile.nv]);
-        let a = Bcast { ptr: orows, rs: 1, ks: p.dv };
+        let a = Bcast { ptr: orows, rs: 1, ks: os };
         staircase::<V, MR, NV>(p.dv, i0, lo, hi, a, sr, Rows { ptr: s.dvt, stride: TILE }, None);
-        let a = Bcast { ptr: qrows, rs: 1, ks: p.d };
+        let a = Bcast { ptr: qrows, rs: 1, ks: qs };
         staircase::<V, MR, NV>(p.d, i0, lo, hi, a, dpr, Rows { ptr: s.dkt, stride: TILE }, None);
     }
 }

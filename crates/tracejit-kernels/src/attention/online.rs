@@ -134,7 +134,7 @@ unsafe fn start<V: Vector>(x: &Inputs<'_>, tile: Tile, s: &Scratch) {
     // SAFETY: the tile's query rows; rows `< d`, `< dv` of `[_, TILE]`
     // regions, lanes `< width ≤ TILE`.
     unsafe {
-        pack::<V>(x.q.as_ptr().add((tile.b * p.tq + tile.i0) * p.d), tile.nq, p.d, p.scale, s.qt, width);
+        pack::<V>(x.q.row(tile.b, tile.i0), x.q.row_stride, tile.nq, p.d, p.scale, s.qt, width);
         zero::<V>(s.ot, p.dv, width);
         for lane in 0..width {
             *s.m.add(lane) = f32::NEG_INFINITY;
@@ -167,8 +167,7 @@ unsafe fn block<V: Vector, const MR: usize, const NV: usize>(
         let last = tile.i0 + tile.nq.min(group_end(v, l)) - 1;
         *h = rule.key_end(last).clamp(j0, j1);
     }
-    let krows = x.k.as_ptr().wrapping_add((tile.b * p.tk + j0) * p.d);
-    let vrows = x.v.as_ptr().wrapping_add((tile.b * p.tk + j0) * p.dv);
+    let (krows, vrows) = (x.k.row(tile.b, j0), x.v.row(tile.b, j0));
     // SAFETY: key rows `[j0, j1)` of `k` and `v`; the scratch regions.
     unsafe {
         // Sᵀ = k·qᵀ, each panel of keys from the first group of queries
@@ -177,7 +176,7 @@ unsafe fn block<V: Vector, const MR: usize, const NV: usize>(
             let first = group_first(rule.query_start(j0 + r0).saturating_sub(tile.i0), l);
             (first.min(tile.nv), tile.nv)
         };
-        let a = Bcast { ptr: krows, rs: p.d, ks: 1 };
+        let a = Bcast { ptr: krows, rs: x.k.row_stride, ks: 1 };
         let (qt, st) = (Rows { ptr: s.qt, stride: TILE }, Rows { ptr: s.st, stride: TILE });
         panels::<V, MR, NV>(j1 - j0, p.d, a, qt, st, cols);
         mask(x, tile, s, j0, &hi[..tile.nv], l);
@@ -188,7 +187,7 @@ unsafe fn block<V: Vector, const MR: usize, const NV: usize>(
             }
         }
         // oᵀ = oᵀ·alpha + vᵀ·Pᵀ.
-        let a = Bcast { ptr: vrows, rs: 1, ks: p.dv };
+        let a = Bcast { ptr: vrows, rs: 1, ks: x.v.row_stride };
         let ot = Rows { ptr: s.ot, stride: TILE };
         staircase::<V, MR, NV>(p.dv, j0, &lo[..tile.nv], &hi[..tile.nv], a, st, ot, Some(s.alpha));
     }

@@ -3,7 +3,7 @@
 
 use std::cell::Cell;
 
-use super::{Mask, Problem};
+use super::{Mask, Operand, Problem};
 
 /// Rows of a task's own tile, the vector side of its products (queries in
 /// the forward and the `dq` pass, keys in the `dk`/`dv` pass); a multiple
@@ -89,9 +89,9 @@ impl Rule<'_> {
 pub(super) struct Inputs<'a> {
     pub p: Problem,
     pub rule: Rule<'a>,
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub q: Operand<'a>,
+    pub k: Operand<'a>,
+    pub v: Operand<'a>,
 }
 
 /// An output buffer the tasks write in disjoint parts.

@@ -4,7 +4,7 @@
 
 use super::paths::Path;
 use super::reference::{loss, reference, sees, Reference};
-use super::{backward_on, forward_on, Grads, Mask, Problem};
+use super::{backward_on, forward_on, Grads, Mask, Operand, Problem};
 use crate::threads::set_num_threads;
 use crate::Isa;
 
@@ -86,15 +86,63 @@ impl Run {
 }
 
 /// Forward then backward on `path`, outputs pre-filled with junk so that
-/// anything left unwritten shows.
+/// anything left unwritten shows; once on packed operands and once on the
+/// same values read in place from [`Spread`] buffers, which must give the
+/// same bits.
 fn run(path: Path, c: &Case, mask: Option<&Mask<'_>>) -> Run {
+    let packed = run_on(path, c, mask, false);
+    let spread = run_on(path, c, mask, true);
+    assert!(packed.bits() == spread.bits(), "operands read in place differ from packed ones: {:?}", c.p);
+    packed
+}
+
+/// An operand `[batch, rows, cols]` spread out as a view of a larger
+/// tensor: rows `cols + 3` apart, problems in reverse order, NaN in every
+/// gap (so a read outside the rows shows in the results).
+struct Spread {
+    data: Vec<f32>,
+    starts: Vec<usize>,
+    row_stride: usize,
+}
+
+impl Spread {
+    fn new(x: &[f32], batch: usize, rows: usize, cols: usize) -> Spread {
+        let row_stride = cols + 3;
+        let per = rows * row_stride + 5;
+        let mut data = vec![f32::NAN; batch * per + 1];
+        let starts: Vec<usize> = (0..batch).map(|b| (batch - 1 - b) * per + 1).collect();
+        for (b, &s) in starts.iter().enumerate() {
+            for r in 0..rows {
+                let at = s + r * row_stride;
+                data[at..at + cols].copy_from_slice(&x[(b * rows + r) * cols..][..cols]);
+            }
+        }
+        Spread { data, starts, row_stride }
+    }
+
+    fn operand(&self) -> Operand<'_> {
+        Operand { data: &self.data, starts: &self.starts, row_stride: self.row_stride }
+    }
+}
+
+/// [`run`] on packed operands or on spread ones.
+fn run_on(path: Path, c: &Case, mask: Option<&Mask<'_>>, spread: bool) -> Run {
     let p = &c.p;
+    let lay = |x: &[f32], rows: usize, cols: usize| {
+        if spread {
+            Spread::new(x, p.batch, rows, cols)
+        } else {
+            Spread { data: x.to_vec(), starts: (0..p.batch).map(|b| b * rows * cols).collect(), row_stride: cols }
+        }
+    };
+    let (q, k, v) = (lay(&c.q, p.tq, p.d), lay(&c.k, p.tk, p.d), lay(&c.v, p.tk, p.dv));
     let mut out = vec![7.0f32; p.batch * p.tq * p.dv];
     let mut lse = vec![7.0f32; p.batch * p.tq];
-    forward_on(path, p, &c.q, &c.k, &c.v, mask, &mut out, &mut lse);
+    forward_on(path, p, q.operand(), k.operand(), v.operand(), mask, &mut out, &mut lse);
     let (mut dq, mut dk, mut dv) = (vec![7.0f32; c.q.len()], vec![7.0f32; c.k.len()], vec![7.0f32; c.v.len()]);
     let g = Grads { dq: &mut dq, dk: &mut dk, dv: &mut dv };
-    backward_on(path, p, &c.q, &c.k, &c.v, mask, &out, &lse, &c.dout, g);
+    let (o, dout) = (lay(&out, p.tq, p.dv), lay(&c.dout, p.tq, p.dv));
+    backward_on(path, p, [q.operand(), k.operand(), v.operand()], mask, o.operand(), &lse, dout.operand(), g);
     Run { out, lse, dq, dk, dv }
 }
 
@@ -294,10 +342,11 @@ fn thread_counts_give_the_same_bits() {
                 set_num_threads(n);
                 let dispatches = crate::threads::pool_dispatches();
                 let r = run(path, &c, mask);
-                // Both passes went to the pool (when the count allows).
+                // Both passes went to the pool (when the count allows),
+                // on packed and on spread operands.
                 let split = crate::threads::pool_dispatches() - dispatches;
                 assert!(
-                    n == 1 || split == 2 || crate::threads::num_threads() != n,
+                    n == 1 || split == 4 || crate::threads::num_threads() != n,
                     "{split} dispatches at {n} threads"
                 );
                 check(&c, &r, &want);
@@ -389,4 +438,33 @@ fn a_short_mask_panics() {
     let (z, mut g) = ([0.0f32; 2], [[0.0f32; 2]; 3]);
     let [dq, dk, dv] = &mut g;
     super::backward(&p, &z, &z, &z, Some(&mask), &z, &z, &z, dq, dk, dv, Isa::native());
+}
+
+/// A strided operand whose rows reach past its data, or with a start per
+/// problem missing, is refused with the sizes before anything is read.
+#[test]
+fn strided_operands_past_their_data_panic_naming_them() {
+    let p = Problem { batch: 2, tq: 3, tk: 3, d: 4, dv: 4, scale: 0.5, causal: false };
+    let data = vec![0.0f32; 40];
+    let good = Operand { data: &data, starts: &[0, 20], row_stride: 6 };
+    let (mut out, mut lse) = (vec![0.0f32; 24], vec![0.0f32; 6]);
+    let past = Operand { data: &data, starts: &[0, 30], row_stride: 6 };
+    let err = std::panic::catch_unwind(|| {
+        super::forward_strided(&p, good, past, good, None, &mut out.clone(), &mut lse.clone(), crate::Isa::native())
+    })
+    .unwrap_err();
+    let msg = err.downcast_ref::<String>().unwrap();
+    assert!(
+        msg.contains(
+            "attention::forward: k's problem 1 (3 rows of 4 values from 30, 6 apart) reaches past its 40 values"
+        ),
+        "{msg}"
+    );
+    let short = Operand { data: &data, starts: &[0], row_stride: 6 };
+    let err = std::panic::catch_unwind(move || {
+        super::forward_strided(&p, short, good, good, None, &mut out, &mut lse, crate::Isa::native())
+    })
+    .unwrap_err();
+    let msg = err.downcast_ref::<String>().unwrap();
+    assert!(msg.contains("q has 1 problem starts, expected batch 2"), "{msg}");
 }

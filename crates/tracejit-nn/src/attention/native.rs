@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use tracejit_kernels::attention::{self, Mask, Problem};
+use tracejit_kernels::attention::{self, Mask, Operand, Problem};
 use tracejit_kernels::Isa;
 use tracejit_tensor::{DType, Storage};
 use tracejit_trace::{Tensor, TensorSpec};
@@ -101,6 +101,59 @@ fn f32s<'a>(t: &'a Tensor, shape: &[usize]) -> Cow<'a, [f32]> {
     }
 }
 
+/// An operand held for one call: `t`'s own buffer read in place when its
+/// rows' values are contiguous (a transposed view of a fused projection,
+/// say), else a contiguous copy. Copying q, k, v and dout took W10's
+/// attention about 1.5 ms per layer and step, on one thread.
+struct Held<'a> {
+    data: Cow<'a, [f32]>,
+    starts: Vec<usize>,
+    row_stride: usize,
+}
+
+impl<'a> Held<'a> {
+    /// `t` as an operand of `shape` (`[lead.., rows, cols]`).
+    fn of(t: &'a Tensor, shape: &[usize]) -> Held<'a> {
+        if let Some(held) = Held::in_place(t, shape) {
+            return held;
+        }
+        let (rows, cols) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+        let batch: usize = shape[..shape.len() - 2].iter().product();
+        let starts = (0..batch).map(|b| b * rows * cols).collect();
+        Held { data: f32s(t, shape), starts, row_stride: cols }
+    }
+
+    /// `t`'s buffer, when `t` has `shape`, no negative stride and its last
+    /// axis contiguous: problem starts over the leading axes in row-major
+    /// order, the row stride of the second-to-last axis.
+    fn in_place(t: &'a Tensor, shape: &[usize]) -> Option<Held<'a>> {
+        let a = t.storage().ok()?.array::<f32>()?;
+        let r = shape.len();
+        if t.shape() != shape || r < 2 || a.is_empty() {
+            return None;
+        }
+        let strides: Vec<usize> = a.strides().iter().map(|&s| usize::try_from(s).ok()).collect::<Option<_>>()?;
+        if shape[r - 1] > 1 && strides[r - 1] != 1 {
+            return None;
+        }
+        let extent = shape.iter().zip(&strides).map(|(&n, &s)| (n - 1) * s).sum::<usize>() + 1;
+        // SAFETY: every element of the view lies at `Σ index·stride <
+        // extent` from its first (strides non-negative), so the range is
+        // inside the array's buffer, whose values are all initialized f32;
+        // the borrow of `t` keeps the buffer alive.
+        let data = unsafe { std::slice::from_raw_parts(a.as_ptr(), extent) };
+        let mut starts = vec![0usize];
+        for (&n, &s) in shape[..r - 2].iter().zip(&strides) {
+            starts = starts.iter().flat_map(|&b| (0..n).map(move |i| b + i * s)).collect();
+        }
+        Some(Held { data: Cow::Borrowed(data), starts, row_stride: strides[r - 2] })
+    }
+
+    fn operand(&self) -> Operand<'_> {
+        Operand { data: &self.data, starts: &self.starts, row_stride: self.row_stride }
+    }
+}
+
 /// The mask's flags and strides: its leading axes broadcast to the call's
 /// only when they are not all 1; its own query and key axes kept, with
 /// stride 0 where they are 1.
@@ -133,14 +186,15 @@ fn tensor(v: Vec<f32>, shape: &[usize]) -> Tensor {
 pub(super) fn forward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
     let g = Geometry::of(inputs, inputs.get(5));
     let p = g.problem;
-    let q = f32s(&inputs[0], &g.shape(&[p.tq, p.d]));
-    let k = f32s(&inputs[1], &g.shape(&[p.tk, p.d]));
-    let v = f32s(&inputs[2], &g.shape(&[p.tk, p.dv]));
+    let q = Held::of(&inputs[0], &g.shape(&[p.tq, p.d]));
+    let k = Held::of(&inputs[1], &g.shape(&[p.tk, p.d]));
+    let v = Held::of(&inputs[2], &g.shape(&[p.tk, p.dv]));
     let mask = inputs.get(5).map(|m| mask_of(m, &g));
     let mask = mask.as_ref().map(|(data, [b, r, c])| Mask { data, batch_stride: *b, row_stride: *r, col_stride: *c });
     let mut out = vec![0.0f32; p.batch * p.tq * p.dv];
     let mut lse = vec![0.0f32; p.batch * p.tq];
-    attention::forward(&p, &q, &k, &v, mask.as_ref(), &mut out, &mut lse, isa);
+    let (q, k, v) = (q.operand(), k.operand(), v.operand());
+    attention::forward_strided(&p, q, k, v, mask.as_ref(), &mut out, &mut lse, isa);
     vec![tensor(out, &g.shape(&[p.tq, p.dv])), tensor(lse, &g.shape(&[p.tq]))]
 }
 
@@ -149,16 +203,18 @@ pub(super) fn forward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
 pub(super) fn backward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
     let g = Geometry::of(inputs, inputs.get(8));
     let p = g.problem;
-    let q = f32s(&inputs[0], &g.shape(&[p.tq, p.d]));
-    let k = f32s(&inputs[1], &g.shape(&[p.tk, p.d]));
-    let v = f32s(&inputs[2], &g.shape(&[p.tk, p.dv]));
-    let out = f32s(&inputs[5], &g.shape(&[p.tq, p.dv]));
+    let q = Held::of(&inputs[0], &g.shape(&[p.tq, p.d]));
+    let k = Held::of(&inputs[1], &g.shape(&[p.tk, p.d]));
+    let v = Held::of(&inputs[2], &g.shape(&[p.tk, p.dv]));
+    let out = Held::of(&inputs[5], &g.shape(&[p.tq, p.dv]));
     let lse = f32s(&inputs[6], &g.shape(&[p.tq]));
-    let dout = f32s(&inputs[7], &g.shape(&[p.tq, p.dv]));
+    let dout = Held::of(&inputs[7], &g.shape(&[p.tq, p.dv]));
     let mask = inputs.get(8).map(|m| mask_of(m, &g));
     let mask = mask.as_ref().map(|(data, [b, r, c])| Mask { data, batch_stride: *b, row_stride: *r, col_stride: *c });
-    let (mut dq, mut dk, mut dv) = (vec![0.0f32; q.len()], vec![0.0f32; k.len()], vec![0.0f32; v.len()]);
-    attention::backward(&p, &q, &k, &v, mask.as_ref(), &out, &lse, &dout, &mut dq, &mut dk, &mut dv, isa);
+    let (mut dq, mut dk, mut dv) =
+        (vec![0.0f32; p.batch * p.tq * p.d], vec![0.0f32; p.batch * p.tk * p.d], vec![0.0f32; p.batch * p.tk * p.dv]);
+    let (q, k, v, out, dout) = (q.operand(), k.operand(), v.operand(), out.operand(), dout.operand());
+    attention::backward_strided(&p, q, k, v, mask.as_ref(), out, &lse, dout, &mut dq, &mut dk, &mut dv, isa);
     let dq = tensor(dq, &g.shape(&[p.tq, p.d]));
     let dk = tensor(dk, &g.shape(&[p.tk, p.d]));
     let dv = tensor(dv, &g.shape(&[p.tk, p.dv]));
