@@ -1,5 +1,5 @@
 //! Reduced-precision products beside the f32 GEMM on the workloads'
-//! shapes, on one thread: per shape, µs and G multiply-adds/s of the f32
+//! shapes, on one thread (or `LOWP_THREADS`): per shape, µs and G multiply-adds/s of the f32
 //! GEMM (`gemm::product::<f32>`), of the bf16 product (f32 lhs rounded
 //! while packed, weight packed once) and of the dynamic int8 product
 //! (weight quantized once, lhs quantized per call), with each one's error
@@ -28,7 +28,7 @@ struct Shape {
     at: bool,
 }
 
-const SHAPES: [Shape; 8] = [
+const SHAPES: [Shape; 10] = [
     Shape { name: "W5 fc1", m: 64, k: 784, n: 512, at: false },
     Shape { name: "W5 fc2", m: 64, k: 512, n: 512, at: false },
     Shape { name: "W5 fc3", m: 64, k: 512, n: 10, at: false },
@@ -37,6 +37,8 @@ const SHAPES: [Shape; 8] = [
     Shape { name: "W9 proj", m: 1024, k: 256, n: 256, at: false },
     Shape { name: "W9 up", m: 1024, k: 256, n: 1024, at: false },
     Shape { name: "W9 down", m: 1024, k: 1024, n: 256, at: false },
+    Shape { name: "W10 hT.dy", m: 1024, k: 1024, n: 256, at: true },
+    Shape { name: "W10 xT.dy", m: 256, k: 1024, n: 1024, at: true },
 ];
 
 /// The least time per call of `f` over 150 batches of about 1 ms (at
@@ -77,9 +79,10 @@ fn error(c: &[f32], want: &[f64]) -> f64 {
 }
 
 fn main() {
-    threads::set_num_threads(1);
+    let n_threads = std::env::var("LOWP_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    threads::set_num_threads(n_threads);
     let isa = Isa::native();
-    println!("one thread; bf16 {}, vnni {}", isa.has_avx512_bf16(), isa.has_avx512_vnni());
+    println!("{n_threads} thread(s); bf16 {}, vnni {}", isa.has_avx512_bf16(), isa.has_avx512_vnni());
     println!(
         "{:<9} {:>14} | {:>7} {:>6} {:>7} | {:>7} {:>6} {:>5} {:>7} | {:>7} {:>6} {:>5} {:>7}",
         "shape",

@@ -14,6 +14,8 @@ use crate::Isa;
 mod split;
 #[cfg(target_arch = "x86_64")]
 mod vector;
+#[cfg(target_arch = "x86_64")]
+mod vector_lhs;
 
 pub(super) use split::{pack_lhs_split, pack_rhs_split};
 
@@ -26,6 +28,13 @@ pub(super) trait LhsValue: Copy + Default {
     /// path takes its layout; false (nothing written) otherwise.
     fn pack_rhs_vector(b: ArrayView2<'_, Self>, out: &mut [u32], isa: Isa) -> bool {
         let _ = (b, out, isa);
+        false
+    }
+
+    /// Packs `a` as [`pack_lhs`] does, with the same bits, when a vector
+    /// path takes its layout; false (nothing written) otherwise.
+    fn pack_lhs_vector(a: ArrayView2<'_, Self>, out: &mut [u32], isa: Isa) -> bool {
+        let _ = (a, out, isa);
         false
     }
 
@@ -49,6 +58,16 @@ impl LhsValue for f32 {
         #[cfg(not(target_arch = "x86_64"))]
         return {
             let _ = (b, out, isa);
+            false
+        };
+    }
+
+    fn pack_lhs_vector(a: ArrayView2<'_, f32>, out: &mut [u32], isa: Isa) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return vector_lhs::pack_lhs_f32(a, out, isa);
+        #[cfg(not(target_arch = "x86_64"))]
+        return {
+            let _ = (a, out, isa);
             false
         };
     }
@@ -82,6 +101,9 @@ impl LhsValue for bf16 {
 /// words, `kw = ceil(k / 2)`), rounding f32 values to bf16.
 pub(super) fn pack_lhs<T: LhsValue>(a: ArrayView2<'_, T>, out: &mut [u32], isa: Isa) {
     let (m, k) = a.dim();
+    if T::pack_lhs_vector(a, out, isa) {
+        return;
+    }
     if let Some(rows) = T::transposed_rows(a) {
         let a = ArrayView2::from_shape((m, k), &rows).expect("m · k values");
         return pack_rows(a, k.div_ceil(2), out, 0, |_, row, words| T::to_bits(row, &mut halves_mut(words)[..k], isa));

@@ -66,7 +66,7 @@ fn interleave() -> __m512i {
 /// # Safety
 /// The masked lanes lie inside one allocation.
 #[target_feature(enable = "avx512f")]
-unsafe fn load(p: *const f32, mask: u16) -> __m512 {
+pub(super) unsafe fn load(p: *const f32, mask: u16) -> __m512 {
     // SAFETY: the caller's.
     unsafe {
         if mask == u16::MAX {
@@ -172,7 +172,7 @@ unsafe fn column(at: *const f32, k: usize, kw: usize, j: usize, out: &mut [u32])
 
 /// The 16 × 16 transpose of 32-bit lanes: `t[q]` lane `c` is `r[c]` lane `q`.
 #[target_feature(enable = "avx512f")]
-fn transpose(r: [__m512i; 16]) -> [__m512i; 16] {
+pub(super) fn transpose(r: [__m512i; 16]) -> [__m512i; 16] {
     // Pairs of rows interleaved by 32 then 64 bits: `b[4i + m]`'s 128-bit
     // lane `L` holds lanes `4L + m` of rows `4i..4i + 4`.
     let mut a = [_mm512_setzero_si512(); 16];
