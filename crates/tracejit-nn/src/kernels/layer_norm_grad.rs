@@ -10,8 +10,12 @@
 //!
 //! Determinism: the column sums run over fixed blocks of [`BLOCK`] rows
 //! (each block summed in row order, the blocks' partials then added in
-//! block order), so the result depends on the shape only, never on timing.
+//! block order), so the result depends on the shape only, never on timing
+//! or on the thread count: large calls run the blocks over the pool
+//! (`tracejit_kernels::threads`), each block into its own partials.
 //! Blocks also keep the f32 column sums accurate over many rows.
+
+use std::sync::Mutex;
 
 use std::mem::MaybeUninit;
 use std::ops::{Add, AddAssign, Div, Mul, Sub};
@@ -21,6 +25,10 @@ use tracejit_trace::{Tensor, TensorSpec};
 
 /// Rows per block of the column sums.
 const BLOCK: usize = 64;
+
+/// Least values of `x` before the blocks go to the pool: a dispatch costs
+/// a few µs, a block of 64 rows of 256 about 10.
+const PARALLEL_VALUES: usize = 1 << 16;
 
 /// `[x, gamma, beta, eps, dy]`, all f32 or all f64: `x` of rank >= 1, `dy`
 /// of `x`'s shape, `eps` a scalar, and `gamma` and `beta` of known dims
@@ -134,15 +142,13 @@ fn run<T: Real>(inputs: &[Tensor]) -> Vec<Tensor> {
     finish(dx, dgamma, dbeta, &shape, &gamma_shape, &beta_shape)
 }
 
-/// [`rows`], in its AVX2 build when the CPU has AVX2.
+/// [`rows`], the blocks in their AVX2 build when the CPU has AVX2.
 fn run_rows<T: Real>(x: &[T], dy: &[T], gamma: &[T], eps: T, out: &mut Out<'_, T>) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, the only feature `rows_avx2` enables.
-        unsafe { rows_avx2(x, dy, gamma, eps, out) };
-        return;
-    }
-    rows(x, dy, gamma, eps, out)
+    let avx2 = std::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
+    rows(x, dy, gamma, eps, out, avx2)
 }
 
 /// The outputs the rows write: `dx` (every element, once), and the column
@@ -153,35 +159,77 @@ struct Out<'a, T> {
     dbeta: &'a mut [T],
 }
 
-/// [`rows`] compiled for AVX2 (256-bit vectors: 8 f32 or 4 f64 per
-/// instruction; no FMA, so the same rounding as [`rows`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn rows_avx2<T: Real>(x: &[T], dy: &[T], gamma: &[T], eps: T, out: &mut Out<'_, T>) {
-    rows(x, dy, gamma, eps, out)
+/// One block's operands and outputs: its rows of `x`, `dy` and `dx`, and
+/// its partial column sums (`dgamma`'s then `dbeta`'s).
+struct Block<'a, T> {
+    x: &'a [T],
+    dy: &'a [T],
+    dx: &'a mut [MaybeUninit<T>],
+    partial: &'a mut [T],
 }
 
-/// Every row, and the column sums over fixed blocks of [`BLOCK`] rows.
-#[inline(always)]
-fn rows<T: Real>(x: &[T], dy: &[T], gamma: &[T], eps: T, out: &mut Out<'_, T>) {
+/// Every row, and the column sums over fixed blocks of [`BLOCK`] rows (on
+/// the pool when large), each block in the AVX2 build when `avx2` (which
+/// the caller checked the CPU has).
+fn rows<T: Real>(x: &[T], dy: &[T], gamma: &[T], eps: T, out: &mut Out<'_, T>, avx2: bool) {
     let n = gamma.len();
     if n == 0 {
         return;
     }
-    let (mut bg, mut bb) = (vec![T::ZERO; n], vec![T::ZERO; n]);
-    let blocks = x.chunks(BLOCK * n).zip(dy.chunks(BLOCK * n)).zip(out.dx.chunks_mut(BLOCK * n));
-    for ((xb, dyb), dxb) in blocks {
-        bg.fill(T::ZERO);
-        bb.fill(T::ZERO);
-        for ((xr, dyr), dxr) in xb.chunks_exact(n).zip(dyb.chunks_exact(n)).zip(dxb.chunks_exact_mut(n)) {
-            row(xr, dyr, gamma, eps, dxr, &mut bg, &mut bb);
+    let mut partial = vec![T::ZERO; x.len().div_ceil(BLOCK * n) * 2 * n];
+    let span = BLOCK * n;
+    let blocks: Vec<Mutex<Block<'_, T>>> = x
+        .chunks(span)
+        .zip(dy.chunks(span))
+        .zip(out.dx.chunks_mut(span))
+        .zip(partial.chunks_mut(2 * n))
+        .map(|(((x, dy), dx), partial)| Mutex::new(Block { x, dy, dx, partial }))
+        .collect();
+    let task = |b: usize| {
+        let mut guard = blocks[b].lock().unwrap_or_else(|p| p.into_inner());
+        let Block { x, dy, dx, partial } = &mut *guard;
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: the caller checked that the CPU has AVX2.
+            return unsafe { block_avx2(x, dy, gamma, eps, dx, partial) };
         }
-        for (t, &v) in out.dgamma.iter_mut().zip(&bg) {
+        block(x, dy, gamma, eps, dx, partial)
+    };
+    let pool = (x.len() >= PARALLEL_VALUES && blocks.len() > 1).then(tracejit_kernels::threads::pool).flatten();
+    match pool {
+        Some(pool) => pool.run(blocks.len(), &task),
+        None => (0..blocks.len()).for_each(task),
+    }
+    drop(blocks);
+    for part in partial.chunks_exact(2 * n) {
+        let (bg, bb) = part.split_at(n);
+        for (t, &v) in out.dgamma.iter_mut().zip(bg) {
             *t += v;
         }
-        for (t, &v) in out.dbeta.iter_mut().zip(&bb) {
+        for (t, &v) in out.dbeta.iter_mut().zip(bb) {
             *t += v;
         }
+    }
+}
+
+/// [`block`] compiled for AVX2 (256-bit vectors: 8 f32 or 4 f64 per
+/// instruction; no FMA, so the same rounding as [`block`]).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn block_avx2<T: Real>(x: &[T], dy: &[T], gamma: &[T], eps: T, dx: &mut [MaybeUninit<T>], partial: &mut [T]) {
+    block(x, dy, gamma, eps, dx, partial)
+}
+
+/// One block's rows, their column sums into `partial` (zero on entry).
+#[inline(always)]
+fn block<T: Real>(x: &[T], dy: &[T], gamma: &[T], eps: T, dx: &mut [MaybeUninit<T>], partial: &mut [T]) {
+    let n = gamma.len();
+    let (bg, bb) = partial.split_at_mut(n);
+    for ((xr, dyr), dxr) in x.chunks_exact(n).zip(dy.chunks_exact(n)).zip(dx.chunks_exact_mut(n)) {
+        row(xr, dyr, gamma, eps, dxr, bg, bb);
     }
 }
 
@@ -306,19 +354,14 @@ mod tests {
         let mut go = |avx2: bool| {
             let (mut dx, mut dg, mut db) = (Vec::with_capacity(x.len()), vec![T::ZERO; n], vec![T::ZERO; n]);
             let mut out = Out { dx: &mut dx.spare_capacity_mut()[..x.len()], dgamma: &mut dg, dbeta: &mut db };
-            if !avx2 {
-                rows(x, dy, gamma, eps, &mut out);
-            } else {
-                #[cfg(target_arch = "x86_64")]
-                if std::is_x86_feature_detected!("avx2") {
-                    // SAFETY: the CPU has AVX2.
-                    unsafe { rows_avx2(x, dy, gamma, eps, &mut out) };
-                } else {
-                    return;
-                }
-                #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "x86_64")]
+            let has = std::is_x86_feature_detected!("avx2");
+            #[cfg(not(target_arch = "x86_64"))]
+            let has = false;
+            if avx2 && !has {
                 return;
             }
+            rows(x, dy, gamma, eps, &mut out, avx2);
             // SAFETY: `rows` wrote every element of `dx`.
             unsafe { dx.set_len(x.len()) };
             runs.push([dx, dg, db]);
@@ -326,6 +369,37 @@ mod tests {
         go(false);
         go(true);
         runs
+    }
+
+    /// Large calls run their blocks over the pool: 1, 2 and 3 threads give
+    /// the bits of one pass, odd sizes and a last short block included.
+    #[test]
+    fn thread_counts_give_the_same_bits() {
+        struct Restore;
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                tracejit_kernels::threads::set_num_threads(0);
+            }
+        }
+        let _restore = Restore;
+        for (rows_n, n) in [(1030usize, 64usize), (300, 257), (70, 1023)] {
+            let x: Vec<f32> = (0..rows_n * n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.037).collect();
+            let dy: Vec<f32> = (0..rows_n * n).map(|i| ((i * 53 % 89) as f32 - 44.0) * 0.021).collect();
+            let gamma: Vec<f32> = (0..n).map(|j| 1.0 + (j % 7) as f32 * 0.1).collect();
+            assert!(x.len() >= PARALLEL_VALUES, "large enough for the pool");
+            let runs: Vec<Vec<[Vec<f32>; 3]>> = [1, 2, 3]
+                .iter()
+                .map(|&t| {
+                    tracejit_kernels::threads::set_num_threads(t);
+                    both(&x, &dy, &gamma)
+                })
+                .collect();
+            let bits =
+                |r: &[[Vec<f32>; 3]]| -> Vec<u32> { r.iter().flatten().flatten().map(|v| v.to_bits()).collect() };
+            for r in &runs[1..] {
+                assert!(bits(r) == bits(&runs[0]), "[{rows_n}, {n}]");
+            }
+        }
     }
 
     /// The AVX2 build vectorizes the same partial sums (no FMA, no
