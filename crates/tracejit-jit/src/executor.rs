@@ -52,6 +52,7 @@ use crate::schedule::{Pair, Schedule, Step, StepKind};
 use crate::{JitError, JitOptions};
 
 pub(crate) mod batch;
+mod copies;
 mod epilogue;
 mod pairs;
 mod profile;
@@ -370,6 +371,10 @@ impl Executable {
                         scalars::binary(*b, &args, pool)
                     } else if let (Op::DynamicUpdateSlice, Some((0, ptr))) = (op, alias) {
                         windows::update_in_place(&args, ptr)
+                    } else if let Op::Reshape { shape } = op {
+                        copies::reshape(args[0], shape, pool)
+                    } else if let Op::Concat { axis } = op {
+                        copies::concat(&args, *axis, pool)
                     } else {
                         None
                     };

@@ -506,3 +506,29 @@ proptest! {
         prop_assert!(seen.into_inner().unwrap().iter().all(|&v| v == 1));
     }
 }
+
+/// A reshape of a large strided view (W10's attention output seen as
+/// `[b, t, h·d]`) and a concatenation of large contiguous values copy over
+/// the pool: 1, 2 and 3 threads give the interpreter's values; reshapes of
+/// views whose first axes are 1 long, odd sizes and a reshape with `-1`
+/// included.
+#[test]
+fn large_copies_split_and_give_the_interpreters_values() {
+    let _s = serial();
+    for (lead, t) in [(8usize, 128usize), (1, 257), (3, 129)] {
+        let mut g = Graph::new("copies");
+        let x = param(&mut g, DType::F32, &[lead, 4, t, 64]);
+        let heads_last = node(&mut g, Op::Transpose { perm: vec![0, 2, 1, 3] }, &[x]);
+        let merged = node(&mut g, Op::Reshape { shape: vec![lead as i64, -1, 256] }, &[heads_last]);
+        let ys: Vec<ValueId> = (0..3).map(|_| param(&mut g, DType::F32, &[lead, t, 256])).collect();
+        let joined = node(&mut g, Op::Concat { axis: 2 }, &[ys[0], merged, ys[1], ys[2]]);
+        g.outputs.extend([merged, joined]);
+        let mut ins = vec![data(DType::F32, &[lead, 4, t, 64], 1, true)];
+        ins.extend((0..3).map(|k| data(DType::F32, &[lead, t, 256], 2 + k, true)));
+        let got = run_each_count(&g, &ins, true).unwrap_or_else(|e| panic!("[{lead}, 4, {t}, 64]: {e}"));
+        let want = tracejit_ir::interpret(&g, &ins).unwrap();
+        for k in 0..2 {
+            exact_eq(&got[k], &want[k]).unwrap_or_else(|e| panic!("[{lead}, 4, {t}, 64] output {k}: {e}"));
+        }
+    }
+}

@@ -360,6 +360,7 @@ pub fn scatter_add(x: &Storage, indices: &Storage, updates: &Storage, axis: usiz
 }
 
 pub use scatter_update::scatter_sub_in_place;
+pub use shape::write_row_major;
 
 /// `x` read at `indices` along `axis` (ONNX GatherElements, numpy's
 /// `take_along_axis`): the result has the indices' shape.

@@ -36,14 +36,63 @@ pub(crate) fn materialize<T: Clone>(v: ArrayView<'_, T, IxDyn>) -> ArrayD<T> {
 
 /// The elements of `v` in row-major order. `ArrayView::iter` over `IxDyn`
 /// steps a dynamic index per element (about 25 ns each), which made a
-/// reshape of a transposed 1 MiB view cost milliseconds; this walks the
-/// outer axes with a fixed-size counter and copies the innermost run (the
-/// trailing axes that are contiguous together) as one slice.
+/// reshape of a transposed 1 MiB view cost milliseconds; [`runs`] walks
+/// the outer axes with a fixed-size counter and copies the innermost run
+/// (the trailing axes that are contiguous together) as one slice.
 pub(crate) fn row_major<T: Clone>(v: ArrayView<'_, T, IxDyn>) -> Vec<T> {
-    let n = v.len();
-    if n == 0 || v.ndim() == 0 {
+    if v.is_empty() || v.ndim() == 0 {
         return v.iter().cloned().collect();
     }
+    let mut out = Vec::with_capacity(v.len());
+    runs(&v, |run| match run {
+        Run::Slice(s) => out.extend_from_slice(s),
+        Run::Strided(start, len, stride) => {
+            // SAFETY: `runs` hands out runs of `v`'s elements.
+            out.extend((0..len).map(|j| unsafe { (*start.offset(j as isize * stride)).clone() }))
+        }
+    });
+    out
+}
+
+/// Writes `v`'s elements in row-major order into `out` (exactly `v.len()`
+/// long): what a reshape of a strided view copies, for callers that own
+/// the destination (the JIT copies parts of one view on several threads).
+///
+/// # Panics
+/// If `out`'s length is not `v.len()`.
+pub fn write_row_major<T: Copy>(v: ArrayView<'_, T, IxDyn>, out: &mut [T]) {
+    assert_eq!(out.len(), v.len(), "write_row_major: {} values for a view of {:?}", out.len(), v.shape());
+    if v.is_empty() || v.ndim() == 0 {
+        out.iter_mut().zip(v.iter()).for_each(|(o, x)| *o = *x);
+        return;
+    }
+    let mut at = 0;
+    runs(&v, |run| match run {
+        Run::Slice(s) => {
+            out[at..at + s.len()].copy_from_slice(s);
+            at += s.len();
+        }
+        Run::Strided(start, len, stride) => {
+            for (j, o) in out[at..at + len].iter_mut().enumerate() {
+                // SAFETY: `runs` hands out runs of `v`'s elements.
+                *o = unsafe { *start.offset(j as isize * stride) };
+            }
+            at += len;
+        }
+    });
+}
+
+/// One innermost run of a view: contiguous, or `len` values `stride`
+/// apart from `start`.
+enum Run<'a, T> {
+    Slice(&'a [T]),
+    Strided(*const T, usize, isize),
+}
+
+/// Calls `f` with `v`'s runs in row-major order: the trailing axes that
+/// are contiguous together form one run, the outer axes are walked with a
+/// counter. `v` is not empty and has rank ≥ 1.
+fn runs<'a, T>(v: &ArrayView<'a, T, IxDyn>, mut f: impl FnMut(Run<'a, T>)) {
     let shape = v.shape().to_vec();
     let strides: Vec<isize> = v.strides().to_vec();
     // Fold trailing axes into one run while they are contiguous together.
@@ -56,25 +105,24 @@ pub(crate) fn row_major<T: Clone>(v: ArrayView<'_, T, IxDyn>) -> Vec<T> {
     }
     let outer = &shape[..inner];
     let mut index = vec![0usize; inner];
-    let mut out = Vec::with_capacity(n);
     let base = v.as_ptr();
     loop {
         let offset: isize = index.iter().zip(&strides).map(|(&i, &s)| i as isize * s).sum();
         // SAFETY: every index stays below its axis length, so the offsets
-        // (and the run's) address elements of `v`.
+        // (and the run's) address elements of `v`, which live for `'a`.
         unsafe {
             let start = base.offset(offset);
             if run_stride == 1 {
-                out.extend_from_slice(std::slice::from_raw_parts(start, run));
+                f(Run::Slice(std::slice::from_raw_parts(start, run)));
             } else {
-                out.extend((0..run).map(|j| (*start.offset(j as isize * run_stride)).clone()));
+                f(Run::Strided(start, run, run_stride));
             }
         }
         // The next outer index, last axis fastest.
         let mut axis = inner;
         loop {
             if axis == 0 {
-                return out;
+                return;
             }
             axis -= 1;
             index[axis] += 1;
@@ -463,7 +511,7 @@ mod row_major_tests {
     use ndarray::{ArrayD, Axis, IxDyn, Slice};
     use proptest::prelude::*;
 
-    use super::row_major;
+    use super::{row_major, write_row_major};
 
     proptest! {
         /// Any permutation, step, reversal or broadcast of an array reads
@@ -492,13 +540,19 @@ mod row_major_tests {
                 v.slice_axis_inplace(last, Slice::new(0, None, if flip { -step } else { step }));
             }
             let want: Vec<i64> = v.iter().copied().collect();
-            prop_assert_eq!(row_major(v.view()), want);
+            prop_assert_eq!(row_major(v.view()), want.clone());
+            let mut written = vec![-1i64; want.len()];
+            write_row_major(v.view(), &mut written);
+            prop_assert_eq!(written, want);
             if broadcast {
                 let mut shape = vec![3usize];
                 shape.extend(v.shape());
                 let b = v.broadcast(IxDyn(&shape)).unwrap();
                 let want: Vec<i64> = b.iter().copied().collect();
-                prop_assert_eq!(row_major(b), want);
+                prop_assert_eq!(row_major(b.clone()), want.clone());
+                let mut written = vec![-1i64; want.len()];
+                write_row_major(b, &mut written);
+                prop_assert_eq!(written, want);
             }
         }
     }
