@@ -17,14 +17,28 @@
 //!
 //! Fixing the threshold at glibc's own ceiling for the dynamic one (32 MiB)
 //! gives every process the warm behaviour: blocks below it come from the
-//! heap and are reused. What it costs: freed blocks inside the heap stay
-//! mapped until glibc trims its top (`M_TRIM_THRESHOLD`, left as it is),
-//! as after any warm-up. Opt out with `TRACEJIT_MALLOC_TUNING=0`; a
-//! threshold the user set (`MALLOC_MMAP_THRESHOLD_`, or `GLIBC_TUNABLES`
-//! naming `mmap_threshold`) is left alone.
+//! heap and are reused. glibc's warm-up also raises the trim threshold
+//! (`M_TRIM_THRESHOLD`, free memory at the heap's top kept rather than
+//! returned to the system) to twice the mmap threshold, but a threshold
+//! set with `mallopt` stops that adjustment and left the trim threshold at
+//! its 128 KiB start: a call's large temporaries at the top of the heap
+//! could be returned when freed and faulted in again by the next call
+//! (the harness's profiler of W9's bf16 block at one thread: 12.6 ms per
+//! call against 10.9 with the top kept, its first product 3.7 against
+//! 2.2 ms; the timed medians, whose calls reuse one layout, moved within
+//! the noise). So the trim
+//! threshold is set too, to 64 MiB. What it costs: up to that much freed
+//! memory stays mapped, as after any warm-up. Opt out with
+//! `TRACEJIT_MALLOC_TUNING=0`; a threshold the user set
+//! (`MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_`, or
+//! `GLIBC_TUNABLES` naming `mmap_threshold` or `trim_threshold`) is left
+//! alone, and then so is the other.
 
 /// The threshold set: glibc's `DEFAULT_MMAP_THRESHOLD_MAX` on 64-bit.
 pub(crate) const MMAP_THRESHOLD: usize = 32 << 20;
+/// The trim threshold set with it: twice the mmap threshold, what glibc's
+/// own adjustment would give.
+pub(crate) const TRIM_THRESHOLD: usize = 2 * MMAP_THRESHOLD;
 
 /// Sets glibc's mmap threshold to [`MMAP_THRESHOLD`] the first time it is
 /// called (see the module), unless opted out or set by the user; true when
@@ -35,7 +49,8 @@ pub(crate) fn tune_once() -> bool {
         let var = |name: &str| std::env::var(name).ok();
         let opted_out = var("TRACEJIT_MALLOC_TUNING").is_some_and(|v| v == "0");
         let user_set = var("MALLOC_MMAP_THRESHOLD_").is_some()
-            || var("GLIBC_TUNABLES").is_some_and(|t| t.contains("mmap_threshold"));
+            || var("MALLOC_TRIM_THRESHOLD_").is_some()
+            || var("GLIBC_TUNABLES").is_some_and(|t| t.contains("mmap_threshold") || t.contains("trim_threshold"));
         !opted_out && !user_set && set_threshold(MMAP_THRESHOLD)
     })
 }
@@ -45,7 +60,10 @@ fn set_threshold(bytes: usize) -> bool {
     let Ok(bytes) = i32::try_from(bytes) else { return false };
     // SAFETY: `mallopt` takes a parameter and a value and only changes
     // malloc's settings; it is thread-safe (it takes the arena's lock).
-    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) == 1 }
+    let Ok(trim) = i32::try_from(TRIM_THRESHOLD) else { return false };
+    // SAFETY: `mallopt` takes a parameter and a value and only changes
+    // malloc's settings; it is thread-safe (it takes the arena's lock).
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) == 1 && libc::mallopt(libc::M_TRIM_THRESHOLD, trim) == 1 }
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
@@ -58,7 +76,7 @@ fn set_threshold(_bytes: usize) -> bool {
 mod tests {
     #[test]
     fn the_threshold_is_set_once_where_glibc_is_the_allocator() {
-        let user = ["TRACEJIT_MALLOC_TUNING", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"]
+        let user = ["TRACEJIT_MALLOC_TUNING", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"]
             .iter()
             .any(|v| std::env::var_os(v).is_some());
         let first = super::tune_once();
@@ -75,6 +93,14 @@ mod tests {
             let block = std::hint::black_box(vec![1u8; 4 << 20]);
             assert_eq!(mapped(), before, "a 4 MiB block was mmapped");
             drop(block);
+            // A freed 16 MiB block stays in the heap: the heap does not
+            // shrink (with glibc's 128 KiB trim threshold it shrank by it).
+            // SAFETY: as above.
+            let heap = || unsafe { libc::mallinfo2() }.arena;
+            let block = std::hint::black_box(vec![1u8; 16 << 20]);
+            let with_block = heap();
+            drop(block);
+            assert!(heap() >= with_block, "the heap was trimmed: {} -> {} bytes", with_block, heap());
         }
     }
 }
