@@ -14,7 +14,7 @@ use ndarray::ArrayView2;
 use crate::Isa;
 
 mod micro;
-pub(crate) mod transpose;
+mod transpose;
 
 /// The element types of [`product`]: f32 and f64.
 pub trait GemmFloat: Copy + Default + Send + Sync + 'static {

@@ -37,14 +37,6 @@ pub(super) trait LhsValue: Copy + Default {
         let _ = (a, out, isa);
         false
     }
-
-    /// `a`'s rows, contiguous, when `a` is the transpose of a row-major
-    /// matrix (columns contiguous) and a fast transposing copy exists;
-    /// `None` otherwise (the packing then gathers them panel by panel).
-    fn transposed_rows(a: ArrayView2<'_, Self>) -> Option<Vec<Self>> {
-        let _ = a;
-        None
-    }
 }
 
 impl LhsValue for f32 {
@@ -71,22 +63,6 @@ impl LhsValue for f32 {
             false
         };
     }
-
-    fn transposed_rows(a: ArrayView2<'_, f32>) -> Option<Vec<f32>> {
-        let (m, k) = a.dim();
-        if a.strides()[0] != 1 || m < 2 || k < 2 {
-            return None;
-        }
-        // A weight gradient's `xᵀ`: gathering it six values at a time (one
-        // per panel row) took 3.7% of W10's bf16 step; 8 × 8 register
-        // transposes copy it at about the cache's rate.
-        let mut rows = vec![0.0f32; m * k];
-        // SAFETY: `a`'s element `(r, c)` is at `r + c · s1` from its first,
-        // so the `k × m` matrix there (row stride `s1`, columns
-        // contiguous) is `aᵀ`, inside `a`'s data; `rows` holds `m · k`.
-        unsafe { crate::gemm::transpose::to_column_major(a.as_ptr(), k, m, a.strides()[1], &mut rows) };
-        Some(rows)
-    }
 }
 
 impl LhsValue for bf16 {
@@ -100,13 +76,9 @@ impl LhsValue for bf16 {
 /// Packs `a` [m, k] (any strides) into `out` (`tiles::lhs_len(m, kw)`
 /// words, `kw = ceil(k / 2)`), rounding f32 values to bf16.
 pub(super) fn pack_lhs<T: LhsValue>(a: ArrayView2<'_, T>, out: &mut [u32], isa: Isa) {
-    let (m, k) = a.dim();
+    let k = a.ncols();
     if T::pack_lhs_vector(a, out, isa) {
         return;
-    }
-    if let Some(rows) = T::transposed_rows(a) {
-        let a = ArrayView2::from_shape((m, k), &rows).expect("m · k values");
-        return pack_rows(a, k.div_ceil(2), out, 0, |_, row, words| T::to_bits(row, &mut halves_mut(words)[..k], isa));
     }
     // Halves past `k` keep the pad, 0.
     pack_rows(a, k.div_ceil(2), out, 0, |_, row, words| T::to_bits(row, &mut halves_mut(words)[..k], isa));

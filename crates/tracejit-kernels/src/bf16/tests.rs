@@ -296,9 +296,10 @@ fn the_vector_packing_has_the_portable_bits_for_every_layout() {
     }
 }
 
-/// The lhs packed in parts over the pool, and a transposed lhs packed from
-/// its transposing copy, give the words of the one-thread packing of the
-/// same values in row-major storage.
+/// The lhs packed in parts over the pool, and a transposed lhs packed by
+/// the vector path (register transposes) or gathered (portable), give the
+/// words of the one-thread packing of the same values in row-major
+/// storage.
 #[test]
 fn lhs_packing_over_threads_and_from_transposes_has_the_row_major_words() {
     let mut rng = Rng::new(29);
