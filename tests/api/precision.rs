@@ -182,6 +182,27 @@ fn a_packed_weight_follows_its_variable() {
     assert_eq!(f.concrete_functions()[0].schedule_stats().unwrap().bf16_gemms, 1);
 }
 
+/// A weight passed as an argument: its packing is reused while the same
+/// tensor comes back, and a new tensor (or the old one again, or a
+/// transposed view) always gets its own product — never a packing of
+/// another value.
+#[test]
+fn a_weight_argument_is_never_multiplied_by_another_values_packing() {
+    let f = function(|(x, w): (Tensor, Tensor)| x.matmul(&w)).mixed_precision(DType::BF16);
+    let g = function(|(x, w): (Tensor, Tensor)| x.matmul(&w.transpose(&[1, 0]))).mixed_precision(DType::BF16);
+    let x = Tensor::randn(&[9, 24], 10);
+    let ws: Vec<Tensor> = (0..3).map(|s| Tensor::randn(&[24, 10], 11 + s)).collect();
+    for (round, i) in [0, 0, 1, 1, 2, 0, 2, 2].into_iter().enumerate() {
+        let got = f.call((x.clone(), ws[i].clone())).unwrap();
+        assert_product(&got, &rounded(&x), &rounded(&ws[i]), &format!("round {round}, weight {i}"));
+        let wt = ws[i].transpose(&[1, 0]);
+        let got = g.call((x.clone(), wt.clone())).unwrap();
+        assert_product(&got, &rounded(&x), &rounded(&ws[i]), &format!("transposed, round {round}, weight {i}"));
+    }
+    assert_eq!(f.concrete_functions()[0].schedule_stats().unwrap().bf16_gemms, 1);
+    assert_eq!(g.concrete_functions()[0].schedule_stats().unwrap().bf16_gemms, 1);
+}
+
 #[test]
 fn batched_and_transposed_operands_take_the_bf16_path_or_its_equivalent() {
     // A stack of matrices times one matrix, a transposed weight, and a

@@ -8,8 +8,15 @@
 //!
 //! The right operand is packed into bf16 pairs once per buffer when it is a
 //! variable's value or a constant (or a transposed view of one): a weight
-//! is packed once per version, not once per call. The `bf16_products` pass
-//! (`codegen`) decides which products run here.
+//! is packed once per version, not once per call. When it is an argument
+//! (weights passed in, as to a `jax.jit`'s `apply(params, x)`), the packing
+//! is kept while calls pass the same buffer again — values are immutable,
+//! and the held clone keeps the buffer from being freed or written in
+//! place — and given up at the first two calls in a row that pass new
+//! buffers (a training loop's updated weights), so that it never holds
+//! an old weight alive there; torch's autocast keeps its weight casts the
+//! same way. The `bf16_products` pass (`codegen`) decides which products
+//! run here.
 
 use std::sync::{Arc, Mutex};
 
@@ -25,23 +32,51 @@ pub(crate) struct Bf16Product {
     /// Per operand: true when its value is f32 to round to bf16, false
     /// when it is bf16 already.
     pub round: [bool; 2],
-    /// The right operand is a variable's value or a constant: keep its
-    /// packing for as long as its buffer is the same.
-    pub cache_rhs: bool,
-    /// The last packed right operand and the value it was packed from
-    /// (held, so its buffer cannot be freed and reused while cached).
-    packed: Mutex<Option<(Storage, Arc<PackedBf16>)>>,
+    /// Where the right operand comes from, which decides whether its
+    /// packing is kept.
+    pub rhs: RhsSource,
+    /// The last packed right operand and what decides keeping the next.
+    packed: Mutex<Cached>,
+}
+
+/// Where a product's right operand comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RhsSource {
+    /// A variable's value or a constant (or a transposed view of one):
+    /// its packing is kept for as long as its buffer is the same.
+    Weight,
+    /// An argument of the call (or a transposed view of one): its packing
+    /// is kept while calls pass the same buffer (see the module).
+    Argument,
+    /// Computed in the call: packed every time.
+    Computed,
+}
+
+/// A product's kept packing.
+#[derive(Default)]
+struct Cached {
+    /// The packed right operand and the value it was packed from (held, so
+    /// its buffer cannot be freed, reused or written in place meanwhile).
+    entry: Option<(Storage, Arc<PackedBf16>)>,
+    /// Calls that found `entry` since it was stored.
+    hits: u64,
+    /// Whether an argument's packing was ever kept.
+    stored: bool,
 }
 
 impl Bf16Product {
-    pub(crate) fn new(round: [bool; 2], cache_rhs: bool) -> Bf16Product {
-        Bf16Product { round, cache_rhs, packed: Mutex::new(None) }
+    pub(crate) fn new(round: [bool; 2], rhs: RhsSource) -> Bf16Product {
+        Bf16Product { round, rhs, packed: Mutex::new(Cached::default()) }
     }
 
     /// How the listing shows it: `bf16 matmul (lhs rounded, rhs packed once)`.
     pub(crate) fn describe(&self) -> String {
         let side = |r: bool| if r { "f32 rounded" } else { "bf16" };
-        let cache = if self.cache_rhs { ", rhs packed once per version" } else { "" };
+        let cache = match self.rhs {
+            RhsSource::Weight => ", rhs packed once per version",
+            RhsSource::Argument => ", rhs packed once while the argument repeats",
+            RhsSource::Computed => "",
+        };
         format!("matmul_bf16 (lhs {}, rhs {}{cache})", side(self.round[0]), side(self.round[1]))
     }
 
@@ -97,21 +132,37 @@ impl Bf16Product {
         Some((s[..s.len() - 1].iter().product(), k))
     }
 
-    /// The packed rhs: the cached one while `b` is the same buffer.
+    /// The packed rhs: the kept one while `b` is the same buffer; else
+    /// packed now, and kept for a weight always, for an argument on the
+    /// first call and after a kept packing was used again (so a loop
+    /// passing new buffers every call keeps nothing from its second call on).
     fn packed_rhs(&self, b: &Storage) -> Arc<PackedBf16> {
-        if self.cache_rhs {
-            let cached = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((held, p)) = cached.as_ref() {
+        if self.rhs == RhsSource::Computed {
+            return Arc::new(pack(b));
+        }
+        {
+            let mut cached = self.packed.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((held, p)) = cached.entry.as_ref() {
                 if held.same_elements(b) {
-                    return p.clone();
+                    let p = p.clone();
+                    cached.hits += 1;
+                    return p;
                 }
             }
         }
         let p = Arc::new(pack(b));
-        if self.cache_rhs {
-            *self.packed.lock().unwrap_or_else(|p| p.into_inner()) = Some((b.clone(), p.clone()));
-        }
+        let mut cached = self.packed.lock().unwrap_or_else(|p| p.into_inner());
+        let keep = self.rhs == RhsSource::Weight || !cached.stored || cached.hits > 0;
+        cached.entry = keep.then(|| (b.clone(), p.clone()));
+        cached.stored |= keep;
+        cached.hits = 0;
         p
+    }
+
+    /// Whether a packing of the right operand is held now (tests).
+    #[cfg(test)]
+    pub(crate) fn holds_packing(&self) -> bool {
+        self.packed.lock().unwrap_or_else(|p| p.into_inner()).entry.is_some()
     }
 
     /// Shapes the fast path does not take (a batched rhs): the product of
@@ -148,5 +199,41 @@ fn pack(b: &Storage) -> PackedBf16 {
         Storage::F32(x) => PackedBf16::from_f32(x.view().into_dimensionality().expect("rank 2")),
         Storage::BF16(x) => PackedBf16::from_bf16(x.view().into_dimensionality::<ndarray::Ix2>().expect("rank 2")),
         other => unreachable!("the bf16_products pass gives f32 or bf16 operands, not {}", other.dtype()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix(rows: usize, cols: usize, seed: u64) -> Storage {
+        let v: Vec<f32> = (0..rows * cols).map(|i| ((i as u64 * 37 + seed * 101) % 97) as f32 / 97.0 - 0.5).collect();
+        Storage::from_vec(v, &[rows, cols]).unwrap()
+    }
+
+    /// An argument's packing is reused while the same buffer comes back,
+    /// replaced when another one comes (never a stale result), and given
+    /// up when new buffers come twice in a row; a weight's is always kept.
+    #[test]
+    fn an_arguments_packing_is_kept_only_while_it_repeats() {
+        let isa = Isa::native();
+        let a = matrix(5, 7, 1);
+        let fresh =
+            |b: &Storage| Bf16Product::new([true, true], RhsSource::Computed).run_with(isa, &a, b, &mut |_, _| None);
+        let product = Bf16Product::new([true, true], RhsSource::Argument);
+        let run = |b: &Storage| product.run_with(isa, &a, b, &mut |_, _| None);
+        let (w1, w2, w3) = (matrix(7, 3, 2), matrix(7, 3, 3), matrix(7, 3, 4));
+        assert!(run(&w1).bit_eq(&fresh(&w1)) && product.holds_packing(), "the first call keeps it");
+        assert!(run(&w1).bit_eq(&fresh(&w1)) && product.holds_packing(), "the same buffer again");
+        // A new buffer after a reuse: packed anew and kept.
+        assert!(run(&w2).bit_eq(&fresh(&w2)) && product.holds_packing());
+        // A second new buffer in a row: packed, and nothing kept any more.
+        assert!(run(&w3).bit_eq(&fresh(&w3)) && !product.holds_packing());
+        assert!(run(&w1).bit_eq(&fresh(&w1)) && !product.holds_packing(), "a training loop's pattern keeps nothing");
+        let weight = Bf16Product::new([true, true], RhsSource::Weight);
+        for w in [&w1, &w2, &w3] {
+            assert!(weight.run_with(isa, &a, w, &mut |_, _| None).bit_eq(&fresh(w)) && weight.holds_packing());
+        }
+        assert!(!Bf16Product::new([true, true], RhsSource::Computed).holds_packing());
     }
 }

@@ -5,7 +5,8 @@
 //! `x` and `y` (or from the f32 `x32`, rounded while packed): the widened
 //! (and rounded) copies are never made, and the casts no other step reads
 //! are dropped. The right operand's packing is kept across calls when it
-//! is a variable's value or a constant ([`crate::gemm_bf16`]).
+//! is a variable's value or a constant, and while the same buffer comes
+//! back when it is an argument ([`crate::gemm_bf16`]).
 //!
 //! Runs first after `lower`, before any pass that records step indices.
 
@@ -17,7 +18,7 @@ use tracejit_ir::tensor::DType;
 use tracejit_ir::{Graph, Op};
 
 use super::{CodegenContext, SchedulePass};
-use crate::gemm_bf16::Bf16Product;
+use crate::gemm_bf16::{Bf16Product, RhsSource};
 use crate::schedule::{Schedule, StepKind};
 
 /// Moves products of bf16-widened operands onto the bf16 GEMM.
@@ -53,9 +54,9 @@ fn rewrite(s: &mut Schedule, g: &Graph) -> usize {
         let (Some(a), Some(b)) = (operand(s, g, &producer, ins[0]), operand(s, g, &producer, ins[1])) else {
             continue;
         };
-        let cache = is_weight(s, &producer, b.slot);
+        let rhs = source(s, &producer, b.slot);
         let step = &mut s.steps[i];
-        step.kind = StepKind::MatMulBf16(Arc::new(Bf16Product::new([a.round, b.round], cache)));
+        step.kind = StepKind::MatMulBf16(Arc::new(Bf16Product::new([a.round, b.round], rhs)));
         step.inputs = [a.slot, b.slot].into_iter().collect();
         changed += 1;
     }
@@ -93,14 +94,16 @@ fn cast_step(
     (*t == to && g.value_type(node.inputs[0]).dtype == from).then_some(p)
 }
 
-/// True when `slot` holds a variable's value, a constant, or a transposed
-/// view of one: buffers that stay the same across calls until assigned.
-fn is_weight(s: &Schedule, producer: &HashMap<usize, usize>, slot: usize) -> bool {
-    let Some(&p) = producer.get(&slot) else { return false };
+/// Where `slot`'s value comes from: a variable's value or a constant (a
+/// buffer that stays the same across calls until assigned), an argument,
+/// a transposed view of either, or a computation.
+fn source(s: &Schedule, producer: &HashMap<usize, usize>, slot: usize) -> RhsSource {
+    let Some(&p) = producer.get(&slot) else { return RhsSource::Computed };
     match &s.steps[p].kind {
-        StepKind::Read(_) | StepKind::Constant(_) => true,
-        StepKind::View(crate::executor::views::View::Transpose(_)) => is_weight(s, producer, s.steps[p].inputs[0]),
-        _ => false,
+        StepKind::Read(_) | StepKind::Constant(_) => RhsSource::Weight,
+        StepKind::Param(_) => RhsSource::Argument,
+        StepKind::View(crate::executor::views::View::Transpose(_)) => source(s, producer, s.steps[p].inputs[0]),
+        _ => RhsSource::Computed,
     }
 }
 
