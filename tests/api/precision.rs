@@ -124,6 +124,56 @@ fn mixed_precision_rounds_the_products_operands_only() {
     assert_eq!(plain.concrete_functions()[0].schedule_stats().unwrap().bf16_gemms, 0);
 }
 
+type Qkv = (Tensor, Tensor, Tensor);
+
+/// Whether this CPU multiplies bf16 natively (AVX-512 BF16).
+fn native_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx512bf16");
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
+}
+
+/// Causal attention, compiled with or without mixed precision.
+fn attention_fn(lowp: bool) -> Function<Qkv, Tensor> {
+    let f = function(|(q, k, v): Qkv| tracejit::nn::scaled_dot_product_attention(&q, &k, &v, None, true, None));
+    if lowp {
+        f.mixed_precision(DType::BF16)
+    } else {
+        f
+    }
+}
+
+/// Under mixed precision attention's forward kernel takes its bf16 form
+/// (where the CPU has AVX-512 BF16): the pass reports it, the rounding
+/// shows, and on random inputs the results stay within bf16's error of
+/// the f32 kernel's.
+#[test]
+fn mixed_precision_runs_attention_with_bf16_products() {
+    let (lowp, plain) = (attention_fn(true), attention_fn(false));
+    // Zero queries weigh every visible key alike; a value between two
+    // bf16 values comes out rounded from the bf16 products only.
+    let v = Tensor::full(&[2, 3, 37, 16], 1.0 + 2f64.powi(-10), DType::F32);
+    let (q, k) = (Tensor::zeros(&[2, 3, 37, 16], DType::F32), Tensor::randn(&[2, 3, 37, 16], 2));
+    let got = f32s(&lowp.call((q.clone(), k.clone(), v.clone())).unwrap());
+    let want = f32s(&plain.call((q, k, v)).unwrap());
+    let cf = &lowp.concrete_functions()[0];
+    assert!(cf.stats().to_string().contains("1 kernel with bf16 products"), "{}", cf.stats());
+    assert!(want.iter().all(|&x| (x - (1.0 + 2f32.powi(-10))).abs() < 1e-6), "f32: {:?}", &want[..3]);
+    if native_bf16() {
+        assert!(got.iter().all(|&x| (x - 1.0).abs() < 1e-6), "bf16 products: {:?}", &got[..3]);
+    } else {
+        assert_eq!(got, want, "without AVX-512 BF16 the kernel keeps f32 products");
+    }
+    // Random inputs, scores of a few units: within ~2⁻⁷ of |v|'s scale.
+    let (q, k, v) =
+        (Tensor::randn(&[2, 3, 37, 16], 4), Tensor::randn(&[2, 3, 37, 16], 5), Tensor::randn(&[2, 3, 37, 16], 6));
+    let got = f32s(&lowp.call((q.clone(), k.clone(), v.clone())).unwrap());
+    let want = f32s(&plain.call((q, k, v)).unwrap());
+    let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    assert!(worst < 0.05, "largest difference from f32 attention {worst}");
+}
+
 #[test]
 fn mixed_precision_training_keeps_f32_variables_and_gradients() {
     let w = Variable::new(Tensor::randn(&[40, 8], 5) * 0.2);

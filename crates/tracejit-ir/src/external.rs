@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use tracejit_tensor::Storage;
+use tracejit_tensor::{DType, Storage};
 
 use crate::Effects;
 
@@ -60,5 +60,17 @@ pub trait ExternalKernel: Send + Sync + fmt::Debug {
     /// calls still run it.
     fn eager_only(&self) -> bool {
         false
+    }
+
+    /// The kernel to run instead under mixed precision with `low` (bf16):
+    /// one whose products may read their operands rounded to `low` and
+    /// accumulate in f32, as the `auto_mixed_precision` pass does to the
+    /// allow list's products (attention's `q·kᵀ` and `P·v`). Its results
+    /// may differ from this kernel's within the rounding of `low`; its
+    /// inputs and outputs are this kernel's. `None` (the default): the
+    /// kernel keeps its own precision.
+    fn mixed_precision(&self, low: DType) -> Option<std::sync::Arc<dyn ExternalKernel>> {
+        let _ = low;
+        None
     }
 }

@@ -31,7 +31,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tracejit_kernels::attention::{backward, forward, Problem};
+use tracejit_kernels::attention::{backward, forward, forward_strided_bf16, Operand, Problem};
 use tracejit_kernels::{gemm, threads, Isa};
 
 /// The system allocator, counting the bytes live and their peak.
@@ -127,6 +127,16 @@ impl Operands {
         forward(p, &self.q, &self.k, &self.v, None, &mut self.out, &mut self.lse, isa);
     }
 
+    /// The forward with bf16 products (`vdpbf16ps` where the CPU has it).
+    fn forward_bf16(&mut self, p: &Problem, isa: Isa) {
+        let starts = |rows: usize, cols: usize| (0..p.batch).map(|b| b * rows * cols).collect::<Vec<_>>();
+        let (qs, ks, vs) = (starts(p.tq, p.d), starts(p.tk, p.d), starts(p.tk, p.dv));
+        let q = Operand { data: &self.q, starts: &qs, row_stride: p.d };
+        let k = Operand { data: &self.k, starts: &ks, row_stride: p.d };
+        let v = Operand { data: &self.v, starts: &vs, row_stride: p.dv };
+        forward_strided_bf16(p, q, k, v, None, &mut self.out, &mut self.lse, isa);
+    }
+
     fn backward(&mut self, p: &Problem, isa: Isa) {
         let o = self;
         backward(p, &o.q, &o.k, &o.v, None, &o.out, &o.lse, &o.dout, &mut o.dq, &mut o.dk, &mut o.dv, isa);
@@ -148,6 +158,10 @@ fn speeds(name: &str, p: Problem, isa: Isa) {
         let tf = best(|| o.forward(black_box(&p), isa));
         let tb = best(|| o.backward(black_box(&p), isa));
         println!("  {n} thread(s): forward {:>8.1} µs {:>5.1} G MAC/s", tf * 1e6, fwd / tf / 1e9);
+        if isa.has_avx512_bf16() {
+            let th = best(|| o.forward_bf16(black_box(&p), isa));
+            println!("  {n} thread(s): forward, bf16 products {:>8.1} µs {:>5.1} G MAC/s", th * 1e6, fwd / th / 1e9);
+        }
         println!(
             "  {n} thread(s): backward {:>7.1} µs {:>5.1} G MAC/s ({:.1} fused-equivalent)",
             tb * 1e6,
@@ -230,7 +244,7 @@ fn memory() {
 }
 
 fn main() {
-    // `attention loop forward|backward [tq [full]]`: one pass of W9's
+    // `attention loop forward|bf16|backward [tq [full]]`: one pass of W9's
     // problem (or 4 problems of `tq` queries and keys; `full`: not causal)
     // for ~3 s, for a profiler.
     let args: Vec<String> = std::env::args().collect();
@@ -246,6 +260,7 @@ fn main() {
         while start.elapsed() < Duration::from_secs(3) {
             match args.get(2).map(String::as_str) {
                 Some("backward") => o.backward(black_box(&p), isa),
+                Some("bf16") => o.forward_bf16(black_box(&p), isa),
                 _ => o.forward(black_box(&p), isa),
             }
         }

@@ -37,6 +37,8 @@
 mod copy;
 mod gradients;
 mod kernel;
+#[cfg(target_arch = "x86_64")]
+mod lowp;
 mod online;
 mod paths;
 mod plan;
@@ -44,6 +46,8 @@ mod plan;
 mod reference;
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests_bf16;
 mod vector;
 
 use crate::Isa;
@@ -232,6 +236,54 @@ pub fn forward_strided(
     forward_on(Path::of(isa), p, q, k, v, mask, out, lse);
 }
 
+/// [`forward_strided`] for mixed precision: the two products (`q·kᵀ` and
+/// `P·v`) read their operands rounded to bf16 (`q·scale`, `k`, the
+/// probabilities and `v`, to nearest even) and accumulate in f32 with
+/// `vdpbf16ps` where `isa` has AVX-512 BF16, at twice the f32 rate; the
+/// masks, the softmax and `lse` stay f32. Elsewhere it is
+/// [`forward_strided`] (f32 products): the same results within the
+/// tolerance below. What PyTorch's autocast does to attention; tracejit's
+/// `auto_mixed_precision` pass chooses it for the attention op.
+///
+/// Accuracy: each rounding is relative `2⁻⁹`, so a score is within
+/// `2⁻⁸·scale·Σ_c |q_ic·k_jc|` (plus the f32 error) of the exact one, a
+/// probability within about that relative error, and an output within
+/// `2⁻⁷·(1 + max_j |s_ij|)·Σ_j p_ij·|v_jc|`-ish of the f64 formula — the
+/// bound the tests check. Subnormal operands and products count as zero
+/// (`vdpbf16ps` flushes them). The other semantics (masks, NaN, empty
+/// rows, sizes) are [`forward`]'s.
+///
+/// ```
+/// use tracejit_kernels::attention::{forward_strided_bf16, Operand, Problem};
+/// use tracejit_kernels::Isa;
+///
+/// fn rows(data: &[f32]) -> Operand<'_> {
+///     Operand { data, starts: &[0], row_stride: 1 }
+/// }
+/// let p = Problem { batch: 1, tq: 2, tk: 3, d: 1, dv: 1, scale: 1.0, causal: true };
+/// let (q, k, v) = ([0.0f32, 0.0], [1.0f32, 2.0, 3.0], [10.0f32, 20.0, 30.0]);
+/// let (mut out, mut lse) = ([0.0f32; 2], [0.0f32; 2]);
+/// forward_strided_bf16(&p, rows(&q), rows(&k), rows(&v), None, &mut out, &mut lse, Isa::native());
+/// // Equal weights over the visible values (all exact in bf16).
+/// assert!((out[0] - 15.0).abs() < 1e-5 && (out[1] - 20.0).abs() < 1e-5);
+/// ```
+///
+/// # Panics
+/// As [`forward_strided`].
+#[allow(clippy::too_many_arguments, reason = "the operands of one attention call")]
+pub fn forward_strided_bf16(
+    p: &Problem,
+    q: Operand<'_>,
+    k: Operand<'_>,
+    v: Operand<'_>,
+    mask: Option<&Mask<'_>>,
+    out: &mut [f32],
+    lse: &mut [f32],
+    isa: Isa,
+) {
+    forward_on(Path::of_bf16(isa), p, q, k, v, mask, out, lse);
+}
+
 /// [`forward`] on a given path (the tests force each one).
 #[allow(clippy::too_many_arguments, reason = "the operands of one attention call")]
 fn forward_on(
@@ -251,7 +303,7 @@ fn forward_on(
     let work = p.pairs() * (p.d + p.dv) as u64;
     let tasks = online::tasks(&x);
     let call = online::ForwardCall { x, out: OutPtr(out.as_mut_ptr()), lse: OutPtr(lse.as_mut_ptr()) };
-    let len = online::scratch_len(p.d, p.dv);
+    let len = path.forward_scratch(p.d, p.dv);
     plan::run(tasks, work, &|t| {
         plan::with_scratch(len, |scratch| {
             // SAFETY: `t < tasks`; the scratch has `len` floats, aligned;

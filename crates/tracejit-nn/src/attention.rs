@@ -32,7 +32,8 @@ pub(crate) static ATTENTION: Composite = Composite::new(
     Some(Native { accepts: native::forward_accepts, run: native::forward }),
     Some(backward),
     crate::samples::attention,
-);
+)
+.with_mixed_precision(native::forward_bf16);
 
 /// `tracejit.nn.scaled_dot_product_attention_grad`.
 pub(crate) static ATTENTION_GRAD: Composite = Composite::new(

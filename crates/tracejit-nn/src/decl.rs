@@ -27,7 +27,7 @@ use std::sync::{Arc, OnceLock};
 use tracejit_ir::registry::{Registration, TypePredicate};
 use tracejit_ir::{ExternalKernel, TensorType};
 use tracejit_kernels::Isa;
-use tracejit_tensor::Storage;
+use tracejit_tensor::{DType, Storage};
 use tracejit_trace::{function, Function, GradientTape, Static, Tensor, TensorSpec};
 
 /// A composite's primitive body: tensor arguments and the static
@@ -74,6 +74,8 @@ pub struct Composite {
     short: &'static str,
     body: BodyFn,
     kernel: Option<Native>,
+    /// The kernel's mixed-precision form (bf16 products), if any.
+    mixed: Option<NativeFn>,
     backward: Option<BackwardFn>,
     examples: ExamplesFn,
     /// Compiled code runs the body, eager calls the kernel
@@ -99,7 +101,26 @@ impl Composite {
         backward: Option<BackwardFn>,
         examples: ExamplesFn,
     ) -> Composite {
-        Composite { name, short, body, kernel, backward, examples, traced_as_body: false, function: OnceLock::new() }
+        Composite {
+            name,
+            short,
+            body,
+            kernel,
+            mixed: None,
+            backward,
+            examples,
+            traced_as_body: false,
+            function: OnceLock::new(),
+        }
+    }
+
+    /// The kernel's form under mixed precision (`mixed_precision(BF16)`
+    /// on a function): the same arguments and results, its products on
+    /// bf16 operands with f32 accumulation
+    /// ([`ExternalKernel::mixed_precision`]).
+    pub(crate) const fn with_mixed_precision(mut self, run: NativeFn) -> Composite {
+        self.mixed = Some(run);
+        self
     }
 
     /// The native kernel serves eager calls only; in a traced function the
@@ -198,7 +219,7 @@ impl Composite {
                 let specs: Vec<TensorSpec> = types.iter().map(|ty| TensorSpec { ty: ty.clone() }).collect();
                 (native.accepts)(&specs)
             });
-            let kernel = Arc::new(DeclaredKernel { composite: self, run: native.run });
+            let kernel = Arc::new(DeclaredKernel { composite: self, run: native.run, mixed: self.mixed });
             tracejit_ir::registry::register_default(self.name, Registration { kernel, accepts: Some(accepts) });
         }
         if let Some(backward) = self.backward {
@@ -212,11 +233,14 @@ impl Composite {
 struct DeclaredKernel {
     composite: &'static Composite,
     run: NativeFn,
+    /// The mixed-precision form; `None` for that form itself.
+    mixed: Option<NativeFn>,
 }
 
 impl fmt::Debug for DeclaredKernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DeclaredKernel({})", self.composite.name)
+        let lowp = self.composite.mixed.is_some() && self.mixed.is_none();
+        write!(f, "DeclaredKernel({}{})", self.composite.name, if lowp { ", bf16 products" } else { "" })
     }
 }
 
@@ -234,6 +258,11 @@ impl ExternalKernel for DeclaredKernel {
 
     fn eager_only(&self) -> bool {
         self.composite.traced_as_body
+    }
+
+    fn mixed_precision(&self, low: DType) -> Option<Arc<dyn ExternalKernel>> {
+        let run = self.mixed.filter(|_| low == DType::BF16)?;
+        Some(Arc::new(DeclaredKernel { composite: self.composite, run, mixed: None }))
     }
 }
 

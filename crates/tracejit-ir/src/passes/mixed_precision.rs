@@ -16,8 +16,14 @@
 //! downstream sees a low dtype. Variables stay f32 and their gradients are
 //! f32 (the backward's products are products too, so they are rounded
 //! likewise, as autocast does). A value read by several products is
-//! rounded once. The pass runs inside loop bodies and branches; composite
-//! kernels (attention, LSTM) keep their own f32 arithmetic.
+//! rounded once. The pass runs inside loop bodies and branches.
+//!
+//! A composite's kernel that has a mixed-precision form
+//! ([`crate::ExternalKernel::mixed_precision`]) is swapped for it:
+//! attention's forward then runs its two products on bf16 operands with
+//! f32 accumulation (its softmax stays f32), as autocast runs SDPA in
+//! bf16; its backward and the other kernels (LSTM, layer norm) keep
+//! their own f32 arithmetic.
 
 use std::collections::HashMap;
 
@@ -41,10 +47,11 @@ impl Pass for AutoMixedPrecision {
             return PassResult::unchanged();
         };
         let nested = run_in_subgraphs(self, g, cx);
+        let kernels = swap_kernels(g, low);
         let operands: Vec<(NodeId, Vec<usize>)> =
             g.nodes().filter_map(|(id, _)| Some((id, rounded_operands(g, id)?))).collect();
         if operands.is_empty() {
-            return nested;
+            return nested.and(kernels);
         }
         let mut rw = Rewriter::new(g);
         // The rounded f32 copy of each old value, made once.
@@ -79,8 +86,27 @@ impl Pass for AutoMixedPrecision {
         }
         *g = rw.finish();
         let what = if changed == 1 { "product" } else { "products" };
-        nested.and(PassResult::count(changed, &format!("{what} in {low} with f32 accumulation")))
+        nested.and(kernels).and(PassResult::count(changed, &format!("{what} in {low} with f32 accumulation")))
     }
+}
+
+/// Swaps each kernel node that has a mixed-precision form for `low` for
+/// that form, in place (same inputs, outputs and name).
+fn swap_kernels(g: &mut Graph, low: DType) -> PassResult {
+    let swaps: Vec<(NodeId, Op)> = g
+        .nodes()
+        .filter_map(|(id, node)| {
+            let Op::Kernel { name, kernel, inputs, outputs } = &node.op else { return None };
+            let kernel = kernel.mixed_precision(low)?;
+            Some((id, Op::Kernel { name: name.clone(), kernel, inputs: inputs.clone(), outputs: outputs.clone() }))
+        })
+        .collect();
+    let n = swaps.len();
+    for (id, op) in swaps {
+        g.node_mut(id).op = op;
+    }
+    let what = if n == 1 { "kernel" } else { "kernels" };
+    PassResult::count(n, &format!("{what} with {low} products"))
 }
 
 /// `cast(cast(v, low), f32)` in the new graph.

@@ -34,24 +34,25 @@ pub(super) struct ForwardCall<'a> {
     pub lse: OutPtr,
 }
 
-/// A task's scratch regions.
-struct Scratch {
+/// A task's scratch regions (the bf16 forward, [`super::lowp`], adds its
+/// own after them).
+pub(super) struct Scratch {
     /// `qᵀ·scale`, `[d, TILE]`.
-    qt: *mut f32,
+    pub qt: *mut f32,
     /// A block's scores, then probabilities, `[BLOCK, TILE]`.
-    st: *mut f32,
+    pub st: *mut f32,
     /// The output accumulator, `oᵀ`, `[dv, TILE]`.
-    ot: *mut f32,
+    pub ot: *mut f32,
     /// Per query: running max, running sum, the block's rescale factor,
     /// and 1 once a key passed the mask.
-    m: *mut f32,
-    l: *mut f32,
-    alpha: *mut f32,
-    seen: *mut f32,
+    pub m: *mut f32,
+    pub l: *mut f32,
+    pub alpha: *mut f32,
+    pub seen: *mut f32,
 }
 
 impl Scratch {
-    fn carve(c: &mut Carve, d: usize, dv: usize) -> Scratch {
+    pub(super) fn carve(c: &mut Carve, d: usize, dv: usize) -> Scratch {
         Scratch {
             qt: c.take(d * TILE),
             st: c.take(BLOCK * TILE),
@@ -78,20 +79,48 @@ pub(super) fn tasks(x: &Inputs<'_>) -> usize {
 
 /// One task's queries.
 #[derive(Clone, Copy)]
-struct Tile {
+pub(super) struct Tile {
     /// The problem.
-    b: usize,
+    pub b: usize,
     /// First query.
-    i0: usize,
+    pub i0: usize,
     /// Queries (at most `TILE`).
-    nq: usize,
-    /// Vectors covering them.
-    nv: usize,
+    pub nq: usize,
+    /// Vectors of `l` lanes covering them.
+    pub nv: usize,
 }
 
-/// Task `t`: tiles in decreasing order (under the causal rule the last
-/// queries see the most keys, so the largest tasks start first), each
-/// tile for every problem.
+impl Tile {
+    /// Task `t`'s queries: tiles in decreasing order (under the causal
+    /// rule the last queries see the most keys, so the largest tasks start
+    /// first), each tile for every problem.
+    pub(super) fn of(x: &Inputs<'_>, t: usize, l: usize) -> Tile {
+        let tiles = x.p.tq.div_ceil(TILE);
+        let i0 = (tiles - 1 - t / x.p.batch) * TILE;
+        let nq = TILE.min(x.p.tq - i0);
+        Tile { b: t % x.p.batch, i0, nq, nv: nq.div_ceil(l) }
+    }
+
+    /// The keys past the last one the tile needs (its last query's).
+    pub(super) fn key_end(&self, x: &Inputs<'_>) -> usize {
+        x.rule.key_end(self.i0 + self.nq - 1)
+    }
+
+    /// Per vector of `l` lanes, the end of the keys of `[j0, j1)` its
+    /// group of queries needs (its last query's last, clamped to the
+    /// block; `j0` when it needs none).
+    #[inline(always)]
+    pub(super) fn key_ends(&self, x: &Inputs<'_>, j0: usize, j1: usize, l: usize) -> [usize; MAX_VECTORS] {
+        let mut hi = [j0; MAX_VECTORS];
+        for (v, h) in hi.iter_mut().enumerate().take(self.nv) {
+            let last = self.i0 + self.nq.min(group_end(v, l)) - 1;
+            *h = x.rule.key_end(last).clamp(j0, j1);
+        }
+        hi
+    }
+}
+
+/// Task `t` ([`Tile::of`]).
 ///
 /// # Safety
 /// `t < tasks(x)`; `scratch` addresses [`scratch_len`] writable floats at
@@ -102,13 +131,10 @@ pub(super) unsafe fn task<V: Vector, const MR: usize, const NV: usize>(
     t: usize,
     scratch: *mut f32,
 ) {
-    let (x, l) = (&call.x, V::LANES);
-    let tiles = x.p.tq.div_ceil(TILE);
-    let i0 = (tiles - 1 - t / x.p.batch) * TILE;
-    let nq = TILE.min(x.p.tq - i0);
-    let tile = Tile { b: t % x.p.batch, i0, nq, nv: nq.div_ceil(l) };
+    let x = &call.x;
+    let tile = Tile::of(x, t, V::LANES);
     let s = Scratch::carve(&mut Carve::new(scratch), x.p.d, x.p.dv);
-    let kend = x.rule.key_end(i0 + nq - 1);
+    let kend = tile.key_end(x);
     // SAFETY: the scratch regions and the tile's rows of the inputs and
     // outputs exist (the caller's `t` and scratch, `forward`'s checks).
     unsafe {
@@ -129,7 +155,7 @@ pub(super) unsafe fn task<V: Vector, const MR: usize, const NV: usize>(
 /// # Safety
 /// As [`task`].
 #[inline(always)]
-unsafe fn start<V: Vector>(x: &Inputs<'_>, tile: Tile, s: &Scratch) {
+pub(super) unsafe fn start<V: Vector>(x: &Inputs<'_>, tile: Tile, s: &Scratch) {
     let (p, width) = (&x.p, tile.nv * V::LANES);
     // SAFETY: the tile's query rows; rows `< d`, `< dv` of `[_, TILE]`
     // regions, lanes `< width ≤ TILE`.
@@ -162,11 +188,7 @@ unsafe fn block<V: Vector, const MR: usize, const NV: usize>(
     let (p, rule, l) = (&x.p, &x.rule, V::LANES);
     // Each group of queries needs the keys up to its last query's last.
     let lo = [j0; MAX_VECTORS];
-    let mut hi = [j0; MAX_VECTORS];
-    for (v, h) in hi.iter_mut().enumerate().take(tile.nv) {
-        let last = tile.i0 + tile.nq.min(group_end(v, l)) - 1;
-        *h = rule.key_end(last).clamp(j0, j1);
-    }
+    let hi = tile.key_ends(x, j0, j1, l);
     let (krows, vrows) = (x.k.row(tile.b, j0), x.v.row(tile.b, j0));
     // SAFETY: key rows `[j0, j1)` of `k` and `v`; the scratch regions.
     unsafe {
@@ -179,6 +201,24 @@ unsafe fn block<V: Vector, const MR: usize, const NV: usize>(
         let a = Bcast { ptr: krows, rs: x.k.row_stride, ks: 1 };
         let (qt, st) = (Rows { ptr: s.qt, stride: TILE }, Rows { ptr: s.st, stride: TILE });
         panels::<V, MR, NV>(j1 - j0, p.d, a, qt, st, cols);
+        normalize::<V>(x, tile, s, j0, &hi);
+        // oᵀ = oᵀ·alpha + vᵀ·Pᵀ.
+        let a = Bcast { ptr: vrows, rs: 1, ks: x.v.row_stride };
+        let ot = Rows { ptr: s.ot, stride: TILE };
+        staircase::<V, MR, NV>(p.dv, j0, &lo[..tile.nv], &hi[..tile.nv], a, st, ot, Some(s.alpha));
+    }
+}
+
+/// A block's scores `[j0, hi[v])` per vector `v` to probabilities: the
+/// masks, then the online softmax.
+///
+/// # Safety
+/// As [`block`]; the scores of those keys computed.
+#[inline(always)]
+pub(super) unsafe fn normalize<V: Vector>(x: &Inputs<'_>, tile: Tile, s: &Scratch, j0: usize, hi: &[usize]) {
+    let l = V::LANES;
+    // SAFETY: forwarded.
+    unsafe {
         mask(x, tile, s, j0, &hi[..tile.nv], l);
         for (v, &h) in hi.iter().enumerate().take(tile.nv) {
             if h > j0 {
@@ -186,10 +226,6 @@ unsafe fn block<V: Vector, const MR: usize, const NV: usize>(
                 softmax::<V>(h - j0, s.st.add(o), s.m.add(o), s.l.add(o), s.alpha.add(o));
             }
         }
-        // oᵀ = oᵀ·alpha + vᵀ·Pᵀ.
-        let a = Bcast { ptr: vrows, rs: 1, ks: x.v.row_stride };
-        let ot = Rows { ptr: s.ot, stride: TILE };
-        staircase::<V, MR, NV>(p.dv, j0, &lo[..tile.nv], &hi[..tile.nv], a, st, ot, Some(s.alpha));
     }
 }
 
@@ -282,7 +318,7 @@ unsafe fn softmax<V: Vector>(rows: usize, st: *mut f32, m: *mut f32, l: *mut f32
 /// # Safety
 /// As [`task`].
 #[inline(always)]
-unsafe fn finish<V: Vector>(call: &ForwardCall<'_>, tile: Tile, s: &Scratch) {
+pub(super) unsafe fn finish<V: Vector>(call: &ForwardCall<'_>, tile: Tile, s: &Scratch) {
     let (p, l) = (&call.x.p, V::LANES);
     let row0 = tile.b * p.tq + tile.i0;
     // SAFETY: the tile's rows of `out` and `lse` (this task's alone);

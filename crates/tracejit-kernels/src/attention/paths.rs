@@ -20,6 +20,9 @@ use crate::{Isa, Width};
 pub(super) enum Path {
     /// AVX-512F, 16 lanes.
     Avx512,
+    /// AVX-512F at 16 lanes with the forward's products in bf16
+    /// (`vdpbf16ps`, [`super::lowp`]); the backward as [`Path::Avx512`].
+    Avx512Bf16,
     /// AVX2 + FMA, 8 lanes.
     Avx2,
     /// Plain Rust, 8 lanes.
@@ -34,6 +37,25 @@ impl Path {
             Some(Width::W16) => Path::Avx512,
             Some(Width::W8) => Path::Avx2,
             None => Path::Portable,
+        }
+    }
+
+    /// The path of a call whose forward may take bf16 products: with
+    /// AVX-512 BF16 (and 16 lanes allowed) [`Path::Avx512Bf16`], else
+    /// [`Path::of`] — f32 products, within any bf16 tolerance.
+    pub fn of_bf16(isa: Isa) -> Path {
+        match Path::of(isa) {
+            Path::Avx512 if isa.has_avx512_bf16() => Path::Avx512Bf16,
+            other => other,
+        }
+    }
+
+    /// Floats of scratch a forward task on this path needs.
+    pub fn forward_scratch(self, d: usize, dv: usize) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512Bf16 => super::lowp::scratch_len(d, dv),
+            _ => online::scratch_len(d, dv),
         }
     }
 }
@@ -83,6 +105,8 @@ pub(super) unsafe fn forward(path: Path, call: &ForwardCall<'_>, t: usize, scrat
             #[cfg(target_arch = "x86_64")]
             Path::Avx512 => x16::forward(call, t, scratch),
             #[cfg(target_arch = "x86_64")]
+            Path::Avx512Bf16 => super::lowp::task(call, t, scratch),
+            #[cfg(target_arch = "x86_64")]
             Path::Avx2 => x8::forward(call, t, scratch),
             _ => online::task::<Portable, 4, 2>(call, t, scratch),
         }
@@ -98,7 +122,7 @@ pub(super) unsafe fn backward(path: Path, call: &BackwardCall<'_>, t: usize, scr
     unsafe {
         match path {
             #[cfg(target_arch = "x86_64")]
-            Path::Avx512 => x16::backward(call, t, scratch),
+            Path::Avx512 | Path::Avx512Bf16 => x16::backward(call, t, scratch),
             #[cfg(target_arch = "x86_64")]
             Path::Avx2 => x8::backward(call, t, scratch),
             _ => gradients::task::<Portable, 4, 2>(call, t, scratch),

@@ -15,45 +15,45 @@ const TOL: f64 = 1e-5;
 
 /// Every path this CPU runs: AVX-512, AVX2, portable (duplicates
 /// removed where the CPU lacks a width).
-fn paths() -> Vec<Path> {
+pub(super) fn paths() -> Vec<Path> {
     let mut v = vec![Path::of(Isa::native()), Path::of(Isa::native().with_avx512(false)), Path::Portable];
     v.dedup();
     v
 }
 
 /// xorshift32.
-struct Rng(u32);
+pub(super) struct Rng(pub u32);
 
 impl Rng {
-    fn next(&mut self) -> u32 {
+    pub fn next(&mut self) -> u32 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 17;
         self.0 ^= self.0 << 5;
         self.0
     }
     /// Uniform in `[-a, a)`.
-    fn uniform(&mut self, a: f32) -> f32 {
+    pub fn uniform(&mut self, a: f32) -> f32 {
         (self.next() >> 8) as f32 / (1 << 24) as f32 * 2.0 * a - a
     }
-    fn vec(&mut self, n: usize, a: f32) -> Vec<f32> {
+    pub fn vec(&mut self, n: usize, a: f32) -> Vec<f32> {
         (0..n).map(|_| self.uniform(a)).collect()
     }
-    fn below(&mut self, n: usize) -> usize {
+    pub fn below(&mut self, n: usize) -> usize {
         self.next() as usize % n
     }
 }
 
 /// One problem's operands.
-struct Case {
-    p: Problem,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    dout: Vec<f32>,
+pub(super) struct Case {
+    pub p: Problem,
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub dout: Vec<f32>,
 }
 
 impl Case {
-    fn random(rng: &mut Rng, p: Problem) -> Case {
+    pub fn random(rng: &mut Rng, p: Problem) -> Case {
         let (b, tq, tk, d, dv) = (p.batch, p.tq, p.tk, p.d, p.dv);
         Case {
             p,
@@ -99,14 +99,14 @@ fn run(path: Path, c: &Case, mask: Option<&Mask<'_>>) -> Run {
 /// An operand `[batch, rows, cols]` spread out as a view of a larger
 /// tensor: rows `cols + 3` apart, problems in reverse order, NaN in every
 /// gap (so a read outside the rows shows in the results).
-struct Spread {
-    data: Vec<f32>,
-    starts: Vec<usize>,
-    row_stride: usize,
+pub(super) struct Spread {
+    pub data: Vec<f32>,
+    pub starts: Vec<usize>,
+    pub row_stride: usize,
 }
 
 impl Spread {
-    fn new(x: &[f32], batch: usize, rows: usize, cols: usize) -> Spread {
+    pub fn new(x: &[f32], batch: usize, rows: usize, cols: usize) -> Spread {
         let row_stride = cols + 3;
         let per = rows * row_stride + 5;
         let mut data = vec![f32::NAN; batch * per + 1];
@@ -120,7 +120,7 @@ impl Spread {
         Spread { data, starts, row_stride }
     }
 
-    fn operand(&self) -> Operand<'_> {
+    pub fn operand(&self) -> Operand<'_> {
         Operand { data: &self.data, starts: &self.starts, row_stride: self.row_stride }
     }
 }
@@ -184,7 +184,7 @@ fn check_all_paths(c: &Case, mask: Option<&Mask<'_>>) {
     }
 }
 
-const SIZES: [usize; 7] = [0, 1, 3, 5, 17, 33, 130];
+pub(super) const SIZES: [usize; 7] = [0, 1, 3, 5, 17, 33, 130];
 
 /// Random problems over the odd sizes (each size of each dimension at
 /// least once), causal or not, `tq ≠ tk` included.

@@ -184,6 +184,20 @@ fn tensor(v: Vec<f32>, shape: &[usize]) -> Tensor {
 
 /// The forward: `(out [.., Tq, dv], lse [.., Tq])`.
 pub(super) fn forward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+    forward_with(inputs, isa, attention::forward_strided)
+}
+
+/// The forward with `q·kᵀ` and `P·v` on bf16 operands, f32 accumulation
+/// (`attention::forward_strided_bf16`): the kernel under mixed precision.
+pub(super) fn forward_bf16(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+    forward_with(inputs, isa, attention::forward_strided_bf16)
+}
+
+/// The kernel crate's forward entry points.
+type ForwardFn = fn(&Problem, Operand<'_>, Operand<'_>, Operand<'_>, Option<&Mask<'_>>, &mut [f32], &mut [f32], Isa);
+
+/// The forward through `run`.
+fn forward_with(inputs: &[Tensor], isa: Isa, run: ForwardFn) -> Vec<Tensor> {
     let g = Geometry::of(inputs, inputs.get(5));
     let p = g.problem;
     let q = Held::of(&inputs[0], &g.shape(&[p.tq, p.d]));
@@ -194,7 +208,7 @@ pub(super) fn forward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
     let mut out = vec![0.0f32; p.batch * p.tq * p.dv];
     let mut lse = vec![0.0f32; p.batch * p.tq];
     let (q, k, v) = (q.operand(), k.operand(), v.operand());
-    attention::forward_strided(&p, q, k, v, mask.as_ref(), &mut out, &mut lse, isa);
+    run(&p, q, k, v, mask.as_ref(), &mut out, &mut lse, isa);
     vec![tensor(out, &g.shape(&[p.tq, p.dv])), tensor(lse, &g.shape(&[p.tq]))]
 }
 
