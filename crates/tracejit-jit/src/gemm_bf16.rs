@@ -120,6 +120,51 @@ impl Bf16Product {
         Storage::F32(out)
     }
 
+    /// Rows `rows` of `a · b` into the `[m, n]` f32 buffer at `out`, on the
+    /// calling thread, from `b` packed beforehand ([`Self::packed_rhs`]):
+    /// a part of a product the executor runs in row blocks beside the
+    /// region consuming it (`executor/epilogue.rs`). False (nothing
+    /// written) unless `a` is a 2-D operand of this product fitting
+    /// `packed` and `rows` lies in its rows.
+    ///
+    /// # Safety
+    /// `out` is the element pointer of a standard-layout `[m, n]` f32
+    /// buffer aliasing neither operand; concurrent calls take disjoint
+    /// rows.
+    pub(crate) unsafe fn product_rows(
+        &self,
+        isa: Isa,
+        a: &Storage,
+        packed: &PackedBf16,
+        out: i64,
+        rows: std::ops::Range<usize>,
+    ) -> bool {
+        let Some((m, k)) = self.lhs_rows(a).filter(|_| a.shape().len() == 2) else { return false };
+        let n = packed.n();
+        if k != packed.k() || rows.end > m || rows.start > rows.end {
+            return false;
+        }
+        // SAFETY: the caller's contract: rows `rows` of the output.
+        let c = unsafe { std::slice::from_raw_parts_mut((out as *mut f32).add(rows.start * n), rows.len() * n) };
+        if k == 0 {
+            c.fill(0.0);
+            return true;
+        }
+        let part = ndarray::s![rows, ..];
+        crate::threads::serial(|| match a {
+            Storage::F32(x) => gemm_bf16_from_f32(lhs_view(x, m, k).slice(part), packed, c, false, isa),
+            Storage::BF16(x) => gemm_bf16(lhs_view(x, m, k).slice(part), packed, c, false, isa),
+            other => unreachable!("lhs_rows accepts f32 or bf16 operands, not {}", other.dtype()),
+        });
+        true
+    }
+
+    /// Whether [`Self::product_rows`] takes `a`: a 2-D operand of this
+    /// product's lhs dtype.
+    pub(crate) fn takes_rows_of(&self, a: &Storage) -> bool {
+        a.shape().len() == 2 && self.lhs_rows(a).is_some()
+    }
+
     /// `(rows, k)` of the lhs when it is a matrix, or a stack of matrices
     /// in standard layout (their rows run as one product).
     fn lhs_rows(&self, a: &Storage) -> Option<(usize, usize)> {
@@ -136,7 +181,7 @@ impl Bf16Product {
     /// packed now, and kept for a weight always, for an argument on the
     /// first call and after a kept packing was used again (so a loop
     /// passing new buffers every call keeps nothing from its second call on).
-    fn packed_rhs(&self, b: &Storage) -> Arc<PackedBf16> {
+    pub(crate) fn packed_rhs(&self, b: &Storage) -> Arc<PackedBf16> {
         if self.rhs == RhsSource::Computed {
             return Arc::new(pack(b));
         }

@@ -269,7 +269,7 @@ impl Schedule {
             Pair::Then(j) => {
                 partner(j, Pair::After)?;
                 let ok = j == i + 1
-                    && matches!(s.kind, StepKind::MatMul)
+                    && matches!(s.kind, StepKind::MatMul | StepKind::MatMulBf16(_))
                     && matches!(self.steps[j].kind, StepKind::Region(_));
                 ok.then_some(())
                     .ok_or_else(|| format!("step {i} runs in row halves with step {j}, not the next region"))

@@ -187,7 +187,9 @@ fn plan(steps: &mut [Step], g: &Graph) -> usize {
         if this.pair != Pair::None || next.pair != Pair::None || next.check {
             continue;
         }
-        if !matches!(this.kind, StepKind::MatMul) {
+        // f32 products and those on the bf16 GEMM (whose node is still
+        // the f32 product of widened operands).
+        if !matches!(this.kind, StepKind::MatMul | StepKind::MatMulBf16(_)) {
             continue;
         }
         let Some((m, k, n)) = product_sizes(g, this) else { continue };

@@ -9,12 +9,14 @@
 //! next step's product read all of `h` from both. In halves of rows, a
 //! thread's rows of `h` stay in its own core from one step to the next.
 //! The `epilogues` codegen pass decides which products run this way
-//! (`codegen/products.rs`).
+//! (`codegen/products.rs`), f32 ones and those on the bf16 GEMM alike
+//! (whose right operand is packed once, before the halves).
 
 use smallvec::SmallVec;
 use tracejit_ir::tensor::{DType, Storage};
 use tracejit_ir::IrError;
 
+use super::pairs::Gemm;
 use super::Executable;
 use crate::region::{unique_mut_ptr, BufPool, Product};
 use crate::schedule::{Step, StepKind};
@@ -39,13 +41,21 @@ pub(super) fn run(
     let StepKind::Region(r) = &next.kind else { return Ok(None) };
     let (a, b) = (args[0], args[1]);
     let (&[m, k], &[k2, n]) = (a.shape(), b.shape()) else { return Ok(None) };
-    let float = a.dtype() == b.dtype() && a.dtype().is_float();
-    let Some(half) = crate::threads::epilogue_rows(m, n, k).filter(|_| k == k2 && float) else { return Ok(None) };
-    let fresh = || match a.dtype() {
+    let gemm = super::gemm_of(step);
+    // The product's dtype, and the bf16 GEMM's rhs packed once for both
+    // halves.
+    let (dtype, packed) = match gemm {
+        Gemm::Plain if a.dtype() == b.dtype() && a.dtype().is_float() => (a.dtype(), None),
+        Gemm::Plain => return Ok(None),
+        Gemm::Bf16(p) if p.takes_rows_of(a) => (DType::F32, Some(p.packed_rhs(b))),
+        Gemm::Bf16(_) => return Ok(None),
+    };
+    let Some(half) = crate::threads::epilogue_rows(m, n, k).filter(|_| k == k2) else { return Ok(None) };
+    let fresh = || match dtype {
         DType::F64 => Storage::from_vec(vec![0f64; m * n], &[m, n]),
         _ => Storage::from_vec(vec![0f32; m * n], &[m, n]),
     };
-    let mut product = match pool.take(a.dtype(), &[m, n]) {
+    let mut product = match pool.take(dtype, &[m, n]) {
         Some(buf) => buf,
         None => fresh().map_err(|e| IrError::BadInput { graph: exe.graph.name.clone(), message: e.to_string() })?,
     };
@@ -55,8 +65,13 @@ pub(super) fn run(
     let rows = |rows: std::ops::Range<usize>| {
         // SAFETY: `out` addresses the unique `[m, n]` buffer of `product`,
         // which aliases neither operand; blocks take disjoint rows.
-        let done = unsafe { crate::gemm::product_rows(exe.isa, a, b, out, rows) };
-        assert!(done, "2-D float operands of one dtype");
+        let done = unsafe {
+            match (gemm, &packed) {
+                (Gemm::Bf16(p), Some(packed)) => p.product_rows(exe.isa, a, packed, out, rows),
+                _ => crate::gemm::product_rows(exe.isa, a, b, out, rows),
+            }
+        };
+        assert!(done, "2-D operands the product takes");
     };
     let mut inputs: SmallVec<[&Storage; 4]> = SmallVec::new();
     for &x in &next.inputs {
@@ -93,7 +108,11 @@ pub(super) fn run(
         // step.
         None => {
             let mut buf = Some(product);
-            Ok(Some((crate::gemm::matmul_with(exe.isa, a, b, &mut |_, _| buf.take()), SmallVec::new())))
+            let whole = match gemm {
+                Gemm::Plain => crate::gemm::matmul_with(exe.isa, a, b, &mut |_, _| buf.take()),
+                Gemm::Bf16(p) => p.run_with(exe.isa, a, b, &mut |_, _| buf.take()),
+            };
+            Ok(Some((whole, SmallVec::new())))
         }
     }
 }
