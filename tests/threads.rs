@@ -91,6 +91,31 @@ fn softmax_gelu_and_layernorm_give_the_same_bits_with_any_count() {
     assert_eq!(got.dims(), [Some(257), Some(1024)]);
 }
 
+/// Dropout's kernel draws its chunks of uniforms over the pool: the bits
+/// of its body (the uniforms as one tensor) at any count, eager and
+/// compiled, on a size that ends in a short chunk.
+#[test]
+fn dropout_gives_its_bodys_bits_with_any_count() {
+    let _s = serial();
+    let x = Tensor::randn(&[301, 1023], 6);
+    let dropout = |body: bool| {
+        let g = tracejit::random::Generator::from_seed(9);
+        function(move |x: Tensor| tracejit::nn::dropout(&x, 0.1, &g, true)).selector(!body)
+    };
+    set_num_threads(1);
+    let want = bits(&dropout(true).call(x.clone()).unwrap());
+    for t in [1, 2, 3] {
+        set_num_threads(t);
+        let before = pool_dispatches();
+        let got = dropout(false).call(x.clone()).unwrap();
+        assert!(t == 1 || pool_dispatches() > before, "{t} threads: the kernel did not enter the pool");
+        assert!(bits(&got) == want, "{t} threads: the kernel differs from the body");
+        let eager = tracejit::nn::dropout(&x, 0.1, &tracejit::random::Generator::from_seed(9), true);
+        assert!(bits(&eager) == want, "{t} threads, eager");
+    }
+    set_num_threads(1);
+}
+
 #[test]
 fn mlp_and_lstm_give_the_same_bits_with_any_count() {
     let _s = serial();

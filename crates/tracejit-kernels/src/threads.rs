@@ -254,6 +254,46 @@ pub fn pool() -> Option<Arc<Pool>> {
     }
 }
 
+/// Runs `f(start, part)` over `data` cut into parts of whole `chunk`s
+/// (`start`: the part's first index): one part per thread of the pool
+/// when `data` has at least `min_len` elements and the count is above 1,
+/// else one call `f(0, data)` on the calling thread. Parts are disjoint
+/// runs of whole chunks, so an `f` that computes each chunk from its
+/// index alone (counter-based random numbers, say) gives the same bits at
+/// every thread count.
+///
+/// ```
+/// use tracejit_kernels::threads::for_each_part;
+///
+/// let mut v = vec![0u32; 10_000];
+/// for_each_part(&mut v, 256, 1024, &|start, part| {
+///     for (i, x) in part.iter_mut().enumerate() {
+///         *x = (start + i) as u32;
+///     }
+/// });
+/// assert!(v.iter().enumerate().all(|(i, &x)| x == i as u32));
+/// ```
+pub fn for_each_part<T: Send>(data: &mut [T], chunk: usize, min_len: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+    let chunks = data.len().div_ceil(chunk.max(1));
+    let pool = if data.len() >= min_len && chunks > 1 { pool() } else { None };
+    let Some(pool) = pool else { return f(0, data) };
+    let parts = pool.threads().min(chunks);
+    let (per, len) = (chunks.div_ceil(parts) * chunk.max(1), data.len());
+    /// The slice's elements, shared by tasks that take disjoint ranges.
+    struct Base<T>(*mut T);
+    // SAFETY: each task makes a slice of its own range only, and the call
+    // holds `data`'s unique borrow until every task is done.
+    unsafe impl<T: Send> Sync for Base<T> {}
+    let base = Base(data.as_mut_ptr());
+    let base = &base;
+    pool.run(parts, &|t| {
+        let (start, end) = ((t * per).min(len), ((t + 1) * per).min(len));
+        // SAFETY: `[start, end)` lies in `data`, and no other task's range
+        // overlaps it.
+        f(start, unsafe { std::slice::from_raw_parts_mut(base.0.add(start), end - start) })
+    });
+}
+
 /// Runs a matrix product of `m×k` by `k×n` as output blocks: `block(rows,
 /// cols)` must compute the product's `rows × cols` part of the output with
 /// one `gemm::gemm` call without parallelism. The blocks are fixed by the

@@ -10,7 +10,7 @@
 //! the same numbers, so the same mask, drawn again instead of kept.
 
 use tracejit_kernels::philox::Stream;
-use tracejit_kernels::Isa;
+use tracejit_kernels::{threads, Isa};
 use tracejit_tensor::{DType, RandomDist, Storage};
 use tracejit_trace::{Tensor, TensorSpec};
 
@@ -35,6 +35,10 @@ pub(crate) fn dropout_accepts(s: &[TensorSpec]) -> bool {
         && s[2].dtype() == s[0].dtype()
         && s[2].dims().is_empty()
 }
+
+/// Elements a call needs before its chunks go to the pool (a dispatch
+/// costs a few µs; a chunk of uniforms about 2).
+const PARALLEL_LEN: usize = 16 * CHUNK;
 
 /// Elements per chunk of uniforms: 16 KiB of f32, in L1 with the rows of x
 /// and y being written.
@@ -63,30 +67,32 @@ pub(crate) fn dropout_kernel(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
 }
 
 fn drop_f32(xs: &[f32], p: f32, stream: &Stream, isa: Isa) -> Vec<f32> {
-    let scale = 1.0 / (1.0 - p);
-    let mut y = vec![0.0f32; xs.len()];
-    let mut u = vec![0.0f32; CHUNK.min(xs.len())];
-    for (c, (xc, yc)) in xs.chunks(CHUNK).zip(y.chunks_mut(CHUNK)).enumerate() {
-        let u = &mut u[..xc.len()];
-        stream.uniform_f32((c * CHUNK) as u64, u, isa);
-        for ((y, &x), &u) in yc.iter_mut().zip(xc).zip(u.iter()) {
-            *y = if u >= p { x * scale } else { 0.0 };
-        }
-    }
-    y
+    drop_with(xs, p, 1.0 / (1.0 - p), &|at, u| stream.uniform_f32(at, u, isa))
 }
 
 fn drop_f64(xs: &[f64], p: f64, stream: &Stream, isa: Isa) -> Vec<f64> {
-    let scale = 1.0 / (1.0 - p);
-    let mut y = vec![0.0f64; xs.len()];
-    let mut u = vec![0.0f64; CHUNK.min(xs.len())];
-    for (c, (xc, yc)) in xs.chunks(CHUNK).zip(y.chunks_mut(CHUNK)).enumerate() {
-        let u = &mut u[..xc.len()];
-        stream.uniform_f64((c * CHUNK) as u64, u, isa);
-        for ((y, &x), &u) in yc.iter_mut().zip(xc).zip(u.iter()) {
-            *y = if u >= p { x * scale } else { 0.0 };
+    drop_with(xs, p, 1.0 / (1.0 - p), &|at, u| stream.uniform_f64(at, u, isa))
+}
+
+/// `x` dropped at rate `p` (kept values times `scale`), chunk `c`'s
+/// uniforms filled by `uniforms(c·CHUNK, ..)`: on the pool by parts of
+/// whole chunks when large, so the same bits at any thread count.
+fn drop_with<T>(xs: &[T], p: T, scale: T, uniforms: &(dyn Fn(u64, &mut [T]) + Sync)) -> Vec<T>
+where
+    T: Copy + Default + Send + Sync + PartialOrd + std::ops::Mul<Output = T>,
+{
+    let mut y = vec![T::default(); xs.len()];
+    threads::for_each_part(&mut y, CHUNK, PARALLEL_LEN, &|start, part| {
+        let mut u = vec![T::default(); CHUNK.min(part.len())];
+        for (c, yc) in part.chunks_mut(CHUNK).enumerate() {
+            let at = start + c * CHUNK;
+            let u = &mut u[..yc.len()];
+            uniforms(at as u64, u);
+            for ((y, &x), &u) in yc.iter_mut().zip(&xs[at..]).zip(u.iter()) {
+                *y = if u >= p { x * scale } else { T::default() };
+            }
         }
-    }
+    });
     y
 }
 
