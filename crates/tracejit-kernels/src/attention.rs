@@ -251,7 +251,10 @@ pub fn forward_strided(
 /// `2⁻⁷·(1 + max_j |s_ij|)·Σ_j p_ij·|v_jc|`-ish of the f64 formula — the
 /// bound the tests check. Subnormal operands and products count as zero
 /// (`vdpbf16ps` flushes them). The other semantics (masks, NaN, empty
-/// rows, sizes) are [`forward`]'s.
+/// rows, sizes) are [`forward`]'s, except that `P·v` runs in pairs of
+/// keys: a NaN or Inf in the value row just past a group of queries' last
+/// key can reach that group through the zero probability beside it (as it
+/// reaches every query in the plain formula).
 ///
 /// ```
 /// use tracejit_kernels::attention::{forward_strided_bf16, Operand, Problem};
