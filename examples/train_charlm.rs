@@ -4,7 +4,7 @@
 //!
 //! The model is W10's (two pre-norm blocks of width 256 with 4 heads and
 //! causal attention, learned positions over 128 characters, an LM head
-//! without bias) with dropout 0.1, trained by AdamW with warm-up and
+//! without bias) with dropout 0.05, trained by AdamW with warm-up and
 //! cosine decay. The training step — forward, loss, backward, update, and
 //! dropout's random numbers drawn from a `Generator` inside it — is one
 //! compiled function, traced once. A progress bar shows the loss and the
@@ -35,10 +35,10 @@ const USAGE: &str = "\
 train_charlm: a character-level GPT on FreeBSD's fortunes, trained by tracejit
 
 options:
-  --epochs N        passes over the training text (default 4)
+  --epochs N        passes over the training text (default 5)
   --batch N         windows of 128 characters per step (default 16)
   --lr X            AdamW's peak learning rate (default 0.004)
-  --dropout P       dropout rate while training (default 0.1)
+  --dropout P       dropout rate while training (default 0.05)
   --steps N         stop each epoch after N steps (default: the whole text)
   --seed N          seeds the weights, the windows and dropout (default 0)
   --prompt TEXT     the sample's start (default \"%\\n\", a new fortune)
