@@ -17,27 +17,6 @@ use crate::region::BufPool;
 /// copying 128 Ki values about 40.
 const PARALLEL_VALUES: usize = 1 << 17;
 
-/// The output buffer the parts write in disjoint ranges.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: each part writes only its own range, and the call waits for all
-// of them before the buffer is used.
-unsafe impl Send for OutPtr {}
-// SAFETY: as above.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// `len` values from `at` (a method, so that closures capture the
-    /// whole wrapper).
-    ///
-    /// # Safety
-    /// The range lies in the buffer and no other part uses it meanwhile.
-    unsafe fn range<'a>(self, at: usize, len: usize) -> &'a mut [f32] {
-        // SAFETY: the caller's.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
-    }
-}
-
 /// An f32 output of `shape`: a pooled buffer when one fits, else a new one.
 fn output(shape: &[usize], pool: &mut BufPool) -> ndarray::ArcArray<f32, ndarray::IxDyn> {
     match pool.take(DType::F32, shape) {
@@ -60,22 +39,15 @@ pub(super) fn reshape(x: &Storage, shape: &[i64], pool: &mut BufPool) -> Option<
         return None; // the reference kernel reports it
     }
     let axis = a.shape().iter().position(|&d| d > 1)?;
-    let threads = crate::threads::pool()?;
-    let extent = a.shape()[axis];
-    let parts = threads.threads().min(extent);
-    let chunk = extent.div_ceil(parts);
+    crate::threads::pool()?;
     // Axes before `axis` are 1 long: a range of it is a range of the output.
-    let inner = a.len() / extent;
+    let inner = a.len() / a.shape()[axis];
     let mut out = output(&dims, pool);
-    let ptr = OutPtr(out.as_slice_mut().expect("standard layout").as_mut_ptr());
-    threads.run(parts, &|t| {
-        let (r0, r1) = (t * chunk, extent.min((t + 1) * chunk));
-        if r0 < r1 {
-            let part = a.slice_axis(Axis(axis), Slice::from(r0..r1));
-            // SAFETY: rows `[r0, r1)` of `axis` are values `[r0, r1) · inner`
-            // of the output, this part's alone.
-            kernels::write_row_major(part, unsafe { ptr.range(r0 * inner, (r1 - r0) * inner) });
-        }
+    let values = out.as_slice_mut().expect("standard layout");
+    crate::threads::for_each_part(values, inner, PARALLEL_VALUES, &|start, part| {
+        let r0 = start / inner;
+        let rows = a.slice_axis(Axis(axis), Slice::from(r0..r0 + part.len() / inner));
+        kernels::write_row_major(rows, part);
     });
     Some(Storage::F32(out))
 }
@@ -101,27 +73,19 @@ pub(super) fn concat(xs: &[&Storage], axis: usize, pool: &mut BufPool) -> Option
         return None;
     }
     let outer: usize = first[..axis].iter().product();
-    let threads = crate::threads::pool()?;
-    let parts = threads.threads().min(outer);
-    if outer == 0 || parts < 2 {
+    if outer < 2 || crate::threads::pool().is_none() {
         return None;
     }
     let mut dims = first.to_vec();
     dims[axis] = xs.iter().map(|x| x.shape()[axis]).sum();
     let row = total / outer;
-    let chunk = outer.div_ceil(parts);
     let mut out = output(&dims, pool);
-    let ptr = OutPtr(out.as_slice_mut().expect("standard layout").as_mut_ptr());
-    threads.run(parts, &|t| {
-        let (o0, o1) = (t * chunk, outer.min((t + 1) * chunk));
-        if o0 >= o1 {
-            return;
-        }
-        // SAFETY: outer indices `[o0, o1)` are values `[o0, o1) · row` of
-        // the output, this part's alone.
-        let dst = unsafe { ptr.range(o0 * row, (o1 - o0) * row) };
+    let values = out.as_slice_mut().expect("standard layout");
+    // Outer index `o` is values `[o, o + 1) · row` of the output.
+    crate::threads::for_each_part(values, row, PARALLEL_VALUES, &|start, dst| {
+        let o0 = start / row;
         let mut at = 0;
-        for o in o0..o1 {
+        for o in o0..o0 + dst.len() / row {
             for s in &slices {
                 let run = s.len() / outer;
                 dst[at..at + run].copy_from_slice(&s[o * run..(o + 1) * run]);

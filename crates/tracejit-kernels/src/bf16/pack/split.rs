@@ -23,59 +23,26 @@ use crate::Isa;
 /// costs a few µs, packing 64 Ki values about 20.
 const SPLIT_VALUES: usize = 1 << 16;
 
-/// The pool and the number of parts for an operand of `values` values in
-/// `panels` panels, when it is worth splitting and there is a pool.
-fn parts(values: usize, panels: usize) -> Option<(std::sync::Arc<crate::threads::Pool>, usize)> {
-    if values < SPLIT_VALUES || panels < 2 {
-        return None;
-    }
-    let pool = crate::threads::pool()?;
-    let n = pool.threads().min(panels);
-    Some((pool, n))
-}
-
-/// A packed buffer the parts write in disjoint ranges.
-#[derive(Clone, Copy)]
-struct WordsPtr(*mut u32);
-// SAFETY: each part writes only its own range, and the call waits for all
-// of them before the buffer's borrow ends.
-unsafe impl Send for WordsPtr {}
-// SAFETY: as above.
-unsafe impl Sync for WordsPtr {}
-
-impl WordsPtr {
-    /// `len` words from word `at` (a method, so that closures capture the
-    /// whole wrapper).
-    ///
-    /// # Safety
-    /// The range lies in the buffer, and no other part uses it meanwhile.
-    unsafe fn range<'a>(self, at: usize, len: usize) -> &'a mut [u32] {
-        // SAFETY: the caller's.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
-    }
+/// Whether an operand of `values` values in `panels` panels is worth
+/// splitting and there is a pool to split it over.
+fn splits(values: usize, panels: usize) -> bool {
+    values >= SPLIT_VALUES && panels >= 2 && crate::threads::pool().is_some()
 }
 
 /// [`pack_lhs`] over the pool when `a` is large: each part packs a range
 /// of whole row panels.
 pub(in super::super) fn pack_lhs_split<T: LhsValue + Sync>(a: ArrayView2<'_, T>, out: &mut [u32], isa: Isa) {
     let (m, k) = a.dim();
-    let panels = m.div_ceil(MR);
-    let Some((pool, n)) = parts(m * k, panels) else {
+    if !splits(m * k, m.div_ceil(MR)) {
         return pack_lhs(a, out, isa);
-    };
+    }
     let row_words = groups(k.div_ceil(2)) * GROUP;
     assert!(out.len() >= m * row_words, "pack_lhs_split: {} words for [{m}, {k}]", out.len());
-    let per = panels.div_ceil(n) * MR;
-    let ptr = WordsPtr(out.as_mut_ptr());
-    pool.run(n, &|t| {
-        let (r0, r1) = (t * per, m.min((t + 1) * per));
-        if r0 < r1 {
-            // SAFETY: rows `[r0, r1)` (whole panels from `r0`, a multiple
-            // of MR) are words `[r0, r1) · row_words` of the packed lhs,
-            // inside `out` and this part's alone.
-            let part = unsafe { ptr.range(r0 * row_words, (r1 - r0) * row_words) };
-            pack_lhs(a.slice(s![r0..r1, ..]), part, isa);
-        }
+    // Rows `[r0, r1)` (whole panels from `r0`, a multiple of MR) are
+    // words `[r0, r1) · row_words` of the packed lhs.
+    crate::threads::for_each_part(&mut out[..m * row_words], MR * row_words, 0, &|start, part| {
+        let r0 = start / row_words;
+        pack_lhs(a.slice(s![r0..r0 + part.len() / row_words, ..]), part, isa);
     });
 }
 
@@ -87,34 +54,29 @@ pub(in super::super) fn pack_rhs_split<T: LhsValue + Sync>(b: ArrayView2<'_, T>,
     let (k, n) = b.dim();
     let (kw, panels) = (k.div_ceil(2), n.div_ceil(NR));
     let len = rhs_len(n, kw);
-    let Some((pool, parts)) = parts(k * n, panels) else {
+    if !splits(k * n, panels) {
         let mut words = Words::zeroed(len);
         pack_rhs(b, words.words_mut(), isa);
         return words;
-    };
+    }
     // `rhs_len` is whole panels of `kw · NR` words, and NR a multiple of
-    // GROUP: whole lines.
+    // GROUP: whole lines, a panel `kw · NR / GROUP` of them.
     debug_assert_eq!(len % GROUP, 0);
     let mut lines: Vec<Line> = Vec::with_capacity(len / GROUP);
-    let ptr = WordsPtr(lines.as_mut_ptr().cast::<u32>());
-    let per = panels.div_ceil(parts) * NR;
-    pool.run(parts, &|t| {
-        let (c0, c1) = (t * per, n.min((t + 1) * per));
-        if c0 < c1 {
-            let (w0, w1) = (c0 / NR * kw * NR, c1.div_ceil(NR) * kw * NR);
-            // SAFETY: columns `[c0, c1)` (whole panels from `c0`, a multiple
-            // of NR) are words `[w0, w1)` of the packed rhs, inside the
-            // allocation and this part's alone; zeroed before the slice is
-            // made, so it is initialized.
-            let part = unsafe {
-                std::ptr::write_bytes(ptr.0.add(w0), 0, w1 - w0);
-                ptr.range(w0, w1 - w0)
-            };
-            pack_rhs(b.slice(s![.., c0..c1]), part, isa);
-        }
+    let panel_lines = kw * NR / GROUP;
+    let spare = &mut lines.spare_capacity_mut()[..len / GROUP];
+    crate::threads::for_each_part(spare, panel_lines, 0, &|start, part| {
+        let (c0, count) = (start / panel_lines * NR, part.len() / panel_lines * NR);
+        // SAFETY: `part` is this part's whole lines, zeroed here (every
+        // bit pattern of a `Line` is valid), so initialized words.
+        let words = unsafe {
+            std::ptr::write_bytes(part.as_mut_ptr(), 0, part.len());
+            std::slice::from_raw_parts_mut(part.as_mut_ptr().cast::<u32>(), part.len() * GROUP)
+        };
+        pack_rhs(b.slice(s![.., c0..n.min(c0 + count)]), words, isa);
     });
-    // SAFETY: the parts zeroed (then packed) every word: their ranges
-    // cover the panels `[0, panels)`, which are all `len` words.
+    // SAFETY: the parts zeroed (then packed) every line: they cover the
+    // panels `[0, panels)`, which are all `len / GROUP` lines.
     unsafe { lines.set_len(len / GROUP) };
     Words::from_lines(lines)
 }
