@@ -120,6 +120,14 @@ impl Spread {
         Spread { data, starts, row_stride }
     }
 
+    /// `x` spread out ([`Spread::new`]) or packed, problem after problem.
+    pub fn laid(x: &[f32], batch: usize, rows: usize, cols: usize, spread: bool) -> Spread {
+        if spread {
+            return Spread::new(x, batch, rows, cols);
+        }
+        Spread { data: x.to_vec(), starts: (0..batch).map(|b| b * rows * cols).collect(), row_stride: cols }
+    }
+
     pub fn operand(&self) -> Operand<'_> {
         Operand { data: &self.data, starts: &self.starts, row_stride: self.row_stride }
     }
@@ -128,13 +136,7 @@ impl Spread {
 /// [`run`] on packed operands or on spread ones.
 fn run_on(path: Path, c: &Case, mask: Option<&Mask<'_>>, spread: bool) -> Run {
     let p = &c.p;
-    let lay = |x: &[f32], rows: usize, cols: usize| {
-        if spread {
-            Spread::new(x, p.batch, rows, cols)
-        } else {
-            Spread { data: x.to_vec(), starts: (0..p.batch).map(|b| b * rows * cols).collect(), row_stride: cols }
-        }
-    };
+    let lay = |x: &[f32], rows: usize, cols: usize| Spread::laid(x, p.batch, rows, cols, spread);
     let (q, k, v) = (lay(&c.q, p.tq, p.d), lay(&c.k, p.tk, p.d), lay(&c.v, p.tk, p.dv));
     let mut out = vec![7.0f32; p.batch * p.tq * p.dv];
     let mut lse = vec![7.0f32; p.batch * p.tq];

@@ -24,13 +24,7 @@ fn bf16_path() -> Option<Path> {
 /// ones (NaN between the rows), outputs pre-filled with junk.
 fn forward(path: Path, c: &Case, mask: Option<&Mask<'_>>, spread: bool) -> (Vec<f32>, Vec<f32>) {
     let p = &c.p;
-    let lay = |x: &[f32], rows: usize, cols: usize| {
-        if spread {
-            Spread::new(x, p.batch, rows, cols)
-        } else {
-            Spread { data: x.to_vec(), starts: (0..p.batch).map(|b| b * rows * cols).collect(), row_stride: cols }
-        }
-    };
+    let lay = |x: &[f32], rows: usize, cols: usize| Spread::laid(x, p.batch, rows, cols, spread);
     let (q, k, v) = (lay(&c.q, p.tq, p.d), lay(&c.k, p.tk, p.d), lay(&c.v, p.tk, p.dv));
     let (mut out, mut lse) = (vec![7.0f32; p.batch * p.tq * p.dv], vec![7.0f32; p.batch * p.tq]);
     forward_on(path, p, q.operand(), k.operand(), v.operand(), mask, &mut out, &mut lse);
@@ -205,11 +199,7 @@ fn falls_back_to_the_f32_forward() {
     let mut rng = Rng(17);
     let p = Problem { batch: 2, tq: 33, tk: 17, d: 5, dv: 7, scale: 0.4, causal: true };
     let c = Case::random(&mut rng, p);
-    let rows = |x: &[f32], n: usize, w: usize| Spread {
-        data: x.to_vec(),
-        starts: (0..p.batch).map(|b| b * n * w).collect(),
-        row_stride: w,
-    };
+    let rows = |x: &[f32], n: usize, w: usize| Spread::laid(x, p.batch, n, w, false);
     let (q, k, v) = (rows(&c.q, p.tq, p.d), rows(&c.k, p.tk, p.d), rows(&c.v, p.tk, p.dv));
     let isa = Isa::native().with_avx512(false);
     let (mut out, mut lse) = (vec![0.0f32; 2 * 33 * 7], vec![0.0f32; 2 * 33]);
