@@ -186,7 +186,18 @@ fn check_all_paths(c: &Case, mask: Option<&Mask<'_>>) {
     }
 }
 
-pub(super) const SIZES: [usize; 7] = [0, 1, 3, 5, 17, 33, 130];
+const SIZES: [usize; 7] = [0, 1, 3, 5, 17, 33, 130];
+
+/// Random problem `n` of a series over the odd sizes (the first seven
+/// take each size of each dimension at least once), causal when `n` is
+/// even, `tq ≠ tk` included, `scale = 1/√d`.
+pub(super) fn random_problem(rng: &mut Rng, n: usize) -> Problem {
+    let mut pick = |at: usize| if n < 7 { SIZES[(n + at) % 7] } else { SIZES[rng.below(7)] };
+    let (tq, tk) = (pick(0), pick(3));
+    let (d, dv) = (pick(5), pick(6));
+    let scale = 1.0 / (d.max(1) as f32).sqrt();
+    Problem { batch: 1 + rng.below(3), tq, tk, d, dv, scale, causal: n.is_multiple_of(2) }
+}
 
 /// Random problems over the odd sizes (each size of each dimension at
 /// least once), causal or not, `tq ≠ tk` included.
@@ -194,18 +205,7 @@ pub(super) const SIZES: [usize; 7] = [0, 1, 3, 5, 17, 33, 130];
 fn random_problems_match_the_reference_on_every_path() {
     let mut rng = Rng(0x2545_f491);
     for n in 0..48 {
-        let pick = |rng: &mut Rng, at: usize| if n < 7 { SIZES[(n + at) % 7] } else { SIZES[rng.below(7)] };
-        let (tq, tk) = (pick(&mut rng, 0), pick(&mut rng, 3));
-        let (d, dv) = (pick(&mut rng, 5), pick(&mut rng, 6));
-        let p = Problem {
-            batch: 1 + rng.below(3),
-            tq,
-            tk,
-            d,
-            dv,
-            scale: 1.0 / (d.max(1) as f32).sqrt(),
-            causal: n % 2 == 0,
-        };
+        let p = random_problem(&mut rng, n);
         let c = Case::random(&mut rng, p);
         check_all_paths(&c, None);
     }

@@ -5,7 +5,7 @@
 
 use super::paths::Path;
 use super::reference::{reference, sees};
-use super::tests::{Case, Rng, Spread, SIZES};
+use super::tests::{random_problem, Case, Rng, Spread};
 use super::{forward_on, Mask, Problem};
 use crate::threads::set_num_threads;
 use crate::Isa;
@@ -102,11 +102,7 @@ fn check(c: &Case, mask: Option<&Mask<'_>>) {
 fn random_problems_within_the_bf16_tolerance() {
     let mut rng = Rng(0x9e37_79b9);
     for n in 0..48 {
-        let pick = |rng: &mut Rng, at: usize| if n < 7 { SIZES[(n + at) % 7] } else { SIZES[rng.below(7)] };
-        let (tq, tk) = (pick(&mut rng, 0), pick(&mut rng, 3));
-        let (d, dv) = (pick(&mut rng, 5), pick(&mut rng, 6));
-        let scale = 1.0 / (d.max(1) as f32).sqrt();
-        let p = Problem { batch: 1 + rng.below(3), tq, tk, d, dv, scale, causal: n % 2 == 0 };
+        let p = random_problem(&mut rng, n);
         check(&Case::random(&mut rng, p), None);
     }
 }
