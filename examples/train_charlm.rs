@@ -1,6 +1,8 @@
-//! Trains a character-level GPT on real text: FreeBSD's classic fortune
-//! file (about 2 MB of quotations, jokes and verse; BSD licence — see
-//! `examples/data/README.md`), the last 10% held out for validation.
+//! Trains a character-level GPT on real text: Tolstoy's *War and Peace* in
+//! the Maude translation (3.2 MB, public domain — see
+//! `examples/data/README.md`) by default, or any text file (`--data`;
+//! FreeBSD's fortunes ship beside it), the last 10% held out for
+//! validation.
 //!
 //! The model is W10's (two pre-norm blocks of width 256 with 4 heads and
 //! causal attention, learned positions over 128 characters, an LM head
@@ -32,17 +34,22 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tracejit::prelude::*;
 
 const USAGE: &str = "\
-train_charlm: a character-level GPT on FreeBSD's fortunes, trained by tracejit
+train_charlm: a character-level GPT on War and Peace (or any text), trained by tracejit
 
 options:
-  --epochs N        passes over the training text (default 5)
+  --epochs N        passes over the training text (default 3)
   --batch N         windows of 128 characters per step (default 16)
   --lr X            AdamW's peak learning rate (default 0.004)
+  --beta2 X         AdamW's second-moment decay (default 0.999)
+  --weight-decay X  AdamW's decoupled weight decay (default 0.01)
+  --warmup N        steps of linear warm-up (default 100)
   --dropout P       dropout rate while training (default 0.05)
   --steps N         stop each epoch after N steps (default: the whole text)
   --seed N          seeds the weights, the windows and dropout (default 0)
-  --prompt TEXT     the sample's start (default \"%\\n\", a new fortune)
+  --prompt TEXT     the sample's start (default: a new line)
   --temperature X   the sample's temperature (default 0.8)
+  --data FILE       the text to train on, last 10% held out (default: examples/data/war_and_peace.txt;
+                    examples/data/fortunes.txt with --prompt % is the other corpus shipped)
   --out DIR         where the checkpoint and the SVG curve go (default target/train_charlm)
   --resume          continue from DIR/checkpoint.safetensors if it exists
   --bf16            products in bf16 with f32 accumulation (mixed precision; weights stay f32);
@@ -54,6 +61,7 @@ options:
 struct Options {
     config: Config,
     out: PathBuf,
+    data: PathBuf,
     resume: bool,
     prompt: String,
     temperature: f32,
@@ -63,8 +71,9 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Option<O
     let mut o = Options {
         config: Config::default(),
         out: "target/train_charlm".into(),
+        data: DATA.into(),
         resume: false,
-        prompt: "%\n".into(),
+        prompt: "\n".into(),
         temperature: 0.8,
     };
     let mut args = args.into_iter();
@@ -74,12 +83,16 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Option<O
             "--epochs" => o.config.epochs = value("--epochs")?.parse().context("--epochs")?,
             "--batch" => o.config.batch = value("--batch")?.parse().context("--batch")?,
             "--lr" => o.config.lr = value("--lr")?.parse().context("--lr")?,
+            "--beta2" => o.config.beta2 = value("--beta2")?.parse().context("--beta2")?,
+            "--weight-decay" => o.config.weight_decay = value("--weight-decay")?.parse().context("--weight-decay")?,
+            "--warmup" => o.config.warmup = value("--warmup")?.parse().context("--warmup")?,
             "--dropout" => o.config.dropout = value("--dropout")?.parse().context("--dropout")?,
             "--steps" => o.config.max_steps_per_epoch = Some(value("--steps")?.parse().context("--steps")?),
             "--seed" => o.config.seed = value("--seed")?.parse().context("--seed")?,
             "--prompt" => o.prompt = value("--prompt")?,
             "--temperature" => o.temperature = value("--temperature")?.parse().context("--temperature")?,
             "--out" => o.out = value("--out")?.into(),
+            "--data" => o.data = value("--data")?.into(),
             "--resume" => o.resume = true,
             "--bf16" => o.config.bf16 = true,
             "--f32" => o.config.bf16 = false,
@@ -99,15 +112,16 @@ fn main() -> anyhow::Result<()> {
         println!("{USAGE}");
         return Ok(());
     };
-    let corpus = Corpus::load(DATA, 0.1)?;
-    let prompt = corpus.encode(&opts.prompt)?;
+    let corpus = Corpus::load(&opts.data, 0.1)?;
+    let prompt = corpus.encode(&opts.prompt).context("--prompt must be made of the text's characters")?;
     let trainer = Trainer::new(opts.config.clone(), corpus)?;
     std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let checkpoint = opts.out.join("checkpoint.safetensors");
     let c = &opts.config;
     println!(
-        "fortunes: {} training and {} validation characters, {} distinct; GPT {} blocks x {} wide, {} heads, \
+        "{}: {} training and {} validation characters, {} distinct; GPT {} blocks x {} wide, {} heads, \
          context {}, {} parameters; {} steps of {} x {} characters per epoch; products in {}",
+        opts.data.file_stem().map_or("the text".into(), |s| s.to_string_lossy()),
         trainer.corpus.train.len(),
         trainer.corpus.valid.len(),
         trainer.shape.vocab,

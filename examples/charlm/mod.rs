@@ -1,10 +1,11 @@
 //! The character-level language model that `examples/train_charlm.rs`
-//! trains and `tests/charlm.rs` checks: the corpus (FreeBSD's classic
-//! fortunes, BSD-licensed — see `examples/data/README.md`) split into
-//! training text and the last 10% for validation, the GPT of [`model`],
-//! AdamW, a compiled training step with dropout drawn from a
-//! [`Generator`] inside the step, a compiled evaluation, and a sampler
-//! that generates a whole sample in one compiled call.
+//! trains and `tests/api/train_charlm.rs` checks: a corpus (by default
+//! *War and Peace*, public domain; FreeBSD's fortunes one option away —
+//! see `examples/data/README.md`) split into training text and the last
+//! 10% for validation, the GPT of [`model`], AdamW, a compiled training step
+//! with dropout drawn from a [`Generator`] inside the step, a compiled
+//! evaluation, and a sampler that generates a whole sample in one
+//! compiled call.
 //!
 //! Reproducibility: weights come from `Tensor::randn` with seeds derived
 //! from [`Config::seed`]; step `k` of epoch `e` reads windows whose starts
@@ -25,8 +26,13 @@ use tracejit::random::Generator;
 
 pub use model::{Gpt, Shape};
 
-/// The corpus: `fortunes` from the FreeBSD fortune package.
-pub const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/fortunes.txt");
+/// The default corpus: *War and Peace* (Project Gutenberg #2600, the Maude
+/// translation), 3.2 MB.
+pub const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/war_and_peace.txt");
+
+/// The first corpus: `fortunes` from the FreeBSD fortune package, 2.1 MB
+/// (a harder text; `--data` selects it).
+pub const FORTUNES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/data/fortunes.txt");
 
 /// Text as token ids over its own alphabet.
 #[derive(Clone, Debug)]
@@ -100,6 +106,10 @@ pub struct Config {
     pub lr: f64,
     /// Warm-up steps.
     pub warmup: usize,
+    /// AdamW's second-moment decay.
+    pub beta2: f64,
+    /// AdamW's decoupled weight decay (on every parameter, as W10).
+    pub weight_decay: f64,
     /// Dropout on the embeddings and residual branches while training.
     pub dropout: f64,
     /// Seeds the weights, the windows and dropout.
@@ -130,9 +140,11 @@ impl Default for Config {
             heads: 4,
             blocks: 2,
             batch: 16,
-            epochs: 5,
+            epochs: 3,
             lr: 4e-3,
             warmup: 100,
+            beta2: 0.999,
+            weight_decay: 0.01,
             dropout: 0.05,
             seed: 0,
             max_steps_per_epoch: None,
@@ -221,7 +233,7 @@ impl Trainer {
             steps: config.warmup as f64,
             then: Box::new(LearningRate::CosineDecay { initial: config.lr, steps: total, alpha: 0.1 }),
         };
-        let opt = Adam::new(schedule).weight_decay(0.01);
+        let opt = Adam::new(schedule).betas(0.9, config.beta2).weight_decay(config.weight_decay);
         opt.build_for(&model);
         let frozen = |t: Tensor| Variable::new(t).with_trainable(false);
         let state = TrainState {
