@@ -22,7 +22,11 @@ fn the_peak_is_what_the_call_holds_at_once() {
     });
     assert_eq!(sum, 3 << 20);
     let peak = peak.expect("the counting allocator is installed");
-    assert!((2 << 20..(2 << 20) + 4096).contains(&peak), "peak {peak}");
+    // The counter is process-wide: the test harness's other threads (the
+    // next test's start, its output capture) may allocate a few KiB
+    // meanwhile, under load. 64 KiB of slack still tells 2 MiB from 1 or 3.
+    const SLACK: usize = 64 << 10;
+    assert!((2 << 20..(2 << 20) + SLACK).contains(&peak), "peak {peak}");
     // Sequential buffers: the peak is one of them.
     let ((), peak) = measure_peak(|| {
         for _ in 0..4 {
@@ -30,7 +34,7 @@ fn the_peak_is_what_the_call_holds_at_once() {
         }
     });
     let peak = peak.unwrap();
-    assert!((1 << 20..(1 << 20) + 4096).contains(&peak), "peak {peak}");
+    assert!((1 << 20..(1 << 20) + SLACK).contains(&peak), "peak {peak}");
     // Another thread's allocation counts too.
     let ((), peak) = measure_peak(|| {
         std::thread::spawn(|| drop(std::hint::black_box(vec![0u8; 3 << 20]))).join().unwrap();
