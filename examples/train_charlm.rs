@@ -28,7 +28,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::{bail, ensure, Context};
 use charlm::{Config, Corpus, EpochStats, Trainer, DATA};
 use indicatif::{ProgressBar, ProgressStyle};
 use tracejit::prelude::*;
@@ -114,6 +114,19 @@ fn main() -> anyhow::Result<()> {
     };
     let corpus = Corpus::load(&opts.data, 0.1)?;
     let prompt = corpus.encode(&opts.prompt).context("--prompt must be made of the text's characters")?;
+    // Checked before training, not after it: the sampler needs 1 to
+    // `context` characters to start from.
+    let context = opts.config.context;
+    ensure!(
+        (1..=context).contains(&prompt.len()),
+        "--prompt must have 1 to {context} characters, got {}",
+        prompt.len()
+    );
+    ensure!(
+        opts.temperature.is_finite() && opts.temperature > 0.0,
+        "--temperature must be above 0, got {}",
+        opts.temperature
+    );
     let trainer = Trainer::new(opts.config.clone(), corpus)?;
     std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
     let checkpoint = opts.out.join("checkpoint.safetensors");
