@@ -175,4 +175,4 @@ pub use region::{
 /// The thread pool and thread count, and the f32 approximations of `exp`,
 /// `tanh` and `sigmoid` the kernels share: they live in the kernel crate
 /// (`tracejit-kernels`) under both this crate and the composites.
-pub use tracejit_kernels::{fastmath, threads};
+pub use tracejit_kernels::{fastmath, simd, threads};

@@ -228,7 +228,7 @@ fn rows_a_multiple_of_4k_apart_give_the_same_values() {
     for n in [1usize, 3, 5, 17, 1023, 1024, 4096, 4097] {
         let x = rows(1, n, n as u64, true);
         let mut apart = vec![0f32; n];
-        tracejit_jit::fastmath::softmax_row(&x, &mut apart);
+        tracejit_kernels::softmax::row(&x, &mut apart, tracejit_kernels::Isa::native());
         let m = x.iter().fold(f32::NEG_INFINITY, |m, &v| if m.is_nan() || m >= v { m } else { v });
         let e: Vec<f64> = x.iter().map(|&v| (f64::from(v) - f64::from(m)).exp()).collect();
         let total: f64 = e.iter().sum();
@@ -240,7 +240,7 @@ fn rows_a_multiple_of_4k_apart_give_the_same_values() {
                 buf[shift..shift + n].copy_from_slice(&x);
                 let (a, b) = buf.split_at_mut(shift + gap);
                 let y = &mut b[..n];
-                tracejit_jit::fastmath::softmax_row(&a[shift..shift + n], y);
+                tracejit_kernels::softmax::row(&a[shift..shift + n], y, tracejit_kernels::Isa::native());
                 let (got, want) =
                     (Storage::from_vec(y.to_vec(), &[n]).unwrap(), Storage::from_vec(apart.clone(), &[n]).unwrap());
                 // Bit for bit: the sum's order depends on the row alone.

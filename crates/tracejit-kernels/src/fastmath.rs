@@ -4,16 +4,16 @@
 //!
 //! Three places compute these functions: the JIT's in-line Cranelift code
 //! (`tracejit-jit`'s `math` module, scalar and `f32x4`), the AVX-512 and
-//! AVX2 chunk functions of staged kernels ([`crate::simd`]), and the
-//! functions here. All
-//! three follow one recipe operation for operation, with the constants
-//! below declared once, and every multiply-add fused (one rounding, whether
-//! it is an FMA instruction, Cranelift's `fma` or [`f32::mul_add`]), so they
-//! compute the same bits for every input; only the sign and payload of a
-//! NaN result may differ (any NaN stands for NaN, as in the rest of the
-//! JIT). `tracejit-jit`'s `tests/kernels/agreement.rs` checks this over a sweep of every binade and
-//! the special values; the error bounds in the crate documentation (the ULP
-//! table) therefore hold for all three.
+//! AVX2 chunk functions of staged kernels (the `simd` module), and the
+//! functions here. All three follow one recipe operation for operation,
+//! with the constants below declared once, and every multiply-add fused
+//! (one rounding, whether it is an FMA instruction, Cranelift's `fma` or
+//! [`f32::mul_add`]), so they compute the same bits for every input; only
+//! the sign and payload of a NaN result may differ (any NaN stands for NaN,
+//! as in the rest of the JIT). `tracejit-jit`'s `tests/kernels/agreement.rs`
+//! checks this over a sweep of every binade and the special values; the
+//! error bounds in the crate documentation (the ULP table) therefore hold
+//! for all three.
 //!
 //! The recipes (see `tracejit-jit`'s `math` module for the reasoning):
 //! - `exp`: Cephes `expf`: clamp to `[-104, 89]`, `n = round(x·log2 e)` by
@@ -25,24 +25,18 @@
 //! - `sigmoid`: `e = exp(-|x|)`, then `e / (1 + e)` for `x < 0` and
 //!   `1 / (1 + e)` otherwise.
 //!
-//! [`exp_in_place`], [`tanh_in_place`] and [`sigmoid_in_place`] run the
-//! vector chunk functions when the CPU has AVX-512F or AVX2 and FMA
-//! (the width the caller's [`Isa`] allows; [`Isa::native`] for the forms
-//! without `_with`), and the scalar
-//! functions otherwise (slower where `mul_add` has no FMA instruction under
-//! it, never different).
+//! This module is the leaf of the crate's math: scalar functions and
+//! constants only. The slice forms over vector code (`simd::exp_in_place`,
+//! ...) and the row softmax (`softmax::row`) build on it, never the other
+//! way round.
 //!
 //! ```
 //! use tracejit_kernels::fastmath;
 //!
-//! let mut v = [0.0f32, 1.0, -1.0, f32::INFINITY];
-//! fastmath::exp_in_place(&mut v);
-//! assert_eq!(v, [1.0, fastmath::exp(1.0), fastmath::exp(-1.0), f32::INFINITY]);
+//! assert_eq!(fastmath::exp(0.0), 1.0);
 //! assert!((fastmath::exp(1.0) - std::f32::consts::E).abs() <= f32::EPSILON * 3.0);
+//! assert_eq!(fastmath::tanh(f32::INFINITY), 1.0);
 //! ```
-
-use crate::simd::MathFn;
-use crate::Isa;
 
 /// `exp`'s input clamp: below it the f32 result is 0 (or rounds to 0),
 /// above it `inf`, so clamping changes no result and keeps `n` in range.
@@ -133,65 +127,6 @@ pub fn sigmoid(x: f32) -> f32 {
     num / (1.0 + e)
 }
 
-/// `v[i] = exp(v[i])` for every element, with the widest vector code this
-/// CPU has ([`exp_in_place_with`] to choose).
-pub fn exp_in_place(v: &mut [f32]) {
-    exp_in_place_with(v, Isa::native());
-}
-
-/// `v[i] = tanh(v[i])` for every element ([`tanh_in_place_with`] to choose
-/// the vector code).
-pub fn tanh_in_place(v: &mut [f32]) {
-    tanh_in_place_with(v, Isa::native());
-}
-
-/// `v[i] = sigmoid(v[i])` for every element ([`sigmoid_in_place_with`] to
-/// choose the vector code).
-pub fn sigmoid_in_place(v: &mut [f32]) {
-    sigmoid_in_place_with(v, Isa::native());
-}
-
-/// [`exp_in_place`] with the vector code `isa` allows (the same bits at
-/// every width).
-pub fn exp_in_place_with(v: &mut [f32], isa: Isa) {
-    apply(v, MathFn::Exp, isa);
-}
-
-/// [`tanh_in_place`] with the vector code `isa` allows.
-pub fn tanh_in_place_with(v: &mut [f32], isa: Isa) {
-    apply(v, MathFn::Tanh, isa);
-}
-
-/// [`sigmoid_in_place`] with the vector code `isa` allows.
-pub fn sigmoid_in_place_with(v: &mut [f32], isa: Isa) {
-    apply(v, MathFn::Sigmoid, isa);
-}
-
-/// `y = exp(x - max(x)) / sum(exp(x - max(x)))` over one row, with the
-/// widest vector code this CPU has: [`crate::softmax::row`].
-///
-/// ```
-/// let x = [1.0f32, 2.0, 3.0];
-/// let mut y = [0.0f32; 3];
-/// tracejit_kernels::fastmath::softmax_row(&x, &mut y);
-/// assert!((y.iter().sum::<f32>() - 1.0).abs() < 1e-6 && y[2] > y[1]);
-/// ```
-///
-/// # Panics
-/// If `x` and `y` differ in length.
-pub fn softmax_row(x: &[f32], y: &mut [f32]) {
-    crate::softmax::row(x, y, Isa::native());
-}
-
-fn apply(v: &mut [f32], f: MathFn, isa: Isa) {
-    match crate::simd::chunk_fn(f, isa) {
-        // SAFETY: `v` holds `v.len()` writable f32 values, and `chunk_fn`
-        // hands out a function only when the CPU has the features it needs.
-        Some((_, chunk)) => unsafe { chunk(v.as_mut_ptr(), v.len() as i64) },
-        None => v.iter_mut().for_each(|x| *x = f.scalar()(*x)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,23 +144,5 @@ mod tests {
         assert_eq!(sigmoid(f32::INFINITY), 1.0);
         assert_eq!(sigmoid(f32::NEG_INFINITY), 0.0);
         assert_eq!(sigmoid(0.0), 0.5);
-    }
-
-    /// The slice forms (vector code here when the CPU has it) give the scalar
-    /// functions' bits, tails included.
-    #[test]
-    fn slices_match_the_scalar_functions() {
-        let xs: Vec<f32> = (0..1003).map(|i| (i as f32 - 500.0) * 0.037).collect();
-        for (f, slice) in [
-            (exp as fn(f32) -> f32, exp_in_place as fn(&mut [f32])),
-            (tanh, tanh_in_place),
-            (sigmoid, sigmoid_in_place),
-        ] {
-            let mut v = xs.clone();
-            slice(&mut v);
-            for (&x, &y) in xs.iter().zip(&v) {
-                assert_eq!(y.to_bits(), f(x).to_bits(), "at {x}");
-            }
-        }
     }
 }

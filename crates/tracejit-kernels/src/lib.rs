@@ -24,10 +24,10 @@
 //! reductions).
 //!
 //! ```
-//! use tracejit_kernels::{fastmath, Isa};
+//! use tracejit_kernels::{fastmath, simd, Isa};
 //!
 //! let mut v = [0.0f32, 1.0];
-//! fastmath::exp_in_place_with(&mut v, Isa::native());
+//! simd::exp_in_place_with(&mut v, Isa::native());
 //! assert_eq!(v, [1.0, fastmath::exp(1.0)]);
 //! ```
 

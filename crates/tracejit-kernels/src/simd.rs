@@ -111,6 +111,62 @@ pub fn symbols() -> Vec<(&'static str, *const u8)> {
     Vec::new()
 }
 
+/// `v[i] = f(v[i])` over a slice: the slice forms of [`crate::fastmath`]'s
+/// functions, in the chunk code `isa` allows (the scalar functions where the
+/// CPU has no vector code: slower where `mul_add` has no FMA instruction
+/// under it, never different).
+///
+/// ```
+/// use tracejit_kernels::{fastmath, simd};
+///
+/// let mut v = [0.0f32, 1.0, -1.0, f32::INFINITY];
+/// simd::exp_in_place(&mut v);
+/// assert_eq!(v, [1.0, fastmath::exp(1.0), fastmath::exp(-1.0), f32::INFINITY]);
+/// ```
+///
+/// This one: `v[i] = exp(v[i])` for every element, with the widest vector
+/// code this CPU has ([`exp_in_place_with`] to choose).
+pub fn exp_in_place(v: &mut [f32]) {
+    exp_in_place_with(v, Isa::native());
+}
+
+/// `v[i] = tanh(v[i])` for every element ([`tanh_in_place_with`] to choose
+/// the vector code).
+pub fn tanh_in_place(v: &mut [f32]) {
+    tanh_in_place_with(v, Isa::native());
+}
+
+/// `v[i] = sigmoid(v[i])` for every element ([`sigmoid_in_place_with`] to
+/// choose the vector code).
+pub fn sigmoid_in_place(v: &mut [f32]) {
+    sigmoid_in_place_with(v, Isa::native());
+}
+
+/// [`exp_in_place`] with the vector code `isa` allows (the same bits at
+/// every width).
+pub fn exp_in_place_with(v: &mut [f32], isa: Isa) {
+    apply(v, MathFn::Exp, isa);
+}
+
+/// [`tanh_in_place`] with the vector code `isa` allows.
+pub fn tanh_in_place_with(v: &mut [f32], isa: Isa) {
+    apply(v, MathFn::Tanh, isa);
+}
+
+/// [`sigmoid_in_place`] with the vector code `isa` allows.
+pub fn sigmoid_in_place_with(v: &mut [f32], isa: Isa) {
+    apply(v, MathFn::Sigmoid, isa);
+}
+
+fn apply(v: &mut [f32], f: MathFn, isa: Isa) {
+    match chunk_fn(f, isa) {
+        // SAFETY: `v` holds `v.len()` writable f32 values, and `chunk_fn`
+        // hands out a function only when the CPU has the features it needs.
+        Some((_, chunk)) => unsafe { chunk(v.as_mut_ptr(), v.len() as i64) },
+        None => v.iter_mut().for_each(|x| *x = f.scalar()(*x)),
+    }
+}
+
 /// The recipes, generic over the vector width.
 #[cfg(target_arch = "x86_64")]
 pub mod recipes {
@@ -282,6 +338,24 @@ entry_points!(avx512, __m512, "avx512f", "AVX-512F");
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The slice forms (vector code here when the CPU has it) give the scalar
+    /// functions' bits, tails included.
+    #[test]
+    fn slices_match_the_scalar_functions() {
+        let xs: Vec<f32> = (0..1003).map(|i| (i as f32 - 500.0) * 0.037).collect();
+        for (f, slice) in [
+            (crate::fastmath::exp as fn(f32) -> f32, exp_in_place as fn(&mut [f32])),
+            (crate::fastmath::tanh, tanh_in_place),
+            (crate::fastmath::sigmoid, sigmoid_in_place),
+        ] {
+            let mut v = xs.clone();
+            slice(&mut v);
+            for (&x, &y) in xs.iter().zip(&v) {
+                assert_eq!(y.to_bits(), f(x).to_bits(), "at {x}");
+            }
+        }
+    }
 
     /// Both widths against the scalar recipe, bit for bit, on special
     /// values and a sweep of exponents, in chunks that end in every tail

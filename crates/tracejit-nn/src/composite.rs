@@ -76,7 +76,7 @@ pub(crate) fn ensure_builtins() {
     static BUILTINS: Once = Once::new();
     BUILTINS.call_once(|| {
         for c in crate::declared() {
-            c.register();
+            c.register_once();
         }
     });
 }

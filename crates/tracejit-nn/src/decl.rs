@@ -22,7 +22,7 @@
 //! [`crate::dense`]; 0 for the others), so one type serves them all.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Once, OnceLock};
 
 use tracejit_ir::registry::{Registration, TypePredicate};
 use tracejit_ir::{ExternalKernel, TensorType};
@@ -82,6 +82,9 @@ pub struct Composite {
     /// ([`Composite::traced_as_body`]).
     traced_as_body: bool,
     function: OnceLock<CompositeFunction>,
+    /// Set once this declaration's kernels are in the process-wide tables
+    /// (see [`Composite::call`]).
+    registered: Once,
 }
 
 impl fmt::Debug for Composite {
@@ -111,6 +114,7 @@ impl Composite {
             examples,
             traced_as_body: false,
             function: OnceLock::new(),
+            registered: Once::new(),
         }
     }
 
@@ -193,6 +197,10 @@ impl Composite {
     #[track_caller]
     pub fn call(&'static self, inputs: &[&Tensor], attr: u32) -> Vec<Tensor> {
         crate::composite::ensure_builtins();
+        // A declaration registers itself too: one left out of
+        // `composites::ALL` still runs its kernels, never silently its body
+        // (debug builds also fail loudly on the omission, in `register`).
+        self.register_once();
         // Under a gradient tape the composite runs as a call of its
         // function, which the tapes record (with its backward kernel); a
         // bare native kernel would hide it from them.
@@ -211,9 +219,21 @@ impl Composite {
             .unwrap_or_else(|e| panic!("{}: {e}", self.name))
     }
 
+    /// [`Composite::register`], the first time only: a user's later
+    /// `unregister` or replacement is never undone.
+    pub(crate) fn register_once(&'static self) {
+        self.registered.call_once(|| self.register());
+    }
+
     /// The declared kernel and backward kernel as the process-wide tables
     /// hold them, unless a user registered their own first.
-    pub(crate) fn register(&'static self) {
+    fn register(&'static self) {
+        debug_assert!(
+            declared().iter().any(|c| std::ptr::eq(*c, self)),
+            "composite `{}` is declared but missing from `composites::ALL`: its kernels would be registered only on its \
+             first call, and the tests that iterate `declared()` would skip it",
+            self.name
+        );
         if let Some(native) = self.kernel {
             let accepts: Arc<TypePredicate> = Arc::new(move |types: &[TensorType]| {
                 let specs: Vec<TensorSpec> = types.iter().map(|ty| TensorSpec { ty: ty.clone() }).collect();
@@ -270,4 +290,33 @@ impl ExternalKernel for DeclaredKernel {
 /// [`crate::composite::ensure_builtins`] registers and the tests iterate.
 pub fn declared() -> &'static [&'static Composite] {
     crate::composites::ALL
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A declaration nobody listed in `composites::ALL`.
+    static STRAY: Composite =
+        Composite::new("tracejit.test.stray", "stray", |x, _| vec![x[0].clone()], None, None, crate::samples::unary);
+
+    /// Forgetting to list a composite fails its first call loudly in
+    /// debug builds (the tests' builds), instead of leaving it out of the
+    /// tests that iterate `declared()`.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "missing from `composites::ALL`")]
+    fn a_declaration_missing_from_the_list_fails_its_first_call() {
+        STRAY.call(&[&Tensor::scalar(1.0f32)], 0);
+    }
+
+    /// Every listed declaration is registered by the crate's entry points
+    /// and once only.
+    #[test]
+    fn listed_declarations_register_once() {
+        crate::composite::ensure_builtins();
+        for c in declared() {
+            assert!(c.registered.is_completed(), "{} not registered", c.name());
+        }
+    }
 }

@@ -15,7 +15,7 @@
 use std::borrow::Cow;
 
 use ndarray::{ArrayView2, Ix2};
-use tracejit_kernels::{fastmath, gemm, Isa};
+use tracejit_kernels::{fastmath, gemm, simd, Isa};
 use tracejit_tensor::{DType, Storage};
 use tracejit_trace::{Tensor, TensorSpec};
 
@@ -106,7 +106,7 @@ pub(crate) fn gelu(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
         for (o, &x) in oc.iter_mut().zip(xc) {
             *o = (x + x * x * x * 0.044715) * 0.797_884_6;
         }
-        fastmath::tanh_in_place_with(oc, isa);
+        simd::tanh_in_place_with(oc, isa);
         for (o, &x) in oc.iter_mut().zip(xc) {
             *o = (x * 0.5) * (*o + 1.0);
         }
@@ -124,7 +124,7 @@ fn exp_shifted(row: &[f32], m: f32, o: &mut [f32], isa: Isa) -> f32 {
     for (ov, &v) in o.iter_mut().zip(row) {
         *ov = v - m;
     }
-    fastmath::exp_in_place_with(o, isa);
+    simd::exp_in_place_with(o, isa);
     sum(o)
 }
 
@@ -253,15 +253,15 @@ fn lstm_states(gates: &mut [f32], c: &[f32], h2: &mut [f32], c2: &mut [f32], hid
     for ((g, cr), (hr, cn)) in rows.zip(h2.chunks_exact_mut(hidden).zip(c2.chunks_exact_mut(hidden))) {
         let (ifg, go) = g.split_at_mut(3 * hidden);
         let (gif, gg) = ifg.split_at_mut(2 * hidden);
-        fastmath::sigmoid_in_place_with(gif, isa);
-        fastmath::tanh_in_place_with(gg, isa);
-        fastmath::sigmoid_in_place_with(go, isa);
+        simd::sigmoid_in_place_with(gif, isa);
+        simd::tanh_in_place_with(gg, isa);
+        simd::sigmoid_in_place_with(go, isa);
         let (gi, gf) = gif.split_at(hidden);
         for ((((cv, &i), &f), &gt), &c) in cn.iter_mut().zip(gi.iter()).zip(gf.iter()).zip(gg.iter()).zip(cr) {
             *cv = f * c + i * gt;
         }
         hr.copy_from_slice(cn);
-        fastmath::tanh_in_place_with(hr, isa);
+        simd::tanh_in_place_with(hr, isa);
         for (h, &o) in hr.iter_mut().zip(go.iter()) {
             *h *= o;
         }
