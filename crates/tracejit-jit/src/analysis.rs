@@ -54,7 +54,7 @@ pub(crate) use crate::scalar::Scalar;
 
 mod axes;
 mod domain;
-mod lowering;
+mod region_program;
 mod text;
 mod unify;
 
@@ -189,10 +189,10 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
     let live = axes::liveness(body)?;
     let mut unified = axes::unify(body, &live)?;
     let domain = domain::domain(body, &live, &mut unified)?;
-    let mut lowered = lowering::lower(body, &live, &domain)?;
-    let outputs = lowering::outputs(body, &domain, &mut lowered)?;
-    let passes = lowering::passes(&live, &domain, &lowered)?;
-    let (size_sources, static_sizes) = lowering::sizes(&mut unified, &domain)?;
+    let mut lowered = region_program::lower(body, &live, &domain)?;
+    let outputs = region_program::outputs(body, &domain, &mut lowered)?;
+    let passes = region_program::passes(&live, &domain, &lowered)?;
+    let (size_sources, static_sizes) = region_program::sizes(&mut unified, &domain)?;
     Ok(Analysis {
         kind: domain.kind,
         nodes: lowered.nodes,

@@ -43,9 +43,9 @@ use crate::schedule::Schedule;
 use crate::{JitError, JitOptions};
 
 mod bf16_products;
+pub(crate) mod graph_to_schedule;
 mod in_place;
 mod liveness;
-pub(crate) mod lower;
 mod products;
 mod regions;
 mod row_loops;

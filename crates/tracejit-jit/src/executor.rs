@@ -45,17 +45,17 @@ use smallvec::SmallVec;
 use tracejit_ir::tensor::{kernels, BinaryOp, DType, Storage};
 use tracejit_ir::{eval_primitive, infer, AssignKind, Graph, IrError, NodeId, Op, TensorType, VarId};
 
-use crate::codegen::lower::Callees;
+use crate::codegen::graph_to_schedule::Callees;
 use crate::codegen::{CodegenContext, CodegenReport, DumpTo, Run};
 use crate::region::BufPool;
 use crate::schedule::{Pair, Schedule, Step, StepKind};
 use crate::{JitError, JitOptions};
 
-pub(crate) mod batch;
 mod copies;
 mod epilogue;
 mod pairs;
 mod profile;
+pub(crate) mod row_blocks;
 mod scalars;
 pub(crate) mod sparse_update;
 mod stats;
@@ -157,7 +157,7 @@ impl Executable {
     ) -> Result<Executable, JitError> {
         crate::malloc::tune_once();
         let started = std::time::Instant::now();
-        let mut schedule = crate::codegen::lower::lower(&graph, opts, callees, run)?;
+        let mut schedule = crate::codegen::graph_to_schedule::lower(&graph, opts, callees, run)?;
         run.record_lower(&graph, schedule.steps.len(), started.elapsed());
         let cx = CodegenContext { graph: &graph, opts, gemm_threshold: crate::threads::gemm_threshold() };
         crate::codegen::run_passes(&mut schedule, &cx, run)?;

@@ -1,5 +1,5 @@
 //! Code generation of a whole region kernel: the loop structure around the
-//! element ops of [`crate::lower`]. The argument block is described in
+//! element ops of [`crate::clif_ops`]. The argument block is described in
 //! [`abi`], which values live in scratch buffers is decided in [`schedule`]
 //! before emission, and the inner loops and per-element evaluation are in
 //! `loops`.
@@ -47,19 +47,19 @@ use cranelift_module::{FuncId, Linkage, Module};
 use tracejit_ir::tensor::ReduceOp;
 
 use crate::analysis::{Analysis, KernelKind, LNodeId, LOp};
+use crate::clif_ops::{mem, sty, Emit, Mode};
 use crate::helpers::Helper;
-use crate::lower::{mem, sty, Emit, Mode};
 use crate::options::JitOptions;
 
 mod abi;
 mod loops;
 mod recip;
-mod schedule;
+mod scratch_plan;
 
 use abi::{SlotId, ARG_COUNT, ARG_FLAGS, ARG_N, ARG_ROWS, ARG_SCRATCH};
 pub(crate) use abi::{ARG_SLOTS, FLAG_FINAL, FLAG_INIT};
-use schedule::{is_heavy, lane_bits, ScratchId, Staged};
-pub(crate) use schedule::{schedule, Schedule};
+use scratch_plan::{is_heavy, lane_bits, ScratchId, Staged};
+pub(crate) use scratch_plan::{schedule, Schedule};
 
 /// Emits the kernel of `an` into `module` as function `name`.
 pub(crate) fn build(

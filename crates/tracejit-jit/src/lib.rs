@@ -141,8 +141,8 @@
 //! options.
 
 mod analysis;
-mod batch;
 mod chunks;
+mod clif_ops;
 pub mod codegen;
 mod constpool;
 mod dispatch;
@@ -153,13 +153,13 @@ mod gemm_bf16;
 mod helpers;
 mod jit;
 mod kernel;
-mod lower;
 mod malloc;
 mod math;
 mod native;
 mod options;
 mod pool;
 mod region;
+mod row_blocks;
 mod scalar;
 mod schedule;
 mod spatial;

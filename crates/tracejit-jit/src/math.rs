@@ -35,7 +35,7 @@ use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{InstBuilder, Value};
 use tracejit_ir::tensor::DType;
 
-use crate::lower::{Emit, Mode};
+use crate::clif_ops::{Emit, Mode};
 use tracejit_kernels::fastmath::{
     EXP_MAX, EXP_MIN, EXP_NEG_LN2_HI, EXP_NEG_LN2_LO, EXP_POLY, ROUND_MAGIC, ROUND_MAGIC_BITS, TANH_CLAMP, TANH_P,
     TANH_Q,

@@ -115,7 +115,7 @@ pub(crate) fn is_cached(an: &Analysis, opts: &JitOptions) -> bool {
 
 /// `an`'s kernel for `opts`: the cached one, or compiled and cached. The
 /// cache's lock is not held while Cranelift compiles, so regions compile
-/// in parallel (`codegen::lower`); when two threads compile the same key,
+/// in parallel (`codegen::graph_to_schedule`); when two threads compile the same key,
 /// the first to finish is kept and both return it.
 pub(crate) fn cached_kernel(an: &Analysis, opts: &JitOptions) -> Result<Arc<Kernel>, JitError> {
     let key = (an.key.clone(), *opts);

@@ -23,7 +23,7 @@ use smallvec::SmallVec;
 use tracejit_ir::tensor::Storage;
 use tracejit_ir::{AssignKind, Graph, NodeId, Op, VarId};
 
-use crate::executor::batch;
+use crate::executor::row_blocks;
 use crate::executor::views::View;
 use crate::region::CompiledRegion;
 use crate::Executable;
@@ -58,7 +58,7 @@ pub(crate) enum StepKind {
     /// A loop: the condition and the body, prepared once, how many of the
     /// inputs are carried, and its split into row blocks when the
     /// `row_loops` pass found one.
-    While(Box<[Executable; 2]>, usize, Option<Box<batch::Split>>),
+    While(Box<[Executable; 2]>, usize, Option<Box<row_blocks::Split>>),
     /// Reads a variable.
     Read(VarId),
     /// Writes a variable.

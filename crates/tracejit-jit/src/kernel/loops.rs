@@ -1,7 +1,7 @@
 //! The inner loops of a kernel (rotated, unrolled vector loops with a
 //! one-vector loop and a scalar tail) and the evaluation of each element:
 //! invariants hoisted per row, loads, stores and the element ops of
-//! [`crate::lower`].
+//! [`crate::clif_ops`].
 
 use std::collections::HashSet;
 
@@ -10,7 +10,7 @@ use cranelift_codegen::ir::{types, BlockArg, InstBuilder, Type, Value};
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp};
 
 use crate::analysis::{LNodeId, LOp};
-use crate::lower::{mem, sty, Mode};
+use crate::clif_ops::{mem, sty, Mode};
 use cranelift_codegen::ir::condcodes::FloatCC;
 
 use super::abi::SlotId;

@@ -18,7 +18,7 @@ use cranelift_codegen::ir::{InstBuilder, Value};
 use tracejit_ir::tensor::{BinaryOp, DType};
 
 use crate::analysis::{LNodeId, LOp};
-use crate::lower::Mode;
+use crate::clif_ops::Mode;
 
 use super::{Dest, Gen};
 

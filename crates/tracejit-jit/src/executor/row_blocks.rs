@@ -1,5 +1,5 @@
 //! A loop run as one loop per block of its batch rows, each on one
-//! thread of the pool ([`crate::batch`] finds the loops and the rows; the
+//! thread of the pool ([`crate::row_blocks`] finds the loops and the rows; the
 //! `row_loops` codegen pass decides, with [`plan`]).
 
 use std::sync::{Arc, Mutex};
@@ -8,7 +8,7 @@ use tracejit_ir::tensor::{kernels, Storage};
 use tracejit_ir::{Graph, IrError};
 
 use super::{BufPool, Executable, Shared};
-use crate::batch::{self, LoopRows, Rows};
+use crate::row_blocks::{self, LoopRows, Rows};
 use crate::JitOptions;
 
 /// A block's loop: its carried values, or its error.
@@ -21,7 +21,7 @@ type Parts = Arc<[Executable; 2]>;
 /// write for a block size, and the blocks' executables and buffers.
 pub(crate) struct Split {
     rows: LoopRows,
-    /// The least rows of a block ([`batch::exact_rows`]).
+    /// The least rows of a block ([`row_blocks::exact_rows`]).
     least: usize,
     parts: [Arc<Graph>; 2],
     opts: JitOptions,
@@ -34,11 +34,11 @@ pub(crate) struct Split {
 }
 
 /// The split of a loop with subgraphs `parts` and `carried` carried
-/// values, when its rows are independent ([`batch::plan_loop`]), its
+/// values, when its rows are independent ([`row_blocks::plan_loop`]), its
 /// trips do enough work on rows to pay for a fork and a join (a loop of
 /// unknown trip count is taken as one trip), the blocks would repeat
 /// little of it, what their products share stays in cache
-/// ([`batch::SHARED_MAX`]), and a block's products give the bits of the
+/// ([`row_blocks::SHARED_MAX`]), and a block's products give the bits of the
 /// whole (so results do not depend on the thread count).
 pub(crate) fn plan(
     parts: &[Arc<Graph>; 2],
@@ -47,16 +47,16 @@ pub(crate) fn plan(
     opts: &JitOptions,
     gemm_threshold: usize,
 ) -> Option<Split> {
-    let rows = batch::plan_loop(parts, carried)?;
-    let costs = batch::trip_costs(&parts[1], &rows.parts[1]);
+    let rows = row_blocks::plan_loop(parts, carried)?;
+    let costs = row_blocks::trip_costs(&parts[1], &rows.parts[1]);
     let pays = costs.rows.saturating_mul(trips.unwrap_or(1)) >= gemm_threshold
         && costs.repeated.saturating_mul(8) <= costs.rows
-        && costs.shared <= batch::SHARED_MAX
+        && costs.shared <= row_blocks::SHARED_MAX
         && costs.exact;
     if !pays {
         return None;
     }
-    let least = batch::exact_rows(&costs);
+    let least = row_blocks::exact_rows(&costs);
     if rows.b / least < 2 {
         return None;
     }
@@ -97,7 +97,7 @@ impl Split {
     }
 
     /// The condition and body for blocks of `p` rows: the loop's subgraphs
-    /// retyped (and verified, [`batch::retype`]), prepared through the
+    /// retyped (and verified, [`row_blocks::retype`]), prepared through the
     /// JIT's passes like any graph (their regions are the loop's own).
     fn executables(&self, p: usize) -> Option<Parts> {
         let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
@@ -105,7 +105,7 @@ impl Split {
             return e.clone();
         }
         let prepare = |k: usize| {
-            let g = batch::retype(&self.parts[k], &self.rows.parts[k], p)?;
+            let g = row_blocks::retype(&self.parts[k], &self.rows.parts[k], p)?;
             let mut run = crate::codegen::Run::default();
             Executable::build(Arc::new(g), &self.opts, &mut Default::default(), &mut run).ok()
         };
