@@ -22,20 +22,43 @@ use crate::kernel::{self, Schedule};
 use crate::options::JitOptions;
 use crate::JitError;
 
-fn isa() -> Result<OwnedTargetIsa, JitError> {
-    static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
-    ISA.get_or_init(|| {
-        let mut flags = settings::builder();
-        flags.set("opt_level", "speed").map_err(|e| e.to_string())?;
-        flags.set("use_colocated_libcalls", "false").map_err(|e| e.to_string())?;
-        flags.set("is_pic", "false").map_err(|e| e.to_string())?;
-        let verify = if cfg!(debug_assertions) { "true" } else { "false" };
-        flags.set("enable_verifier", verify).map_err(|e| e.to_string())?;
-        let builder = cranelift_native::builder().map_err(|e| e.to_string())?;
-        builder.finish(settings::Flags::new(flags)).map_err(|e| e.to_string())
-    })
-    .clone()
-    .map_err(JitError::Host)
+/// The host ISA as Cranelift sees it, built once per `avx512` setting:
+/// without AVX-512 ([`JitOptions::avx512`] off) every `has_avx512*` flag
+/// is cleared, so no EVEX encoding reaches the code and a kernel compiled
+/// here runs on an AVX2 machine.
+fn isa(avx512: bool) -> Result<OwnedTargetIsa, JitError> {
+    static ISAS: [OnceLock<Result<OwnedTargetIsa, String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    ISAS[usize::from(avx512)]
+        .get_or_init(|| {
+            let mut flags = settings::builder();
+            flags.set("opt_level", "speed").map_err(|e| e.to_string())?;
+            flags.set("use_colocated_libcalls", "false").map_err(|e| e.to_string())?;
+            flags.set("is_pic", "false").map_err(|e| e.to_string())?;
+            let verify = if cfg!(debug_assertions) { "true" } else { "false" };
+            flags.set("enable_verifier", verify).map_err(|e| e.to_string())?;
+            let mut builder = cranelift_native::builder().map_err(|e| e.to_string())?;
+            if !avx512 && cfg!(target_arch = "x86_64") {
+                for flag in AVX512_FLAGS {
+                    builder.set(flag, "false").map_err(|e| format!("{flag}: {e}"))?;
+                }
+            }
+            builder.finish(settings::Flags::new(flags)).map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(JitError::Host)
+}
+
+/// Cranelift's x64 flags for AVX-512 features (`cranelift-codegen`'s
+/// `meta/src/isa/x86.rs`).
+const AVX512_FLAGS: [&str; 6] =
+    ["has_avx512bitalg", "has_avx512dq", "has_avx512vl", "has_avx512vbmi", "has_avx512f", "has_avx512vnni"];
+
+/// Whether the host ISA this process compiles for under `opts` has any
+/// AVX-512 flag on (for tests: `TRACEJIT_ISA=avx2` must leave none).
+#[cfg(test)]
+fn uses_avx512(opts: &JitOptions) -> Result<bool, JitError> {
+    let isa = isa(opts.avx512)?;
+    Ok(isa.isa_flags().iter().any(|f| AVX512_FLAGS.contains(&f.name) && f.as_bool() == Some(true)))
 }
 
 thread_local! {
@@ -90,7 +113,7 @@ impl Drop for KernelCode {
 
 /// Compiles the kernel of `an` into a fresh module.
 pub(crate) fn compile(an: &Analysis, sch: &Schedule, opts: &JitOptions) -> Result<KernelCode, JitError> {
-    let mut jb = JITBuilder::with_isa(isa()?, cranelift_module::default_libcall_names());
+    let mut jb = JITBuilder::with_isa(isa(opts.avx512)?, cranelift_module::default_libcall_names());
     for h in Helper::ALL {
         jb.symbol(h.name(), h.address());
     }
@@ -111,4 +134,23 @@ pub(crate) fn compile(an: &Analysis, sch: &Schedule, opts: &JitOptions) -> Resul
     module.finalize_definitions().map_err(|e| JitError::Codegen { key: an.key.to_string(), message: e.to_string() })?;
     let entry = module.get_finalized_function(id);
     Ok(KernelCode { module: Some(module), entry })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without AVX-512 the Cranelift ISA has every AVX-512 flag off (so
+    /// no EVEX encoding can reach a kernel); with it, the host's flags
+    /// stand.
+    #[test]
+    fn an_avx2_target_clears_every_avx512_flag_of_cranelift() {
+        let opts = JitOptions { avx512: false, ..JitOptions::default() };
+        assert!(!uses_avx512(&opts).unwrap());
+        #[cfg(target_arch = "x86_64")]
+        {
+            let host = std::arch::is_x86_feature_detected!("avx512f");
+            assert_eq!(uses_avx512(&JitOptions::default()).unwrap(), host);
+        }
+    }
 }

@@ -41,7 +41,10 @@ pub struct JitOptions {
     /// same bits; the row softmax's sum adds in a different order. f32
     /// matrix products take 16-lane `gemm` kernels where the operand layout
     /// suits them, 8-lane ones with this off.
-    /// Environment: `TRACEJIT_JIT_AVX512=0` turns it off.
+    /// Off, the JIT's Cranelift code uses no AVX-512 encoding either, so
+    /// the process runs what an AVX2 machine runs.
+    /// Environment: `TRACEJIT_ISA=avx2` (or `TRACEJIT_JIT_AVX512=0`) turns
+    /// it off.
     pub avx512: bool,
     /// Print each kernel's Cranelift IR and machine code to stderr when it
     /// is compiled. Environment: `TRACEJIT_JIT_DUMP` (any value).
@@ -63,7 +66,7 @@ impl JitOptions {
         JitOptions {
             unroll: unroll.filter(|u| [1, 2, 4, 8].contains(u)),
             stage: std::env::var("TRACEJIT_JIT_STAGE").map_or(true, |v| v != "0"),
-            avx512: std::env::var("TRACEJIT_JIT_AVX512").map_or(true, |v| v != "0"),
+            avx512: tracejit_kernels::Isa::from_env().avx512_allowed(),
             dump: std::env::var_os("TRACEJIT_JIT_DUMP").is_some(),
         }
     }

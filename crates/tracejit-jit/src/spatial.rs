@@ -87,16 +87,16 @@ pub(crate) fn run(op: &SpatialOp, args: &[&Storage], isa: Isa, pool: &mut BufPoo
             let g = pool_geometry(&p, owned[0].shape());
             let (mut y, ys) = out(&[g.batch, g.channels, g.out_h(), g.out_w()]);
             if matches!(op, SpatialOp::MaxPool2d { .. }) {
-                pool2d::max_forward(&g, s[0], slice_mut(&mut y));
+                pool2d::max_forward(&g, s[0], slice_mut(&mut y), isa);
             } else {
-                pool2d::avg_forward(&g, s[0], slice_mut(&mut y));
+                pool2d::avg_forward(&g, s[0], slice_mut(&mut y), isa);
             }
             vec![finish(y, &ys)]
         }
         SpatialOp::MaxPool2dBackward { pool: p } => {
             let g = pool_geometry(&p, owned[0].shape());
             let (mut dx, shape) = out(owned[0].shape());
-            pool2d::max_backward(&g, s[0], s[1], slice_mut(&mut dx));
+            pool2d::max_backward(&g, s[0], s[1], slice_mut(&mut dx), isa);
             vec![finish(dx, &shape)]
         }
         SpatialOp::AvgPool2dBackward { pool: p, input_hw } => {
@@ -104,7 +104,7 @@ pub(crate) fn run(op: &SpatialOp, args: &[&Storage], isa: Isa, pool: &mut BufPoo
             let x = [dy[0], dy[1], input_hw[0], input_hw[1]];
             let g = pool_geometry(&p, &x);
             let (mut dx, shape) = out(&x);
-            pool2d::avg_backward(&g, s[0], slice_mut(&mut dx));
+            pool2d::avg_backward(&g, s[0], slice_mut(&mut dx), isa);
             vec![finish(dx, &shape)]
         }
     }

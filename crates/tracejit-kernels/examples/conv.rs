@@ -163,12 +163,18 @@ fn pool_layer(name: &str, batch: usize, channels: usize, hw: usize) -> (f64, f64
     let n = batch * channels * hw * hw;
     let x = values(n, 5);
     let (mut y, dy, mut dx) = (vec![0.0; batch * channels * g.out_h() * g.out_w()], values(n / 4, 6), vec![0.0; n]);
-    let forward =
-        line(&format!("{name} max forward"), n, "G elem/s", || pool2d::max_forward(&g, &x, black_box(&mut y)));
-    let backward =
-        line(&format!("{name} max backward"), n, "G elem/s", || pool2d::max_backward(&g, &x, &dy, black_box(&mut dx)));
-    line(&format!("{name} avg forward"), n, "G elem/s", || pool2d::avg_forward(&g, &x, black_box(&mut y)));
-    line(&format!("{name} avg backward"), n, "G elem/s", || pool2d::avg_backward(&g, &dy, black_box(&mut dx)));
+    let forward = line(&format!("{name} max forward"), n, "G elem/s", || {
+        pool2d::max_forward(&g, &x, black_box(&mut y), Isa::native())
+    });
+    let backward = line(&format!("{name} max backward"), n, "G elem/s", || {
+        pool2d::max_backward(&g, &x, &dy, black_box(&mut dx), Isa::native())
+    });
+    line(&format!("{name} avg forward"), n, "G elem/s", || {
+        pool2d::avg_forward(&g, &x, black_box(&mut y), Isa::native())
+    });
+    line(&format!("{name} avg backward"), n, "G elem/s", || {
+        pool2d::avg_backward(&g, &dy, black_box(&mut dx), Isa::native())
+    });
     (forward, backward)
 }
 

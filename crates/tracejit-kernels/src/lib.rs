@@ -44,4 +44,4 @@ pub mod simd;
 pub mod softmax;
 pub mod threads;
 
-pub use isa::{Isa, Width};
+pub use isa::{Isa, Width, ENV_VAR as ISA_ENV_VAR};

@@ -220,9 +220,9 @@ impl SendPtr {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) enum Route {
-    /// The 2x2 stride-2 loops where they apply, in the CPU's widest vector
-    /// code; else the general loops.
-    Auto,
+    /// The 2x2 stride-2 loops where they apply, in the widest vector code
+    /// the caller's `Isa` allows on this CPU; else the general loops.
+    Auto(Isa),
     /// The general loops ([`general`]).
     General,
     /// The 2x2 loops ([`fast`]) at this vector width (`None`: scalar); the
@@ -234,7 +234,7 @@ impl Route {
     /// The 2x2 loops' width if `g` takes them: `Some(width)`.
     fn fast(self, g: &Pool2dGeometry) -> Option<Option<Width>> {
         match self {
-            Route::Auto if g.is_2x2() => Some(Isa::native().width()),
+            Route::Auto(isa) if g.is_2x2() => Some(isa.width()),
             Route::Fast(w) => {
                 assert!(g.is_2x2(), "pool2d: the 2x2 loops forced on {g:?}");
                 Some(w)
@@ -248,18 +248,19 @@ impl Route {
 ///
 /// ```
 /// use tracejit_kernels::pool2d::{max_forward, Pool2dGeometry};
+/// use tracejit_kernels::Isa;
 ///
 /// let g = Pool2dGeometry { batch: 1, channels: 1, in_h: 2, in_w: 3,
 ///     kernel: [2, 2], stride: [1, 1], pad: [0, 0, 0, 1] };
 /// let mut y = [0.0; 3];
-/// max_forward(&g, &[1.0, 5.0, -2.0, 3.0, 4.0, -1.0], &mut y);
+/// max_forward(&g, &[1.0, 5.0, -2.0, 3.0, 4.0, -1.0], &mut y, Isa::native());
 /// assert_eq!(y, [5.0, 5.0, -1.0]); // the padding (-inf) never wins
 /// ```
 ///
 /// # Panics
 /// If the geometry is invalid or a slice's length does not match it.
-pub fn max_forward(g: &Pool2dGeometry, x: &[f32], y: &mut [f32]) {
-    max_forward_on(Route::Auto, g, x, y)
+pub fn max_forward(g: &Pool2dGeometry, x: &[f32], y: &mut [f32], isa: Isa) {
+    max_forward_on(Route::Auto(isa), g, x, y)
 }
 
 /// [`max_forward`] on a given route.
@@ -282,18 +283,19 @@ pub(crate) fn max_forward_on(route: Route, g: &Pool2dGeometry, x: &[f32], y: &mu
 ///
 /// ```
 /// use tracejit_kernels::pool2d::{max_backward, Pool2dGeometry};
+/// use tracejit_kernels::Isa;
 ///
 /// let g = Pool2dGeometry { batch: 1, channels: 1, in_h: 2, in_w: 3,
 ///     kernel: [2, 2], stride: [1, 1], pad: [0; 4] };
 /// let mut dx = [0.0; 6];
-/// max_backward(&g, &[7.0, 7.0, 1.0, 2.0, 3.0, 7.0], &[1.0, 10.0], &mut dx);
+/// max_backward(&g, &[7.0, 7.0, 1.0, 2.0, 3.0, 7.0], &[1.0, 10.0], &mut dx, Isa::native());
 /// assert_eq!(dx, [1.0, 10.0, 0.0, 0.0, 0.0, 0.0]); // ties: the first
 /// ```
 ///
 /// # Panics
 /// If the geometry is invalid or a slice's length does not match it.
-pub fn max_backward(g: &Pool2dGeometry, x: &[f32], dy: &[f32], dx: &mut [f32]) {
-    max_backward_on(Route::Auto, g, x, dy, dx)
+pub fn max_backward(g: &Pool2dGeometry, x: &[f32], dy: &[f32], dx: &mut [f32], isa: Isa) {
+    max_backward_on(Route::Auto(isa), g, x, dy, dx)
 }
 
 /// [`max_backward`] on a given route.
@@ -314,18 +316,19 @@ pub(crate) fn max_backward_on(route: Route, g: &Pool2dGeometry, x: &[f32], dy: &
 ///
 /// ```
 /// use tracejit_kernels::pool2d::{avg_forward, Pool2dGeometry};
+/// use tracejit_kernels::Isa;
 ///
 /// let g = Pool2dGeometry { batch: 1, channels: 1, in_h: 1, in_w: 3,
 ///     kernel: [1, 2], stride: [1, 2], pad: [0, 1, 0, 0] };
 /// let mut y = [0.0; 2];
-/// avg_forward(&g, &[4.0, 1.0, 2.0], &mut y);
+/// avg_forward(&g, &[4.0, 1.0, 2.0], &mut y, Isa::native());
 /// assert_eq!(y, [4.0, 1.5]); // the padding is not counted
 /// ```
 ///
 /// # Panics
 /// If the geometry is invalid or a slice's length does not match it.
-pub fn avg_forward(g: &Pool2dGeometry, x: &[f32], y: &mut [f32]) {
-    avg_forward_on(Route::Auto, g, x, y)
+pub fn avg_forward(g: &Pool2dGeometry, x: &[f32], y: &mut [f32], isa: Isa) {
+    avg_forward_on(Route::Auto(isa), g, x, y)
 }
 
 /// [`avg_forward`] on a given route.
@@ -348,18 +351,19 @@ pub(crate) fn avg_forward_on(route: Route, g: &Pool2dGeometry, x: &[f32], y: &mu
 ///
 /// ```
 /// use tracejit_kernels::pool2d::{avg_backward, Pool2dGeometry};
+/// use tracejit_kernels::Isa;
 ///
 /// let g = Pool2dGeometry { batch: 1, channels: 1, in_h: 1, in_w: 3,
 ///     kernel: [1, 2], stride: [1, 1], pad: [0; 4] };
 /// let mut dx = [0.0; 3];
-/// avg_backward(&g, &[2.0, 4.0], &mut dx);
+/// avg_backward(&g, &[2.0, 4.0], &mut dx, Isa::native());
 /// assert_eq!(dx, [1.0, 3.0, 2.0]);
 /// ```
 ///
 /// # Panics
 /// If the geometry is invalid or a slice's length does not match it.
-pub fn avg_backward(g: &Pool2dGeometry, dy: &[f32], dx: &mut [f32]) {
-    avg_backward_on(Route::Auto, g, dy, dx)
+pub fn avg_backward(g: &Pool2dGeometry, dy: &[f32], dx: &mut [f32], isa: Isa) {
+    avg_backward_on(Route::Auto(isa), g, dy, dx)
 }
 
 /// [`avg_backward`] on a given route.

@@ -46,7 +46,7 @@ fn shapes() -> Vec<Pool2dGeometry> {
 /// The routes to test on `g`: auto, general, and for the 2x2 pool the 2x2
 /// loops at every width this CPU has.
 fn routes(g: &Pool2dGeometry) -> Vec<Route> {
-    let mut r = vec![Route::Auto, Route::General];
+    let mut r = vec![Route::Auto(Isa::native()), Route::General];
     if g.is_2x2() {
         r.push(Route::Fast(None));
         for isa in [Isa::native().with_avx512(false), Isa::native()] {
@@ -179,7 +179,7 @@ fn max_routes_ties_nan_and_infinities() {
         assert_eq!(dx, want, "{route:?}");
         // A window half in the padding: the values inside win, even -inf.
         let g = geo([1, 1], [1, 2], [2, 2], [1, 1], [1, 1, 0, 0]);
-        let route = if matches!(route, Route::Fast(_)) { Route::Auto } else { route };
+        let route = if matches!(route, Route::Fast(_)) { Route::Auto(Isa::native()) } else { route };
         let mut y = [0.0; 2];
         max_forward_on(route, &g, &[-5.0, inf], &mut y);
         assert_eq!(y, [-5.0, -5.0]);
@@ -234,13 +234,13 @@ fn pool_bits_do_not_depend_on_threads() {
                 crate::threads::set_num_threads(n);
                 let (mut y, mut dx) = (vec![0.0; g.y_len()], vec![0.0; g.x_len()]);
                 let mut out = Vec::new();
-                max_forward(&g, &x, &mut y);
+                max_forward(&g, &x, &mut y, Isa::native());
                 out.extend(&y);
-                max_backward(&g, &x, &dy, &mut dx);
+                max_backward(&g, &x, &dy, &mut dx, Isa::native());
                 out.extend(&dx);
-                avg_forward(&g, &x, &mut y);
+                avg_forward(&g, &x, &mut y, Isa::native());
                 out.extend(&y);
-                avg_backward(&g, &dy, &mut dx);
+                avg_backward(&g, &dy, &mut dx, Isa::native());
                 out.extend(&dx);
                 out.iter().map(|v: &f32| v.to_bits()).collect()
             })
@@ -271,5 +271,5 @@ fn geometry_sizes_and_errors() {
 #[should_panic(expected = "pool2d::avg_backward: dx holds 5 values, the geometry needs 4")]
 fn avg_backward_panics_on_a_wrong_length() {
     let g = geo([1, 1], [2, 2], [2, 2], [2, 2], [0; 4]);
-    avg_backward(&g, &[1.0], &mut [0.0; 5]);
+    avg_backward(&g, &[1.0], &mut [0.0; 5], Isa::native());
 }
