@@ -65,6 +65,14 @@ fn every_trace_at_info_and_the_warning_rate_limited() {
     }
     // tracejit's messages carry its crates' targets, which RUST_LOG=tracejit=info selects.
     assert!(records.iter().filter(|r| r.2.contains("many_shapes")).all(|r| r.1.starts_with("tracejit")));
+
+    // A function traced per shape on purpose opts out of the warning, not
+    // of the info lines.
+    let quiet = function(|x: Tensor| x.exp()).name("bucketed").warn_on_retrace(false);
+    call_with_lengths(&quiet, 20);
+    let records = RECORDS.lock().unwrap().clone();
+    let about = |level| records.iter().filter(|(l, _, m)| *l == level && m.contains("`bucketed`")).count();
+    assert_eq!((about(log::Level::Info), about(log::Level::Warn)), (20, 0));
 }
 
 /// The child of `without_a_backend_the_warning_goes_to_stderr`.

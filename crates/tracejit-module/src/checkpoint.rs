@@ -387,20 +387,47 @@ fn to_bytes<M: Module + ?Sized>(module: &M) -> Result<Vec<u8>, String> {
         // Only a hand-written walk that repeats a segment can do this.
         return Err(format!("two different variables have the path `{dup}`"));
     }
-    let encoded: Vec<(String, Encoded)> = entries
-        .into_iter()
-        .map(|(key, var)| {
-            let value = var.value();
-            let storage = value.storage().expect("Variable::value is eager");
-            (key, encode(storage))
-        })
-        .collect();
+    serialize(entries.into_iter().map(|(key, var)| (key, var.value())).collect())
+}
+
+/// Named eager tensors as a checksummed safetensors file's bytes.
+fn serialize(tensors: Vec<(String, Tensor)>) -> Result<Vec<u8>, String> {
+    let mut encoded: Vec<(String, Encoded)> = Vec::with_capacity(tensors.len());
+    for (key, value) in tensors {
+        let storage =
+            value.storage().map_err(|_| format!("tensor `{key}` is symbolic: only eager tensors are saved"))?;
+        encoded.push((key, encode(storage)));
+    }
     let described: Vec<(checksum::HeaderEntry<'_>, &[u8])> = encoded
         .iter()
         .map(|(k, e)| ((k.as_str(), format!("{:?}", e.dtype), e.shape.as_slice()), e.data.as_slice()))
         .collect();
     let metadata = checksum::metadata(&described);
     safetensors::serialize(encoded.iter().map(|(k, e)| (k.as_str(), e)), Some(metadata)).map_err(|e| e.to_string())
+}
+
+/// Writes named eager tensors to a safetensors file (with [`save`]'s
+/// checksums, atomically), the inverse of [`read`]: for data that is not
+/// a module's variables (a cache of embeddings, a model's weights under
+/// another framework's names).
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use tracejit_module::checkpoint;
+/// use tracejit_trace::Tensor;
+///
+/// let path = std::env::temp_dir().join(format!("tracejit_write_doc_{}.safetensors", std::process::id()));
+/// let tensors = BTreeMap::from([("x".to_string(), Tensor::from_vec(vec![1.0f32, 2.0], &[2]))]);
+/// checkpoint::write(&path, &tensors)?;
+/// assert_eq!(checkpoint::read(&path)?["x"].to_vec::<f32>()?, [1.0, 2.0]);
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn write(path: impl AsRef<Path>, tensors: &BTreeMap<String, Tensor>) -> Result<(), CheckpointError> {
+    let path = path.as_ref();
+    let bytes = serialize(tensors.iter().map(|(k, t)| (k.clone(), t.clone())).collect())
+        .map_err(|reason| CheckpointError::Serialize { path: path.to_path_buf(), reason })?;
+    write_atomically(path, &bytes).map_err(|e| CheckpointError::Io { path: e.path, action: e.action, source: e.source })
 }
 
 /// The checks and the all-or-nothing update of [`restore`], over the bytes

@@ -15,7 +15,7 @@
 use std::borrow::Cow;
 
 use ndarray::{ArrayView2, Ix2};
-use tracejit_kernels::{fastmath, gemm, simd, Isa};
+use tracejit_kernels::{gemm, simd, Isa};
 use tracejit_tensor::{DType, Storage};
 use tracejit_trace::{Tensor, TensorSpec};
 
@@ -295,6 +295,7 @@ fn sum(row: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracejit_kernels::fastmath;
 
     fn inputs() -> Vec<f32> {
         let mut xs: Vec<f32> = (0..1500).map(|i| (i as f32 - 750.0) * 0.0137).collect();

@@ -88,6 +88,7 @@ where
             named: false,
             input_signature: None,
             reduce_retracing: false,
+            warn_on_retrace: true,
             implements: None,
             jit: true,
             optimizations: OptimizationOptions::default(),
@@ -134,6 +135,8 @@ struct FunctionConfig {
     named: bool,
     input_signature: Option<Vec<TensorSpec>>,
     reduce_retracing: bool,
+    /// Warn when traced often ([`Function::warn_on_retrace`]).
+    warn_on_retrace: bool,
     implements: Option<std::result::Result<String, String>>,
     jit: bool,
     optimizations: OptimizationOptions,
@@ -638,7 +641,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
         // have no input_signature to give it, so the warning would only
         // alarm (train_charlm met layer_norm in 5 shapes: train, eval,
         // sampling).
-        if self.config.implements.is_none() {
+        if self.config.implements.is_none() && self.config.warn_on_retrace {
             retrace_warning::warn_if_excessive(&self.config.name, count);
         }
         self.state.concrete.write().expect("concrete list poisoned").push(cf.clone());

@@ -39,6 +39,16 @@ impl<A: Nest, R: Nest> Function<A, R> {
         self.with_config(|c| c.reduce_retracing = on)
     }
 
+    /// Whether a function traced often warns (at its 5th trace, then the
+    /// 8th, 16th, ...; on by default). Turn it off for a function that is
+    /// traced once per shape on purpose — a batcher that pads to a few
+    /// lengths, such as `tracejit_models::SentenceEncoder` — where the
+    /// warning's advice does not apply. Every trace is still logged at
+    /// `info` with its reason.
+    pub fn warn_on_retrace(self, on: bool) -> Self {
+        self.with_config(|c| c.warn_on_retrace = on)
+    }
+
     /// Marks the function as implementing the composite op `name`
     /// (`org.semantic.opname`). A malformed name makes every call an error.
     pub fn implements(self, name: &str) -> Self {
