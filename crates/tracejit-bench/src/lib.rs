@@ -13,6 +13,7 @@ pub mod floors;
 mod int8;
 pub mod measure;
 pub mod micro;
+pub mod minilm;
 pub mod modes;
 pub mod peak;
 pub mod per_example;

@@ -370,6 +370,17 @@ fn models() -> Vec<WorkloadSpec> {
             modes: STANDARD_MODES,
             build: crate::per_example::build_per_example_grad_norms,
         },
+        WorkloadSpec {
+            id: "W15",
+            name: "minilm",
+            what: "all-MiniLM-L6-v2 sentence embeddings, native BERT: 32 sequences of 32..128 tokens (padded to \
+                   128), mean pooling, L2 norm -> [32, 384]; rows grouped by length",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "erf in GELU, exp in the attention, rsqrt in 13 layer norms; unit-vector outputs",
+            floor_bytes: None,
+            modes: STANDARD_MODES,
+            build: crate::minilm::build_minilm,
+        },
     ]
 }
 
