@@ -21,6 +21,8 @@
 //!   fine-tuned under a `GradientTape` and exported again. Integer and bool
 //!   initializers (shapes, indices) are constants known at trace time, and
 //!   so is any float initializer an op reads as a static operand.
+//! - **Local functions** (`ModelProto.functions`, as tracejit's exporter
+//!   writes composites) are inlined: their bodies are mapped like any node.
 //! - **Opsets.** The default domain's opset from `opset_import` selects
 //!   each op's semantics (attributes that moved to inputs, changed
 //!   defaults); opsets 1 to [`MAX_OPSET`] are read.
@@ -51,6 +53,7 @@
 //! [`Error::Malformed`]: crate::Error::Malformed
 //! [`Error::Input`]: crate::Error::Input
 
+mod functions;
 mod model;
 mod node;
 mod ops;
@@ -101,7 +104,7 @@ pub fn import_proto(proto: &ModelProto) -> Result<Model> {
         .graph
         .as_ref()
         .ok_or_else(|| Error::Malformed { what: "model".into(), message: "it has no graph".into() })?;
-    let program = Program::new(graph, opset)?;
+    let program = Program::new(graph, opset, &proto.functions)?;
     let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
     let inputs = graph
         .input

@@ -16,10 +16,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use tracejit_trace::{Tensor, Variable};
 
+use super::functions::Library;
 use super::node::Node;
 use super::ops::{self, OpDef};
 use super::tensor_data::storage_from_proto;
-use crate::pb::{AttributeProto, GraphProto};
+use crate::pb::{AttributeProto, FunctionProto, GraphProto};
 use crate::{Error, Result};
 
 /// One node, matched to its op's definition.
@@ -65,7 +66,7 @@ pub(crate) fn is_default_domain(domain: &str) -> bool {
 
 impl Program {
     /// Checks `graph` against the op table and prepares it.
-    pub fn new(graph: &GraphProto, opset: i64) -> Result<Program> {
+    pub fn new(graph: &GraphProto, opset: i64, functions: &[FunctionProto]) -> Result<Program> {
         let name = match graph.name() {
             "" => "onnx_model".to_string(),
             n => n.to_string(),
@@ -84,7 +85,8 @@ impl Program {
             .map(|i| i.name().to_string())
             .filter(|n| !initializer_names.contains(n.as_str()))
             .collect();
-        let nodes = graph.node.iter().map(|n| prepare_node(n, opset)).collect::<Result<Vec<_>>>()?;
+        let flat = Library::new(functions).expand(&graph.node)?;
+        let nodes = flat.iter().map(|n| prepare_node(n, opset)).collect::<Result<Vec<_>>>()?;
         check_names(graph, &inputs, &nodes)?;
         let needed = trace_time_values(&nodes);
         let (constants, variables) = split_initializers(graph, &needed)?;
