@@ -73,7 +73,7 @@ use crate::{Error, Result};
 use program::{is_default_domain, Program};
 
 /// The newest default-domain opset the importer reads (onnx 1.22's).
-pub const MAX_OPSET: i64 = 25;
+pub const MAX_OPSET: i64 = 27;
 
 /// Imports the ONNX model file at `path`.
 ///

@@ -233,9 +233,19 @@ pub(crate) fn cast_like(n: &mut Node) -> OpResult {
     one(n.input(0)?.cast(to))
 }
 
-/// `PRelu`: `x < 0 ? slope · x : x`, the slope broadcasting (exact).
+/// `PRelu`: `x < 0 ? slope · x : x`, the slope broadcasting (exact). A
+/// 1-D slope of the channel count that does not broadcast numpy's way is
+/// per channel (axis 1), as PyTorch's exports before opset 7 mean it.
 pub(crate) fn prelu(n: &mut Node) -> OpResult {
-    let (x, slope) = (n.input(0)?, n.input(1)?);
+    let x = n.input(0)?;
+    let mut slope = n.input(1)?.clone();
+    let trailing_fits = slope.rank() == 1 && x.shape().last().is_some_and(|&d| d == slope.len() || slope.len() == 1);
+    if slope.rank() == 1 && !trailing_fits && x.rank() >= 2 && x.shape()[1] == slope.len() {
+        let mut shape = vec![1i64; x.rank()];
+        shape[1] = slope.len() as i64;
+        slope = slope.reshape(&shape);
+    }
+    let slope = &slope;
     let zero = scalar_like(x, 0.0);
     one(Tensor::select(&x.lt(&zero), &(x * slope), x))
 }

@@ -5,12 +5,13 @@
 //! the reason (the primitive or dtype they need).
 //!
 //! Handlers live in one file per family: `elementwise`, `reduce`,
-//! `shape`, `indexing`, `nn` (dense layers and normalizations) and `conv`
-//! (convolutions and pools).
+//! `shape`, `indexing`, `nn` (dense layers and normalizations), `loss`
+//! and `conv` (convolutions and pools).
 
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod indexing;
+pub(crate) mod loss;
 pub(crate) mod nn;
 pub(crate) mod reduce;
 pub(crate) mod shape;
@@ -201,6 +202,8 @@ static OPS: &[OpDef] = &[
     op("MeanVarianceNormalization", nn::mvn, &["axes"]),
     op("LpNormalization", nn::lp_norm, &["axis", "p"]),
     op("LRN", nn::lrn, &["alpha", "beta", "bias", "size"]),
+    op("NegativeLogLikelihoodLoss", loss::nll_loss, &["ignore_index", "reduction"]),
+    op("SoftmaxCrossEntropyLoss", loss::softmax_cross_entropy, &["ignore_index", "reduction"]),
     with_statics("Dropout", nn::dropout, &["ratio", "seed", "is_test"], &[1, 2]),
     // Convolutions and pools.
     op("Conv", c::conv, CONV),

@@ -30,11 +30,17 @@ pub(crate) fn matmul_np(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
     let a2 = if a.rank() == 1 { a.expand_dims(0) } else { a.clone() };
     let b2 = if b.rank() == 1 { b.expand_dims(-1) } else { b.clone() };
     let mut y = a2.matmul(&b2);
-    if b.rank() == 1 {
-        y = y.squeeze(&[-1]);
-    }
+    // Drop the unit axes added above: [.., 1, n] / [.., m, 1] / [.., 1, 1].
+    let r = y.rank() as i64;
+    let mut drop = Vec::new();
     if a.rank() == 1 {
-        y = y.squeeze(&[-2.max(-(y.rank() as i64))]);
+        drop.push(r - 2);
+    }
+    if b.rank() == 1 {
+        drop.push(r - 1);
+    }
+    if !drop.is_empty() {
+        y = y.squeeze(&drop);
     }
     Ok(y)
 }

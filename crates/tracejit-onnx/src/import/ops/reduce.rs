@@ -76,9 +76,38 @@ pub(crate) fn mean(n: &mut Node) -> OpResult {
     reduce(n, |x, a, k| x.mean(a, k), Tensor::clone)
 }
 
+/// A reduction over an empty axis, which max and min (having no identity
+/// in tracejit) refuse: ONNX gives `-inf` / `+inf` (the integer's extreme
+/// for integers), in the reduced shape.
+fn empty_extreme(n: &Node, x: &Tensor, is_max: bool) -> Option<OpResult> {
+    let axes = reduce_axes(n, x.rank()).ok()??;
+    if !axes.iter().any(|&a| x.shape()[a as usize] == 0) {
+        return None;
+    }
+    let keep = keepdims(n).ok()?;
+    let shape: Vec<usize> = (0..x.rank())
+        .filter_map(|i| match (axes.contains(&(i as i64)), keep) {
+            (true, true) => Some(1),
+            (true, false) => None,
+            (false, _) => Some(x.shape()[i]),
+        })
+        .collect();
+    let v = match (x.dtype(), is_max) {
+        (DType::I32, true) => i32::MIN as f64,
+        (DType::I32, false) => i32::MAX as f64,
+        (DType::I64, _) => return Some(Err("max/min over an empty axis of an i64 tensor".into())),
+        (_, true) => f64::NEG_INFINITY,
+        (_, false) => f64::INFINITY,
+    };
+    Some(Ok(vec![Tensor::full(&shape, v, x.dtype())]))
+}
+
 /// `ReduceMax` (bool: as `any`).
 pub(crate) fn max(n: &mut Node) -> OpResult {
     let x = n.input(0)?;
+    if let Some(r) = empty_extreme(n, x, true) {
+        return r;
+    }
     if x.dtype() == DType::Bool {
         return reduce(n, |x, a, k| x.cast(DType::I32).max(a, k).cast(DType::Bool), Tensor::clone);
     }
@@ -88,6 +117,9 @@ pub(crate) fn max(n: &mut Node) -> OpResult {
 /// `ReduceMin` (bool: as `all`).
 pub(crate) fn min(n: &mut Node) -> OpResult {
     let x = n.input(0)?;
+    if let Some(r) = empty_extreme(n, x, false) {
+        return r;
+    }
     if x.dtype() == DType::Bool {
         return reduce(n, |x, a, k| x.cast(DType::I32).min(a, k).cast(DType::Bool), Tensor::clone);
     }
