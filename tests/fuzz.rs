@@ -1,11 +1,14 @@
-//! Mutation fuzzing, on stable Rust, of the two parsers users feed files
-//! to: the IR text parser (`Graph::parse`) and the checkpoint reader
+//! Mutation fuzzing, on stable Rust, of the parsers users feed files to:
+//! the IR text parser (`Graph::parse`), the checkpoint reader
 //! (`checkpoint::read_bytes` / `restore_bytes`, and the safetensors header
-//! they trust).
+//! they trust) and the ONNX importer (`onnx::import_bytes`, and
+//! `onnx::load_tensor_bytes` for serialized tensors).
 //!
 //! Each target starts from valid files (the IR filetests and listings of
 //! traced functions; checkpoints of every dtype, optimizer state and odd
-//! shapes) and runs mutated copies of them through the parser: bit flips,
+//! shapes; ONNX models exported by tracejit and written by hand, with
+//! local functions, integer initializers and typed-field tensors) and runs
+//! mutated copies of them through the parser: bit flips,
 //! bytes and tokens inserted, spans deleted or duplicated, numbers made
 //! huge, the safetensors length field and offsets rewritten. Every input
 //! must come back as `Ok` or as an `Err` whose message names what was
@@ -414,5 +417,147 @@ fn the_checkpoint_reader_survives_mutated_files() {
                 Some(m)
             }
         }
+    });
+}
+
+// ---- the ONNX importer ----------------------------------------------------------
+
+/// ONNX models to mutate: exported by tracejit (Variables as initializers,
+/// a composite as a local function, a symbolic batch dim, a CNN block) and
+/// one written by hand (Reshape, Slice and Gather reading i64
+/// initializers, a typed-field `float_data` initializer, opset 11).
+fn onnx_seeds() -> Vec<Vec<u8>> {
+    use prost::Message;
+    use tracejit::onnx::pb;
+    let w = Variable::new(Tensor::randn(&[4, 3], 1)).with_name("w");
+    let w2 = w.clone();
+    let mlp = function(move |x: Tensor| tracejit::nn::softmax(&(x.matmul(&w2.read()) + 0.5).tanh(), -1));
+    let cnn = function(|x: Tensor| {
+        let k = Tensor::randn(&[2, 1, 3, 3], 2);
+        let y = tracejit::nn::conv2d(&x, &k, None, tracejit::nn::Conv2dOptions::default().padding(1)).relu();
+        tracejit::nn::max_pool2d(&y, [2, 2], [2, 2], [0, 0]).reshape(&[-1])
+    });
+    let mut seeds = vec![
+        tracejit::onnx::to_bytes(&mlp.get_concrete_function(TensorSpec::new(DType::F32, &[-1, 4])).unwrap()).unwrap(),
+        tracejit::onnx::to_bytes(&cnn.get_concrete_function(TensorSpec::new(DType::F32, &[1, 1, 6, 6])).unwrap())
+            .unwrap(),
+    ];
+    let i64s = |name: &str, v: &[i64]| pb::TensorProto {
+        name: Some(name.into()),
+        dims: vec![v.len() as i64],
+        data_type: Some(pb::tensor_proto::DataType::Int64 as i32),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let info = |name: &str, dims: &[i64]| pb::ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(pb::TypeProto {
+            value: Some(pb::type_proto::Value::TensorType(pb::type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(pb::TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|&d| pb::tensor_shape_proto::Dimension {
+                            value: Some(pb::tensor_shape_proto::dimension::Value::DimValue(d)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let node = |op: &str, i: &[&str], o: &str| pb::NodeProto {
+        op_type: Some(op.into()),
+        input: i.iter().map(|s| s.to_string()).collect(),
+        output: vec![o.into()],
+        ..Default::default()
+    };
+    let hand = pb::ModelProto {
+        ir_version: Some(7),
+        opset_import: vec![pb::OperatorSetIdProto { domain: Some(String::new()), version: Some(11) }],
+        graph: Some(pb::GraphProto {
+            name: Some("hand".into()),
+            node: vec![
+                node("Reshape", &["x", "shape"], "r"),
+                node("Slice", &["r", "starts", "ends"], "s"),
+                node("Gather", &["s", "idx"], "g"),
+                node("Mul", &["g", "scale"], "y"),
+            ],
+            input: vec![info("x", &[2, 6])],
+            output: vec![info("y", &[2, 4])],
+            initializer: vec![
+                i64s("shape", &[4, 3]),
+                i64s("starts", &[1]),
+                i64s("ends", &[3]),
+                i64s("idx", &[1, 0, -1, 0, 1, 1, 0, 0]),
+                pb::TensorProto {
+                    name: Some("scale".into()),
+                    dims: vec![3],
+                    data_type: Some(1),
+                    float_data: vec![1.0, -2.0, 0.5],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    seeds.push(hand.encode_to_vec());
+    for s in &seeds {
+        tracejit::onnx::import_bytes(s).expect("every seed imports");
+    }
+    seeds
+}
+
+#[test]
+fn the_onnx_importer_survives_mutated_models() {
+    quiet();
+    fuzz("onnx importer", &onnx_seeds(), &|bytes| match tracejit::onnx::import_bytes(bytes) {
+        Ok(model) => {
+            // What was accepted is a coherent model: its signature reads back.
+            let _ = (model.inputs().len(), model.outputs().len(), model.variables().len());
+            None
+        }
+        Err(e) => Some(e.to_string()),
+    });
+}
+
+#[test]
+fn the_onnx_tensor_reader_survives_mutated_tensors() {
+    use prost::Message;
+    quiet();
+    let seeds: Vec<Vec<u8>> = [
+        Tensor::randn(&[3, 4], 1),
+        Tensor::from_vec(vec![1i64, -7, i64::MAX], &[3]),
+        Tensor::from_vec(vec![true, false], &[2, 1]),
+        Tensor::scalar(2.5f64),
+    ]
+    .iter()
+    .map(|t| {
+        let (code, raw): (i32, Vec<u8>) = match t.dtype() {
+            DType::F32 => (1, t.to_vec::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
+            DType::I64 => (7, t.to_vec::<i64>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
+            DType::Bool => (9, t.to_vec::<bool>().unwrap().iter().map(|&v| u8::from(v)).collect()),
+            _ => (11, t.to_vec::<f64>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect()),
+        };
+        let proto = tracejit::onnx::pb::TensorProto {
+            name: Some("t".into()),
+            dims: t.shape().iter().map(|&d| d as i64).collect(),
+            data_type: Some(code),
+            raw_data: Some(raw),
+            ..Default::default()
+        };
+        proto.encode_to_vec()
+    })
+    .collect();
+    for s in &seeds {
+        let t = tracejit::onnx::load_tensor_bytes(s).expect("every seed decodes");
+        assert!(!t.is_symbolic());
+    }
+    fuzz("onnx tensor reader", &seeds, &|bytes| match tracejit::onnx::load_tensor_bytes(bytes) {
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
     });
 }

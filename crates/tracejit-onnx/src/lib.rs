@@ -1,7 +1,11 @@
 //! tracejit-onnx (`tracejit::onnx`): export of a traced function to ONNX,
 //! so a model built or trained with tracejit is served by existing engines
 //! (ONNX Runtime, Triton Inference Server, tract) instead of a home-made
-//! server.
+//! server; and import of ONNX models ([`import`], [`import_bytes`],
+//! [`load_tensor`]: see the [`import`](mod@import) module) as traced
+//! functions whose initializers are Variables.
+//!
+//! Export:
 //!
 //! What a file holds:
 //!
@@ -75,6 +79,7 @@ mod control;
 mod dims;
 mod emit;
 mod error;
+pub mod import;
 mod ops;
 pub mod pb;
 mod prepare;
@@ -89,6 +94,7 @@ use prost::Message;
 use tracejit_trace::{ConcreteFunction, Tensor, Variable};
 
 pub use error::{Error, Result};
+pub use import::{import, import_bytes, load_tensor, load_tensor_bytes, Model, ValueInfo};
 
 /// The opset of the default ONNX domain the files use.
 pub const OPSET: i64 = 17;

