@@ -12,7 +12,8 @@
 # Idempotent: a dataset already in place (its `.complete` marker written
 # after a verified unpack) is not fetched again. Each dataset is one
 # function below; later ones (the MiniLM model) are added as their own
-# function and listed in `main`.
+# function and listed in `main`; all-MiniLM-L6-v2 (`minilm`) comes from
+# scripts/fetch_minilm.sh into ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/all-minilm-l6-v2-0.1.0/.
 #
 # Usage: scripts/fetch_test_data.sh            # every dataset
 #        scripts/fetch_test_data.sh onnx-node  # one by name
@@ -76,13 +77,19 @@ fetch_onnx_node() {
   log "onnx $version test data in $dest ($(find "$dest/node" -name model.onnx | wc -l) node tests)"
 }
 
+# all-MiniLM-L6-v2's model directory (its own script, usable alone).
+fetch_minilm() {
+  log "all-MiniLM-L6-v2 in $("$(dirname "$0")/fetch_minilm.sh")"
+}
+
 main() {
   local wanted=("$@")
-  [ ${#wanted[@]} -gt 0 ] || wanted=(onnx-node)
+  [ ${#wanted[@]} -gt 0 ] || wanted=(onnx-node minilm)
   for name in "${wanted[@]}"; do
     case "$name" in
       onnx-node) fetch_onnx_node ;;
-      *) die "unknown dataset '$name' (known: onnx-node)" ;;
+      minilm) fetch_minilm ;;
+      *) die "unknown dataset '$name' (known: onnx-node, minilm)" ;;
     esac
   done
 }

@@ -139,8 +139,9 @@ pub fn gpt_loss_with(tok: &Tensor, p: &[Tensor], remat: Option<tracejit::autodif
     tracejit::nn::softmax_cross_entropy_with_logits(&logits, &targets).mean_all()
 }
 
-/// AdamW's hyperparameters (`bench_peers.py`'s `ADAMW`).
-const LR: f64 = 3e-4;
+/// AdamW's hyperparameters (`bench_peers.py`'s `ADAMW`): the learning
+/// rate (public: W10's tolerance is in units of it), then the rest.
+pub const LR: f64 = 3e-4;
 const BETA1: f64 = 0.9;
 const BETA2: f64 = 0.999;
 const EPS: f64 = 1e-8;
