@@ -608,7 +608,7 @@ mod tests {
     fn names_follow_workloads_md() {
         let names: Vec<&str> = all().iter().map(|w| w.name).collect();
         assert_eq!(
-            names[..15],
+            names[..16],
             [
                 "small_ops",
                 "gelu",
@@ -624,10 +624,11 @@ mod tests {
                 "conv_block",
                 "cnn_train_step",
                 "per_example_grads",
-                "per_example_grad_norms"
+                "per_example_grad_norms",
+                "minilm"
             ]
         );
-        assert_eq!(names[15..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
+        assert_eq!(names[16..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
         assert_eq!(selected(Some("gelu")).len(), 1);
         assert_eq!(selected(Some("w7"))[0].name, "lstm_cell");
         assert_eq!(selected(Some("mlp")).len(), 2);
