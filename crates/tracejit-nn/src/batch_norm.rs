@@ -22,7 +22,7 @@ use crate::decl::Composite;
 /// gamma, beta, mean, var, eps)` with per-channel `[C]` statistics and a
 /// rank-0 `eps`. A composite (no native kernel: its body fuses) so that
 /// ONNX export can write it as one `BatchNormalization` node.
-pub(crate) static BATCH_NORM: Composite = Composite::new(
+pub static BATCH_NORM: Composite = Composite::new(
     "tracejit.nn.batch_norm",
     "batch_norm",
     |a, _| {
