@@ -236,3 +236,63 @@ fn batch_norm_keeps_moving_statistics_and_infers_with_them() {
     assert!((vals(&y)[0] - want).abs() < 1e-12);
     assert!(!mean.trainable() && !var.trainable());
 }
+
+/// An empty batch has no statistics: the moving mean and variance keep
+/// their values (the issue: both became NaN), eagerly, traced with the
+/// batch known and traced with it unknown (counted at run time), where a
+/// non-empty batch through the same graph still updates them.
+#[test]
+fn an_empty_batch_leaves_the_moving_statistics_unchanged() {
+    let (gamma, beta) = (Tensor::ones(&[3], DType::F64), Tensor::zeros(&[3], DType::F64));
+    let stats = || {
+        (
+            Variable::new(Tensor::from_vec(vec![0.5f64, -1.0, 2.0], &[3])).with_trainable(false),
+            Variable::new(Tensor::from_vec(vec![1.0f64, 2.0, 3.0], &[3])).with_trainable(false),
+        )
+    };
+    let empty = Tensor::zeros(&[0, 3, 2, 2], DType::F64);
+    let (mean, var) = stats();
+    let (m0, v0) = (vals(&mean.value()), vals(&var.value()));
+    let y = batch_norm(&empty, &gamma, &beta, &mean, &var, 0.9, 1e-5, true);
+    assert_eq!(y.shape(), &[0, 3, 2, 2]);
+    assert_eq!((vals(&mean.value()), vals(&var.value())), (m0.clone(), v0.clone()), "eager");
+    for spec in [&[0i64, 3, 2, 2][..], &[-1, 3, 2, 2]] {
+        let (mean, var) = stats();
+        let (g, b, m, v) = (gamma.clone(), beta.clone(), mean.clone(), var.clone());
+        let f = function(move |x: Tensor| batch_norm(&x, &g, &b, &m, &v, 0.9, 1e-5, true))
+            .input_signature(vec![TensorSpec::new(DType::F64, spec)]);
+        f.call(empty.clone()).unwrap();
+        assert_eq!((vals(&mean.value()), vals(&var.value())), (m0.clone(), v0.clone()), "traced {spec:?}");
+        if spec[0] < 0 {
+            f.call(randn(&[2, 3, 2, 2], 1)).unwrap();
+            assert!(vals(&mean.value()).iter().zip(&m0).all(|(a, b)| a != b), "a real batch updates");
+            assert!(vals(&mean.value()).iter().all(|a| a.is_finite()));
+        }
+    }
+}
+
+/// Hyperparameters out of range are refused with a message naming the
+/// value, as the optimizers' are (momentum 2 would grow the moving
+/// averages without bound; a negative eps can divide by zero).
+#[test]
+fn batch_norm_refuses_bad_momentum_and_epsilon() {
+    let x = randn(&[2, 3], 1);
+    let (gamma, beta) = (Tensor::ones(&[3], DType::F64), Tensor::zeros(&[3], DType::F64));
+    let mean = Variable::new(Tensor::zeros(&[3], DType::F64)).with_trainable(false);
+    let var = Variable::new(Tensor::ones(&[3], DType::F64)).with_trainable(false);
+    for (momentum, eps, what) in
+        [(2.0, 1e-5, "momentum"), (-0.1, 1e-5, "momentum"), (0.9, -1e-5, "eps"), (0.9, f64::NAN, "eps")]
+    {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            batch_norm(&x, &gamma, &beta, &mean, &var, momentum, eps, true)
+        }));
+        let msg = match r {
+            Ok(_) => panic!("momentum {momentum}, eps {eps} accepted"),
+            Err(e) => e.downcast_ref::<String>().cloned().unwrap_or_default(),
+        };
+        assert!(msg.contains("batch_norm") && msg.contains(what), "{msg}");
+        let value = if what == "momentum" { momentum } else { eps };
+        assert!(msg.contains(&value.to_string()), "{msg}");
+    }
+    assert_eq!(vals(&mean.value()), [0.0; 3], "nothing assigned");
+}
