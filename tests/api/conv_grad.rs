@@ -296,3 +296,74 @@ fn batch_norm_refuses_bad_momentum_and_epsilon() {
     }
     assert_eq!(vals(&mean.value()), [0.0; 3], "nothing assigned");
 }
+
+mod forward_mode {
+    use super::*;
+    use proptest::prelude::*;
+    use tracejit::autodiff::{jacfwd, jacrev, jvp};
+
+    /// A max pool's geometry: input `[n, c, h, w]`, window, stride, padding
+    /// (below the window), the window fitting the padded input.
+    fn pool_case() -> impl Strategy<Value = ([usize; 4], [usize; 2], [usize; 2], [usize; 2], u64)> {
+        (1usize..3, 1usize..4, 1usize..7, 1usize..7, 1usize..4, 1usize..4, 1usize..4, 1usize..4, 0u64..1000)
+            .prop_flat_map(|(n, c, h, w, kh, kw, sh, sw, seed)| {
+                (Just((n, c, h, w, kh, kw, sh, sw, seed)), 0..kh, 0..kw)
+            })
+            .prop_filter_map("the window fits", |((n, c, h, w, kh, kw, sh, sw, seed), ph, pw)| {
+                (h + 2 * ph >= kh && w + 2 * pw >= kw).then_some(([n, c, h, w], [kh, kw], [sh, sw], [ph, pw], seed))
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// `jvp` through a max pool (a first derivative: the tangent read at
+        /// each window's maximum) against central differences on distinct
+        /// values; `jacfwd` equals `jacrev` exactly on inputs with ties,
+        /// -inf and NaN (both route to the first maximum, or the last NaN).
+        #[test]
+        fn jvp_and_jacfwd_through_a_max_pool((shape, k, s, p, seed) in pool_case()) {
+            let pool = move |x: &Tensor| max_pool2d(x, k, s, p);
+            let x = distinct(&shape, seed);
+            let v = randn(&shape, seed + 1);
+            let (y, y_dot) = jvp(pool, &x, &v);
+            prop_assert_eq!(vals(&y), vals(&pool(&x)));
+            // Values 0.01 apart and |h·v| < 0.005: no difference crosses a tie,
+            // so the pool is linear along it and the quotient is exact up to
+            // rounding of values of order n·0.005.
+            let h = 1e-4;
+            let fd: Vec<f64> = vals(&pool(&(&x + &(&v * h))))
+                .iter()
+                .zip(vals(&pool(&(&x - &(&v * h)))))
+                .map(|(a, b)| (a - b) / (2.0 * h))
+                .collect();
+            assert_close("jvp through max_pool2d", &vals(&y_dot), &fd, 1e-7);
+            let n: usize = shape.iter().product();
+            let tricky: Vec<f64> = (0..n)
+                .map(|i| match (i as u64 * 7 + seed) % 5 {
+                    0 => f64::NAN,
+                    1 => f64::NEG_INFINITY,
+                    2 => 1.0,
+                    _ => (i % 3) as f64,
+                })
+                .collect();
+            let xt = Tensor::from_vec(tricky, &shape);
+            let (jf, jr) = (jacfwd(pool)(&xt), jacrev(pool)(&xt));
+            prop_assert_eq!(jf.shape(), jr.shape());
+            prop_assert_eq!(vals(&jf), vals(&jr));
+        }
+    }
+
+    /// Compiled: the same Jacobian as eagerly, one trace.
+    #[test]
+    fn jacfwd_through_a_max_pool_compiles() {
+        let pool = |x: &Tensor| max_pool2d(x, [3, 2], [1, 2], [1, 1]);
+        let x = distinct(&[1, 2, 4, 3], 5);
+        let want = jacfwd(pool)(&x);
+        let f = function(move |x: Tensor| jacfwd(pool)(&x));
+        let got = f.call(x.clone()).unwrap();
+        assert_eq!(vals(&got), vals(&want));
+        assert_eq!(vals(&want), vals(&jacrev(pool)(&x)));
+        assert_eq!(f.tracing_count(), 1);
+    }
+}
