@@ -190,7 +190,7 @@ fn stateful_grads(m: &Stateful, x: &Tensor, remat: bool) -> Vec<Tensor> {
     let y = if remat { checkpoint(m.block())(x) } else { m.block()(x) };
     let loss = (&y * &y).sum_all();
     let dx = tape.gradient(&loss, &[x]).unwrap().remove(0).expect("x reaches the loss");
-    let dw = tape.gradient(&loss, &[m.w.clone()]).unwrap().remove(0).expect("w is read inside the block");
+    let dw = tape.gradient(&loss, std::slice::from_ref(&m.w)).unwrap().remove(0).expect("w is read inside the block");
     vec![loss, dx, dw]
 }
 
@@ -243,12 +243,12 @@ fn variables_read_in_a_checkpoint_get_their_gradients() {
     let x = Tensor::from_vec(vec![1.0f64, 2.0, -3.0], &[3]);
     let wc = w.clone();
     let block = checkpoint(move |x: &Tensor| (x * wc.read()).sin());
-    let (_, g) = tracejit::autodiff::value_and_grad(&[w.clone()], || block(&x).sum_all()).unwrap();
+    let (_, g) = tracejit::autodiff::value_and_grad(std::slice::from_ref(&w), || block(&x).sum_all()).unwrap();
     let want = (&x * w.value()).cos() * &x;
     assert!(close(&g[0], &want), "{:?} vs {:?}", vals(&g[0]), vals(&want));
     let tape = GradientTape::new();
     let loss = block(&x).sum_all();
-    let g = tape.gradient(&loss, &[w.clone()]).unwrap().remove(0).expect("a gradient, not None");
+    let g = tape.gradient(&loss, std::slice::from_ref(&w)).unwrap().remove(0).expect("a gradient, not None");
     assert!(close(&g, &want));
 }
 

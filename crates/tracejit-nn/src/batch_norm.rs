@@ -57,7 +57,7 @@ fn batch_count(x: &Tensor, axes: &[i64]) -> Count {
         // A dim unknown while tracing: count at run time (ones of x's
         // shape, summed; x == x or x != x is true everywhere).
         None => {
-            let ones = x.eq(x).logical_or(&x.ne(x)).cast(x.dtype());
+            let ones = x.eq(x).logical_or(x.ne(x)).cast(x.dtype());
             Count::Unknown(ones.sum(axes, false))
         }
     }
