@@ -310,9 +310,10 @@ fn models() -> Vec<WorkloadSpec> {
             id: "W10",
             name: "gpt_train_step",
             what: "2-block W9 GPT, vocabulary 96: embedding, loss, backward, AdamW on every parameter",
-            tolerance: Tolerance { rtol: 1e-3, atol: 1e-3 },
-            tolerance_note: "AdamW's first step is about lr * sign(g): a gradient near 0 may flip it (atol 1e-3 of \
-                             the largest parameter covers a full lr of 3e-4)",
+            tolerance: Tolerance { rtol: 2e-3, atol: 2e-3 },
+            tolerance_note: "AdamW's first step is about lr * sign(g): a gradient near 0 may flip it; eager under \
+                             the tape runs the flash-attention kernels (sums in tile order, as compiled), whose f32 \
+                             rounding moved one such step by 5.4e-5 of a 0.1 parameter (W10c's 2e-3)",
             floor_bytes: None,
             modes: BF16_MODES,
             build: crate::transformer::build_gpt_train_step,
