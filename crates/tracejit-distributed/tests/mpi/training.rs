@@ -3,7 +3,7 @@
 //! whole batch, and end every step with bit-identical variables.
 //!
 //! Tolerance: the two runs differ only in how the batch mean's sums are
-//! ordered (one mean of 16 rows against the mean of per-rank means), a few
+//! ordered (one mean of 64 rows against the mean of per-rank means), a few
 //! f32 roundings per step (~1e-7 relative); SGD with momentum on a smooth
 //! loss does not amplify them past ~1e-6 in 100 steps, hence 1e-5.
 
@@ -17,7 +17,10 @@ pub fn checks() -> Vec<crate::Check> {
     vec![("data_parallel_training_matches_one_process_bit_identically", training)]
 }
 
-const BATCH: usize = 16;
+/// Random targets the model cannot fit exactly (212 parameters, 256
+/// targets): the loss stays away from zero, where a relative comparison
+/// would measure noise.
+const BATCH: usize = 64;
 const STEPS: usize = 100;
 
 /// A two-layer MLP's variables, the same on every rank (seeded).
@@ -63,6 +66,9 @@ fn training(w: World) {
     let (dp_vars, one_vars) = (model(), model());
     let (dp, one) = (step(dp_vars.clone(), true), step(one_vars.clone(), false));
     let (mut first, mut last) = (0.0f32, (0.0f32, 0.0f32));
+    // The first difference between ranks; asserted after the loop, so every
+    // rank runs every step's collectives whatever it finds.
+    let mut differs: Option<String> = None;
     for s in 0..STEPS {
         let mine = dp.call((xr.clone(), yr.clone())).unwrap();
         let global = distributed::all_reduce(&mine, ReduceOp::Mean).to_vec::<f32>().unwrap()[0];
@@ -79,14 +85,20 @@ fn training(w: World) {
             let mine: Vec<u32> = value.to_vec::<f32>().unwrap().iter().map(|f| f.to_bits()).collect();
             for r in 0..w.size() {
                 let theirs: Vec<u32> = all[r * n..(r + 1) * n].iter().map(|f| f.to_bits()).collect();
-                assert_eq!(mine, theirs, "step {s}: variable {i} differs between rank {} and rank {r}", w.rank());
+                if mine != theirs && differs.is_none() {
+                    differs = Some(format!("step {s}: variable {i} differs between rank {} and rank {r}", w.rank()));
+                }
             }
         }
     }
+    assert_eq!(differs, None);
     let (global, whole) = last;
     assert!(whole < 0.5 * first, "the model trains: {first} -> {whole}");
     let rel = ((global - whole) / whole).abs();
     assert!(rel <= 1e-5, "after {STEPS} steps: data-parallel {global} vs one process {whole} ({rel:e} relative)");
+    if w.is_root() {
+        println!("note: loss {first} -> {whole} in {STEPS} steps; data-parallel {global} ({rel:e} relative)");
+    }
     let listing = dp.concrete_functions()[0].optimized_graph().to_string();
     assert_eq!(listing.matches("tracejit.distributed.start_bucket").count(), 3, "{listing}");
     assert_eq!(dp.tracing_count(), 1);
