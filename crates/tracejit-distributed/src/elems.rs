@@ -85,6 +85,13 @@ impl Elems {
         let kind = self.kind();
         let wrong = || panic!("tracejit-distributed: a {:?} tensor packed into a {kind:?} buffer", s.dtype());
         match (&mut *self, s) {
+            // Contiguous f32/f64 (gradients almost always are): one memcpy.
+            (Elems::F32(v), Storage::F32(a)) if a.as_slice().is_some() => {
+                v.extend_from_slice(a.as_slice().unwrap_or(&[]))
+            }
+            (Elems::F64(v), Storage::F64(a)) if a.as_slice().is_some() => {
+                v.extend_from_slice(a.as_slice().unwrap_or(&[]))
+            }
             (Elems::F32(v), Storage::F32(a)) => v.extend(a.iter()),
             (Elems::F32(v), Storage::BF16(a)) => v.extend(a.iter().map(|x| x.to_f32())),
             (Elems::F32(v), Storage::F16(a)) => v.extend(a.iter().map(|x| x.to_f32())),

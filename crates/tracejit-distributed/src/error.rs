@@ -45,23 +45,11 @@ pub enum Error {
     },
     /// The process was not started the way its build expects: launched by
     /// a launcher for another MPI, a build without MPI launched as one of
-    /// several processes, or an environment a launcher left half set.
-    #[error("distributed::init: {0}")]
+    /// several processes, ranks that run different programs (or versions of
+    /// one), or MPI failing to start. The message says which, starting
+    /// with `distributed::init:`.
+    #[error("{0}")]
     Launch(String),
-    /// The ranks run different programs (or versions of one).
-    #[error(
-        "distributed::init: rank {rank} of {size} runs `{ours}`, but {others}: every rank must run the same program"
-    )]
-    Mismatch {
-        /// The rank reporting.
-        rank: usize,
-        /// The world's size.
-        size: usize,
-        /// This rank's program and version.
-        ours: String,
-        /// The ranks that differ and what they run.
-        others: String,
-    },
     /// Arguments that differ between ranks or that a collective cannot take.
     #[error("rank {rank}: {what}: {reason}")]
     Invalid {

@@ -64,7 +64,13 @@ static BROKEN: Mutex<Option<String>> = Mutex::new(None);
 /// # Ok::<(), tracejit_distributed::Error>(())
 /// ```
 pub fn init() -> Result<World> {
-    WORLD.get_or_init(|| join().map_err(|e| e.to_string())).clone().map_err(Error::Launch)
+    let joined = WORLD.get_or_init(|| {
+        join().map_err(|e| match e {
+            Error::Launch(m) => m,
+            other => format!("distributed::init: {other}"),
+        })
+    });
+    joined.clone().map_err(Error::Launch)
 }
 
 /// The world, joining it if no one did: what the collectives use.
@@ -91,7 +97,7 @@ fn join() -> Result<World> {
     if let Some((n, who)) = launched {
         if n != world.size {
             return Err(Error::Launch(format!(
-                "{who} started {n} processes, but this one sees a world of {}: {}",
+                "distributed::init: {who} started {n} processes, but this one sees a world of {}: {}",
                 world.size,
                 if cfg!(feature = "mpi") {
                     "the MPI this program was built with is not the launcher's (build against the MPI whose \
@@ -111,7 +117,7 @@ fn join() -> Result<World> {
 
 #[cfg(feature = "mpi")]
 fn join_transport() -> Result<World> {
-    let m = crate::transport::mpi::init().map_err(Error::Launch)?;
+    let m = crate::transport::mpi::init().map_err(|e| Error::Launch(format!("distributed::init: MPI: {e}")))?;
     Ok(World { rank: m.rank, size: m.size })
 }
 
@@ -137,7 +143,7 @@ fn check_same_program(world: World) -> Result<()> {
     let ours = program();
     let mut bytes = ours.clone().into_bytes();
     bytes.resize(256, 0);
-    let m = crate::transport::mpi::init().map_err(Error::Launch)?;
+    let m = crate::transport::mpi::init().map_err(|e| Error::Launch(format!("distributed::init: MPI: {e}")))?;
     let request = m.start(Collective::AllGather, Elems::U8(bytes)).map_err(|message| Error::Mpi {
         rank: world.rank,
         what: "init's program check".into(),
@@ -155,7 +161,12 @@ fn check_same_program(world: World) -> Result<()> {
     if others.is_empty() {
         Ok(())
     } else {
-        Err(Error::Mismatch { rank: world.rank, size: world.size, ours, others: others.join(", ") })
+        Err(Error::Launch(format!(
+            "distributed::init: rank {} of {} runs `{ours}`, but {}: every rank must run the same program",
+            world.rank,
+            world.size,
+            others.join(", ")
+        )))
     }
 }
 

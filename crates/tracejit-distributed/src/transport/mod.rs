@@ -7,9 +7,7 @@
 #[cfg(feature = "mpi")]
 pub(crate) mod mpi;
 
-use std::time::Duration;
-#[cfg(feature = "mpi")]
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::elems::Elems;
 use crate::world::{self, World};
@@ -90,7 +88,8 @@ impl Pending {
 #[cfg(feature = "mpi")]
 fn wait_mpi(w: World, what: String, mut r: mpi::Request) -> Result<Elems> {
     let timeout = crate::timeout();
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
+    let deadline = started + timeout;
     let mut polls = 0u32;
     loop {
         match r.test() {
@@ -106,19 +105,23 @@ fn wait_mpi(w: World, what: String, mut r: mpi::Request) -> Result<Elems> {
             crate::world::rank_log!(error, "{e}");
             return Err(e);
         }
-        backoff(&mut polls);
+        backoff(&mut polls, started);
     }
 }
 
 /// Between two polls: spin briefly (a short collective completes in
-/// microseconds), then yield, then sleep, so a rank waiting for a slow
-/// peer does not take a core from it.
+/// microseconds), then yield for a while (MPI moves a large message only
+/// while a rank polls, so sleeping early would throttle it; yielding still
+/// lets a peer that shares the core run), then sleep, so a rank waiting for
+/// a slow or silent peer does not take a core from the others.
 #[cfg_attr(not(feature = "mpi"), expect(dead_code, reason = "only remote collectives are polled"))]
-fn backoff(polls: &mut u32) {
+fn backoff(polls: &mut u32, started: Instant) {
     *polls += 1;
-    match *polls {
-        0..=64 => std::hint::spin_loop(),
-        65..=2048 => std::thread::yield_now(),
-        _ => std::thread::sleep(Duration::from_micros(50)),
+    if *polls <= 64 {
+        std::hint::spin_loop();
+    } else if started.elapsed() < Duration::from_millis(50) {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(100));
     }
 }
