@@ -64,3 +64,12 @@ pub enum Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// So that `distributed::init()?` works in a function returning
+/// `tracejit::Result`; the error stays reachable as itself through
+/// `tracejit::Error::downcast_source::<tracejit::distributed::Error>()`.
+impl From<Error> for tracejit_trace::Error {
+    fn from(e: Error) -> tracejit_trace::Error {
+        tracejit_trace::Error::Distributed { source: std::sync::Arc::new(e) }
+    }
+}

@@ -187,3 +187,13 @@ fn onnx_export_refuses_a_collective_by_name() {
     let e = tracejit_onnx::to_bytes(&cf).unwrap_err().to_string();
     assert!(e.contains("tracejit.distributed.all_reduce") && e.contains("collective"), "{e}");
 }
+
+#[test]
+fn errors_convert_into_tracejit_errors_for_question_marks() -> tracejit_trace::Result<()> {
+    let w = distributed::init()?;
+    assert_eq!(w.size(), 1);
+    let e: tracejit_trace::Error = distributed::try_broadcast(&Tensor::scalar(1.0f32), 3).unwrap_err().into();
+    assert!(e.to_string().contains("root 3"), "{e}");
+    assert!(matches!(e.downcast_source::<distributed::Error>(), Some(distributed::Error::Invalid { rank: 0, .. })));
+    Ok(())
+}
