@@ -126,6 +126,26 @@ impl ConcreteFunction {
         self.jit_error.as_deref()
     }
 
+    /// The compiled kernels of this function as compile cache entries
+    /// (`tracejit_jit::compile_cache`), each once; empty when the
+    /// interpreter runs it. What an artifact embeds.
+    pub fn kernel_entries(&self) -> Vec<Arc<[u8]>> {
+        self.executable.as_ref().map(|e| e.kernel_entries()).unwrap_or_default()
+    }
+
+    /// How many symbolic tensors of an enclosing trace this function reads
+    /// (passed as extra inputs by calls from that trace); such a function
+    /// cannot stand alone.
+    pub fn implicit_input_count(&self) -> usize {
+        self.implicit_inputs.len()
+    }
+
+    /// The static (non-tensor) arguments this trace was made for, as their
+    /// Rust type names: they are part of the graph, not of its inputs.
+    pub fn static_type_names(&self) -> Vec<&'static str> {
+        self.statics.iter().map(|s| s.type_name()).collect()
+    }
+
     /// Ops the JIT executor runs with the reference kernels instead of
     /// compiled code (empty when every step is compiled or a GEMM).
     pub fn fallbacks(&self) -> Vec<String> {

@@ -224,6 +224,15 @@ pub enum Error {
         /// The distributed layer's error.
         source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
     },
+    /// An artifact could not be saved, loaded or called
+    /// (`tracejit::artifact`): that layer's own error
+    /// (`tracejit::artifact::Error`), kept as the source, as
+    /// [`Error::Export`] keeps the exporter's.
+    #[error("{source}")]
+    Artifact {
+        /// The artifact layer's error.
+        source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
+    },
     /// An error from the IR (verifier or interpreter).
     #[error(transparent)]
     Ir(#[from] IrError),
@@ -242,7 +251,10 @@ impl Error {
     /// `e.downcast_source::<tracejit::checkpoint::CheckpointError>()`.
     pub fn downcast_source<E: std::error::Error + 'static>(&self) -> Option<&E> {
         match self {
-            Error::Export { source, .. } | Error::Checkpoint { source } | Error::Distributed { source } => {
+            Error::Export { source, .. }
+            | Error::Checkpoint { source }
+            | Error::Distributed { source }
+            | Error::Artifact { source } => {
                 source.downcast_ref::<E>()
             }
             Error::ArgumentCount { .. }

@@ -239,6 +239,13 @@ impl Variable {
         self.state.name()
     }
 
+    /// The variable as the IR's shared resource: what a graph's variable
+    /// table holds for it (`Graph::variables`), to bind a graph that was
+    /// read back from text to live variables (`tracejit::artifact`).
+    pub fn resource(&self) -> Arc<dyn tracejit_ir::VariableResource> {
+        self.state.clone()
+    }
+
     /// A process-unique id.
     pub fn id(&self) -> u64 {
         self.state.id
