@@ -113,14 +113,16 @@ fn preloaded() -> &'static Mutex<HashMap<String, Arc<[u8]>>> {
 pub fn preload_entry(bytes: &[u8]) -> Result<Option<String>, String> {
     let decoded = cache_entry::decode(bytes)?;
     let key = decoded.key()?;
-    crate::code_image::CodeImage::from_bytes(decoded.image)
-        .map_err(|e| format!("kernel entry: {e}"))?
-        .check()
-        .map_err(|e| format!("kernel entry: {e}"))?;
+    let image = crate::code_image::CodeImage::from_bytes(decoded.image).map_err(|e| format!("kernel entry: {e}"))?;
+    // The target first: code for another CPU may call chunk functions this
+    // one lacks (16-lane ones on an AVX2-only host), which `check` rightly
+    // refuses as unknown symbols; such an entry is not damaged, only not
+    // for this host, and its kernel is compiled here instead.
     let opts = JitOptions::global();
     if let Some(why) = key.mismatch(&opts).map_err(|e| e.to_string())? {
         return Ok(Some(why));
     }
+    image.check().map_err(|e| format!("kernel entry: {e}"))?;
     let name = cache_entry::digest(decoded.key_bytes);
     preloaded().lock().unwrap_or_else(|p| p.into_inner()).insert(name, Arc::from(bytes));
     Ok(None)
@@ -278,7 +280,37 @@ pub(crate) fn evict(dir: &Path, limit: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::code_image::{CodeImage, CodeReloc};
     use std::time::Duration;
+
+    /// An entry of `code` relocated against `symbol`, keyed for `target`.
+    fn entry(target: Option<&str>, symbol: &str) -> Vec<u8> {
+        let mut words = KernelKey::default();
+        words.list([1, 2, 3]);
+        let mut key = EntryKey::of(&words, &JitOptions::global()).unwrap();
+        if let Some(t) = target {
+            key.target = t.to_string();
+        }
+        let image = CodeImage {
+            code: vec![0xc3; 16],
+            align: 16,
+            consts: vec![],
+            relocs: vec![CodeReloc { offset: 0, symbol: symbol.into() }],
+        };
+        cache_entry::encode(&key.to_bytes(), &image.to_bytes())
+    }
+
+    /// An artifact's kernel for another CPU names chunk functions this one
+    /// may lack: it is compiled for the host, not refused as damage; for
+    /// this CPU, an unknown symbol is damage.
+    #[test]
+    fn another_targets_entry_is_recompiled_even_when_its_symbols_are_foreign() {
+        let foreign = "tj_chunk_exp_f32x64";
+        let why = preload_entry(&entry(Some("x86_64 has_avx1024=true"), foreign)).unwrap();
+        assert!(why.unwrap().contains("compiled for the target `x86_64 has_avx1024=true`"));
+        let err = preload_entry(&entry(None, foreign)).unwrap_err();
+        assert!(err.contains("unknown symbol `tj_chunk_exp_f32x64`"), "{err}");
+    }
 
     #[test]
     fn eviction_removes_the_least_recently_used_down_to_ninety_percent() {

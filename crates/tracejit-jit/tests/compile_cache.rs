@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
 
 use tracejit_ir::tensor::{kernels, Storage};
 use tracejit_ir::Graph;
@@ -144,6 +145,11 @@ fn run(dir: &Path, isa: Option<&str>) -> Report {
     report(child(dir, isa).output().unwrap())
 }
 
+/// [`run`] with the cache bounded to `limit` bytes.
+fn run_with_limit(dir: &Path, limit: u64) -> Report {
+    report(child(dir, None).env("TRACEJIT_COMPILE_CACHE_LIMIT", limit.to_string()).output().unwrap())
+}
+
 /// A fresh directory under the target directory's temp area.
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tracejit-cache-test-{}-{name}", std::process::id()));
@@ -224,6 +230,58 @@ fn two_processes_filling_one_cache_corrupt_nothing() {
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn bytes_in(files: &[PathBuf]) -> u64 {
+    files.iter().map(|f| std::fs::metadata(f).unwrap().len()).sum()
+}
+
+/// Past its size limit the cache removes the least recently used entries
+/// (oldest modification time first) down to 90% of the limit: ten planted
+/// entries last used an hour ago go, oldest first, and the kernels the
+/// process just compiled stay, so the next process finds every one.
+#[test]
+fn a_size_limit_evicts_the_least_recently_used_entries() {
+    // What the regions' kernels weigh.
+    let sizing = temp_dir("limit-sizing");
+    let reference = run(&sizing, None);
+    let compiled = bytes_in(&entries(&sizing));
+    std::fs::remove_dir_all(&sizing).unwrap();
+
+    // Ten older entries of half that each, planted k was last used an hour
+    // ago plus k seconds; the limit holds the new kernels and some of them.
+    let dir = temp_dir("limit");
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = SystemTime::now() - Duration::from_secs(3600);
+    let planted: Vec<PathBuf> = (0..10u64)
+        .map(|k| {
+            let p = dir.join(format!("old-{k:02}.tjk"));
+            std::fs::write(&p, vec![0u8; (compiled / 2) as usize]).unwrap();
+            let f = std::fs::File::options().append(true).open(&p).unwrap();
+            f.set_modified(base + Duration::from_secs(k)).unwrap();
+            p
+        })
+        .collect();
+    let limit = compiled * 7 / 2;
+    let filled = run_with_limit(&dir, limit);
+    assert_eq!((filled.misses, filled.hits), (reference.misses, 0), "{filled:?}");
+    assert_eq!(filled.digest, reference.digest);
+
+    let gone = planted.iter().take_while(|p| !p.exists()).count();
+    assert!(gone > 0, "nothing was evicted: {} bytes under a limit of {limit}", bytes_in(&entries(&dir)));
+    assert!(gone < planted.len(), "eviction went past 90% of the limit: every planted entry is gone");
+    for p in &planted[gone..] {
+        assert!(p.exists(), "{} was evicted before an older entry", p.display());
+    }
+    let left = entries(&dir);
+    assert!(bytes_in(&left) <= limit, "{} bytes left under a limit of {limit}", bytes_in(&left));
+    assert_eq!(left.len() as u64, (planted.len() - gone) as u64 + reference.misses, "{left:?}");
+
+    // The newest entries, the ones just compiled, all stayed.
+    let again = run_with_limit(&dir, limit);
+    assert_eq!((again.hits, again.misses), (reference.misses, 0), "{again:?}");
+    assert_eq!(again.digest, reference.digest);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -17,12 +17,16 @@ pub(crate) struct Cursor<'a> {
     text: &'a str,
     pos: usize,
     line: usize,
+    /// A byte position and the characters before it: [`Cursor::column`]
+    /// counts on from there, so a line of n values (a constant printed in
+    /// full) costs O(n), not O(n^2), although every value asks its column.
+    counted: (usize, usize),
 }
 
 impl<'a> Cursor<'a> {
     /// A cursor at byte `pos` of line `line` (1-based) whose text is `text`.
     pub(crate) fn new(text: &'a str, line: usize, pos: usize) -> Cursor<'a> {
-        Cursor { text, pos, line }
+        Cursor { text, pos, line, counted: (0, 0) }
     }
 
     /// The 1-based line number.
@@ -33,7 +37,10 @@ impl<'a> Cursor<'a> {
     /// The 1-based column (in characters) of the next token.
     pub(crate) fn column(&mut self) -> usize {
         self.skip_ws();
-        self.text[..self.pos].chars().count() + 1
+        let (from, before) = if self.counted.0 <= self.pos { self.counted } else { (0, 0) };
+        let chars = before + self.text[from..self.pos].chars().count();
+        self.counted = (self.pos, chars);
+        chars + 1
     }
 
     fn rest(&self) -> &'a str {

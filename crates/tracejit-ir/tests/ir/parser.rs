@@ -280,6 +280,11 @@ fn errors_name_line_column_expected_and_found() {
         error(&format!("{head}  %1 = constant f32[] one\n}}\n")),
         "line 2, column 23: expected a value of the constant's dtype (f32), found `one`"
     );
+    // Columns deep into a line (counted on from the last one asked).
+    assert_eq!(
+        error(&format!("{head}  %1 = constant f32[3] [1.0, 2.5, two]\n}}\n")),
+        "line 2, column 35: expected a value of the constant's dtype (f32), found `two`"
+    );
     assert_eq!(
         error(&format!("{head}  %1 = neg %0 : f32[3]\n}}\ngraph h() -> () {{\n}}\n")),
         "line 4, column 1: expected end of input (one graph per text), found `graph`"
