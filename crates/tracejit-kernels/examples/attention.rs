@@ -31,7 +31,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tracejit_kernels::attention::{backward, forward, forward_strided_bf16, Operand, Problem};
+use tracejit_kernels::attention::{backward, forward, forward_strided_bf16, Mask, Operand, Problem};
 use tracejit_kernels::{gemm, threads, Isa};
 
 /// The system allocator, counting the bytes live and their peak.
@@ -172,6 +172,34 @@ fn speeds(name: &str, p: Problem, isa: Isa) {
     threads::set_num_threads(0);
 }
 
+/// A BERT encoder's attention with a key-padding mask (MiniLM's heads in
+/// W15: 8 rows × 12 heads, 112 positions, d = 32, each row's keys past
+/// its length masked), against the same problem unmasked: what the mask
+/// costs.
+fn key_mask_speeds() {
+    let (rows, heads, t) = (8, 12, 112);
+    let p = Problem { batch: rows * heads, tq: t, tk: t, d: 32, dv: 32, scale: 32f32.sqrt().recip(), causal: false };
+    let mut o = Operands::new(&p);
+    // Row r keeps its first `len(r)` keys, lengths spread over 80..=112.
+    let flags: Vec<bool> = (0..p.batch).flat_map(|b| (0..t).map(move |j| j < t - (b / heads) * 4)).collect();
+    let mask = Mask { data: &flags, batch_stride: t, row_stride: 0, col_stride: 1 };
+    let macs = (p.batch * t * t * (p.d + p.dv)) as f64;
+    let isa = Isa::native();
+    for n in [1, 2] {
+        threads::set_num_threads(n);
+        let plain = best(|| o.forward(black_box(&p), isa));
+        let masked = best(|| forward(&p, &o.q, &o.k, &o.v, Some(black_box(&mask)), &mut o.out, &mut o.lse, isa));
+        println!(
+            "W15 attention {n} thread(s): unmasked {:>8.1} µs {:>5.1} G MAC/s, key mask {:>8.1} µs {:>5.1} G MAC/s",
+            plain * 1e6,
+            macs / plain / 1e9,
+            masked * 1e6,
+            macs / masked / 1e9
+        );
+    }
+    threads::set_num_threads(0);
+}
+
 /// The `gemm` crate on the products of one 64 × 64 block with d = 64
 /// (`S = q·kᵀ` with `k` read transposed, then `o += P·v`), one thread.
 fn gemm_tiles() {
@@ -266,7 +294,12 @@ fn main() {
         }
         return;
     }
+    if args.get(1).map(String::as_str) == Some("mask") {
+        key_mask_speeds();
+        return;
+    }
     memory();
+    key_mask_speeds();
     gemm_tiles();
     let w9 = Problem { batch: 32, tq: 128, tk: 128, d: 64, dv: 64, scale: 0.125, causal: true };
     let (native, narrow) = (Isa::native(), Isa::native().with_avx512(false));
