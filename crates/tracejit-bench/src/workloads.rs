@@ -381,16 +381,57 @@ fn models() -> Vec<WorkloadSpec> {
             modes: STANDARD_MODES,
             build: crate::minilm::build_minilm,
         },
+        WorkloadSpec {
+            id: "W15",
+            name: "minilm_onnx",
+            what: "W15 through the ONNX importer: minilm.onnx (PyTorch's export) on the same ids and mask, every \
+                   padded position computed as ONNX Runtime does -> [32, 384]",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "erf in GELU, exp in the attention, rsqrt in 13 layer norms; unit-vector outputs",
+            floor_bytes: None,
+            modes: &[Mode::Eager, Mode::TracedJit],
+            build: crate::onnx_models::build_minilm_onnx,
+        },
+        WorkloadSpec {
+            id: "W14",
+            name: "resnet50",
+            what: "ResNet-50 through the ONNX importer (resnet50.onnx: opset 9, seeded weights), x [1, 3, 224, \
+                   224] -> softmax [1, 1000]; 4.09 G multiply-adds",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "sums of up to 4,608 products per convolution output over 53 layers; one-hot softmax",
+            floor_bytes: None,
+            // Eager convolutions run reference loops (seconds a call): the
+            // eager result is the reference, computed once, not a timed row.
+            modes: &[Mode::TracedJit],
+            build: crate::onnx_models::build_resnet50,
+        },
+        WorkloadSpec {
+            id: "W14b",
+            name: "resnet50_b8",
+            what: "W14 at batch 8 (image 0 is W14's): x [8, 3, 224, 224] -> [8, 1000]",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "as W14",
+            floor_bytes: None,
+            modes: &[Mode::TracedJit],
+            build: crate::onnx_models::build_resnet50_b8,
+        },
     ]
 }
 
+/// The real-model workloads (ONNX files): run only when a filter names
+/// them (`--filter W14`, `resnet50`, `minilm_onnx`, or `models` for all
+/// three), as `bench_peers.py` runs W14/W15 only when named.
+pub const MODEL_WORKLOADS: [&str; 3] = ["resnet50", "resnet50_b8", "minilm_onnx"];
+
 /// The workloads whose name contains `filter` (ASCII case-insensitive) or
-/// whose id is `filter` (`W3`); all with `None`.
+/// whose id is `filter` (`W3`); with `None` all but [`MODEL_WORKLOADS`],
+/// with `models` those.
 pub fn selected(filter: Option<&str>) -> Vec<WorkloadSpec> {
     all()
         .into_iter()
         .filter(|w| match filter {
-            None => true,
+            None => !MODEL_WORKLOADS.contains(&w.name),
+            Some("models") => MODEL_WORKLOADS.contains(&w.name),
             Some(f) => {
                 let f = f.to_ascii_lowercase();
                 w.name.contains(&f) || w.id.eq_ignore_ascii_case(&f)
