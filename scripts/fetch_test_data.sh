@@ -21,10 +21,11 @@
 #
 # Idempotent: a dataset already in place (its `.complete` marker written
 # after a verified unpack) is not fetched again. Each dataset is one
-# function below, listed in `main`.
+# function below, listed in `main`; all-MiniLM-L6-v2 (`minilm`) comes from
+# scripts/fetch_minilm.sh into ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/all-minilm-l6-v2-0.1.0/.
 #
 # Usage: scripts/fetch_test_data.sh              # every dataset
-#        scripts/fetch_test_data.sh onnx-node    # one by name (onnx-node, light-models)
+#        scripts/fetch_test_data.sh onnx-node    # one by name (onnx-node, light-models, minilm)
 set -euo pipefail
 
 CACHE="${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}"
@@ -124,14 +125,20 @@ fetch_light_models() {
   log "light models in $dest"
 }
 
+# all-MiniLM-L6-v2's model directory (its own script, usable alone).
+fetch_minilm() {
+  log "all-MiniLM-L6-v2 in $("$(dirname "$0")/fetch_minilm.sh")"
+}
+
 main() {
   local wanted=("$@")
-  [ ${#wanted[@]} -gt 0 ] || wanted=(onnx-node light-models)
+  [ ${#wanted[@]} -gt 0 ] || wanted=(onnx-node light-models minilm)
   for name in "${wanted[@]}"; do
     case "$name" in
       onnx-node) fetch_onnx_node ;;
       light-models) fetch_light_models ;;
-      *) die "unknown dataset '$name' (known: onnx-node, light-models)" ;;
+      minilm) fetch_minilm ;;
+      *) die "unknown dataset '$name' (known: onnx-node, light-models, minilm)" ;;
     esac
   done
 }

@@ -20,7 +20,8 @@
 //!
 //! This crate is a facade: it re-exports the workspace's crates
 //! (`tracejit-tensor`, `tracejit-ir`, `tracejit-trace`, `tracejit-nn`,
-//! `tracejit-module`, `tracejit-optim`, `tracejit-onnx`) and offers a
+//! `tracejit-module`, `tracejit-optim`, `tracejit-onnx`,
+//! `tracejit-distributed`) and offers a
 //! [`prelude`].
 //!
 //! State lives in [`Variable`]s held by [`Module`]s (`#[derive(Module)]`),
@@ -50,6 +51,17 @@
 //! # Ok::<(), tracejit::Error>(())
 //! ```
 
+/// Data-parallel training over MPI: `init`, `World`, `all_reduce`,
+/// `broadcast`, `all_gather` (eagerly and as graph nodes, with gradients),
+/// `average_gradients` (bucketed, non-blocking), `set_timeout`,
+/// `set_bucket_bytes` (the `tracejit-distributed` crate; MPI with the
+/// cargo feature `mpi`, otherwise a world of one).
+pub use tracejit_distributed as distributed;
+/// Ahead-of-time artifacts: `save(&cf, path)`, `load(path)` ->
+/// [`artifact::Artifact`] (`call`, `variables`), `save_artifact` (the
+/// `tracejit-artifact` crate): a compiled function shipped as one file and
+/// run without its closure.
+pub use tracejit_artifact as artifact;
 pub use tracejit_ir as ir;
 /// Modules: the [`Module`] trait and derive, walks with paths, summaries
 /// (the `tracejit-module` crate; `#[derive(Module)]` names `tracejit::module`).

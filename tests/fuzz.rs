@@ -1,8 +1,11 @@
 //! Mutation fuzzing, on stable Rust, of the parsers users feed files to:
 //! the IR text parser (`Graph::parse`), the checkpoint reader
 //! (`checkpoint::read_bytes` / `restore_bytes`, and the safetensors header
-//! they trust) and the ONNX importer (`onnx::import_bytes`, and
-//! `onnx::load_tensor_bytes` for serialized tensors).
+//! they trust), the ONNX importer (`onnx::import_bytes`, and
+//! `onnx::load_tensor_bytes` for serialized tensors) and the artifact
+//! reader (`artifact::load_bytes`, as written and re-sealed with a valid
+//! length and checksum so mutations reach the graph, the variables and the
+//! kernel entries behind it).
 //!
 //! Each target starts from valid files (the IR filetests and listings of
 //! traced functions; checkpoints of every dtype, optimizer state and odd
@@ -560,4 +563,80 @@ fn the_onnx_tensor_reader_survives_mutated_tensors() {
         Ok(_) => None,
         Err(e) => Some(e.to_string()),
     });
+}
+
+// ---- the artifact reader --------------------------------------------------------
+
+/// Artifacts to mutate: a small MLP's forward (captured constant, two
+/// regions) and its SGD step (variables read and assigned).
+fn artifact_seeds() -> Vec<Vec<u8>> {
+    let dir = std::env::temp_dir().join(format!("tracejit-fuzz-artifact-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let w = Variable::new(Tensor::randn(&[5, 3], 1));
+    let shift = Tensor::randn(&[3], 2);
+    let (w1, s1) = (w.clone(), shift.clone());
+    let forward = function(move |x: Tensor| (x.matmul(&w1.read()) + &s1).tanh());
+    forward.call(Tensor::randn(&[4, 5], 3)).unwrap();
+    let w2 = w.clone();
+    let step = function(move |x: Tensor| {
+        let tape = GradientTape::new();
+        let loss = x.matmul(&w2.read()).relu().mean_all();
+        let g = tape.gradient(&loss, &[&w2]).unwrap().remove(0).unwrap();
+        w2.assign(&(w2.read() - g * 0.1));
+        loss
+    });
+    step.call(Tensor::randn(&[2, 5], 4)).unwrap();
+    let mut seeds = Vec::new();
+    for (k, cf) in [forward.concrete_functions()[0].clone(), step.concrete_functions()[0].clone()].iter().enumerate() {
+        let path = dir.join(format!("{k}.tjx"));
+        tracejit::artifact::save(cf, &path).unwrap();
+        seeds.push(std::fs::read(&path).unwrap());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    seeds
+}
+
+/// `bytes` with the artifact header's length and checksum made to fit the
+/// (mutated) body, so the reader goes past them.
+fn reseal(bytes: &[u8]) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    if b.len() >= 24 {
+        let body_len = (b.len() - 24) as u64;
+        b[12..20].copy_from_slice(&body_len.to_le_bytes());
+        let crc = crc32(&b[24..]);
+        b[20..24].copy_from_slice(&crc.to_le_bytes());
+    }
+    b
+}
+
+/// CRC-32 (IEEE), bitwise: the test's own, to re-seal mutated files.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &x in bytes {
+        c ^= u32::from(x);
+        for _ in 0..8 {
+            c = if c & 1 != 0 { (c >> 1) ^ 0xedb8_8320 } else { c >> 1 };
+        }
+    }
+    !c
+}
+
+#[test]
+fn the_artifact_reader_survives_mutated_files() {
+    quiet();
+    let seeds = artifact_seeds();
+    for s in &seeds {
+        assert_eq!(reseal(s), *s, "re-sealing a valid file changes nothing");
+        tracejit::artifact::load_bytes(s, "seed.tjx").unwrap();
+    }
+    let check = |bytes: &[u8]| match tracejit::artifact::load_bytes(bytes, "fuzz.tjx") {
+        Ok(_) => None,
+        Err(e) => {
+            let m = e.to_string();
+            assert!(m.contains("fuzz.tjx"), "an error that does not name the file: {m}");
+            Some(m)
+        }
+    };
+    fuzz("artifact reader", &seeds, &check);
+    fuzz("artifact reader (re-sealed)", &seeds, &|bytes| check(&reseal(bytes)));
 }

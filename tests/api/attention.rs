@@ -94,6 +94,41 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// f64 (its own row-at-a-time kernel) and bf16 (the f32 kernel on the
+    /// widened values, rounded) against the f64 formula on the same
+    /// values, eagerly and compiled: f64 to rounding (1e-12), bf16 within
+    /// its rounding of the result (2⁻⁹ relative, twice) plus the f32
+    /// kernel's 1e-5 of the magnitudes.
+    #[test]
+    fn f64_and_bf16_match_the_formula(
+        batch in 0usize..3, tq in prop::sample::select(vec![0usize, 1, 3, 17]),
+        tk in prop::sample::select(vec![0usize, 1, 5, 66]), d in 1usize..6, dv in 1usize..6,
+        causal: bool, masked: bool, seed in 0u64..1000,
+    ) {
+        let dims = [batch, tq, tk, d, dv];
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::BF16, 2f64.powi(-8))] {
+            let (q, k, v, mask) = problem(dims, seed, masked);
+            let (q, k, v) = (q.cast(dtype), k.cast(dtype), v.cast(dtype));
+            let scale = 1.0 / (d as f64).sqrt();
+            let flags = mask.as_ref().map(|m| m.to_vec::<bool>().unwrap());
+            let want = reference(&f64s(&q), &f64s(&k), &f64s(&v), flags.as_deref(), causal, dims, scale);
+            let eager = tracejit::nn::scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), causal, None);
+            prop_assert_eq!(eager.dtype(), dtype);
+            close(&format!("eager {dtype}"), &f64s(&eager), &want, tol)?;
+            let m = mask.clone();
+            let f = function(move |(q, k, v): (Tensor, Tensor, Tensor)| {
+                tracejit::nn::scaled_dot_product_attention(&q, &k, &v, m.as_ref(), causal, None)
+            });
+            let compiled = f.call((q, k, v)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            close(&format!("compiled {dtype}"), &f64s(&compiled), &want, tol)?;
+            prop_assert!(kernels_in(&f.concrete_functions()[0]).iter().any(|n| n.contains("attention")));
+        }
+    }
+}
+
 /// The kernel ran: the compiled graph holds it, forward and backward.
 fn kernels_in(cf: &ConcreteFunction) -> Vec<String> {
     cf.optimized_graph()
@@ -107,7 +142,8 @@ fn kernels_in(cf: &ConcreteFunction) -> Vec<String> {
 
 #[test]
 fn gradients_match_finite_differences_in_f64() {
-    // f64 runs the body; the mask hides every key of query 0 of batch 1.
+    // f64 runs its own kernels (forward and backward, under the tape); the
+    // mask hides every key of query 0 of batch 1.
     let (q, k, v) = (Tensor::randn(&[2, 4, 3], 1), Tensor::randn(&[2, 5, 3], 2), Tensor::randn(&[2, 5, 2], 3));
     let (q, k, v) = (q.cast(DType::F64), k.cast(DType::F64), v.cast(DType::F64));
     let flags: Vec<bool> = (0..2 * 4 * 5).map(|j| j % 3 != 1 && !(20..25).contains(&j)).collect();

@@ -328,3 +328,66 @@ fn a_training_step_fuses_the_relu_into_the_convolution() {
     }
     assert!(fused && relus(&graph) == 0, "{graph}");
 }
+
+/// `got` (bf16 results, as f64) against `exact` (f64 on the same bf16
+/// inputs): the f32 computation of a sum of `terms` products is within
+/// `terms · 2⁻²⁴ · scale` (`scale`: the same sum of absolute values), and
+/// the rounding to bf16 adds at most 2⁻⁹ relative; twice both.
+fn assert_bf16_near(what: &str, got: &Tensor, exact: &Tensor, scale: &Tensor, terms: usize) {
+    assert_eq!(got.dtype(), DType::BF16, "{what}: the result's dtype");
+    let f64s = |t: &Tensor| t.cast(DType::F64).to_vec::<f64>().unwrap();
+    let (g, e, s) = (f64s(got), f64s(exact), f64s(scale));
+    assert_eq!(g.len(), e.len(), "{what}: lengths");
+    for i in 0..g.len() {
+        let tol = 2.0 * (e[i].abs() * 2f64.powi(-9) + terms as f64 * 2f64.powi(-24) * s[i]);
+        assert!((g[i] - e[i]).abs() <= tol, "{what}: element {i}: {} vs {} (tolerance {tol})", g[i], e[i]);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// bf16 convolutions and pools (the issue: a panic) compute in f32 and
+    /// round, eagerly and compiled, forward and input gradient.
+    #[test]
+    fn bf16_conv_and_pools_compute_in_f32_and_round(c in conv_case()) {
+        let (cin, cout) = (c.icg * c.groups, c.ocg * c.groups);
+        let bf = |t: Tensor| t.cast(DType::BF16);
+        let x = bf(data(&[c.batch, cin, c.hw[0], c.hw[1]], c.seed));
+        let w = bf(data(&[cout, c.icg, c.kernel[0], c.kernel[1]], c.seed + 1));
+        let b = bf(data(&[cout], c.seed + 2));
+        let (opts, bias) = (c.options(), c.bias);
+        let (k, kp) = (c.kernel, [c.kernel[0].min(3), c.kernel[1].min(3)]);
+        let pad = [c.pads[0].min(kp[0] - 1), c.pads[1].min(kp[1] - 1)];
+        let pools_fit = c.hw[0] + 2 * pad[0] >= kp[0] && c.hw[1] + 2 * pad[1] >= kp[1];
+        let step = move |(x, w, b): (Tensor, Tensor, Tensor)| {
+            let tape = GradientTape::new();
+            tape.watch(&x);
+            let y = conv2d(&x, &w, bias.then_some(&b), opts);
+            let dx = tape.gradient(&y.sum_all(), &[&x]).unwrap().remove(0).unwrap();
+            let (m, a) = if pools_fit {
+                (max_pool2d(&x, kp, c.stride, pad), avg_pool2d(&x, kp, c.stride, pad))
+            } else {
+                (x.clone(), x.clone())
+            };
+            (y, dx, m, a)
+        };
+        let f64_step = |x: &Tensor, w: &Tensor, b: &Tensor| {
+            let w64 = w.cast(DType::F64);
+            step((x.cast(DType::F64), w64, b.cast(DType::F64)))
+        };
+        let exact = f64_step(&x, &w, &b);
+        let scale = f64_step(&x.abs(), &w.abs(), &b.abs());
+        let terms = c.icg * k[0] * k[1] + 1;
+        let back_terms = c.ocg * k[0] * k[1];
+        let eager = step((x.clone(), w.clone(), b.clone()));
+        let compiled = function(step).call((x, w, b)).unwrap();
+        for (how, r) in [("eager", &eager), ("compiled", &compiled)] {
+            assert_bf16_near(&format!("{how} conv2d"), &r.0, &exact.0, &scale.0, terms);
+            assert_bf16_near(&format!("{how} conv2d dx"), &r.1, &exact.1, &scale.1, back_terms);
+            // The maximum of bf16 values is one of them: exact.
+            prop_assert_eq!(r.2.cast(DType::F64).to_vec::<f64>().unwrap(), exact.2.to_vec::<f64>().unwrap());
+            assert_bf16_near(&format!("{how} avg_pool2d"), &r.3, &exact.3, &scale.3, kp[0] * kp[1]);
+        }
+    }
+}

@@ -236,3 +236,134 @@ fn batch_norm_keeps_moving_statistics_and_infers_with_them() {
     assert!((vals(&y)[0] - want).abs() < 1e-12);
     assert!(!mean.trainable() && !var.trainable());
 }
+
+/// An empty batch has no statistics: the moving mean and variance keep
+/// their values (the issue: both became NaN), eagerly, traced with the
+/// batch known and traced with it unknown (counted at run time), where a
+/// non-empty batch through the same graph still updates them.
+#[test]
+fn an_empty_batch_leaves_the_moving_statistics_unchanged() {
+    let (gamma, beta) = (Tensor::ones(&[3], DType::F64), Tensor::zeros(&[3], DType::F64));
+    let stats = || {
+        (
+            Variable::new(Tensor::from_vec(vec![0.5f64, -1.0, 2.0], &[3])).with_trainable(false),
+            Variable::new(Tensor::from_vec(vec![1.0f64, 2.0, 3.0], &[3])).with_trainable(false),
+        )
+    };
+    let empty = Tensor::zeros(&[0, 3, 2, 2], DType::F64);
+    let (mean, var) = stats();
+    let (m0, v0) = (vals(&mean.value()), vals(&var.value()));
+    let y = batch_norm(&empty, &gamma, &beta, &mean, &var, 0.9, 1e-5, true);
+    assert_eq!(y.shape(), &[0, 3, 2, 2]);
+    assert_eq!((vals(&mean.value()), vals(&var.value())), (m0.clone(), v0.clone()), "eager");
+    for spec in [&[0i64, 3, 2, 2][..], &[-1, 3, 2, 2]] {
+        let (mean, var) = stats();
+        let (g, b, m, v) = (gamma.clone(), beta.clone(), mean.clone(), var.clone());
+        let f = function(move |x: Tensor| batch_norm(&x, &g, &b, &m, &v, 0.9, 1e-5, true))
+            .input_signature(vec![TensorSpec::new(DType::F64, spec)]);
+        f.call(empty.clone()).unwrap();
+        assert_eq!((vals(&mean.value()), vals(&var.value())), (m0.clone(), v0.clone()), "traced {spec:?}");
+        if spec[0] < 0 {
+            f.call(randn(&[2, 3, 2, 2], 1)).unwrap();
+            assert!(vals(&mean.value()).iter().zip(&m0).all(|(a, b)| a != b), "a real batch updates");
+            assert!(vals(&mean.value()).iter().all(|a| a.is_finite()));
+        }
+    }
+}
+
+/// Hyperparameters out of range are refused with a message naming the
+/// value, as the optimizers' are (momentum 2 would grow the moving
+/// averages without bound; a negative eps can divide by zero).
+#[test]
+fn batch_norm_refuses_bad_momentum_and_epsilon() {
+    let x = randn(&[2, 3], 1);
+    let (gamma, beta) = (Tensor::ones(&[3], DType::F64), Tensor::zeros(&[3], DType::F64));
+    let mean = Variable::new(Tensor::zeros(&[3], DType::F64)).with_trainable(false);
+    let var = Variable::new(Tensor::ones(&[3], DType::F64)).with_trainable(false);
+    for (momentum, eps, what) in
+        [(2.0, 1e-5, "momentum"), (-0.1, 1e-5, "momentum"), (0.9, -1e-5, "eps"), (0.9, f64::NAN, "eps")]
+    {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            batch_norm(&x, &gamma, &beta, &mean, &var, momentum, eps, true)
+        }));
+        let msg = match r {
+            Ok(_) => panic!("momentum {momentum}, eps {eps} accepted"),
+            Err(e) => e.downcast_ref::<String>().cloned().unwrap_or_default(),
+        };
+        assert!(msg.contains("batch_norm") && msg.contains(what), "{msg}");
+        let value = if what == "momentum" { momentum } else { eps };
+        assert!(msg.contains(&value.to_string()), "{msg}");
+    }
+    assert_eq!(vals(&mean.value()), [0.0; 3], "nothing assigned");
+}
+
+mod forward_mode {
+    use super::*;
+    use proptest::prelude::*;
+    use tracejit::autodiff::{jacfwd, jacrev, jvp};
+
+    /// A max pool's geometry: input `[n, c, h, w]`, window, stride, padding
+    /// (below the window), the window fitting the padded input.
+    fn pool_case() -> impl Strategy<Value = ([usize; 4], [usize; 2], [usize; 2], [usize; 2], u64)> {
+        (1usize..3, 1usize..4, 1usize..7, 1usize..7, 1usize..4, 1usize..4, 1usize..4, 1usize..4, 0u64..1000)
+            .prop_flat_map(|(n, c, h, w, kh, kw, sh, sw, seed)| {
+                (Just((n, c, h, w, kh, kw, sh, sw, seed)), 0..kh, 0..kw)
+            })
+            .prop_filter_map("the window fits", |((n, c, h, w, kh, kw, sh, sw, seed), ph, pw)| {
+                (h + 2 * ph >= kh && w + 2 * pw >= kw).then_some(([n, c, h, w], [kh, kw], [sh, sw], [ph, pw], seed))
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// `jvp` through a max pool (a first derivative: the tangent read at
+        /// each window's maximum) against central differences on distinct
+        /// values; `jacfwd` equals `jacrev` exactly on inputs with ties,
+        /// -inf and NaN (both route to the first maximum, or the last NaN).
+        #[test]
+        fn jvp_and_jacfwd_through_a_max_pool((shape, k, s, p, seed) in pool_case()) {
+            let pool = move |x: &Tensor| max_pool2d(x, k, s, p);
+            let x = distinct(&shape, seed);
+            let v = randn(&shape, seed + 1);
+            let (y, y_dot) = jvp(pool, &x, &v);
+            prop_assert_eq!(vals(&y), vals(&pool(&x)));
+            // Values 0.01 apart and |h·v| < 0.005: no difference crosses a tie,
+            // so the pool is linear along it and the quotient is exact up to
+            // rounding of values of order n·0.005.
+            let h = 1e-4;
+            let fd: Vec<f64> = vals(&pool(&(&x + &(&v * h))))
+                .iter()
+                .zip(vals(&pool(&(&x - &(&v * h)))))
+                .map(|(a, b)| (a - b) / (2.0 * h))
+                .collect();
+            assert_close("jvp through max_pool2d", &vals(&y_dot), &fd, 1e-7);
+            let n: usize = shape.iter().product();
+            let tricky: Vec<f64> = (0..n)
+                .map(|i| match (i as u64 * 7 + seed) % 5 {
+                    0 => f64::NAN,
+                    1 => f64::NEG_INFINITY,
+                    2 => 1.0,
+                    _ => (i % 3) as f64,
+                })
+                .collect();
+            let xt = Tensor::from_vec(tricky, &shape);
+            let (jf, jr) = (jacfwd(pool)(&xt), jacrev(pool)(&xt));
+            prop_assert_eq!(jf.shape(), jr.shape());
+            prop_assert_eq!(vals(&jf), vals(&jr));
+        }
+    }
+
+    /// Compiled: the same Jacobian as eagerly, one trace.
+    #[test]
+    fn jacfwd_through_a_max_pool_compiles() {
+        let pool = |x: &Tensor| max_pool2d(x, [3, 2], [1, 2], [1, 1]);
+        let x = distinct(&[1, 2, 4, 3], 5);
+        let want = jacfwd(pool)(&x);
+        let f = function(move |x: Tensor| jacfwd(pool)(&x));
+        let got = f.call(x.clone()).unwrap();
+        assert_eq!(vals(&got), vals(&want));
+        assert_eq!(vals(&want), vals(&jacrev(pool)(&x)));
+        assert_eq!(f.tracing_count(), 1);
+    }
+}

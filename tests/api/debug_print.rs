@@ -126,3 +126,52 @@ fn onnx_export_leaves_debug_nodes_out() {
     let ops: Vec<String> = model.graph.unwrap().node.iter().map(|n| n.op_type().to_string()).collect();
     assert_eq!(ops, ["Tanh"]);
 }
+
+/// Inside `vmap` (the issue: a panic with advice that did not apply) a
+/// callback sees the batched values, once per call of the mapped
+/// function, as `jax.debug.print` does: eagerly, compiled (in order with
+/// the callbacks around the map), with an unmapped value seen once as it
+/// is, and under `vmap(grad)`. `print` runs too.
+#[test]
+fn callbacks_inside_vmap_see_the_batched_values() {
+    let log: Log = Arc::default();
+    let l = log.clone();
+    let shared = t(&[10.0]);
+    let per_example = move |x: &Tensor| {
+        note(&l, "x", x);
+        note(&l, "shared", &shared);
+        tracejit::debug::print("example = {}", &[x]);
+        (x * x).sum_all()
+    };
+    let xs = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+    let mapped = tracejit::vmap(per_example.clone());
+    let y = mapped(&xs);
+    assert_eq!(y.to_vec::<f32>().unwrap(), [5.0, 25.0]);
+    assert_eq!(*log.lock().unwrap(), ["x[1.0, 2.0, 3.0, 4.0]", "shared[10.0]"]);
+    log.lock().unwrap().clear();
+    let l = log.clone();
+    let f = function(move |x: Tensor| {
+        note(&l, "before", &x.sum_all().reshape(&[1]));
+        let y = mapped(&x);
+        note(&l, "after", &y);
+        y
+    });
+    f.call(xs.clone()).unwrap();
+    f.call(&xs * 2.0).unwrap();
+    assert!(f.concrete_functions()[0].schedule_stats().is_some(), "compiled");
+    let want = [
+        "before[10.0]",
+        "x[1.0, 2.0, 3.0, 4.0]",
+        "shared[10.0]",
+        "after[5.0, 25.0]",
+        "before[20.0]",
+        "x[2.0, 4.0, 6.0, 8.0]",
+        "shared[10.0]",
+        "after[20.0, 100.0]",
+    ];
+    assert_eq!(*log.lock().unwrap(), want);
+    log.lock().unwrap().clear();
+    let g = tracejit::vmap(tracejit::autodiff::grad(per_example))(&xs);
+    assert_eq!(g.to_vec::<f32>().unwrap(), [2.0, 4.0, 6.0, 8.0]);
+    assert_eq!(log.lock().unwrap()[0], "x[1.0, 2.0, 3.0, 4.0]");
+}

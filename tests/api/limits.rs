@@ -153,3 +153,27 @@ fn a_huge_result_of_sizes_known_only_at_run_time_is_an_error() {
         &["cannot allocate", "[1048576, 1048576]"],
     );
 }
+
+/// A pad width whose sum overflows: an error naming `pad` and the axis,
+/// eagerly (the issue: "attempt to add with overflow" inside the kernel,
+/// a wrapped size in a build without overflow checks), compiled and
+/// interpreted, with the dim known or known only at run time.
+#[test]
+fn a_pad_whose_size_overflows_is_an_error_naming_the_op() {
+    let huge = usize::MAX - 1;
+    let m = panic_message(|| drop(f32s(&[2, 3]).pad(&[(0, 0), (huge, 1)], 0.0)));
+    assert!(m.starts_with("pad:") && m.contains("axis 1") && m.contains("overflows"), "{m}");
+    assert!(!m.contains("attempt to add"), "{m}");
+    both_fail(move || function(move |x: Tensor| x.pad(&[(huge, 3)], 1.0)), f32s(&[2]), &["pad", "overflows"]);
+    both_fail(
+        move || {
+            function(move |x: Tensor| x.pad(&[(0, 0), (huge, 3)], 1.0))
+                .input_signature(vec![TensorSpec::new(DType::F32, &[2, -1])])
+        },
+        f32s(&[2, 4]),
+        &["pad", "overflows"],
+    );
+    // A huge but representable width is refused by the allocation check.
+    let m = panic_message(|| drop(f32s(&[2]).pad(&[(1 << 40, 0)], 0.0)));
+    assert!(m.starts_with("pad: cannot allocate"), "{m}");
+}

@@ -18,6 +18,7 @@ mod conv_grad;
 mod custom_gradient;
 mod debug_print;
 mod differential;
+mod distributed;
 mod doc_examples;
 mod eager_api;
 mod error_lines;

@@ -128,10 +128,9 @@ type Qkv = (Tensor, Tensor, Tensor);
 
 /// Whether this CPU multiplies bf16 natively (AVX-512 BF16).
 fn native_bf16() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return std::arch::is_x86_feature_detected!("avx512bf16");
-    #[cfg(not(target_arch = "x86_64"))]
-    return false;
+    // The instruction set the process may use (`TRACEJIT_ISA=avx2` holds
+    // it to AVX2 on an AVX-512 machine), not merely what the CPU has.
+    tracejit_jit::JitOptions::global().isa().has_avx512_bf16()
 }
 
 /// Causal attention, compiled with or without mixed precision.

@@ -137,3 +137,132 @@ fn higher_order_gradients_go_through_a_checkpoint() {
     let g = function(move |(x, d): (Tensor, Tensor)| hvp(remat, &x, &d));
     assert!(close(&g.call((x.clone(), dir.clone())).unwrap(), &hvp(plain, &x, &dir)));
 }
+
+// ---- blocks with state: Variables, random draws, batch norm ---------------
+
+use tracejit::nn::{batch_norm, dropout};
+use tracejit::random::Generator;
+
+/// A model whose block has every kind of state: a trainable weight read
+/// inside the block, draws from a generator (dropout and a normal) and a
+/// batch norm in training (moving averages assigned).
+#[derive(Clone)]
+struct Stateful {
+    w: Variable,
+    g: Generator,
+    mean: Variable,
+    var: Variable,
+}
+
+impl Stateful {
+    fn new(d: usize, seed: u64) -> Stateful {
+        Stateful {
+            w: Variable::new(Tensor::randn(&[d, d], seed).cast(DType::F64) * 0.5),
+            g: Generator::from_seed(seed),
+            mean: Variable::new(Tensor::zeros(&[d], DType::F64)).with_trainable(false),
+            var: Variable::new(Tensor::ones(&[d], DType::F64)).with_trainable(false),
+        }
+    }
+
+    fn block(&self) -> impl Fn(&Tensor) -> Tensor + Clone + Send + Sync + 'static {
+        let m = self.clone();
+        move |x: &Tensor| {
+            let d = m.w.shape()[0];
+            let h = x.matmul(&m.w.read()).tanh();
+            let (gamma, beta) = (Tensor::ones(&[d], DType::F64), Tensor::zeros(&[d], DType::F64));
+            let h = batch_norm(&h, &gamma, &beta, &m.mean, &m.var, 0.9, 1e-5, true);
+            let h = dropout(&h, 0.5, &m.g, true);
+            &h * (m.g.normal_like(&h) + 1.0) + x
+        }
+    }
+
+    /// The state after a step: moving mean and variance, generator state.
+    fn state(&self) -> Vec<Tensor> {
+        vec![self.mean.value(), self.var.value(), self.g.state().value().cast(DType::F64)]
+    }
+}
+
+/// `[loss, d loss/dx, d loss/dw]` of `sum(block(x)^2)` through a tape, the
+/// block checkpointed or not.
+fn stateful_grads(m: &Stateful, x: &Tensor, remat: bool) -> Vec<Tensor> {
+    let tape = GradientTape::persistent();
+    tape.watch(x);
+    let y = if remat { checkpoint(m.block())(x) } else { m.block()(x) };
+    let loss = (&y * &y).sum_all();
+    let dx = tape.gradient(&loss, &[x]).unwrap().remove(0).expect("x reaches the loss");
+    let dw = tape.gradient(&loss, std::slice::from_ref(&m.w)).unwrap().remove(0).expect("w is read inside the block");
+    vec![loss, dx, dw]
+}
+
+fn assert_all_close(got: &[Tensor], want: &[Tensor], what: &str) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(close(g, w), "{what}, item {i}: {:?} vs {:?}", vals(g), vals(w));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(6))]
+
+    /// Gradients of Variables read inside the block, the forward's random
+    /// draws replayed by the recomputation, state written once: a
+    /// checkpointed block is indistinguishable from the plain one, eagerly
+    /// and compiled, step after step.
+    #[test]
+    fn a_checkpointed_block_with_state_equals_the_plain_one(n in prop::sample::select(vec![1usize, 2, 5]), d in 1usize..5, seed in 0u64..1000) {
+        let x = Tensor::randn(&[n, d], seed + 7).cast(DType::F64);
+        let (plain, remat) = (Stateful::new(d, seed), Stateful::new(d, seed));
+        for step in 0..2 {
+            let want = stateful_grads(&plain, &x, false);
+            let got = stateful_grads(&remat, &x, true);
+            assert_all_close(&got, &want, &format!("eager step {step}"));
+            assert_all_close(&remat.state(), &plain.state(), &format!("eager state after step {step}"));
+        }
+        let (plain, remat) = (Stateful::new(d, seed), Stateful::new(d, seed));
+        let compile = |m: &Stateful, wrap: bool| {
+            let m = m.clone();
+            function(move |x: Tensor| stateful_grads(&m, &x, wrap))
+        };
+        let (fp, fr) = (compile(&plain, false), compile(&remat, true));
+        for step in 0..2 {
+            let want = fp.call(x.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let got = fr.call(x.clone()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            assert_all_close(&got, &want, &format!("compiled step {step}"));
+            assert_all_close(&remat.state(), &plain.state(), &format!("compiled state after step {step}"));
+        }
+        prop_assert_eq!(fr.concrete_functions()[0].executor_kind(), "jit");
+        prop_assert_eq!(fr.tracing_count(), 1);
+    }
+}
+
+/// `value_and_grad` and a tape over Variables (not tensors) see the reads
+/// inside a checkpointed block: the zeros and `None`.
+#[test]
+fn variables_read_in_a_checkpoint_get_their_gradients() {
+    let w = Variable::new(Tensor::from_vec(vec![0.5f64, -1.5, 2.0], &[3]));
+    let x = Tensor::from_vec(vec![1.0f64, 2.0, -3.0], &[3]);
+    let wc = w.clone();
+    let block = checkpoint(move |x: &Tensor| (x * wc.read()).sin());
+    let (_, g) = tracejit::autodiff::value_and_grad(std::slice::from_ref(&w), || block(&x).sum_all()).unwrap();
+    let want = (&x * w.value()).cos() * &x;
+    assert!(close(&g[0], &want), "{:?} vs {:?}", vals(&g[0]), vals(&want));
+    let tape = GradientTape::new();
+    let loss = block(&x).sum_all();
+    let g = tape.gradient(&loss, std::slice::from_ref(&w)).unwrap().remove(0).expect("a gradient, not None");
+    assert!(close(&g, &want));
+}
+
+/// The recomputation replays the forward's dropout mask: the gradient of
+/// `sum(dropout(x))` is the mask the forward applied, scaled.
+#[test]
+fn the_recomputation_replays_the_dropout_mask() {
+    let g = Generator::from_seed(3);
+    let x = Tensor::ones(&[256], DType::F64);
+    let tape = GradientTape::new();
+    tape.watch(&x);
+    let gc = g.clone();
+    let y = checkpoint(move |x: &Tensor| dropout(x, 0.5, &gc, true))(&x);
+    let dx = tape.gradient(&y.sum_all(), &[&x]).unwrap().remove(0).unwrap();
+    assert_eq!(vals(&dx), vals(&y), "the backward's mask differs from the forward's");
+    assert_eq!(g.state().value().to_vec::<i64>().unwrap()[1], 1, "one draw, one advance");
+}

@@ -126,3 +126,32 @@ fn nested_grads_and_edge_cases() {
     let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("scalar") && msg.contains("jacrev"), "{msg}");
 }
+
+/// `jacfwd` runs the function once per call, as `jvp` and `jacrev` do: a
+/// function with a random draw gets one draw (the generator advances
+/// once) and a Jacobian built from that draw, equal to `jacrev`'s with a
+/// generator of the same seed; eagerly and compiled.
+#[test]
+fn jacfwd_runs_the_functions_effects_once() {
+    use tracejit::random::Generator;
+    let noisy = |g: &Generator| {
+        let g = g.clone();
+        move |x: &Tensor| (x * g.normal_like(x)).tanh() + x.sum_all()
+    };
+    let x = Tensor::randn(&[5], 3).cast(DType::F64);
+    let (gf, gr) = (Generator::from_seed(9), Generator::from_seed(9));
+    let (jf, jr) = (jacfwd(noisy(&gf))(&x), jacrev(noisy(&gr))(&x));
+    let advances = |g: &Generator| g.state().value().to_vec::<i64>().unwrap()[1];
+    assert_eq!(advances(&gf), 1, "jacfwd drew once per column");
+    assert_eq!(advances(&gr), 1);
+    assert!(close(&vals(&jf), &vals(&jr), 1e-12), "{:?} vs {:?}", vals(&jf), vals(&jr));
+    let (gf2, gr2) = (Generator::from_seed(9), Generator::from_seed(9));
+    let (nf, nr) = (noisy(&gf2), noisy(&gr2));
+    let cf = function(move |x: Tensor| jacfwd(nf.clone())(&x));
+    let cr = function(move |x: Tensor| jacrev(nr.clone())(&x));
+    for step in 1..=2 {
+        let (a, b) = (cf.call(x.clone()).unwrap(), cr.call(x.clone()).unwrap());
+        assert!(close(&vals(&a), &vals(&b), 1e-12), "compiled: {:?} vs {:?}", vals(&a), vals(&b));
+        assert_eq!((advances(&gf2), advances(&gr2)), (step, step), "one draw per call");
+    }
+}

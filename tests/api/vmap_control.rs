@@ -248,3 +248,114 @@ fn only_a_generators_advance_is_written_inside_vmap() {
     vmap(move |v: &Tensor| v + g.normal_like(v))(&x);
     assert_eq!(state.value().to_vec::<i64>().unwrap(), [0, 1, 7], "one advance for the whole batch");
 }
+
+mod convolution_weights {
+    use super::*;
+    use tracejit::nn::{conv2d, Conv2dOptions};
+
+    /// A convolution's geometry: batch `b` of examples, each `n` images of
+    /// `g·icg` channels, `g·ocg` filters; odd sizes, strides, dilations,
+    /// padding, groups; `b` may be 0.
+    #[derive(Clone, Debug)]
+    struct Case {
+        b: usize,
+        n: usize,
+        groups: usize,
+        icg: usize,
+        ocg: usize,
+        hw: [usize; 2],
+        k: [usize; 2],
+        stride: usize,
+        dilation: usize,
+        pad: usize,
+        seed: u64,
+    }
+
+    impl Case {
+        fn opts(&self) -> Conv2dOptions {
+            Conv2dOptions::default().stride(self.stride).dilation(self.dilation).padding(self.pad).groups(self.groups)
+        }
+        fn x(&self) -> Tensor {
+            let shape = [self.b, self.n, self.groups * self.icg, self.hw[0], self.hw[1]];
+            Tensor::randn(&shape, self.seed).cast(DType::F64)
+        }
+        fn w(&self) -> Tensor {
+            let shape = [self.b, self.groups * self.ocg, self.icg, self.k[0], self.k[1]];
+            Tensor::randn(&shape, self.seed + 1).cast(DType::F64)
+        }
+        fn bias(&self) -> Tensor {
+            Tensor::randn(&[self.b, self.groups * self.ocg], self.seed + 2).cast(DType::F64)
+        }
+    }
+
+    fn case() -> impl Strategy<Value = Case> {
+        (0usize..4, 1usize..3, 1usize..3, 1usize..3, 1usize..3, (1usize..7, 1usize..7), (1usize..4, 1usize..4))
+            .prop_flat_map(|t| (Just(t), 1usize..3, 1usize..3, 0usize..2, 0u64..1000))
+            .prop_map(|((b, n, groups, icg, ocg, hw, k), stride, dilation, pad, seed)| Case {
+                b,
+                n,
+                groups,
+                icg,
+                ocg,
+                hw: [hw.0, hw.1],
+                k: [k.0, k.1],
+                stride,
+                dilation,
+                pad,
+                seed,
+            })
+            .prop_filter("the dilated kernel fits", |c| (0..2).all(|a| c.hw[a] + 2 * c.pad > (c.k[a] - 1) * c.dilation))
+    }
+
+    /// `f(args of example i)` for each example, stacked (`None` for none).
+    fn per_example(f: &dyn Fn(&[Tensor]) -> Tensor, args: &[Tensor], mapped: &[bool], b: usize) -> Option<Tensor> {
+        let one = |i: usize| -> Vec<Tensor> {
+            args.iter().zip(mapped).map(|(a, &m)| if m { example(a, i) } else { a.clone() }).collect()
+        };
+        (b > 0).then(|| Tensor::stack(&(0..b).map(|i| f(&one(i))).collect::<Vec<_>>(), 0))
+    }
+
+    fn check(what: &str, got: &Tensor, want: Option<Tensor>, b: usize) {
+        match want {
+            Some(w) => assert!(close(got, &w, 1e-10), "{what}: {:?} vs {:?}", vals(got), vals(&w)),
+            None => assert_eq!(got.shape()[0], b, "{what}: an empty batch"),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// `vmap` of `conv2d` over its weights (and bias, and images too),
+        /// and per-example filter gradients by `vmap(grad)` (the issue:
+        /// both panicked, "cannot fold the batch"), against each example's
+        /// own convolution, eagerly and compiled.
+        #[test]
+        fn vmap_over_weights_and_per_example_filter_gradients(c in case()) {
+            let opts = c.opts();
+            let (x, w, bias) = (c.x(), c.w(), c.bias());
+            let x0 = if c.b > 0 { example(&x, 0) } else { Tensor::zeros(&x.shape()[1..], DType::F64) };
+            let conv = move |a: &[Tensor]| conv2d(&a[0], &a[1], Some(&a[2]), opts);
+            // Weights and bias mapped, images shared; then everything mapped.
+            for (mapped, images) in [([false, true, true], &x0), ([true, true, true], &x)] {
+                let axes: Vec<Option<usize>> = mapped.iter().map(|&m| m.then_some(0)).collect();
+                let args = vec![images.clone(), w.clone(), bias.clone()];
+                let batched = vmap_axes(move |a: Vec<Tensor>| vec![conv(&a)], &axes, &[0]);
+                let want = per_example(&conv, &args, &mapped, c.b);
+                check(&format!("eager {mapped:?}"), &batched(args.clone())[0], want.clone(), c.b);
+                let compiled = function(move |a: Vec<Tensor>| batched(a).remove(0));
+                check(&format!("compiled {mapped:?}"), &compiled.call(args).unwrap(), want, c.b);
+            }
+            // Per-example gradients with respect to shared weights.
+            let w0 = if c.b > 0 { example(&w, 0) } else { Tensor::zeros(&w.shape()[1..], DType::F64) };
+            let loss = move |a: &[Tensor]| {
+                let img = a[0].clone();
+                grad(move |w: &Tensor| conv2d(&img, w, None, opts).sin().sum_all())(&a[1])
+            };
+            let batched = vmap_axes(move |a: Vec<Tensor>| vec![loss(&a)], &[Some(0), None], &[0]);
+            let want = per_example(&loss, &[x.clone(), w0.clone()], &[true, false], c.b);
+            check("eager filter gradients", &batched(vec![x.clone(), w0.clone()])[0], want.clone(), c.b);
+            let compiled = function(move |a: Vec<Tensor>| batched(a).remove(0));
+            check("compiled filter gradients", &compiled.call(vec![x, w0]).unwrap(), want, c.b);
+        }
+    }
+}

@@ -139,8 +139,9 @@ pub fn gpt_loss_with(tok: &Tensor, p: &[Tensor], remat: Option<tracejit::autodif
     tracejit::nn::softmax_cross_entropy_with_logits(&logits, &targets).mean_all()
 }
 
-/// AdamW's hyperparameters (`bench_peers.py`'s `ADAMW`).
-const LR: f64 = 3e-4;
+/// AdamW's hyperparameters (`bench_peers.py`'s `ADAMW`): the learning
+/// rate (public: W10's tolerance is in units of it), then the rest.
+pub const LR: f64 = 3e-4;
 const BETA1: f64 = 0.9;
 const BETA2: f64 = 0.999;
 const EPS: f64 = 1e-8;
@@ -154,18 +155,26 @@ pub type GptArgs = (Tensor, Vec<Tensor>, Vec<Tensor>, Vec<Tensor>, Tensor);
 /// step (bias-corrected, decoupled weight decay) on every parameter.
 /// Returns the updated parameters, moments and step, then the loss.
 pub fn gpt_train_step(args: GptArgs) -> Vec<Tensor> {
-    gpt_train_step_with(args, None)
+    gpt_train_step_with(args, None, false)
+}
+
+/// W10 as one rank of a data-parallel job: its share of the batch, the
+/// gradients averaged over ranks (`distributed::average_gradients`, in
+/// buckets) before AdamW. In a world of one it is W10.
+pub fn gpt_train_step_data_parallel(args: GptArgs) -> Vec<Tensor> {
+    gpt_train_step_with(args, None, true)
 }
 
 /// W10c's closure: W10 with its blocks checkpointed (recomputed in the
 /// backward), to compare peak memory and time with W10.
 pub fn gpt_train_step_remat(args: GptArgs) -> Vec<Tensor> {
-    gpt_train_step_with(args, Some(tracejit::autodiff::CheckpointPolicy::NothingSaveable))
+    gpt_train_step_with(args, Some(tracejit::autodiff::CheckpointPolicy::NothingSaveable), false)
 }
 
 fn gpt_train_step_with(
     (tok, params, m, v, step): GptArgs,
     remat: Option<tracejit::autodiff::CheckpointPolicy>,
+    data_parallel: bool,
 ) -> Vec<Tensor> {
     let tape = tracejit::GradientTape::new();
     for p in &params {
@@ -174,6 +183,12 @@ fn gpt_train_step_with(
     let loss = gpt_loss_with(&tok, &params, remat);
     let refs: Vec<&Tensor> = params.iter().collect();
     let grads = tape.gradient(&loss, &refs).expect("every parameter is differentiable");
+    let grads = if data_parallel {
+        let g: Vec<Tensor> = grads.into_iter().map(|g| g.expect("every parameter reaches the loss")).collect();
+        tracejit::distributed::average_gradients(&g).into_iter().map(Some).collect()
+    } else {
+        grads
+    };
     let step = step + 1.0;
     let c1 = -(Tensor::full(&[], BETA1, step.dtype()).pow(&step)) + 1.0;
     let c2 = -(Tensor::full(&[], BETA2, step.dtype()).pow(&step)) + 1.0;

@@ -20,24 +20,33 @@ pub struct Tolerance {
     pub rtol: f64,
     /// Relative to the largest magnitude in the eager output.
     pub atol: f64,
+    /// Absolute, per element: the most one element may legitimately move
+    /// whatever the output's scale (AdamW's first step is `lr·g/(|g| +
+    /// eps)`, so a gradient within rounding of 0 may flip its sign: `2·lr`
+    /// in the updated parameter, however small the parameters are).
+    pub abs: f64,
 }
 
 impl Tolerance {
     /// Chains of exact ops (add, mul, matmul, relu): only rounding order and
     /// FMA contraction may differ.
-    pub const EXACT_CHAIN: Tolerance = Tolerance { rtol: 1e-5, atol: 1e-6 };
+    pub const EXACT_CHAIN: Tolerance = Tolerance { rtol: 1e-5, atol: 1e-6, abs: 0.0 };
     /// Transcendental-heavy code (tanh, exp, rsqrt, sigmoid), where the JIT
     /// may use polynomial approximations.
-    pub const TRANSCENDENTAL: Tolerance = Tolerance { rtol: 1e-4, atol: 1e-5 };
+    pub const TRANSCENDENTAL: Tolerance = Tolerance { rtol: 1e-4, atol: 1e-5, abs: 0.0 };
     /// Products in bf16 (8 significant bits) against the f32 result: errors
     /// up to a few 2⁻⁸ of the output's largest value; JAX's bf16 errors on
     /// these workloads are 4.5e-3 to 1.0e-2.
-    pub const BF16: Tolerance = Tolerance { rtol: 0.0, atol: 3e-2 };
+    pub const BF16: Tolerance = Tolerance { rtol: 0.0, atol: 3e-2, abs: 0.0 };
 }
 
 impl fmt::Display for Tolerance {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rtol {:e}, atol {:e} of the output's max |value|", self.rtol, self.atol)
+        write!(f, "rtol {:e}, atol {:e} of the output's max |value|", self.rtol, self.atol)?;
+        if self.abs > 0.0 {
+            write!(f, ", plus {:e} absolute", self.abs)?;
+        }
+        Ok(())
     }
 }
 
@@ -133,7 +142,7 @@ pub fn check_outputs(want: &[OutputValues], got: &[OutputValues], tol: Tolerance
                 return fail(format!("output {k}, element {i}: {b} where eager gives {a}"));
             }
             let err = (a - b).abs();
-            let allowed = tol.rtol * a.abs() + tol.atol * scale;
+            let allowed = tol.rtol * a.abs() + tol.atol * scale + tol.abs;
             if err > allowed {
                 return fail(format!(
                     "output {k}, element {i}: {b} where eager gives {a} (|error| {err:.3e} > allowed {allowed:.3e}; \

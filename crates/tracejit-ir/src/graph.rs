@@ -198,6 +198,12 @@ impl FunctionLibrary {
         self.funcs.iter()
     }
 
+    /// All functions with their ids, to change (a rewrite of every graph
+    /// of a program, such as rebinding its variables).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (FuncId, &mut LibraryFunction)> {
+        self.funcs.iter_mut()
+    }
+
     /// Number of functions.
     pub fn len(&self) -> usize {
         self.funcs.len()

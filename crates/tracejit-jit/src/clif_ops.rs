@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use cranelift_codegen::cursor::{Cursor, FuncCursor};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::immediates::{Ieee32, Ieee64};
-use cranelift_codegen::ir::{types, FuncRef, Inst, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_codegen::ir::{types, FuncRef, GlobalValue, Inst, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, UnaryOp};
 
@@ -59,12 +59,30 @@ pub(crate) struct Emit<'a, 'b> {
     pub helpers: HashMap<Helper, FuncRef>,
     /// The index of the loop being emitted, if any (see [`Emit::kmem`]).
     pub loop_index: Option<Value>,
+    /// The symbol of this kernel's vector constant table
+    /// ([`crate::code_image::KERNEL_CONSTS`]).
+    pub(crate) consts_symbol: GlobalValue,
+    /// Its address, once a constant was read (hoisted into the entry block).
+    pub(crate) consts_base: Option<Value>,
+    /// The patterns [`Emit::kmem`] read.
+    pub table: crate::const_table::ConstTable,
 }
 
 impl<'a, 'b> Emit<'a, 'b> {
     /// A new emitter; `entry_term` must be the entry block's last instruction.
-    pub fn new(b: &'a mut FunctionBuilder<'b>, entry_term: Inst, lane_bits: u32) -> Self {
-        Emit { b, entry_term, lane_bits, consts: HashMap::new(), helpers: HashMap::new(), loop_index: None }
+    /// `consts_symbol` is the global value of the kernel's constant table.
+    pub fn new(b: &'a mut FunctionBuilder<'b>, entry_term: Inst, lane_bits: u32, consts_symbol: GlobalValue) -> Self {
+        Emit {
+            b,
+            entry_term,
+            lane_bits,
+            consts: HashMap::new(),
+            helpers: HashMap::new(),
+            loop_index: None,
+            consts_symbol,
+            consts_base: None,
+            table: Default::default(),
+        }
     }
 
     /// Number of lanes of a vector in this kernel.
@@ -113,32 +131,6 @@ impl<'a, 'b> Emit<'a, 'b> {
         let v = if ty.is_vector() { pos.ins().splat(ty, s) } else { s };
         self.consts.insert((ty, bits), v);
         v
-    }
-
-    /// A constant like [`Emit::kraw`], but a vector one is loaded from the
-    /// process-wide constant table at the point of use (see
-    /// [`crate::constpool`]), so that it costs no register across a loop.
-    /// For the many coefficients of the math approximations.
-    pub fn kmem(&mut self, ty: Type, bits: u64) -> Value {
-        if !ty.is_vector() {
-            return self.kraw(ty, bits);
-        }
-        let Some(entry) = crate::constpool::intern(crate::constpool::splat(ty.lane_bits(), bits)) else {
-            return self.kraw(ty, bits);
-        };
-        let mut base = self.kraw(types::I64, crate::constpool::base());
-        let mut flags = MemFlagsData::new().with_notrap().with_readonly().with_aligned();
-        if let Some(i) = self.loop_index {
-            // Inside a loop: a movable (pure) load is placed right before
-            // its first use, where it folds into that instruction, but a
-            // loop-invariant one would be hoisted out of the loop again. An
-            // address that depends on the index (`i >> 63` is 0, the index
-            // is never negative) keeps it in.
-            let zero = self.b.ins().ushr_imm_s(i, 63);
-            base = self.b.ins().iadd(base, zero);
-            flags = flags.with_can_move();
-        }
-        self.b.ins().load(ty, flags, base, (entry * 16) as i32)
     }
 
     /// A float constant of `dtype` in `mode`.

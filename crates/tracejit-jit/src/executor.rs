@@ -208,6 +208,33 @@ impl Executable {
         v
     }
 
+    /// The compile cache entries ([`crate::compile_cache`]) of every
+    /// generated kernel this executable and the executables it calls run,
+    /// each once: what an artifact embeds so that loading it compiles
+    /// nothing ([`crate::compile_cache::preload_entry`]).
+    pub fn kernel_entries(&self) -> Vec<Arc<[u8]>> {
+        let mut out: Vec<Arc<[u8]>> = Vec::new();
+        self.collect_entries(&mut out);
+        out
+    }
+
+    fn collect_entries(&self, out: &mut Vec<Arc<[u8]>>) {
+        for s in &self.schedule.steps {
+            match &s.kind {
+                StepKind::Region(r) => {
+                    if let Some(e) = r.kernel_entry() {
+                        if !out.iter().any(|o| Arc::ptr_eq(o, e) || o[..] == e[..]) {
+                            out.push(e.clone());
+                        }
+                    }
+                }
+                StepKind::Call(e) => e.collect_entries(out),
+                StepKind::Cond(subs) | StepKind::While(subs, ..) => subs.iter().for_each(|e| e.collect_entries(out)),
+                _ => {}
+            }
+        }
+    }
+
     /// Number of fused regions in the schedule (for stats and tests).
     pub fn num_regions(&self) -> usize {
         self.schedule.steps.iter().filter(|s| matches!(s.kind, StepKind::Region(_))).count()

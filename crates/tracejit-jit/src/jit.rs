@@ -1,26 +1,27 @@
-//! Ownership of generated code. Cranelift frees JIT code only a whole
-//! `JITModule` at a time, so every compiled kernel owns its own module: a
-//! [`KernelCode`] holds the module and the entry pointer together, frees the
-//! module's memory when dropped, and exposes the pointer only through an
-//! `unsafe` call that the region launcher wraps in a safe API. The host ISA
-//! (`opt_level = "speed"`, detected by `cranelift_native`) is built once, and
-//! the codegen `Context` / `FunctionBuilderContext` are reused per thread.
+//! Compiling kernels and owning their code. Cranelift compiles a kernel to
+//! a relocatable [`CodeImage`] (`kernel::build`); every image, fresh or read
+//! from the compile cache or an artifact, goes through the same path:
+//! bytes -> parsed image -> checked -> mapped by [`crate::loader`]. A
+//! [`KernelCode`] holds the mapping and the entry pointer together, unmaps
+//! the code when dropped, and exposes the pointer only through an `unsafe`
+//! call that the region launcher wraps in a safe API. The host ISA
+//! (`opt_level = "speed"`, detected by `cranelift_native`) is built once per
+//! `avx512` setting, and the codegen `Context` / `FunctionBuilderContext`
+//! are reused per thread.
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
+use crate::analysis::Analysis;
+use crate::code_image::CodeImage;
+use crate::kernel::{self, Schedule};
+use crate::loader::LoadedCode;
+use crate::options::JitOptions;
+use crate::JitError;
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_codegen::Context;
 use cranelift_frontend::FunctionBuilderContext;
-use cranelift_jit::{JITBuilder, JITModule};
-use cranelift_module::Module;
-
-use crate::analysis::Analysis;
-use crate::helpers::Helper;
-use crate::kernel::{self, Schedule};
-use crate::options::JitOptions;
-use crate::JitError;
 
 /// The host ISA as Cranelift sees it, built once per `avx512` setting:
 /// without AVX-512 ([`JitOptions::avx512`] off) every `has_avx512*` flag
@@ -66,16 +67,17 @@ thread_local! {
         RefCell::new((Context::new(), FunctionBuilderContext::new()));
 }
 
-/// Machine code of one kernel and the module that owns it.
+/// Machine code of one kernel and the mapping that holds it.
 pub(crate) struct KernelCode {
-    module: Option<JITModule>,
+    /// The mapping `entry` points into, held for its drop; `None` for a
+    /// hand-written kernel (code of the binary itself).
+    _mapped: Option<LoadedCode>,
     entry: *const u8,
 }
 
-// SAFETY: after `finalize_definitions` the module is never used again except
-// to free it in `drop` (which has exclusive access); the code it owns is
-// immutable and the kernel is a pure function of its argument block, so the
-// entry pointer may be called from any thread concurrently.
+// SAFETY: the code is immutable once mapped, and the kernel is a pure
+// function of its argument block, so the entry pointer may be called from
+// any thread concurrently; the mapping is only freed by `drop`.
 unsafe impl Send for KernelCode {}
 // SAFETY: see `Send`.
 unsafe impl Sync for KernelCode {}
@@ -84,7 +86,16 @@ impl KernelCode {
     /// A hand-written kernel (`crate::native`): a Rust function with the
     /// generated kernels' signature and argument block.
     pub(crate) fn native(entry: *const u8) -> KernelCode {
-        KernelCode { module: None, entry }
+        KernelCode { _mapped: None, entry }
+    }
+
+    /// The code of an image in the wire format: parsed, checked against
+    /// this process's symbols and mapped; the error names what is wrong.
+    pub(crate) fn load(bytes: &[u8]) -> Result<KernelCode, String> {
+        let image = CodeImage::from_bytes(bytes).map_err(|e| e.to_string())?;
+        let mapped = crate::loader::load(&image)?;
+        let entry = mapped.entry();
+        Ok(KernelCode { _mapped: Some(mapped), entry })
     }
 
     /// Runs the kernel on an argument block laid out as `kernel` documents.
@@ -94,46 +105,50 @@ impl KernelCode {
     /// Every pointer in `args` must be valid for the rows, strides and inner
     /// extent it describes, and output buffers must not alias inputs.
     pub(crate) unsafe fn call(&self, args: &[i64]) {
-        // SAFETY: `entry` is the finalized address of a function with this
-        // signature, alive as long as `self.module`.
+        // SAFETY: `entry` is the address of a function with this signature,
+        // mapped as long as `self._mapped` (or part of the binary).
         let f: extern "C" fn(*const i64) = unsafe { std::mem::transmute(self.entry) };
         f(args.as_ptr());
     }
 }
 
-impl Drop for KernelCode {
-    fn drop(&mut self) {
-        if let Some(m) = self.module.take() {
-            // SAFETY: the only pointer into this module is `self.entry`, which
-            // dies with `self`.
-            unsafe { m.free_memory() };
-        }
-    }
-}
-
-/// Compiles the kernel of `an` into a fresh module.
-pub(crate) fn compile(an: &Analysis, sch: &Schedule, opts: &JitOptions) -> Result<KernelCode, JitError> {
-    let mut jb = JITBuilder::with_isa(isa(opts.avx512)?, cranelift_module::default_libcall_names());
-    for h in Helper::ALL {
-        jb.symbol(h.name(), h.address());
-    }
-    for (name, address) in crate::chunks::symbols() {
-        jb.symbol(name, address);
-    }
-    let mut module = JITModule::new(jb);
-    let id = CONTEXTS.with(|c| {
+/// Compiles the kernel of `an` and loads it; also returns the image's
+/// bytes (what the compile cache and artifacts store).
+pub(crate) fn compile(an: &Analysis, sch: &Schedule, opts: &JitOptions) -> Result<(KernelCode, Vec<u8>), JitError> {
+    let isa = isa(opts.avx512)?;
+    let image = CONTEXTS.with(|c| {
         let mut c = c.borrow_mut();
         let (ctx, fctx) = &mut *c;
-        let r = kernel::build(an, sch, opts, &mut module, ctx, fctx, "kernel");
+        let r = kernel::build(an, sch, opts, &*isa, ctx, fctx);
         if r.is_err() {
-            module.clear_context(ctx);
+            ctx.clear();
         }
         r
     });
-    let id = id.map_err(|message| JitError::Codegen { key: an.key.to_string(), message })?;
-    module.finalize_definitions().map_err(|e| JitError::Codegen { key: an.key.to_string(), message: e.to_string() })?;
-    let entry = module.get_finalized_function(id);
-    Ok(KernelCode { module: Some(module), entry })
+    let codegen = |message: String| JitError::Codegen { key: an.key.to_string(), message };
+    let bytes = image.map_err(codegen)?.to_bytes();
+    // The same path as code read from disk: parse, check, map.
+    let code = KernelCode::load(&bytes).map_err(codegen)?;
+    Ok((code, bytes))
+}
+
+/// What the code of a kernel compiled under `opts` depends on besides the
+/// kernel's structure: Cranelift's target (triple and every ISA and shared
+/// flag, which name the CPU features it may use) and the vector code the
+/// options let kernels call (the chunk functions' widths). Two processes
+/// with equal descriptions compile identical code.
+pub(crate) fn target_description(opts: &JitOptions) -> Result<String, JitError> {
+    let isa = isa(opts.avx512)?;
+    let mut s = format!("{}", isa.triple());
+    for f in isa.isa_flags() {
+        s.push_str(&format!(" {}={}", f.name, f.value_string()));
+    }
+    s.push_str(" |");
+    for f in isa.flags().iter() {
+        s.push_str(&format!(" {}={}", f.name, f.value_string()));
+    }
+    s.push_str(&format!(" | kernels {:?}", opts.isa().features()));
+    Ok(s)
 }
 
 #[cfg(test)]

@@ -39,15 +39,21 @@
 use cranelift_entity::PrimaryMap;
 use std::collections::HashMap;
 
-use cranelift_codegen::ir::{types, AbiParam, FuncRef, InstBuilder, Signature, Value};
-use cranelift_codegen::Context;
+use cranelift_codegen::binemit::Reloc;
+use cranelift_codegen::control::ControlPlane;
+use cranelift_codegen::ir::immediates::Imm64;
+use cranelift_codegen::ir::{
+    types, AbiParam, ExtFuncData, ExternalName, FuncRef, GlobalValueData, InstBuilder, Signature, UserExternalName,
+    Value,
+};
+use cranelift_codegen::isa::TargetIsa;
+use cranelift_codegen::{Context, FinalizedRelocTarget};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_jit::JITModule;
-use cranelift_module::{FuncId, Linkage, Module};
 use tracejit_ir::tensor::ReduceOp;
 
 use crate::analysis::{Analysis, KernelKind, LNodeId, LOp};
 use crate::clif_ops::{mem, sty, Emit, Mode};
+use crate::code_image::{CodeImage, CodeReloc, KERNEL_CONSTS};
 use crate::helpers::Helper;
 use crate::options::JitOptions;
 
@@ -61,24 +67,27 @@ pub(crate) use abi::{ARG_SLOTS, FLAG_FINAL, FLAG_INIT};
 use scratch_plan::{is_heavy, lane_bits, ScratchId, Staged};
 pub(crate) use scratch_plan::{schedule, Schedule};
 
-/// Emits the kernel of `an` into `module` as function `name`.
+/// Compiles the kernel of `an` for `isa` into a relocatable [`CodeImage`]:
+/// helper and chunk functions are imported by name (user external names
+/// indexing the image's symbol list), vector constants go to the kernel's
+/// own table ([`crate::const_table`]).
 pub(crate) fn build(
     an: &Analysis,
     sch: &Schedule,
     opts: &JitOptions,
-    module: &mut JITModule,
+    isa: &dyn TargetIsa,
     ctx: &mut Context,
     fctx: &mut FunctionBuilderContext,
-    name: &str,
-) -> Result<FuncId, String> {
-    let ptr = module.target_config().pointer_type();
-    let call_conv = module.isa().default_call_conv();
+) -> Result<CodeImage, String> {
+    let ptr = isa.pointer_type();
+    let call_conv = isa.default_call_conv();
     let mut sig = Signature::new(call_conv);
     sig.params.push(AbiParam::new(ptr));
+    ctx.func.signature = sig;
 
-    let mut helper_ids = Vec::new();
-    // Every helper is declared: an unused import costs nothing, and which
+    // Every helper is imported: an unused import costs nothing, and which
     // ops call a helper is the lowering's decision alone.
+    let mut imports: Vec<(&'static str, Signature)> = Vec::new();
     for h in Helper::ALL {
         let mut hs = Signature::new(call_conv);
         hs.params.push(AbiParam::new(types::I32));
@@ -86,23 +95,42 @@ pub(crate) fn build(
             hs.params.push(AbiParam::new(sty(h.dtype())));
         }
         hs.returns.push(AbiParam::new(sty(h.dtype())));
-        let id = module.declare_function(h.name(), Linkage::Import, &hs).map_err(|e| e.to_string())?;
-        helper_ids.push((h, id));
+        imports.push((h.name(), hs));
     }
-
-    let mut chunk_ids = Vec::new();
     for &Staged { op, .. } in &sch.staged {
         let (fname, _) = crate::chunks::chunk_fn(op, opts).ok_or("a staged op lost its chunk function")?;
         let mut cs = Signature::new(call_conv);
         cs.params.push(AbiParam::new(ptr));
         cs.params.push(AbiParam::new(types::I64));
-        chunk_ids.push(module.declare_function(fname, Linkage::Import, &cs).map_err(|e| e.to_string())?);
+        imports.push((fname, cs));
     }
+    // Symbol `i` of the image is user external name `i`; the constant
+    // table's symbol comes last.
+    let mut names: Vec<&'static str> = imports.iter().map(|(n, _)| *n).collect();
+    names.push(KERNEL_CONSTS);
 
-    ctx.func.signature = sig.clone();
     let vector_bits = lane_bits(an);
-    {
+    let table = {
         let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
+        let mut refs: Vec<FuncRef> = Vec::new();
+        for (i, (_, s)) in imports.into_iter().enumerate() {
+            let signature = b.import_signature(s);
+            let name = b.func.declare_imported_user_function(UserExternalName { namespace: 0, index: i as u32 });
+            refs.push(b.import_function(ExtFuncData {
+                name: ExternalName::user(name),
+                signature,
+                colocated: false,
+                patchable: false,
+            }));
+        }
+        let table_name =
+            b.func.declare_imported_user_function(UserExternalName { namespace: 0, index: (names.len() - 1) as u32 });
+        let consts_symbol = b.create_global_value(GlobalValueData::Symbol {
+            name: ExternalName::user(table_name),
+            offset: Imm64::new(0),
+            colocated: false,
+            tls: false,
+        });
         let entry = b.create_block();
         b.append_block_params_for_function_params(entry);
         b.switch_to_block(entry);
@@ -142,12 +170,11 @@ pub(crate) fn build(
         let term = b.ins().jump(start, &[]);
         b.switch_to_block(start);
 
-        let mut e = Emit::new(&mut b, term, vector_bits.unwrap_or(32));
-        for (h, id) in &helper_ids {
-            let fref = module.declare_func_in_func(*id, e.b.func);
-            e.helpers.insert(*h, fref);
+        let mut e = Emit::new(&mut b, term, vector_bits.unwrap_or(32), consts_symbol);
+        for (h, fref) in Helper::ALL.iter().zip(&refs) {
+            e.helpers.insert(*h, *fref);
         }
-        let chunk_fns: Vec<FuncRef> = chunk_ids.iter().map(|id| module.declare_func_in_func(*id, e.b.func)).collect();
+        let chunk_fns: Vec<FuncRef> = refs[Helper::ALL.len()..].to_vec();
         let mut g = Gen {
             e,
             an,
@@ -173,24 +200,59 @@ pub(crate) fn build(
         };
         g.emit(rows, flags);
         g.e.b.ins().return_(&[]);
+        let table = std::mem::take(&mut g.e.table);
         drop(g);
         b.seal_all_blocks();
-        b.finalize(module.isa().frontend_config());
-    }
-    let id = module.declare_function(name, Linkage::Local, &sig).map_err(|e| e.to_string())?;
-    let dump = opts.dump;
-    if dump {
+        b.finalize(isa.frontend_config());
+        table
+    };
+    image_of(an, opts, isa, ctx, &names, table.into_patterns())
+}
+
+/// Compiles the function built in `ctx` and takes its code, constants and
+/// relocations (each named by `names[i]` for user external name `i`, or
+/// by a Cranelift library call's name).
+fn image_of(
+    an: &Analysis,
+    opts: &JitOptions,
+    isa: &dyn TargetIsa,
+    ctx: &mut Context,
+    names: &[&str],
+    consts: Vec<u128>,
+) -> Result<CodeImage, String> {
+    if opts.dump {
         ctx.set_disasm(true);
         eprintln!("== kernel {}\n{}", an.key, ctx.func.display());
     }
-    module.define_function(id, ctx).map_err(|e| format!("{e:?}"))?;
-    if dump {
-        if let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.clone()) {
+    // Import `i`'s name, by user external name reference (the function's
+    // parameters are out of reach while its compiled code is borrowed).
+    let user_names: HashMap<_, usize> =
+        ctx.func.params.user_named_funcs().iter().map(|(r, n)| (r, n.index as usize)).collect();
+    let compiled = ctx.compile(isa, &mut ControlPlane::default()).map_err(|e| format!("{:?}", e.inner))?;
+    if opts.dump {
+        if let Some(code) = &compiled.vcode {
             eprintln!("== machine code\n{code}");
         }
     }
-    module.clear_context(ctx);
-    Ok(id)
+    let mut relocs = Vec::new();
+    for r in compiled.buffer.relocs() {
+        let symbol = match &r.target {
+            FinalizedRelocTarget::ExternalName(ExternalName::User(u)) => {
+                let index = user_names.get(u).ok_or("a relocation names no import")?;
+                names.get(*index).ok_or("a relocation names no import")?.to_string()
+            }
+            FinalizedRelocTarget::ExternalName(ExternalName::LibCall(lc)) => lc.to_string(),
+            other => return Err(format!("unexpected relocation target {other:?}")),
+        };
+        if r.kind != Reloc::Abs8 || r.addend != 0 {
+            return Err(format!("unexpected relocation {:?} + {} to `{symbol}`", r.kind, r.addend));
+        }
+        relocs.push(CodeReloc { offset: r.offset, symbol });
+    }
+    relocs.sort_by_key(|r| r.offset);
+    let image = CodeImage { code: compiled.code_buffer().to_vec(), align: compiled.buffer.alignment, consts, relocs };
+    ctx.clear();
+    Ok(image)
 }
 
 /// `n` rounded down to a multiple of `step` (a power of two), as

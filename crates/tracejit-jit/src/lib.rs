@@ -141,10 +141,13 @@
 //! options.
 
 mod analysis;
+mod cache_entry;
 mod chunks;
 mod clif_ops;
+mod code_image;
 pub mod codegen;
-mod constpool;
+pub mod compile_cache;
+mod const_table;
 mod dispatch;
 mod error;
 mod executor;
@@ -153,6 +156,7 @@ mod gemm_bf16;
 mod helpers;
 mod jit;
 mod kernel;
+mod loader;
 mod malloc;
 mod math;
 mod native;
@@ -163,6 +167,7 @@ mod row_blocks;
 mod scalar;
 mod schedule;
 mod spatial;
+pub mod wire;
 
 pub use analysis::MAX_CONST_ELEMENTS;
 pub use error::JitError;

@@ -95,6 +95,11 @@ pub(crate) struct KernelKey {
 }
 
 impl KernelKey {
+    /// The words, in order.
+    pub fn words(&self) -> &[u64] {
+        &self.words
+    }
+
     /// Appends one word.
     pub fn word(&mut self, w: u64) {
         self.words.push(w);

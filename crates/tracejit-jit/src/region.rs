@@ -52,6 +52,9 @@ pub(crate) struct Kernel {
     schedule: Schedule,
     /// The hand-written kernel's name when `code` is one (`crate::native`).
     native: Option<&'static str>,
+    /// The code as a compile cache entry (`crate::cache_entry`; `None` for
+    /// a hand-written kernel): what the cache directory and artifacts store.
+    entry: Option<Arc<[u8]>>,
 }
 
 /// Kernels by their structure and the options they were built with.
@@ -113,7 +116,9 @@ pub(crate) fn is_cached(an: &Analysis, opts: &JitOptions) -> bool {
     cache().lock().unwrap_or_else(|p| p.into_inner()).contains_key(&(an.key.clone(), *opts))
 }
 
-/// `an`'s kernel for `opts`: the cached one, or compiled and cached. The
+/// `an`'s kernel for `opts`: the cached one, or the persistent compile
+/// cache's or a loaded artifact's ([`crate::compile_cache`]), or compiled
+/// and cached (in memory and in the cache directory). The
 /// cache's lock is not held while Cranelift compiles, so regions compile
 /// in parallel (`codegen::graph_to_schedule`); when two threads compile the same key,
 /// the first to finish is kept and both return it.
@@ -124,16 +129,23 @@ pub(crate) fn cached_kernel(an: &Analysis, opts: &JitOptions) -> Result<Arc<Kern
     }
     let schedule = kernel::schedule(an, opts);
     let native = crate::native::kernel_for(an, opts);
-    let code = match native {
+    let (code, entry) = match native {
         Some((name, entry)) => {
             if opts.dump {
                 eprintln!("== kernel {}: the hand-written {name} (crate::native)", an.key);
             }
-            jit::KernelCode::native(entry)
+            (jit::KernelCode::native(entry), None)
         }
-        None => jit::compile(an, &schedule, opts)?,
+        None => match crate::compile_cache::lookup(&an.key, opts) {
+            Some((code, entry)) => (code, Some(entry)),
+            None => {
+                let (code, image) = jit::compile(an, &schedule, opts)?;
+                crate::compile_cache::count_miss();
+                (code, crate::compile_cache::store(&an.key, opts, &image))
+            }
+        },
     };
-    let k = Arc::new(Kernel { code, schedule, native: native.map(|n| n.0) });
+    let k = Arc::new(Kernel { code, schedule, native: native.map(|n| n.0), entry });
     Ok(cache().lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(k).clone())
 }
 
@@ -236,6 +248,11 @@ impl CompiledRegion {
     /// threads the same way.
     pub fn native_kernel(&self) -> Option<&'static str> {
         self.kernel.native
+    }
+
+    /// The kernel's compile cache entry (`None` for a hand-written one).
+    pub(crate) fn kernel_entry(&self) -> Option<&Arc<[u8]>> {
+        self.kernel.entry.as_ref()
     }
 
     /// Runs on concrete inputs (one per body param, in order); allocates and

@@ -12,6 +12,8 @@
 //!   geometry).
 //! - f64 operands, and empty ones (a batch of 0): the reference loops
 //!   (`tracejit_tensor::kernels`), as the interpreter runs them.
+//! - bf16 and f16 operands: widened to f32, the f32 path, each result
+//!   rounded back once (as the reference kernels compute them).
 //!
 //! A geometry the kernels reject cannot reach here: the step's types were
 //! inferred (and re-checked on concrete shapes where a dim was unknown),
@@ -45,6 +47,13 @@ pub(crate) fn kernel_name(op: &SpatialOp) -> &'static str {
 /// Runs `op` on `args` (checked against its type rule), its outputs'
 /// buffers from `pool`.
 pub(crate) fn run(op: &SpatialOp, args: &[&Storage], isa: Isa, pool: &mut BufPool) -> Vec<Storage> {
+    // bf16 / f16: the f32 kernels on the widened operands, each result
+    // rounded once (the reference kernels' rule, at the fast kernels' speed).
+    if let Some(low) = args.iter().map(|a| a.dtype()).find(|d| d.is_low_precision()) {
+        let wide: Vec<Storage> = args.iter().map(|a| kernels::cast(a, DType::F32)).collect();
+        let refs: Vec<&Storage> = wide.iter().collect();
+        return run(op, &refs, isa, pool).iter().map(|r| kernels::cast(r, low)).collect();
+    }
     // Empty tensors (a batch of 0) have nothing to compute, and the fast
     // kernels take positive sizes only.
     if args.iter().any(|a| a.dtype() != DType::F32 || a.is_empty()) {

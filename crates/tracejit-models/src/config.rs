@@ -114,7 +114,7 @@ impl BertConfig {
             max_position_embeddings: size("max_position_embeddings")?,
             type_vocab_size: if v.get("type_vocab_size").is_some() { size("type_vocab_size")? } else { 2 },
         };
-        if c.hidden_size % c.num_attention_heads != 0 {
+        if !c.hidden_size.is_multiple_of(c.num_attention_heads) {
             return Err(err(format!(
                 "`hidden_size` {} is not a multiple of `num_attention_heads` {}",
                 c.hidden_size, c.num_attention_heads

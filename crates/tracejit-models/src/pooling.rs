@@ -21,7 +21,7 @@ use tracejit::prelude::*;
 pub fn mean_pool(hidden: &Tensor, mask: &Tensor) -> Tensor {
     let m = mask.cast(DType::Bool).cast(hidden.dtype()).expand_dims(-1);
     let sum = (hidden * &m).sum(&[1], false);
-    let count = m.sum(&[1], false).maximum(&Tensor::full(&[], 1e-9, hidden.dtype()));
+    let count = m.sum(&[1], false).maximum(Tensor::full(&[], 1e-9, hidden.dtype()));
     sum / count
 }
 
@@ -37,6 +37,6 @@ pub fn mean_pool(hidden: &Tensor, mask: &Tensor) -> Tensor {
 /// ```
 #[track_caller]
 pub fn l2_normalize(x: &Tensor) -> Tensor {
-    let norm = x.square().sum(&[-1], true).sqrt().maximum(&Tensor::full(&[], 1e-12, x.dtype()));
+    let norm = x.square().sum(&[-1], true).sqrt().maximum(Tensor::full(&[], 1e-12, x.dtype()));
     x / norm
 }

@@ -430,6 +430,14 @@ pub fn write(path: impl AsRef<Path>, tensors: &BTreeMap<String, Tensor>) -> Resu
     write_atomically(path, &bytes).map_err(|e| CheckpointError::Io { path: e.path, action: e.action, source: e.source })
 }
 
+/// Named tensors as the bytes of a checksummed safetensors file (what
+/// [`write`] writes; [`read_bytes`] reads them back): for formats that hold
+/// a checkpoint inside a larger file (`tracejit::artifact`).
+pub fn tensors_to_bytes(tensors: &BTreeMap<String, Tensor>) -> Result<Vec<u8>, CheckpointError> {
+    serialize(tensors.iter().map(|(k, t)| (k.clone(), t.clone())).collect())
+        .map_err(|reason| CheckpointError::Serialize { path: std::path::PathBuf::from("<memory>"), reason })
+}
+
 /// The checks and the all-or-nothing update of [`restore`], over the bytes
 /// of a file (`path` is for messages).
 pub(crate) fn restore_from_bytes<M: Module + ?Sized>(

@@ -23,6 +23,7 @@ use tracejit_trace::Tensor;
 use crate::decl::{Composite, Native};
 
 mod native;
+mod wide;
 
 /// `tracejit.nn.scaled_dot_product_attention`.
 pub(crate) static ATTENTION: Composite = Composite::new(
@@ -60,8 +61,10 @@ pub(crate) static ATTENTION_GRAD: Composite = Composite::new(
 /// online softmax; the backward recomputes each tile's probabilities from
 /// the forward's log-sum-exp), eagerly and inside compiled functions, on
 /// the thread pool by (batch·head, tile); it agrees with the plain
-/// formula to about 1e-5 relative to the magnitudes summed. Other dtypes
-/// run the plain formula.
+/// formula to about 1e-5 relative to the magnitudes summed. bf16 and f16
+/// run it on their values widened to f32, each result rounded back; f64
+/// runs a kernel of its own that holds one row of scores per query. No
+/// path holds the `[Tq, Tk]` scores.
 ///
 /// ```
 /// use tracejit_trace::{DType, Tensor};
@@ -156,9 +159,13 @@ fn allowed(s: &Tensor, causal: &Tensor, mask: Option<&Tensor>) -> Option<Tensor>
     let dims = s.dims();
     let (tq, tk) = (dims[dims.len() - 2], dims[dims.len() - 1]);
     let pattern = match (tq, tk) {
+        // Positions as [tq, 1] and [1, tk] constants, compared by a
+        // broadcast: a [tq, tk] constant would sit in every trace of the
+        // composite (16 MiB at T = 4096) though the kernel never reads it.
         (Some(tq), Some(tk)) => {
-            let flags: Vec<bool> = (0..tq).flat_map(|i| (0..tk).map(move |j| j + tq <= i + tk)).collect();
-            Tensor::from_vec(flags, &[tq, tk])
+            let i = Tensor::arange(0.0, tq as f64, 1.0, DType::I64).reshape(&[tq as i64, 1]);
+            let j = Tensor::arange(0.0, tk as f64, 1.0, DType::I64).reshape(&[1, tk as i64]);
+            (j + tq as i64).le(&(i + tk as i64))
         }
         _ => causal_pattern_of_unknown(s),
     };

@@ -22,7 +22,7 @@ use crate::decl::Composite;
 /// gamma, beta, mean, var, eps)` with per-channel `[C]` statistics and a
 /// rank-0 `eps`. A composite (no native kernel: its body fuses) so that
 /// ONNX export can write it as one `BatchNormalization` node.
-pub(crate) static BATCH_NORM: Composite = Composite::new(
+pub static BATCH_NORM: Composite = Composite::new(
     "tracejit.nn.batch_norm",
     "batch_norm",
     |a, _| {
@@ -39,6 +39,29 @@ pub(crate) static BATCH_NORM: Composite = Composite::new(
     None,
     crate::samples::batch_norm,
 );
+
+/// How many values each channel's statistics average.
+enum Count {
+    /// Known while tracing (every dim but the channels' known).
+    Known(usize),
+    /// Only at run time: a `[C]` tensor of counts.
+    Unknown(Tensor),
+}
+
+/// The number of elements per channel of `x` (reduced over `axes`).
+fn batch_count(x: &Tensor, axes: &[i64]) -> Count {
+    let dims = x.dims();
+    let known: Option<usize> = axes.iter().map(|&a| dims[a as usize]).product();
+    match known {
+        Some(n) => Count::Known(n),
+        // A dim unknown while tracing: count at run time (ones of x's
+        // shape, summed; x == x or x != x is true everywhere).
+        None => {
+            let ones = x.eq(x).logical_or(x.ne(x)).cast(x.dtype());
+            Count::Unknown(ones.sum(axes, false))
+        }
+    }
+}
 
 /// `[C]` as `[1, C, 1, ..]` for a rank-`rank` input.
 fn per_channel(t: &Tensor, rank: usize) -> Tensor {
@@ -65,7 +88,8 @@ fn normalize(x: &Tensor, gamma: &Tensor, beta: &Tensor, centered: &Tensor, var: 
 ///   typically; PyTorch's `momentum=0.1` is `0.9` here). The moving
 ///   variance takes the **biased** batch variance, as TF/Keras and ONNX's
 ///   training mode do (PyTorch's `running_var` takes the unbiased one,
-///   larger by `n / (n - 1)`).
+///   larger by `n / (n - 1)`). An empty batch (no values per channel)
+///   leaves the moving values unchanged (its own output is empty).
 /// - inference: `mean` and `var` are the moving values, read.
 ///
 /// Eagerly the assignments happen at once; in a traced function they are
@@ -89,7 +113,8 @@ fn normalize(x: &Tensor, gamma: &Tensor, beta: &Tensor, centered: &Tensor, var: 
 /// # Panics
 /// When `x` has rank below 2, or `gamma`, `beta` or the moving variables
 /// are not `[C]` of `x`'s dtype (the message names `batch_norm` and the
-/// shapes).
+/// shapes), or `momentum` is outside `[0, 1]` or `eps` is negative or not
+/// finite (the message names the value).
 #[track_caller]
 #[expect(clippy::too_many_arguments, reason = "DESIGN.md's signature, as TF's and PyTorch's")]
 pub fn batch_norm(
@@ -104,6 +129,11 @@ pub fn batch_norm(
 ) -> Tensor {
     let dims = x.dims();
     assert!(dims.len() >= 2, "batch_norm: x must be [N, C, ...] (rank 2 or more), got rank {}", dims.len());
+    assert!(
+        (0.0..=1.0).contains(&momentum),
+        "batch_norm: momentum must be in [0, 1] (the weight of the old moving value), got {momentum}"
+    );
+    assert!(eps >= 0.0 && eps.is_finite(), "batch_norm: eps must be finite and >= 0, got {eps}");
     let c = dims[1];
     for (what, d, dtype) in [
         ("gamma", gamma.dims(), gamma.dtype()),
@@ -130,9 +160,17 @@ pub fn batch_norm(
         let mean = x.mean(&axes, true);
         let centered = x - &mean;
         let var = (&centered * &centered).mean(&axes, true);
+        let count = batch_count(x, &axes);
         let keep = |old: &Variable, batch: &Tensor| {
-            let new = old.read() * momentum + batch.reshape(&[-1]) * (1.0 - momentum);
-            old.assign(&new);
+            let prev = old.read();
+            let new = &prev * momentum + batch.reshape(&[-1]) * (1.0 - momentum);
+            // An empty batch has no statistics (its mean is 0/0): the
+            // moving values stay as they are.
+            match &count {
+                Count::Known(0) => {}
+                Count::Known(_) => old.assign(&new),
+                Count::Unknown(n) => old.assign(&Tensor::select(&n.gt(0.0), &new, &prev)),
+            }
         };
         keep(moving_mean, &mean);
         keep(moving_var, &var);

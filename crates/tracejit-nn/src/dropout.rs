@@ -144,7 +144,9 @@ pub fn dropout(x: &Tensor, p: f64, g: &Generator, training: bool) -> Tensor {
 /// Rows of `table` (`[vocab, d]`) picked by integer `ids` (any shape):
 /// `[..ids, d]`. Its gradient with respect to the table is a scatter-add
 /// of the cotangent rows (duplicate ids summed), not a dense one-hot
-/// product; an out-of-range id is an error. Plain SGD on that gradient in
+/// product. A negative id counts from the end, as ONNX `Gather` and numpy
+/// do (`-1` is the last row), so ids in `[-vocab, vocab)` are valid; an id
+/// outside is an error naming it. Plain SGD on that gradient in
 /// a compiled step subtracts the rows from the table's rows the ids name,
 /// in place (the `sparse_update` passes; `ScheduleStats::sparse_updates`
 /// counts it): the step costs the ids' rows, not the table. Adam and

@@ -80,7 +80,7 @@ pub mod random;
 mod samples;
 
 pub use attention::scaled_dot_product_attention;
-pub use batch_norm::batch_norm;
+pub use batch_norm::{batch_norm, BATCH_NORM};
 pub use bodies::Activation;
 pub use composites::{
     dense, gelu, layer_norm, layer_norm_grad, log_softmax, lstm_cell, softmax, softmax_cross_entropy_with_logits,

@@ -164,6 +164,13 @@ impl Generator {
             logits.dtype(),
             dims
         );
+        // Each row shifted so its maximum is 0: Gumbel noise (of order 1)
+        // added to logits of 1e30 or 3e7 would round away and leave the
+        // first maximal class always winning. A row whose maximum is not
+        // finite is left as it is (-inf everywhere, +inf or NaN).
+        let row_max = logits.max(&[1], true);
+        let zero = Tensor::zeros(&[], logits.dtype());
+        let logits = logits - Tensor::select(&row_max.is_finite(), &row_max, &zero);
         // u in [0, 1): -ln(-ln u) is Gumbel; u = 0 gives -inf (never the
         // argmax unless every class is -inf).
         let wide = logits.expand_dims(1);

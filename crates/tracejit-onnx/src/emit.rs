@@ -322,6 +322,20 @@ fn emit_node(
             let (values, indices) = (out(names, body, 0), out(names, body, 1));
             crate::windows::top_k(body, &x, *k, [&values, &indices]);
         }
+        // `tracejit::distributed`'s collectives (their names start with
+        // `tracejit_distributed::NODE_PREFIX`): a model file runs in one
+        // process, and leaving one out would change what the graph computes.
+        Op::Kernel { name, .. } if name.starts_with("tracejit.distributed.") => {
+            return Err(unsupported(
+                g,
+                id,
+                node,
+                format!(
+                    "`{name}` is a collective of tracejit::distributed, which ONNX cannot express; export the \
+                     function without it (the per-rank computation) and combine the ranks' results outside"
+                ),
+            ));
+        }
         // `tracejit::debug::print` and `callback`: an action with no
         // result, which ONNX cannot express; the model leaves it out.
         Op::Kernel { .. } if node.outputs.is_empty() => {}

@@ -19,7 +19,9 @@ use crate::body::{attr_float, attr_int, attr_ints, Body};
 /// constant of the calling graph (as `nn::batch_norm` passes it). `None`
 /// for another call, which exports as a local function.
 pub(crate) fn batch_norm_eps(g: &Graph, node: &Node, implements: &str) -> Option<f32> {
-    if implements != "tracejit.nn.batch_norm" || node.inputs.len() != 6 {
+    // The declaration's own name, not a copy of the string: a renamed
+    // composite cannot silently stop exporting as one node.
+    if implements != tracejit_nn::BATCH_NORM.name() || node.inputs.len() != 6 {
         return None;
     }
     let Op::Constant { value } = &g.node(node.inputs[5].node).op else { return None };

@@ -126,6 +126,26 @@ impl ConcreteFunction {
         self.jit_error.as_deref()
     }
 
+    /// The compiled kernels of this function as compile cache entries
+    /// (`tracejit_jit::compile_cache`), each once; empty when the
+    /// interpreter runs it. What an artifact embeds.
+    pub fn kernel_entries(&self) -> Vec<Arc<[u8]>> {
+        self.executable.as_ref().map(|e| e.kernel_entries()).unwrap_or_default()
+    }
+
+    /// How many symbolic tensors of an enclosing trace this function reads
+    /// (passed as extra inputs by calls from that trace); such a function
+    /// cannot stand alone.
+    pub fn implicit_input_count(&self) -> usize {
+        self.implicit_inputs.len()
+    }
+
+    /// The static (non-tensor) arguments this trace was made for, as their
+    /// Rust type names: they are part of the graph, not of its inputs.
+    pub fn static_type_names(&self) -> Vec<&'static str> {
+        self.statics.iter().map(|s| s.type_name()).collect()
+    }
+
     /// Ops the JIT executor runs with the reference kernels instead of
     /// compiled code (empty when every step is compiled or a GEMM).
     pub fn fallbacks(&self) -> Vec<String> {
@@ -299,9 +319,44 @@ impl ConcreteFunction {
         Ok(())
     }
 
+    /// The kernel registered for this function's `implements` name that
+    /// accepts `inputs`, for an eager call under a gradient tape (how
+    /// composites run while a tape records, so the tapes see the call):
+    /// the kernel a call of it in a graph becomes, where the body could
+    /// hold what the kernel never does (attention's `[Tq, Tk]` scores).
+    /// The tapes differentiate the call as before (by its registered
+    /// backward, else through its graph). `None` with no tape recording (a
+    /// direct call runs its graph).
+    fn composite_kernel(&self, inputs: &[Storage]) -> Option<Arc<dyn tracejit_ir::ExternalKernel>> {
+        if !crate::tape::recording() || self.attrs.implements.is_none() {
+            return None;
+        }
+        let types: Vec<TensorType> = inputs.iter().map(|s| TensorType::known(s.dtype(), s.shape())).collect();
+        tracejit_ir::registry::lookup(self.attrs.implements.as_deref()?, &types)
+    }
+
+    /// Runs `kernel` on `inputs` in place of the graph; its results must
+    /// fit the graph's outputs.
+    fn run_kernel(&self, kernel: &dyn tracejit_ir::ExternalKernel, inputs: &[Storage]) -> Result<Vec<Storage>> {
+        let outs = self.guarded(|| Ok(kernel.run(inputs, tracejit_kernels::Isa::from_env())))?;
+        let want: Vec<&TensorType> = self.optimized.outputs.iter().map(|v| self.optimized.value_type(*v)).collect();
+        let fits = outs.len() == want.len() && outs.iter().zip(&want).all(|(o, t)| t.accepts(o.dtype(), o.shape()));
+        if !fits {
+            let got: Vec<String> = outs.iter().map(|o| format!("{}{:?}", o.dtype(), o.shape())).collect();
+            return Err(Error::Run {
+                function: self.name.clone(),
+                message: format!("its registered kernel returned {got:?}, the body returns {want:?}"),
+            });
+        }
+        Ok(outs)
+    }
+
     /// Runs the optimized graph on eager values; a panic inside a kernel
     /// becomes an `Err`.
     pub(crate) fn execute(&self, inputs: &[Storage]) -> Result<Vec<Storage>> {
+        if let Some(kernel) = self.composite_kernel(inputs) {
+            return self.run_kernel(kernel.as_ref(), inputs);
+        }
         let run = || match &self.executable {
             Some(exe) => exe.run(inputs),
             None => interpret(&self.optimized, inputs),

@@ -4,8 +4,19 @@
 //! [`set_num_threads`] (or `TRACEJIT_NUM_THREADS`) sets how many threads
 //! large compiled kernels and matrix products share.
 //! [`set_mixed_precision`] runs every function's products in bf16.
+//! [`set_compile_cache`] (or `TRACEJIT_COMPILE_CACHE=dir`) keeps compiled
+//! kernels in a directory that later processes load instead of compiling;
+//! [`compile_cache_stats`] counts kernels found and compiled.
 
 use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The persistent compile cache (see `tracejit_jit::compile_cache`): a
+/// directory of compiled kernels keyed by the region, the CPU's features,
+/// the JIT options and the tracejit build, bounded by size with least
+/// recently used eviction (512 MiB by default).
+pub use tracejit_jit::compile_cache::{
+    compile_cache, compile_cache_stats, set_compile_cache, set_compile_cache_limit, CompileCacheStats,
+};
 
 use tracejit_tensor::DType;
 

@@ -297,7 +297,19 @@ pub(crate) fn values_in_current(ts: &[&Tensor]) -> Option<Vec<ValueId>> {
 fn apply_eager(op: Op, inputs: &[&Tensor], location: &'static Location<'static>) -> SmallVec<[Tensor; 1]> {
     let storages: SmallVec<[&Storage; 2]> = inputs.iter().map(|t| t.eager_storage()).collect();
     let types: SmallVec<[TensorType; 2]> = storages.iter().map(|s| TensorType::known(s.dtype(), s.shape())).collect();
-    let checked = infer(&op, &types, None).and_then(|outs| tracejit_ir::check_outputs_allocatable(&op, &types, &outs));
+    // The sizes are checked here, once, before any kernel runs: by the
+    // op's type rule (which the traced path runs too) and for the memory.
+    let checked = infer(&op, &types, None).and_then(|outs| {
+        // Known inputs give known outputs (an external kernel's declared
+        // types may leave dims to it); an unknown one would reach the
+        // kernel unchecked.
+        let unknown = outs.iter().find(|t| t.dims.iter().any(Option::is_none));
+        if let (Some(t), false) = (unknown, matches!(op, Op::Kernel { .. })) {
+            let message = format!("the result's shape {t} is not determined by the inputs' {types:?}");
+            return Err(tracejit_ir::OpError::new(op.name(), message));
+        }
+        tracejit_ir::check_outputs_allocatable(&op, &types, &outs)
+    });
     if let Err(e) = checked {
         match crate::eager::current_function() {
             Some(f) => panic!("{e} (while running function `{f}` eagerly, at {location})"),

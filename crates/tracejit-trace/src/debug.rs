@@ -9,6 +9,9 @@
 //! or drop it, and it runs in program order with variable reads and writes
 //! and the other debug nodes. Eagerly, both act at once.
 //!
+//! Inside `vmap` the callback sees the batched values (the batch axis in
+//! front), once per call of the mapped function, as `jax.debug.print`
+//! (a node whose arguments are all unmapped sees them as they are).
 //! Under `function(..).validate(true)` the interpreter runs the graph as
 //! well, so each node acts twice per call. ONNX export leaves the nodes
 //! out (ONNX has no printing).
@@ -49,6 +52,13 @@ impl ExternalKernel for DebugKernel {
 
     fn effects(&self) -> Effects {
         Effects::WRITES
+    }
+
+    // Under `vmap` the node is called once with the whole batch (its
+    // values with the batch axis in front), as `jax.debug.print` prints
+    // batched values.
+    fn maps_leading_axis(&self) -> bool {
+        true
     }
 }
 
@@ -110,8 +120,27 @@ fn callback_named(what: &'static str, args: &[&Tensor], f: impl Fn(&[Tensor]) + 
     }
     let inputs = args.iter().map(|t| t.tensor_type()).collect();
     let kernel: Arc<dyn ExternalKernel> = Arc::new(DebugKernel { what, f: Arc::new(f) });
-    let op = Op::Kernel { name: format!("tracejit.debug.{what}"), kernel, inputs, outputs: Vec::new() };
-    // After every variable access and debug node so far; later ones after it.
+    let op = Op::Kernel { name: format!("{PREFIX}{what}"), kernel, inputs, outputs: Vec::new() };
+    record(op, args);
+}
+
+/// The name prefix of the debug nodes' kernels.
+const PREFIX: &str = "tracejit.debug.";
+
+/// True for a debug node (`vmap` records its batched form with [`record`]).
+pub(crate) fn is_debug_node(op: &Op) -> bool {
+    matches!(op, Op::Kernel { name, .. } if name.starts_with(PREFIX))
+}
+
+/// Runs the debug node `op` on eager `args` now, or records it in the
+/// innermost trace after every variable access and debug node so far
+/// (later ones come after it).
+#[track_caller]
+pub(crate) fn record(op: Op, args: &[&Tensor]) {
+    if args.iter().all(|t| !t.is_symbolic()) && context::current_function().is_none() {
+        context::apply(op, args);
+        return;
+    }
     let control = context::all_variable_accesses();
     let (node, _) = context::record_in_current(op, args, &control).expect("a trace is active");
     context::note_barrier(node, std::iter::once(DEBUG_STREAM));

@@ -214,6 +214,25 @@ pub enum Error {
         /// The checkpoint layer's error.
         source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
     },
+    /// A collective or the start-up of a data-parallel job failed
+    /// (`tracejit::distributed`): its own error
+    /// (`tracejit::distributed::Error`, naming the rank), kept as the
+    /// source as [`Error::Export`] keeps the exporter's, so that
+    /// `distributed::init()?` works in a function returning `tracejit::Result`.
+    #[error("{source}")]
+    Distributed {
+        /// The distributed layer's error.
+        source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// An artifact could not be saved, loaded or called
+    /// (`tracejit::artifact`): that layer's own error
+    /// (`tracejit::artifact::Error`), kept as the source, as
+    /// [`Error::Export`] keeps the exporter's.
+    #[error("{source}")]
+    Artifact {
+        /// The artifact layer's error.
+        source: std::sync::Arc<dyn std::error::Error + Send + Sync>,
+    },
     /// An error from the IR (verifier or interpreter).
     #[error(transparent)]
     Ir(#[from] IrError),
@@ -227,11 +246,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// The error of a layer above this crate that this one wraps (the
-    /// exporter's or the checkpoint layer's), as its own type:
+    /// exporter's, the checkpoint layer's or the distributed layer's), as
+    /// its own type:
     /// `e.downcast_source::<tracejit::checkpoint::CheckpointError>()`.
     pub fn downcast_source<E: std::error::Error + 'static>(&self) -> Option<&E> {
         match self {
-            Error::Export { source, .. } | Error::Checkpoint { source } => source.downcast_ref::<E>(),
+            Error::Export { source, .. }
+            | Error::Checkpoint { source }
+            | Error::Distributed { source }
+            | Error::Artifact { source } => {
+                source.downcast_ref::<E>()
+            }
             Error::ArgumentCount { .. }
             | Error::ArgumentMismatch { .. }
             | Error::ImplementsName { .. }

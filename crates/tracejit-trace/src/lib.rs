@@ -20,6 +20,7 @@ mod custom;
 pub mod debug;
 mod eager;
 mod error;
+mod external;
 mod function;
 mod nest;
 mod operators;
@@ -41,6 +42,7 @@ pub use context::attributed_to;
 pub use control::{cond, fori_loop, while_loop, while_loop_with, CancelToken, WhileOptions, MAX_NESTING};
 pub use custom::{custom_gradient, custom_gradient_n};
 pub use error::{Error, Result};
+pub use external::{call_external, ExternalCall, ExternalVjp};
 pub use function::{function, CacheStats, Function, RetracePolicy, DEFAULT_MAX_TRACES};
 pub use nest::{
     nest_join_field, nest_paths, Flattener, Nest, SpecFlattener, SpecNest, Static, StaticValue, TensorSpec, Unflattener,

@@ -7,7 +7,12 @@
 //!   once per weight version (the packed form is kept while the variable's
 //!   buffer is the same, so an assignment re-quantizes on the next call).
 //! - Activations: int8 with one scale per row, computed at run time.
-//! - Everything else stays f32, and the result is f32.
+//! - Everything else stays f32, and the result is f32. That includes a
+//!   product with the weight on the left (`w @ x`: write `x @ wᵀ`, or
+//!   transpose around it) and a batched weight (rank above 2, one matrix
+//!   per batch entry): neither has per-output-column scales of one matrix,
+//!   so they are left as they are, and a function with only such products
+//!   is the "nothing to quantize" error, which names them.
 //!
 //! The error of each output is at most about `2⁻⁷` of the row's largest
 //! |activation| times the column's largest |weight| per term (the two

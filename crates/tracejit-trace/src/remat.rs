@@ -14,7 +14,12 @@
 //! backward reaches the block.
 //!
 //! Tensors the block captures (weights) get their gradients too: the
-//! block is traced once on a placeholder to find them. With
+//! block is traced once on a placeholder to find them. State is the
+//! forward's (see [`effects`]): the recomputation sees the values the
+//! forward read from variables — so it draws the forward's random
+//! numbers, and trainable variables read inside the block get their
+//! gradients through those values — and writes no variable (a batch
+//! norm's moving averages move, a generator advances, once). With
 //! [`CheckpointPolicy::DotsSaveable`] the products' outputs are kept from
 //! the forward and the recomputation reuses them, as JAX's
 //! `dots_saveable`.
@@ -26,6 +31,8 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 use tracejit_ir::{ExternalKernel, Op, TensorType};
 use tracejit_tensor::Storage;
+
+pub(crate) mod effects;
 
 use crate::context::{self, push_context, subgraph_context};
 use crate::tape::{self, GradientTape};
@@ -86,18 +93,28 @@ where
             return f(x);
         }
         let captures = captured_floats(&f, x);
-        let saved = Saved::run(policy, || tape::without_recording(|| f(x)));
-        let (y, dots) = saved;
+        let ((y, dots), reads) = effects::recording(|| Saved::run(policy, || tape::without_recording(|| f(x))));
         let out = y.with_new_id();
+        // The trainable reads are watched now, as the plain block's reads
+        // would have been: the tapes differentiate with respect to them.
+        let watched: Vec<Tensor> = reads
+            .iter()
+            .filter(|(v, t)| v.trainable() && t.dtype().is_float())
+            .map(|(v, t)| {
+                tape::record_variable_read(v, t);
+                t.clone()
+            })
+            .collect();
         let f = f.clone();
-        let n = captures.len();
+        let n = captures.len() + watched.len();
         let x_in = x.clone();
-        let caps = captures.clone();
+        let sources: Vec<Tensor> = captures.iter().chain(&watched).cloned().collect();
         let vjp = move |_: &[Tensor], outs: &[Tensor], cts: &[Option<Tensor>]| -> Result<Vec<Option<Tensor>>> {
             let Some(dy) = cts[0].clone() else { return Ok(vec![None; n + 1]) };
-            backward(&f, &x_in, &caps, &outs[0], &dy, dots.clone())
+            let forward = Forward { x: &x_in, sources: &sources, reads: &reads, y: &outs[0] };
+            backward(&f, &forward, &dy, dots.clone())
         };
-        let inputs: Vec<&Tensor> = std::iter::once(x).chain(captures.iter()).collect();
+        let inputs: Vec<&Tensor> = std::iter::once(x).chain(captures.iter()).chain(&watched).collect();
         tape::record_closure(
             std::rc::Rc::new(vjp),
             &inputs,
@@ -108,27 +125,41 @@ where
     }
 }
 
+/// What the backward needs of a block's forward.
+struct Forward<'a> {
+    /// The block's input.
+    x: &'a Tensor,
+    /// The other tensors differentiated: captured floats, then the values
+    /// of trainable variables the block read.
+    sources: &'a [Tensor],
+    /// Every variable read of the forward, replayed by the recomputation.
+    reads: &'a effects::Reads,
+    /// The block's output.
+    y: &'a Tensor,
+}
+
 /// The recomputation: the block again on a barrier'd input under a tape
-/// of its own, then the gradients of `sum(y · dy)` with respect to the
-/// input and the captured tensors.
+/// of its own, with the forward's variable reads (weights, generator
+/// states) replayed and no state written, then the gradients of
+/// `sum(y · dy)` with respect to the input, the captured tensors and the
+/// variable values read.
 fn backward(
     f: &dyn Fn(&Tensor) -> Tensor,
-    x: &Tensor,
-    captures: &[Tensor],
-    y: &Tensor,
+    fwd: &Forward<'_>,
     dy: &Tensor,
     dots: Option<Vec<Tensor>>,
 ) -> Result<Vec<Option<Tensor>>> {
-    let xb = barrier(x, dy);
+    let xb = barrier(fwd.x, dy);
     let inner = GradientTape::new();
     inner.watch(&xb);
-    for c in captures {
+    for c in fwd.sources {
         inner.watch(c);
     }
-    let y2 = match dots {
+    let y2 = effects::replaying(fwd.reads, || match dots {
         Some(dots) => replay(dots, || f(&xb)),
         None => f(&xb),
-    };
+    });
+    let y = fwd.y;
     if y2.tensor_type() != y.tensor_type() {
         return Err(Error::Gradient {
             message: format!(
@@ -139,7 +170,7 @@ fn backward(
         });
     }
     let target = (&y2 * dy).sum_all();
-    let sources: Vec<&Tensor> = std::iter::once(&xb).chain(captures.iter()).collect();
+    let sources: Vec<&Tensor> = std::iter::once(&xb).chain(fwd.sources.iter()).collect();
     inner.gradient(&target, &sources)
 }
 

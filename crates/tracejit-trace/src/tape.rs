@@ -266,7 +266,7 @@ pub(crate) fn call_variable_values(g: &Graph) -> CallVariables {
     for (vid, res) in g.variables.iter() {
         let read = g.nodes().any(|(_, n)| matches!(n.op, Op::ReadVariable { var, .. } if var == vid));
         if let (true, Some(v)) = (read, Variable::by_id(res.id())) {
-            vars.push((vid, v.read()));
+            vars.push((vid, v.read_live()));
         }
     }
     vars
@@ -301,7 +301,7 @@ pub(crate) fn record_control(
 ) {
     let vars: Vec<(u64, Tensor)> = autodiff::control_variables(op)
         .iter()
-        .filter_map(|res| Variable::by_id(res.id()).map(|v| (res.id(), v.read())))
+        .filter_map(|res| Variable::by_id(res.id()).map(|v| (res.id(), v.read_live())))
         .collect();
     push_entry(Recorded::Control(op.clone(), vars), inputs, outputs, Some(location));
 }

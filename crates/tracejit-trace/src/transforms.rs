@@ -14,6 +14,8 @@
 //! - `jacrev(f)` takes one VJP per output element, `jacfwd(f)` one JVP per
 //!   input element (a row or column at a time until `vmap` batches them),
 //!   so pick the one with the smaller count: `jacrev` for few outputs.
+//!   Each runs `f` once per call, so its effects (random draws, state
+//!   updates) happen once and every row or column sees the same ones.
 //! - `hessian(f)` is `jacrev(grad(f))`.
 
 use crate::tape::GradientTape;
@@ -77,18 +79,37 @@ pub fn jvp(f: impl Fn(&Tensor) -> Tensor, x: &Tensor, v: &Tensor) -> (Tensor, Te
         v.tensor_type(),
         x.tensor_type()
     );
-    let outer = GradientTape::new();
-    let inner = GradientTape::new();
-    inner.watch(x);
-    let y = f(x);
-    assert!(y.dtype().is_float(), "jvp: the function returns {}, not a float tensor", y.tensor_type());
-    // The cotangent the transposition differentiates against: its value
-    // does not matter (Jᵀu is linear in u), zeros are cheapest.
-    let u = Tensor::zeros_like(&y);
-    outer.watch(&u);
-    let jt_u = first_gradient(&inner, &(&y * &u).sum_all(), x, "jvp");
-    let jv = first_gradient(&outer, &(&jt_u * v).sum_all(), &u, "jvp");
-    (y, jv)
+    let t = Transposed::new(f, x, false, "jvp");
+    let jv = first_gradient(&t.outer, &(&t.jt_u * v).sum_all(), &t.u, "jvp");
+    (t.y, jv)
+}
+
+/// One run of `f` at `x` set up for forward mode by transposition:
+/// `jt_u = Jᵀu` for a watched `u`, so `J·v` is the gradient of
+/// `sum(jt_u · v)` with respect to `u` (one reverse pass per tangent `v`,
+/// however many tangents, with `f` and its effects run once).
+struct Transposed {
+    y: Tensor,
+    u: Tensor,
+    jt_u: Tensor,
+    /// The tape watching `u` (persistent when several tangents are asked).
+    outer: GradientTape,
+}
+
+impl Transposed {
+    fn new(f: impl Fn(&Tensor) -> Tensor, x: &Tensor, persistent: bool, what: &str) -> Transposed {
+        let outer = if persistent { GradientTape::persistent() } else { GradientTape::new() };
+        let inner = GradientTape::new();
+        inner.watch(x);
+        let y = f(x);
+        assert!(y.dtype().is_float(), "{what}: the function returns {}, not a float tensor", y.tensor_type());
+        // The cotangent the transposition differentiates against: its value
+        // does not matter (Jᵀu is linear in u), zeros are cheapest.
+        let u = Tensor::zeros_like(&y);
+        outer.watch(&u);
+        let jt_u = first_gradient(&inner, &(&y * &u).sum_all(), x, what);
+        Transposed { y, u, jt_u, outer }
+    }
 }
 
 /// The Jacobian by reverse mode: `jacrev(f)(x)` has shape `f(x)`'s dims
@@ -134,23 +155,18 @@ where
 {
     move |x: &Tensor| {
         let (n, in_dims) = known_dims(x, "jacfwd", "input");
-        let mut out_dims = None;
+        // `f` runs once (its draws and state updates happen once per call,
+        // as in jvp and jacrev); column j is the JVP along the j-th basis
+        // vector, the gradient of `(Jᵀu)[j]` with respect to `u`.
+        let t = Transposed::new(&f, x, true, "jacfwd");
+        let out_dims = known_dims(&t.y, "jacfwd", "output").1;
+        let flat = t.jt_u.reshape(&[n as i64]);
         let columns: Vec<Tensor> = (0..n)
             .map(|j| {
-                let basis = Tensor::arange(0.0, n as f64, 1.0, crate::DType::I64)
-                    .eq(j as i64)
-                    .cast(x.dtype())
-                    .reshape(&in_dims.iter().map(|&d| d as i64).collect::<Vec<_>>());
-                let (y, col) = jvp(&f, x, &basis);
-                out_dims.get_or_insert_with(|| known_dims(&y, "jacfwd", "output").1);
-                col
+                let entry = flat.slice_axis(0, j as i64, j as i64 + 1).sum_all();
+                first_gradient(&t.outer, &entry, &t.u, "jacfwd")
             })
             .collect();
-        let out_dims = match out_dims {
-            Some(d) => d,
-            // An empty input: the output's shape from one call.
-            None => known_dims(&f(x), "jacfwd", "output").1,
-        };
         // Columns stacked last: [out.., n], then the input's dims.
         let shape: Vec<i64> = out_dims.iter().chain(&in_dims).map(|&d| d as i64).collect();
         if columns.is_empty() {

@@ -24,6 +24,7 @@ use tracejit_ir::{AssignKind, NodeId, Op, VariableResource};
 use tracejit_tensor::{DType, Storage};
 
 use crate::context::{self, with_current};
+use crate::remat::effects;
 use crate::Tensor;
 
 static NEXT_VARIABLE: AtomicU64 = AtomicU64::new(1);
@@ -238,6 +239,13 @@ impl Variable {
         self.state.name()
     }
 
+    /// The variable as the IR's shared resource: what a graph's variable
+    /// table holds for it (`Graph::variables`), to bind a graph that was
+    /// read back from text to live variables (`tracejit::artifact`).
+    pub fn resource(&self) -> Arc<dyn tracejit_ir::VariableResource> {
+        self.state.clone()
+    }
+
     /// A process-unique id.
     pub fn id(&self) -> u64 {
         self.state.id
@@ -288,6 +296,24 @@ impl Variable {
     /// node ordered after the previous write.
     #[track_caller]
     pub fn read(&self) -> Tensor {
+        if effects::idle() {
+            return self.read_live();
+        }
+        // Inside a checkpoint: the recomputation sees the forward's value
+        // (the enclosing tapes track it already); the forward keeps it.
+        if let effects::Read::Replayed(value) = effects::read(self) {
+            return value;
+        }
+        let value = self.read_live();
+        effects::note_read(self, &value);
+        value
+    }
+
+    /// [`Variable::read`] of the current value, whatever checkpoint is
+    /// recording or replaying (tapes reading around a call use it: the
+    /// call reads the variable again when it runs again).
+    #[track_caller]
+    pub(crate) fn read_live(&self) -> Tensor {
         let value = if context::current_function().is_none() {
             self.value()
         } else {
@@ -339,12 +365,25 @@ impl Variable {
         if d.dtype() != self.state.dtype {
             panic!("fetch_add: variable `{}` holds {}, the delta is {}", self.name(), self.state.dtype, d.dtype());
         }
+        if !effects::idle() {
+            // A checkpoint's recomputation: the forward's old value, no add.
+            if let effects::Read::Replayed(old) = effects::read(self) {
+                return old;
+            }
+            if effects::writes_dropped() {
+                return self.value();
+            }
+        }
         let mut old = None;
         self.state.update(&mut |cur| {
             old = Some(cur.clone());
             tracejit_tensor::kernels::binary(tracejit_tensor::BinaryOp::Add, cur, &d)
         });
-        Tensor::from_storage(old.expect("update ran the closure"))
+        let old = Tensor::from_storage(old.expect("update ran the closure"));
+        if !effects::idle() {
+            effects::note_read(self, &old);
+        }
+        old
     }
 
     #[track_caller]
@@ -362,6 +401,10 @@ impl Variable {
                 self.state.dtype,
                 self.state.shape
             );
+        }
+        if !effects::idle() && effects::writes_dropped() {
+            // A checkpoint's recomputation: the forward wrote already.
+            return;
         }
         if context::current_function().is_none() {
             let v = value.eager_storage().clone();

@@ -214,6 +214,12 @@ impl Emitter for VmapEmitter {
     type Value = Tensor;
 
     fn emit(&mut self, op: Op, inputs: &[Tensor]) -> Result<Vec<Tensor>, AutodiffError> {
+        if crate::debug::is_debug_node(&op) {
+            // In program order with the other debug nodes and state.
+            let refs: Vec<&Tensor> = inputs.iter().collect();
+            crate::debug::record(op, &refs);
+            return Ok(Vec::new());
+        }
         TensorEmitter.emit(op, inputs)
     }
 

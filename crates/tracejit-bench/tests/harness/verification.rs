@@ -117,7 +117,11 @@ fn tolerances_leave_room_for_f32_rounding() {
         let Body::Runnable(case) = (spec.build)() else { continue };
         let f32_result = OutputValues::from_tensors(&case.eager_call().unwrap()).unwrap();
         let f64_result = OutputValues::from_tensors(&case.eager_call_f64().unwrap()).unwrap();
-        let half = Tolerance { rtol: spec.tolerance.rtol / 2.0, atol: spec.tolerance.atol / 2.0 };
+        let half = Tolerance {
+            rtol: spec.tolerance.rtol / 2.0,
+            atol: spec.tolerance.atol / 2.0,
+            abs: spec.tolerance.abs / 2.0,
+        };
         match tracejit_bench::check_outputs(&f64_result, &f32_result, half) {
             Ok(a) => {
                 eprintln!("{}: f32 vs f64 max abs {:.2e}, max rel {:.2e}", spec.name, a.max_abs_err, a.max_rel_err)

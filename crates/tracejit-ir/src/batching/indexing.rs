@@ -222,8 +222,8 @@ pub(super) fn random<E: BatchEmitter>(
     Ok(vec![(emit1(e, Op::Stack { axis: 0 }, &draws)?, Some(0))])
 }
 
-/// Which inputs of a spatial op carry the N axis (the rest are weights
-/// that must be shared), or `None` when the op sums over N (a filter
+/// Which inputs of a spatial op carry the N axis (the rest are weights,
+/// shared for this fold), or `None` when the op sums over N (a filter
 /// gradient) and so cannot fold the batch into it.
 fn spatial_data_inputs(sp: &SpatialOp, n_inputs: usize) -> Option<Vec<usize>> {
     match sp {
@@ -237,17 +237,27 @@ fn spatial_data_inputs(sp: &SpatialOp, n_inputs: usize) -> Option<Vec<usize>> {
 }
 
 /// A spatial op per example: the batch folds into N (`[B, N, C, H, W]` ->
-/// `[B*N, C, H, W]`), the op runs once, and N unfolds again. Weights
-/// must be shared.
-pub(super) fn spatial<E: BatchEmitter>(e: &mut E, sp: &SpatialOp, args: &[Batched<E::Value>]) -> Outs<E::Value> {
-    let refuse = |why: &str| BatchError::Unsupported { op: sp.name().into(), message: why.into() };
-    let data = spatial_data_inputs(sp, args.len())
-        .ok_or_else(|| refuse("a filter gradient sums over the images, so it cannot fold the batch into them"))?;
+/// `[B*N, C, H, W]`), the op runs once, and N unfolds again. With the
+/// weights mapped, or for a filter gradient (which sums over N), the
+/// batch folds into the channels as groups instead ([`super::grouped`]).
+pub(super) fn spatial<E: BatchEmitter>(
+    e: &mut E,
+    sp: &SpatialOp,
+    args: &[Batched<E::Value>],
+    size: Option<usize>,
+) -> Outs<E::Value> {
+    let Some(data) = spatial_data_inputs(sp, args.len()) else {
+        return super::grouped::spatial(e, sp, args, size);
+    };
     if args.iter().enumerate().any(|(i, (_, b))| b.is_some() && !data.contains(&i)) {
-        return Err(refuse("the weights differ per example; only the images may be mapped"));
+        return super::grouped::spatial(e, sp, args, size);
     }
     let size = args.iter().find_map(|(v, b)| b.and_then(|a| e.value_type(v).dims[a]));
     let batch = size.ok_or_else(|| BatchError::UnknownSize { what: sp.name().into() })?;
+    if batch == 0 {
+        // No examples: a reshape could not recover N from 0 elements.
+        return super::grouped::empty(e, sp, args);
+    }
     let mut inputs = Vec::with_capacity(args.len());
     for (i, (v, b)) in args.iter().enumerate() {
         if !data.contains(&i) {

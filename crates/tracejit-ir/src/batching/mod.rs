@@ -47,6 +47,7 @@
 
 mod control;
 mod ghost;
+mod grouped;
 mod helpers;
 mod indexing;
 mod rules;

@@ -73,7 +73,7 @@ pub fn batch_rule<E: BatchEmitter>(
         Op::DynamicSlice { sizes } => indexing::dynamic_slice(e, args, sizes, size),
         Op::DynamicUpdateSlice => indexing::dynamic_update_slice(e, args, size),
         Op::Random { dist, dtype, shape } => indexing::random(e, args, *dist, *dtype, shape.as_deref(), size),
-        Op::Spatial(sp) => indexing::spatial(e, sp, args),
+        Op::Spatial(sp) => indexing::spatial(e, sp, args, size),
         Op::Call { func } => {
             let callee = graph.library.try_get(*func).ok_or_else(|| {
                 BatchError::Request(format!("a call of {func} that `{}`'s library does not hold", graph.name))

@@ -8,7 +8,7 @@
 //! input channels per group (1 group), got x f32[2, 4, 8, 8]`).
 
 use smallvec::smallvec;
-use tracejit_tensor::{Conv2dAttrs, DType, Pool2dAttrs, SpatialOp};
+use tracejit_tensor::{Conv2dAttrs, Pool2dAttrs, SpatialOp};
 
 use super::*;
 use crate::TensorType;
@@ -113,10 +113,11 @@ fn agree(a: Dim, b: Dim) -> bool {
 }
 
 fn float(what: &str, t: &TensorType) -> Result<(), String> {
-    if matches!(t.dtype, DType::F32 | DType::F64) {
+    // bf16 and f16 compute in f32 and round each result, as every op does.
+    if t.dtype.is_float() {
         Ok(())
     } else {
-        Err(format!("{what} must be f32 or f64, got {t}"))
+        Err(format!("{what} must be a float tensor (f32, f64, bf16 or f16), got {t}"))
     }
 }
 

@@ -2,7 +2,7 @@
 //! and random families: gather_elements, scatter_add, dynamic_slice,
 //! dynamic_update_slice, pad, cumsum, top_k and the random draws.
 
-use smallvec::smallvec;
+use smallvec::{smallvec, SmallVec};
 use tracejit_tensor::DType;
 
 use super::*;
@@ -97,8 +97,21 @@ pub(super) fn pad(pads: &[(usize, usize)], inputs: &[TensorType]) -> Result<Outp
     if pads.len() != x.rank() {
         return Err(format!("expected one (before, after) pair per axis of {x}, got {}", pads.len()));
     }
-    let dims = x.dims.iter().zip(pads).map(|(d, &(lo, hi))| d.and_then(|d| d.checked_add(lo)?.checked_add(hi)));
-    one(TensorType { dtype: x.dtype, dims: dims.collect() })
+    let mut dims = SmallVec::with_capacity(x.rank());
+    for (axis, (d, &(lo, hi))) in x.dims.iter().zip(pads).enumerate() {
+        // An unknown dim stays unknown (checked again at run time, when
+        // it is known); a known one must not overflow.
+        let padded = match d {
+            Some(d) => Some(
+                d.checked_add(lo)
+                    .and_then(|n| n.checked_add(hi))
+                    .ok_or_else(|| format!("the size of axis {axis} overflows: {d} + {lo} + {hi} (padding {x})"))?,
+            ),
+            None => None,
+        };
+        dims.push(padded);
+    }
+    one(TensorType { dtype: x.dtype, dims })
 }
 
 pub(super) fn cumsum(axis: usize, inputs: &[TensorType]) -> Result<Outputs, String> {

@@ -1,6 +1,7 @@
 //! The native kernels of the attention composites: the argument checks,
 //! broadcasting of the leading axes and the mask's strides around
-//! `tracejit_kernels::attention::{forward, backward}`.
+//! `tracejit_kernels::attention::{forward, backward}` (f32; bf16 and f16
+//! widened to it and rounded back; f64 in [`super::wide`]).
 
 use std::borrow::Cow;
 
@@ -9,43 +10,57 @@ use tracejit_kernels::Isa;
 use tracejit_tensor::{DType, Storage};
 use tracejit_trace::{Tensor, TensorSpec};
 
-/// `q, k, v` f32 of rank ≥ 2, `scale` an f32 scalar, `causal` a bool
-/// scalar, then `extra` f32 operands of rank ≥ 1 (the backward's `out`,
-/// `lse`, `dout`), then an optional bool mask.
-fn accepts_with(s: &[TensorSpec], extra: usize) -> bool {
+/// `q, k, v` of rank ≥ 2, `scale` a scalar and then `extra` operands of
+/// rank ≥ 1 (the backward's `out`, `lse`, `dout`), all of one float dtype
+/// among `dtypes`; `causal` a bool scalar; then an optional bool mask.
+fn accepts_with(s: &[TensorSpec], extra: usize, dtypes: &[DType]) -> bool {
     let base = 5 + extra;
     if s.len() != base && s.len() != base + 1 {
         return false;
     }
-    let f32_rank2 = |t: &TensorSpec| t.dtype() == DType::F32 && t.dims().len() >= 2;
-    s[..3].iter().all(f32_rank2)
-        && s[3].dtype() == DType::F32
+    let dtype = s[0].dtype();
+    let rank2 = |t: &TensorSpec| t.dtype() == dtype && t.dims().len() >= 2;
+    dtypes.contains(&dtype)
+        && s[..3].iter().all(rank2)
+        && s[3].dtype() == dtype
         && s[3].dims().is_empty()
         && s[4].dtype() == DType::Bool
         && s[4].dims().is_empty()
-        && s[5..base].iter().all(|t| t.dtype() == DType::F32 && !t.dims().is_empty())
+        && s[5..base].iter().all(|t| t.dtype() == dtype && !t.dims().is_empty())
         && s[base..].iter().all(|m| m.dtype() == DType::Bool)
 }
 
-/// The forward kernel's arguments (see [`accepts_with`]).
+/// The forward kernel's arguments (see [`accepts_with`]): f32, bf16 and
+/// f16 (through the f32 kernel, each result rounded), f64 (its own tiled
+/// kernel, [`super::wide`]).
 pub(super) fn forward_accepts(s: &[TensorSpec]) -> bool {
-    accepts_with(s, 0)
+    accepts_with(s, 0, &[DType::F32, DType::BF16, DType::F16, DType::F64])
 }
 
-/// The backward kernel's arguments (see [`accepts_with`]).
+/// The backward kernel's arguments (see [`accepts_with`]): f32, bf16 and
+/// f16 (through the f32 kernel), f64 (its own, [`super::wide`]).
 pub(super) fn backward_accepts(s: &[TensorSpec]) -> bool {
-    accepts_with(s, 3)
+    accepts_with(s, 3, &[DType::F32, DType::BF16, DType::F16, DType::F64])
+}
+
+/// `run` on `inputs` with its 16-bit float operands widened to f32, each
+/// f32 result rounded back to `low` (how every op computes bf16: in f32,
+/// rounded once).
+fn widened(inputs: &[Tensor], low: DType, run: impl FnOnce(&[Tensor]) -> Vec<Tensor>) -> Vec<Tensor> {
+    let wide: Vec<Tensor> =
+        inputs.iter().map(|t| if t.dtype() == low { t.cast(DType::F32) } else { t.clone() }).collect();
+    run(&wide).into_iter().map(|t| if t.dtype() == DType::F32 { t.cast(low) } else { t }).collect()
 }
 
 /// The sizes of one call, the leading axes broadcast.
-struct Geometry {
-    lead: Vec<usize>,
-    problem: Problem,
+pub(super) struct Geometry {
+    pub(super) lead: Vec<usize>,
+    pub(super) problem: Problem,
 }
 
 impl Geometry {
     /// From `(q, k, v, scale, causal)` and the mask, if any.
-    fn of(a: &[Tensor], mask: Option<&Tensor>) -> Geometry {
+    pub(super) fn of(a: &[Tensor], mask: Option<&Tensor>) -> Geometry {
         let (q, k, v, scale, causal) = (&a[0], &a[1], &a[2], &a[3], &a[4]);
         let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
         let split = |s: &[usize]| (s[..s.len() - 2].to_vec(), s[s.len() - 2], s[s.len() - 1]);
@@ -55,14 +70,14 @@ impl Geometry {
         if let Some(m) = mask.map(|m| m.shape()).filter(|m| m.len() > 2) {
             lead = broadcast(&lead, &m[..m.len() - 2]);
         }
-        let scale = scale.to_scalar::<f32>().expect("scale is an f32 scalar");
+        let scale = scale.cast(DType::F32).to_scalar::<f32>().expect("scale is a float scalar");
         let causal = causal.to_scalar::<bool>().expect("causal is a bool scalar");
         let batch = lead.iter().product();
         Geometry { lead, problem: Problem { batch, tq, tk, d, dv, scale, causal } }
     }
 
     /// `lead ++ tail`.
-    fn shape(&self, tail: &[usize]) -> Vec<usize> {
+    pub(super) fn shape(&self, tail: &[usize]) -> Vec<usize> {
         self.lead.iter().chain(tail).copied().collect()
     }
 }
@@ -157,7 +172,7 @@ impl<'a> Held<'a> {
 /// The mask's flags and strides: its leading axes broadcast to the call's
 /// only when they are not all 1; its own query and key axes kept, with
 /// stride 0 where they are 1.
-fn mask_of<'a>(m: &'a Tensor, g: &Geometry) -> (Cow<'a, [bool]>, [usize; 3]) {
+pub(super) fn mask_of<'a>(m: &'a Tensor, g: &Geometry) -> (Cow<'a, [bool]>, [usize; 3]) {
     let p = &g.problem;
     let mut shape = m.shape().to_vec();
     while shape.len() < 2 {
@@ -184,7 +199,11 @@ fn tensor(v: Vec<f32>, shape: &[usize]) -> Tensor {
 
 /// The forward: `(out [.., Tq, dv], lse [.., Tq])`.
 pub(super) fn forward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
-    forward_with(inputs, isa, attention::forward_strided)
+    match inputs[0].dtype() {
+        DType::F32 => forward_with(inputs, isa, attention::forward_strided),
+        DType::F64 => super::wide::forward(inputs),
+        low => widened(inputs, low, |w| forward_with(w, isa, attention::forward_strided)),
+    }
 }
 
 /// The forward with `q·kᵀ` and `P·v` on bf16 operands, f32 accumulation
@@ -215,6 +234,15 @@ fn forward_with(inputs: &[Tensor], isa: Isa, run: ForwardFn) -> Vec<Tensor> {
 /// The backward: `(dq, dk, dv)` in the shapes of `q`, `k` and `v` (summed
 /// over the leading axes they were broadcast along).
 pub(super) fn backward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+    match inputs[0].dtype() {
+        DType::F32 => backward_f32(inputs, isa),
+        DType::F64 => super::wide::backward(inputs),
+        low => widened(inputs, low, |w| backward_f32(w, isa)),
+    }
+}
+
+/// [`backward`] of f32 operands.
+fn backward_f32(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
     let g = Geometry::of(inputs, inputs.get(8));
     let p = g.problem;
     let q = Held::of(&inputs[0], &g.shape(&[p.tq, p.d]));
@@ -236,7 +264,7 @@ pub(super) fn backward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
 }
 
 /// `t` summed down to `like`'s shape (eager; a no-op without broadcasting).
-fn sum_to(t: Tensor, like: &Tensor) -> Tensor {
+pub(super) fn sum_to(t: Tensor, like: &Tensor) -> Tensor {
     if t.shape() == like.shape() {
         return t;
     }

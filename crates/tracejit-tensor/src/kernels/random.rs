@@ -102,9 +102,16 @@ pub(crate) fn random(dist: RandomDist, state: &Storage, shape: &[usize], dtype: 
                 RandomDist::Normal { .. } => s.normal_f32(0, &mut data, isa),
             }
             let (a, b) = (a as f32, b as f32);
-            let scale = if matches!(dist, RandomDist::Uniform { .. }) { b - a } else { b };
+            let uniform = matches!(dist, RandomDist::Uniform { .. });
+            let scale = if uniform { b - a } else { b };
             if (a, scale) != (0.0, 1.0) {
                 data.iter_mut().for_each(|x| *x = a + scale * *x);
+            }
+            if uniform && a < b && b.is_finite() {
+                // `a + (b - a)·u` rounds to `b` for u near 1 when `b - a`
+                // is small against `a` (1e8 + 10 in f32): keep `[a, b)`.
+                let top = below_f32(b).max(a);
+                data.iter_mut().filter(|x| **x >= b).for_each(|x| *x = top);
             }
             Storage::from_array(ArrayD::from_shape_vec(IxDyn(shape), data).expect("sized above"))
         }
@@ -114,9 +121,14 @@ pub(crate) fn random(dist: RandomDist, state: &Storage, shape: &[usize], dtype: 
                 RandomDist::Uniform { .. } => s.uniform_f64(0, &mut data, isa),
                 RandomDist::Normal { .. } => s.normal_f64(0, &mut data, isa),
             }
-            let scale = if matches!(dist, RandomDist::Uniform { .. }) { b - a } else { b };
+            let uniform = matches!(dist, RandomDist::Uniform { .. });
+            let scale = if uniform { b - a } else { b };
             if (a, scale) != (0.0, 1.0) {
                 data.iter_mut().for_each(|x| *x = a + scale * *x);
+            }
+            if uniform && a < b && b.is_finite() {
+                let top = below_f64(b).max(a);
+                data.iter_mut().filter(|x| **x >= b).for_each(|x| *x = top);
             }
             Storage::from_array(ArrayD::from_shape_vec(IxDyn(shape), data).expect("sized above"))
         }

@@ -4,15 +4,16 @@
 //! its weight and bias gradients one `conv2d_backward_filter`; those two
 //! are linear in each operand and their own VJPs are convolutions again
 //! (second derivatives). A max pool's gradient is `max_pool2d_backward`,
-//! an average pool's `avg_pool2d_backward`, whose adjoint is the average
-//! pool itself.
+//! whose adjoint in `dy` reads a tensor at each window's maximum (window
+//! slices, so forward mode through a max pool works); an average pool's
+//! is `avg_pool2d_backward`, whose adjoint is the average pool itself.
 //!
 //! The backward ops need the forward input's height and width (a strided
 //! convolution's output does not determine them) and the kernel's size:
 //! a gradient through an input of unknown height or width is an error
 //! naming the op (an unknown batch is fine).
 
-use tracejit_tensor::{BinaryOp, SpatialOp};
+use tracejit_tensor::{BinaryOp, DType, Pool2dAttrs, ReduceOp, SliceSpec, SpatialOp, UnaryOp};
 
 use super::{unsupported, B, R};
 use crate::autodiff::Emitter;
@@ -93,14 +94,13 @@ pub(super) fn spatial_vjp<E: Emitter>(
             let Some(g) = g else { return Ok(vec![None]) };
             vec![Some(spatial(b, SpatialOp::MaxPool2dBackward { pool }, &[inputs[0].clone(), g])?.remove(0))]
         }
-        SpatialOp::MaxPool2dBackward { .. } => {
-            if g.is_none() {
-                return Ok(vec![None, None]);
-            }
-            return Err(unsupported(
-                op,
-                "second derivatives through a max pool are not supported (differentiate the pool once)",
-            ));
+        SpatialOp::MaxPool2dBackward { pool } => {
+            // dx = Aᵀ dy routes dy to each window's maximum: linear in dy
+            // (its cotangent is A g, g read at the maxima: the max pool's
+            // JVP, what forward mode by transposition needs) and piecewise
+            // constant in x.
+            let Some(g) = g else { return Ok(vec![None, None]) };
+            vec![None, Some(max_pool_select(b, op, pool, &inputs[0], &g)?)]
         }
         SpatialOp::AvgPool2d { pool } => {
             let Some(g) = g else { return Ok(vec![None]) };
@@ -114,6 +114,92 @@ pub(super) fn spatial_vjp<E: Emitter>(
             vec![Some(spatial(b, SpatialOp::AvgPool2d { pool }, &[g])?.remove(0))]
         }
     })
+}
+
+/// `g` (of `x`'s shape) read at each window's maximum of `x`, the
+/// position `max_pool2d_backward` routes that window's `dy` to: the first
+/// maximum of the in-bounds values in row-major order, or the last NaN of
+/// a window holding NaN; an empty window reads nothing (0). Built from
+/// window slices of the padded `x` and `g` stacked on a fifth axis, so
+/// every op in it has its own derivatives.
+fn max_pool_select<E: Emitter>(
+    b: &mut B<'_, E>,
+    op: &Op,
+    pool: Pool2dAttrs,
+    x: &E::Value,
+    g: &E::Value,
+) -> R<E::Value> {
+    let [h, w] = hw(b, op, x, "the input's")?;
+    let (Some(oh), Some(ow)) = (pool.out_size(0, h), pool.out_size(1, w)) else {
+        return Err(unsupported(op, format!("the window {:?} does not fit the input {h}x{w}", pool.kernel)));
+    };
+    let dtype = b.ty(x).dtype;
+    let y = b.op(Op::Spatial(SpatialOp::MaxPool2d { pool }), std::slice::from_ref(x))?;
+    let y = b.op(Op::ExpandDims { axis: 4 }, &[y])?;
+    // Window (i, j) of output (oy, ox) reads padded row i + stride·oy: pad
+    // the bottom and right so that every window's slice is in range.
+    let extent = |axis: usize, out: usize| pool.kernel[axis] + pool.stride[axis] * (out - 1);
+    let after = |axis: usize, n: usize, out: usize| extent(axis, out).saturating_sub(pool.pad[axis] + n);
+    let pads = vec![(0, 0), (0, 0), (pool.pad[0], after(0, h, oh)), (pool.pad[1], after(1, w, ow))];
+    let pad = |b: &mut B<'_, E>, v: E::Value| b.op(Op::Pad { pads: pads.clone(), value: 0.0 }, &[v]);
+    let ones = super::true_like(b.e, x)?;
+    let ones = b.op(Op::Cast { to: dtype }, &[ones])?;
+    let (xp, gp, inside) = (pad(b, x.clone())?, pad(b, g.clone())?, pad(b, ones)?);
+    let mut parts = [Vec::new(), Vec::new(), Vec::new()];
+    for i in 0..pool.kernel[0] {
+        for j in 0..pool.kernel[1] {
+            let rows = SliceSpec {
+                start: Some(i as i64),
+                stop: Some((i + pool.stride[0] * (oh - 1) + 1) as i64),
+                step: pool.stride[0] as i64,
+            };
+            let cols = SliceSpec {
+                start: Some(j as i64),
+                stop: Some((j + pool.stride[1] * (ow - 1) + 1) as i64),
+                step: pool.stride[1] as i64,
+            };
+            let specs = vec![SliceSpec::FULL, SliceSpec::FULL, rows, cols];
+            for (part, v) in parts.iter_mut().zip([&xp, &gp, &inside]) {
+                part.push(b.op(Op::Slice { specs: specs.clone() }, std::slice::from_ref(v))?);
+            }
+        }
+    }
+    let [xs, gs, ins] = parts.map(|p| b.op(Op::Stack { axis: 4 }, &p));
+    let (xs, gs, ins) = (xs?, gs?, ins?);
+    let half = b.k(&ins, 0.5);
+    let inside = b.bin(BinaryOp::Gt, &ins, &half)?;
+    // The first in-bounds value equal to the window's maximum.
+    let equal = b.bin(BinaryOp::Eq, &xs, &y)?;
+    let equal = b.bin(BinaryOp::LogicalAnd, &equal, &inside)?;
+    let first = only_one(b, &equal, false)?;
+    // The last NaN, where the maximum is NaN.
+    let nan = b.un(UnaryOp::IsNan, &xs)?;
+    let nan = b.bin(BinaryOp::LogicalAnd, &nan, &inside)?;
+    let last = only_one(b, &nan, true)?;
+    let y_nan = b.un(UnaryOp::IsNan, &y)?;
+    let chosen = b.op(Op::Select, &[y_nan, last, first])?;
+    let picked = b.mask(&chosen, &gs)?;
+    b.op(Op::Reduce { op: ReduceOp::Sum, axes: vec![4], keepdims: false }, &[picked])
+}
+
+/// Where `hits` (bool, windows on axis 4) holds its first true value
+/// (`from_end`: its last).
+fn only_one<E: Emitter>(b: &mut B<'_, E>, hits: &E::Value, from_end: bool) -> R<E::Value> {
+    let count = b.op(Op::Cast { to: DType::F32 }, std::slice::from_ref(hits))?;
+    let rev = |b: &mut B<'_, E>, v: E::Value| {
+        if !from_end {
+            return Ok(v);
+        }
+        let mut specs = vec![SliceSpec::FULL; 5];
+        specs[4] = SliceSpec { start: None, stop: None, step: -1 };
+        b.op(Op::Slice { specs }, &[v])
+    };
+    let count = rev(b, count)?;
+    let running = b.op(Op::Cumsum { axis: 4 }, &[count])?;
+    let running = rev(b, running)?;
+    let one = b.k(&running, 1.0);
+    let at_one = b.bin(BinaryOp::Eq, &running, &one)?;
+    b.bin(BinaryOp::LogicalAnd, &at_one, hits)
 }
 
 /// The static (height, width) of a rank-4 value, or an error naming the
