@@ -51,17 +51,17 @@
 //! # Ok::<(), tracejit::Error>(())
 //! ```
 
+/// Ahead-of-time artifacts: `save(&cf, path)`, `load(path)` ->
+/// [`artifact::Artifact`] (`call`, `variables`), `save_artifact` (the
+/// `tracejit-artifact` crate): a compiled function shipped as one file and
+/// run without its closure.
+pub use tracejit_artifact as artifact;
 /// Data-parallel training over MPI: `init`, `World`, `all_reduce`,
 /// `broadcast`, `all_gather` (eagerly and as graph nodes, with gradients),
 /// `average_gradients` (bucketed, non-blocking), `set_timeout`,
 /// `set_bucket_bytes` (the `tracejit-distributed` crate; MPI with the
 /// cargo feature `mpi`, otherwise a world of one).
 pub use tracejit_distributed as distributed;
-/// Ahead-of-time artifacts: `save(&cf, path)`, `load(path)` ->
-/// [`artifact::Artifact`] (`call`, `variables`), `save_artifact` (the
-/// `tracejit-artifact` crate): a compiled function shipped as one file and
-/// run without its closure.
-pub use tracejit_artifact as artifact;
 pub use tracejit_ir as ir;
 /// Modules: the [`Module`] trait and derive, walks with paths, summaries
 /// (the `tracejit-module` crate; `#[derive(Module)]` names `tracejit::module`).

@@ -18,7 +18,7 @@
 //! traced modes trace the graph like any closure. The import itself
 //! happens when the inputs are built (not timed; `import_ms` measures it).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -26,7 +26,50 @@ use tracejit::onnx::Model;
 use tracejit::Tensor;
 
 use crate::transformer::gen;
-use crate::workloads::{Body, Case};
+use crate::verify::Tolerance;
+use crate::workloads::{Body, Case, Mode, WorkloadSpec};
+
+/// W15 `minilm_onnx`, W14 `resnet50`, W14b `resnet50_b8` (listed after W15
+/// `minilm` by [`crate::workloads::all`]; run only when a filter names
+/// them, [`crate::workloads::MODEL_WORKLOADS`]).
+pub fn specs() -> Vec<WorkloadSpec> {
+    vec![
+        WorkloadSpec {
+            id: "W15",
+            name: "minilm_onnx",
+            what: "W15 through the ONNX importer: minilm.onnx (PyTorch's export) on the same ids and mask, every \
+                   padded position computed as ONNX Runtime does -> [32, 384]",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "erf in GELU, exp in the attention, rsqrt in 13 layer norms; unit-vector outputs",
+            floor_bytes: None,
+            modes: &[Mode::Eager, Mode::TracedJit],
+            build: build_minilm_onnx,
+        },
+        WorkloadSpec {
+            id: "W14",
+            name: "resnet50",
+            what: "ResNet-50 through the ONNX importer (resnet50.onnx: opset 9, seeded weights), x [1, 3, 224, \
+                   224] -> softmax [1, 1000]; 4.09 G multiply-adds",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "sums of up to 4,608 products per convolution output over 53 layers; one-hot softmax",
+            floor_bytes: None,
+            // Eager convolutions run reference loops (seconds a call): the
+            // eager result is the reference, computed once, not a timed row.
+            modes: &[Mode::TracedJit],
+            build: build_resnet50,
+        },
+        WorkloadSpec {
+            id: "W14b",
+            name: "resnet50_b8",
+            what: "W14 at batch 8 (image 0 is W14's): x [8, 3, 224, 224] -> [8, 1000]",
+            tolerance: Tolerance::TRANSCENDENTAL,
+            tolerance_note: "as W14",
+            floor_bytes: None,
+            modes: &[Mode::TracedJit],
+            build: build_resnet50_b8,
+        },
+    ]
+}
 
 /// W14b's batch.
 pub const W14B_BATCH: usize = 8;
@@ -39,9 +82,16 @@ pub fn models_dir() -> PathBuf {
     PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/tracejit-peers/models")
 }
 
-/// The model file `name` imported, with the import's time in ms, or why not.
+/// The model file `name` of [`models_dir`] imported, with the import's
+/// time in ms, or why not.
 pub fn import(name: &str) -> Result<(Arc<Model>, f64), String> {
-    let path = models_dir().join(name);
+    import_from(&models_dir(), name)
+}
+
+/// The model file `dir/name` imported, with the import's time in ms, or
+/// why not (a missing file names itself and the script that makes it).
+pub fn import_from(dir: &Path, name: &str) -> Result<(Arc<Model>, f64), String> {
+    let path = dir.join(name);
     if !path.exists() {
         return Err(format!(
             "{} is missing: run shared/peers/models/make_models.py (or set TRACEJIT_PEERS_MODELS)",
@@ -66,8 +116,8 @@ fn first_output(model: &Model, inputs: &[Tensor]) -> Tensor {
     }
 }
 
-fn build_resnet(name: &'static str, batch: usize) -> Body {
-    let model = match import("resnet50.onnx") {
+fn build_resnet(dir: &Path, name: &'static str, batch: usize) -> Body {
+    let model = match import_from(dir, "resnet50.onnx") {
         Ok((m, _)) => m,
         Err(e) => return Body::Unavailable(e),
     };
@@ -76,17 +126,21 @@ fn build_resnet(name: &'static str, batch: usize) -> Body {
 
 /// W14: ResNet-50 at batch 1, softmax `[1, 1000]`.
 pub fn build_resnet50() -> Body {
-    build_resnet("resnet50", 1)
+    build_resnet(&models_dir(), "resnet50", 1)
 }
 
 /// W14b: ResNet-50 at batch 8.
 pub fn build_resnet50_b8() -> Body {
-    build_resnet("resnet50_b8", W14B_BATCH)
+    build_resnet(&models_dir(), "resnet50_b8", W14B_BATCH)
 }
 
 /// W15 `minilm_onnx`: `minilm.onnx` on W15's ids and mask, `[32, 384]`.
 pub fn build_minilm_onnx() -> Body {
-    let model = match import("minilm.onnx") {
+    build_minilm_onnx_from(&models_dir())
+}
+
+fn build_minilm_onnx_from(dir: &Path) -> Body {
+    let model = match import_from(dir, "minilm.onnx") {
         Ok((m, _)) => m,
         Err(e) => return Body::Unavailable(e),
     };
@@ -94,4 +148,40 @@ pub fn build_minilm_onnx() -> Body {
     Body::Runnable(Box::new(Case::new("minilm_onnx", (ids, mask), move |(ids, mask): (Tensor, Tensor)| {
         first_output(&model, &[ids, mask])
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unavailable_reason(body: Body) -> String {
+        match body {
+            Body::Unavailable(reason) => reason,
+            Body::Runnable(_) => panic!("a missing model file must make the row unavailable"),
+        }
+    }
+
+    #[test]
+    fn missing_files_make_the_rows_unavailable_naming_the_file_and_its_maker() {
+        let dir = std::env::temp_dir().join(format!("tracejit-bench-no-models-{}", std::process::id()));
+        for (body, file) in [
+            (build_resnet(&dir, "resnet50", 1), "resnet50.onnx"),
+            (build_resnet(&dir, "resnet50_b8", W14B_BATCH), "resnet50.onnx"),
+            (build_minilm_onnx_from(&dir), "minilm.onnx"),
+        ] {
+            let reason = unavailable_reason(body);
+            assert!(reason.contains(&dir.join(file).display().to_string()), "{reason}");
+            assert!(reason.contains("make_models.py"), "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_file_that_is_not_onnx_makes_the_row_unavailable_with_the_importers_error() {
+        let dir = std::env::temp_dir().join(format!("tracejit-bench-bad-models-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("resnet50.onnx"), b"not a protobuf").unwrap();
+        let reason = unavailable_reason(build_resnet(&dir, "resnet50", 1));
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(reason.contains("resnet50.onnx: "), "{reason}");
+    }
 }

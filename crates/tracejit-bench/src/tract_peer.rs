@@ -14,7 +14,9 @@
 use std::time::Instant;
 
 use tract_linalg::multithread::{multithread_tract_scope, Executor};
-use tract_onnx::prelude::{DatumType, Framework, InferenceFact, InferenceModelExt, Tensor as TractTensor, TractResult};
+use tract_onnx::prelude::{
+    DatumType, Framework, InferenceFact, InferenceModelExt, IntoRunnable, Tensor as TractTensor, TractResult,
+};
 
 use crate::measure::{measure, Budget};
 use crate::onnx_models::{images, import, models_dir, W14B_BATCH};

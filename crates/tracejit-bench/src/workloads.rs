@@ -196,9 +196,17 @@ pub struct WorkloadSpec {
 /// Bytes in a MiB.
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// Every workload, in order W1..W13b, then the micro rows ([`crate::micro`]).
+/// Every workload, in order W1..W13b, W15, then the real-model rows
+/// ([`crate::onnx_models`]: W15 `minilm_onnx`, W14, W14b), then the micro
+/// rows ([`crate::micro`]).
 pub fn all() -> Vec<WorkloadSpec> {
-    elementwise().into_iter().chain(networks()).chain(models()).chain(crate::micro::specs()).collect()
+    elementwise()
+        .into_iter()
+        .chain(networks())
+        .chain(models())
+        .chain(crate::onnx_models::specs())
+        .chain(crate::micro::specs())
+        .collect()
 }
 
 /// W1-W4: elementwise chains, softmax and layer norm.
@@ -381,47 +389,13 @@ fn models() -> Vec<WorkloadSpec> {
             modes: STANDARD_MODES,
             build: crate::minilm::build_minilm,
         },
-        WorkloadSpec {
-            id: "W15",
-            name: "minilm_onnx",
-            what: "W15 through the ONNX importer: minilm.onnx (PyTorch's export) on the same ids and mask, every \
-                   padded position computed as ONNX Runtime does -> [32, 384]",
-            tolerance: Tolerance::TRANSCENDENTAL,
-            tolerance_note: "erf in GELU, exp in the attention, rsqrt in 13 layer norms; unit-vector outputs",
-            floor_bytes: None,
-            modes: &[Mode::Eager, Mode::TracedJit],
-            build: crate::onnx_models::build_minilm_onnx,
-        },
-        WorkloadSpec {
-            id: "W14",
-            name: "resnet50",
-            what: "ResNet-50 through the ONNX importer (resnet50.onnx: opset 9, seeded weights), x [1, 3, 224, \
-                   224] -> softmax [1, 1000]; 4.09 G multiply-adds",
-            tolerance: Tolerance::TRANSCENDENTAL,
-            tolerance_note: "sums of up to 4,608 products per convolution output over 53 layers; one-hot softmax",
-            floor_bytes: None,
-            // Eager convolutions run reference loops (seconds a call): the
-            // eager result is the reference, computed once, not a timed row.
-            modes: &[Mode::TracedJit],
-            build: crate::onnx_models::build_resnet50,
-        },
-        WorkloadSpec {
-            id: "W14b",
-            name: "resnet50_b8",
-            what: "W14 at batch 8 (image 0 is W14's): x [8, 3, 224, 224] -> [8, 1000]",
-            tolerance: Tolerance::TRANSCENDENTAL,
-            tolerance_note: "as W14",
-            floor_bytes: None,
-            modes: &[Mode::TracedJit],
-            build: crate::onnx_models::build_resnet50_b8,
-        },
     ]
 }
 
 /// The real-model workloads (ONNX files): run only when a filter names
 /// them (`--filter W14`, `resnet50`, `minilm_onnx`, or `models` for all
 /// three), as `bench_peers.py` runs W14/W15 only when named.
-pub const MODEL_WORKLOADS: [&str; 3] = ["resnet50", "resnet50_b8", "minilm_onnx"];
+pub const MODEL_WORKLOADS: [&str; 3] = ["minilm_onnx", "resnet50", "resnet50_b8"];
 
 /// The workloads whose name contains `filter` (ASCII case-insensitive) or
 /// whose id is `filter` (`W3`); with `None` all but [`MODEL_WORKLOADS`],
@@ -669,8 +643,17 @@ mod tests {
                 "minilm"
             ]
         );
-        assert_eq!(names[16..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
+        assert_eq!(names[16..19], ["minilm_onnx", "resnet50", "resnet50_b8"], "then the real-model rows");
+        assert_eq!(names[19..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
         assert_eq!(selected(Some("gelu")).len(), 1);
+        // The real-model rows run only when named.
+        let names_of = |f: Option<&str>| selected(f).iter().map(|w| w.name).collect::<Vec<_>>();
+        assert!(!names_of(None).iter().any(|n| MODEL_WORKLOADS.contains(n)));
+        assert_eq!(names_of(None).len(), names.len() - MODEL_WORKLOADS.len());
+        assert_eq!(names_of(Some("models")), MODEL_WORKLOADS);
+        assert_eq!(names_of(Some("W14")), ["resnet50"]);
+        assert_eq!(names_of(Some("w14b")), ["resnet50_b8"]);
+        assert_eq!(names_of(Some("minilm")), ["minilm", "minilm_onnx"]);
         assert_eq!(selected(Some("w7"))[0].name, "lstm_cell");
         assert_eq!(selected(Some("mlp")).len(), 2);
     }

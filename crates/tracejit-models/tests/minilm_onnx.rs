@@ -24,9 +24,9 @@ use tracejit::Tensor;
 use tracejit_models::{Bert, SentenceEncoder};
 
 fn onnx_file() -> PathBuf {
-    let dir = std::env::var_os("TRACEJIT_PEERS_MODELS").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tracejit-peers/models")
-    });
+    let dir = std::env::var_os("TRACEJIT_PEERS_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tracejit-peers/models"));
     let path = dir.join("minilm.onnx");
     assert!(
         path.exists(),

@@ -254,9 +254,7 @@ impl Error {
             Error::Export { source, .. }
             | Error::Checkpoint { source }
             | Error::Distributed { source }
-            | Error::Artifact { source } => {
-                source.downcast_ref::<E>()
-            }
+            | Error::Artifact { source } => source.downcast_ref::<E>(),
             Error::ArgumentCount { .. }
             | Error::ArgumentMismatch { .. }
             | Error::ImplementsName { .. }
