@@ -17,7 +17,7 @@ fn the_contract_runs_in_a_world_of_one() -> tracejit::Result<()> {
     }
     assert_eq!(distributed::broadcast(&x, 0).to_vec::<f32>()?, x.to_vec::<f32>()?);
     assert_eq!(distributed::all_gather(&x, 0).shape(), [3]);
-    let g = distributed::average_gradients(&[x.clone()]);
+    let g = distributed::average_gradients(std::slice::from_ref(&x));
     assert_eq!(g[0].to_vec::<f32>()?, x.to_vec::<f32>()?);
     distributed::set_timeout(std::time::Duration::from_secs(60));
     distributed::set_bucket_bytes(distributed::DEFAULT_BUCKET_BYTES);

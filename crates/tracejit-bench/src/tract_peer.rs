@@ -4,9 +4,9 @@
 //! by default: tract's release build costs several CPU-minutes that the
 //! other workloads do not need).
 //!
-//! Per workload: the first call (load + `into_optimized` + `into_runnable`
-//! + run, as tracejit's first call counts import + trace + compile + run),
-//! then the median over the budget, and the largest difference from
+//! Per workload: the first call (load, `into_optimized`, `into_runnable`
+//! and a run, as tracejit's first call counts import, trace, compile and
+//! run), then the median over the budget, and the largest difference from
 //! tracejit's output on the same inputs (relative to its largest value).
 //! Threads: tract's matrix products run on a rayon pool of `--threads`
 //! threads (`tract_linalg::multithread`), one thread by default.

@@ -88,7 +88,7 @@ fn argmax(v: &[f32]) -> usize {
 
 fn check_model(name: &str) {
     let dir = models_dir();
-    let proto = ModelProto::decode(read(&dir.join(format!("{name}.onnx")).as_path()).as_slice()).expect("a model");
+    let proto = ModelProto::decode(read(dir.join(format!("{name}.onnx")).as_path()).as_slice()).expect("a model");
     let logits_pb = TensorProto::decode(read(&dir.join(name).join("logits.pb")).as_slice()).expect("a tensor");
     let logits_name = logits_pb.name().to_string();
     let want_logits = tracejit_onnx::load_tensor(dir.join(name).join("logits.pb")).unwrap();
