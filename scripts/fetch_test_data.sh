@@ -9,14 +9,23 @@
 # test a `model.onnx` and `test_data_set_N/{input,output}_K.pb`. The
 # conformance test (crates/tracejit-onnx/tests/conformance.rs) reads them.
 #
+#   ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/light-models-0/
+#       <model>.onnx <model>/{input_0,output_0,logits}.pb
+#
+# the nine `light` ImageNet models of that data with seeded random weights
+# and ONNX Runtime's outputs on a seeded input (scripts/make_light_models.py;
+# crates/tracejit-onnx/tests/real_models.rs reads them). That step needs a
+# Python with numpy, onnx 1.22.0 and onnxruntime 1.32.0: $TRACEJIT_PYTHON,
+# else ~/.peers-venv/bin/python, else a venv this script makes in the cache
+# with pip.
+#
 # Idempotent: a dataset already in place (its `.complete` marker written
 # after a verified unpack) is not fetched again. Each dataset is one
-# function below; later ones (the MiniLM model) are added as their own
-# function and listed in `main`; all-MiniLM-L6-v2 (`minilm`) comes from
+# function below, listed in `main`; all-MiniLM-L6-v2 (`minilm`) comes from
 # scripts/fetch_minilm.sh into ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/all-minilm-l6-v2-0.1.0/.
 #
-# Usage: scripts/fetch_test_data.sh            # every dataset
-#        scripts/fetch_test_data.sh onnx-node  # one by name
+# Usage: scripts/fetch_test_data.sh              # every dataset
+#        scripts/fetch_test_data.sh onnx-node    # one by name (onnx-node, light-models, minilm)
 set -euo pipefail
 
 CACHE="${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}"
@@ -77,6 +86,45 @@ fetch_onnx_node() {
   log "onnx $version test data in $dest ($(find "$dest/node" -name model.onnx | wc -l) node tests)"
 }
 
+# A Python that imports numpy, onnx and onnxruntime (pinned versions when
+# the script installs them itself); prints its path.
+onnx_python() {
+  local check='import numpy, onnx, onnxruntime'
+  local py
+  for py in "${TRACEJIT_PYTHON:-}" "$HOME/.peers-venv/bin/python"; do
+    if [ -n "$py" ] && [ -x "$py" ] && "$py" -c "$check" 2>/dev/null; then
+      echo "$py"
+      return
+    fi
+  done
+  local venv="$CACHE/venv-onnx"
+  if ! { [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "$check" 2>/dev/null; }; then
+    log "making a venv with numpy, onnx and onnxruntime in $venv"
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install --quiet numpy onnx==1.22.0 onnxruntime==1.32.0 >&2
+  fi
+  echo "$venv/bin/python"
+}
+
+# The light ImageNet models with seeded weights and ONNX Runtime's outputs.
+fetch_light_models() {
+  local dest="$CACHE/light-models-0"
+  if [ -f "$dest/.complete" ]; then
+    log "light models already in $dest"
+    return
+  fi
+  fetch_onnx_node
+  local py; py=$(onnx_python)
+  local tmp; tmp=$(mktemp -d)
+  TMP_DIRS+=("$tmp")
+  log "making the light models with $py"
+  "$py" "$(dirname "$0")/make_light_models.py" "$CACHE/onnx-1.22.0" "$tmp/out"
+  rm -rf "$dest"
+  mv "$tmp/out" "$dest"
+  touch "$dest/.complete"
+  log "light models in $dest"
+}
+
 # all-MiniLM-L6-v2's model directory (its own script, usable alone).
 fetch_minilm() {
   log "all-MiniLM-L6-v2 in $("$(dirname "$0")/fetch_minilm.sh")"
@@ -84,12 +132,13 @@ fetch_minilm() {
 
 main() {
   local wanted=("$@")
-  [ ${#wanted[@]} -gt 0 ] || wanted=(onnx-node minilm)
+  [ ${#wanted[@]} -gt 0 ] || wanted=(onnx-node light-models minilm)
   for name in "${wanted[@]}"; do
     case "$name" in
       onnx-node) fetch_onnx_node ;;
+      light-models) fetch_light_models ;;
       minilm) fetch_minilm ;;
-      *) die "unknown dataset '$name' (known: onnx-node, minilm)" ;;
+      *) die "unknown dataset '$name' (known: onnx-node, light-models, minilm)" ;;
     esac
   done
 }

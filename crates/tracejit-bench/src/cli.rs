@@ -18,6 +18,9 @@ pub struct Options {
     /// `--profile`: per-step times of each selected workload's traced-jit
     /// call instead of the table.
     pub profile: bool,
+    /// `--tract` (built with the `tract` feature): tract's figures on the
+    /// selected model workloads, as JSON lines, instead of the table.
+    pub tract: bool,
     /// `--help`.
     pub help: bool,
     /// `--inject-wrong-result NAME` (testing the harness): perturb NAME's
@@ -39,7 +42,7 @@ impl std::error::Error for UsageError {}
 
 /// The `--help` text.
 pub const USAGE: &str = "\
-usage: tracejit-bench [--quick] [--json] [--threads N] [--filter NAME] [--no-report] [--profile]
+usage: tracejit-bench [--quick] [--json] [--threads N] [--filter NAME] [--no-report] [--profile] [--tract]
 
 Runs the workloads of shared/WORKLOADS.md (W1-W10) eager, traced-interp and
 traced-jit, verifies every result against eager, and prints per-call times
@@ -49,12 +52,17 @@ to target/bench-report/.
   --quick          0.05 s per measurement (0.5 s otherwise), 64 MiB bandwidth buffer
   --json           one JSON object per line on stdout instead of the table
   --threads N      threads the JIT's large kernels and GEMMs use (default 1; eager ops use one)
-  --filter NAME    only workloads whose name contains NAME (or whose id is NAME, e.g. W3)
+  --filter NAME    only workloads whose name contains NAME (or whose id is NAME, e.g. W3); the
+                   real-model workloads (W14 resnet50, W14b resnet50_b8, W15 minilm_onnx: ONNX
+                   files of shared/peers/models/make_models.py) run only when named, or with
+                   --filter models
   --no-report      do not write target/bench-report/
   --profile        instead of the table: where one traced-jit call of each workload
                    spends its time, step by step (GEMMs, fused regions, ...), slowest first
   --inject-wrong-result NAME
                    (tests the harness) perturb NAME's traced results: the run must fail
+  --tract          (built with --features tract) instead of the table: tract on the selected
+                   model workloads, one JSON line each (first call, median, difference from tracejit)
   -h, --help       this text";
 
 /// Parses the arguments (without the program name).
@@ -74,6 +82,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Options, UsageEr
             "--json" => o.json = true,
             "--no-report" => o.no_report = true,
             "--profile" => o.profile = true,
+            "--tract" => o.tract = true,
             "-h" | "--help" => o.help = true,
             "--threads" => {
                 let v = value("--threads")?;

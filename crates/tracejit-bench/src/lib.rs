@@ -6,6 +6,9 @@
 //! `tracejit-bench` binary strings them together; keeping the logic here
 //! makes it testable (a wrong result must fail the run). [`micro`] adds rows
 //! beside the workloads: a backward kernel against its body's VJP.
+//! [`onnx_models`] runs real ONNX files through the importer (W14, W15
+//! `minilm_onnx`), and, with the `tract` feature, [`tract_peer`] runs them
+//! in tract for comparison.
 
 pub mod cli;
 pub mod cnn;
@@ -15,10 +18,13 @@ pub mod measure;
 pub mod micro;
 pub mod minilm;
 pub mod modes;
+pub mod onnx_models;
 pub mod peak;
 pub mod per_example;
 pub mod report;
 pub mod runner;
+#[cfg(feature = "tract")]
+pub mod tract_peer;
 pub mod transformer;
 pub mod verify;
 pub mod workloads;

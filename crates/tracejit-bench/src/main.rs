@@ -99,6 +99,9 @@ fn main() -> ExitCode {
     if opts.profile {
         return print_profiles(&specs, budget);
     }
+    if opts.tract {
+        return print_tract(&specs, opts.threads, budget);
+    }
     let total = 2 + specs.iter().map(|s| s.modes.len() as u64).sum::<u64>();
     let mut progress = Progress::new(total);
 
@@ -168,4 +171,32 @@ fn print_profiles(specs: &[WorkloadSpec], budget: Budget) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// `--tract`: tract's rows for the selected model workloads.
+#[cfg(feature = "tract")]
+fn print_tract(specs: &[WorkloadSpec], threads: usize, budget: Budget) -> ExitCode {
+    let names: Vec<&str> = specs.iter().map(|s| s.name).collect();
+    let mut failed = false;
+    for row in tracejit_bench::tract_peer::rows(&names, threads, budget) {
+        match row {
+            Ok(r) => println!("{}", r.json()),
+            Err(e) => {
+                failed = true;
+                eprintln!("tracejit-bench: tract: {e}");
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `--tract` without the feature: how to get it.
+#[cfg(not(feature = "tract"))]
+fn print_tract(_: &[WorkloadSpec], _: usize, _: Budget) -> ExitCode {
+    eprintln!("tracejit-bench: --tract needs the tract feature: cargo run --release -p tracejit-bench --features tract -- --tract --filter models");
+    ExitCode::from(2)
 }

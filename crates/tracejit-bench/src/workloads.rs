@@ -196,9 +196,17 @@ pub struct WorkloadSpec {
 /// Bytes in a MiB.
 const MIB: f64 = 1024.0 * 1024.0;
 
-/// Every workload, in order W1..W13b, then the micro rows ([`crate::micro`]).
+/// Every workload, in order W1..W13b, W15, then the real-model rows
+/// ([`crate::onnx_models`]: W15 `minilm_onnx`, W14, W14b), then the micro
+/// rows ([`crate::micro`]).
 pub fn all() -> Vec<WorkloadSpec> {
-    elementwise().into_iter().chain(networks()).chain(models()).chain(crate::micro::specs()).collect()
+    elementwise()
+        .into_iter()
+        .chain(networks())
+        .chain(models())
+        .chain(crate::onnx_models::specs())
+        .chain(crate::micro::specs())
+        .collect()
 }
 
 /// W1-W4: elementwise chains, softmax and layer norm.
@@ -384,13 +392,20 @@ fn models() -> Vec<WorkloadSpec> {
     ]
 }
 
+/// The real-model workloads (ONNX files): run only when a filter names
+/// them (`--filter W14`, `resnet50`, `minilm_onnx`, or `models` for all
+/// three), as `bench_peers.py` runs W14/W15 only when named.
+pub const MODEL_WORKLOADS: [&str; 3] = ["minilm_onnx", "resnet50", "resnet50_b8"];
+
 /// The workloads whose name contains `filter` (ASCII case-insensitive) or
-/// whose id is `filter` (`W3`); all with `None`.
+/// whose id is `filter` (`W3`); with `None` all but [`MODEL_WORKLOADS`],
+/// with `models` those.
 pub fn selected(filter: Option<&str>) -> Vec<WorkloadSpec> {
     all()
         .into_iter()
         .filter(|w| match filter {
-            None => true,
+            None => !MODEL_WORKLOADS.contains(&w.name),
+            Some("models") => MODEL_WORKLOADS.contains(&w.name),
             Some(f) => {
                 let f = f.to_ascii_lowercase();
                 w.name.contains(&f) || w.id.eq_ignore_ascii_case(&f)
@@ -628,8 +643,17 @@ mod tests {
                 "minilm"
             ]
         );
-        assert_eq!(names[16..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
+        assert_eq!(names[16..19], ["minilm_onnx", "resnet50", "resnet50_b8"], "then the real-model rows");
+        assert_eq!(names[19..], ["layernorm_backward", "layernorm_backward_body"], "then the micro rows");
         assert_eq!(selected(Some("gelu")).len(), 1);
+        // The real-model rows run only when named.
+        let names_of = |f: Option<&str>| selected(f).iter().map(|w| w.name).collect::<Vec<_>>();
+        assert!(!names_of(None).iter().any(|n| MODEL_WORKLOADS.contains(n)));
+        assert_eq!(names_of(None).len(), names.len() - MODEL_WORKLOADS.len());
+        assert_eq!(names_of(Some("models")), MODEL_WORKLOADS);
+        assert_eq!(names_of(Some("W14")), ["resnet50"]);
+        assert_eq!(names_of(Some("w14b")), ["resnet50_b8"]);
+        assert_eq!(names_of(Some("minilm")), ["minilm", "minilm_onnx"]);
         assert_eq!(selected(Some("w7"))[0].name, "lstm_cell");
         assert_eq!(selected(Some("mlp")).len(), 2);
     }

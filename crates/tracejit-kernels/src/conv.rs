@@ -11,7 +11,12 @@
 //!   what one tile's rows need), then accumulates register tiles of 8
 //!   output channels × 3 vectors of 16 output pixels (4 × 3 vectors of 8
 //!   with AVX2), one FMA per channel and vector per tap, the weights
-//!   broadcast from a packed copy. No im2col buffer.
+//!   broadcast from a packed copy. No im2col buffer. Where that leaves
+//!   lanes or threads idle (1×1 convolutions, output rows shorter than
+//!   1.5 vectors: ResNet's 14×14 and 7×7 stages) with at least 32 output
+//!   channels and 64 taps per group, it is a matrix product per image and
+//!   group instead (`forward_gemm`: im2col tiles, none for unpadded
+//!   stride-1 1×1), through [`crate::gemm`].
 //! - [`backward_data`] with stride 1 is the same direct kernel run as the
 //!   transposed convolution (kernel flipped, input and output channels
 //!   swapped, pads `(k-1)·dilation - pad`). With a larger stride it is a
@@ -59,6 +64,7 @@ mod filter_px;
 mod filter_px_tiles;
 #[cfg(target_arch = "x86_64")]
 mod filter_tiles;
+mod forward_gemm;
 mod lowered;
 mod panel;
 #[cfg(target_arch = "x86_64")]
@@ -293,6 +299,9 @@ pub(crate) fn forward_on(
     check_len("forward", "y", y.len(), g.y_len());
     if let Some(b) = bias {
         check_len("forward", "bias", b.len(), g.out_channels);
+    }
+    if forward_gemm::prefers(path, g) {
+        return forward_gemm::run(path, g, x, w, bias, relu, y);
     }
     engine::run(path, &shape_of(g), x, w, bias, relu, y);
 }

@@ -30,7 +30,7 @@ thread_local! {
 }
 
 /// Runs `f` with this thread's tile of at least `len` values.
-fn with_tile<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+pub(super) fn with_tile<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
     TILE.with(|cell| {
         let mut tile = cell.borrow_mut();
         if tile.len() < len {
@@ -172,7 +172,14 @@ fn sum(v: &[f32]) -> f32 {
 /// `tile[t - taps.start][p] = x[ic, oh·s - pad + r·d, ow·s - pad + c·d]`
 /// (zero in the padding) for the taps `(ic, r, c)` of `taps` and the
 /// pixels `p = (oh - oh0)·out_w + ow` of `rows` output rows from `oh0`.
-fn im2col(g: &Conv2dGeometry, x: &[f32], oh0: usize, rows: usize, taps: std::ops::Range<usize>, tile: &mut [f32]) {
+pub(super) fn im2col(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    oh0: usize,
+    rows: usize,
+    taps: std::ops::Range<usize>,
+    tile: &mut [f32],
+) {
     let ow_n = g.out_w();
     let (s, iw_n) = (g.stride[1], g.in_w);
     for (t, dst) in taps.zip(tile.chunks_exact_mut(rows * ow_n)) {

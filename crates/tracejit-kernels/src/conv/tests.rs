@@ -70,7 +70,33 @@ pub(super) fn shapes() -> Vec<Conv2dGeometry> {
         // Panels too large for one band: several bands per image.
         geo(1, 64, 3, 1, [16, 64], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
         geo(2, 16, 4, 1, [20, 300], [1, 1], [1, 1], [1, 1], [0; 4]),
+        // Forward as products (`forward_gemm`): a 7-wide map, an unpadded
+        // 1×1 (no im2col), a strided 1×1 in two groups.
+        geo(2, 64, 32, 1, [7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        geo(1, 64, 40, 1, [9, 11], [1, 1], [1, 1], [1, 1], [0; 4]),
+        geo(2, 128, 64, 2, [13, 13], [1, 1], [2, 2], [1, 1], [0; 4]),
     ]
+}
+
+/// The forward takes the products where the direct kernel's lanes or
+/// threads would idle, and only there (so `shapes` tests both).
+#[test]
+fn forward_products_where_lanes_idle() {
+    let all = shapes();
+    let [map7, pointwise, strided] = [&all[all.len() - 3], &all[all.len() - 2], &all[all.len() - 1]];
+    for path in [Path::W8, Path::W16] {
+        for g in [map7, pointwise, strided] {
+            assert!(forward_gemm::prefers(path, g), "{path:?} {g:?}");
+        }
+        assert!(!forward_gemm::prefers(Path::Portable, map7));
+        // ResNet-50's 56×56 3×3 stage stays direct, and so do few channels.
+        let wide = geo(1, 64, 64, 1, [56, 56], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]);
+        assert!(!forward_gemm::prefers(path, &wide), "{path:?}");
+        assert!(!forward_gemm::prefers(path, &all[2]), "{path:?}");
+    }
+    // ResNet-50's 14×14 maps: products at 16 lanes, direct at 8.
+    let map14 = geo(1, 256, 256, 1, [14, 14], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]);
+    assert!(forward_gemm::prefers(Path::W16, &map14) && !forward_gemm::prefers(Path::W8, &map14));
 }
 
 /// The paths this CPU can run.

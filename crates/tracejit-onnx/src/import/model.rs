@@ -253,6 +253,37 @@ impl Model {
         })
     }
 
+    /// The graph's ops applied to `inputs` (in [`Model::inputs`] order,
+    /// checked as [`Model::run`] checks them) where they are: eagerly on
+    /// eager tensors, recorded into the enclosing trace inside a
+    /// `tracejit::function`. So an imported model composes into a larger
+    /// function (a training step, a pipeline with pre- and
+    /// post-processing) and is traced with it. Static inputs must be eager
+    /// (their values fix shapes).
+    ///
+    /// ```
+    /// use tracejit_trace::{function, DType, Tensor, TensorSpec};
+    ///
+    /// let f = function(|x: Tensor| x.relu() * 3.0);
+    /// let cf = f.get_concrete_function(TensorSpec::new(DType::F32, &[2]))?;
+    /// let model = std::sync::Arc::new(tracejit_onnx::import_bytes(&tracejit_onnx::to_bytes(&cf)?)?);
+    /// let m = model.clone();
+    /// let g = function(move |x: Tensor| m.evaluate(&[x.exp()]).expect("the model maps").remove(0).sum(&[0], false));
+    /// let x = Tensor::from_vec(vec![0.0f32, 1.0], &[2]);
+    /// let y = g.call(x.clone())?.to_vec::<f32>()?[0];
+    /// assert!((y - 3.0 * (1.0 + 1f32.exp())).abs() < 1e-5);
+    /// assert_eq!(model.evaluate(&[x])?[0].to_vec::<f32>()?, [0.0, 3.0]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Model::run`]: [`Error::Input`] for inputs contradicting the
+    /// declarations, [`Error::Node`] for a node that cannot be mapped.
+    pub fn evaluate(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.check_inputs(inputs)?;
+        self.program.evaluate(inputs.to_vec())
+    }
+
     fn input_error(&self, index: usize, message: &str) -> Error {
         Error::Input {
             model: self.program.name.clone(),

@@ -125,7 +125,8 @@ fn non_channel_axes(rank: usize) -> Vec<i64> {
     (0..rank as i64).filter(|&a| a != 1).collect()
 }
 
-/// `BatchNormalization`: inference with the given statistics, or (opset
+/// `BatchNormalization`: inference with the given statistics (as `x · s +
+/// t`, `s = scale / sqrt(var + eps)`, `t = bias - mean · s`), or (opset
 /// 14's `training_mode`) normalization by the batch's biased statistics
 /// with the running ones updated: `running = running · momentum + batch ·
 /// (1 - momentum)`.
@@ -142,7 +143,14 @@ pub(crate) fn batch_norm(n: &mut Node) -> OpResult {
             + per_channel(bias, r)
     };
     if !training {
-        return one(normalize(mean, var));
+        // Inference folds the statistics into one scale and shift per
+        // channel (computed on the `[C]` vectors, once per call), so the
+        // activation sees a multiply-add instead of a subtract, a square
+        // root and a divide per element; the rounding is that of ONNX
+        // Runtime's BatchNormalization folded into a Conv.
+        let s = scale / (var + scalar_like(var, eps)).sqrt();
+        let t = bias - mean * &s;
+        return one(x * per_channel(&s, r) + per_channel(&t, r));
     }
     let momentum = n.attr_f("momentum", 0.9)? as f64;
     let axes = non_channel_axes(r);
