@@ -22,10 +22,12 @@
 # Idempotent: a dataset already in place (its `.complete` marker written
 # after a verified unpack) is not fetched again. Each dataset is one
 # function below, listed in `main`; all-MiniLM-L6-v2 (`minilm`) comes from
-# scripts/fetch_minilm.sh into ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/all-minilm-l6-v2-0.1.0/.
+# scripts/fetch_minilm.sh into ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/all-minilm-l6-v2-0.1.0/,
+# and its ONNX form (`minilm-onnx`, scripts/make_minilm_onnx.py) into
+# ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/minilm-onnx-0/minilm.onnx.
 #
 # Usage: scripts/fetch_test_data.sh              # every dataset
-#        scripts/fetch_test_data.sh onnx-node    # one by name (onnx-node, light-models, minilm)
+#        scripts/fetch_test_data.sh onnx-node    # one by name (onnx-node, light-models, minilm, minilm-onnx)
 set -euo pipefail
 
 CACHE="${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}"
@@ -130,15 +132,37 @@ fetch_minilm() {
   log "all-MiniLM-L6-v2 in $("$(dirname "$0")/fetch_minilm.sh")"
 }
 
+# all-MiniLM-L6-v2 as an ONNX file written op by op from its safetensors
+# (scripts/make_minilm_onnx.py: no PyTorch needed), for the importer's
+# real-model test (crates/tracejit-models/tests/minilm_onnx.rs).
+fetch_minilm_onnx() {
+  local dest="$CACHE/minilm-onnx-0"
+  if [ -f "$dest/.complete" ]; then
+    log "MiniLM's ONNX file already in $dest"
+    return
+  fi
+  local model; model=$("$(dirname "$0")/fetch_minilm.sh")
+  local py; py=$(onnx_python)
+  local tmp; tmp=$(mktemp -d)
+  TMP_DIRS+=("$tmp")
+  "$py" "$(dirname "$0")/make_minilm_onnx.py" --model "$model" --out "$tmp/minilm.onnx" >&2
+  rm -rf "$dest"
+  mkdir -p "$dest"
+  mv "$tmp/minilm.onnx" "$dest/minilm.onnx"
+  touch "$dest/.complete"
+  log "MiniLM's ONNX file in $dest"
+}
+
 main() {
   local wanted=("$@")
-  [ ${#wanted[@]} -gt 0 ] || wanted=(onnx-node light-models minilm)
+  [ ${#wanted[@]} -gt 0 ] || wanted=(onnx-node light-models minilm minilm-onnx)
   for name in "${wanted[@]}"; do
     case "$name" in
       onnx-node) fetch_onnx_node ;;
       light-models) fetch_light_models ;;
       minilm) fetch_minilm ;;
-      *) die "unknown dataset '$name' (known: onnx-node, light-models, minilm)" ;;
+      minilm-onnx) fetch_minilm_onnx ;;
+      *) die "unknown dataset '$name' (known: onnx-node, light-models, minilm, minilm-onnx)" ;;
     esac
   done
 }

@@ -21,6 +21,7 @@ mod differential;
 mod distributed;
 mod doc_examples;
 mod eager_api;
+mod effects;
 mod error_lines;
 mod gradients;
 mod gradients_coverage;

@@ -1,21 +1,25 @@
-//! all-MiniLM-L6-v2 exported to ONNX by PyTorch (`minilm.onnx` of
-//! shared/peers/models/make_models.py), through tracejit's ONNX importer:
+//! all-MiniLM-L6-v2 as an ONNX file through tracejit's ONNX importer:
 //!
 //! - against ONNX Runtime's embeddings of the same ids (the fixture in
-//!   `tests/data/minilm_onnx/`, made by `scripts/make_minilm_onnx_reference.py`):
-//!   each component within `1e-3 · (|ort| + rms)`, as the importer's other
-//!   real-model tests compare; the JIT runs the model;
+//!   `tests/data/minilm_onnx/`, made by `scripts/make_minilm_onnx_reference.py`
+//!   from PyTorch's export): each component within `1e-3 · (|ort| + rms)`,
+//!   as the importer's other real-model tests compare; the JIT runs the model;
 //! - against this crate's native BERT (`SentenceEncoder` over the model's
 //!   own `model.safetensors`, the same weights): the two paths are different
-//!   graphs (PyTorch's exported ops against tracejit's composites) over the
+//!   graphs (the file's ONNX ops against tracejit's composites) over the
 //!   same f32 weights, so they agree to f32 rounding: within 1e-5 per
 //!   component of the unit vectors (a 6-layer encoder's error is ~1e-7 of
 //!   the hidden state's scale, measured ~2e-7 here).
 //!
-//! Needs `minilm.onnx` in `$TRACEJIT_PEERS_MODELS` (default
-//! `~/.cache/tracejit-peers/models`, make_models.py writes it) and the model
-//! directory of `scripts/fetch_minilm.sh`; run with `--ignored`. Without
-//! them the tests fail with those instructions; they never skip.
+//! The file is `minilm-onnx-0/minilm.onnx` in the test data cache
+//! (`$TRACEJIT_TEST_DATA`, default `~/.cache/tracejit`), written op by op
+//! from the safetensors by `scripts/make_minilm_onnx.py` (`scripts/
+//! fetch_test_data.sh minilm-onnx`, as CI runs it: no PyTorch needed);
+//! `TRACEJIT_MINILM_ONNX=FILE` tests another export instead, e.g. PyTorch's
+//! (`minilm.onnx` of shared/peers/models/make_models.py), which passes the
+//! same checks. Needs the model directory of `scripts/fetch_minilm.sh` too;
+//! run with `--ignored`. Without them the tests fail with those
+//! instructions; they never skip.
 
 use std::path::PathBuf;
 
@@ -23,24 +27,26 @@ use tracejit::onnx;
 use tracejit::Tensor;
 use tracejit_models::{Bert, SentenceEncoder};
 
-fn onnx_file() -> PathBuf {
-    let dir = std::env::var_os("TRACEJIT_PEERS_MODELS")
+fn cache() -> PathBuf {
+    std::env::var_os("TRACEJIT_TEST_DATA")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tracejit-peers/models"));
-    let path = dir.join("minilm.onnx");
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tracejit"))
+}
+
+fn onnx_file() -> PathBuf {
+    let path = std::env::var_os("TRACEJIT_MINILM_ONNX")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache().join("minilm-onnx-0/minilm.onnx"));
     assert!(
         path.exists(),
-        "{} is missing: run shared/peers/models/make_models.py (or set TRACEJIT_PEERS_MODELS)",
+        "{} is missing: run scripts/fetch_test_data.sh minilm-onnx (or set TRACEJIT_MINILM_ONNX)",
         path.display()
     );
     path
 }
 
 fn model_dir() -> PathBuf {
-    let root = std::env::var_os("TRACEJIT_TEST_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tracejit"));
-    let dir = root.join("all-minilm-l6-v2-0.1.0");
+    let dir = cache().join("all-minilm-l6-v2-0.1.0");
     assert!(
         dir.join(".complete").exists(),
         "all-MiniLM-L6-v2 is not at {}: run scripts/fetch_minilm.sh first",
@@ -64,7 +70,7 @@ fn imported_embeddings() -> Vec<f32> {
 }
 
 #[test]
-#[ignore = "needs minilm.onnx (shared/peers/models/make_models.py), then --ignored"]
+#[ignore = "needs minilm.onnx: scripts/fetch_test_data.sh minilm-onnx, then --ignored"]
 fn imported_minilm_matches_onnx_runtime() {
     let got = imported_embeddings();
     let want = fixture("sentence_embedding").to_vec::<f32>().unwrap();
@@ -76,7 +82,7 @@ fn imported_minilm_matches_onnx_runtime() {
 }
 
 #[test]
-#[ignore = "needs minilm.onnx (shared/peers/models/make_models.py) and scripts/fetch_minilm.sh, then --ignored"]
+#[ignore = "needs minilm.onnx and the model: scripts/fetch_test_data.sh minilm minilm-onnx, then --ignored"]
 fn imported_minilm_matches_the_native_encoder() {
     let got = imported_embeddings();
     let encoder = SentenceEncoder::new(Bert::load(model_dir()).unwrap());
