@@ -21,16 +21,31 @@
 //! cargo run --release --example train_charlm -- --resume     # continue from the checkpoint
 //! cargo run --release --example train_charlm -- --help       # every option
 //! ```
+//!
+//! `--data-parallel` trains over MPI (build with `--features mpi`; run
+//! under `mpiexec -n N`): each rank takes `1/N` of every batch, the
+//! gradients are averaged between the ranks inside the compiled step, the
+//! loss shown is the whole batch's, and rank 0 alone writes the checkpoint
+//! and the curve. The checkpoint holds nothing about ranks, so `--resume`
+//! continues it on any number of them (the batches depend on the step
+//! only); outside `mpiexec` the same command trains as without the flag.
+//!
+//! ```sh
+//! cargo build --release --features mpi --example train_charlm
+//! TRACEJIT_NUM_THREADS=1 mpiexec -n 2 target/release/examples/train_charlm --data-parallel
+//! ```
 
 mod charlm;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context};
 use charlm::{Config, Corpus, EpochStats, Trainer, DATA};
 use indicatif::{ProgressBar, ProgressStyle};
+use tracejit::distributed::{self, World};
 use tracejit::prelude::*;
 
 const USAGE: &str = "\
@@ -52,9 +67,13 @@ options:
                     examples/data/fortunes.txt with --prompt % is the other corpus shipped)
   --out DIR         where the checkpoint and the SVG curve go (default target/train_charlm)
   --resume          continue from DIR/checkpoint.safetensors if it exists
+  --stop-after N    stop after epoch N of --epochs (continue later with --resume)
   --bf16            products in bf16 with f32 accumulation (mixed precision; weights stay f32);
                     the default where the CPU has AVX-512 BF16
   --f32             every product in f32
+  --data-parallel   one rank of `mpiexec -n N` (a build with --features mpi): each rank trains on
+                    1/N of every batch (N must divide --batch); rank 0 writes the checkpoint and the
+                    curve, which resume on any number of ranks; alone, the same as without the flag
   --help            this text";
 
 /// The command line.
@@ -63,6 +82,8 @@ struct Options {
     out: PathBuf,
     data: PathBuf,
     resume: bool,
+    data_parallel: bool,
+    stop_after: Option<usize>,
     prompt: String,
     temperature: f32,
 }
@@ -73,6 +94,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Option<O
         out: "target/train_charlm".into(),
         data: DATA.into(),
         resume: false,
+        data_parallel: false,
+        stop_after: None,
         prompt: "\n".into(),
         temperature: 0.8,
     };
@@ -94,6 +117,8 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Option<O
             "--out" => o.out = value("--out")?.into(),
             "--data" => o.data = value("--data")?.into(),
             "--resume" => o.resume = true,
+            "--data-parallel" => o.data_parallel = true,
+            "--stop-after" => o.stop_after = Some(value("--stop-after")?.parse().context("--stop-after")?),
             "--bf16" => o.config.bf16 = true,
             "--f32" => o.config.bf16 = false,
             "--help" | "-h" => return Ok(None),
@@ -106,12 +131,57 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> anyhow::Result<Option<O
 #[path = "common/logging.rs"]
 mod logging;
 
-fn main() -> anyhow::Result<()> {
-    logging::init();
-    let Some(opts) = parse_args(std::env::args().skip(1))? else {
-        println!("{USAGE}");
-        return Ok(());
+/// Where lines go: a data-parallel run's rank 0 prints the run's lines, and
+/// every line (and every rank's error) starts with its rank.
+struct Log {
+    /// `[rank 1/4] ` when data-parallel, empty otherwise.
+    tag: String,
+    /// Whether this process prints the run's lines.
+    root: bool,
+}
+
+impl Log {
+    fn say(&self, line: impl std::fmt::Display) {
+        if self.root {
+            println!("{}{line}", self.tag);
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let opts = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(opts)) => opts,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
     };
+    let world = match opts.data_parallel.then(distributed::init).transpose() {
+        Ok(world) => world,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let log = Log {
+        tag: world.map_or(String::new(), |w| format!("[rank {}/{}] ", w.rank(), w.size())),
+        root: world.is_none_or(|w| w.is_root()),
+    };
+    logging::init_tagged(&log.tag);
+    match run(&opts, world, &log) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{}error: {e:#}", log.tag);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(opts: &Options, world: Option<World>, log: &Log) -> anyhow::Result<()> {
     let corpus = Corpus::load(&opts.data, 0.1)?;
     let prompt = corpus.encode(&opts.prompt).context("--prompt must be made of the text's characters")?;
     // Checked before training, not after it: the sampler needs 1 to
@@ -127,11 +197,16 @@ fn main() -> anyhow::Result<()> {
         "--temperature must be above 0, got {}",
         opts.temperature
     );
-    let trainer = Trainer::new(opts.config.clone(), corpus)?;
-    std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
+    let trainer = match world {
+        Some(w) => Trainer::data_parallel(opts.config.clone(), corpus, w)?,
+        None => Trainer::new(opts.config.clone(), corpus)?,
+    };
+    if log.root {
+        std::fs::create_dir_all(&opts.out).with_context(|| format!("creating {}", opts.out.display()))?;
+    }
     let checkpoint = opts.out.join("checkpoint.safetensors");
     let c = &opts.config;
-    println!(
+    log.say(format_args!(
         "{}: {} training and {} validation characters, {} distinct; GPT {} blocks x {} wide, {} heads, \
          context {}, {} parameters; {} steps of {} x {} characters per epoch; products in {}",
         opts.data.file_stem().map_or("the text".into(), |s| s.to_string_lossy()),
@@ -147,59 +222,95 @@ fn main() -> anyhow::Result<()> {
         c.batch,
         c.context,
         if c.bf16 { "bf16 (f32 accumulation; --f32 for f32)" } else { "f32" },
-    );
+    ));
+    if let Some(w) = world {
+        // Every rank says which rows it trains on: the one line a rank
+        // other than 0 prints when all goes well.
+        let rows = trainer.rows();
+        println!("{}data-parallel: rows {}..{} of every batch of {}", log.tag, rows.start, rows.end, c.batch);
+        if w.size() > 1 && w.is_root() {
+            log.say(format_args!("{} ranks; the losses shown are the whole batch's", w.size()));
+        }
+    }
+    // Every rank reads the checkpoint (on a file system they all see).
     if opts.resume && checkpoint.exists() {
         trainer.restore(&checkpoint)?;
-        println!("resumed from {} after epoch {}", checkpoint.display(), trainer.epochs_done()?);
+        log.say(format_args!("resumed from {} after epoch {}", checkpoint.display(), trainer.epochs_done()?));
     } else if opts.resume {
-        println!("no checkpoint at {}: starting from scratch", checkpoint.display());
+        log.say(format_args!("no checkpoint at {}: starting from scratch", checkpoint.display()));
     }
 
-    let (epochs, steps, done) = (c.epochs, trainer.steps_per_epoch(), trainer.epochs_done()?);
-    let bar = progress_bar(((epochs - done) * steps) as u64);
     let started = Instant::now();
+    let done = trainer.epochs_done()?;
+    let last = opts.stop_after.map_or(c.epochs, |n| n.min(c.epochs));
+    train(&trainer, last, &checkpoint, log)?;
+    let seconds = started.elapsed().as_secs_f64();
+    if let Some(cf) = trainer.step.concrete_functions().first() {
+        let kernels = cf.schedule_stats().map(|s| s.to_string()).unwrap_or_else(|| "the interpreter".into());
+        log.say(format_args!(
+            "compiled step: traced {} time(s); one step runs {kernels}",
+            trainer.step.tracing_count()
+        ));
+    }
+    log.say(format_args!(
+        "trained {} epoch(s) in {seconds:.1} s; checkpoint {}",
+        last.saturating_sub(done),
+        checkpoint.display()
+    ));
+    if log.root {
+        let svg = opts.out.join("curve.svg");
+        draw_curve(&trainer.curve()?, &svg)?;
+        log.say(format_args!("curve: {}", svg.display()));
+        let sample = charlm::sampler(&trainer.state.model, trainer.shape, &trainer.state.dropout, 300);
+        let started = Instant::now();
+        let prompt_len = prompt.len();
+        let ids = sample.call((Tensor::from_vec(prompt, &[1, prompt_len]), Tensor::scalar(opts.temperature)))?;
+        let text = trainer.corpus.decode(&ids.to_vec::<i64>()?);
+        log.say(format_args!(
+            "sample (300 characters at temperature {}, one compiled call, {:.2} s with its compile):\n{}{text}\n",
+            opts.temperature,
+            started.elapsed().as_secs_f64(),
+            opts.prompt
+        ));
+    }
+    // Every rank: data-parallel validation splits the text between them.
+    let bpc = trainer.validation_bpc()?;
+    log.say(format_args!("validation bits per character: {bpc:.2}"));
+    Ok(())
+}
+
+/// The epochs up to `last`, each checkpointed (by rank 0 when
+/// data-parallel; `checkpoint::save` writes a temporary file and renames
+/// it).
+fn train(trainer: &Trainer, last: usize, checkpoint: &Path, log: &Log) -> anyhow::Result<()> {
+    let c = &trainer.config;
+    let (epochs, steps, done) = (c.epochs, trainer.steps_per_epoch(), trainer.epochs_done()?);
+    let bar = if log.root { progress_bar((last.saturating_sub(done) * steps) as u64) } else { ProgressBar::hidden() };
     let tokens_per_step = (c.batch * c.context) as f64;
-    for epoch in done..epochs {
+    for epoch in done..last {
         let (mut sum, mut n) = (0.0f64, 0usize);
         let epoch_start = Instant::now();
         let stats = trainer.run_epoch(|loss| {
             (sum, n) = (sum + f64::from(loss), n + 1);
             let rate = n as f64 * tokens_per_step / epoch_start.elapsed().as_secs_f64();
             bar.set_message(format!(
-                "epoch {}/{epochs}  loss {:.3} bpc  {:.0} tokens/s",
+                "{}epoch {}/{epochs}  loss {:.3} bpc  {:.0} tokens/s",
+                log.tag,
                 epoch + 1,
                 charlm::bits(sum / n as f64),
                 rate
             ));
             bar.inc(1);
         })?;
-        trainer.save(&checkpoint)?;
+        if log.root {
+            trainer.save(checkpoint)?;
+        }
         let rate = (steps as f64 * tokens_per_step) / epoch_start.elapsed().as_secs_f64();
-        bar.suspend(|| println!("{}  ({rate:.0} tokens/s with evaluation)", epoch_line(epoch + 1, epochs, &stats)));
+        bar.suspend(|| {
+            log.say(format_args!("{}  ({rate:.0} tokens/s with evaluation)", epoch_line(epoch + 1, epochs, &stats)))
+        });
     }
     bar.finish_and_clear();
-    let seconds = started.elapsed().as_secs_f64();
-    if let Some(cf) = trainer.step.concrete_functions().first() {
-        let kernels = cf.schedule_stats().map(|s| s.to_string()).unwrap_or_else(|| "the interpreter".into());
-        println!("compiled step: traced {} time(s); one step runs {kernels}", trainer.step.tracing_count());
-    }
-    println!("trained {} epoch(s) in {seconds:.1} s; checkpoint {}", epochs - done, checkpoint.display());
-    let svg = opts.out.join("curve.svg");
-    draw_curve(&trainer.curve()?, &svg)?;
-    println!("curve: {}", svg.display());
-
-    let sample = charlm::sampler(&trainer.state.model, trainer.shape, &trainer.state.dropout, 300);
-    let started = Instant::now();
-    let prompt_len = prompt.len();
-    let ids = sample.call((Tensor::from_vec(prompt, &[1, prompt_len]), Tensor::scalar(opts.temperature)))?;
-    let text = trainer.corpus.decode(&ids.to_vec::<i64>()?);
-    println!(
-        "sample (300 characters at temperature {}, one compiled call, {:.2} s with its compile):\n{}{text}\n",
-        opts.temperature,
-        started.elapsed().as_secs_f64(),
-        opts.prompt
-    );
-    println!("validation bits per character: {:.2}", trainer.validation_bpc()?);
     Ok(())
 }
 

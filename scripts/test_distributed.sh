@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Runs tracejit-distributed's tests between processes: builds the `mpi`
-# test target (cargo feature `mpi`) and runs it under `mpiexec -n 2`
-# (override with TRACEJIT_TEST_RANKS). The fault checks run as their own
-# launch, since they leave the world unusable. Fails when any check fails
-# on any rank, or when the launch itself fails.
+# Runs the tests between processes: builds tracejit-distributed's `mpi`
+# test target, the root crate's `distributed_charlm` test and the
+# train_charlm example (cargo feature `mpi`) and runs them under
+# `mpiexec -n 2` (override with TRACEJIT_TEST_RANKS). The fault checks run
+# as launches of their own, since they leave the world unusable (a silent
+# rank; a rank that crashes). Fails when any check fails on any rank, or
+# when a launch itself fails.
 #
 # Usage: scripts/test_distributed.sh   (after scripts/install_mpi.sh)
 set -euo pipefail
@@ -17,9 +19,51 @@ bin=$(cargo test -p tracejit-distributed --features mpi --test mpi --no-run --me
   | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 [ -x "$bin" ] || { echo "test_distributed: the mpi test binary was not built" >&2; exit 1; }
 
+# The root crate's targets with its feature `mpi`: the data-parallel
+# character model (tests/distributed_charlm.rs) and the example itself.
+charlm=$(cargo test --features mpi --test distributed_charlm --no-run --message-format=json \
+  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+[ -x "$charlm" ] || { echo "test_distributed: the distributed_charlm test binary was not built" >&2; exit 1; }
+cargo build --features mpi --example train_charlm
+example=target/debug/examples/train_charlm
+
 # A hung launch must fail CI, not use up its time: generous outer bounds.
 timeout 600 mpiexec -n "$RANKS" "$bin" --no-faults
 timeout 120 mpiexec -n "$RANKS" "$bin" --faults
+# The last rank crashes mid-run; the launcher must leave the others running
+# for them to report (-disable-auto-cleanup), and the launch fails because
+# a rank died: the survivors' lines are the verdict.
+out=$(timeout 120 mpiexec -disable-auto-cleanup -n "$RANKS" "$bin" --dead-rank 2>&1) && status=0 || status=$?
+echo "$out" | grep -v "^$"
+[ "$status" != 124 ] || { echo "test_distributed: the dead-rank launch hung" >&2; exit 1; }
+grep -q "^test a_dead_rank_is_an_error_not_a_hang ... ok (rank 0)" <<<"$out" \
+  && grep -q "^1 passed, 0 failed" <<<"$out" \
+  && ! grep -q FAILED <<<"$out" \
+  || { echo "test_distributed: the dead-rank check did not pass on the survivors" >&2; exit 1; }
+
+timeout 900 mpiexec -n "$RANKS" "$charlm"
+
+# The example's command line: two ranks train an epoch, and one process
+# resumes their checkpoint for a second (a small text, a few steps).
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+head -c 60000 examples/data/war_and_peace.txt >"$work/text.txt"
+run_example() { # <ranks> <extra options...>
+  local n="$1"; shift
+  timeout 600 mpiexec -n "$n" "$example" --data-parallel --data "$work/text.txt" --out "$work/out" \
+    --steps 3 --batch 2 --f32 "$@" 2>&1
+}
+out=$(run_example 2 --epochs 2 --stop-after 1)
+echo "$out"
+grep -q "^\[rank 1/2\] data-parallel: rows 1..2 of every batch of 2" <<<"$out" \
+  && grep -q "^\[rank 0/2\] epoch  1/2" <<<"$out" \
+  && [ -s "$work/out/checkpoint.safetensors" ] && [ -s "$work/out/curve.svg" ] \
+  || { echo "test_distributed: train_charlm --data-parallel on 2 ranks" >&2; exit 1; }
+out=$(run_example 1 --epochs 2 --resume)
+echo "$out"
+grep -q "^\[rank 0/1\] resumed from .* after epoch 1" <<<"$out" && grep -q "^\[rank 0/1\] epoch  2/2" <<<"$out" \
+  || { echo "test_distributed: train_charlm --resume of a 2-rank checkpoint in one process" >&2; exit 1; }
+echo "test train_charlm --data-parallel: 2 ranks, then resumed on 1 ... ok"
 
 # `init` refuses a launch it cannot serve, with a clear error (and the
 # process exits non-zero instead of training alone or hanging):
@@ -33,10 +77,10 @@ expect_refusal() { # <what the message must say> <command...>
   echo "test init refuses: $want ... ok"
 }
 # ranks running different programs (the same binary under another name);
-other_dir=$(mktemp -d)
-trap 'rm -rf "$other_dir"' EXIT
+other_dir="$work/other"
+mkdir "$other_dir"
 cp "$bin" "$other_dir/other_program"
 expect_refusal "every rank must run the same program" mpiexec -n 1 "$bin" : -n 1 "$other_dir/other_program"
 # a launcher of another MPI (Open MPI's variables) that started two processes.
 expect_refusal "is not the launcher's" env OMPI_COMM_WORLD_SIZE=2 "$bin"
-echo "2 passed, 0 failed"
+echo "test_distributed: all passed"

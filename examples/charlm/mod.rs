@@ -12,14 +12,25 @@
 //! depend only on the seed, `e` and `k`; dropout's generator is part of
 //! the checkpoint. A run resumed from the checkpoint of epoch `e`
 //! continues as the uninterrupted run would have.
+//!
+//! Data-parallel ([`Trainer::data_parallel`]): each rank of an MPI world
+//! trains on its rows of the same global batch, drawing its rows' part of
+//! the whole batch's dropout masks, and `average_gradients` gives every
+//! rank the whole batch's gradient; the step returns the whole batch's
+//! loss (an all-reduce of the ranks' means). Nothing in the state depends
+//! on the rank or the number of ranks, so a checkpoint written by rank 0
+//! resumes on any number of ranks, and the curve is one process's up to
+//! the order of the sums.
 
 #![allow(dead_code, reason = "shared by the example and its test, which use different parts")]
 
 pub mod model;
 
+use std::ops::Range;
 use std::path::Path;
 
 use anyhow::{ensure, Context};
+use tracejit::distributed::{self, ReduceOp, World};
 use tracejit::optim::{Adam, LearningRate, Optimizer};
 use tracejit::prelude::*;
 use tracejit::random::Generator;
@@ -203,6 +214,9 @@ pub struct Trainer {
     pub step: StepFn,
     /// The compiled evaluation: tokens `[n, t]` to the summed loss (nats).
     pub eval: StepFn,
+    /// The MPI world this trainer shares each batch with (data-parallel),
+    /// or `None` (the whole batch in this process).
+    pub world: Option<World>,
 }
 
 /// Nats to bits.
@@ -213,6 +227,36 @@ pub fn bits(nats: f64) -> f64 {
 impl Trainer {
     /// A fresh model for `config` on `corpus`, with its compiled step.
     pub fn new(config: Config, corpus: Corpus) -> anyhow::Result<Trainer> {
+        Trainer::build(config, corpus, None)
+    }
+
+    /// A trainer for this rank of `world`: its step trains on the rank's
+    /// rows of each batch ([`Trainer::rows`]), averages the gradients over
+    /// the ranks and returns the whole batch's loss; validation splits the
+    /// windows between the ranks. Every rank must build the same trainer and
+    /// make the same calls. In a world of one it trains exactly as
+    /// [`Trainer::new`] (the collectives return their inputs).
+    pub fn data_parallel(config: Config, corpus: Corpus, world: World) -> anyhow::Result<Trainer> {
+        let n = world.size();
+        ensure!(
+            config.batch.is_multiple_of(n),
+            "--batch {} does not split evenly between {n} ranks (each rank takes an equal share)",
+            config.batch
+        );
+        // Each rank's dropout masks start `rows * context * width` elements
+        // into the whole batch's; a Philox block holds 4 f32 uniforms.
+        let share = config.batch / n * config.context * config.width;
+        ensure!(
+            n == 1 || share.is_multiple_of(4),
+            "a rank's share of the batch ({} windows of {} x {}) must hold a multiple of 4 activations",
+            config.batch / n,
+            config.context,
+            config.width
+        );
+        Trainer::build(config, corpus, Some(world))
+    }
+
+    fn build(config: Config, corpus: Corpus, world: Option<World>) -> anyhow::Result<Trainer> {
         ensure!(config.batch > 0 && config.context >= 2, "batch and context must be positive (context at least 2)");
         ensure!(config.heads > 0 && config.width.is_multiple_of(config.heads), "the width must divide into the heads");
         ensure!(
@@ -246,17 +290,25 @@ impl Trainer {
         let (m, opt, g, p) = (state.model.clone(), state.opt.clone(), state.dropout.clone(), config.dropout);
         let vars = m.trainable_variables();
         let precision = if config.bf16 { DType::BF16 } else { DType::F32 };
+        let first_row = world.map_or(0, |w| w.rank() * config.batch / w.size());
+        let parallel = world.is_some();
         let step = function(move |tokens: Tensor| {
             let tape = GradientTape::new();
-            let loss = m.loss(&tokens, &shape, Some((&g, p)));
+            let loss = m.loss(&tokens, &shape, Some((&g, p, first_row)));
             let grads = tape.gradient(&loss, &vars).expect("f32 weights on a fresh tape");
             let grads: Vec<Tensor> = grads
                 .into_iter()
                 .zip(&vars)
                 .map(|(g, v)| g.unwrap_or_else(|| panic!("`{}` does not reach the loss", v.name())))
                 .collect();
-            opt.apply_gradients(&grads, &vars);
-            loss
+            if !parallel {
+                opt.apply_gradients(&grads, &vars);
+                return loss;
+            }
+            // The mean over ranks of their means is the whole batch's mean
+            // (equal shares).
+            opt.apply_gradients(&distributed::average_gradients(&grads), &vars);
+            distributed::all_reduce(&loss, ReduceOp::Mean)
         })
         .name("charlm_train_step")
         .mixed_precision(precision);
@@ -267,7 +319,7 @@ impl Trainer {
         })
         .name("charlm_eval")
         .mixed_precision(precision);
-        Ok(Trainer { state, config, shape, corpus, step, eval })
+        Ok(Trainer { state, config, shape, corpus, step, eval, world })
     }
 
     /// Steps per epoch.
@@ -275,18 +327,32 @@ impl Trainer {
         steps_per_epoch(&self.config, &self.corpus)
     }
 
+    /// The rows of each batch this trainer trains on: all of them, or this
+    /// rank's share.
+    pub fn rows(&self) -> Range<usize> {
+        let b = self.config.batch;
+        self.world.map_or(0..b, |w| w.rank() * b / w.size()..(w.rank() + 1) * b / w.size())
+    }
+
     /// Tokens `[batch, context]` of step `k` of epoch `e`: windows at
     /// starts drawn from the seed, `e` and `k`.
     pub fn batch(&self, epoch: usize, k: usize) -> Tensor {
+        self.batch_rows(epoch, k, 0..self.config.batch)
+    }
+
+    /// Rows `rows` of [`Trainer::batch`] (a row depends on the seed, the
+    /// epoch, the step and its index in the whole batch only).
+    pub fn batch_rows(&self, epoch: usize, k: usize, rows: Range<usize>) -> Tensor {
         let (b, t) = (self.config.batch, self.config.context);
         let span = (self.corpus.train.len() - t) as u64;
-        let mut ids = Vec::with_capacity(b * t);
-        for row in 0..b {
+        let mut ids = Vec::with_capacity(rows.len() * t);
+        let n = rows.len();
+        for row in rows {
             let key = self.config.seed.wrapping_mul(0x1000_0000_01b3) ^ ((epoch as u64) << 40) ^ ((k * b + row) as u64);
             let start = (splitmix(key) % (span + 1)) as usize;
             ids.extend_from_slice(&self.corpus.train[start..start + t]);
         }
-        Tensor::from_vec(ids, &[b, t])
+        Tensor::from_vec(ids, &[n, t])
     }
 
     /// Trains the next epoch, telling `on_step` each step's loss (nats);
@@ -297,7 +363,7 @@ impl Trainer {
         let steps = self.steps_per_epoch();
         let mut sum = 0.0f64;
         for k in 0..steps {
-            let loss = self.step.call(self.batch(epoch, k))?.to_scalar::<f32>()?;
+            let loss = self.step.call(self.batch_rows(epoch, k, self.rows()))?.to_scalar::<f32>()?;
             ensure!(loss.is_finite(), "epoch {}, step {k}: the loss is {loss}", epoch + 1);
             sum += f64::from(loss);
             on_step(loss);
@@ -313,8 +379,10 @@ impl Trainer {
 
     /// Bits per character of the validation text: windows of `context`
     /// characters overlapping by one, so every character after the first
-    /// is predicted once, from up to `context - 1` before it.
+    /// is predicted once, from up to `context - 1` before it. Data-parallel
+    /// ranks take every `size`-th group of windows and add their sums.
     pub fn validation_bpc(&self) -> anyhow::Result<f64> {
+        let (rank, size) = self.world.map_or((0, 1), |w| (w.rank(), w.size()));
         let (t, text) = (self.config.context, &self.corpus.valid);
         let windows: Vec<&[i64]> =
             (0..text.len().saturating_sub(1)).step_by(t - 1).map(|s| &text[s..(s + t).min(text.len())]).collect();
@@ -322,7 +390,7 @@ impl Trainer {
         let (mut nats, mut count) = (0.0f64, 0usize);
         // Batches of 32 full windows, then the rest, then the short tail:
         // at most three traces of the evaluation.
-        for group in full.chunks(32).chain(tail.chunks(1)) {
+        for group in full.chunks(32).chain(tail.chunks(1)).skip(rank).step_by(size) {
             let len = group[0].len();
             if len < 2 {
                 continue;
@@ -331,6 +399,11 @@ impl Trainer {
             let sum = self.eval.call(Tensor::from_vec(ids, &[group.len(), len]))?.to_scalar::<f32>()?;
             nats += f64::from(sum) * (len - 1) as f64;
             count += group.len() * (len - 1);
+        }
+        if self.world.is_some() {
+            let sums = Tensor::from_vec(vec![nats, count as f64], &[2]);
+            let all = distributed::try_all_reduce(&sums, ReduceOp::Sum)?.to_vec::<f64>()?;
+            (nats, count) = (all[0], all[1] as usize);
         }
         Ok(bits(nats / count.max(1) as f64))
     }

@@ -4,7 +4,7 @@
 //! dropout on the residual branches, and the single-token step that
 //! sampling runs against a KV cache.
 
-use tracejit::nn::{dropout, embedding, gelu, layer_norm, scaled_dot_product_attention};
+use tracejit::nn::{dropout, dropout_at, embedding, gelu, layer_norm, scaled_dot_product_attention};
 use tracejit::prelude::*;
 use tracejit::random::Generator;
 
@@ -90,12 +90,20 @@ fn merge(x: &Tensor, s: &Shape) -> Tensor {
     x.transpose(&[0, 2, 1, 3]).reshape(&[b, t, s.width as i64])
 }
 
-/// Where dropout draws from, and its rate; `None` evaluates.
-pub type Dropout<'a> = Option<(&'a Generator, f64)>;
+/// Where dropout draws from, its rate, and the first row of the global
+/// batch that this batch starts at (0 in one process; a data-parallel
+/// rank's share starts further in, and draws that part of the whole
+/// batch's masks, so the curve does not depend on the number of ranks);
+/// `None` evaluates.
+pub type Dropout<'a> = Option<(&'a Generator, f64, usize)>;
 
 fn drop(x: Tensor, d: Dropout<'_>) -> Tensor {
     match d {
-        Some((g, p)) if p > 0.0 => dropout(&x, p, g, true),
+        Some((g, p, 0)) if p > 0.0 => dropout(&x, p, g, true),
+        Some((g, p, first_row)) if p > 0.0 => {
+            let row: usize = x.dims()[1..].iter().map(|d| d.expect("known activation sizes")).product();
+            dropout_at(&x, p, g, true, (first_row * row) as u64)
+        }
         _ => x,
     }
 }

@@ -148,6 +148,50 @@ fn dropout_is_one_kernel_with_the_right_mask_and_gradient() {
 }
 
 #[test]
+fn dropout_at_draws_its_part_of_the_whole_mask() {
+    // Rows split as data-parallel ranks split a batch: each part's mask,
+    // compiled (and its gradient), is the part of one dropout of the whole.
+    for (rows, cols, dtype) in
+        [(6usize, 20usize, DType::F32), (5, 6, DType::F64), (7, 3, DType::F32), (2, 1000, DType::F32)]
+    {
+        let x = Tensor::randn(&[rows, cols], 3).cast(dtype);
+        let whole =
+            tracejit::nn::dropout(&x, 0.3, &Generator::from_seed(8), true).cast(DType::F64).to_vec::<f64>().unwrap();
+        let per_block = if dtype == DType::F64 { 2 } else { 4 };
+        // Parts at row boundaries whose element offset is a multiple of the block.
+        let cuts: Vec<usize> = (0..=rows).filter(|r| (r * cols) % per_block == 0).collect();
+        for part in cuts.windows(2) {
+            let (lo, hi) = (part[0], part[1]);
+            let g = Generator::from_seed(8);
+            let w = Variable::new(Tensor::ones(&[hi - lo, cols], dtype));
+            let (g2, w2) = (g.clone(), w.clone());
+            let step = function(move |x: Tensor| {
+                let tape = GradientTape::new();
+                let y = tracejit::nn::dropout_at(&(&x * &w2.read()), 0.3, &g2, true, (lo * cols) as u64);
+                let grad = tape.gradient(&y.sum_all(), &[&w2]).unwrap().remove(0).unwrap();
+                (y, grad)
+            });
+            let (y, grad) = step.call(x.slice_axis(0, lo as i64, hi as i64)).unwrap();
+            assert!(step.concrete_functions()[0].schedule_stats().is_some(), "the JIT ran");
+            let f64s = |t: Tensor| t.cast(DType::F64).to_vec::<f64>().unwrap();
+            let (y, grad) = (f64s(y), f64s(grad));
+            assert_eq!(y, whole[lo * cols..hi * cols], "{dtype:?} rows {lo}..{hi}");
+            // With w = 1, dy/dw = x * mask / (1 - p) = y: the backward's
+            // mask is the forward's.
+            assert_eq!(grad, y, "{dtype:?} rows {lo}..{hi}");
+            // The generator advanced by one draw, as `dropout`'s does.
+            let next = Generator::from_seed(8);
+            let _ = tracejit::nn::dropout(&x, 0.3, &next, true);
+            assert_eq!(g.state().value().to_vec::<i64>().unwrap(), next.state().value().to_vec::<i64>().unwrap());
+        }
+    }
+    let x = Tensor::ones(&[3, 3], DType::F32);
+    let bad = std::panic::catch_unwind(|| tracejit::nn::dropout_at(&x, 0.3, &Generator::from_seed(1), true, 6));
+    let msg = bad.unwrap_err().downcast::<String>().map(|s| *s).unwrap_or_default();
+    assert!(msg.contains("multiple of 4") && msg.contains("got 6"), "{msg}");
+}
+
+#[test]
 fn categorical_samples_the_softmax() {
     let g = Generator::from_seed(21);
     let logits = Tensor::from_vec(vec![0.0f32, (2.0f32).ln(), f32::NEG_INFINITY, (5.0f32).ln()], &[1, 4]);

@@ -95,6 +95,23 @@ fn a_short_bf16_run_lowers_the_loss_on_the_bf16_gemm() {
 }
 
 #[test]
+fn data_parallel_alone_trains_exactly_as_one_process() {
+    // `--data-parallel` outside `mpiexec`: a world of one, whose collectives
+    // return their inputs, so the same bits step for step (the 2-rank run
+    // is tests/distributed_charlm.rs, under mpiexec).
+    let world = tracejit::distributed::init().unwrap();
+    assert_eq!(world.size(), 1);
+    let one = Trainer::new(small(1, 8), corpus()).unwrap();
+    let dp = Trainer::data_parallel(small(1, 8), corpus(), world).unwrap();
+    assert_eq!(dp.rows(), 0..4);
+    let (a, b) = (losses(&one), losses(&dp));
+    assert_eq!(a.iter().map(|l| l.to_bits()).collect::<Vec<_>>(), b.iter().map(|l| l.to_bits()).collect::<Vec<_>>());
+    assert_eq!(one.curve().unwrap(), dp.curve().unwrap());
+    let graph = dp.step.concrete_functions()[0].optimized_graph().to_string();
+    assert!(graph.contains("tracejit.distributed.start_bucket"), "the step averages its gradients:\n{graph}");
+}
+
+#[test]
 fn a_resumed_run_continues_as_the_uninterrupted_one() {
     let dir = std::env::temp_dir().join(format!("tracejit-charlm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

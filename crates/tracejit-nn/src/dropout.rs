@@ -141,6 +141,55 @@ pub fn dropout(x: &Tensor, p: f64, g: &Generator, training: bool) -> Tensor {
     crate::composites::DROPOUT.call(&[x, &state, &rate], 0).swap_remove(0)
 }
 
+/// [`dropout`] of `x` as elements `offset..offset + len(x)` of a larger
+/// tensor: the mask is that part of the mask [`dropout`] of the larger
+/// tensor (row-major) would draw from `g`, and `g` advances as for one
+/// draw. Each rank of a data-parallel step drops its rows of the global
+/// batch exactly as one process dropping the whole batch would, so the
+/// training curve does not depend on the number of ranks.
+///
+/// A draw's Philox blocks hold four f32 (two f64) uniforms, so `offset`
+/// must be a multiple of 4 for f32 (2 for f64); it moves the state's low
+/// counter word by `offset / 4` (`/ 2`), which never carries for a
+/// generator made by [`Generator::from_seed`] (its low word is 0; draws
+/// advance the high word).
+///
+/// ```
+/// use tracejit_nn::random::Generator;
+/// use tracejit_trace::{DType, Tensor};
+///
+/// let x = Tensor::ones(&[4, 6], DType::F32);
+/// let whole = tracejit_nn::dropout(&x, 0.5, &Generator::from_seed(9), true).to_vec::<f32>()?;
+/// let rows_2_3 = tracejit_nn::dropout_at(&x.slice_axis(0, 2, 4), 0.5, &Generator::from_seed(9), true, 12);
+/// assert_eq!(rows_2_3.to_vec::<f32>()?, whole[12..]);
+/// # Ok::<(), tracejit_trace::Error>(())
+/// ```
+///
+/// # Panics
+/// As [`dropout`], and if `offset` is not a multiple of the uniforms per
+/// block of `x`'s dtype.
+#[track_caller]
+pub fn dropout_at(x: &Tensor, p: f64, g: &Generator, training: bool, offset: u64) -> Tensor {
+    assert!((0.0..=1.0).contains(&p), "dropout_at: the rate p must be in [0, 1], got {p}");
+    assert!(x.dtype().is_float(), "dropout_at: x must be a float tensor, got {}", x.dtype());
+    let per_block = if x.dtype() == DType::F64 { 2 } else { 4 };
+    assert!(
+        offset.is_multiple_of(per_block),
+        "dropout_at: the offset must be a multiple of {per_block} for {} (uniforms per Philox block), got {offset}",
+        x.dtype()
+    );
+    if !training || p == 0.0 {
+        return x.clone();
+    }
+    if p == 1.0 {
+        return x * 0.0;
+    }
+    let shift = Tensor::from_vec(vec![(offset / per_block) as i64, 0, 0], &[3]);
+    let state = g.next_state() + shift;
+    let rate = Tensor::full(&[], p, x.dtype());
+    crate::composites::DROPOUT.call(&[x, &state, &rate], 0).swap_remove(0)
+}
+
 /// Rows of `table` (`[vocab, d]`) picked by integer `ids` (any shape):
 /// `[..ids, d]`. Its gradient with respect to the table is a scatter-add
 /// of the cotangent rows (duplicate ids summed), not a dense one-hot

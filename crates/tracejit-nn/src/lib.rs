@@ -89,4 +89,4 @@ pub use conv::{avg_pool2d, conv2d, max_pool2d, Conv2dOptions, Padding, Pair};
 pub use decl::{
     declared, AcceptsFn, BackwardFn, BodyFn, Composite, ExamplesFn, Native, NativeFn, COMPOSITE_MAX_TRACES,
 };
-pub use dropout::{dropout, embedding};
+pub use dropout::{dropout, dropout_at, embedding};

@@ -10,7 +10,10 @@
 //! checks exist to exercise real communication, and a CI that forgot the
 //! launcher must not pass silently. Arguments: names (substrings) select
 //! checks; `--no-faults` leaves out the fault checks (they leave the world
-//! unusable, so they always run last) and `--faults` runs only them.
+//! unusable, so they always run last) and `--faults` runs only them, but
+//! for the one in which the last rank crashes: `--dead-rank` runs it alone,
+//! as a launch of its own under `mpiexec -disable-auto-cleanup` whose exit
+//! status reports the crash (the survivors' lines say whether they passed).
 
 mod collectives;
 mod faults;
@@ -51,12 +54,19 @@ fn main() {
     }
     distributed::set_timeout(Duration::from_secs(60));
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let faults = |name: &str| name.contains("timeout");
+    let dies = |name: &str| name.contains("dead");
+    let faults = |name: &str| name.contains("timeout") || dies(name);
     let flag = |f: &str| args.iter().any(|a| a == f);
     let wanted = |name: &str| {
         let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
         let by_name = filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
-        let by_kind = if faults(name) { !flag("--no-faults") } else { !flag("--faults") };
+        let by_kind = if dies(name) {
+            flag("--dead-rank")
+        } else if faults(name) {
+            !flag("--no-faults") && !flag("--dead-rank")
+        } else {
+            !flag("--faults") && !flag("--dead-rank")
+        };
         by_name && by_kind
     };
     let (mut passed, mut failed) = (0, 0);
