@@ -20,7 +20,6 @@ fn close(a: &[f64], b: &[f64], tol: f64) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
 }
 
-
 /// The state a call touches, fresh from `seed` each time.
 #[derive(Clone)]
 struct Model {
