@@ -10,6 +10,7 @@
 //! `minilm_onnx`), and, with the `tract` feature, [`tract_peer`] runs them
 //! in tract for comparison.
 
+pub mod case;
 pub mod cli;
 pub mod cnn;
 pub mod floors;

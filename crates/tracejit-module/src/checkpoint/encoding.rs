@@ -1,0 +1,96 @@
+//! A tensor's bytes in a safetensors file: the dtype names and the
+//! little-endian, row-major encoding both ways, checked against the
+//! dtype and shape when read.
+
+use std::borrow::Cow;
+
+use safetensors::tensor::{Dtype, View};
+use tracejit_tensor::{DType, Storage};
+
+/// One variable's value as safetensors bytes.
+pub(super) struct Encoded {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+impl View for &Encoded {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+pub(super) fn to_safetensors_dtype(dtype: DType) -> Dtype {
+    match dtype {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
+        DType::Bool => Dtype::BOOL,
+        // PyTorch's `torch.bfloat16` / `torch.float16` in safetensors.
+        DType::BF16 => Dtype::BF16,
+        DType::F16 => Dtype::F16,
+    }
+}
+
+pub(super) fn from_safetensors_dtype(dtype: Dtype) -> Option<DType> {
+    match dtype {
+        Dtype::F32 => Some(DType::F32),
+        Dtype::F64 => Some(DType::F64),
+        Dtype::I32 => Some(DType::I32),
+        Dtype::I64 => Some(DType::I64),
+        Dtype::BOOL => Some(DType::Bool),
+        Dtype::BF16 => Some(DType::BF16),
+        Dtype::F16 => Some(DType::F16),
+        _ => None,
+    }
+}
+
+/// Little-endian, row-major bytes of a storage (whatever its layout).
+pub(super) fn encode(s: &Storage) -> Encoded {
+    let data: Vec<u8> = match s {
+        Storage::F32(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::F64(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::I32(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::I64(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::Bool(a) => a.iter().map(|&b| u8::from(b)).collect(),
+        Storage::BF16(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::F16(a) => a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    };
+    Encoded { dtype: to_safetensors_dtype(s.dtype()), shape: s.shape().to_vec(), data }
+}
+
+/// A storage from little-endian, row-major bytes; `Err` if the byte count
+/// does not match the dtype and shape.
+pub(super) fn decode(dtype: DType, shape: &[usize], data: &[u8]) -> Result<Storage, String> {
+    let elements = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or("the shape overflows")?;
+    let expected = elements.checked_mul(dtype.size_of()).ok_or("the shape overflows")?;
+    if data.len() != expected {
+        return Err(format!("{} bytes for {dtype}{shape:?}, which needs {expected}", data.len()));
+    }
+    fn le<const N: usize, T>(data: &[u8], shape: &[usize], f: fn([u8; N]) -> T) -> Result<Storage, String>
+    where
+        T: tracejit_tensor::StorageElement,
+    {
+        let v: Vec<T> = data.chunks_exact(N).map(|c| f(c.try_into().expect("chunks_exact gives N bytes"))).collect();
+        Storage::from_vec(v, shape).map_err(|e| e.to_string())
+    }
+    match dtype {
+        DType::F32 => le(data, shape, f32::from_le_bytes),
+        DType::F64 => le(data, shape, f64::from_le_bytes),
+        DType::I32 => le(data, shape, i32::from_le_bytes),
+        DType::I64 => le(data, shape, i64::from_le_bytes),
+        DType::Bool => le(data, shape, |[b]: [u8; 1]| b != 0),
+        DType::BF16 => le(data, shape, tracejit_tensor::bf16::from_le_bytes),
+        DType::F16 => le(data, shape, tracejit_tensor::f16::from_le_bytes),
+    }
+}
