@@ -184,7 +184,7 @@ unsafe fn probabilities<V: Vector>(n: usize, step: usize, s: *mut f32, dp: *mut 
         // SAFETY: the caller's vectors.
         unsafe {
             let (s, dp) = (s.add(u * step), dp.add(u * step));
-            let p = V::load(s).sub(lse).exp();
+            let p = V::load(s).sub(lse).exp_flushed();
             if keep_p {
                 p.store(s);
             }

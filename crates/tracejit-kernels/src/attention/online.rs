@@ -219,7 +219,7 @@ pub(super) unsafe fn normalize<V: Vector>(x: &Inputs<'_>, tile: Tile, s: &Scratc
     let l = V::LANES;
     // SAFETY: forwarded.
     unsafe {
-        mask(x, tile, s, j0, &hi[..tile.nv], l);
+        mask::<V>(x, tile, s, j0, &hi[..tile.nv]);
         for (v, &h) in hi.iter().enumerate().take(tile.nv) {
             if h > j0 {
                 let o = v * l;
@@ -235,11 +235,14 @@ pub(super) unsafe fn normalize<V: Vector>(x: &Inputs<'_>, tile: Tile, s: &Scratc
 /// # Safety
 /// As [`block`].
 #[inline(always)]
-unsafe fn mask(x: &Inputs<'_>, tile: Tile, s: &Scratch, j0: usize, hi: &[usize], l: usize) {
-    let rule = &x.rule;
+unsafe fn mask<V: Vector>(x: &Inputs<'_>, tile: Tile, s: &Scratch, j0: usize, hi: &[usize]) {
+    let (rule, l) = (&x.rule, V::LANES);
     if !rule.causal && rule.mask.is_none() {
         return;
     }
+    // A key mask (one row for every query, as a padding mask is) is read
+    // once per key instead of once per pair.
+    let key_mask = rule.mask.is_some_and(|m| m.row_stride == 0);
     for lane in 0..tile.nq {
         let (i, end) = (tile.i0 + lane, hi[lane / l]);
         let col = s.st.wrapping_add(lane);
@@ -251,7 +254,7 @@ unsafe fn mask(x: &Inputs<'_>, tile: Tile, s: &Scratch, j0: usize, hi: &[usize],
             for j in limit..end {
                 *col.add((j - j0) * TILE) = f32::NEG_INFINITY;
             }
-            if rule.mask.is_some() {
+            if rule.mask.is_some() && !key_mask {
                 let mut seen = false;
                 for j in j0..limit {
                     if rule.allowed(tile.b, i, j) {
@@ -263,6 +266,47 @@ unsafe fn mask(x: &Inputs<'_>, tile: Tile, s: &Scratch, j0: usize, hi: &[usize],
                 if seen {
                     *s.seen.add(lane) = 1.0;
                 }
+            }
+        }
+    }
+    if key_mask {
+        // SAFETY: as above.
+        unsafe { key_mask_block::<V>(x, tile, s, j0, hi) };
+    }
+}
+
+/// [`mask`] for a mask that does not depend on the query: each masked key
+/// clears its row of scores a vector at a time (lanes past a query's causal
+/// limit are `-inf` already, so clearing them again changes nothing), and a
+/// query saw a key iff the block's first allowed key lies before its limit.
+///
+/// # Safety
+/// As [`block`]; the causal part of [`mask`] done.
+#[inline(always)]
+unsafe fn key_mask_block<V: Vector>(x: &Inputs<'_>, tile: Tile, s: &Scratch, j0: usize, hi: &[usize]) {
+    let (rule, l) = (&x.rule, V::LANES);
+    let end = hi.iter().take(tile.nv).copied().max().unwrap_or(j0);
+    let mut first = end;
+    // SAFETY: rows `[j0, hi[v])` of vector `v` of the block; the mask at
+    // indices within the problem (query 0 stands for all of them).
+    unsafe {
+        let ninf = V::splat(f32::NEG_INFINITY);
+        for j in j0..end {
+            if rule.allowed(tile.b, 0, j) {
+                first = first.min(j);
+                continue;
+            }
+            let row = s.st.add((j - j0) * TILE);
+            for (v, &h) in hi.iter().enumerate().take(tile.nv) {
+                if j < h {
+                    ninf.store(row.add(v * l));
+                }
+            }
+        }
+        for lane in 0..tile.nq {
+            let limit = rule.key_end(tile.i0 + lane).clamp(j0, hi[lane / l].max(j0));
+            if first < limit {
+                *s.seen.add(lane) = 1.0;
             }
         }
     }
@@ -298,11 +342,11 @@ unsafe fn softmax<V: Vector>(rows: usize, st: *mut f32, m: *mut f32, l: *mut f32
         let new = acc[0].max(acc[1]).max(acc[2].max(acc[3]));
         let floor = V::splat(-f32::MAX);
         let (from, to) = (floor.max(old), floor.max(new));
-        let a = from.sub(to).exp();
+        let a = from.sub(to).exp_flushed();
         let mut sum = V::zero();
         for j in 0..rows {
             let p = st.add(j * TILE);
-            let e = V::load(p).sub(to).exp();
+            let e = V::load(p).sub(to).exp_flushed();
             e.store(p);
             sum = sum.add(e);
         }

@@ -238,6 +238,35 @@ fn masks_with_broadcast_strides() {
     }
 }
 
+/// Key masks (one row for all queries, as padding masks are) across tiles
+/// and blocks: a problem with every key masked, one whose first block of
+/// keys is masked (its queries see a key only in a later block), and one
+/// with random padding, with and without the causal rule, `tq` above and
+/// below `tk`.
+#[test]
+fn key_masks_across_tiles_and_blocks() {
+    let mut rng = Rng(0x6b6d);
+    for (tq, tk) in [(130, 150), (150, 130), (70, 70)] {
+        let batch = 3;
+        let data: Vec<bool> = (0..batch * tk)
+            .map(|n| match n / tk {
+                0 => false,
+                1 => n % tk >= 64,
+                _ => rng.below(3) != 0,
+            })
+            .collect();
+        let mask = Mask { data: &data, batch_stride: tk, row_stride: 0, col_stride: 1 };
+        for causal in [false, true] {
+            let p = Problem { batch, tq, tk, d: 7, dv: 9, scale: 0.4, causal };
+            let c = Case::random(&mut rng, p);
+            check_all_paths(&c, Some(&mask));
+            let r = run(Path::of(Isa::native()), &c, Some(&mask));
+            assert!(r.lse[..tq].iter().all(|&x| x == f32::NEG_INFINITY), "a fully masked problem sees no key");
+            assert!(r.out[..tq * 9].iter().all(|&x| x == 0.0));
+        }
+    }
+}
+
 /// Queries that see no key: zeros, `lse = -inf`, no gradient.
 #[test]
 fn fully_masked_rows_give_zeros() {
@@ -469,4 +498,42 @@ fn strided_operands_past_their_data_panic_naming_them() {
     .unwrap_err();
     let msg = err.downcast_ref::<String>().unwrap();
     assert!(msg.contains("q has 1 problem starts, expected batch 2"), "{msg}");
+}
+
+/// `exp_flushed` at every width: 0 below the floor (`-inf` included),
+/// `fastmath::exp` bit for bit from the floor up, NaN kept.
+#[test]
+fn flushed_exp_is_zero_below_the_floor_and_exp_above() {
+    use super::vector::{Portable, Vector, EXP_FLOOR};
+    let xs = [f32::NEG_INFINITY, -1e30, -104.0, -87.5, -87.000_01, EXP_FLOOR, -86.9, -20.0, 0.0, 1.5, 88.0, f32::NAN];
+    let want: Vec<u32> =
+        xs.iter().map(|&x| if x < EXP_FLOOR { 0 } else { crate::fastmath::exp(x).to_bits() }).collect();
+    assert!(crate::fastmath::exp(EXP_FLOOR) >= f32::MIN_POSITIVE, "the floor's exp must be normal");
+    fn run<V: Vector>(xs: &[f32]) -> Vec<u32> {
+        let mut out = vec![0f32; xs.len().div_ceil(V::LANES) * V::LANES];
+        let mut src = out.clone();
+        src[..xs.len()].copy_from_slice(xs);
+        for (i, o) in src.chunks(V::LANES).zip(out.chunks_mut(V::LANES)) {
+            // SAFETY: whole vectors; the width's features are checked by the caller.
+            unsafe { V::load(i.as_ptr()).exp_flushed().store(o.as_mut_ptr()) };
+        }
+        out[..xs.len()].iter().map(|x| x.to_bits()).collect()
+    }
+    let check = |got: Vec<u32>, width: &str| {
+        for ((g, w), x) in got.iter().zip(&want).zip(xs) {
+            let ok = if x.is_nan() { f32::from_bits(*g).is_nan() } else { g == w };
+            assert!(ok, "{width}: exp_flushed({x}) = {} want {}", f32::from_bits(*g), f32::from_bits(*w));
+        }
+    };
+    check(run::<Portable>(&xs), "portable");
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m256, __m512};
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            check(run::<__m256>(&xs), "avx2");
+        }
+        if std::is_x86_feature_detected!("avx512f") {
+            check(run::<__m512>(&xs), "avx512");
+        }
+    }
 }

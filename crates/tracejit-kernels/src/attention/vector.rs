@@ -4,8 +4,8 @@
 //!
 //! Every method is the same IEEE operation lane by lane at every width
 //! (multiply-adds fused, `max` keeping x86's rule of returning its second
-//! operand when either is NaN, `exp` the [`crate::fastmath::exp`] recipe bit
-//! for bit), and the passes never combine lanes, so the three forms compute
+//! operand when either is NaN, `exp_flushed` the [`crate::fastmath::exp`]
+//! recipe bit for bit), and the passes never combine lanes, so the three forms compute
 //! the same bits.
 
 /// A vector of f32 lanes.
@@ -35,8 +35,14 @@ pub(super) trait Vector: Copy {
     unsafe fn fma(self, b: Self, c: Self) -> Self;
     /// `self > b ? self : b` per lane: `b` when either is NaN.
     unsafe fn max(self, b: Self) -> Self;
-    /// [`crate::fastmath::exp`] per lane.
-    unsafe fn exp(self) -> Self;
+    /// [`crate::fastmath::exp`] per lane, but 0 for `self < EXP_FLOOR` (`-inf` included) with
+    /// no subnormal value ever formed: a masked score's weight, or one
+    /// 87 below the row's max, would otherwise underflow through
+    /// subnormals, and Intel cores take a microcode assist (about a
+    /// hundred cycles) for each such result — a third of a masked BERT
+    /// attention's time. The weights lost are below 2⁻¹²⁵ of the row's
+    /// largest. NaN stays NaN.
+    unsafe fn exp_flushed(self) -> Self;
     /// Writes the `LANES × LANES` block at `src` (rows `ss` apart)
     /// transposed to `dst` (rows `ds` apart), each value times `scale`.
     unsafe fn transpose(src: *const f32, ss: usize, dst: *mut f32, ds: usize, scale: f32);
@@ -94,9 +100,18 @@ macro_rules! via_lanes {
                 unsafe { crate::simd::Lanes::max(self, b) }
             }
             #[inline(always)]
-            unsafe fn exp(self) -> Self {
+            unsafe fn exp_flushed(self) -> Self {
+                use crate::simd::Lanes;
                 // SAFETY: the caller's features.
-                unsafe { crate::simd::recipes::exp(self) }
+                unsafe {
+                    let floor = <$t as Lanes>::splat(EXP_FLOOR);
+                    // `vmaxps floor, x` is `x` when `x` is NaN, so NaN
+                    // reaches `exp`; `min(x, 0) - floor` is negative
+                    // exactly when `x < floor` (NaN gives `-floor`).
+                    let e = crate::simd::recipes::exp(Lanes::max(floor, self));
+                    let below = Lanes::sub(Lanes::min(self, <$t as Lanes>::zero()), floor);
+                    below.where_negative(<$t as Lanes>::zero(), e)
+                }
             }
             #[inline(always)]
             unsafe fn transpose(src: *const f32, ss: usize, dst: *mut f32, ds: usize, scale: f32) {
@@ -197,6 +212,10 @@ via_lanes!(std::arch::x86_64::__m256, transpose8);
 #[cfg(target_arch = "x86_64")]
 via_lanes!(std::arch::x86_64::__m512, transpose16);
 
+/// See [`Vector::exp_flushed`]: `e^-87` is normal (`2^-125.5`), and so is
+/// every intermediate of the recipe from there up.
+pub(super) const EXP_FLOOR: f32 = -87.0;
+
 /// Eight lanes of portable code: the passes' arithmetic on any CPU (LLVM
 /// vectorizes what it can).
 #[derive(Clone, Copy)]
@@ -260,8 +279,8 @@ impl Vector for Portable {
         self.map2(b, |x, y| if x > y { x } else { y })
     }
     #[inline(always)]
-    unsafe fn exp(self) -> Self {
-        Portable(self.0.map(crate::fastmath::exp))
+    unsafe fn exp_flushed(self) -> Self {
+        Portable(self.0.map(|x| if x < EXP_FLOOR { 0.0 } else { crate::fastmath::exp(x) }))
     }
     #[inline(always)]
     unsafe fn transpose(src: *const f32, ss: usize, dst: *mut f32, ds: usize, scale: f32) {
