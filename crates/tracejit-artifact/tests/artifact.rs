@@ -123,6 +123,15 @@ fn child() {
             println!("VARS {}", digest_vars(&a.variables()));
             artifact::save_artifact(&a, format!("{path}.after")).unwrap();
         }
+        "onnx" => {
+            let a = artifact::load(path).unwrap();
+            println!("OUT {:?}", bits(&a.call(&[onnx_input(2)]).unwrap()[0]));
+            let refused = a.call(&[onnx_input(5)]).expect_err("a batch of 5 for a trace of 2");
+            println!("REFUSED {}", refused.to_string().replace('\n', " "));
+            let mut names: Vec<String> = a.variables().into_iter().map(|(p, _)| p).collect();
+            names.sort();
+            println!("NAMES {names:?}");
+        }
         "save-forward" => {
             let model = Mlp::new();
             let m = model.clone();
@@ -191,6 +200,56 @@ fn host_avx512() -> bool {
     {
         false
     }
+}
+
+/// A small CNN (conv, relu, flatten, dense, an elementwise tail) exported to ONNX bytes: what
+/// the importer reads in the ONNX test below.
+fn cnn_onnx() -> Vec<u8> {
+    use tracejit::nn::{conv2d, Conv2dOptions};
+    let w = Variable::new(Tensor::randn(&[4, 3, 3, 3], 7) * 0.3);
+    let b = Variable::new(Tensor::randn(&[4], 8) * 0.1);
+    let dense = Variable::new(Tensor::randn(&[4 * 4 * 4, 6], 9) * 0.2);
+    let f = function(move |x: Tensor| {
+        let h = conv2d(&x, &w.read(), Some(&b.read()), Conv2dOptions::default()).relu();
+        let y = h.reshape(&[-1, 64]).matmul(&dense.read());
+        // An elementwise tail: a region the JIT compiles (conv and matmul
+        // with their bias and relu run as native kernels).
+        y.tanh() * 2.0 - y.sigmoid()
+    });
+    let cf = f.get_concrete_function(TensorSpec::new(DType::F32, &[-1, 3, 6, 6])).unwrap();
+    tracejit::onnx::to_bytes(&cf).unwrap()
+}
+
+/// The ONNX test's input of `batch` images.
+fn onnx_input(batch: usize) -> Tensor {
+    Tensor::randn(&[batch, 3, 6, 6], 100 + batch as u64)
+}
+
+/// An imported ONNX model saved as an artifact: a child serves it with
+/// neither the file nor the importer, with the bits of the imported
+/// model's own run, compiling nothing, its initializers as the artifact's
+/// variables; an input of another shape is refused. (The importer traces
+/// Conv with known dims, so the batch is fixed here.)
+#[test]
+fn an_imported_onnx_model_runs_from_an_artifact() {
+    let model = tracejit::onnx::import_bytes(&cnn_onnx()).unwrap();
+    let unknown = model.concrete_function(&[TensorSpec::new(DType::F32, &[-1, 3, 6, 6])]);
+    let message = unknown.expect_err("Conv with an unknown batch").to_string();
+    assert!(message.contains("Conv") && message.contains("unknown"), "{message}");
+    let cf = model.concrete_function(&[TensorSpec::new(DType::F32, &[2, 3, 6, 6])]).unwrap();
+    assert!(!cf.kernel_entries().is_empty(), "the imported model was compiled");
+    let path = temp("imported.tjx");
+    artifact::save(&cf, &path).unwrap();
+    let child = run_child("onnx", &path, own_isa().as_deref());
+    let want = bits(&model.run(&[onnx_input(2)]).unwrap()[0]);
+    assert_eq!(child.one("OUT "), format!("{want:?}"));
+    assert!(child.one("REFUSED ").contains('5'), "{}", child.one("REFUSED "));
+    let mut names: Vec<String> = model.variables().into_iter().map(|(n, _)| n).collect();
+    names.sort();
+    assert_eq!(child.one("NAMES "), format!("{names:?}"));
+    // The three weights, and float constants the export made initializers.
+    assert!(names.len() >= 3, "the weights came in as variables: {names:?}");
+    assert_eq!(child.stats().1, 0, "the child compiled nothing");
 }
 
 /// Trains 3 steps, saves the step, trains 3 more here; a child loads the

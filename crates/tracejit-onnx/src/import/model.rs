@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use tracejit_tensor::DType;
-use tracejit_trace::{Function, Static, Tensor, Variable};
+use tracejit_trace::{ConcreteFunction, Function, Static, Tensor, TensorSpec, Variable};
 
 use super::program::Program;
 use super::tensor_data::{from_raw, to_raw};
@@ -200,6 +200,68 @@ impl Model {
     /// The traced function behind the model.
     pub fn function(&self) -> &ModelFunction {
         &self.function
+    }
+
+    /// The model traced and compiled for inputs of these dtypes and dims
+    /// (in [`Model::inputs`] order; `-1` in a [`TensorSpec`] for a dim left
+    /// unknown, such as the batch), without running it: what
+    /// `tracejit::artifact::save` ships, so a program serves the model from
+    /// the artifact with neither the ONNX file nor the importer.
+    ///
+    /// ```
+    /// use tracejit_trace::{function, DType, Tensor, TensorSpec};
+    ///
+    /// let f = function(|x: Tensor| x.relu() * 3.0);
+    /// let cf = f.get_concrete_function(TensorSpec::new(DType::F32, &[2, 3]))?;
+    /// let model = tracejit_onnx::import_bytes(&tracejit_onnx::to_bytes(&cf)?)?;
+    /// let traced = model.concrete_function(&[TensorSpec::new(DType::F32, &[-1, 3])])?;
+    /// assert_eq!(traced.signature()[0].dims(), [None, Some(3)]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Input`] when the specs contradict the declared inputs (count,
+    /// dtype, a fixed dim) or the model has static inputs (their values,
+    /// not only their types, fix the trace: run it, then take
+    /// `function().concrete_functions()`); [`Error::Node`] or
+    /// [`Error::Run`] when tracing fails.
+    pub fn concrete_function(&self, specs: &[TensorSpec]) -> Result<Arc<ConcreteFunction>> {
+        if let Some(name) = self.static_inputs().first() {
+            let index = self.inputs.iter().position(|v| v.name == *name).unwrap_or(0);
+            return Err(self.input_error(
+                index,
+                "this input is read at trace time, so a trace needs its value: run the model on it, then take function().concrete_functions()",
+            ));
+        }
+        if specs.len() != self.inputs.len() {
+            return Err(self.input_error(
+                specs.len().min(self.inputs.len().saturating_sub(1)),
+                &format!("{} specs given for {} inputs", specs.len(), self.inputs.len()),
+            ));
+        }
+        for (i, (spec, info)) in specs.iter().zip(&self.inputs).enumerate() {
+            let fixed_clash = info.rank_known
+                && (spec.dims().len() != info.dims.len()
+                    || spec.dims().iter().zip(&info.dims).any(|(s, d)| matches!((s, d), (Some(a), Some(b)) if a != b)));
+            if spec.dtype() != info.dtype || fixed_clash {
+                return Err(self.input_error(
+                    i,
+                    &format!(
+                        "the spec {:?} {:?} contradicts the declared {} {}",
+                        spec.dtype(),
+                        spec.dims(),
+                        info.dtype.name(),
+                        info.dims_text()
+                    ),
+                ));
+            }
+        }
+        NODE_ERROR.with(|slot| slot.borrow_mut().take());
+        self.function.get_concrete_function((specs.to_vec(), Static(KnownInputs::default()))).map_err(|source| {
+            NODE_ERROR
+                .with(|slot| slot.borrow_mut().take())
+                .unwrap_or(Error::Run { model: self.program.name.clone(), source })
+        })
     }
 
     /// Names of the inputs whose values are part of the trace key (an op
