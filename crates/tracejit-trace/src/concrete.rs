@@ -12,6 +12,10 @@ use crate::context::{self, with_current};
 use crate::nest::{StaticValue, TensorSpec};
 use crate::{Error, Result, Tensor};
 
+/// What prepares a trace's executable from its optimized graph: the JIT's
+/// executable, or none and why.
+pub(crate) type Preparer = Box<dyn Fn(&Graph) -> (Option<tracejit_jit::Executable>, Option<String>) + Send + Sync>;
+
 /// One traced graph of a `Function`, for one input signature.
 pub struct ConcreteFunction {
     pub(crate) name: String,
@@ -34,12 +38,12 @@ pub struct ConcreteFunction {
     pub(crate) trace_reason: String,
     /// What the optimization pipeline did to `graph`.
     pub(crate) report: PipelineReport,
-    /// The compiled schedule of `optimized`, when the JIT is on and could
-    /// prepare it; otherwise the interpreter runs `optimized`.
-    pub(crate) executable: Option<tracejit_jit::Executable>,
-    /// Why the JIT could not prepare `optimized`, when it was asked to and
-    /// failed (the interpreter runs it then).
-    pub(crate) jit_error: Option<String>,
+    /// The compiled schedule of `optimized` (when the JIT is on and could
+    /// prepare it; otherwise the interpreter runs `optimized`) and why the
+    /// JIT could not prepare it, when it was asked to and failed: made by
+    /// `preparer` when first needed ([`ConcreteFunction::prepared`]).
+    pub(crate) prepared: std::sync::OnceLock<(Option<tracejit_jit::Executable>, Option<String>)>,
+    pub(crate) preparer: Option<Preparer>,
     /// `graph` with every call inlined (composites by their primitive
     /// bodies): what a gradient tape differentiates a call of this
     /// function through. Built on first use.
@@ -47,6 +51,19 @@ pub struct ConcreteFunction {
     /// The owning Function's clock at this trace's latest call, when its
     /// cache is bounded (least recently used eviction).
     pub(crate) last_used: std::sync::atomic::AtomicU64,
+}
+
+impl ConcreteFunction {
+    /// The executable and the JIT's error, prepared on first need: a trace
+    /// only ever inlined into its callers' traces is never compiled.
+    pub(crate) fn prepared(&self) -> &(Option<tracejit_jit::Executable>, Option<String>) {
+        self.prepared.get_or_init(|| self.preparer.as_ref().map_or((None, None), |p| p(&self.optimized)))
+    }
+
+    /// The compiled schedule, when the JIT runs this function.
+    pub(crate) fn executable(&self) -> Option<&tracejit_jit::Executable> {
+        self.prepared().0.as_ref()
+    }
 }
 
 impl std::fmt::Debug for ConcreteFunction {
@@ -111,7 +128,7 @@ impl ConcreteFunction {
     /// `"interpreter"` (the reference kernels, node by node). The benchmark
     /// harness uses it to never report interpreter figures as JIT figures.
     pub fn executor_kind(&self) -> &'static str {
-        if self.executable.is_some() {
+        if self.executable().is_some() {
             "jit"
         } else {
             "interpreter"
@@ -123,14 +140,14 @@ impl ConcreteFunction {
     /// counted in [`crate::CacheStats::jit_failures`]). `None` when the JIT
     /// runs it or was turned off (`jit(false)`).
     pub fn jit_error(&self) -> Option<&str> {
-        self.jit_error.as_deref()
+        self.prepared().1.as_deref()
     }
 
     /// The compiled kernels of this function as compile cache entries
     /// (`tracejit_jit::compile_cache`), each once; empty when the
     /// interpreter runs it. What an artifact embeds.
     pub fn kernel_entries(&self) -> Vec<Arc<[u8]>> {
-        self.executable.as_ref().map(|e| e.kernel_entries()).unwrap_or_default()
+        self.executable().map(|e| e.kernel_entries()).unwrap_or_default()
     }
 
     /// How many symbolic tensors of an enclosing trace this function reads
@@ -149,7 +166,7 @@ impl ConcreteFunction {
     /// Ops the JIT executor runs with the reference kernels instead of
     /// compiled code (empty when every step is compiled or a GEMM).
     pub fn fallbacks(&self) -> Vec<String> {
-        self.executable.as_ref().map(|e| e.fallbacks()).unwrap_or_default()
+        self.executable().map(|e| e.fallbacks()).unwrap_or_default()
     }
 
     /// What one call runs when the JIT executes this function: fused
@@ -167,7 +184,7 @@ impl ConcreteFunction {
     /// # Ok::<(), tracejit_trace::Error>(())
     /// ```
     pub fn schedule_stats(&self) -> Option<tracejit_jit::ScheduleStats> {
-        self.executable.as_ref().map(|e| e.stats())
+        self.executable().map(|e| e.stats())
     }
 
     /// Runs this function `runs` times on eager `inputs` (flat, in the
@@ -191,7 +208,7 @@ impl ConcreteFunction {
     pub fn profile(&self, inputs: &[Tensor], runs: usize) -> Result<Option<tracejit_jit::Profile>> {
         let refs: Vec<&Tensor> = inputs.iter().collect();
         self.check_inputs(&refs)?;
-        let Some(exe) = &self.executable else { return Ok(None) };
+        let Some(exe) = self.executable() else { return Ok(None) };
         if let Some(i) = inputs.iter().position(|t| t.is_symbolic()) {
             return Err(Error::SymbolicArgument { function: self.name.clone(), what: "profile", argument: i });
         }
@@ -357,7 +374,7 @@ impl ConcreteFunction {
         if let Some(kernel) = self.composite_kernel(inputs) {
             return self.run_kernel(kernel.as_ref(), inputs);
         }
-        let run = || match &self.executable {
+        let run = || match self.executable() {
             Some(exe) => exe.run(inputs),
             None => interpret(&self.optimized, inputs),
         };

@@ -609,15 +609,15 @@ impl<A: Nest, R: Nest> Function<A, R> {
         }
         // A malformed `implements` name failed the call before tracing.
         let attrs = FunctionAttrs { implements: self.config.implements.clone().and_then(Result::ok) };
-        let (optimized, report, executable, jit_error) = self.optimize_and_prepare(&ctx.graph)?;
+        let (optimized, report, preparer) = self.optimize_and_preparer(&ctx.graph)?;
         let graph = Arc::new(ctx.graph);
         let n_params = specs.len();
         let cf = Arc::new(ConcreteFunction {
             name: self.config.name.clone(),
             optimized: Arc::new(optimized),
             report,
-            executable,
-            jit_error,
+            prepared: std::sync::OnceLock::new(),
+            preparer: Some(preparer),
             graph,
             signature: specs.into_iter().map(|ty| TensorSpec { ty }).collect(),
             statics,

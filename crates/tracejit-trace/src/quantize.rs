@@ -74,7 +74,7 @@ pub fn dynamic(cf: &ConcreteFunction) -> Result<Arc<ConcreteFunction>> {
         return Err(Error::Quantize { function: cf.name.clone(), message });
     }
     let optimized = Arc::new(optimized);
-    let (executable, jit_error) = match &cf.executable {
+    let prepared = match cf.executable() {
         None => (None, None),
         Some(_) => match tracejit_jit::Executable::with_options(&optimized, &tracejit_jit::JitOptions::global()) {
             Ok(e) => (Some(e), None),
@@ -97,8 +97,8 @@ pub fn dynamic(cf: &ConcreteFunction) -> Result<Arc<ConcreteFunction>> {
         attrs: cf.attrs.clone(),
         trace_reason: format!("{} (quantized: {} products in int8)", cf.trace_reason, seen.quantized),
         report: cf.report.clone(),
-        executable,
-        jit_error,
+        prepared: prepared.into(),
+        preparer: None,
         differentiable: OnceLock::new(),
         last_used: std::sync::atomic::AtomicU64::new(0),
     }))

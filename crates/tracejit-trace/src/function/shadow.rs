@@ -48,7 +48,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
         outputs: &[Storage],
     ) -> Result<()> {
         let (pipeline, context) = self.pipeline_and_context(format!("{}.validate", self.config.name))?;
-        let replay = Replay { pipeline: &pipeline, context: &context, jit: cf.executable.is_some() };
+        let replay = Replay { pipeline: &pipeline, context: &context, jit: cf.executable().is_some() };
         validate::check(&self.config.name, &cf.graph, before, inputs, outputs, &replay)
     }
 }
