@@ -32,10 +32,8 @@ fn on_stack_for<T: Send>(graph: &Graph, work: impl Fn() -> T + Sync, on_panic: i
         return work();
     }
     std::thread::scope(|s| {
-        let handle = std::thread::Builder::new()
-            .name("tracejit-compile".into())
-            .stack_size(DEEP_STACK)
-            .spawn_scoped(s, || work());
+        let handle =
+            std::thread::Builder::new().name("tracejit-compile".into()).stack_size(DEEP_STACK).spawn_scoped(s, &work);
         match handle {
             Ok(h) => h.join().unwrap_or_else(|p| on_panic(tracejit_ir::panic_message(&*p))),
             Err(_) => work(),
