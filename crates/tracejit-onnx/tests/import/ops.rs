@@ -229,3 +229,78 @@ fn variables_are_live_without_retracing() {
     assert_eq!(f32s(&model.run(&[x]).unwrap()[0]), [-3.0, 2.0]);
     assert_eq!(model.function().tracing_count(), 1);
 }
+
+/// A CNN whose batch is symbolic (Conv, MaxPool, AveragePool, a Reshape
+/// with a 0 and a -1), traced once for any batch with
+/// `Model::concrete_function`: that one trace serves runs at batches 1, 3
+/// and 4 (no retrace), on the JIT, matching the model evaluated eagerly op
+/// by op (NaN and infinities planted). A Reshape with two dims left to
+/// infer is refused.
+#[test]
+fn a_cnn_traced_for_any_batch_matches_the_eager_model() {
+    use tracejit_trace::TensorSpec;
+    let w = floats(&[4, 2, 3, 3], 5, false);
+    let b = floats(&[4], 6, false);
+    let shape = Tensor::from_vec(vec![0i64, -1], &[2]);
+    let nodes = |target: &str| {
+        vec![
+            node("Conv", "conv", &["x", "w", "b"], &["c"], vec![attr_ints("pads", &[1, 1, 1, 1])]),
+            node("MaxPool", "max", &["c"], &["m"], vec![attr_ints("kernel_shape", &[2, 2])]),
+            node(
+                "AveragePool",
+                "avg",
+                &["m"],
+                &["a"],
+                vec![attr_ints("kernel_shape", &[2, 2]), attr_ints("strides", &[1, 1])],
+            ),
+            node("Reshape", "flat", &["a", target], &["y"], vec![]),
+        ]
+    };
+    let cnn = import_bytes(&model_bytes_with_target(nodes("shape"), &w, &b, &shape)).unwrap();
+    let cf = cnn.concrete_function(&[TensorSpec::new(DType::F32, &[-1, 2, 7, 7])]).unwrap();
+    assert_eq!(cf.executor_kind(), "jit");
+    // A conv output sums K = 2·9 products and the bias, in any order: K ulps
+    // of the magnitudes; the pools add a few ulps of the value.
+    let k = 19.0f32;
+    let mag = f32s(&w).iter().fold(0.0f32, |m, v| m.max(v.abs())) * 6.0 + 1.0;
+    let tol = |e: f32| k * k * f32::EPSILON * mag + 8.0 * f32::EPSILON * e.abs();
+    for batch in [1usize, 3, 4] {
+        let x = floats(&[batch, 2, 7, 7], batch as u64, true);
+        let got = cnn.run(std::slice::from_ref(&x)).unwrap().remove(0);
+        let want = cnn.evaluate(&[x]).unwrap().remove(0);
+        assert_eq!(got.shape(), [batch, 4 * 5 * 5]);
+        for (g, e) in f32s(&got).into_iter().zip(f32s(&want)) {
+            let same_special = (g.is_nan() && e.is_nan()) || (g.is_infinite() && g == e);
+            assert!(same_special || (g - e).abs() <= tol(e), "batch {batch}: {g} vs {e}");
+        }
+    }
+    assert_jit(&cnn);
+    assert_eq!(cnn.function().concrete_functions().len(), 1, "the any-batch trace served every batch");
+
+    // [0, -1] of [?, ?, 6]: the batch is copied, but the -1 is unknown too.
+    let bytes = model(
+        vec![node("Reshape", "flat", &["x", "shape"], &["y"], vec![])],
+        vec![value("x", elem(DType::F32), &[None, None, Some(6)])],
+        vec![value("y", elem(DType::F32), &[None, None])],
+        vec![init("shape", &shape)],
+        13,
+    );
+    let reshape = import_bytes(&bytes).unwrap();
+    let err = reshape.concrete_function(&[TensorSpec::new(DType::F32, &[-1, -1, 6])]).unwrap_err().to_string();
+    assert!(err.contains("Reshape") && err.contains("more than one dim"), "{err}");
+}
+
+fn model_bytes_with_target(
+    nodes: Vec<tracejit_onnx::pb::NodeProto>,
+    w: &Tensor,
+    b: &Tensor,
+    target: &Tensor,
+) -> Vec<u8> {
+    model(
+        nodes,
+        vec![value("x", elem(DType::F32), &[None, Some(2), Some(7), Some(7)])],
+        vec![value("y", elem(DType::F32), &vec![None; target.len()])],
+        vec![init("w", w), init("b", b), init("shape", target)],
+        13,
+    )
+}

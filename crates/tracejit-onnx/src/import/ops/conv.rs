@@ -104,8 +104,13 @@ fn kernel_attr(n: &Node, sr: usize) -> Result<[usize; 2], String> {
     Ok(if sr == 1 { [1, k[0] as usize] } else { [k[0] as usize, k[1] as usize] })
 }
 
-fn hw_of(x2: &Tensor) -> [usize; 2] {
-    [x2.shape()[2], x2.shape()[3]]
+/// The input's spatial dims (the batch may be unknown: a model traced
+/// for any batch size).
+fn hw_of(x2: &Tensor) -> Result<[usize; 2], String> {
+    match x2.dims()[..] {
+        [_, _, Some(h), Some(w)] => Ok([h, w]),
+        ref dims => Err(format!("the input's spatial dims must be known, got {dims:?}")),
+    }
 }
 
 /// `Conv`.
@@ -120,7 +125,7 @@ pub(crate) fn conv(n: &mut Node) -> OpResult {
             return Err(format!("kernel_shape {k:?} differs from the weights' {expect:?}"));
         }
     }
-    let win = window(n, sr, hw_of(&x2), kernel)?;
+    let win = window(n, sr, hw_of(&x2)?, kernel)?;
     let group = usize::try_from(n.attr_i("group", 1)?).map_err(|_| "negative group".to_string())?;
     let attrs = Conv2dAttrs { stride: win.stride, dilation: win.dilation, pad: win.pad, groups: group };
     let bias = n.opt_input(2);
@@ -148,7 +153,7 @@ pub(crate) fn conv_transpose(n: &mut Node) -> OpResult {
         return Err(format!("output_padding {out_pad:?} does not fit {sr} spatial axes"));
     }
     let op2: [usize; 2] = if sr == 1 { [0, out_pad[0] as usize] } else { [out_pad[0] as usize, out_pad[1] as usize] };
-    let input = hw_of(&x2);
+    let input = hw_of(&x2)?;
     let full = |a: usize| stride[a] * (input[a] - 1) + op2[a] + (kernel[a] - 1) * dilation[a] + 1;
     let auto = n.attr_s("auto_pad", "NOTSET")?;
     let mut pad = [0usize; 4];
@@ -229,7 +234,7 @@ pub(crate) fn max_pool(n: &mut Node) -> OpResult {
     }
     let sr = spatial_rank(n, x)?;
     let x2 = as_2d(x, sr);
-    let win = pool_window(n, sr, hw_of(&x2))?;
+    let win = pool_window(n, sr, hw_of(&x2)?)?;
     let y = spatial(SpatialOp::MaxPool2d { pool: pool_attrs(&win) }, &[&x2]).remove(0);
     Ok(vec![from_2d(y, sr)])
 }
@@ -247,7 +252,7 @@ pub(crate) fn average_pool(n: &mut Node) -> OpResult {
     let x = n.input(0)?;
     let sr = spatial_rank(n, x)?;
     let x2 = as_2d(x, sr);
-    let hw = hw_of(&x2);
+    let hw = hw_of(&x2)?;
     let full = pool_window(n, sr, hw)?;
     let y = if n.attr_i("count_include_pad", 0)? != 0 {
         let explicit = window(n, sr, hw, full.kernel)?.pad;
@@ -267,7 +272,7 @@ pub(crate) fn lp_pool(n: &mut Node) -> OpResult {
     let sr = spatial_rank(n, x)?;
     let x2 = as_2d(x, sr);
     let p = n.attr_i("p", 2)? as f64;
-    let win = pool_window(n, sr, hw_of(&x2))?;
+    let win = pool_window(n, sr, hw_of(&x2)?)?;
     let xp = zero_padded(&x2.abs().pow(scalar_like(x, p)), win.pad);
     let pool = Pool2dAttrs { kernel: win.kernel, stride: win.stride, pad: [0; 4] };
     let avg = spatial(SpatialOp::AvgPool2d { pool }, &[&xp]).remove(0);

@@ -87,8 +87,52 @@ fn reshape_target(input: &[usize], target: &[i64], allowzero: bool) -> Result<Ve
 pub(crate) fn reshape(n: &mut Node) -> OpResult {
     let x = n.input(0)?;
     let target = if n.opset < 5 { n.attr_ints("shape")?.unwrap_or_default() } else { n.known_i64s(1)? };
-    let out = reshape_target(x.shape(), &target, n.attr_i("allowzero", 0)? != 0)?;
+    let allowzero = n.attr_i("allowzero", 0)? != 0;
+    let dims = x.dims();
+    if dims.iter().any(Option::is_none) {
+        return one(x.reshape(&symbolic_target(&dims, &target, allowzero)?));
+    }
+    let out = reshape_target(x.shape(), &target, allowzero)?;
     one(x.reshape(&to_i64(&out)))
+}
+
+/// A Reshape's target for an input with unknown dims (a model traced for
+/// any batch size): each 0 copies its input dim, an unknown one becoming
+/// a `-1` the trace resolves. When the unknown dims are all copied, the
+/// target's own `-1` is the known dims' quotient (`[0, -1]` flattens any
+/// batch); more than one dim left to infer is refused.
+fn symbolic_target(dims: &[Option<usize>], target: &[i64], allowzero: bool) -> Result<Vec<i64>, String> {
+    let mut out: Vec<i64> = target
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| match (d, dims.get(i)) {
+            (0, Some(Some(k))) if !allowzero => Ok(*k as i64),
+            (0, Some(None)) if !allowzero => Ok(-1),
+            (0, None) if !allowzero => Err(format!("shape {target:?}: 0 at {i} has no input dim to copy")),
+            (d, _) if d >= -1 => Ok(d),
+            _ => Err(format!("shape {target:?} is invalid (a negative dim other than one -1)")),
+        })
+        .collect::<Result<_, _>>()?;
+    let copied_unknown =
+        (0..target.len()).filter(|&i| target[i] == 0 && !allowzero && dims.get(i) == Some(&None)).count();
+    let unknown = dims.iter().filter(|d| d.is_none()).count();
+    if let Some(infer) = target.iter().position(|&d| d == -1) {
+        if copied_unknown > 0 && copied_unknown == unknown {
+            let known_in: usize = dims.iter().flatten().product();
+            let known_out: i64 =
+                out.iter().enumerate().filter(|&(i, &d)| i != infer && d >= 0).map(|(_, &d)| d).product();
+            if known_out <= 0 || known_in as i64 % known_out != 0 {
+                return Err(format!("cannot reshape {dims:?} into {target:?}"));
+            }
+            out[infer] = known_in as i64 / known_out;
+        }
+    }
+    if out.iter().filter(|&&d| d == -1).count() > 1 {
+        return Err(format!(
+            "shape {target:?} of an input with unknown dims {dims:?} leaves more than one dim to infer"
+        ));
+    }
+    Ok(out)
 }
 
 /// `Flatten`: `[prod(dims[..axis]), prod(dims[axis..])]`.
