@@ -6,8 +6,8 @@
 //!
 //! Everything that can be refused without input shapes is refused here,
 //! at import: an op the table lacks or at an opset it does not cover, an
-//! attribute the handler does not read, another domain, a subgraph, a
-//! name read before anything defines it. What depends on shapes or on
+//! attribute the handler does not read or a value its op's check refuses,
+//! another domain, a subgraph, a name read before anything defines it. What depends on shapes or on
 //! known values is checked by the handlers while tracing, and reported as
 //! [`Error::Node`] naming the node.
 
@@ -228,6 +228,17 @@ fn prepare_node(n: &crate::pb::NodeProto, opset: i64) -> Result<NodeSpec> {
             return Err(refuse(format!("attribute '{an}' is not supported")));
         }
         attrs.insert(an.to_string(), a.clone());
+    }
+    if let Some(check) = def.check {
+        let node = Node {
+            op_type: &op_type,
+            opset,
+            inputs: Vec::new(),
+            num_outputs: n.output.len(),
+            wanted: Vec::new(),
+            attrs: &attrs,
+        };
+        check(&node).map_err(refuse)?;
     }
     Ok(NodeSpec { op_type, name, inputs: n.input.clone(), outputs: n.output.clone(), attrs, def })
 }

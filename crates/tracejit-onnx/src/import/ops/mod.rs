@@ -2,12 +2,15 @@
 //! the attributes the handler reads (any other is refused at import), the
 //! input positions that must be known at trace time (so a graph input
 //! feeding one becomes a static input), and ops known to be missing with
-//! the reason (the primitive or dtype they need).
+//! the reason (the primitive or dtype they need). An op may also check
+//! its attribute values at import (`check`), so a value it cannot honour
+//! is refused before any input is seen.
 //!
 //! Handlers live in one file per family: `elementwise`, `reduce`,
-//! `shape`, `indexing`, `nn` (dense layers and normalizations), `loss`
-//! and `conv` (convolutions and pools).
+//! `shape`, `indexing`, `nn` (dense layers and normalizations),
+//! `attention`, `loss` and `conv` (convolutions and pools).
 
+pub(crate) mod attention;
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod indexing;
@@ -20,6 +23,10 @@ use super::node::{Node, OpResult};
 
 /// An op handler.
 pub(crate) type Handler = fn(&mut Node) -> OpResult;
+
+/// An import-time check of a node's attribute values (the node has no
+/// inputs yet): `Err` is the reason it is refused.
+pub(crate) type Check = fn(&Node) -> std::result::Result<(), String>;
 
 /// One row of the table.
 pub(crate) struct OpDef {
@@ -35,10 +42,12 @@ pub(crate) struct OpDef {
     pub shape_only: bool,
     /// `Some(reason)`: the op is known and refused for that reason.
     pub refuse: Option<&'static str>,
+    /// Checks the attribute values at import.
+    pub check: Option<Check>,
 }
 
 const fn op(name: &'static str, handler: Handler, attrs: &'static [&'static str]) -> OpDef {
-    OpDef { name, handler, attrs, statics: &[], shape_only: false, refuse: None }
+    OpDef { name, handler, attrs, statics: &[], shape_only: false, refuse: None, check: None }
 }
 
 const fn with_statics(
@@ -47,7 +56,11 @@ const fn with_statics(
     attrs: &'static [&'static str],
     statics: &'static [usize],
 ) -> OpDef {
-    OpDef { name, handler, attrs, statics, shape_only: false, refuse: None }
+    OpDef { name, handler, attrs, statics, shape_only: false, refuse: None, check: None }
+}
+
+const fn checked(name: &'static str, handler: Handler, attrs: &'static [&'static str], check: Check) -> OpDef {
+    OpDef { name, handler, attrs, statics: &[], shape_only: false, refuse: None, check: Some(check) }
 }
 
 fn refused(_: &mut Node) -> OpResult {
@@ -55,7 +68,7 @@ fn refused(_: &mut Node) -> OpResult {
 }
 
 const fn missing(name: &'static str, reason: &'static str) -> OpDef {
-    OpDef { name, handler: refused, attrs: &[], statics: &[], shape_only: false, refuse: Some(reason) }
+    OpDef { name, handler: refused, attrs: &[], statics: &[], shape_only: false, refuse: Some(reason), check: None }
 }
 
 const REDUCE: &[&str] = &["axes", "keepdims", "noop_with_empty_axes"];
@@ -156,8 +169,16 @@ static OPS: &[OpDef] = &[
     op("ArgMax", r::arg_max, ARG),
     op("ArgMin", r::arg_min, ARG),
     // Shapes and movement.
-    OpDef { name: "Shape", handler: s::shape, attrs: &["start", "end"], statics: &[], shape_only: true, refuse: None },
-    OpDef { name: "Size", handler: s::size, attrs: &[], statics: &[], shape_only: true, refuse: None },
+    OpDef {
+        name: "Shape",
+        handler: s::shape,
+        attrs: &["start", "end"],
+        statics: &[],
+        shape_only: true,
+        refuse: None,
+        check: None,
+    },
+    OpDef { name: "Size", handler: s::size, attrs: &[], statics: &[], shape_only: true, refuse: None, check: None },
     with_statics("Reshape", s::reshape, &["allowzero", "shape", "consumed_inputs"], &[1]),
     op("Flatten", s::flatten, &["axis"]),
     with_statics("Squeeze", s::squeeze, &["axes"], &[1]),
@@ -204,6 +225,7 @@ static OPS: &[OpDef] = &[
     op("LRN", nn::lrn, &["alpha", "beta", "bias", "size"]),
     op("NegativeLogLikelihoodLoss", loss::nll_loss, &["ignore_index", "reduction"]),
     op("SoftmaxCrossEntropyLoss", loss::softmax_cross_entropy, &["ignore_index", "reduction"]),
+    checked("Attention", attention::attention, attention::ATTRS, attention::check),
     with_statics("Dropout", nn::dropout, &["ratio", "seed", "is_test"], &[1, 2]),
     // Convolutions and pools.
     op("Conv", c::conv, CONV),
