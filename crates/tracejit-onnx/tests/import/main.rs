@@ -6,6 +6,7 @@
 //!
 //! ONNX's own suite is `tests/conformance.rs` (it needs the test data).
 
+mod attention;
 mod builder;
 mod errors;
 mod ops;

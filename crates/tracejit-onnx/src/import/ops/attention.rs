@@ -97,13 +97,16 @@ pub(crate) fn attention(n: &mut Node) -> OpResult {
     let scale = set.scale.unwrap_or(1.0 / (d.max(1) as f64).sqrt());
     let g = Grouping { kvh, group: qh / kvh };
 
-    let masks = Masks::build(n, &io, &set, (b, qh, tq, tk))?;
+    // The flash kernel fits when the scores are not wanted and nothing but
+    // allowing / forbidding pairs happens to them.
+    let additive = n.opt_input(3).is_some_and(|m| m.dtype() != DType::Bool);
     let fused = !n.wants(3)
         && set.softcap.is_none()
-        && masks.additive.is_none()
+        && !additive
         && set.precision.is_none_or(|p| {
             p == io.q.dtype() || (p == DType::F32 && io.q.dtype().is_float() && io.q.dtype() != DType::F64)
         });
+    let masks = Masks::build(n, &io, &set, (b, qh, tq, tk), fused)?;
     let (y, qk) = if fused {
         (fused_attention(&io, &masks, &g, scale), None)
     } else {
@@ -173,7 +176,7 @@ fn split_heads(n: &Node, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, 
     let (qh, kvh) = (heads("q_num_heads")?, heads("kv_num_heads")?);
     let split = |name: &str, t: &Tensor, h: usize| -> Result<Tensor, String> {
         let s = t.shape();
-        if s[2] % h != 0 {
+        if !s[2].is_multiple_of(h) {
             return Err(format!("{name} {s:?}: hidden size {} is not a multiple of {h} heads", s[2]));
         }
         Ok(t.reshape(&[s[0] as i64, s[1] as i64, h as i64, (s[2] / h) as i64]).transpose(&[0, 2, 1, 3]))
@@ -293,8 +296,9 @@ struct Masks {
     allowed: Option<Tensor>,
     /// A float mask added to the scores.
     additive: Option<Tensor>,
-    /// Causality still to apply: it is left out of `allowed` only when it
-    /// is the only rule and the fused kernel's alignment is ONNX's.
+    /// Causality still to apply by the fused kernel: it is left out of
+    /// `allowed` only for the kernel, when it is the only rule and the
+    /// kernel's alignment is ONNX's.
     causal_flag: bool,
 }
 
@@ -304,6 +308,7 @@ impl Masks {
         io: &Operands,
         set: &Settings,
         (b, qh, tq, tk): (usize, usize, usize, usize),
+        fused: bool,
     ) -> Result<Masks, String> {
         let (mut allowed, mut additive) = (None, None);
         if let Some(m) = n.opt_input(3) {
@@ -323,7 +328,7 @@ impl Masks {
         // (j <= i + Tk - Tq): the same rule exactly when Tk = past + Tq.
         let mut causal_flag = false;
         if set.causal {
-            if allowed.is_none() && tk == io.past + tq {
+            if fused && allowed.is_none() && tk == io.past + tq {
                 causal_flag = true;
             } else {
                 let i = Tensor::arange(0.0, tq as f64, 1.0, DType::I64).reshape(&[1, 1, tq as i64, 1]);
@@ -380,7 +385,7 @@ fn nonpad_allowed(len: &Tensor, b: usize, tk: usize) -> Result<Tensor, String> {
         ));
     }
     let j = Tensor::arange(0.0, tk as f64, 1.0, DType::I64).reshape(&[1, 1, 1, tk as i64]);
-    Ok(j.lt(&len.cast(DType::I64).reshape(&[b as i64, 1, 1, 1])))
+    Ok(j.lt(len.cast(DType::I64).reshape(&[b as i64, 1, 1, 1])))
 }
 
 /// NaN where a row of `allowed` (`[.., Tq, Tk]`) has no key, else `y`.
