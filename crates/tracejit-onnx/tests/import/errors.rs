@@ -192,3 +192,45 @@ fn attention_values_it_cannot_honour_are_refused() {
     let x = |t| Tensor::ones(&[1, t, 6], DType::F32);
     assert_eq!(model.run(&[x(2), x(3), x(3)]).unwrap()[0].shape(), [1, 2, 6]);
 }
+
+/// RotaryEmbedding's attribute values are checked at import; a 3-D input
+/// without `num_heads` and a rotary width the head cannot hold are node
+/// errors at `run`.
+#[test]
+fn rotary_embedding_values_it_cannot_honour_are_refused() {
+    let rope = |attrs: Vec<tracejit_onnx::pb::AttributeProto>, opset: i64| {
+        model_proto(
+            vec![node("RotaryEmbedding", "rope", &["x", "cos", "sin"], &["y"], attrs)],
+            vec![
+                fixed("x", DType::F32, &[1, 2, 8]),
+                fixed("cos", DType::F32, &[1, 2, 2]),
+                fixed("sin", DType::F32, &[1, 2, 2]),
+            ],
+            vec![value("y", elem(DType::F32), &[None, None, None])],
+            vec![],
+            opset,
+        )
+    };
+    for (attrs, opset, what) in [
+        (vec![attr_i("interleaved", 3)], 23, "interleaved 3"),
+        (vec![attr_i("rotary_embedding_dim", -2)], 23, "rotary_embedding_dim -2"),
+        (vec![], 22, "from opset 23"),
+    ] {
+        let m = import_proto(&rope(attrs, opset)).unwrap_err().to_string();
+        for part in ["RotaryEmbedding", "'rope'", "ai.onnx", &format!("opset {opset}"), what] {
+            assert!(m.contains(part), "{m} should name {part}");
+        }
+    }
+    let x = Tensor::ones(&[1, 2, 8], DType::F32);
+    let c = Tensor::ones(&[1, 2, 2], DType::F32);
+    for (attrs, what) in [
+        (vec![], "needs num_heads"),
+        (vec![attr_i("num_heads", 2), attr_i("rotary_embedding_dim", 6)], "at most the head size 4"),
+    ] {
+        let model = import_proto(&rope(attrs, 23)).unwrap();
+        let m = model.run(&[x.clone(), c.clone(), c.clone()]).unwrap_err().to_string();
+        assert!(m.contains("'rope'") && m.contains(what), "{m} should say {what}");
+    }
+    let model = import_proto(&rope(vec![attr_i("num_heads", 2)], 23)).unwrap();
+    assert_eq!(model.run(&[x, c.clone(), c]).unwrap()[0].shape(), [1, 2, 8]);
+}

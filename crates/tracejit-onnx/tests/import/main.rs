@@ -10,4 +10,5 @@ mod attention;
 mod builder;
 mod errors;
 mod ops;
+mod rotary;
 mod round_trip;

@@ -8,7 +8,7 @@
 //!
 //! Handlers live in one file per family: `elementwise`, `reduce`,
 //! `shape`, `indexing`, `nn` (dense layers and normalizations),
-//! `attention`, `loss` and `conv` (convolutions and pools).
+//! `attention`, `rotary`, `loss` and `conv` (convolutions and pools).
 
 pub(crate) mod attention;
 pub(crate) mod conv;
@@ -17,6 +17,7 @@ pub(crate) mod indexing;
 pub(crate) mod loss;
 pub(crate) mod nn;
 pub(crate) mod reduce;
+pub(crate) mod rotary;
 pub(crate) mod shape;
 
 use super::node::{Node, OpResult};
@@ -226,6 +227,7 @@ static OPS: &[OpDef] = &[
     op("NegativeLogLikelihoodLoss", loss::nll_loss, &["ignore_index", "reduction"]),
     op("SoftmaxCrossEntropyLoss", loss::softmax_cross_entropy, &["ignore_index", "reduction"]),
     checked("Attention", attention::attention, attention::ATTRS, attention::check),
+    checked("RotaryEmbedding", rotary::rotary_embedding, rotary::ATTRS, rotary::check),
     with_statics("Dropout", nn::dropout, &["ratio", "seed", "is_test"], &[1, 2]),
     // Convolutions and pools.
     op("Conv", c::conv, CONV),
