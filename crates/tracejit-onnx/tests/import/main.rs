@@ -8,6 +8,7 @@
 
 mod attention;
 mod builder;
+mod cumprod;
 mod errors;
 mod ops;
 mod rotary;

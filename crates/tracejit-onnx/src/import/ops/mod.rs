@@ -207,6 +207,7 @@ static OPS: &[OpDef] = &[
     with_statics("OneHot", ix::one_hot, &["axis"], &[1]),
     with_statics("TopK", ix::top_k, &["axis", "k", "largest", "sorted"], &[1]),
     with_statics("CumSum", ix::cumsum, &["exclusive", "reverse"], &[1]),
+    with_statics("CumProd", ix::cumprod, &["exclusive", "reverse"], &[1]),
     with_statics("NonZero", ix::non_zero, &[], &[0]),
     with_statics("Compress", ix::compress, &["axis"], &[1]),
     with_statics("Pad", ix::pad, &["mode", "pads", "paddings", "value"], &[1, 2, 3]),
