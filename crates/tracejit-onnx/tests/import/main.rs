@@ -9,6 +9,7 @@
 mod attention;
 mod builder;
 mod cumprod;
+mod einsum;
 mod errors;
 mod ops;
 mod rotary;

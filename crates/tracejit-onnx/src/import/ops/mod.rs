@@ -8,10 +8,12 @@
 //!
 //! Handlers live in one file per family: `elementwise`, `reduce`,
 //! `shape`, `indexing`, `nn` (dense layers and normalizations),
-//! `attention`, `rotary`, `loss` and `conv` (convolutions and pools).
+//! `einsum`, `attention`, `rotary`, `loss` and `conv` (convolutions and
+//! pools).
 
 pub(crate) mod attention;
 pub(crate) mod conv;
+pub(crate) mod einsum;
 pub(crate) mod elementwise;
 pub(crate) mod indexing;
 pub(crate) mod loss;
@@ -213,6 +215,7 @@ static OPS: &[OpDef] = &[
     with_statics("Pad", ix::pad, &["mode", "pads", "paddings", "value"], &[1, 2, 3]),
     // Dense layers, normalizations.
     op("MatMul", nn::matmul, &[]),
+    checked("Einsum", einsum::einsum, &["equation"], einsum::check),
     op("Gemm", nn::gemm, &["alpha", "beta", "transA", "transB", "broadcast"]),
     op("Softmax", nn::softmax, &["axis"]),
     op("LogSoftmax", nn::log_softmax, &["axis"]),
