@@ -14,3 +14,4 @@ mod errors;
 mod ops;
 mod rotary;
 mod round_trip;
+mod state;

@@ -8,8 +8,8 @@
 //!
 //! Handlers live in one file per family: `elementwise`, `reduce`,
 //! `shape`, `indexing`, `nn` (dense layers and normalizations),
-//! `einsum`, `attention`, `rotary`, `loss` and `conv` (convolutions and
-//! pools).
+//! `einsum`, `attention`, `rotary`, `state` (caches and recurrent state),
+//! `loss` and `conv` (convolutions and pools).
 
 pub(crate) mod attention;
 pub(crate) mod conv;
@@ -21,6 +21,7 @@ pub(crate) mod nn;
 pub(crate) mod reduce;
 pub(crate) mod rotary;
 pub(crate) mod shape;
+pub(crate) mod state;
 
 use super::node::{Node, OpResult};
 
@@ -232,6 +233,8 @@ static OPS: &[OpDef] = &[
     op("SoftmaxCrossEntropyLoss", loss::softmax_cross_entropy, &["ignore_index", "reduction"]),
     checked("Attention", attention::attention, attention::ATTRS, attention::check),
     checked("RotaryEmbedding", rotary::rotary_embedding, rotary::ATTRS, rotary::check),
+    checked("TensorScatter", state::tensor_scatter, state::SCATTER_ATTRS, state::check_scatter),
+    checked("CausalConvWithState", state::causal_conv_with_state, state::CONV_ATTRS, state::check_conv),
     with_statics("Dropout", nn::dropout, &["ratio", "seed", "is_test"], &[1, 2]),
     // Convolutions and pools.
     op("Conv", c::conv, CONV),
