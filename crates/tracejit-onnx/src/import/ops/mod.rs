@@ -8,7 +8,8 @@
 //!
 //! Handlers live in one file per family: `elementwise`, `reduce`,
 //! `shape`, `indexing`, `nn` (dense layers and normalizations),
-//! `einsum`, `attention`, `rotary`, `state` (caches and recurrent state),
+//! `einsum`, `attention`, `linear_attention`, `rotary`, `state` (caches
+//! and recurrent state),
 //! `loss` and `conv` (convolutions and pools).
 
 pub(crate) mod attention;
@@ -16,6 +17,7 @@ pub(crate) mod conv;
 pub(crate) mod einsum;
 pub(crate) mod elementwise;
 pub(crate) mod indexing;
+pub(crate) mod linear_attention;
 pub(crate) mod loss;
 pub(crate) mod nn;
 pub(crate) mod reduce;
@@ -233,6 +235,7 @@ static OPS: &[OpDef] = &[
     op("SoftmaxCrossEntropyLoss", loss::softmax_cross_entropy, &["ignore_index", "reduction"]),
     checked("Attention", attention::attention, attention::ATTRS, attention::check),
     checked("RotaryEmbedding", rotary::rotary_embedding, rotary::ATTRS, rotary::check),
+    checked("LinearAttention", linear_attention::linear_attention, linear_attention::ATTRS, linear_attention::check),
     checked("TensorScatter", state::tensor_scatter, state::SCATTER_ATTRS, state::check_scatter),
     checked("CausalConvWithState", state::causal_conv_with_state, state::CONV_ATTRS, state::check_conv),
     with_statics("Dropout", nn::dropout, &["ratio", "seed", "is_test"], &[1, 2]),
