@@ -70,7 +70,7 @@ pub use tensor_data::{load_tensor, load_tensor_bytes};
 
 use crate::pb::ModelProto;
 use crate::{Error, Result};
-use program::{is_default_domain, Program};
+use program::{is_default_domain, Opsets, Program};
 
 /// The newest default-domain opset the importer reads (onnx 1.22's).
 pub const MAX_OPSET: i64 = 27;
@@ -104,7 +104,13 @@ pub fn import_proto(proto: &ModelProto) -> Result<Model> {
         .graph
         .as_ref()
         .ok_or_else(|| Error::Malformed { what: "model".into(), message: "it has no graph".into() })?;
-    let program = Program::new(graph, opset, &proto.functions)?;
+    let others = proto
+        .opset_import
+        .iter()
+        .filter(|o| !is_default_domain(o.domain()))
+        .map(|o| (o.domain().to_string(), o.version()))
+        .collect();
+    let program = Program::new(graph, &Opsets { default: opset, others }, &proto.functions)?;
     let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
     let inputs = graph
         .input

@@ -64,9 +64,21 @@ pub(crate) fn is_default_domain(domain: &str) -> bool {
     domain.is_empty() || domain == "ai.onnx"
 }
 
+/// The opsets a model imports: the default domain's, and the others' by
+/// domain (an op of another domain is checked against its version).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Opsets {
+    /// The default domain's opset.
+    pub default: i64,
+    /// Other domains' versions.
+    pub others: HashMap<String, i64>,
+}
+
 impl Program {
-    /// Checks `graph` against the op table and prepares it.
-    pub fn new(graph: &GraphProto, opset: i64, functions: &[FunctionProto]) -> Result<Program> {
+    /// Checks `graph` against the op table and prepares it (and, with it,
+    /// the subgraphs its ops' attributes hold).
+    pub fn new(graph: &GraphProto, opsets: &Opsets, functions: &[FunctionProto]) -> Result<Program> {
+        let opset = opsets.default;
         let name = match graph.name() {
             "" => "onnx_model".to_string(),
             n => n.to_string(),
@@ -86,7 +98,7 @@ impl Program {
             .filter(|n| !initializer_names.contains(n.as_str()))
             .collect();
         let flat = Library::new(functions).expand(&graph.node)?;
-        let nodes = flat.iter().map(|n| prepare_node(n, opset)).collect::<Result<Vec<_>>>()?;
+        let nodes = flat.iter().map(|n| prepare_node(n, opsets)).collect::<Result<Vec<_>>>()?;
         check_names(graph, &inputs, &nodes)?;
         let needed = trace_time_values(&nodes);
         let (constants, variables) = split_initializers(graph, &needed)?;
@@ -194,13 +206,15 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-fn prepare_node(n: &crate::pb::NodeProto, opset: i64) -> Result<NodeSpec> {
+fn prepare_node(n: &crate::pb::NodeProto, opsets: &Opsets) -> Result<NodeSpec> {
     let op_type = n.op_type().to_string();
     let name = match (n.name(), n.output.first()) {
         ("", Some(o)) => o.clone(),
         (name, _) => name.to_string(),
     };
     let domain = n.domain();
+    let default = is_default_domain(domain);
+    let opset = if default { opsets.default } else { opsets.others.get(domain).copied().unwrap_or(0) };
     let refuse = |reason: String| Error::UnsupportedOp {
         op_type: op_type.clone(),
         node: name.clone(),
@@ -208,12 +222,18 @@ fn prepare_node(n: &crate::pb::NodeProto, opset: i64) -> Result<NodeSpec> {
         opset,
         reason,
     };
-    if !is_default_domain(domain) {
-        return Err(refuse(format!("domain '{domain}' is not supported (only the default ONNX domain is)")));
-    }
-    let def = ops::lookup(&op_type).ok_or_else(|| refuse("not implemented by the importer".into()))?;
+    let def = match ops::lookup(if default { "" } else { domain }, &op_type) {
+        Some(def) => def,
+        None if default => return Err(refuse("not implemented by the importer".into())),
+        None => {
+            return Err(refuse(format!("domain '{domain}' is not supported (only the default ONNX domain is)")));
+        }
+    };
     if let Some(reason) = def.refuse {
         return Err(refuse(reason.to_string()));
+    }
+    if !default && opset != def.domain_version {
+        return Err(refuse(format!("the importer reads {domain} version {}", def.domain_version)));
     }
     let mut attrs = HashMap::with_capacity(n.attribute.len());
     for a in &n.attribute {
@@ -221,7 +241,10 @@ fn prepare_node(n: &crate::pb::NodeProto, opset: i64) -> Result<NodeSpec> {
         if a.ref_attr_name.is_some() {
             return Err(refuse(format!("attribute '{an}' refers to a function attribute")));
         }
-        if a.g.is_some() || !a.graphs.is_empty() {
+        if let (Some(g), true) = (&a.g, def.subgraphs.contains(&an)) {
+            // Checked now, so what the subgraph lacks is refused at import.
+            Program::new(g, opsets, &[]).map_err(|e| refuse(format!("attribute '{an}': {e}")))?;
+        } else if a.g.is_some() || !a.graphs.is_empty() {
             return Err(refuse(format!("attribute '{an}' holds a subgraph (control flow comes in a later stage)")));
         }
         if !def.attrs.contains(&an) {

@@ -11,6 +11,7 @@ mod builder;
 mod cumprod;
 mod einsum;
 mod errors;
+mod flex_attention;
 mod linear_attention;
 mod ops;
 mod rotary;

@@ -242,14 +242,14 @@ fn check_fit(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(), String> {
 }
 
 /// Query heads in groups over the key/value heads.
-struct Grouping {
-    kvh: usize,
-    group: usize,
+pub(crate) struct Grouping {
+    pub kvh: usize,
+    pub group: usize,
 }
 
 impl Grouping {
     /// `[b, qh, ..]` as `[b, kvh, group, ..]` (unchanged without groups).
-    fn query(&self, t: &Tensor) -> Tensor {
+    pub(crate) fn query(&self, t: &Tensor) -> Tensor {
         if self.group == 1 {
             return t.clone();
         }
@@ -260,7 +260,7 @@ impl Grouping {
     }
 
     /// `[b, kvh, ..]` as `[b, kvh, 1, ..]`.
-    fn key(&self, t: &Tensor) -> Tensor {
+    pub(crate) fn key(&self, t: &Tensor) -> Tensor {
         if self.group == 1 {
             t.clone()
         } else {
@@ -269,7 +269,7 @@ impl Grouping {
     }
 
     /// A mask or bias of rank 4 with 1 or `qh` heads, grouped like the query.
-    fn mask(&self, t: &Tensor) -> Tensor {
+    pub(crate) fn mask(&self, t: &Tensor) -> Tensor {
         if self.group == 1 {
             return t.clone();
         }
@@ -280,8 +280,16 @@ impl Grouping {
         t.reshape(&[s[0] as i64, self.kvh as i64, self.group as i64, s[2] as i64, s[3] as i64])
     }
 
+    /// A `[b, qh, ..]` tensor in the grouped layout of `like`.
+    pub(crate) fn group_like(&self, t: &Tensor, like: &Tensor) -> Tensor {
+        if self.group == 1 {
+            return t.clone();
+        }
+        t.reshape(&like.shape().iter().map(|&d| d as i64).collect::<Vec<_>>())
+    }
+
     /// The grouped result back to `[b, qh, ..]`.
-    fn merge(&self, t: &Tensor, shape: [usize; 4]) -> Tensor {
+    pub(crate) fn merge(&self, t: &Tensor, shape: [usize; 4]) -> Tensor {
         if self.group == 1 {
             return t.clone();
         }

@@ -8,7 +8,8 @@
 //!
 //! Handlers live in one file per family: `elementwise`, `reduce`,
 //! `shape`, `indexing`, `nn` (dense layers and normalizations),
-//! `einsum`, `attention`, `linear_attention`, `rotary`, `state` (caches
+//! `einsum`, `attention`, `flex_attention` (domain `ai.onnx.preview`),
+//! `linear_attention`, `rotary`, `state` (caches
 //! and recurrent state),
 //! `loss` and `conv` (convolutions and pools).
 
@@ -16,6 +17,7 @@ pub(crate) mod attention;
 pub(crate) mod conv;
 pub(crate) mod einsum;
 pub(crate) mod elementwise;
+pub(crate) mod flex_attention;
 pub(crate) mod indexing;
 pub(crate) mod linear_attention;
 pub(crate) mod loss;
@@ -50,10 +52,27 @@ pub(crate) struct OpDef {
     pub refuse: Option<&'static str>,
     /// Checks the attribute values at import.
     pub check: Option<Check>,
+    /// The op's domain: `""` for the default one.
+    pub domain: &'static str,
+    /// The version of `domain` the op is read at (another domain's only).
+    pub domain_version: i64,
+    /// The attributes that may hold a subgraph (checked at import).
+    pub subgraphs: &'static [&'static str],
 }
 
 const fn op(name: &'static str, handler: Handler, attrs: &'static [&'static str]) -> OpDef {
-    OpDef { name, handler, attrs, statics: &[], shape_only: false, refuse: None, check: None }
+    OpDef {
+        name,
+        handler,
+        attrs,
+        statics: &[],
+        shape_only: false,
+        refuse: None,
+        check: None,
+        domain: "",
+        domain_version: 0,
+        subgraphs: &[],
+    }
 }
 
 const fn with_statics(
@@ -62,11 +81,38 @@ const fn with_statics(
     attrs: &'static [&'static str],
     statics: &'static [usize],
 ) -> OpDef {
-    OpDef { name, handler, attrs, statics, shape_only: false, refuse: None, check: None }
+    OpDef {
+        name,
+        handler,
+        attrs,
+        statics,
+        shape_only: false,
+        refuse: None,
+        check: None,
+        domain: "",
+        domain_version: 0,
+        subgraphs: &[],
+    }
 }
 
 const fn checked(name: &'static str, handler: Handler, attrs: &'static [&'static str], check: Check) -> OpDef {
-    OpDef { name, handler, attrs, statics: &[], shape_only: false, refuse: None, check: Some(check) }
+    OpDef {
+        name,
+        handler,
+        attrs,
+        statics: &[],
+        shape_only: false,
+        refuse: None,
+        check: Some(check),
+        domain: "",
+        domain_version: 0,
+        subgraphs: &[],
+    }
+}
+
+/// An op that reads only its input's shape.
+const fn shape_only(name: &'static str, handler: Handler, attrs: &'static [&'static str]) -> OpDef {
+    OpDef { shape_only: true, ..op(name, handler, attrs) }
 }
 
 fn refused(_: &mut Node) -> OpResult {
@@ -74,7 +120,18 @@ fn refused(_: &mut Node) -> OpResult {
 }
 
 const fn missing(name: &'static str, reason: &'static str) -> OpDef {
-    OpDef { name, handler: refused, attrs: &[], statics: &[], shape_only: false, refuse: Some(reason), check: None }
+    OpDef {
+        name,
+        handler: refused,
+        attrs: &[],
+        statics: &[],
+        shape_only: false,
+        refuse: Some(reason),
+        check: None,
+        domain: "",
+        domain_version: 0,
+        subgraphs: &[],
+    }
 }
 
 const REDUCE: &[&str] = &["axes", "keepdims", "noop_with_empty_axes"];
@@ -175,16 +232,8 @@ static OPS: &[OpDef] = &[
     op("ArgMax", r::arg_max, ARG),
     op("ArgMin", r::arg_min, ARG),
     // Shapes and movement.
-    OpDef {
-        name: "Shape",
-        handler: s::shape,
-        attrs: &["start", "end"],
-        statics: &[],
-        shape_only: true,
-        refuse: None,
-        check: None,
-    },
-    OpDef { name: "Size", handler: s::size, attrs: &[], statics: &[], shape_only: true, refuse: None, check: None },
+    shape_only("Shape", s::shape, &["start", "end"]),
+    shape_only("Size", s::size, &[]),
     with_statics("Reshape", s::reshape, &["allowzero", "shape", "consumed_inputs"], &[1]),
     op("Flatten", s::flatten, &["axis"]),
     with_statics("Squeeze", s::squeeze, &["axes"], &[1]),
@@ -235,6 +284,12 @@ static OPS: &[OpDef] = &[
     op("SoftmaxCrossEntropyLoss", loss::softmax_cross_entropy, &["ignore_index", "reduction"]),
     checked("Attention", attention::attention, attention::ATTRS, attention::check),
     checked("RotaryEmbedding", rotary::rotary_embedding, rotary::ATTRS, rotary::check),
+    OpDef {
+        domain: "ai.onnx.preview",
+        domain_version: 1,
+        subgraphs: flex_attention::SUBGRAPHS,
+        ..checked("FlexAttention", flex_attention::flex_attention, flex_attention::ATTRS, flex_attention::check)
+    },
     checked("LinearAttention", linear_attention::linear_attention, linear_attention::ATTRS, linear_attention::check),
     checked("TensorScatter", state::tensor_scatter, state::SCATTER_ATTRS, state::check_scatter),
     checked("CausalConvWithState", state::causal_conv_with_state, state::CONV_ATTRS, state::check_conv),
@@ -276,9 +331,9 @@ static OPS: &[OpDef] = &[
     missing("Bernoulli", "random ops cannot match a reference draw"),
 ];
 
-/// The table's row for `op_type`.
-pub(crate) fn lookup(op_type: &str) -> Option<&'static OpDef> {
-    OPS.iter().find(|d| d.name == op_type)
+/// The table's row for `op_type` of `domain` (`""`: the default domain).
+pub(crate) fn lookup(domain: &str, op_type: &str) -> Option<&'static OpDef> {
+    OPS.iter().find(|d| d.name == op_type && d.domain == domain)
 }
 
 /// Every op type the importer maps (for docs and tests).
