@@ -37,6 +37,8 @@ pub(crate) struct NodeSpec {
     pub attrs: HashMap<String, AttributeProto>,
     /// The op's row in the table.
     pub def: &'static OpDef,
+    /// Names its subgraphs read from the enclosing scopes.
+    pub captures: Vec<String>,
 }
 
 /// The prepared graph.
@@ -57,6 +59,10 @@ pub(crate) struct Program {
     pub outputs: Vec<String>,
     /// Which of `inputs` must be known at trace time.
     pub static_inputs: Vec<bool>,
+    /// For a subgraph: the names it reads from enclosing scopes.
+    pub captures: Vec<String>,
+    /// The opsets it was prepared under (its subgraphs are evaluated so).
+    pub opsets: Opsets,
 }
 
 /// The default domain under its two spellings.
@@ -78,6 +84,17 @@ impl Program {
     /// Checks `graph` against the op table and prepares it (and, with it,
     /// the subgraphs its ops' attributes hold).
     pub fn new(graph: &GraphProto, opsets: &Opsets, functions: &[FunctionProto]) -> Result<Program> {
+        Program::prepare(graph, opsets, functions, false)
+    }
+
+    /// A subgraph (an attribute's graph): like [`Program::new`], but names
+    /// it reads and does not define are the enclosing scopes' (its
+    /// `captures`, given to [`Program::evaluate_with`]).
+    pub fn subgraph(graph: &GraphProto, opsets: &Opsets) -> Result<Program> {
+        Program::prepare(graph, opsets, &[], true)
+    }
+
+    fn prepare(graph: &GraphProto, opsets: &Opsets, functions: &[FunctionProto], nested: bool) -> Result<Program> {
         let opset = opsets.default;
         let name = match graph.name() {
             "" => "onnx_model".to_string(),
@@ -99,19 +116,32 @@ impl Program {
             .collect();
         let flat = Library::new(functions).expand(&graph.node)?;
         let nodes = flat.iter().map(|n| prepare_node(n, opsets)).collect::<Result<Vec<_>>>()?;
-        check_names(graph, &inputs, &nodes)?;
+        let captures = check_names(graph, &inputs, &nodes, nested)?;
         let needed = trace_time_values(&nodes);
         let (constants, variables) = split_initializers(graph, &needed)?;
         let static_inputs = inputs.iter().map(|n| needed.contains(n)).collect();
         let outputs = graph.output.iter().map(|o| o.name().to_string()).collect();
-        Ok(Program { name, opset, nodes, constants, variables, inputs, outputs, static_inputs })
+        let opsets = opsets.clone();
+        Ok(Program { name, opset, nodes, constants, variables, inputs, outputs, static_inputs, captures, opsets })
     }
 
     /// Runs the graph on `inputs` (in the order of [`Program::inputs`]):
     /// eagerly where every operand is eager, recording nodes where one is
     /// symbolic. Returns the graph's outputs.
     pub fn evaluate(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        self.evaluate_with(inputs, &HashMap::new())
+    }
+
+    /// [`Program::evaluate`] for a subgraph, its captures read from `outer`.
+    pub fn evaluate_with(&self, inputs: Vec<Tensor>, outer: &HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
         let mut env: HashMap<&str, Tensor> = HashMap::with_capacity(self.nodes.len() * 2);
+        for name in &self.captures {
+            let t = outer.get(name).ok_or_else(|| Error::Malformed {
+                what: format!("graph '{}'", self.name),
+                message: format!("it reads '{name}' from an enclosing graph, which does not give it"),
+            })?;
+            env.insert(name, t.clone());
+        }
         for (k, v) in &self.constants {
             env.insert(k, v.clone());
         }
@@ -128,7 +158,11 @@ impl Program {
                     n => Some(self.lookup(&mut env, &vars, n)?),
                 });
             }
-            let outs = self.run_node(spec, args)?;
+            let mut captured = HashMap::with_capacity(spec.captures.len());
+            for name in &spec.captures {
+                captured.insert(name.clone(), self.lookup(&mut env, &vars, name)?);
+            }
+            let outs = self.run_node(spec, args, captured)?;
             for (name, t) in spec.outputs.iter().zip(outs) {
                 if !name.is_empty() {
                     env.insert(name, t);
@@ -164,8 +198,15 @@ impl Program {
 
     /// Runs one node's handler, turning its error or a panic of a tensor
     /// op (a type error) into an [`Error::Node`] naming the node.
-    fn run_node(&self, spec: &NodeSpec, inputs: Vec<Option<Tensor>>) -> Result<Vec<Tensor>> {
+    fn run_node(
+        &self,
+        spec: &NodeSpec,
+        inputs: Vec<Option<Tensor>>,
+        captures: HashMap<String, Tensor>,
+    ) -> Result<Vec<Tensor>> {
         let mut node = Node {
+            captures,
+            opsets: &self.opsets,
             op_type: &spec.op_type,
             opset: self.opset,
             inputs,
@@ -236,6 +277,7 @@ fn prepare_node(n: &crate::pb::NodeProto, opsets: &Opsets) -> Result<NodeSpec> {
         return Err(refuse(format!("the importer reads {domain} version {}", def.domain_version)));
     }
     let mut attrs = HashMap::with_capacity(n.attribute.len());
+    let mut captures: Vec<String> = Vec::new();
     for a in &n.attribute {
         let an = a.name();
         if a.ref_attr_name.is_some() {
@@ -243,7 +285,8 @@ fn prepare_node(n: &crate::pb::NodeProto, opsets: &Opsets) -> Result<NodeSpec> {
         }
         if let (Some(g), true) = (&a.g, def.subgraphs.contains(&an)) {
             // Checked now, so what the subgraph lacks is refused at import.
-            Program::new(g, opsets, &[]).map_err(|e| refuse(format!("attribute '{an}': {e}")))?;
+            let sub = Program::subgraph(g, opsets).map_err(|e| refuse(format!("attribute '{an}': {e}")))?;
+            captures.extend(sub.captures.into_iter().filter(|c| !captures.contains(c)).collect::<Vec<_>>());
         } else if a.g.is_some() || !a.graphs.is_empty() {
             return Err(refuse(format!("attribute '{an}' holds a subgraph (control flow comes in a later stage)")));
         }
@@ -260,35 +303,51 @@ fn prepare_node(n: &crate::pb::NodeProto, opsets: &Opsets) -> Result<NodeSpec> {
             num_outputs: n.output.len(),
             wanted: Vec::new(),
             attrs: &attrs,
+            captures: HashMap::new(),
+            opsets,
         };
         check(&node).map_err(refuse)?;
     }
-    Ok(NodeSpec { op_type, name, inputs: n.input.clone(), outputs: n.output.clone(), attrs, def })
+    Ok(NodeSpec { op_type, name, inputs: n.input.clone(), outputs: n.output.clone(), attrs, def, captures })
 }
 
-/// Every name a node reads is a graph input, an initializer or an earlier
-/// node's output; every graph output is defined.
-fn check_names(graph: &GraphProto, inputs: &[String], nodes: &[NodeSpec]) -> Result<()> {
+/// Every name a node reads (its subgraphs' captures included) is a graph
+/// input, an initializer or an earlier node's output, and every graph
+/// output is defined. In a subgraph (`nested`) the other names read are
+/// the enclosing scopes': they are returned, in order of first use.
+fn check_names(graph: &GraphProto, inputs: &[String], nodes: &[NodeSpec], nested: bool) -> Result<Vec<String>> {
     let mut defined: HashSet<&str> = inputs.iter().map(String::as_str).collect();
     defined.extend(graph.initializer.iter().map(|t| t.name()));
     let malformed = |message: String| Error::Malformed { what: "model".into(), message };
+    let mut free: Vec<String> = Vec::new();
     for n in nodes {
-        for i in n.inputs.iter().filter(|i| !i.is_empty()) {
-            if !defined.contains(i.as_str()) {
+        for i in n.inputs.iter().chain(&n.captures).filter(|i| !i.is_empty()) {
+            if defined.contains(i.as_str()) {
+                continue;
+            }
+            if !nested {
                 return Err(malformed(format!(
                     "node '{}' ({}) reads '{i}', which no graph input, initializer or earlier node defines",
                     n.name, n.op_type
                 )));
             }
+            if !free.contains(i) {
+                free.push(i.clone());
+            }
         }
         defined.extend(n.outputs.iter().filter(|o| !o.is_empty()).map(String::as_str));
     }
     for o in &graph.output {
-        if !defined.contains(o.name()) {
+        if defined.contains(o.name()) || free.iter().any(|f| f == o.name()) {
+            continue;
+        }
+        if !nested {
             return Err(malformed(format!("graph output '{}' is not defined by any node or input", o.name())));
         }
+        // A subgraph may pass an enclosing value straight through.
+        free.push(o.name().to_string());
     }
-    Ok(())
+    Ok(free)
 }
 
 /// The values that must be known at trace time: the static operands of

@@ -16,4 +16,5 @@ mod linear_attention;
 mod ops;
 mod rotary;
 mod round_trip;
+mod scan;
 mod state;

@@ -17,7 +17,7 @@ use tracejit_trace::Tensor;
 
 use crate::import::node::{Node, OpResult};
 use crate::import::ops::attention::Grouping;
-use crate::import::program::{Opsets, Program};
+use crate::import::program::Program;
 
 /// The attributes `FlexAttention` reads.
 pub(crate) const ATTRS: &[&str] = &["prob_mod", "scale", "score_mod", "softmax_precision"];
@@ -43,7 +43,7 @@ fn precision(n: &Node) -> Result<Option<DType>, String> {
 /// A modifier subgraph, prepared.
 fn modifier(n: &Node, name: &str) -> Result<Option<Program>, String> {
     let Some(g) = n.attrs.get(name).and_then(|a| a.g.as_ref()) else { return Ok(None) };
-    let p = Program::new(g, &Opsets { default: n.opset, ..Opsets::default() }, &[]).map_err(|e| e.to_string())?;
+    let p = Program::subgraph(g, n.opsets).map_err(|e| e.to_string())?;
     if p.inputs.len() != 1 || p.outputs.len() != 1 {
         return Err(format!(
             "{name} takes one input and gives one output, not {} and {}",
@@ -55,9 +55,9 @@ fn modifier(n: &Node, name: &str) -> Result<Option<Program>, String> {
 }
 
 /// `x` through a modifier, which must keep its shape and dtype.
-fn modify(p: &Program, name: &str, x: Tensor) -> Result<Tensor, String> {
+fn modify(n: &Node, p: &Program, name: &str, x: Tensor) -> Result<Tensor, String> {
     let (shape, dtype) = (x.shape().to_vec(), x.dtype());
-    let y = p.evaluate(vec![x]).map_err(|e| format!("{name}: {e}"))?.remove(0);
+    let y = p.evaluate_with(vec![x], &n.captures).map_err(|e| format!("{name}: {e}"))?.remove(0);
     if y.shape() != shape.as_slice() || y.dtype() != dtype {
         return Err(format!("{name} turned {dtype} {shape:?} into {} {:?}; it must keep both", y.dtype(), y.shape()));
     }
@@ -104,12 +104,12 @@ pub(crate) fn flex_attention(n: &mut Node) -> OpResult {
         let scores = (&gq * &root).matmul(&(&gk * &root).t()).cast(wide);
         let four = [qs[0], qs[1], qs[2], ks[2]];
         let scores = match &score_mod {
-            Some(p) => g.group_like(&modify(p, "score_mod", g.merge(&scores, four))?, &scores),
+            Some(p) => g.group_like(&modify(n, p, "score_mod", g.merge(&scores, four))?, &scores),
             None => scores,
         };
         let probs = tracejit_nn::softmax(&scores, -1);
         let probs = match &prob_mod {
-            Some(p) => g.group_like(&modify(p, "prob_mod", g.merge(&probs, four))?, &probs),
+            Some(p) => g.group_like(&modify(n, p, "prob_mod", g.merge(&probs, four))?, &probs),
             None => probs,
         };
         probs.matmul(&gv.cast(wide)).cast(dtype)

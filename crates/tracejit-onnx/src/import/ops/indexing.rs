@@ -217,7 +217,7 @@ pub(crate) fn top_k(n: &mut Node) -> OpResult {
 }
 
 /// `x` reversed along `axis`.
-fn flip(x: &Tensor, axis: usize) -> Tensor {
+pub(crate) fn flip(x: &Tensor, axis: usize) -> Tensor {
     let mut specs = vec![SliceSpec::FULL; x.rank()];
     specs[axis] = SliceSpec { start: None, stop: None, step: -1 };
     x.slice(&specs)

@@ -9,11 +9,12 @@
 //! Handlers live in one file per family: `elementwise`, `reduce`,
 //! `shape`, `indexing`, `nn` (dense layers and normalizations),
 //! `einsum`, `attention`, `flex_attention` (domain `ai.onnx.preview`),
-//! `linear_attention`, `rotary`, `state` (caches
+//! `linear_attention`, `rotary`, `control` (`Scan`), `state` (caches
 //! and recurrent state),
 //! `loss` and `conv` (convolutions and pools).
 
 pub(crate) mod attention;
+pub(crate) mod control;
 pub(crate) mod conv;
 pub(crate) mod einsum;
 pub(crate) mod elementwise;
@@ -315,7 +316,7 @@ static OPS: &[OpDef] = &[
     missing("BitCast", "needs primitive bitcast"),
     missing("If", "control flow (If -> cond) comes in a later stage"),
     missing("Loop", "control flow (Loop -> while_loop) comes in a later stage"),
-    missing("Scan", "control flow (Scan) comes in a later stage"),
+    OpDef { subgraphs: &["body"], ..checked("Scan", control::scan, control::SCAN_ATTRS, control::check_scan) },
     missing("QuantizeLinear", "needs dtypes int8/uint8"),
     missing("DequantizeLinear", "needs dtypes int8/uint8"),
     missing("DynamicQuantizeLinear", "needs dtype uint8"),
