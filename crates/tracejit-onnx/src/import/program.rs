@@ -39,6 +39,8 @@ pub(crate) struct NodeSpec {
     pub def: &'static OpDef,
     /// Names its subgraphs read from the enclosing scopes.
     pub captures: Vec<String>,
+    /// Those of `captures` whose values the subgraphs need at trace time.
+    pub static_captures: Vec<String>,
 }
 
 /// The prepared graph.
@@ -61,6 +63,8 @@ pub(crate) struct Program {
     pub static_inputs: Vec<bool>,
     /// For a subgraph: the names it reads from enclosing scopes.
     pub captures: Vec<String>,
+    /// Those of `captures` it needs at trace time (a Reshape's shape ...).
+    pub static_captures: Vec<String>,
     /// The opsets it was prepared under (its subgraphs are evaluated so).
     pub opsets: Opsets,
 }
@@ -122,7 +126,20 @@ impl Program {
         let static_inputs = inputs.iter().map(|n| needed.contains(n)).collect();
         let outputs = graph.output.iter().map(|o| o.name().to_string()).collect();
         let opsets = opsets.clone();
-        Ok(Program { name, opset, nodes, constants, variables, inputs, outputs, static_inputs, captures, opsets })
+        let static_captures = captures.iter().filter(|c| needed.contains(*c)).cloned().collect();
+        Ok(Program {
+            name,
+            opset,
+            nodes,
+            constants,
+            variables,
+            inputs,
+            outputs,
+            static_inputs,
+            captures,
+            static_captures,
+            opsets,
+        })
     }
 
     /// Runs the graph on `inputs` (in the order of [`Program::inputs`]):
@@ -278,6 +295,7 @@ fn prepare_node(n: &crate::pb::NodeProto, opsets: &Opsets) -> Result<NodeSpec> {
     }
     let mut attrs = HashMap::with_capacity(n.attribute.len());
     let mut captures: Vec<String> = Vec::new();
+    let mut static_captures: Vec<String> = Vec::new();
     for a in &n.attribute {
         let an = a.name();
         if a.ref_attr_name.is_some() {
@@ -287,6 +305,7 @@ fn prepare_node(n: &crate::pb::NodeProto, opsets: &Opsets) -> Result<NodeSpec> {
             // Checked now, so what the subgraph lacks is refused at import.
             let sub = Program::subgraph(g, opsets).map_err(|e| refuse(format!("attribute '{an}': {e}")))?;
             captures.extend(sub.captures.into_iter().filter(|c| !captures.contains(c)).collect::<Vec<_>>());
+            static_captures.extend(sub.static_captures);
         } else if a.g.is_some() || !a.graphs.is_empty() {
             return Err(refuse(format!("attribute '{an}' holds a subgraph (control flow comes in a later stage)")));
         }
@@ -308,7 +327,16 @@ fn prepare_node(n: &crate::pb::NodeProto, opsets: &Opsets) -> Result<NodeSpec> {
         };
         check(&node).map_err(refuse)?;
     }
-    Ok(NodeSpec { op_type, name, inputs: n.input.clone(), outputs: n.output.clone(), attrs, def, captures })
+    Ok(NodeSpec {
+        op_type,
+        name,
+        inputs: n.input.clone(),
+        outputs: n.output.clone(),
+        attrs,
+        def,
+        captures,
+        static_captures,
+    })
 }
 
 /// Every name a node reads (its subgraphs' captures included) is a graph
@@ -351,8 +379,9 @@ fn check_names(graph: &GraphProto, inputs: &[String], nodes: &[NodeSpec], nested
 }
 
 /// The values that must be known at trace time: the static operands of
-/// every op (a Reshape's shape, Slice bounds, ...) and, transitively,
-/// every input of a node that computes one — except through `Shape` and
+/// every op (a Reshape's shape, Slice bounds, ...), what subgraphs need
+/// so from the enclosing scope, and, transitively, every input (and
+/// capture) of a node that computes one — except through `Shape` and
 /// `Size`, which read only the (per-signature) shape. One reverse pass
 /// suffices since nodes are in topological order.
 fn trace_time_values(nodes: &[NodeSpec]) -> HashSet<String> {
@@ -363,8 +392,11 @@ fn trace_time_values(nodes: &[NodeSpec]) -> HashSet<String> {
                 needed.insert(name.clone());
             }
         }
+        // What a subgraph needs from the enclosing scope at trace time.
+        needed.extend(n.static_captures.iter().cloned());
         if !n.def.shape_only && n.outputs.iter().any(|o| needed.contains(o)) {
             needed.extend(n.inputs.iter().filter(|i| !i.is_empty()).cloned());
+            needed.extend(n.captures.iter().cloned());
         }
     }
     needed

@@ -8,6 +8,7 @@
 
 mod attention;
 mod builder;
+mod control;
 mod cumprod;
 mod einsum;
 mod errors;

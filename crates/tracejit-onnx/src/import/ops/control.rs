@@ -1,4 +1,12 @@
-//! `Scan` (opset 9 on) as one `fori_loop`: its body subgraph is evaluated
+//! Control flow: `If` and `Scan`.
+//!
+//! `If` with a predicate known at trace time (a constant, or computed from
+//! shapes, as ONNX's function bodies do) evaluates only the taken branch,
+//! so the branches may differ in shape; a predicate computed from data
+//! becomes one `cond` node, whose branches must agree in dtypes and
+//! (known) shapes.
+//!
+//! `Scan` (opset 9 on) is one `fori_loop`: its body subgraph is evaluated
 //! inside the loop's traced body, once per trace whatever the length, on
 //! the carried states and each scan input's slice (scan axes moved to the
 //! front, reversed where a direction says so), and each scan output's
@@ -11,11 +19,49 @@
 //! the loop; the dead copy is removed by the graph passes. Scan-8 (its
 //! batched form with `sequence_lens`) and empty scans are refused.
 
-use tracejit_trace::{fori_loop, Tensor};
+use tracejit_tensor::DType;
+use tracejit_trace::{cond, fori_loop, Tensor};
 
 use crate::import::node::{normalize_axis, Node, OpResult};
 use crate::import::ops::indexing::flip;
 use crate::import::program::Program;
+
+/// The attributes `If` reads.
+pub(crate) const IF_ATTRS: &[&str] = &["else_branch", "then_branch"];
+
+/// A branch of `If`, prepared (import checked it already).
+fn branch(n: &Node, name: &str) -> Result<Program, String> {
+    let g =
+        n.attrs.get(name).and_then(|a| a.g.as_ref()).ok_or_else(|| format!("the attribute '{name}' is required"))?;
+    let p = Program::subgraph(g, n.opsets).map_err(|e| format!("{name}: {e}"))?;
+    if !p.inputs.is_empty() || p.outputs.len() != n.num_outputs {
+        return Err(format!(
+            "{name} must take no inputs and give the node's {} outputs, not {} and {}",
+            n.num_outputs,
+            p.inputs.len(),
+            p.outputs.len()
+        ));
+    }
+    Ok(p)
+}
+
+/// `If`.
+pub(crate) fn if_(n: &mut Node) -> OpResult {
+    let pred = n.input(0)?;
+    if pred.dtype() != DType::Bool || pred.len() != 1 {
+        return Err(format!("cond must be one bool, got {} {:?}", pred.dtype(), pred.shape()));
+    }
+    let (then_p, else_p) = (branch(n, "then_branch")?, branch(n, "else_branch")?);
+    let run = |p: &Program, name: &str| p.evaluate_with(vec![], &n.captures).map_err(|e| format!("{name}: {e}"));
+    if !pred.is_symbolic() {
+        let taken = pred.reshape(&[]).to_scalar::<bool>().map_err(|e| e.to_string())?;
+        return if taken { run(&then_p, "then_branch") } else { run(&else_p, "else_branch") };
+    }
+    // A branch's error surfaces as a panic inside `cond`, which the node's
+    // evaluation turns into an error naming it.
+    let or_panic = |r: Result<Vec<Tensor>, String>| r.unwrap_or_else(|e| panic!("{e}"));
+    Ok(cond(&pred.reshape(&[]), || or_panic(run(&then_p, "then_branch")), || or_panic(run(&else_p, "else_branch"))))
+}
 
 /// The attributes `Scan` reads.
 pub(crate) const SCAN_ATTRS: &[&str] = &[

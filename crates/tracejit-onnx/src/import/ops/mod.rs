@@ -9,7 +9,7 @@
 //! Handlers live in one file per family: `elementwise`, `reduce`,
 //! `shape`, `indexing`, `nn` (dense layers and normalizations),
 //! `einsum`, `attention`, `flex_attention` (domain `ai.onnx.preview`),
-//! `linear_attention`, `rotary`, `control` (`Scan`), `state` (caches
+//! `linear_attention`, `rotary`, `control` (`If`, `Scan`), `state` (caches
 //! and recurrent state),
 //! `loss` and `conv` (convolutions and pools).
 
@@ -314,7 +314,7 @@ static OPS: &[OpDef] = &[
     missing("BitwiseXor", "needs primitive bitwise_xor"),
     missing("BitwiseNot", "needs primitive bitwise_not"),
     missing("BitCast", "needs primitive bitcast"),
-    missing("If", "control flow (If -> cond) comes in a later stage"),
+    OpDef { subgraphs: &["then_branch", "else_branch"], ..op("If", control::if_, control::IF_ATTRS) },
     missing("Loop", "control flow (Loop -> while_loop) comes in a later stage"),
     OpDef { subgraphs: &["body"], ..checked("Scan", control::scan, control::SCAN_ATTRS, control::check_scan) },
     missing("QuantizeLinear", "needs dtypes int8/uint8"),
