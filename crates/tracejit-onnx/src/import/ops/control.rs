@@ -1,10 +1,18 @@
-//! Control flow: `If` and `Scan`.
+//! Control flow: `If`, `Loop` and `Scan`.
 //!
 //! `If` with a predicate known at trace time (a constant, or computed from
 //! shapes, as ONNX's function bodies do) evaluates only the taken branch,
 //! so the branches may differ in shape; a predicate computed from data
 //! becomes one `cond` node, whose branches must agree in dtypes and
 //! (known) shapes.
+//!
+//! `Loop` needs its trip count and initial condition at trace time (so
+//! graph inputs feeding them are static) and is unrolled, up to
+//! [`MAX_UNROLL`] iterations: each iteration's body is evaluated with its
+//! iteration number known, it stops where the body's condition is known
+//! false, and scan outputs are the iterations' values stacked. A
+//! condition computed from data is refused (the scan outputs would have a
+//! data-dependent length).
 //!
 //! `Scan` (opset 9 on) is one `fori_loop`: its body subgraph is evaluated
 //! inside the loop's traced body, once per trace whatever the length, on
@@ -61,6 +69,64 @@ pub(crate) fn if_(n: &mut Node) -> OpResult {
     // evaluation turns into an error naming it.
     let or_panic = |r: Result<Vec<Tensor>, String>| r.unwrap_or_else(|e| panic!("{e}"));
     Ok(cond(&pred.reshape(&[]), || or_panic(run(&then_p, "then_branch")), || or_panic(run(&else_p, "else_branch"))))
+}
+
+/// The most iterations a `Loop` is unrolled to.
+pub const MAX_UNROLL: usize = 4096;
+
+/// `Loop`: the final loop-carried values, then the scan outputs.
+pub(crate) fn loop_(n: &mut Node) -> OpResult {
+    let g = n.attrs.get("body").and_then(|a| a.g.as_ref()).ok_or("the attribute 'body' is required")?;
+    let body = Program::subgraph(g, n.opsets).map_err(|e| format!("body: {e}"))?;
+    let trips = match n.opt_input(0) {
+        Some(_) => Some(n.known_scalar(0)?.max(0.0) as u64),
+        None => None,
+    };
+    let mut go = match n.opt_input(1) {
+        Some(c) if c.dtype() == DType::Bool && c.len() == 1 && !c.is_symbolic() => {
+            c.reshape(&[]).to_scalar::<bool>().map_err(|e| e.to_string())?
+        }
+        Some(c) => return Err(format!("cond must be one bool known at trace time, got {} {:?}", c.dtype(), c.shape())),
+        None => true,
+    };
+    let mut carried: Vec<Tensor> = (2..n.inputs.len()).map(|i| n.input(i).cloned()).collect::<Result<_, _>>()?;
+    let nv = carried.len();
+    if body.inputs.len() != nv + 2 || body.outputs.len() < nv + 1 {
+        return Err(format!(
+            "{nv} loop-carried values do not fit a body of {} inputs and {} outputs",
+            body.inputs.len(),
+            body.outputs.len()
+        ));
+    }
+    let limit = trips.unwrap_or(u64::MAX).min(MAX_UNROLL as u64 + 1);
+    let mut scans: Vec<Vec<Tensor>> = vec![Vec::new(); body.outputs.len() - nv - 1];
+    let mut i = 0u64;
+    while go && i < limit {
+        if i == MAX_UNROLL as u64 {
+            return Err(format!("Loop runs more than {MAX_UNROLL} iterations, the most the importer unrolls"));
+        }
+        let mut args = vec![Tensor::scalar(i as i64), Tensor::scalar(true)];
+        args.extend(carried.iter().cloned());
+        let outs = body.evaluate_with(args, &n.captures).map_err(|e| format!("body: {e}"))?;
+        let c = &outs[0];
+        if c.is_symbolic() || c.dtype() != DType::Bool || c.len() != 1 {
+            return Err("the body's condition must be one bool known at trace time (not computed from data)".into());
+        }
+        go = c.reshape(&[]).to_scalar::<bool>().map_err(|e| e.to_string())?;
+        carried = outs[1..=nv].to_vec();
+        for (scan, y) in scans.iter_mut().zip(&outs[nv + 1..]) {
+            scan.push(y.clone());
+        }
+        i += 1;
+    }
+    let mut outs = carried;
+    for scan in scans {
+        if scan.is_empty() {
+            return Err("a Loop of zero iterations with scan outputs is not supported (their shape is unknown)".into());
+        }
+        outs.push(Tensor::stack(&scan, 0));
+    }
+    Ok(outs)
 }
 
 /// The attributes `Scan` reads.

@@ -9,7 +9,7 @@
 //! Handlers live in one file per family: `elementwise`, `reduce`,
 //! `shape`, `indexing`, `nn` (dense layers and normalizations),
 //! `einsum`, `attention`, `flex_attention` (domain `ai.onnx.preview`),
-//! `linear_attention`, `rotary`, `control` (`If`, `Scan`), `state` (caches
+//! `linear_attention`, `rotary`, `control` (`If`, `Loop`, `Scan`), `state` (caches
 //! and recurrent state),
 //! `loss` and `conv` (convolutions and pools).
 
@@ -315,7 +315,7 @@ static OPS: &[OpDef] = &[
     missing("BitwiseNot", "needs primitive bitwise_not"),
     missing("BitCast", "needs primitive bitcast"),
     OpDef { subgraphs: &["then_branch", "else_branch"], ..op("If", control::if_, control::IF_ATTRS) },
-    missing("Loop", "control flow (Loop -> while_loop) comes in a later stage"),
+    OpDef { subgraphs: &["body"], ..with_statics("Loop", control::loop_, &["body"], &[0, 1]) },
     OpDef { subgraphs: &["body"], ..checked("Scan", control::scan, control::SCAN_ATTRS, control::check_scan) },
     missing("QuantizeLinear", "needs dtypes int8/uint8"),
     missing("DequantizeLinear", "needs dtypes int8/uint8"),
