@@ -23,9 +23,14 @@
 //!   so is any float initializer an op reads as a static operand.
 //! - **Local functions** (`ModelProto.functions`, as tracejit's exporter
 //!   writes composites) are inlined: their bodies are mapped like any node.
+//! - **Subgraphs** (`If`'s branches, `Loop`'s and `Scan`'s bodies,
+//!   `FlexAttention`'s modifiers) are prepared at import like the main
+//!   graph; names they read and do not define are the enclosing graph's
+//!   values, captured (and static when the subgraph needs them so).
 //! - **Opsets.** The default domain's opset from `opset_import` selects
 //!   each op's semantics (attributes that moved to inputs, changed
-//!   defaults); opsets 1 to [`MAX_OPSET`] are read.
+//!   defaults); opsets 1 to [`MAX_OPSET`] are read. Of other domains only
+//!   `ai.onnx.preview` version 1 (`FlexAttention`) is.
 //! - **Errors.** An op, attribute, dtype, domain or opset the importer
 //!   lacks is refused at import ([`Error::UnsupportedOp`] names the op
 //!   type, node, domain and opset, and the reason: the primitive or dtype
