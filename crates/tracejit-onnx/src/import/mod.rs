@@ -23,9 +23,14 @@
 //!   so is any float initializer an op reads as a static operand.
 //! - **Local functions** (`ModelProto.functions`, as tracejit's exporter
 //!   writes composites) are inlined: their bodies are mapped like any node.
+//! - **Subgraphs** (`If`'s branches, `Loop`'s and `Scan`'s bodies,
+//!   `FlexAttention`'s modifiers) are prepared at import like the main
+//!   graph; names they read and do not define are the enclosing graph's
+//!   values, captured (and static when the subgraph needs them so).
 //! - **Opsets.** The default domain's opset from `opset_import` selects
 //!   each op's semantics (attributes that moved to inputs, changed
-//!   defaults); opsets 1 to [`MAX_OPSET`] are read.
+//!   defaults); opsets 1 to [`MAX_OPSET`] are read. Of other domains only
+//!   `ai.onnx.preview` version 1 (`FlexAttention`) is.
 //! - **Errors.** An op, attribute, dtype, domain or opset the importer
 //!   lacks is refused at import ([`Error::UnsupportedOp`] names the op
 //!   type, node, domain and opset, and the reason: the primitive or dtype
@@ -70,7 +75,7 @@ pub use tensor_data::{load_tensor, load_tensor_bytes};
 
 use crate::pb::ModelProto;
 use crate::{Error, Result};
-use program::{is_default_domain, Program};
+use program::{is_default_domain, Opsets, Program};
 
 /// The newest default-domain opset the importer reads (onnx 1.22's).
 pub const MAX_OPSET: i64 = 27;
@@ -104,7 +109,13 @@ pub fn import_proto(proto: &ModelProto) -> Result<Model> {
         .graph
         .as_ref()
         .ok_or_else(|| Error::Malformed { what: "model".into(), message: "it has no graph".into() })?;
-    let program = Program::new(graph, opset, &proto.functions)?;
+    let others = proto
+        .opset_import
+        .iter()
+        .filter(|o| !is_default_domain(o.domain()))
+        .map(|o| (o.domain().to_string(), o.version()))
+        .collect();
+    let program = Program::new(graph, &Opsets { default: opset, others }, &proto.functions)?;
     let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
     let inputs = graph
         .input

@@ -34,6 +34,10 @@ pub(crate) struct Node<'a> {
     pub wanted: Vec<bool>,
     /// The attributes by name.
     pub attrs: &'a HashMap<String, AttributeProto>,
+    /// The values its subgraphs read from the enclosing scopes, by name.
+    pub captures: HashMap<String, Tensor>,
+    /// The model's opsets (a subgraph is prepared under them).
+    pub opsets: &'a super::program::Opsets,
 }
 
 impl Node<'_> {

@@ -6,8 +6,8 @@
 //!
 //! Everything that can be refused without input shapes is refused here,
 //! at import: an op the table lacks or at an opset it does not cover, an
-//! attribute the handler does not read, another domain, a subgraph, a
-//! name read before anything defines it. What depends on shapes or on
+//! attribute the handler does not read or a value its op's check refuses,
+//! another domain, a subgraph, a name read before anything defines it. What depends on shapes or on
 //! known values is checked by the handlers while tracing, and reported as
 //! [`Error::Node`] naming the node.
 
@@ -37,6 +37,10 @@ pub(crate) struct NodeSpec {
     pub attrs: HashMap<String, AttributeProto>,
     /// The op's row in the table.
     pub def: &'static OpDef,
+    /// Names its subgraphs read from the enclosing scopes.
+    pub captures: Vec<String>,
+    /// Those of `captures` whose values the subgraphs need at trace time.
+    pub static_captures: Vec<String>,
 }
 
 /// The prepared graph.
@@ -57,6 +61,12 @@ pub(crate) struct Program {
     pub outputs: Vec<String>,
     /// Which of `inputs` must be known at trace time.
     pub static_inputs: Vec<bool>,
+    /// For a subgraph: the names it reads from enclosing scopes.
+    pub captures: Vec<String>,
+    /// Those of `captures` it needs at trace time (a Reshape's shape ...).
+    pub static_captures: Vec<String>,
+    /// The opsets it was prepared under (its subgraphs are evaluated so).
+    pub opsets: Opsets,
 }
 
 /// The default domain under its two spellings.
@@ -64,9 +74,32 @@ pub(crate) fn is_default_domain(domain: &str) -> bool {
     domain.is_empty() || domain == "ai.onnx"
 }
 
+/// The opsets a model imports: the default domain's, and the others' by
+/// domain (an op of another domain is checked against its version).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Opsets {
+    /// The default domain's opset.
+    pub default: i64,
+    /// Other domains' versions.
+    pub others: HashMap<String, i64>,
+}
+
 impl Program {
-    /// Checks `graph` against the op table and prepares it.
-    pub fn new(graph: &GraphProto, opset: i64, functions: &[FunctionProto]) -> Result<Program> {
+    /// Checks `graph` against the op table and prepares it (and, with it,
+    /// the subgraphs its ops' attributes hold).
+    pub fn new(graph: &GraphProto, opsets: &Opsets, functions: &[FunctionProto]) -> Result<Program> {
+        Program::prepare(graph, opsets, functions, false)
+    }
+
+    /// A subgraph (an attribute's graph): like [`Program::new`], but names
+    /// it reads and does not define are the enclosing scopes' (its
+    /// `captures`, given to [`Program::evaluate_with`]).
+    pub fn subgraph(graph: &GraphProto, opsets: &Opsets) -> Result<Program> {
+        Program::prepare(graph, opsets, &[], true)
+    }
+
+    fn prepare(graph: &GraphProto, opsets: &Opsets, functions: &[FunctionProto], nested: bool) -> Result<Program> {
+        let opset = opsets.default;
         let name = match graph.name() {
             "" => "onnx_model".to_string(),
             n => n.to_string(),
@@ -86,20 +119,46 @@ impl Program {
             .filter(|n| !initializer_names.contains(n.as_str()))
             .collect();
         let flat = Library::new(functions).expand(&graph.node)?;
-        let nodes = flat.iter().map(|n| prepare_node(n, opset)).collect::<Result<Vec<_>>>()?;
-        check_names(graph, &inputs, &nodes)?;
+        let nodes = flat.iter().map(|n| prepare_node(n, opsets)).collect::<Result<Vec<_>>>()?;
+        let captures = check_names(graph, &inputs, &nodes, nested)?;
         let needed = trace_time_values(&nodes);
         let (constants, variables) = split_initializers(graph, &needed)?;
         let static_inputs = inputs.iter().map(|n| needed.contains(n)).collect();
         let outputs = graph.output.iter().map(|o| o.name().to_string()).collect();
-        Ok(Program { name, opset, nodes, constants, variables, inputs, outputs, static_inputs })
+        let opsets = opsets.clone();
+        let static_captures = captures.iter().filter(|c| needed.contains(*c)).cloned().collect();
+        Ok(Program {
+            name,
+            opset,
+            nodes,
+            constants,
+            variables,
+            inputs,
+            outputs,
+            static_inputs,
+            captures,
+            static_captures,
+            opsets,
+        })
     }
 
     /// Runs the graph on `inputs` (in the order of [`Program::inputs`]):
     /// eagerly where every operand is eager, recording nodes where one is
     /// symbolic. Returns the graph's outputs.
     pub fn evaluate(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        self.evaluate_with(inputs, &HashMap::new())
+    }
+
+    /// [`Program::evaluate`] for a subgraph, its captures read from `outer`.
+    pub fn evaluate_with(&self, inputs: Vec<Tensor>, outer: &HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
         let mut env: HashMap<&str, Tensor> = HashMap::with_capacity(self.nodes.len() * 2);
+        for name in &self.captures {
+            let t = outer.get(name).ok_or_else(|| Error::Malformed {
+                what: format!("graph '{}'", self.name),
+                message: format!("it reads '{name}' from an enclosing graph, which does not give it"),
+            })?;
+            env.insert(name, t.clone());
+        }
         for (k, v) in &self.constants {
             env.insert(k, v.clone());
         }
@@ -116,7 +175,11 @@ impl Program {
                     n => Some(self.lookup(&mut env, &vars, n)?),
                 });
             }
-            let outs = self.run_node(spec, args)?;
+            let mut captured = HashMap::with_capacity(spec.captures.len());
+            for name in &spec.captures {
+                captured.insert(name.clone(), self.lookup(&mut env, &vars, name)?);
+            }
+            let outs = self.run_node(spec, args, captured)?;
             for (name, t) in spec.outputs.iter().zip(outs) {
                 if !name.is_empty() {
                     env.insert(name, t);
@@ -152,8 +215,15 @@ impl Program {
 
     /// Runs one node's handler, turning its error or a panic of a tensor
     /// op (a type error) into an [`Error::Node`] naming the node.
-    fn run_node(&self, spec: &NodeSpec, inputs: Vec<Option<Tensor>>) -> Result<Vec<Tensor>> {
+    fn run_node(
+        &self,
+        spec: &NodeSpec,
+        inputs: Vec<Option<Tensor>>,
+        captures: HashMap<String, Tensor>,
+    ) -> Result<Vec<Tensor>> {
         let mut node = Node {
+            captures,
+            opsets: &self.opsets,
             op_type: &spec.op_type,
             opset: self.opset,
             inputs,
@@ -194,13 +264,15 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-fn prepare_node(n: &crate::pb::NodeProto, opset: i64) -> Result<NodeSpec> {
+fn prepare_node(n: &crate::pb::NodeProto, opsets: &Opsets) -> Result<NodeSpec> {
     let op_type = n.op_type().to_string();
     let name = match (n.name(), n.output.first()) {
         ("", Some(o)) => o.clone(),
         (name, _) => name.to_string(),
     };
     let domain = n.domain();
+    let default = is_default_domain(domain);
+    let opset = if default { opsets.default } else { opsets.others.get(domain).copied().unwrap_or(0) };
     let refuse = |reason: String| Error::UnsupportedOp {
         op_type: op_type.clone(),
         node: name.clone(),
@@ -208,20 +280,33 @@ fn prepare_node(n: &crate::pb::NodeProto, opset: i64) -> Result<NodeSpec> {
         opset,
         reason,
     };
-    if !is_default_domain(domain) {
-        return Err(refuse(format!("domain '{domain}' is not supported (only the default ONNX domain is)")));
-    }
-    let def = ops::lookup(&op_type).ok_or_else(|| refuse("not implemented by the importer".into()))?;
+    let def = match ops::lookup(if default { "" } else { domain }, &op_type) {
+        Some(def) => def,
+        None if default => return Err(refuse("not implemented by the importer".into())),
+        None => {
+            return Err(refuse(format!("domain '{domain}' is not supported (only the default ONNX domain is)")));
+        }
+    };
     if let Some(reason) = def.refuse {
         return Err(refuse(reason.to_string()));
     }
+    if !default && opset != def.domain_version {
+        return Err(refuse(format!("the importer reads {domain} version {}", def.domain_version)));
+    }
     let mut attrs = HashMap::with_capacity(n.attribute.len());
+    let mut captures: Vec<String> = Vec::new();
+    let mut static_captures: Vec<String> = Vec::new();
     for a in &n.attribute {
         let an = a.name();
         if a.ref_attr_name.is_some() {
             return Err(refuse(format!("attribute '{an}' refers to a function attribute")));
         }
-        if a.g.is_some() || !a.graphs.is_empty() {
+        if let (Some(g), true) = (&a.g, def.subgraphs.contains(&an)) {
+            // Checked now, so what the subgraph lacks is refused at import.
+            let sub = Program::subgraph(g, opsets).map_err(|e| refuse(format!("attribute '{an}': {e}")))?;
+            captures.extend(sub.captures.into_iter().filter(|c| !captures.contains(c)).collect::<Vec<_>>());
+            static_captures.extend(sub.static_captures);
+        } else if a.g.is_some() || !a.graphs.is_empty() {
             return Err(refuse(format!("attribute '{an}' holds a subgraph (control flow comes in a later stage)")));
         }
         if !def.attrs.contains(&an) {
@@ -229,37 +314,74 @@ fn prepare_node(n: &crate::pb::NodeProto, opset: i64) -> Result<NodeSpec> {
         }
         attrs.insert(an.to_string(), a.clone());
     }
-    Ok(NodeSpec { op_type, name, inputs: n.input.clone(), outputs: n.output.clone(), attrs, def })
+    if let Some(check) = def.check {
+        let node = Node {
+            op_type: &op_type,
+            opset,
+            inputs: Vec::new(),
+            num_outputs: n.output.len(),
+            wanted: Vec::new(),
+            attrs: &attrs,
+            captures: HashMap::new(),
+            opsets,
+        };
+        check(&node).map_err(refuse)?;
+    }
+    Ok(NodeSpec {
+        op_type,
+        name,
+        inputs: n.input.clone(),
+        outputs: n.output.clone(),
+        attrs,
+        def,
+        captures,
+        static_captures,
+    })
 }
 
-/// Every name a node reads is a graph input, an initializer or an earlier
-/// node's output; every graph output is defined.
-fn check_names(graph: &GraphProto, inputs: &[String], nodes: &[NodeSpec]) -> Result<()> {
+/// Every name a node reads (its subgraphs' captures included) is a graph
+/// input, an initializer or an earlier node's output, and every graph
+/// output is defined. In a subgraph (`nested`) the other names read are
+/// the enclosing scopes': they are returned, in order of first use.
+fn check_names(graph: &GraphProto, inputs: &[String], nodes: &[NodeSpec], nested: bool) -> Result<Vec<String>> {
     let mut defined: HashSet<&str> = inputs.iter().map(String::as_str).collect();
     defined.extend(graph.initializer.iter().map(|t| t.name()));
     let malformed = |message: String| Error::Malformed { what: "model".into(), message };
+    let mut free: Vec<String> = Vec::new();
     for n in nodes {
-        for i in n.inputs.iter().filter(|i| !i.is_empty()) {
-            if !defined.contains(i.as_str()) {
+        for i in n.inputs.iter().chain(&n.captures).filter(|i| !i.is_empty()) {
+            if defined.contains(i.as_str()) {
+                continue;
+            }
+            if !nested {
                 return Err(malformed(format!(
                     "node '{}' ({}) reads '{i}', which no graph input, initializer or earlier node defines",
                     n.name, n.op_type
                 )));
             }
+            if !free.contains(i) {
+                free.push(i.clone());
+            }
         }
         defined.extend(n.outputs.iter().filter(|o| !o.is_empty()).map(String::as_str));
     }
     for o in &graph.output {
-        if !defined.contains(o.name()) {
+        if defined.contains(o.name()) || free.iter().any(|f| f == o.name()) {
+            continue;
+        }
+        if !nested {
             return Err(malformed(format!("graph output '{}' is not defined by any node or input", o.name())));
         }
+        // A subgraph may pass an enclosing value straight through.
+        free.push(o.name().to_string());
     }
-    Ok(())
+    Ok(free)
 }
 
 /// The values that must be known at trace time: the static operands of
-/// every op (a Reshape's shape, Slice bounds, ...) and, transitively,
-/// every input of a node that computes one — except through `Shape` and
+/// every op (a Reshape's shape, Slice bounds, ...), what subgraphs need
+/// so from the enclosing scope, and, transitively, every input (and
+/// capture) of a node that computes one — except through `Shape` and
 /// `Size`, which read only the (per-signature) shape. One reverse pass
 /// suffices since nodes are in topological order.
 fn trace_time_values(nodes: &[NodeSpec]) -> HashSet<String> {
@@ -270,8 +392,11 @@ fn trace_time_values(nodes: &[NodeSpec]) -> HashSet<String> {
                 needed.insert(name.clone());
             }
         }
+        // What a subgraph needs from the enclosing scope at trace time.
+        needed.extend(n.static_captures.iter().cloned());
         if !n.def.shape_only && n.outputs.iter().any(|o| needed.contains(o)) {
             needed.extend(n.inputs.iter().filter(|i| !i.is_empty()).cloned());
+            needed.extend(n.captures.iter().cloned());
         }
     }
     needed

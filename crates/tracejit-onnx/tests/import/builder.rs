@@ -82,6 +82,15 @@ pub fn attr_f(name: &str, v: f32) -> AttributeProto {
     }
 }
 
+pub fn attr_s(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        s: Some(v.as_bytes().to_vec()),
+        r#type: Some(AttributeType::String as i32),
+        ..Default::default()
+    }
+}
+
 pub fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
     AttributeProto {
         name: Some(name.into()),

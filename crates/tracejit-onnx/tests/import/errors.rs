@@ -136,3 +136,101 @@ fn a_node_that_cannot_be_mapped_is_an_error_naming_it() {
     let again = model.run(&[Tensor::ones(&[2, 3], DType::F32)]).unwrap_err().to_string();
     assert_eq!(again, m);
 }
+
+/// Attention's attribute values are checked at import (naming the op,
+/// node, domain and opset and the value); shapes that do not fit are a
+/// node error at `run`, and the model still runs good inputs afterwards.
+#[test]
+fn attention_values_it_cannot_honour_are_refused() {
+    let attention = |attrs: Vec<tracejit_onnx::pb::AttributeProto>, opset: i64| {
+        model_proto(
+            vec![node("Attention", "attn", &["q", "k", "v"], &["y"], attrs)],
+            vec![
+                fixed("q", DType::F32, &[1, 2, 6]),
+                fixed("k", DType::F32, &[1, 3, 6]),
+                fixed("v", DType::F32, &[1, 3, 6]),
+            ],
+            vec![value("y", elem(DType::F32), &[None, None, None])],
+            vec![],
+            opset,
+        )
+    };
+    let heads = || vec![attr_i("q_num_heads", 2), attr_i("kv_num_heads", 2)];
+    let refused = [
+        (vec![attr_i("qk_matmul_output_mode", 4)], 23, "qk_matmul_output_mode 4"),
+        (vec![attr_f("softcap", -1.0)], 23, "softcap -1"),
+        (vec![attr_f("scale", f32::NAN)], 23, "scale NaN"),
+        (vec![attr_i("softmax_precision", DataType::Int32 as i64)], 23, "softmax_precision i32 is not a float"),
+        (vec![attr_i("softmax_precision", DataType::Uint8 as i64)], 23, "uint8"),
+        (vec![attr_i("is_causal", 2)], 23, "is_causal 2"),
+        (vec![], 22, "from opset 23"),
+    ];
+    for (mut attrs, opset, what) in refused {
+        attrs.extend(heads());
+        let e = import_proto(&attention(attrs, opset)).unwrap_err();
+        assert!(matches!(e, Error::UnsupportedOp { .. }), "{e:?}");
+        let m = e.to_string();
+        for part in ["Attention", "'attn'", "ai.onnx", &format!("opset {opset}"), what] {
+            assert!(m.contains(part), "{m} should name {part}");
+        }
+    }
+    // 3-D inputs without the head counts, hidden sizes the heads do not
+    // divide, and head counts that leave Q and K different widths.
+    for (attrs, what) in [
+        (vec![], "need the attribute 'q_num_heads'"),
+        (vec![attr_i("q_num_heads", 4), attr_i("kv_num_heads", 4)], "not a multiple of 4 heads"),
+        (vec![attr_i("q_num_heads", 2), attr_i("kv_num_heads", 3)], "differ in width of Q and K"),
+    ] {
+        let model = import_proto(&attention(attrs, 23)).unwrap();
+        let x = |t| Tensor::ones(&[1, t, 6], DType::F32);
+        let e = model.run(&[x(2), x(3), x(3)]).unwrap_err();
+        assert!(matches!(e, Error::Node { .. }), "{e:?}");
+        let m = e.to_string();
+        assert!(m.contains("'attn'") && m.contains("Attention") && m.contains(what), "{m} should say {what}");
+    }
+    let model = import_proto(&attention(heads(), 23)).unwrap();
+    let x = |t| Tensor::ones(&[1, t, 6], DType::F32);
+    assert_eq!(model.run(&[x(2), x(3), x(3)]).unwrap()[0].shape(), [1, 2, 6]);
+}
+
+/// RotaryEmbedding's attribute values are checked at import; a 3-D input
+/// without `num_heads` and a rotary width the head cannot hold are node
+/// errors at `run`.
+#[test]
+fn rotary_embedding_values_it_cannot_honour_are_refused() {
+    let rope = |attrs: Vec<tracejit_onnx::pb::AttributeProto>, opset: i64| {
+        model_proto(
+            vec![node("RotaryEmbedding", "rope", &["x", "cos", "sin"], &["y"], attrs)],
+            vec![
+                fixed("x", DType::F32, &[1, 2, 8]),
+                fixed("cos", DType::F32, &[1, 2, 2]),
+                fixed("sin", DType::F32, &[1, 2, 2]),
+            ],
+            vec![value("y", elem(DType::F32), &[None, None, None])],
+            vec![],
+            opset,
+        )
+    };
+    for (attrs, opset, what) in [
+        (vec![attr_i("interleaved", 3)], 23, "interleaved 3"),
+        (vec![attr_i("rotary_embedding_dim", -2)], 23, "rotary_embedding_dim -2"),
+        (vec![], 22, "from opset 23"),
+    ] {
+        let m = import_proto(&rope(attrs, opset)).unwrap_err().to_string();
+        for part in ["RotaryEmbedding", "'rope'", "ai.onnx", &format!("opset {opset}"), what] {
+            assert!(m.contains(part), "{m} should name {part}");
+        }
+    }
+    let x = Tensor::ones(&[1, 2, 8], DType::F32);
+    let c = Tensor::ones(&[1, 2, 2], DType::F32);
+    for (attrs, what) in [
+        (vec![], "needs num_heads"),
+        (vec![attr_i("num_heads", 2), attr_i("rotary_embedding_dim", 6)], "at most the head size 4"),
+    ] {
+        let model = import_proto(&rope(attrs, 23)).unwrap();
+        let m = model.run(&[x.clone(), c.clone(), c.clone()]).unwrap_err().to_string();
+        assert!(m.contains("'rope'") && m.contains(what), "{m} should say {what}");
+    }
+    let model = import_proto(&rope(vec![attr_i("num_heads", 2)], 23)).unwrap();
+    assert_eq!(model.run(&[x, c.clone(), c]).unwrap()[0].shape(), [1, 2, 8]);
+}

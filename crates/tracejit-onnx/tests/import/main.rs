@@ -6,7 +6,16 @@
 //!
 //! ONNX's own suite is `tests/conformance.rs` (it needs the test data).
 
+mod attention;
 mod builder;
+mod control;
+mod cumprod;
+mod einsum;
 mod errors;
+mod flex_attention;
+mod linear_attention;
 mod ops;
+mod rotary;
 mod round_trip;
+mod scan;
+mod state;

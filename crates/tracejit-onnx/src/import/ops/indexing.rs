@@ -1,5 +1,5 @@
 //! Indexing ops: `Gather`, `GatherElements`, `GatherND`,
-//! `ScatterElements` / `Scatter`, `ScatterND`, `OneHot`, `TopK`, `CumSum`,
+//! `ScatterElements` / `Scatter`, `ScatterND`, `OneHot`, `TopK`, `CumSum`, `CumProd`,
 //! `Pad`, and the value-dependent `NonZero` / `Compress` (whose inputs are
 //! static: their output shape depends on the values).
 //!
@@ -217,7 +217,7 @@ pub(crate) fn top_k(n: &mut Node) -> OpResult {
 }
 
 /// `x` reversed along `axis`.
-fn flip(x: &Tensor, axis: usize) -> Tensor {
+pub(crate) fn flip(x: &Tensor, axis: usize) -> Tensor {
     let mut specs = vec![SliceSpec::FULL; x.rank()];
     specs[axis] = SliceSpec { start: None, stop: None, step: -1 };
     x.slice(&specs)
@@ -239,6 +239,42 @@ pub(crate) fn cumsum(n: &mut Node) -> OpResult {
     }
     let y = t.cumsum(axis as i64);
     one(if reverse { flip(&y, axis) } else { y })
+}
+
+/// `CumProd` (opset 26) with `exclusive` (shifted by one, a one first) and
+/// `reverse`.
+///
+/// tracejit has no product scan, so this is the Hillis–Steele scan:
+/// ⌈log₂ n⌉ steps, each multiplying by the running products shifted by
+/// 1, 2, 4, ... along the axis. Integer products wrap and are exact in any
+/// order; a float output is the same n factors multiplied as a tree, so it
+/// is within (n − 1) roundings of the sequential product, like any other
+/// order (only where an intermediate product overflows or underflows can
+/// the order decide between a finite result and ±Inf or 0).
+pub(crate) fn cumprod(n: &mut Node) -> OpResult {
+    let x = n.input(0)?;
+    if x.dtype() == DType::Bool {
+        return Err("CumProd takes numbers, not bool".into());
+    }
+    let axis = normalize_axis(n.known_i64s(1)?.first().copied().ok_or("axis is empty")?, x.rank())?;
+    let reverse = n.attr_i("reverse", 0)? != 0;
+    let exclusive = n.attr_i("exclusive", 0)? != 0;
+    let len = x.shape()[axis];
+    let shift = |t: &Tensor, by: usize| {
+        let mut pads = vec![(0, 0); t.rank()];
+        pads[axis] = (by.min(len), 0);
+        t.slice_axis(axis as i64, 0, len.saturating_sub(by) as i64).pad(&pads, 1.0)
+    };
+    let mut t = if reverse { flip(x, axis) } else { x.clone() };
+    if exclusive {
+        t = shift(&t, 1);
+    }
+    let mut step = 1;
+    while step < len {
+        t = &t * &shift(&t, step);
+        step *= 2;
+    }
+    one(if reverse { flip(&t, axis) } else { t })
 }
 
 /// `NonZero` (input known at trace time): `[rank, count]` i64 coordinates.

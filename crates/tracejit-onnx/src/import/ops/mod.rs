@@ -2,24 +2,40 @@
 //! the attributes the handler reads (any other is refused at import), the
 //! input positions that must be known at trace time (so a graph input
 //! feeding one becomes a static input), and ops known to be missing with
-//! the reason (the primitive or dtype they need).
+//! the reason (the primitive or dtype they need). An op may also check
+//! its attribute values at import (`check`), so a value it cannot honour
+//! is refused before any input is seen.
 //!
 //! Handlers live in one file per family: `elementwise`, `reduce`,
-//! `shape`, `indexing`, `nn` (dense layers and normalizations), `loss`
-//! and `conv` (convolutions and pools).
+//! `shape`, `indexing`, `nn` (dense layers and normalizations),
+//! `einsum`, `attention`, `flex_attention` (domain `ai.onnx.preview`),
+//! `linear_attention`, `rotary`, `control` (`If`, `Loop`, `Scan`), `state` (caches
+//! and recurrent state),
+//! `loss` and `conv` (convolutions and pools).
 
+pub(crate) mod attention;
+pub(crate) mod control;
 pub(crate) mod conv;
+pub(crate) mod einsum;
 pub(crate) mod elementwise;
+pub(crate) mod flex_attention;
 pub(crate) mod indexing;
+pub(crate) mod linear_attention;
 pub(crate) mod loss;
 pub(crate) mod nn;
 pub(crate) mod reduce;
+pub(crate) mod rotary;
 pub(crate) mod shape;
+pub(crate) mod state;
 
 use super::node::{Node, OpResult};
 
 /// An op handler.
 pub(crate) type Handler = fn(&mut Node) -> OpResult;
+
+/// An import-time check of a node's attribute values (the node has no
+/// inputs yet): `Err` is the reason it is refused.
+pub(crate) type Check = fn(&Node) -> std::result::Result<(), String>;
 
 /// One row of the table.
 pub(crate) struct OpDef {
@@ -35,10 +51,29 @@ pub(crate) struct OpDef {
     pub shape_only: bool,
     /// `Some(reason)`: the op is known and refused for that reason.
     pub refuse: Option<&'static str>,
+    /// Checks the attribute values at import.
+    pub check: Option<Check>,
+    /// The op's domain: `""` for the default one.
+    pub domain: &'static str,
+    /// The version of `domain` the op is read at (another domain's only).
+    pub domain_version: i64,
+    /// The attributes that may hold a subgraph (checked at import).
+    pub subgraphs: &'static [&'static str],
 }
 
 const fn op(name: &'static str, handler: Handler, attrs: &'static [&'static str]) -> OpDef {
-    OpDef { name, handler, attrs, statics: &[], shape_only: false, refuse: None }
+    OpDef {
+        name,
+        handler,
+        attrs,
+        statics: &[],
+        shape_only: false,
+        refuse: None,
+        check: None,
+        domain: "",
+        domain_version: 0,
+        subgraphs: &[],
+    }
 }
 
 const fn with_statics(
@@ -47,7 +82,38 @@ const fn with_statics(
     attrs: &'static [&'static str],
     statics: &'static [usize],
 ) -> OpDef {
-    OpDef { name, handler, attrs, statics, shape_only: false, refuse: None }
+    OpDef {
+        name,
+        handler,
+        attrs,
+        statics,
+        shape_only: false,
+        refuse: None,
+        check: None,
+        domain: "",
+        domain_version: 0,
+        subgraphs: &[],
+    }
+}
+
+const fn checked(name: &'static str, handler: Handler, attrs: &'static [&'static str], check: Check) -> OpDef {
+    OpDef {
+        name,
+        handler,
+        attrs,
+        statics: &[],
+        shape_only: false,
+        refuse: None,
+        check: Some(check),
+        domain: "",
+        domain_version: 0,
+        subgraphs: &[],
+    }
+}
+
+/// An op that reads only its input's shape.
+const fn shape_only(name: &'static str, handler: Handler, attrs: &'static [&'static str]) -> OpDef {
+    OpDef { shape_only: true, ..op(name, handler, attrs) }
 }
 
 fn refused(_: &mut Node) -> OpResult {
@@ -55,7 +121,18 @@ fn refused(_: &mut Node) -> OpResult {
 }
 
 const fn missing(name: &'static str, reason: &'static str) -> OpDef {
-    OpDef { name, handler: refused, attrs: &[], statics: &[], shape_only: false, refuse: Some(reason) }
+    OpDef {
+        name,
+        handler: refused,
+        attrs: &[],
+        statics: &[],
+        shape_only: false,
+        refuse: Some(reason),
+        check: None,
+        domain: "",
+        domain_version: 0,
+        subgraphs: &[],
+    }
 }
 
 const REDUCE: &[&str] = &["axes", "keepdims", "noop_with_empty_axes"];
@@ -156,8 +233,8 @@ static OPS: &[OpDef] = &[
     op("ArgMax", r::arg_max, ARG),
     op("ArgMin", r::arg_min, ARG),
     // Shapes and movement.
-    OpDef { name: "Shape", handler: s::shape, attrs: &["start", "end"], statics: &[], shape_only: true, refuse: None },
-    OpDef { name: "Size", handler: s::size, attrs: &[], statics: &[], shape_only: true, refuse: None },
+    shape_only("Shape", s::shape, &["start", "end"]),
+    shape_only("Size", s::size, &[]),
     with_statics("Reshape", s::reshape, &["allowzero", "shape", "consumed_inputs"], &[1]),
     op("Flatten", s::flatten, &["axis"]),
     with_statics("Squeeze", s::squeeze, &["axes"], &[1]),
@@ -185,11 +262,13 @@ static OPS: &[OpDef] = &[
     with_statics("OneHot", ix::one_hot, &["axis"], &[1]),
     with_statics("TopK", ix::top_k, &["axis", "k", "largest", "sorted"], &[1]),
     with_statics("CumSum", ix::cumsum, &["exclusive", "reverse"], &[1]),
+    with_statics("CumProd", ix::cumprod, &["exclusive", "reverse"], &[1]),
     with_statics("NonZero", ix::non_zero, &[], &[0]),
     with_statics("Compress", ix::compress, &["axis"], &[1]),
     with_statics("Pad", ix::pad, &["mode", "pads", "paddings", "value"], &[1, 2, 3]),
     // Dense layers, normalizations.
     op("MatMul", nn::matmul, &[]),
+    checked("Einsum", einsum::einsum, &["equation"], einsum::check),
     op("Gemm", nn::gemm, &["alpha", "beta", "transA", "transB", "broadcast"]),
     op("Softmax", nn::softmax, &["axis"]),
     op("LogSoftmax", nn::log_softmax, &["axis"]),
@@ -204,6 +283,17 @@ static OPS: &[OpDef] = &[
     op("LRN", nn::lrn, &["alpha", "beta", "bias", "size"]),
     op("NegativeLogLikelihoodLoss", loss::nll_loss, &["ignore_index", "reduction"]),
     op("SoftmaxCrossEntropyLoss", loss::softmax_cross_entropy, &["ignore_index", "reduction"]),
+    checked("Attention", attention::attention, attention::ATTRS, attention::check),
+    checked("RotaryEmbedding", rotary::rotary_embedding, rotary::ATTRS, rotary::check),
+    OpDef {
+        domain: "ai.onnx.preview",
+        domain_version: 1,
+        subgraphs: flex_attention::SUBGRAPHS,
+        ..checked("FlexAttention", flex_attention::flex_attention, flex_attention::ATTRS, flex_attention::check)
+    },
+    checked("LinearAttention", linear_attention::linear_attention, linear_attention::ATTRS, linear_attention::check),
+    checked("TensorScatter", state::tensor_scatter, state::SCATTER_ATTRS, state::check_scatter),
+    checked("CausalConvWithState", state::causal_conv_with_state, state::CONV_ATTRS, state::check_conv),
     with_statics("Dropout", nn::dropout, &["ratio", "seed", "is_test"], &[1, 2]),
     // Convolutions and pools.
     op("Conv", c::conv, CONV),
@@ -224,9 +314,9 @@ static OPS: &[OpDef] = &[
     missing("BitwiseXor", "needs primitive bitwise_xor"),
     missing("BitwiseNot", "needs primitive bitwise_not"),
     missing("BitCast", "needs primitive bitcast"),
-    missing("If", "control flow (If -> cond) comes in a later stage"),
-    missing("Loop", "control flow (Loop -> while_loop) comes in a later stage"),
-    missing("Scan", "control flow (Scan) comes in a later stage"),
+    OpDef { subgraphs: &["then_branch", "else_branch"], ..op("If", control::if_, control::IF_ATTRS) },
+    OpDef { subgraphs: &["body"], ..with_statics("Loop", control::loop_, &["body"], &[0, 1]) },
+    OpDef { subgraphs: &["body"], ..checked("Scan", control::scan, control::SCAN_ATTRS, control::check_scan) },
     missing("QuantizeLinear", "needs dtypes int8/uint8"),
     missing("DequantizeLinear", "needs dtypes int8/uint8"),
     missing("DynamicQuantizeLinear", "needs dtype uint8"),
@@ -242,9 +332,9 @@ static OPS: &[OpDef] = &[
     missing("Bernoulli", "random ops cannot match a reference draw"),
 ];
 
-/// The table's row for `op_type`.
-pub(crate) fn lookup(op_type: &str) -> Option<&'static OpDef> {
-    OPS.iter().find(|d| d.name == op_type)
+/// The table's row for `op_type` of `domain` (`""`: the default domain).
+pub(crate) fn lookup(domain: &str, op_type: &str) -> Option<&'static OpDef> {
+    OPS.iter().find(|d| d.name == op_type && d.domain == domain)
 }
 
 /// Every op type the importer maps (for docs and tests).
