@@ -175,6 +175,13 @@ pub(crate) struct Analysis {
     pub key: KernelKey,
 }
 
+/// True for the dtypes regions compute in: f32, f64, i32, i64 and bool.
+/// The 16-bit floats, the narrow integers and u64 take the reference
+/// kernels.
+pub(crate) fn compiled_dtype(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::Bool)
+}
+
 /// Analyzes a region body, as a list of named steps: liveness,
 /// unification of axes, the domain, lowering, the outputs, the passes of
 /// reductions, and the runtime sizes. `Err` carries why the body is not
@@ -183,7 +190,8 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
     // Regions compute in f32, f64 and the integers: the 16-bit floats run
     // through the reference kernels (f32 arithmetic, rounded once), and
     // products on them through the bf16 GEMM (`crate::gemm`).
-    if let Some((_, n)) = body.nodes().find(|(_, n)| n.outputs.iter().any(|t| t.dtype.is_low_precision())) {
+    // The narrow integers and u64 likewise run through the reference kernels.
+    if let Some((_, n)) = body.nodes().find(|(_, n)| n.outputs.iter().any(|t| !compiled_dtype(t.dtype))) {
         return Err(format!("{} on {} is not compiled into regions", n.op.name(), n.outputs[0].dtype));
     }
     let live = axes::liveness(body)?;

@@ -101,8 +101,18 @@ impl<'a, 'b> Emit<'a, 'b> {
                 (DType::I64, _) => types::I64X2,
                 (DType::Bool, 32) => types::I32X4,
                 (DType::Bool, _) => types::I64X2,
-                (DType::BF16 | DType::F16, _) => {
-                    unreachable!("16-bit floats never reach a region (analysis rejects them)")
+                (
+                    DType::BF16
+                    | DType::F16
+                    | DType::I8
+                    | DType::U8
+                    | DType::I16
+                    | DType::U16
+                    | DType::U32
+                    | DType::U64,
+                    _,
+                ) => {
+                    unreachable!("16-bit floats and the narrow integers never reach a region (analysis rejects them)")
                 }
             },
         }
@@ -369,7 +379,9 @@ impl<'a, 'b> Emit<'a, 'b> {
                     Mode::Scalar => self.b.ins().bxor_imm_s(x, 1),
                 }
             }
-            DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
+            DType::BF16 | DType::F16 | DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::U32 | DType::U64 => {
+                unreachable!("16-bit floats and the narrow integers never reach a region (analysis rejects them)")
+            }
         }
     }
 
@@ -659,7 +671,9 @@ pub(crate) fn sty(dtype: DType) -> Type {
         DType::I32 => types::I32,
         DType::I64 => types::I64,
         DType::Bool => types::I8,
-        DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
+        DType::BF16 | DType::F16 | DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::U32 | DType::U64 => {
+            unreachable!("16-bit floats and the narrow integers never reach a region (analysis rejects them)")
+        }
     }
 }
 

@@ -23,7 +23,9 @@ impl Scalar {
             DType::I32 => Scalar::I32(v as i32),
             DType::I64 => Scalar::I64(v as i64),
             DType::Bool => Scalar::Bool(v != 0.0),
-            DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
+            DType::BF16 | DType::F16 | DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::U32 | DType::U64 => {
+                unreachable!("16-bit floats and the narrow integers never reach a region (analysis rejects them)")
+            }
         }
     }
 
@@ -35,8 +37,15 @@ impl Scalar {
             Storage::I32(a) => Scalar::I32(*a.iter().next().expect("one element")),
             Storage::I64(a) => Scalar::I64(*a.iter().next().expect("one element")),
             Storage::Bool(a) => Scalar::Bool(*a.iter().next().expect("one element")),
-            Storage::BF16(_) | Storage::F16(_) => {
-                unreachable!("16-bit floats never reach a region (analysis rejects them)")
+            Storage::BF16(_)
+            | Storage::F16(_)
+            | Storage::I8(_)
+            | Storage::U8(_)
+            | Storage::I16(_)
+            | Storage::U16(_)
+            | Storage::U32(_)
+            | Storage::U64(_) => {
+                unreachable!("16-bit floats and the narrow integers never reach a region (analysis rejects them)")
             }
         }
     }

@@ -158,7 +158,9 @@ pub(super) fn lane_bits(an: &Analysis) -> Option<u32> {
             DType::Bool => continue,
             DType::F32 | DType::I32 => 32,
             DType::F64 | DType::I64 => 64,
-            DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
+            DType::BF16 | DType::F16 | DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::U32 | DType::U64 => {
+                unreachable!("16-bit floats and the narrow integers never reach a region (analysis rejects them)")
+            }
         };
         match bits {
             None => bits = Some(b),

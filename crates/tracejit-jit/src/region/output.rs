@@ -34,7 +34,9 @@ impl OutBuf {
             DType::I32 => OutBuf::I32(Vec::with_capacity(len)),
             DType::I64 => OutBuf::I64(Vec::with_capacity(len)),
             DType::Bool => OutBuf::Bool(Vec::with_capacity(len)),
-            DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
+            DType::BF16 | DType::F16 | DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::U32 | DType::U64 => {
+                unreachable!("16-bit floats and the narrow integers never reach a region (analysis rejects them)")
+            }
         }
     }
 
@@ -55,6 +57,12 @@ impl OutBuf {
                 Storage::Bool(a) => a.as_mut_ptr() as i64,
                 Storage::BF16(a) => a.as_mut_ptr() as i64,
                 Storage::F16(a) => a.as_mut_ptr() as i64,
+                Storage::I8(a) => a.as_mut_ptr() as i64,
+                Storage::U8(a) => a.as_mut_ptr() as i64,
+                Storage::I16(a) => a.as_mut_ptr() as i64,
+                Storage::U16(a) => a.as_mut_ptr() as i64,
+                Storage::U32(a) => a.as_mut_ptr() as i64,
+                Storage::U64(a) => a.as_mut_ptr() as i64,
             },
             OutBuf::Aliased(_, p) => *p,
         }

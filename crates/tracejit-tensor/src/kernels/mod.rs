@@ -145,6 +145,12 @@ macro_rules! same_dtype {
             ($crate::Storage::Bool($x), $crate::Storage::Bool($y)) => $body,
             ($crate::Storage::BF16($x), $crate::Storage::BF16($y)) => $body,
             ($crate::Storage::F16($x), $crate::Storage::F16($y)) => $body,
+            ($crate::Storage::I8($x), $crate::Storage::I8($y)) => $body,
+            ($crate::Storage::U8($x), $crate::Storage::U8($y)) => $body,
+            ($crate::Storage::I16($x), $crate::Storage::I16($y)) => $body,
+            ($crate::Storage::U16($x), $crate::Storage::U16($y)) => $body,
+            ($crate::Storage::U32($x), $crate::Storage::U32($y)) => $body,
+            ($crate::Storage::U64($x), $crate::Storage::U64($y)) => $body,
             (a, b) => panic!("{}: operands have different dtypes ({} and {})", $name, a.dtype(), b.dtype()),
         }
     };
@@ -182,6 +188,30 @@ macro_rules! with_dtype {
                 type $T = half::f16;
                 $body
             }
+            $crate::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            $crate::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            $crate::DType::U16 => {
+                type $T = u16;
+                $body
+            }
+            $crate::DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            $crate::DType::U64 => {
+                type $T = u64;
+                $body
+            }
         }
     };
 }
@@ -191,6 +221,7 @@ mod conv;
 mod index;
 mod low_precision;
 mod matmul;
+mod narrow_int;
 mod num;
 mod pool;
 mod random;
@@ -272,7 +303,7 @@ pub fn matmul_acc(a: &Storage, b: &Storage, acc: DType) -> Storage {
     let ok = match acc {
         DType::F32 => matches!(a.dtype(), DType::F32 | DType::BF16 | DType::F16),
         DType::F64 => a.dtype().is_float(),
-        DType::I32 | DType::I64 | DType::Bool | DType::BF16 | DType::F16 => false,
+        _ => false,
     };
     if !ok {
         panic!(
