@@ -9,4 +9,5 @@
 mod builder;
 mod errors;
 mod ops;
+mod quant;
 mod round_trip;

@@ -5,14 +5,15 @@
 //! the reason (the primitive or dtype they need).
 //!
 //! Handlers live in one file per family: `elementwise`, `reduce`,
-//! `shape`, `indexing`, `nn` (dense layers and normalizations), `loss`
-//! and `conv` (convolutions and pools).
+//! `shape`, `indexing`, `nn` (dense layers and normalizations), `loss`,
+//! `conv` (convolutions and pools) and `quant` (quantization).
 
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod indexing;
 pub(crate) mod loss;
 pub(crate) mod nn;
+pub(crate) mod quant;
 pub(crate) mod reduce;
 pub(crate) mod shape;
 
@@ -73,6 +74,7 @@ const STASH_NORM: &[&str] = &["axis", "epsilon", "stash_type"];
 use conv as c;
 use elementwise as e;
 use indexing as ix;
+use quant as q;
 use reduce as r;
 use shape as s;
 
@@ -214,26 +216,27 @@ static OPS: &[OpDef] = &[
     op("GlobalAveragePool", c::global_average_pool, &[]),
     op("GlobalMaxPool", c::global_max_pool, &[]),
     op("GlobalLpPool", c::global_lp_pool, &["p"]),
+    // Quantization.
+    op("QuantizeLinear", q::quantize_linear, &["axis", "block_size", "output_dtype", "precision", "saturate"]),
+    op("DequantizeLinear", q::dequantize_linear, &["axis", "block_size", "output_dtype"]),
+    op("DynamicQuantizeLinear", q::dynamic_quantize_linear, &[]),
+    op("MatMulInteger", q::matmul_integer, &[]),
+    op("QLinearMatMul", q::qlinear_matmul, &[]),
+    op("ConvInteger", q::conv_integer, CONV),
+    op("QLinearConv", q::qlinear_conv, CONV),
+    op("BitShift", q::bit_shift, &["direction"]),
+    op("BitwiseNot", q::bitwise_not, &[]),
+    op("BitCast", q::bit_cast, &["to"]),
     // Known and missing: what each needs.
     missing("Atan", "needs primitive atan"),
     missing("Asin", "needs primitive atan (asin = atan(x / sqrt(1 - x²)))"),
     missing("Acos", "needs primitive atan (acos = pi/2 - asin)"),
-    missing("BitShift", "needs primitive bit shifts and unsigned dtypes"),
     missing("BitwiseAnd", "needs primitive bitwise_and"),
     missing("BitwiseOr", "needs primitive bitwise_or"),
     missing("BitwiseXor", "needs primitive bitwise_xor"),
-    missing("BitwiseNot", "needs primitive bitwise_not"),
-    missing("BitCast", "needs primitive bitcast"),
     missing("If", "control flow (If -> cond) comes in a later stage"),
     missing("Loop", "control flow (Loop -> while_loop) comes in a later stage"),
     missing("Scan", "control flow (Scan) comes in a later stage"),
-    missing("QuantizeLinear", "needs dtypes int8/uint8"),
-    missing("DequantizeLinear", "needs dtypes int8/uint8"),
-    missing("DynamicQuantizeLinear", "needs dtype uint8"),
-    missing("MatMulInteger", "needs dtypes int8/uint8"),
-    missing("ConvInteger", "needs dtypes int8/uint8"),
-    missing("QLinearMatMul", "needs dtypes int8/uint8"),
-    missing("QLinearConv", "needs dtypes int8/uint8"),
     missing("RandomNormal", "random ops cannot match a reference draw"),
     missing("RandomUniform", "random ops cannot match a reference draw"),
     missing("RandomNormalLike", "random ops cannot match a reference draw"),
