@@ -250,9 +250,14 @@ mod tests {
         let mut t = proto(DataType::Int64, &[3]);
         t.raw_data = Some(vec![0; 23]);
         assert!(matches!(storage_from_proto(&t, "t"), Err(Error::Malformed { .. })));
-        let t = proto(DataType::Uint8, &[1]);
+        let t = proto(DataType::Int4, &[1]);
         let e = storage_from_proto(&t, "initializer 'q'").unwrap_err().to_string();
-        assert!(e.contains("uint8") && e.contains("initializer 'q'"), "{e}");
+        assert!(e.contains("int4") && e.contains("initializer 'q'"), "{e}");
+        // A typed-field value that does not fit the element type.
+        let mut t = proto(DataType::Int8, &[2]);
+        t.int32_data = vec![5, 200];
+        let e = storage_from_proto(&t, "t").unwrap_err().to_string();
+        assert!(e.contains("200") && e.contains("i8"), "{e}");
         let t = proto(DataType::Float, &[1 << 20, 1 << 20]);
         assert!(matches!(storage_from_proto(&t, "t"), Err(Error::Malformed { .. })));
         let t = proto(DataType::Float, &[-1]);
@@ -265,9 +270,34 @@ mod tests {
             Storage::from_vec(vec![1i64, -5, 7], &[3]).unwrap(),
             Storage::from_vec(vec![true, false], &[2, 1]).unwrap(),
             Storage::from_vec(vec![0.5f64], &[]).unwrap(),
+            Storage::from_vec(vec![i8::MIN, -1, i8::MAX], &[3]).unwrap(),
+            Storage::from_vec(vec![0u8, 255, 7], &[1, 3]).unwrap(),
+            Storage::from_vec(vec![i16::MIN, i16::MAX], &[2]).unwrap(),
+            Storage::from_vec(vec![u16::MAX, 1], &[2]).unwrap(),
+            Storage::from_vec(vec![u32::MAX, 0], &[2]).unwrap(),
+            Storage::from_vec(vec![u64::MAX, 1 << 63], &[2]).unwrap(),
         ] {
             let back = from_raw(&to_raw(&s), s.dtype(), s.shape()).unwrap();
             assert!(back.bit_eq(&s));
+            // Through a whole TensorProto, its element type code included.
+            let proto = crate::tensor_proto::tensor_proto("t", &s);
+            assert!(storage_from_proto(&proto, "t").unwrap().bit_eq(&s), "{:?}", s.dtype());
         }
+    }
+
+    #[test]
+    fn narrow_integers_come_from_their_typed_fields() {
+        let mut t = proto(DataType::Int8, &[3]);
+        t.int32_data = vec![-128, 0, 127];
+        assert_eq!(storage_from_proto(&t, "t").unwrap().to_vec::<i8>().unwrap(), [-128, 0, 127]);
+        let mut t = proto(DataType::Uint16, &[2]);
+        t.int32_data = vec![65535, 3];
+        assert_eq!(storage_from_proto(&t, "t").unwrap().to_vec::<u16>().unwrap(), [65535, 3]);
+        let mut t = proto(DataType::Uint32, &[1]);
+        t.uint64_data = vec![u64::from(u32::MAX)];
+        assert_eq!(storage_from_proto(&t, "t").unwrap().to_vec::<u32>().unwrap(), [u32::MAX]);
+        let mut t = proto(DataType::Uint64, &[1]);
+        t.uint64_data = vec![u64::MAX];
+        assert_eq!(storage_from_proto(&t, "t").unwrap().to_vec::<u64>().unwrap(), [u64::MAX]);
     }
 }
