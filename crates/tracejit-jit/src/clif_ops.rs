@@ -101,18 +101,11 @@ impl<'a, 'b> Emit<'a, 'b> {
                 (DType::I64, _) => types::I64X2,
                 (DType::Bool, 32) => types::I32X4,
                 (DType::Bool, _) => types::I64X2,
-                (
-                    DType::BF16
-                    | DType::F16
-                    | DType::I8
-                    | DType::U8
-                    | DType::I16
-                    | DType::U16
-                    | DType::U32
-                    | DType::U64,
-                    _,
-                ) => {
-                    unreachable!("16-bit floats and the narrow integers never reach a region (analysis rejects them)")
+                // A narrow integer is held as its compute dtype's value.
+                (DType::I8 | DType::U8 | DType::I16 | DType::U16, _) => types::I32X4,
+                (DType::U32, _) => types::I64X2,
+                (DType::BF16 | DType::F16 | DType::U64, _) => {
+                    unreachable!("16-bit floats and u64 never reach a region (analysis rejects them)")
                 }
             },
         }
@@ -379,8 +372,12 @@ impl<'a, 'b> Emit<'a, 'b> {
                     Mode::Scalar => self.b.ins().bxor_imm_s(x, 1),
                 }
             }
-            DType::BF16 | DType::F16 | DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::U32 | DType::U64 => {
-                unreachable!("16-bit floats and the narrow integers never reach a region (analysis rejects them)")
+            // Computed in the compute dtype; the caller wraps the result.
+            DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::U32 => {
+                self.unary_int(op, dtype.compute(), mode, x)
+            }
+            DType::BF16 | DType::F16 | DType::U64 => {
+                unreachable!("16-bit floats and u64 never reach a region (analysis rejects them)")
             }
         }
     }
@@ -600,6 +597,9 @@ impl<'a, 'b> Emit<'a, 'b> {
         if from == to {
             return x;
         }
+        if from.is_narrow_int() || to.is_narrow_int() {
+            return self.cast_narrow(from, to, mode, x);
+        }
         if mode == Mode::Vector {
             return match (from, to) {
                 (F32, I32) => self.b.ins().fcvt_to_sint_sat(types::I32X4, x),
@@ -646,6 +646,45 @@ impl<'a, 'b> Emit<'a, 'b> {
         }
     }
 
+    /// A cast from or to a narrow integer (held as its compute dtype's
+    /// value): the cast between the compute dtypes, then, to a narrow
+    /// integer, the reference's `as`: a float saturates to the narrow
+    /// range (it saturated to the compute dtype's already, NaN to 0), an
+    /// integer or bool keeps its low bits.
+    fn cast_narrow(&mut self, from: DType, to: DType, mode: Mode, x: Value) -> Value {
+        let (fc, tc) = (from.compute(), to.compute());
+        let y = self.cast(fc, tc, mode, x);
+        if !to.is_narrow_int() {
+            return y;
+        }
+        if from.is_float() {
+            let (lo, hi) = to.int_range().expect("an integer dtype");
+            let bound = |v: i128| if tc == DType::I32 { Scalar::I32(v as i32) } else { Scalar::I64(v as i64) };
+            return self.clamp(tc, mode, y, bound(lo), bound(hi));
+        }
+        self.wrap(to, mode, y)
+    }
+
+    /// The value `x` of `to`'s compute dtype wrapped to the narrow integer
+    /// `to` (two's complement), held again as the compute dtype's value:
+    /// sign-extended from the low bits for the signed, zero-extended for
+    /// the unsigned. Other dtypes pass.
+    pub fn wrap(&mut self, to: DType, mode: Mode, x: Value) -> Value {
+        match to {
+            DType::I8 | DType::I16 => {
+                let shift = if to == DType::I8 { 24 } else { 16 };
+                let y = self.b.ins().ishl_imm_s(x, shift);
+                self.b.ins().sshr_imm_s(y, shift)
+            }
+            DType::U8 | DType::U16 | DType::U32 => {
+                let (_, hi) = to.int_range().expect("an integer dtype");
+                let mask = self.ki(to.compute(), mode, hi as i64);
+                self.b.ins().band(x, mask)
+            }
+            _ => x,
+        }
+    }
+
     /// `minimum(maximum(x, lo), hi)` with NaN kept.
     pub fn clamp(&mut self, t: DType, mode: Mode, x: Value, lo: Scalar, hi: Scalar) -> Value {
         let lo = self.kscalar(lo, mode);
@@ -671,8 +710,11 @@ pub(crate) fn sty(dtype: DType) -> Type {
         DType::I32 => types::I32,
         DType::I64 => types::I64,
         DType::Bool => types::I8,
-        DType::BF16 | DType::F16 | DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::U32 | DType::U64 => {
-            unreachable!("16-bit floats and the narrow integers never reach a region (analysis rejects them)")
+        // A narrow integer is held as its compute dtype's value.
+        DType::I8 | DType::U8 | DType::I16 | DType::U16 => types::I32,
+        DType::U32 => types::I64,
+        DType::BF16 | DType::F16 | DType::U64 => {
+            unreachable!("16-bit floats and u64 never reach a region (analysis rejects them)")
         }
     }
 }
