@@ -4,7 +4,8 @@
 
 use tracejit_ir::tensor::{DType, Storage};
 
-/// A scalar immediate of one of the five dtypes.
+/// A scalar immediate of one of the five register dtypes (a narrow integer
+/// is held as its compute dtype's value).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Scalar {
     F32(f32),

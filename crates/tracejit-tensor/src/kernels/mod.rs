@@ -21,6 +21,11 @@
 //! Output dtypes follow [`UnaryOp::result_dtype`] and
 //! [`BinaryOp::result_dtype`]; a kernel given a dtype those reject panics.
 //!
+//! The narrow integers (i8, u8, i16, u16, u32) compute natively in their
+//! width with the same wrapping rules, which equals computing in their
+//! [`DType::compute`] dtype and wrapping the result back (what the JIT
+//! does); unsigned ones compare, divide, and take max and min unsigned.
+//!
 //! **Unary.**
 //! - Integers wrap: `neg(i32::MIN) == i32::MIN`, `abs(i32::MIN) == i32::MIN`,
 //!   `square` is a wrapping multiply. `floor`, `ceil` and `round` are the
@@ -63,8 +68,10 @@
 //!
 //! [`select`] broadcasts the condition and both branches to one shape.
 //! [`cast`] converts as Rust's `as` does: float to integer truncates toward
-//! zero and saturates, NaN becomes 0; integer to float and f64 to f32 round to
-//! nearest; i64 to i32 keeps the low 32 bits (wraps); bool becomes 0/1; a
+//! zero and saturates, NaN becomes 0 (`300.7 -> u8` is 255, `-inf -> i8` is
+//! -128); integer to float and f64 to f32 round to nearest; integer to
+//! integer keeps the low bits (wraps: i64 to i32, `300i32 -> u8` is 44,
+//! `-1i8 -> u32` is 4294967295); bool becomes 0/1; a
 //! number becomes `x != 0` as bool, so NaN is `true`. [`clamp`] converts its
 //! bounds to the operand's dtype (as `as` does) and computes
 //! `minimum(maximum(x, lo), hi)`, so a NaN operand stays NaN and `lo > hi`
