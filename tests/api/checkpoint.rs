@@ -107,6 +107,9 @@ fn snapshot(m: &dyn Module) -> Vec<(String, DType, Vec<usize>, Vec<u64>)> {
                 DType::BF16 | DType::F16 => {
                     t.cast(DType::F64).to_vec::<f64>().unwrap().into_iter().map(f64::to_bits).collect()
                 }
+                // Widening (or u64's identity) keeps every value.
+                DType::U64 => t.to_vec::<u64>().unwrap(),
+                _ => t.cast(DType::I64).to_vec::<i64>().unwrap().into_iter().map(|x| x as u64).collect(),
             };
             (p, v.dtype(), v.shape().to_vec(), bits)
         })

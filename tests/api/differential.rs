@@ -93,6 +93,10 @@ fn values(n: usize, dtype: DType, seed: u64) -> Tensor {
         DType::I64 => Tensor::from_vec(raw.iter().map(|&v| if v.is_finite() { v as i64 } else { -3 }).collect(), &[n]),
         DType::Bool => Tensor::from_vec(raw.iter().map(|&v| v > 0.0).collect(), &[n]),
         DType::BF16 | DType::F16 => Tensor::from_vec(raw, &[n]).cast(dtype),
+        // The other integers like i64, wrapped into the dtype (u8's -3 is 253).
+        _ => {
+            Tensor::from_vec(raw.iter().map(|&v| if v.is_finite() { v as i64 } else { -3 }).collect(), &[n]).cast(dtype)
+        }
     }
 }
 

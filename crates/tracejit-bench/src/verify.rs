@@ -72,6 +72,10 @@ impl OutputValues {
             DType::I64 => t.to_vec::<i64>().map(|v| v.into_iter().map(|x| x as f64).collect()),
             DType::Bool => t.to_vec::<bool>().map(|v| v.into_iter().map(|x| if x { 1.0 } else { 0.0 }).collect()),
             DType::BF16 | DType::F16 => t.cast(DType::F64).to_vec::<f64>(),
+            // Every value but u64's past 2^53 is exact in f64.
+            DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::U32 | DType::U64 => {
+                t.cast(DType::F64).to_vec::<f64>()
+            }
         }
         .map_err(|e| format!("cannot read an output: {e}"))?;
         Ok(OutputValues { shape: t.shape().to_vec(), dtype: t.dtype(), values })

@@ -109,6 +109,9 @@ pub(crate) fn run(c: Collective, s: &Storage) -> Result<Storage> {
 /// Refuses what MPI's built-in operations cannot do to `dtype`.
 pub(crate) fn check_dtype(c: Collective, dtype: DType, what: &str) -> Result<()> {
     let reason = match (c, Kind::of(dtype)) {
+        (Collective::AllReduce(ReduceOp::Max | ReduceOp::Min), _) if dtype == DType::U64 => {
+            "a max or min of u64 (it travels as i64 and would compare signed; cast to f64 or i64 first)"
+        }
         (Collective::AllReduce(ReduceOp::Mean), Kind::I32 | Kind::I64 | Kind::U8) => {
             "a mean needs a float dtype (cast first, or reduce with Sum)"
         }

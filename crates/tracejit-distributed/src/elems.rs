@@ -1,6 +1,10 @@
 //! [`Elems`]: tensors' values packed into one contiguous buffer of an
 //! element type MPI knows, and back. bf16 and f16 travel as f32 (MPI has
-//! no such types; a sum of them rounds once, at the end), bool as u8.
+//! no such types; a sum of them rounds once, at the end), bool as u8, the
+//! narrow integers in their compute dtype (i8, u8, i16, u16 as i32; u32 as
+//! i64: a wrapping sum wrapped back once equals one wrapped per step) and
+//! u64 as i64's same bits (sums wrap alike; max and min would compare it
+//! signed, so `collectives::check_dtype` refuses them).
 
 use tracejit_tensor::{bf16, f16, DType, Storage};
 
@@ -30,8 +34,8 @@ impl Kind {
         match dtype {
             DType::F32 | DType::BF16 | DType::F16 => Kind::F32,
             DType::F64 => Kind::F64,
-            DType::I32 => Kind::I32,
-            DType::I64 => Kind::I64,
+            DType::I32 | DType::I8 | DType::U8 | DType::I16 | DType::U16 => Kind::I32,
+            DType::I64 | DType::U32 | DType::U64 => Kind::I64,
             DType::Bool => Kind::U8,
         }
     }
@@ -98,6 +102,12 @@ impl Elems {
             (Elems::F64(v), Storage::F64(a)) => v.extend(a.iter()),
             (Elems::I32(v), Storage::I32(a)) => v.extend(a.iter()),
             (Elems::I64(v), Storage::I64(a)) => v.extend(a.iter()),
+            (Elems::I32(v), Storage::I8(a)) => v.extend(a.iter().map(|&x| i32::from(x))),
+            (Elems::I32(v), Storage::U8(a)) => v.extend(a.iter().map(|&x| i32::from(x))),
+            (Elems::I32(v), Storage::I16(a)) => v.extend(a.iter().map(|&x| i32::from(x))),
+            (Elems::I32(v), Storage::U16(a)) => v.extend(a.iter().map(|&x| i32::from(x))),
+            (Elems::I64(v), Storage::U32(a)) => v.extend(a.iter().map(|&x| i64::from(x))),
+            (Elems::I64(v), Storage::U64(a)) => v.extend(a.iter().map(|&x| x as i64)),
             (Elems::U8(v), Storage::Bool(a)) => v.extend(a.iter().map(|&b| u8::from(b))),
             _ => wrong(),
         }
@@ -173,6 +183,13 @@ impl Elems {
             (Elems::F64(v), DType::F64) => Storage::from_vec(v[r].to_vec(), shape),
             (Elems::I32(v), DType::I32) => Storage::from_vec(v[r].to_vec(), shape),
             (Elems::I64(v), DType::I64) => Storage::from_vec(v[r].to_vec(), shape),
+            // Wrapped back to the storage width (`as` keeps the low bits).
+            (Elems::I32(v), DType::I8) => Storage::from_vec(v[r].iter().map(|&x| x as i8).collect(), shape),
+            (Elems::I32(v), DType::U8) => Storage::from_vec(v[r].iter().map(|&x| x as u8).collect(), shape),
+            (Elems::I32(v), DType::I16) => Storage::from_vec(v[r].iter().map(|&x| x as i16).collect(), shape),
+            (Elems::I32(v), DType::U16) => Storage::from_vec(v[r].iter().map(|&x| x as u16).collect(), shape),
+            (Elems::I64(v), DType::U32) => Storage::from_vec(v[r].iter().map(|&x| x as u32).collect(), shape),
+            (Elems::I64(v), DType::U64) => Storage::from_vec(v[r].iter().map(|&x| x as u64).collect(), shape),
             (Elems::U8(v), DType::Bool) => Storage::from_vec(v[r].iter().map(|&b| b != 0).collect(), shape),
             _ => panic!("tracejit-distributed: a {:?} buffer unpacked as {dtype:?}", self.kind()),
         };
@@ -194,6 +211,12 @@ mod tests {
             Storage::from_vec(vec![i32::MIN, 7], &[1, 2]).unwrap(),
             Storage::from_vec(vec![i64::MAX], &[]).unwrap(),
             Storage::from_vec(vec![true, false, true], &[3]).unwrap(),
+            Storage::from_vec(vec![i8::MIN, -1, i8::MAX], &[3]).unwrap(),
+            Storage::from_vec(vec![0u8, 255], &[2]).unwrap(),
+            Storage::from_vec(vec![i16::MIN, i16::MAX], &[2]).unwrap(),
+            Storage::from_vec(vec![u16::MAX], &[1]).unwrap(),
+            Storage::from_vec(vec![u32::MAX, 1], &[2]).unwrap(),
+            Storage::from_vec(vec![u64::MAX, 1 << 63], &[2]).unwrap(),
         ];
         for s in &cases {
             let packed = Elems::pack(&[s, s]);

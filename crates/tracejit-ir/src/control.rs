@@ -146,13 +146,7 @@ impl<E: From<IrError>, F: FnMut(usize, &[Storage]) -> Result<Vec<Storage>, E>> S
 pub fn predicate(x: &Storage, what: &str) -> Result<bool, IrError> {
     match x {
         Storage::Bool(a) if a.ndim() == 0 => Ok(a.iter().next().copied().unwrap_or(false)),
-        Storage::F32(_)
-        | Storage::F64(_)
-        | Storage::I32(_)
-        | Storage::I64(_)
-        | Storage::Bool(_)
-        | Storage::BF16(_)
-        | Storage::F16(_) => Err(IrError::Op(crate::OpError::new(
+        _ => Err(IrError::Op(crate::OpError::new(
             "cond",
             format!("{what} must be a bool scalar, got {}{:?}", x.dtype(), x.shape()),
         ))),

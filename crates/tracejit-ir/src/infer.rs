@@ -347,12 +347,15 @@ fn is_permutation(perm: &[usize], rank: usize) -> bool {
 /// Describes the dtypes an op accepts: `float`, `numeric`, `bool` or a list.
 fn accepted_kind(accepts: impl Fn(DType) -> bool) -> String {
     let ok: Vec<DType> = DType::ALL.into_iter().filter(|&d| accepts(d)).collect();
-    if ok == [DType::F32, DType::F64, DType::BF16, DType::F16] {
+    let all = |f: fn(DType) -> bool| DType::ALL.into_iter().filter(|&d| f(d)).collect::<Vec<_>>();
+    if ok == all(DType::is_float) {
         "float".into()
-    } else if ok == [DType::F32, DType::F64, DType::I32, DType::I64, DType::BF16, DType::F16] {
+    } else if ok == all(DType::is_numeric) {
         "numeric".into()
-    } else if ok == [DType::I32, DType::I64] {
+    } else if ok == all(DType::is_int) {
         "integer".into()
+    } else if ok == all(DType::is_index) {
+        "i32/i64".into()
     } else {
         ok.iter().map(|d| d.name()).collect::<Vec<_>>().join("/")
     }

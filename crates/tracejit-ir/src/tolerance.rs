@@ -72,7 +72,15 @@ pub fn epsilon(dtype: DType) -> f64 {
         // Half an ulp of rounding per result: 2^-8 and 2^-11.
         DType::BF16 => 2f64.powi(-7),
         DType::F16 => 2f64.powi(-10),
-        DType::I32 | DType::I64 | DType::Bool => 0.0,
+        DType::I32
+        | DType::I64
+        | DType::Bool
+        | DType::I8
+        | DType::U8
+        | DType::I16
+        | DType::U16
+        | DType::U32
+        | DType::U64 => 0.0,
     }
 }
 

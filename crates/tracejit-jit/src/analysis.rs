@@ -175,6 +175,31 @@ pub(crate) struct Analysis {
     pub key: KernelKey,
 }
 
+/// True for the dtypes regions compute in: f32, f64, i32, i64 and bool.
+/// The 16-bit floats, the narrow integers and u64 take the reference
+/// kernels.
+pub(crate) fn compiled_dtype(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::Bool)
+}
+
+/// Why a node of a region body stays out of compiled regions, if it does:
+/// the 16-bit floats and u64 (no unsigned compare or divide here) run
+/// through the reference kernels; the narrow integers compile in their
+/// compute dtype (loads extend, stores truncate, each op's result wraps
+/// back) except in reductions, whose identities and accumulators are kept
+/// in the compute dtypes' terms.
+fn unsupported(n: &tracejit_ir::Node, body: &Graph) -> Option<String> {
+    let out = n.outputs.first()?.dtype;
+    let not_compiled = |d: DType| !(compiled_dtype(d) || d.is_narrow_int());
+    if let Some(t) = n.outputs.iter().find(|t| not_compiled(t.dtype)) {
+        return Some(format!("{} on {} is not compiled into regions", n.op.name(), t.dtype));
+    }
+    let narrow_in = n.inputs.iter().any(|v| body.value_type(*v).dtype.is_narrow_int());
+    let reduces = matches!(n.op, tracejit_ir::Op::Reduce { .. } | tracejit_ir::Op::OneHot { .. });
+    (reduces && (narrow_in || out.is_narrow_int()))
+        .then(|| format!("{} on {out} (a narrow integer) is not compiled into regions", n.op.name()))
+}
+
 /// Analyzes a region body, as a list of named steps: liveness,
 /// unification of axes, the domain, lowering, the outputs, the passes of
 /// reductions, and the runtime sizes. `Err` carries why the body is not
@@ -183,8 +208,9 @@ pub(crate) fn analyze(body: &Graph) -> Result<Analysis, String> {
     // Regions compute in f32, f64 and the integers: the 16-bit floats run
     // through the reference kernels (f32 arithmetic, rounded once), and
     // products on them through the bf16 GEMM (`crate::gemm`).
-    if let Some((_, n)) = body.nodes().find(|(_, n)| n.outputs.iter().any(|t| t.dtype.is_low_precision())) {
-        return Err(format!("{} on {} is not compiled into regions", n.op.name(), n.outputs[0].dtype));
+    // u64 likewise; the narrow integers compile in their compute dtype.
+    if let Some(why) = body.nodes().find_map(|(_, n)| unsupported(n, body)) {
+        return Err(why);
     }
     let live = axes::liveness(body)?;
     let mut unified = axes::unify(body, &live)?;

@@ -101,8 +101,11 @@ impl<'a, 'b> Emit<'a, 'b> {
                 (DType::I64, _) => types::I64X2,
                 (DType::Bool, 32) => types::I32X4,
                 (DType::Bool, _) => types::I64X2,
-                (DType::BF16 | DType::F16, _) => {
-                    unreachable!("16-bit floats never reach a region (analysis rejects them)")
+                // A narrow integer is held as its compute dtype's value.
+                (DType::I8 | DType::U8 | DType::I16 | DType::U16, _) => types::I32X4,
+                (DType::U32, _) => types::I64X2,
+                (DType::BF16 | DType::F16 | DType::U64, _) => {
+                    unreachable!("16-bit floats and u64 never reach a region (analysis rejects them)")
                 }
             },
         }
@@ -369,7 +372,13 @@ impl<'a, 'b> Emit<'a, 'b> {
                     Mode::Scalar => self.b.ins().bxor_imm_s(x, 1),
                 }
             }
-            DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
+            // Computed in the compute dtype; the caller wraps the result.
+            DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::U32 => {
+                self.unary_int(op, dtype.compute(), mode, x)
+            }
+            DType::BF16 | DType::F16 | DType::U64 => {
+                unreachable!("16-bit floats and u64 never reach a region (analysis rejects them)")
+            }
         }
     }
 
@@ -582,58 +591,6 @@ impl<'a, 'b> Emit<'a, 'b> {
         self.sel(c, a, b)
     }
 
-    /// Converts `x` from `from` to `to` as Rust's `as` does.
-    pub fn cast(&mut self, from: DType, to: DType, mode: Mode, x: Value) -> Value {
-        use DType::*;
-        if from == to {
-            return x;
-        }
-        if mode == Mode::Vector {
-            return match (from, to) {
-                (F32, I32) => self.b.ins().fcvt_to_sint_sat(types::I32X4, x),
-                (I32, F32) => self.b.ins().fcvt_from_sint(types::F32X4, x),
-                (Bool, I32 | I64) => self.b.ins().ineg(x),
-                (Bool, F32 | F64) => {
-                    let one = self.kf(to, mode, 1.0);
-                    let ity = self.ty(Bool, mode);
-                    let one_bits = self.bitcast(ity, one);
-                    let m = self.b.ins().band(x, one_bits);
-                    let fty = self.ty(to, mode);
-                    self.bitcast(fty, m)
-                }
-                (F32 | F64, Bool) => {
-                    let zero = self.kf(from, mode, 0.0);
-                    self.fcmp(FloatCC::NotEqual, x, zero)
-                }
-                (I32 | I64, Bool) => {
-                    let zero = self.ki(from, mode, 0);
-                    self.icmp(IntCC::NotEqual, x, zero)
-                }
-                _ => self.scalarize(&[(x, from)], to, |e, xs| e.cast(from, to, Mode::Scalar, xs[0])),
-            };
-        }
-        let tty = sty(to);
-        match (from, to) {
-            (F32, F64) => self.b.ins().fpromote(tty, x),
-            (F64, F32) => self.b.ins().fdemote(tty, x),
-            (I32 | I64, F32 | F64) => self.b.ins().fcvt_from_sint(tty, x),
-            (F32 | F64, I32 | I64) => self.b.ins().fcvt_to_sint_sat(tty, x),
-            (I32, I64) => self.b.ins().sextend(tty, x),
-            (I64, I32) => self.b.ins().ireduce(tty, x),
-            (Bool, I32 | I64) => self.b.ins().uextend(tty, x),
-            (Bool, F32 | F64) => {
-                let w = self.b.ins().uextend(types::I32, x);
-                self.b.ins().fcvt_from_sint(tty, w)
-            }
-            (F32 | F64, Bool) => {
-                let zero = self.kf(from, mode, 0.0);
-                self.fcmp(FloatCC::NotEqual, x, zero)
-            }
-            (I32 | I64, Bool) => self.b.ins().icmp_imm_s(IntCC::NotEqual, x, 0),
-            _ => unreachable!("identity casts returned above"),
-        }
-    }
-
     /// `minimum(maximum(x, lo), hi)` with NaN kept.
     pub fn clamp(&mut self, t: DType, mode: Mode, x: Value, lo: Scalar, hi: Scalar) -> Value {
         let lo = self.kscalar(lo, mode);
@@ -659,7 +616,12 @@ pub(crate) fn sty(dtype: DType) -> Type {
         DType::I32 => types::I32,
         DType::I64 => types::I64,
         DType::Bool => types::I8,
-        DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
+        // A narrow integer is held as its compute dtype's value.
+        DType::I8 | DType::U8 | DType::I16 | DType::U16 => types::I32,
+        DType::U32 => types::I64,
+        DType::BF16 | DType::F16 | DType::U64 => {
+            unreachable!("16-bit floats and u64 never reach a region (analysis rejects them)")
+        }
     }
 }
 

@@ -51,9 +51,7 @@ impl Helper {
         match t {
             DType::F32 => Helper::UnaryF32,
             DType::F64 => Helper::UnaryF64,
-            DType::I32 | DType::I64 | DType::Bool | DType::BF16 | DType::F16 => {
-                unreachable!("unary helpers take f32 or f64, not {t}")
-            }
+            _ => unreachable!("unary helpers take f32 or f64, not {t}"),
         }
     }
 
@@ -64,7 +62,7 @@ impl Helper {
             DType::F64 => Helper::BinaryF64,
             DType::I32 => Helper::BinaryI32,
             DType::I64 => Helper::BinaryI64,
-            DType::Bool | DType::BF16 | DType::F16 => unreachable!("binary helpers take f32, f64, i32 or i64, not {t}"),
+            _ => unreachable!("binary helpers take f32, f64, i32 or i64, not {t}"),
         }
     }
 

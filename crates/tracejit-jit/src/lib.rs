@@ -143,6 +143,7 @@
 mod analysis;
 mod cache_entry;
 mod chunks;
+mod clif_casts;
 mod clif_ops;
 mod code_image;
 pub mod codegen;

@@ -217,6 +217,12 @@ fn element_bits(value: &Storage) -> Vec<u64> {
         Storage::Bool(a) => a.iter().map(|&x| u64::from(x)).collect(),
         Storage::BF16(a) => a.iter().map(|x| u64::from(x.to_bits())).collect(),
         Storage::F16(a) => a.iter().map(|x| u64::from(x.to_bits())).collect(),
+        Storage::I8(a) => a.iter().map(|&x| u64::from(x as u8)).collect(),
+        Storage::U8(a) => a.iter().map(|&x| u64::from(x)).collect(),
+        Storage::I16(a) => a.iter().map(|&x| u64::from(x as u16)).collect(),
+        Storage::U16(a) => a.iter().map(|&x| u64::from(x)).collect(),
+        Storage::U32(a) => a.iter().map(|&x| u64::from(x)).collect(),
+        Storage::U64(a) => a.iter().copied().collect(),
     }
 }
 

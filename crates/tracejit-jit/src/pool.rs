@@ -96,7 +96,7 @@ fn whole_buffer(s: Storage) -> Option<Storage> {
             }
         };
     }
-    flat!(F32, F64, I32, I64, Bool, BF16, F16)
+    flat!(F32, F64, I32, I64, Bool, BF16, F16, I8, U8, I16, U16, U32, U64)
 }
 
 impl BufPool {
@@ -126,7 +126,7 @@ impl BufPool {
                 }
             };
         }
-        reshape!(F32, F64, I32, I64, Bool, BF16, F16)
+        reshape!(F32, F64, I32, I64, Bool, BF16, F16, I8, U8, I16, U16, U32, U64)
     }
 
     /// Keeps `s` (which others may still hold) for later reuse, unless the

@@ -4,7 +4,8 @@
 
 use tracejit_ir::tensor::{DType, Storage};
 
-/// A scalar immediate of one of the five dtypes.
+/// A scalar immediate of one of the five register dtypes (a narrow integer
+/// is held as its compute dtype's value).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Scalar {
     F32(f32),
@@ -23,7 +24,15 @@ impl Scalar {
             DType::I32 => Scalar::I32(v as i32),
             DType::I64 => Scalar::I64(v as i64),
             DType::Bool => Scalar::Bool(v != 0.0),
-            DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
+            // The narrow integers as their compute dtype's (canonical) value.
+            DType::I8 => Scalar::I32(i32::from(v as i8)),
+            DType::U8 => Scalar::I32(i32::from(v as u8)),
+            DType::I16 => Scalar::I32(i32::from(v as i16)),
+            DType::U16 => Scalar::I32(i32::from(v as u16)),
+            DType::U32 => Scalar::I64(i64::from(v as u32)),
+            DType::BF16 | DType::F16 | DType::U64 => {
+                unreachable!("16-bit floats and u64 never reach a region (analysis rejects them)")
+            }
         }
     }
 
@@ -35,8 +44,14 @@ impl Scalar {
             Storage::I32(a) => Scalar::I32(*a.iter().next().expect("one element")),
             Storage::I64(a) => Scalar::I64(*a.iter().next().expect("one element")),
             Storage::Bool(a) => Scalar::Bool(*a.iter().next().expect("one element")),
-            Storage::BF16(_) | Storage::F16(_) => {
-                unreachable!("16-bit floats never reach a region (analysis rejects them)")
+            // The narrow integers as their compute dtype's value.
+            Storage::I8(a) => Scalar::I32(i32::from(*a.iter().next().expect("one element"))),
+            Storage::U8(a) => Scalar::I32(i32::from(*a.iter().next().expect("one element"))),
+            Storage::I16(a) => Scalar::I32(i32::from(*a.iter().next().expect("one element"))),
+            Storage::U16(a) => Scalar::I32(i32::from(*a.iter().next().expect("one element"))),
+            Storage::U32(a) => Scalar::I64(i64::from(*a.iter().next().expect("one element"))),
+            Storage::BF16(_) | Storage::F16(_) | Storage::U64(_) => {
+                unreachable!("16-bit floats and u64 never reach a region (analysis rejects them)")
             }
         }
     }

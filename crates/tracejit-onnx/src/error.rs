@@ -73,7 +73,7 @@ pub enum Error {
         reason: String,
     },
     /// A tensor element type tracejit lacks (uint8, string, float8, ...).
-    #[error("ONNX import: {what} has element type {dtype}, which tracejit does not support (it has f32, f64, i32, i64, bool, bf16, f16)")]
+    #[error("ONNX import: {what} has element type {dtype}, which tracejit does not support (it has f32, f64, bf16, f16, i8, u8, i16, u16, i32, u32, i64, u64, bool)")]
     UnsupportedDType {
         /// Where it appears (`graph input 'x'`, `initializer 'w'`, `tensor`).
         what: String,

@@ -128,9 +128,7 @@ pub(crate) fn lower(
             let range: Vec<i64> = (0..*depth as i64).collect();
             let range = match dtype {
                 DType::I32 => Storage::from_vec(range.iter().map(|&v| v as i32).collect(), &[*depth]),
-                DType::F32 | DType::F64 | DType::I64 | DType::Bool | DType::BF16 | DType::F16 => {
-                    Storage::from_vec(range, &[*depth])
-                }
+                _ => Storage::from_vec(range, &[*depth]),
             }
             .expect("length matches");
             let range = b.constant(&range);

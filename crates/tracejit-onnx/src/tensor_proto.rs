@@ -7,8 +7,8 @@ use tracejit_tensor::{DType, Storage};
 use crate::pb::tensor_proto::DataType;
 use crate::pb::TensorProto;
 
-/// The ONNX element type of a tracejit dtype. All seven map (BFLOAT16 and
-/// FLOAT16 for the 16-bit floats).
+/// The ONNX element type of a tracejit dtype. All thirteen map (BFLOAT16 and
+/// FLOAT16 for the 16-bit floats, INT8 to UINT64 for the other integers).
 pub(crate) fn data_type(dtype: DType) -> i32 {
     let t = match dtype {
         DType::F32 => DataType::Float,
@@ -18,6 +18,12 @@ pub(crate) fn data_type(dtype: DType) -> i32 {
         DType::Bool => DataType::Bool,
         DType::BF16 => DataType::Bfloat16,
         DType::F16 => DataType::Float16,
+        DType::I8 => DataType::Int8,
+        DType::U8 => DataType::Uint8,
+        DType::I16 => DataType::Int16,
+        DType::U16 => DataType::Uint16,
+        DType::U32 => DataType::Uint32,
+        DType::U64 => DataType::Uint64,
     };
     t as i32
 }
@@ -33,6 +39,12 @@ pub(crate) fn tensor_proto(name: &str, value: &Storage) -> TensorProto {
         Storage::Bool(a) => raw.extend(a.iter().map(|&v| u8::from(v))),
         Storage::BF16(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
         Storage::F16(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
+        Storage::I8(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
+        Storage::U8(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
+        Storage::I16(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
+        Storage::U16(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
+        Storage::U32(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
+        Storage::U64(a) => a.iter().for_each(|v| raw.extend_from_slice(&v.to_le_bytes())),
     }
     TensorProto {
         dims: value.shape().iter().map(|&d| d as i64).collect(),

@@ -6,7 +6,7 @@ use ndarray::{ArcArray, ArrayD, IxDyn};
 
 use crate::{DType, Element, TensorError};
 
-/// An n-dimensional array of one of the seven dtypes, cheaply cloneable.
+/// An n-dimensional array of one of the thirteen dtypes, cheaply cloneable.
 #[derive(Clone, Debug)]
 pub enum Storage {
     /// f32 elements.
@@ -23,6 +23,18 @@ pub enum Storage {
     BF16(ArcArray<half::bf16, IxDyn>),
     /// f16 elements.
     F16(ArcArray<half::f16, IxDyn>),
+    /// i8 elements.
+    I8(ArcArray<i8, IxDyn>),
+    /// u8 elements.
+    U8(ArcArray<u8, IxDyn>),
+    /// i16 elements.
+    I16(ArcArray<i16, IxDyn>),
+    /// u16 elements.
+    U16(ArcArray<u16, IxDyn>),
+    /// u32 elements.
+    U32(ArcArray<u32, IxDyn>),
+    /// u64 elements.
+    U64(ArcArray<u64, IxDyn>),
 }
 
 /// Runs `$body` with `$a` bound to the array inside `$s`, whatever its dtype.
@@ -38,6 +50,12 @@ macro_rules! with_array {
             $crate::Storage::Bool($a) => $body,
             $crate::Storage::BF16($a) => $body,
             $crate::Storage::F16($a) => $body,
+            $crate::Storage::I8($a) => $body,
+            $crate::Storage::U8($a) => $body,
+            $crate::Storage::I16($a) => $body,
+            $crate::Storage::U16($a) => $body,
+            $crate::Storage::U32($a) => $body,
+            $crate::Storage::U64($a) => $body,
         }
     };
 }
@@ -75,6 +93,12 @@ impl_storage_element!(i64, I64);
 impl_storage_element!(bool, Bool);
 impl_storage_element!(half::bf16, BF16);
 impl_storage_element!(half::f16, F16);
+impl_storage_element!(i8, I8);
+impl_storage_element!(u8, U8);
+impl_storage_element!(i16, I16);
+impl_storage_element!(u16, U16);
+impl_storage_element!(u32, U32);
+impl_storage_element!(u64, U64);
 
 impl Storage {
     /// The dtype tag.
@@ -87,6 +111,12 @@ impl Storage {
             Storage::Bool(_) => DType::Bool,
             Storage::BF16(_) => DType::BF16,
             Storage::F16(_) => DType::F16,
+            Storage::I8(_) => DType::I8,
+            Storage::U8(_) => DType::U8,
+            Storage::I16(_) => DType::I16,
+            Storage::U16(_) => DType::U16,
+            Storage::U32(_) => DType::U32,
+            Storage::U64(_) => DType::U64,
         }
     }
 
@@ -143,6 +173,12 @@ impl Storage {
             DType::Bool => mk::<bool>(shape, value),
             DType::BF16 => mk::<half::bf16>(shape, value),
             DType::F16 => mk::<half::f16>(shape, value),
+            DType::I8 => mk::<i8>(shape, value),
+            DType::U8 => mk::<u8>(shape, value),
+            DType::I16 => mk::<i16>(shape, value),
+            DType::U16 => mk::<u16>(shape, value),
+            DType::U32 => mk::<u32>(shape, value),
+            DType::U64 => mk::<u64>(shape, value),
         }
     }
 
@@ -208,7 +244,7 @@ impl Storage {
             Storage::F64(a) => a.iter().all(|x| x.to_bits() == 0),
             Storage::BF16(a) => a.iter().all(|x| x.to_bits() == 0),
             Storage::F16(a) => a.iter().all(|x| x.to_bits() == 0),
-            Storage::I32(_) | Storage::I64(_) | Storage::Bool(_) => false,
+            _ => false,
         }
     }
 
@@ -234,6 +270,12 @@ impl Storage {
             (Storage::F64(a), Storage::F64(b)) => a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits()),
             (Storage::I32(a), Storage::I32(b)) => a == b,
             (Storage::I64(a), Storage::I64(b)) => a == b,
+            (Storage::I8(a), Storage::I8(b)) => a == b,
+            (Storage::U8(a), Storage::U8(b)) => a == b,
+            (Storage::I16(a), Storage::I16(b)) => a == b,
+            (Storage::U16(a), Storage::U16(b)) => a == b,
+            (Storage::U32(a), Storage::U32(b)) => a == b,
+            (Storage::U64(a), Storage::U64(b)) => a == b,
             (Storage::Bool(a), Storage::Bool(b)) => a == b,
             (Storage::BF16(a), Storage::BF16(b)) => a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits()),
             (Storage::F16(a), Storage::F16(b)) => a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits()),

@@ -31,7 +31,7 @@ fn sample(ty: &TensorType, seed: u64) -> Tensor {
     let shape: Vec<usize> = ty.dims.iter().map(|d| d.unwrap_or(3)).collect();
     match ty.dtype {
         DType::F32 | DType::F64 | DType::BF16 | DType::F16 => Tensor::randn(&shape, seed).cast(ty.dtype),
-        DType::I32 | DType::I64 | DType::Bool => Tensor::zeros(&shape, ty.dtype),
+        _ => Tensor::zeros(&shape, ty.dtype),
     }
 }
 

@@ -35,7 +35,7 @@ pub fn set_mixed_precision(dtype: Option<DType>) {
         None => 0,
         Some(DType::BF16) => 1,
         Some(DType::F16) => 2,
-        Some(d @ (DType::F32 | DType::F64 | DType::I32 | DType::I64 | DType::Bool)) => {
+        Some(d) => {
             panic!("set_mixed_precision: expected Some(BF16), Some(F16) or None, got {d}")
         }
     };

@@ -29,6 +29,14 @@ fn float_to_storage(v: f64, dtype: DType, op: &str) -> Storage {
         DType::I64 if v.fract() == 0.0 && (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&v) => {
             Storage::scalar(v as i64)
         }
+        // The other integers: a whole number in range (every bound is
+        // exact in f64 but u64's largest, hence the half-open interval).
+        d if d.is_int()
+            && v.fract() == 0.0
+            && d.int_range().is_some_and(|(lo, hi)| v >= lo as f64 && v < hi as f64 + 1.0) =>
+        {
+            Storage::full(&[], d, v)
+        }
         _ => panic!("{op}: the scalar {v} cannot be represented as {dtype}; cast the tensor or the scalar"),
     }
 }
@@ -44,6 +52,14 @@ fn int_to_storage(v: i64, dtype: DType, op: &str) -> Storage {
         },
         DType::I64 => Storage::scalar(v),
         DType::Bool => panic!("{op}: a number cannot be combined with a bool tensor; use a bool tensor"),
+        DType::U64 => match u64::try_from(v) {
+            Ok(v) => Storage::scalar(v),
+            Err(_) => panic!("{op}: the scalar {v} does not fit in u64"),
+        },
+        d => match d.int_range() {
+            Some((lo, hi)) if (lo..=hi).contains(&i128::from(v)) => Storage::full(&[], d, v as f64),
+            _ => panic!("{op}: the scalar {v} does not fit in {d}"),
+        },
     }
 }
 
@@ -277,7 +293,7 @@ impl Tensor {
         let ok = match acc {
             DType::F32 => matches!(d, DType::F32 | DType::BF16 | DType::F16),
             DType::F64 => d.is_float(),
-            DType::I32 | DType::I64 | DType::Bool | DType::BF16 | DType::F16 => false,
+            _ => false,
         };
         if !ok {
             panic!(

@@ -444,6 +444,7 @@ pub(crate) fn scalar<E: Emitter>(e: &mut E, dtype: DType, v: f64) -> E::Value {
         DType::Bool => Storage::from_vec(vec![v != 0.0], &[]),
         DType::BF16 => Storage::from_vec(vec![tracejit_tensor::bf16::from_f64(v)], &[]),
         DType::F16 => Storage::from_vec(vec![tracejit_tensor::f16::from_f64(v)], &[]),
+        DType::I8 | DType::U8 | DType::I16 | DType::U16 | DType::U32 | DType::U64 => Ok(Storage::scalar_of(dtype, v)),
     };
     e.constant(value.expect("a scalar has one element"))
 }

@@ -122,7 +122,7 @@ pub(super) fn slice(specs: &[SliceSpec], inputs: &[TensorType]) -> Result<Output
 
 pub(super) fn gather(axis: &usize, inputs: &[TensorType]) -> Result<Outputs, String> {
     let (params, indices) = (&inputs[0], &inputs[1]);
-    if !indices.dtype.is_int() {
+    if !indices.dtype.is_index() {
         return Err(format!("indices must be i32 or i64, got {indices}"));
     }
     check_axis(*axis, params)?;
@@ -134,7 +134,7 @@ pub(super) fn gather(axis: &usize, inputs: &[TensorType]) -> Result<Outputs, Str
 
 pub(super) fn one_hot(depth: &usize, dtype: &DType, inputs: &[TensorType]) -> Result<Outputs, String> {
     let indices = &inputs[0];
-    if !indices.dtype.is_int() {
+    if !indices.dtype.is_index() {
         return Err(format!("indices must be i32 or i64, got {indices}"));
     }
     let mut dims = indices.dims.clone();

@@ -28,7 +28,7 @@ fn fits(what: &str, inner: &TensorType, outer: &TensorType, axis: Option<usize>)
 }
 
 fn integer(what: &str, t: &TensorType) -> Result<(), String> {
-    if t.dtype.is_int() {
+    if t.dtype.is_index() {
         Ok(())
     } else {
         Err(format!("{what} must be i32 or i64, got {t}"))

@@ -473,6 +473,12 @@ fn constant(c: &mut Cursor<'_>, node: &NodeName) -> Result<Storage, ParseError> 
         // Printed as their exact f32 widening, so the round trip is exact.
         DType::BF16 => values(c, node, &shape, |s| f32_from_text(s).map(tracejit_tensor::bf16::from_f32)),
         DType::F16 => values(c, node, &shape, |s| f32_from_text(s).map(tracejit_tensor::f16::from_f32)),
+        DType::I8 => values(c, node, &shape, |s| s.parse::<i8>().ok()),
+        DType::U8 => values(c, node, &shape, |s| s.parse::<u8>().ok()),
+        DType::I16 => values(c, node, &shape, |s| s.parse::<i16>().ok()),
+        DType::U16 => values(c, node, &shape, |s| s.parse::<u16>().ok()),
+        DType::U32 => values(c, node, &shape, |s| s.parse::<u32>().ok()),
+        DType::U64 => values(c, node, &shape, |s| s.parse::<u64>().ok()),
     }
 }
 

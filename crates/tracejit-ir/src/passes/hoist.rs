@@ -67,6 +67,12 @@ fn is_int_one(g: &Graph, v: ValueId) -> bool {
         Op::Constant { value } if value.len() == 1 => match value {
             Storage::I32(a) => a.iter().all(|&x| x == 1),
             Storage::I64(a) => a.iter().all(|&x| x == 1),
+            Storage::I8(a) => a.iter().all(|&x| x == 1),
+            Storage::U8(a) => a.iter().all(|&x| x == 1),
+            Storage::I16(a) => a.iter().all(|&x| x == 1),
+            Storage::U16(a) => a.iter().all(|&x| x == 1),
+            Storage::U32(a) => a.iter().all(|&x| x == 1),
+            Storage::U64(a) => a.iter().all(|&x| x == 1),
             Storage::F32(_) | Storage::F64(_) | Storage::Bool(_) | Storage::BF16(_) | Storage::F16(_) => false,
         },
         _ => false,

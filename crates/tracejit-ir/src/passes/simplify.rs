@@ -407,6 +407,10 @@ fn all_are(c: &Storage, want: Identity) -> bool {
         Storage::BF16(a) => a.iter().all(|&x| test(x.to_f64())),
         Storage::F16(a) => a.iter().all(|&x| test(x.to_f64())),
         Storage::Bool(_) => false,
+        // The narrow integers, like I64: only 0 and 1 convert to 0.0 and 1.0.
+        Storage::I8(_) | Storage::U8(_) | Storage::I16(_) | Storage::U16(_) | Storage::U32(_) | Storage::U64(_) => {
+            tracejit_tensor::with_array!(c, a => a.iter().all(|&x| test(tracejit_tensor::Element::to_f64(x))))
+        }
     }
 }
 

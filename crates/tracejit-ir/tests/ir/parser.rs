@@ -245,7 +245,7 @@ fn errors_name_line_column_expected_and_found() {
     assert_eq!(error("grph g() -> () {\n}\n"), "line 1, column 1: expected `graph`, found `grph`");
     assert_eq!(
         error("graph g(%0: f33[3]) -> (%0) {\n}\n"),
-        "line 1, column 13: expected a dtype (f32, f64, i32, i64, bool, bf16, f16), found `f33`"
+        "line 1, column 13: expected a dtype (f32, f64, i32, i64, bool, bf16, f16, i8, u8, i16, u16, u32, u64), found `f33`"
     );
     assert_eq!(
         error(&format!("{head}  %1 = neg %0 : f32[3\n}}\n")),

@@ -57,8 +57,10 @@ fn apply(op: BinaryOp, a: Scalar, b: Scalar) -> Option<Scalar> {
 /// one; `None` for other operands and ops (the reference kernel runs).
 pub(super) fn binary(op: BinaryOp, args: &[&Storage], pool: &mut BufPool) -> Option<Storage> {
     let [a, b] = args else { return None };
-    // The 16-bit floats take the reference kernel (f32 arithmetic, rounded).
-    if a.rank() != 0 || b.rank() != 0 || a.dtype().is_low_precision() || b.dtype().is_low_precision() {
+    // The 16-bit floats take the reference kernel (f32 arithmetic, rounded),
+    // and so do the narrow integers and u64.
+    let compiled = crate::analysis::compiled_dtype;
+    if a.rank() != 0 || b.rank() != 0 || !compiled(a.dtype()) || !compiled(b.dtype()) {
         return None;
     }
     let v = apply(op, Scalar::of_storage(a), Scalar::of_storage(b))?;

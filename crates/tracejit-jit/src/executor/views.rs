@@ -26,6 +26,12 @@ macro_rules! view_of {
             Storage::Bool($a) => Storage::Bool($body),
             Storage::BF16($a) => Storage::BF16($body),
             Storage::F16($a) => Storage::F16($body),
+            Storage::I8($a) => Storage::I8($body),
+            Storage::U8($a) => Storage::U8($body),
+            Storage::I16($a) => Storage::I16($body),
+            Storage::U16($a) => Storage::U16($body),
+            Storage::U32($a) => Storage::U32($body),
+            Storage::U64($a) => Storage::U64($body),
         }
     };
 }
@@ -48,13 +54,7 @@ impl View {
                 let i = match index {
                     Storage::I64(a) if a.ndim() == 0 => *a.iter().next()?,
                     Storage::I32(a) if a.ndim() == 0 => i64::from(*a.iter().next()?),
-                    Storage::I32(_)
-                    | Storage::I64(_)
-                    | Storage::F32(_)
-                    | Storage::F64(_)
-                    | Storage::Bool(_)
-                    | Storage::BF16(_)
-                    | Storage::F16(_) => return None,
+                    _ => return None,
                 };
                 let len = *x.shape().get(*axis)? as i64;
                 // Negative indices count from the end, as the reference's.

@@ -33,6 +33,12 @@ pub(super) fn update_in_place(args: &[&Storage], ptr: i64) -> Option<Storage> {
         (Storage::I64(_), _) => write::<i64>(x.shape(), update, &at, ptr),
         (Storage::BF16(_), _) => write::<tracejit_ir::tensor::bf16>(x.shape(), update, &at, ptr),
         (Storage::F16(_), _) => write::<tracejit_ir::tensor::f16>(x.shape(), update, &at, ptr),
+        (Storage::I8(_), _) => write::<i8>(x.shape(), update, &at, ptr),
+        (Storage::U8(_), _) => write::<u8>(x.shape(), update, &at, ptr),
+        (Storage::I16(_), _) => write::<i16>(x.shape(), update, &at, ptr),
+        (Storage::U16(_), _) => write::<u16>(x.shape(), update, &at, ptr),
+        (Storage::U32(_), _) => write::<u32>(x.shape(), update, &at, ptr),
+        (Storage::U64(_), _) => write::<u64>(x.shape(), update, &at, ptr),
         (Storage::Bool(_), _) => return None,
     }
     Some((*x).clone())
@@ -43,7 +49,7 @@ fn clamped(starts: &Storage, dims: &[usize], sizes: &[usize]) -> Option<Vec<usiz
     let raw: Vec<i64> = match starts {
         Storage::I64(_) => starts.to_vec::<i64>().ok()?,
         Storage::I32(_) => starts.to_vec::<i32>().ok()?.into_iter().map(i64::from).collect(),
-        Storage::F32(_) | Storage::F64(_) | Storage::Bool(_) | Storage::BF16(_) | Storage::F16(_) => return None,
+        _ => return None,
     };
     Some(raw.iter().zip(dims.iter().zip(sizes)).map(|(&s, (&d, &n))| s.clamp(0, (d - n) as i64) as usize).collect())
 }

@@ -10,7 +10,7 @@ use cranelift_codegen::ir::{types, BlockArg, InstBuilder, Type, Value};
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp};
 
 use crate::analysis::{LNodeId, LOp};
-use crate::clif_ops::{mem, sty, Mode};
+use crate::clif_ops::{mem, sty, Emit, Mode};
 use cranelift_codegen::ir::condcodes::FloatCC;
 
 use super::abi::SlotId;
@@ -429,14 +429,19 @@ impl Gen<'_, '_, '_> {
         let an = self.an;
         let node = &an.nodes[v];
         let in_t = node.inputs.first().map_or(node.dtype, |&i| an.nodes[i].dtype);
-        match &node.op {
-            LOp::Unary(u) => self.e.unary(*u, in_t, mode, xs[0]),
-            LOp::Binary(b) => self.e.binary(*b, in_t, mode, xs[0], xs[1]),
-            LOp::Select => self.e.select(xs[0], xs[1], xs[2]),
-            LOp::Cast => self.e.cast(in_t, node.dtype, mode, xs[0]),
-            LOp::Clamp(lo, hi) => self.e.clamp(node.dtype, mode, xs[0], *lo, *hi),
+        // A narrow integer computes in its compute dtype (it is held as that
+        // dtype's value) and an arithmetic result wraps back to its width; a
+        // cast wraps or saturates itself, and a select or a clamp of values
+        // in range stays in range.
+        let y = match &node.op {
+            LOp::Unary(u) => self.e.unary(*u, in_t.compute(), mode, xs[0]),
+            LOp::Binary(b) => self.e.binary(*b, in_t.compute(), mode, xs[0], xs[1]),
+            LOp::Select => return self.e.select(xs[0], xs[1], xs[2]),
+            LOp::Cast => return self.e.cast(in_t, node.dtype, mode, xs[0]),
+            LOp::Clamp(lo, hi) => return self.e.clamp(node.dtype.compute(), mode, xs[0], *lo, *hi),
             LOp::Load(_) | LOp::Const(_) | LOp::Reduce(_) => unreachable!("not an elementwise op"),
-        }
+        };
+        self.e.wrap(node.dtype, mode, y)
     }
 
     /// Address of element `i + off` of a buffer of `dtype` at `ptr`.
@@ -449,6 +454,9 @@ impl Gen<'_, '_, '_> {
     pub(super) fn load(&mut self, dtype: DType, mode: Mode, ptr: Value, i: Value, off: i64) -> Value {
         let a = self.addr(dtype, ptr, i);
         let size = dtype.size_of() as i64;
+        if dtype.is_narrow_int() {
+            return self.load_narrow(dtype, mode, a, off * size);
+        }
         match (mode, dtype) {
             (Mode::Scalar, _) => self.e.b.ins().load(sty(dtype), mem(), a, (off * size) as i32),
             (Mode::Vector, DType::Bool) => {
@@ -472,6 +480,9 @@ impl Gen<'_, '_, '_> {
     pub(super) fn store(&mut self, dtype: DType, mode: Mode, ptr: Value, i: Value, off: i64, x: Value) {
         let a = self.addr(dtype, ptr, i);
         let size = dtype.size_of() as i64;
+        if dtype.is_narrow_int() {
+            return self.store_narrow(dtype, mode, a, off * size, x);
+        }
         match (mode, dtype) {
             (Mode::Vector, DType::Bool) => {
                 for lane in 0..self.w {
@@ -483,6 +494,62 @@ impl Gen<'_, '_, '_> {
             }
             _ => {
                 self.e.b.ins().store(mem(), x, a, (off * size) as i32);
+            }
+        }
+    }
+}
+
+impl Gen<'_, '_, '_> {
+    /// A narrow integer at byte `at` past `a`, sign- or zero-extended to
+    /// its compute dtype (lane by lane in a vector: x86 has no 4-lane
+    /// widening load from bytes).
+    fn load_narrow(&mut self, dtype: DType, mode: Mode, a: Value, at: i64) -> Value {
+        let ty = sty(dtype);
+        let one = |e: &mut Emit<'_, '_>, at: i64| -> Value {
+            let b = e.b.ins();
+            match dtype {
+                DType::I8 => b.sload8(ty, mem(), a, at as i32),
+                DType::U8 => b.uload8(ty, mem(), a, at as i32),
+                DType::I16 => b.sload16(ty, mem(), a, at as i32),
+                DType::U16 => b.uload16(ty, mem(), a, at as i32),
+                DType::U32 => b.uload32(mem(), a, at as i32),
+                _ => unreachable!("{dtype} is not a narrow integer"),
+            }
+        };
+        match mode {
+            Mode::Scalar => one(&mut self.e, at),
+            Mode::Vector => {
+                let vty = self.e.ty(dtype, mode);
+                let size = dtype.size_of() as i64;
+                let mut acc = self.e.kraw(vty, 0);
+                for lane in 0..self.w {
+                    let x = one(&mut self.e, at + lane * size);
+                    acc = self.e.b.ins().insertlane(acc, x, lane as u8);
+                }
+                acc
+            }
+        }
+    }
+
+    /// Stores the low bits of `x` (a narrow integer held as its compute
+    /// dtype's value) at byte `at` past `a`.
+    fn store_narrow(&mut self, dtype: DType, mode: Mode, a: Value, at: i64, x: Value) {
+        let one = |e: &mut Emit<'_, '_>, v: Value, at: i64| {
+            let b = e.b.ins();
+            match dtype.size_of() {
+                1 => b.istore8(mem(), v, a, at as i32),
+                2 => b.istore16(mem(), v, a, at as i32),
+                _ => b.istore32(mem(), v, a, at as i32),
+            };
+        };
+        match mode {
+            Mode::Scalar => one(&mut self.e, x, at),
+            Mode::Vector => {
+                let size = dtype.size_of() as i64;
+                for lane in 0..self.w {
+                    let v = self.e.b.ins().extractlane(x, lane as u8);
+                    one(&mut self.e, v, at + lane * size);
+                }
             }
         }
     }

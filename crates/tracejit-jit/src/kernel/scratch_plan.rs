@@ -156,9 +156,11 @@ pub(super) fn lane_bits(an: &Analysis) -> Option<u32> {
     for t in an.nodes.values().map(|n| n.dtype).chain(an.loads.values().map(|l| l.dtype)) {
         let b = match t {
             DType::Bool => continue,
-            DType::F32 | DType::I32 => 32,
-            DType::F64 | DType::I64 => 64,
-            DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
+            DType::F32 | DType::I32 | DType::I8 | DType::U8 | DType::I16 | DType::U16 => 32,
+            DType::F64 | DType::I64 | DType::U32 => 64,
+            DType::BF16 | DType::F16 | DType::U64 => {
+                unreachable!("16-bit floats and u64 never reach a region (analysis rejects them)")
+            }
         };
         match bits {
             None => bits = Some(b),

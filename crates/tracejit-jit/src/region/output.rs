@@ -19,6 +19,11 @@ pub(super) enum OutBuf {
     I32(Vec<i32>),
     I64(Vec<i64>),
     Bool(Vec<bool>),
+    I8(Vec<i8>),
+    U8(Vec<u8>),
+    I16(Vec<i16>),
+    U16(Vec<u16>),
+    U32(Vec<u32>),
     /// A buffer from the pool, uniquely owned here, already of the output's shape.
     Reused(Storage),
     /// An input's buffer written in place: the input (one more reference
@@ -34,7 +39,14 @@ impl OutBuf {
             DType::I32 => OutBuf::I32(Vec::with_capacity(len)),
             DType::I64 => OutBuf::I64(Vec::with_capacity(len)),
             DType::Bool => OutBuf::Bool(Vec::with_capacity(len)),
-            DType::BF16 | DType::F16 => unreachable!("16-bit floats never reach a region (analysis rejects them)"),
+            DType::I8 => OutBuf::I8(Vec::with_capacity(len)),
+            DType::U8 => OutBuf::U8(Vec::with_capacity(len)),
+            DType::I16 => OutBuf::I16(Vec::with_capacity(len)),
+            DType::U16 => OutBuf::U16(Vec::with_capacity(len)),
+            DType::U32 => OutBuf::U32(Vec::with_capacity(len)),
+            DType::BF16 | DType::F16 | DType::U64 => {
+                unreachable!("16-bit floats and u64 never reach a region (analysis rejects them)")
+            }
         }
     }
 
@@ -45,6 +57,11 @@ impl OutBuf {
             OutBuf::I32(v) => v.as_mut_ptr() as i64,
             OutBuf::I64(v) => v.as_mut_ptr() as i64,
             OutBuf::Bool(v) => v.as_mut_ptr() as i64,
+            OutBuf::I8(v) => v.as_mut_ptr() as i64,
+            OutBuf::U8(v) => v.as_mut_ptr() as i64,
+            OutBuf::I16(v) => v.as_mut_ptr() as i64,
+            OutBuf::U16(v) => v.as_mut_ptr() as i64,
+            OutBuf::U32(v) => v.as_mut_ptr() as i64,
             // Unique, so `as_mut_ptr` copies nothing; standard layout, so the
             // elements follow the pointer.
             OutBuf::Reused(s) => match s {
@@ -55,6 +72,12 @@ impl OutBuf {
                 Storage::Bool(a) => a.as_mut_ptr() as i64,
                 Storage::BF16(a) => a.as_mut_ptr() as i64,
                 Storage::F16(a) => a.as_mut_ptr() as i64,
+                Storage::I8(a) => a.as_mut_ptr() as i64,
+                Storage::U8(a) => a.as_mut_ptr() as i64,
+                Storage::I16(a) => a.as_mut_ptr() as i64,
+                Storage::U16(a) => a.as_mut_ptr() as i64,
+                Storage::U32(a) => a.as_mut_ptr() as i64,
+                Storage::U64(a) => a.as_mut_ptr() as i64,
             },
             OutBuf::Aliased(_, p) => *p,
         }
@@ -78,6 +101,11 @@ impl OutBuf {
             OutBuf::I32(v) => fin!(v),
             OutBuf::I64(v) => fin!(v),
             OutBuf::Bool(v) => fin!(v),
+            OutBuf::I8(v) => fin!(v),
+            OutBuf::U8(v) => fin!(v),
+            OutBuf::I16(v) => fin!(v),
+            OutBuf::U16(v) => fin!(v),
+            OutBuf::U32(v) => fin!(v),
             OutBuf::Reused(s) | OutBuf::Aliased(s, _) => s,
         }
     }

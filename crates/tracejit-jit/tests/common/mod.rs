@@ -101,6 +101,28 @@ pub fn data(dtype: DType, shape: &[usize], seed: u64, special: bool) -> Storage 
             let v: Vec<bool> = (0..n).map(|_| r.next().is_multiple_of(2)).collect();
             Storage::from_vec(v, shape).unwrap()
         }
+        // The narrow integers and u64: small values, and with `special`
+        // the dtype's extremes, so that wrapping shows.
+        d => {
+            let (lo, hi) = d.int_range().expect("an integer dtype");
+            let ispecial = [lo, hi, 0, 1, hi - 1];
+            let v: Vec<i128> = (0..n)
+                .map(|_| {
+                    if special && r.next().is_multiple_of(8) {
+                        ispecial[(r.next() % 5) as usize]
+                    } else {
+                        ((r.next() % 21) as i128 - 10).rem_euclid(hi - lo + 1)
+                    }
+                })
+                .map(|x| if x > hi { x - (hi - lo + 1) } else { x })
+                .collect();
+            if d == DType::U64 {
+                Storage::from_vec(v.into_iter().map(|x| x as u64).collect::<Vec<_>>(), shape).unwrap()
+            } else {
+                let wide = Storage::from_vec(v.into_iter().map(|x| x as i64).collect::<Vec<_>>(), shape).unwrap();
+                tracejit_ir::tensor::kernels::cast(&wide, d)
+            }
+        }
     }
 }
 

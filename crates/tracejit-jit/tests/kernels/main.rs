@@ -12,6 +12,7 @@ mod agreement;
 mod executor;
 mod gemm;
 mod lowering;
+mod narrow_int;
 mod one_hot;
 mod reductions;
 mod regions;

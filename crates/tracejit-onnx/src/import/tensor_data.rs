@@ -4,7 +4,7 @@
 //! [`load_tensor_bytes`] that read ONNX's serialized test data.
 //!
 //! Every element type tracejit has decodes (f32, f64, i32, i64, bool, f16,
-//! bf16); any other is an [`Error::UnsupportedDType`] naming ONNX's type, so
+//! bf16, and the integers i8, u8, i16, u16, u32, u64); any other is an [`Error::UnsupportedDType`] naming ONNX's type, so
 //! the caller learns which dtype a model needs. Lengths are checked against
 //! the dims before anything is allocated from them, so a corrupt file is an
 //! error, never a huge allocation or a panic.
@@ -73,6 +73,12 @@ pub(crate) fn dtype_of(code: i32, what: &str) -> Result<DType> {
         Ok(DataType::Bool) => Ok(DType::Bool),
         Ok(DataType::Float16) => Ok(DType::F16),
         Ok(DataType::Bfloat16) => Ok(DType::BF16),
+        Ok(DataType::Int8) => Ok(DType::I8),
+        Ok(DataType::Uint8) => Ok(DType::U8),
+        Ok(DataType::Int16) => Ok(DType::I16),
+        Ok(DataType::Uint16) => Ok(DType::U16),
+        Ok(DataType::Uint32) => Ok(DType::U32),
+        Ok(DataType::Uint64) => Ok(DType::U64),
         _ => Err(Error::UnsupportedDType { what: what.to_string(), dtype: onnx_type_name(code) }),
     }
 }
@@ -139,6 +145,12 @@ pub(crate) fn from_raw(raw: &[u8], dtype: DType, shape: &[usize]) -> std::result
         DType::Bool => build(raw, shape, |b: [u8; 1]| b[0] != 0),
         DType::F16 => build(raw, shape, |b: [u8; 2]| f16::from_bits(u16::from_le_bytes(b))),
         DType::BF16 => build(raw, shape, |b: [u8; 2]| bf16::from_bits(u16::from_le_bytes(b))),
+        DType::I8 => build(raw, shape, i8::from_le_bytes),
+        DType::U8 => build(raw, shape, u8::from_le_bytes),
+        DType::I16 => build(raw, shape, i16::from_le_bytes),
+        DType::U16 => build(raw, shape, u16::from_le_bytes),
+        DType::U32 => build(raw, shape, u32::from_le_bytes),
+        DType::U64 => build(raw, shape, u64::from_le_bytes),
     }
 }
 
@@ -149,7 +161,9 @@ pub(crate) fn to_raw(s: &Storage) -> Vec<u8> {
 
 /// Decodes the typed repeated fields ONNX uses when `raw_data` is absent:
 /// `float_data` (f32), `double_data` (f64), `int64_data` (i64) and
-/// `int32_data` (i32, bool, and the bit patterns of f16 and bf16).
+/// `int32_data` (i32, bool, i8, u8, i16, u16, and the bit patterns of f16
+/// and bf16), `uint64_data` (u32 and u64). A value outside the element
+/// type's range is an error, not silently truncated.
 fn from_typed_fields(t: &TensorProto, dtype: DType, shape: &[usize], n: usize) -> std::result::Result<Storage, String> {
     fn take<T: StorageElement + Copy, S: Copy>(
         field: &str,
@@ -171,7 +185,30 @@ fn from_typed_fields(t: &TensorProto, dtype: DType, shape: &[usize], n: usize) -
         DType::Bool => take("int32_data", &t.int32_data, n, shape, |v| v != 0),
         DType::F16 => take("int32_data", &t.int32_data, n, shape, |v| f16::from_bits(v as u16)),
         DType::BF16 => take("int32_data", &t.int32_data, n, shape, |v| bf16::from_bits(v as u16)),
+        DType::I8 => take_exact::<i8, i32>("int32_data", &t.int32_data, n, shape),
+        DType::U8 => take_exact::<u8, i32>("int32_data", &t.int32_data, n, shape),
+        DType::I16 => take_exact::<i16, i32>("int32_data", &t.int32_data, n, shape),
+        DType::U16 => take_exact::<u16, i32>("int32_data", &t.int32_data, n, shape),
+        DType::U32 => take_exact::<u32, u64>("uint64_data", &t.uint64_data, n, shape),
+        DType::U64 => take("uint64_data", &t.uint64_data, n, shape, |v| v),
     }
+}
+
+/// The typed field `values` as elements of type `T`, each of which must
+/// fit (ONNX stores the narrow integers widened to 32 or 64 bits).
+fn take_exact<T, S>(field: &str, values: &[S], n: usize, shape: &[usize]) -> std::result::Result<Storage, String>
+where
+    T: StorageElement + TryFrom<S>,
+    S: Copy + std::fmt::Display,
+{
+    if values.len() != n {
+        return Err(format!("{field} holds {} values, but the dims {shape:?} need {n}", values.len()));
+    }
+    let data = values
+        .iter()
+        .map(|&v| T::try_from(v).map_err(|_| format!("{field} holds {v}, which does not fit in {}", T::DTYPE)))
+        .collect::<std::result::Result<Vec<T>, String>>()?;
+    Storage::from_vec(data, shape).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -213,9 +250,14 @@ mod tests {
         let mut t = proto(DataType::Int64, &[3]);
         t.raw_data = Some(vec![0; 23]);
         assert!(matches!(storage_from_proto(&t, "t"), Err(Error::Malformed { .. })));
-        let t = proto(DataType::Uint8, &[1]);
+        let t = proto(DataType::Int4, &[1]);
         let e = storage_from_proto(&t, "initializer 'q'").unwrap_err().to_string();
-        assert!(e.contains("uint8") && e.contains("initializer 'q'"), "{e}");
+        assert!(e.contains("int4") && e.contains("initializer 'q'"), "{e}");
+        // A typed-field value that does not fit the element type.
+        let mut t = proto(DataType::Int8, &[2]);
+        t.int32_data = vec![5, 200];
+        let e = storage_from_proto(&t, "t").unwrap_err().to_string();
+        assert!(e.contains("200") && e.contains("i8"), "{e}");
         let t = proto(DataType::Float, &[1 << 20, 1 << 20]);
         assert!(matches!(storage_from_proto(&t, "t"), Err(Error::Malformed { .. })));
         let t = proto(DataType::Float, &[-1]);
@@ -228,9 +270,34 @@ mod tests {
             Storage::from_vec(vec![1i64, -5, 7], &[3]).unwrap(),
             Storage::from_vec(vec![true, false], &[2, 1]).unwrap(),
             Storage::from_vec(vec![0.5f64], &[]).unwrap(),
+            Storage::from_vec(vec![i8::MIN, -1, i8::MAX], &[3]).unwrap(),
+            Storage::from_vec(vec![0u8, 255, 7], &[1, 3]).unwrap(),
+            Storage::from_vec(vec![i16::MIN, i16::MAX], &[2]).unwrap(),
+            Storage::from_vec(vec![u16::MAX, 1], &[2]).unwrap(),
+            Storage::from_vec(vec![u32::MAX, 0], &[2]).unwrap(),
+            Storage::from_vec(vec![u64::MAX, 1 << 63], &[2]).unwrap(),
         ] {
             let back = from_raw(&to_raw(&s), s.dtype(), s.shape()).unwrap();
             assert!(back.bit_eq(&s));
+            // Through a whole TensorProto, its element type code included.
+            let proto = crate::tensor_proto::tensor_proto("t", &s);
+            assert!(storage_from_proto(&proto, "t").unwrap().bit_eq(&s), "{:?}", s.dtype());
         }
+    }
+
+    #[test]
+    fn narrow_integers_come_from_their_typed_fields() {
+        let mut t = proto(DataType::Int8, &[3]);
+        t.int32_data = vec![-128, 0, 127];
+        assert_eq!(storage_from_proto(&t, "t").unwrap().to_vec::<i8>().unwrap(), [-128, 0, 127]);
+        let mut t = proto(DataType::Uint16, &[2]);
+        t.int32_data = vec![65535, 3];
+        assert_eq!(storage_from_proto(&t, "t").unwrap().to_vec::<u16>().unwrap(), [65535, 3]);
+        let mut t = proto(DataType::Uint32, &[1]);
+        t.uint64_data = vec![u64::from(u32::MAX)];
+        assert_eq!(storage_from_proto(&t, "t").unwrap().to_vec::<u32>().unwrap(), [u32::MAX]);
+        let mut t = proto(DataType::Uint64, &[1]);
+        t.uint64_data = vec![u64::MAX];
+        assert_eq!(storage_from_proto(&t, "t").unwrap().to_vec::<u64>().unwrap(), [u64::MAX]);
     }
 }

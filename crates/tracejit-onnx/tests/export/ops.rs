@@ -74,6 +74,8 @@ fn tensor(dtype: DType, shape: &[usize], raw: &[f64], specials: bool) -> Tensor 
         DType::I64 => Tensor::from_vec(vals.iter().map(|&v| int(v) as i64).collect(), shape),
         DType::Bool => Tensor::from_vec(vals.iter().map(|&v| v > 0.0).collect(), shape),
         DType::BF16 | DType::F16 => Tensor::from_vec(vals, shape).cast(dtype),
+        // The other integers like i64, then wrapped into the dtype.
+        _ => Tensor::from_vec(vals.iter().map(|&v| int(v) as i64).collect(), shape).cast(dtype),
     }
 }
 

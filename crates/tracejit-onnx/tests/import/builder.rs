@@ -17,6 +17,12 @@ pub fn elem(d: DType) -> i32 {
         DType::Bool => DataType::Bool,
         DType::F16 => DataType::Float16,
         DType::BF16 => DataType::Bfloat16,
+        DType::I8 => DataType::Int8,
+        DType::U8 => DataType::Uint8,
+        DType::I16 => DataType::Int16,
+        DType::U16 => DataType::Uint16,
+        DType::U32 => DataType::Uint32,
+        DType::U64 => DataType::Uint64,
     }) as i32
 }
 
@@ -106,7 +112,12 @@ pub fn init(name: &str, t: &Tensor) -> TensorProto {
     match t.dtype() {
         DType::F32 => t.to_vec::<f32>().unwrap().iter().for_each(|v| raw.extend(v.to_le_bytes())),
         DType::I64 => t.to_vec::<i64>().unwrap().iter().for_each(|v| raw.extend(v.to_le_bytes())),
-        d => panic!("the builder writes f32 and i64 initializers, not {d}"),
+        DType::I32 => t.to_vec::<i32>().unwrap().iter().for_each(|v| raw.extend(v.to_le_bytes())),
+        DType::I8 => t.to_vec::<i8>().unwrap().iter().for_each(|v| raw.extend(v.to_le_bytes())),
+        DType::U8 => raw.extend(t.to_vec::<u8>().unwrap()),
+        DType::I16 => t.to_vec::<i16>().unwrap().iter().for_each(|v| raw.extend(v.to_le_bytes())),
+        DType::U16 => t.to_vec::<u16>().unwrap().iter().for_each(|v| raw.extend(v.to_le_bytes())),
+        d => panic!("the builder writes f32 and integer initializers, not {d}"),
     }
     TensorProto {
         name: Some(name.into()),

@@ -16,6 +16,7 @@ mod flex_attention;
 mod linear_attention;
 mod ops;
 mod rotary;
+mod quant;
 mod round_trip;
 mod scan;
 mod state;

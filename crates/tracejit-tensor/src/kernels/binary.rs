@@ -43,6 +43,12 @@ pub(crate) fn binary(op: BinaryOp, a: &Storage, b: &Storage) -> Storage {
         (Storage::F64(x), Storage::F64(y)) => binary_num(op, x, y),
         (Storage::I32(x), Storage::I32(y)) => binary_num(op, x, y),
         (Storage::I64(x), Storage::I64(y)) => binary_num(op, x, y),
+        (Storage::I8(x), Storage::I8(y)) => binary_num(op, x, y),
+        (Storage::U8(x), Storage::U8(y)) => binary_num(op, x, y),
+        (Storage::I16(x), Storage::I16(y)) => binary_num(op, x, y),
+        (Storage::U16(x), Storage::U16(y)) => binary_num(op, x, y),
+        (Storage::U32(x), Storage::U32(y)) => binary_num(op, x, y),
+        (Storage::U64(x), Storage::U64(y)) => binary_num(op, x, y),
         (Storage::Bool(x), Storage::Bool(y)) => binary_bool(op, x, y),
         (Storage::BF16(_), Storage::BF16(_)) | (Storage::F16(_), Storage::F16(_)) => {
             super::in_f32(&[a, b], |w| vec![binary(op, w[0], w[1])]).remove(0)
@@ -126,6 +132,12 @@ fn cast_t<T: Cast>(a: &ArcArray<T, IxDyn>, to: DType) -> Storage {
         DType::Bool => Storage::from_array(a.mapv(T::cast_bool)),
         DType::BF16 => Storage::from_array(a.mapv(T::cast_bf16)),
         DType::F16 => Storage::from_array(a.mapv(T::cast_f16)),
+        DType::I8 => Storage::from_array(a.mapv(T::cast_i8)),
+        DType::U8 => Storage::from_array(a.mapv(T::cast_u8)),
+        DType::I16 => Storage::from_array(a.mapv(T::cast_i16)),
+        DType::U16 => Storage::from_array(a.mapv(T::cast_u16)),
+        DType::U32 => Storage::from_array(a.mapv(T::cast_u32)),
+        DType::U64 => Storage::from_array(a.mapv(T::cast_u64)),
     }
 }
 
@@ -135,6 +147,12 @@ pub(crate) fn clamp(x: &Storage, min: f64, max: f64) -> Storage {
         Storage::F64(a) => clamp_t(a, min, max),
         Storage::I32(a) => clamp_t(a, min, max),
         Storage::I64(a) => clamp_t(a, min, max),
+        Storage::I8(a) => clamp_t(a, min, max),
+        Storage::U8(a) => clamp_t(a, min, max),
+        Storage::I16(a) => clamp_t(a, min, max),
+        Storage::U16(a) => clamp_t(a, min, max),
+        Storage::U32(a) => clamp_t(a, min, max),
+        Storage::U64(a) => clamp_t(a, min, max),
         Storage::Bool(_) => panic!("clamp: dtype bool is not accepted"),
         Storage::BF16(_) | Storage::F16(_) => super::in_f32_1(x, |w| clamp(w, min, max)),
     }

@@ -16,6 +16,12 @@ pub(crate) fn matmul(a: &Storage, b: &Storage) -> Storage {
         (Storage::F64(x), Storage::F64(y)) => Storage::from_array(batched(x, y, gemm_float)),
         (Storage::I32(x), Storage::I32(y)) => Storage::from_array(batched(x, y, gemm_int)),
         (Storage::I64(x), Storage::I64(y)) => Storage::from_array(batched(x, y, gemm_int)),
+        (Storage::I8(x), Storage::I8(y)) => Storage::from_array(batched(x, y, gemm_int)),
+        (Storage::U8(x), Storage::U8(y)) => Storage::from_array(batched(x, y, gemm_int)),
+        (Storage::I16(x), Storage::I16(y)) => Storage::from_array(batched(x, y, gemm_int)),
+        (Storage::U16(x), Storage::U16(y)) => Storage::from_array(batched(x, y, gemm_int)),
+        (Storage::U32(x), Storage::U32(y)) => Storage::from_array(batched(x, y, gemm_int)),
+        (Storage::U64(x), Storage::U64(y)) => Storage::from_array(batched(x, y, gemm_int)),
         (Storage::Bool(_), Storage::Bool(_)) => panic!("matmul: dtype bool is not accepted"),
         _ => panic!("matmul: operands have different dtypes ({} and {})", a.dtype(), b.dtype()),
     }

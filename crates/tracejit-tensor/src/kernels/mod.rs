@@ -21,6 +21,11 @@
 //! Output dtypes follow [`UnaryOp::result_dtype`] and
 //! [`BinaryOp::result_dtype`]; a kernel given a dtype those reject panics.
 //!
+//! The narrow integers (i8, u8, i16, u16, u32) compute natively in their
+//! width with the same wrapping rules, which equals computing in their
+//! [`DType::compute`] dtype and wrapping the result back (what the JIT
+//! does); unsigned ones compare, divide, and take max and min unsigned.
+//!
 //! **Unary.**
 //! - Integers wrap: `neg(i32::MIN) == i32::MIN`, `abs(i32::MIN) == i32::MIN`,
 //!   `square` is a wrapping multiply. `floor`, `ceil` and `round` are the
@@ -63,8 +68,10 @@
 //!
 //! [`select`] broadcasts the condition and both branches to one shape.
 //! [`cast`] converts as Rust's `as` does: float to integer truncates toward
-//! zero and saturates, NaN becomes 0; integer to float and f64 to f32 round to
-//! nearest; i64 to i32 keeps the low 32 bits (wraps); bool becomes 0/1; a
+//! zero and saturates, NaN becomes 0 (`300.7 -> u8` is 255, `-inf -> i8` is
+//! -128); integer to float and f64 to f32 round to nearest; integer to
+//! integer keeps the low bits (wraps: i64 to i32, `300i32 -> u8` is 44,
+//! `-1i8 -> u32` is 4294967295); bool becomes 0/1; a
 //! number becomes `x != 0` as bool, so NaN is `true`. [`clamp`] converts its
 //! bounds to the operand's dtype (as `as` does) and computes
 //! `minimum(maximum(x, lo), hi)`, so a NaN operand stays NaN and `lo > hi`
@@ -145,6 +152,12 @@ macro_rules! same_dtype {
             ($crate::Storage::Bool($x), $crate::Storage::Bool($y)) => $body,
             ($crate::Storage::BF16($x), $crate::Storage::BF16($y)) => $body,
             ($crate::Storage::F16($x), $crate::Storage::F16($y)) => $body,
+            ($crate::Storage::I8($x), $crate::Storage::I8($y)) => $body,
+            ($crate::Storage::U8($x), $crate::Storage::U8($y)) => $body,
+            ($crate::Storage::I16($x), $crate::Storage::I16($y)) => $body,
+            ($crate::Storage::U16($x), $crate::Storage::U16($y)) => $body,
+            ($crate::Storage::U32($x), $crate::Storage::U32($y)) => $body,
+            ($crate::Storage::U64($x), $crate::Storage::U64($y)) => $body,
             (a, b) => panic!("{}: operands have different dtypes ({} and {})", $name, a.dtype(), b.dtype()),
         }
     };
@@ -182,6 +195,30 @@ macro_rules! with_dtype {
                 type $T = half::f16;
                 $body
             }
+            $crate::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            $crate::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            $crate::DType::U16 => {
+                type $T = u16;
+                $body
+            }
+            $crate::DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            $crate::DType::U64 => {
+                type $T = u64;
+                $body
+            }
         }
     };
 }
@@ -191,6 +228,7 @@ mod conv;
 mod index;
 mod low_precision;
 mod matmul;
+mod narrow_int;
 mod num;
 mod pool;
 mod random;
@@ -272,7 +310,7 @@ pub fn matmul_acc(a: &Storage, b: &Storage, acc: DType) -> Storage {
     let ok = match acc {
         DType::F32 => matches!(a.dtype(), DType::F32 | DType::BF16 | DType::F16),
         DType::F64 => a.dtype().is_float(),
-        DType::I32 | DType::I64 | DType::Bool | DType::BF16 | DType::F16 => false,
+        _ => false,
     };
     if !ok {
         panic!(

@@ -9,7 +9,10 @@
 
 use crate::StorageElement;
 
-/// The element-level arithmetic of the four numeric dtypes.
+/// The element-level arithmetic of the numeric dtypes (bf16 and f16 excepted:
+/// they compute in f32). The narrow integers implement it natively in their
+/// own width with wrapping, which equals computing in their
+/// [`compute`](crate::DType::compute) dtype and wrapping the result back.
 pub(crate) trait Num: StorageElement + PartialOrd {
     /// Additive identity.
     const ZERO: Self;
@@ -363,8 +366,98 @@ macro_rules! impl_int {
 }
 impl_int!(i32);
 impl_int!(i64);
+impl_int!(i8);
+impl_int!(i16);
 
-/// `as`-style conversion from one element type to each of the seven; to
+// The unsigned integers: the same rules where a sign cannot arise (no
+// negative exponent, remainder and divisor are never of opposite signs).
+macro_rules! impl_uint {
+    ($t:ident) => {
+        impl Num for $t {
+            const ZERO: Self = 0;
+            const ONE: Self = 1;
+            #[inline]
+            fn plus(self, o: Self) -> Self {
+                self.wrapping_add(o)
+            }
+            #[inline]
+            fn minus(self, o: Self) -> Self {
+                self.wrapping_sub(o)
+            }
+            #[inline]
+            fn times(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+            #[inline]
+            fn divide(self, o: Self) -> Self {
+                self.checked_div(o).unwrap_or(0)
+            }
+            #[inline]
+            fn modulo(self, o: Self) -> Self {
+                self.checked_rem(o).unwrap_or(0)
+            }
+            #[inline]
+            fn power(self, o: Self) -> Self {
+                let mut base = self;
+                let mut exp = o;
+                let mut acc: $t = 1;
+                while exp > 0 {
+                    if exp & 1 == 1 {
+                        acc = acc.wrapping_mul(base);
+                    }
+                    exp >>= 1;
+                    if exp > 0 {
+                        base = base.wrapping_mul(base);
+                    }
+                }
+                acc
+            }
+            #[inline]
+            fn nan_max(self, o: Self) -> Self {
+                Ord::max(self, o)
+            }
+            #[inline]
+            fn nan_min(self, o: Self) -> Self {
+                Ord::min(self, o)
+            }
+            #[inline]
+            fn is_nan_value(self) -> bool {
+                false
+            }
+        }
+
+        impl Int for $t {
+            #[inline]
+            fn neg(self) -> Self {
+                self.wrapping_neg()
+            }
+            #[inline]
+            fn abs(self) -> Self {
+                self
+            }
+            #[inline]
+            fn sign(self) -> Self {
+                Self::from(self != 0)
+            }
+            #[inline]
+            fn square(self) -> Self {
+                self.wrapping_mul(self)
+            }
+            #[inline]
+            fn relu(self) -> Self {
+                self
+            }
+        }
+    };
+}
+impl_uint!(u8);
+impl_uint!(u16);
+impl_uint!(u32);
+impl_uint!(u64);
+
+/// `as`-style conversion from one element type to each of the thirteen
+/// (float to integer truncates toward zero and saturates, NaN to 0; integer
+/// to integer keeps the low bits, i.e. wraps); to
 /// the 16-bit floats it rounds to nearest even once, straight from the
 /// source value (NaN stays NaN, f16 overflows to ±Inf, subnormals kept).
 pub(crate) trait Cast: StorageElement {
@@ -373,6 +466,12 @@ pub(crate) trait Cast: StorageElement {
     fn cast_i32(self) -> i32;
     fn cast_i64(self) -> i64;
     fn cast_bool(self) -> bool;
+    fn cast_i8(self) -> i8;
+    fn cast_u8(self) -> u8;
+    fn cast_i16(self) -> i16;
+    fn cast_u16(self) -> u16;
+    fn cast_u32(self) -> u32;
+    fn cast_u64(self) -> u64;
     fn cast_bf16(self) -> half::bf16 {
         crate::Element::from_f64(self.cast_f64())
     }
@@ -406,6 +505,44 @@ macro_rules! impl_cast {
                 // NaN != 0, so NaN is true.
                 self != $zero
             }
+            narrow_casts!(|x: $t| x);
+        }
+    };
+}
+
+// The six narrow-integer casts, each `as` from the value `$conv` makes of
+// `self` (the value itself, or a 16-bit float widened to f32).
+macro_rules! narrow_casts {
+    (|$x:ident: $t:ty| $conv:expr) => {
+        #[inline]
+        fn cast_i8(self) -> i8 {
+            let $x = self;
+            $conv as i8
+        }
+        #[inline]
+        fn cast_u8(self) -> u8 {
+            let $x = self;
+            $conv as u8
+        }
+        #[inline]
+        fn cast_i16(self) -> i16 {
+            let $x = self;
+            $conv as i16
+        }
+        #[inline]
+        fn cast_u16(self) -> u16 {
+            let $x = self;
+            $conv as u16
+        }
+        #[inline]
+        fn cast_u32(self) -> u32 {
+            let $x = self;
+            $conv as u32
+        }
+        #[inline]
+        fn cast_u64(self) -> u64 {
+            let $x = self;
+            $conv as u64
         }
     };
 }
@@ -437,6 +574,7 @@ macro_rules! impl_half_cast {
             fn cast_bool(self) -> bool {
                 self.to_f32() != 0.0
             }
+            narrow_casts!(|x: $t| x.to_f32());
         }
     };
 }
@@ -444,6 +582,12 @@ impl_half_cast!(half::bf16);
 impl_half_cast!(half::f16);
 impl_cast!(i32, 0);
 impl_cast!(i64, 0);
+impl_cast!(i8, 0);
+impl_cast!(u8, 0);
+impl_cast!(i16, 0);
+impl_cast!(u16, 0);
+impl_cast!(u32, 0);
+impl_cast!(u64, 0);
 
 impl Cast for bool {
     #[inline]
@@ -466,6 +610,7 @@ impl Cast for bool {
     fn cast_bool(self) -> bool {
         self
     }
+    narrow_casts!(|x: bool| u8::from(x));
 }
 
 #[cfg(test)]

@@ -33,6 +33,12 @@ pub(crate) fn reduce(op: ReduceOp, x: &Storage, axes: &[usize], keepdims: bool) 
         Storage::F64(a) => reduce_t(op, a, axes, keepdims),
         Storage::I32(a) => reduce_t(op, a, axes, keepdims),
         Storage::I64(a) => reduce_t(op, a, axes, keepdims),
+        Storage::I8(a) => reduce_t(op, a, axes, keepdims),
+        Storage::U8(a) => reduce_t(op, a, axes, keepdims),
+        Storage::I16(a) => reduce_t(op, a, axes, keepdims),
+        Storage::U16(a) => reduce_t(op, a, axes, keepdims),
+        Storage::U32(a) => reduce_t(op, a, axes, keepdims),
+        Storage::U64(a) => reduce_t(op, a, axes, keepdims),
         Storage::Bool(_) => unreachable!("result_dtype rejects bool"),
         // Sums accumulate in f32 and round once, as XLA on CPU does.
         Storage::BF16(_) | Storage::F16(_) => super::in_f32_1(x, |w| reduce(op, w, axes, keepdims)),

@@ -21,6 +21,12 @@ pub(crate) fn cumsum(x: &Storage, axis: usize) -> Storage {
         Storage::F64(a) => Storage::F64(scan(a, axis, |acc, v| acc + v)),
         Storage::I32(a) => Storage::I32(scan(a, axis, i32::wrapping_add)),
         Storage::I64(a) => Storage::I64(scan(a, axis, i64::wrapping_add)),
+        Storage::I8(a) => Storage::I8(scan(a, axis, i8::wrapping_add)),
+        Storage::U8(a) => Storage::U8(scan(a, axis, u8::wrapping_add)),
+        Storage::I16(a) => Storage::I16(scan(a, axis, i16::wrapping_add)),
+        Storage::U16(a) => Storage::U16(scan(a, axis, u16::wrapping_add)),
+        Storage::U32(a) => Storage::U32(scan(a, axis, u32::wrapping_add)),
+        Storage::U64(a) => Storage::U64(scan(a, axis, u64::wrapping_add)),
         Storage::Bool(_) => panic!("cumsum: expected a numeric tensor, got bool (cast it first)"),
         Storage::BF16(_) | Storage::F16(_) => super::in_f32_1(x, |w| cumsum(w, axis)),
     }
@@ -67,6 +73,12 @@ pub(crate) fn top_k(x: &Storage, k: usize) -> (Storage, Storage) {
         Storage::F64(_) => top_k_t::<f64>(x, n, k, &out_shape),
         Storage::I32(_) => top_k_t::<i32>(x, n, k, &out_shape),
         Storage::I64(_) => top_k_t::<i64>(x, n, k, &out_shape),
+        Storage::I8(_) => top_k_t::<i8>(x, n, k, &out_shape),
+        Storage::U8(_) => top_k_t::<u8>(x, n, k, &out_shape),
+        Storage::I16(_) => top_k_t::<i16>(x, n, k, &out_shape),
+        Storage::U16(_) => top_k_t::<u16>(x, n, k, &out_shape),
+        Storage::U32(_) => top_k_t::<u32>(x, n, k, &out_shape),
+        Storage::U64(_) => top_k_t::<u64>(x, n, k, &out_shape),
         Storage::Bool(_) => panic!("top_k: expected a numeric tensor, got bool (cast it first)"),
         // Widening is exact and monotone, so the order (and ties) are the 16-bit values'.
         Storage::BF16(_) | Storage::F16(_) => {

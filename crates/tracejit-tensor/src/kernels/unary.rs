@@ -16,6 +16,12 @@ pub(crate) fn unary(op: UnaryOp, x: &Storage) -> Storage {
         Storage::F64(a) => unary_float(op, a),
         Storage::I32(a) => unary_int(op, a),
         Storage::I64(a) => unary_int(op, a),
+        Storage::I8(a) => unary_int(op, a),
+        Storage::U8(a) => unary_int(op, a),
+        Storage::I16(a) => unary_int(op, a),
+        Storage::U16(a) => unary_int(op, a),
+        Storage::U32(a) => unary_int(op, a),
+        Storage::U64(a) => unary_int(op, a),
         Storage::Bool(a) => {
             assert!(op == UnaryOp::LogicalNot, "result_dtype accepts only logical_not on bool, not {}", op.name());
             Storage::from_array(a.mapv(|b| !b))

@@ -91,9 +91,7 @@ pub(crate) fn pad(x: &Storage, pads: &[(usize, usize)], value: f64) -> Storage {
     match x {
         Storage::F32(_) => pad_rows::<f32>(x, pads, &shape, value),
         Storage::F64(_) => pad_rows::<f64>(x, pads, &shape, value),
-        Storage::I32(_) | Storage::I64(_) | Storage::Bool(_) | Storage::BF16(_) | Storage::F16(_) => {
-            pad_by_view(x, pads, &shape, value)
-        }
+        _ => pad_by_view(x, pads, &shape, value),
     }
 }
 

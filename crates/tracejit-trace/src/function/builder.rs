@@ -84,7 +84,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
         let low = match dtype {
             DType::BF16 | DType::F16 => Some(dtype),
             DType::F32 => None,
-            DType::F64 | DType::I32 | DType::I64 | DType::Bool => {
+            _ => {
                 panic!("mixed_precision: expected BF16 or F16 (or F32 for off), got {dtype}")
             }
         };

@@ -12,7 +12,7 @@
 //! convolution it transposes (`Conv2dBackwardData`), whose weight layout
 //! ONNX shares.
 
-use tracejit_tensor::{Conv2dAttrs, Pool2dAttrs, SpatialOp};
+use tracejit_tensor::{Conv2dAttrs, DType, Pool2dAttrs, SpatialOp};
 use tracejit_trace::{spatial, Tensor};
 
 use crate::import::node::{Node, OpResult};
@@ -116,6 +116,13 @@ fn hw_of(x2: &Tensor) -> Result<[usize; 2], String> {
 /// `Conv`.
 pub(crate) fn conv(n: &mut Node) -> OpResult {
     let (x, w) = (n.input(0)?, n.input(1)?);
+    Ok(vec![conv_with(n, x, w, n.opt_input(2))?])
+}
+
+/// The convolution of `x` by `w` (plus `bias`) under `n`'s Conv attributes
+/// (also what `ConvInteger` and `QLinearConv` compute, on their
+/// zero-point-shifted operands).
+pub(crate) fn conv_with(n: &Node, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor, String> {
     let sr = spatial_rank(n, x)?;
     let (x2, w2) = (as_2d(x, sr), as_2d(w, sr));
     let kernel = [w2.shape()[2], w2.shape()[3]];
@@ -128,13 +135,12 @@ pub(crate) fn conv(n: &mut Node) -> OpResult {
     let win = window(n, sr, hw_of(&x2)?, kernel)?;
     let group = usize::try_from(n.attr_i("group", 1)?).map_err(|_| "negative group".to_string())?;
     let attrs = Conv2dAttrs { stride: win.stride, dilation: win.dilation, pad: win.pad, groups: group };
-    let bias = n.opt_input(2);
     let op = SpatialOp::Conv2d { conv: attrs, bias: bias.is_some(), relu: false };
     let y = match bias {
         Some(b) => spatial(op, &[&x2, &w2, b]),
         None => spatial(op, &[&x2, &w2]),
     };
-    Ok(vec![from_2d(y.into_iter().next().ok_or("conv gave no output")?, sr)])
+    Ok(from_2d(y.into_iter().next().ok_or("conv gave no output")?, sr))
 }
 
 /// `ConvTranspose`: the data gradient of a convolution with the same
@@ -232,11 +238,16 @@ pub(crate) fn max_pool(n: &mut Node) -> OpResult {
     if n.wants(1) {
         return Err("MaxPool's Indices output is not supported".into());
     }
-    let sr = spatial_rank(n, x)?;
-    let x2 = as_2d(x, sr);
+    // Integers of at most 16 bits are exact in f32, and a max picks one of
+    // its inputs: their pool is the f32 pool cast back.
+    let small_int = matches!(x.dtype(), DType::I8 | DType::U8 | DType::I16 | DType::U16);
+    let xf = if small_int { x.cast(DType::F32) } else { x.clone() };
+    let sr = spatial_rank(n, &xf)?;
+    let x2 = as_2d(&xf, sr);
     let win = pool_window(n, sr, hw_of(&x2)?)?;
     let y = spatial(SpatialOp::MaxPool2d { pool: pool_attrs(&win) }, &[&x2]).remove(0);
-    Ok(vec![from_2d(y, sr)])
+    let y = from_2d(y, sr);
+    Ok(vec![if small_int { y.cast(x.dtype()) } else { y }])
 }
 
 /// `x` padded with zeros by `pad` (top, left, bottom, right), so a pool counts the pads.

@@ -11,7 +11,7 @@
 //! `einsum`, `attention`, `flex_attention` (domain `ai.onnx.preview`),
 //! `linear_attention`, `rotary`, `control` (`If`, `Loop`, `Scan`), `state` (caches
 //! and recurrent state),
-//! `loss` and `conv` (convolutions and pools).
+//! `loss`, `conv` (convolutions and pools) and `quant` (quantization).
 
 pub(crate) mod attention;
 pub(crate) mod control;
@@ -23,6 +23,7 @@ pub(crate) mod indexing;
 pub(crate) mod linear_attention;
 pub(crate) mod loss;
 pub(crate) mod nn;
+pub(crate) mod quant;
 pub(crate) mod reduce;
 pub(crate) mod rotary;
 pub(crate) mod shape;
@@ -150,6 +151,7 @@ const STASH_NORM: &[&str] = &["axis", "epsilon", "stash_type"];
 use conv as c;
 use elementwise as e;
 use indexing as ix;
+use quant as q;
 use reduce as r;
 use shape as s;
 
@@ -304,26 +306,27 @@ static OPS: &[OpDef] = &[
     op("GlobalAveragePool", c::global_average_pool, &[]),
     op("GlobalMaxPool", c::global_max_pool, &[]),
     op("GlobalLpPool", c::global_lp_pool, &["p"]),
+    // Quantization.
+    op("QuantizeLinear", q::quantize_linear, &["axis", "block_size", "output_dtype", "precision", "saturate"]),
+    op("DequantizeLinear", q::dequantize_linear, &["axis", "block_size", "output_dtype"]),
+    op("DynamicQuantizeLinear", q::dynamic_quantize_linear, &[]),
+    op("MatMulInteger", q::matmul_integer, &[]),
+    op("QLinearMatMul", q::qlinear_matmul, &[]),
+    op("ConvInteger", q::conv_integer, CONV),
+    op("QLinearConv", q::qlinear_conv, CONV),
+    op("BitShift", q::bit_shift, &["direction"]),
+    op("BitwiseNot", q::bitwise_not, &[]),
+    op("BitCast", q::bit_cast, &["to"]),
     // Known and missing: what each needs.
     missing("Atan", "needs primitive atan"),
     missing("Asin", "needs primitive atan (asin = atan(x / sqrt(1 - x²)))"),
     missing("Acos", "needs primitive atan (acos = pi/2 - asin)"),
-    missing("BitShift", "needs primitive bit shifts and unsigned dtypes"),
     missing("BitwiseAnd", "needs primitive bitwise_and"),
     missing("BitwiseOr", "needs primitive bitwise_or"),
     missing("BitwiseXor", "needs primitive bitwise_xor"),
-    missing("BitwiseNot", "needs primitive bitwise_not"),
-    missing("BitCast", "needs primitive bitcast"),
     OpDef { subgraphs: &["then_branch", "else_branch"], ..op("If", control::if_, control::IF_ATTRS) },
     OpDef { subgraphs: &["body"], ..with_statics("Loop", control::loop_, &["body"], &[0, 1]) },
     OpDef { subgraphs: &["body"], ..checked("Scan", control::scan, control::SCAN_ATTRS, control::check_scan) },
-    missing("QuantizeLinear", "needs dtypes int8/uint8"),
-    missing("DequantizeLinear", "needs dtypes int8/uint8"),
-    missing("DynamicQuantizeLinear", "needs dtype uint8"),
-    missing("MatMulInteger", "needs dtypes int8/uint8"),
-    missing("ConvInteger", "needs dtypes int8/uint8"),
-    missing("QLinearMatMul", "needs dtypes int8/uint8"),
-    missing("QLinearConv", "needs dtypes int8/uint8"),
     missing("RandomNormal", "random ops cannot match a reference draw"),
     missing("RandomUniform", "random ops cannot match a reference draw"),
     missing("RandomNormalLike", "random ops cannot match a reference draw"),

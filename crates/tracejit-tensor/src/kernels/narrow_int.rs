@@ -1,0 +1,170 @@
+//! Tests of the narrow integers (i8, u8, i16, u16, u32) and u64 in the
+//! reference kernels. The kernels run them natively in their own width with
+//! wrapping; the contract (see [`DType::compute`]) is that this equals
+//! computing in the compute dtype (i32, or i64 for u32) and wrapping each
+//! result back, which is what the JIT and the IR rely on. The tests check
+//! exactly that against the i32/i64 kernels, plus a scalar reference in
+//! i128 for the edges and for u64 (which has no wider compute dtype).
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use crate::kernels::{binary, cast, matmul, reduce, unary};
+    use crate::{BinaryOp, DType, ReduceOp, Storage, UnaryOp};
+
+    const NARROW: [DType; 5] = [DType::I8, DType::U8, DType::I16, DType::U16, DType::U32];
+
+    /// `vals` (i64s in `dtype`'s range) as a 1-D tensor of `dtype`.
+    fn of(dtype: DType, vals: &[i64]) -> Storage {
+        cast(&Storage::from_vec(vals.to_vec(), &[vals.len()]).unwrap(), dtype)
+    }
+
+    /// The values of an integer tensor as i128 (exact for every dtype).
+    fn ints(s: &Storage) -> Vec<i128> {
+        match s.dtype() {
+            DType::U64 => s.to_vec::<u64>().unwrap().into_iter().map(i128::from).collect(),
+            _ => cast(s, DType::I64).to_vec::<i64>().unwrap().into_iter().map(i128::from).collect(),
+        }
+    }
+
+    /// `v` wrapped into `dtype`'s range (two's complement).
+    fn wrap(dtype: DType, v: i128) -> i128 {
+        let (lo, hi) = dtype.int_range().unwrap();
+        let m = hi - lo + 1;
+        (v - lo).rem_euclid(m) + lo
+    }
+
+    #[test]
+    fn arithmetic_wraps_at_the_edges() {
+        let add = |d, a, b| ints(&binary(BinaryOp::Add, &of(d, &[a]), &of(d, &[b])))[0];
+        let sub = |d, a, b| ints(&binary(BinaryOp::Sub, &of(d, &[a]), &of(d, &[b])))[0];
+        assert_eq!(add(DType::I8, 127, 1), -128);
+        assert_eq!(sub(DType::U8, 0, 1), 255);
+        assert_eq!(add(DType::I16, 32767, 1), -32768);
+        assert_eq!(sub(DType::U16, 0, 1), 65535);
+        assert_eq!(add(DType::U32, u32::MAX as i64, 2), 1);
+        assert_eq!(ints(&binary(BinaryOp::Div, &of(DType::I8, &[-128]), &of(DType::I8, &[-1])))[0], -128);
+        assert_eq!(ints(&unary(UnaryOp::Neg, &of(DType::I8, &[-128])))[0], -128);
+        assert_eq!(ints(&unary(UnaryOp::Abs, &of(DType::I8, &[-128])))[0], -128);
+        assert_eq!(ints(&unary(UnaryOp::Neg, &of(DType::U8, &[1])))[0], 255);
+        assert_eq!(ints(&unary(UnaryOp::Sign, &of(DType::U8, &[0, 7])))[..], [0, 1]);
+        let big = Storage::from_vec(vec![u64::MAX, 1 << 63], &[2]).unwrap();
+        let one = Storage::from_vec(vec![1u64, 1 << 63], &[2]).unwrap();
+        assert_eq!(binary(BinaryOp::Add, &big, &one).to_vec::<u64>().unwrap(), [0, 0]);
+        // Unsigned order, not i64's.
+        assert_eq!(binary(BinaryOp::Gt, &big, &one).to_vec::<bool>().unwrap(), [true, false]);
+        assert_eq!(binary(BinaryOp::Maximum, &big, &one).to_vec::<u64>().unwrap(), [u64::MAX, 1 << 63]);
+        assert_eq!(binary(BinaryOp::Div, &big, &one).to_vec::<u64>().unwrap(), [u64::MAX, 1]);
+        // Sums wrap too.
+        let s = reduce(ReduceOp::Sum, &of(DType::U8, &[200, 100]), &[0], false);
+        assert_eq!((s.dtype(), ints(&s)[0]), (DType::U8, 44));
+    }
+
+    /// What tracejit's `cast` does at the edges, documented by example:
+    /// float to integer truncates toward zero and saturates, NaN becomes
+    /// 0; integer to integer keeps the low bits (wraps); integer to float
+    /// rounds to nearest.
+    #[test]
+    fn casts_saturate_from_floats_and_wrap_between_integers() {
+        let f = Storage::from_vec(
+            vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 300.7, -3.9, 127.5, -128.5, 65535.9],
+            &[8],
+        )
+        .unwrap();
+        assert_eq!(ints(&cast(&f, DType::I8)), [0, 127, -128, 127, -3, 127, -128, 127]);
+        assert_eq!(ints(&cast(&f, DType::U8)), [0, 255, 0, 255, 0, 127, 0, 255]);
+        assert_eq!(ints(&cast(&f, DType::U16)), [0, 65535, 0, 300, 0, 127, 0, 65535]);
+        assert_eq!(ints(&cast(&f, DType::U64)), [0, u64::MAX as i128, 0, 300, 0, 127, 0, 65535]);
+        let i = Storage::from_vec(vec![300i32, -1, -129, 65536], &[4]).unwrap();
+        assert_eq!(ints(&cast(&i, DType::U8)), [44, 255, 127, 0]);
+        assert_eq!(ints(&cast(&i, DType::I8)), [44, -1, 127, 0]);
+        assert_eq!(ints(&cast(&i, DType::U32)), [300, u32::MAX as i128, (u32::MAX - 128) as i128, 65536]);
+        assert_eq!(ints(&cast(&i, DType::U64)), [300, u64::MAX as i128, (u64::MAX - 128) as i128, 65536]);
+        let u = Storage::from_vec(vec![u64::MAX], &[1]).unwrap();
+        assert_eq!(cast(&u, DType::F32).to_vec::<f32>().unwrap(), [1.8446744e19]);
+        assert_eq!(cast(&u, DType::I64).to_vec::<i64>().unwrap(), [-1]);
+        assert_eq!(cast(&of(DType::I8, &[-5]), DType::F64).to_vec::<f64>().unwrap(), [-5.0]);
+        assert_eq!(cast(&of(DType::U8, &[0, 2]), DType::Bool).to_vec::<bool>().unwrap(), [false, true]);
+    }
+
+    fn values(dtype: DType, n: usize) -> impl Strategy<Value = Vec<i64>> {
+        let (lo, hi) = dtype.int_range().unwrap();
+        let (lo, hi) = (lo as i64, hi as i64);
+        // Edge values often, so that wrapping is exercised.
+        prop::collection::vec(prop_oneof![6 => lo..=hi, 1 => Just(lo), 1 => Just(hi), 1 => Just(0), 1 => Just(1)], n)
+    }
+
+    fn dtype_and_pair() -> impl Strategy<Value = (DType, Vec<i64>, Vec<i64>)> {
+        (prop::sample::select(NARROW.to_vec()), 0usize..24)
+            .prop_flat_map(|(d, n)| (Just(d), values(d, n), values(d, n)))
+    }
+
+    proptest! {
+        /// Every elementwise op and reduction on a narrow integer equals the
+        /// op in its compute dtype wrapped back once: the contract the JIT's
+        /// and the IR's lowering to the compute dtype rests on.
+        #[test]
+        fn ops_equal_the_compute_dtype_wrapped_back((d, xs, ys) in dtype_and_pair()) {
+            let (a, b) = (of(d, &xs), of(d, &ys));
+            let c = d.compute();
+            let (wa, wb) = (cast(&a, c), cast(&b, c));
+            use BinaryOp::*;
+            for op in [Add, Sub, Mul, Div, Rem, Maximum, Minimum] {
+                let got = binary(op, &a, &b);
+                prop_assert_eq!(got.dtype(), d);
+                prop_assert!(got.bit_eq(&cast(&binary(op, &wa, &wb), d)), "{} on {}: {:?} {:?}", op.name(), d, xs, ys);
+            }
+            // Small exponents (a large one only multiplies more wraps in).
+            let e = of(d, &ys.iter().map(|y| y.rem_euclid(9)).collect::<Vec<_>>());
+            let got = binary(Pow, &a, &e);
+            prop_assert!(got.bit_eq(&cast(&binary(Pow, &wa, &cast(&e, c)), d)), "pow on {}", d);
+            for op in [Eq, Ne, Lt, Le, Gt, Ge] {
+                prop_assert!(binary(op, &a, &b).bit_eq(&binary(op, &wa, &wb)), "{} on {}", op.name(), d);
+            }
+            for op in [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Sign, UnaryOp::Square, UnaryOp::Relu] {
+                prop_assert!(unary(op, &a).bit_eq(&cast(&unary(op, &wa), d)), "{} on {}", op.name(), d);
+            }
+            for op in [ReduceOp::Sum, ReduceOp::Prod] {
+                prop_assert!(reduce(op, &a, &[0], false).bit_eq(&cast(&reduce(op, &wa, &[0], false), d)));
+            }
+            if !xs.is_empty() {
+                for op in [ReduceOp::Max, ReduceOp::Min] {
+                    prop_assert!(reduce(op, &a, &[0], true).bit_eq(&cast(&reduce(op, &wa, &[0], true), d)));
+                }
+            }
+            // A product of [1, n] by [n, 1]: the wrapped dot product.
+            let n = xs.len();
+            let m = matmul(&crate::kernels::reshape(&a, &[1, n]), &crate::kernels::reshape(&b, &[n, 1]));
+            let dot: i128 = xs.iter().zip(&ys).map(|(&x, &y)| i128::from(x) * i128::from(y)).sum();
+            prop_assert_eq!(ints(&m), vec![wrap(d, dot)]);
+        }
+
+        /// u64 against a scalar reference in i128 (it has no wider compute
+        /// dtype): wrapping add, sub and mul, unsigned div, rem, order.
+        #[test]
+        fn u64_matches_an_i128_reference(xs in prop::collection::vec(any::<u64>(), 1..16), ys in prop::collection::vec(any::<u64>(), 1..16)) {
+            let n = xs.len().min(ys.len());
+            let (xs, ys) = (&xs[..n], &ys[..n]);
+            let a = Storage::from_vec(xs.to_vec(), &[n]).unwrap();
+            let b = Storage::from_vec(ys.to_vec(), &[n]).unwrap();
+            let m = 1i128 << 64;
+            let check = |op: BinaryOp, f: &dyn Fn(i128, i128) -> i128| -> Result<(), TestCaseError> {
+                let got = ints(&binary(op, &a, &b));
+                let want: Vec<i128> = xs.iter().zip(ys).map(|(&x, &y)| f(i128::from(x), i128::from(y)).rem_euclid(m)).collect();
+                prop_assert_eq!(got, want, "{}", op.name());
+                Ok(())
+            };
+            check(BinaryOp::Add, &|x, y| x + y)?;
+            check(BinaryOp::Sub, &|x, y| x - y)?;
+            // The full product needs 128 bits unsigned.
+            check(BinaryOp::Mul, &|x, y| ((x as u128 * y as u128) % (1u128 << 64)) as i128)?;
+            check(BinaryOp::Div, &|x, y| if y == 0 { 0 } else { x / y })?;
+            check(BinaryOp::Rem, &|x, y| if y == 0 { 0 } else { x % y })?;
+            check(BinaryOp::Maximum, &|x, y| x.max(y))?;
+            check(BinaryOp::Minimum, &|x, y| x.min(y))?;
+            let lt = binary(BinaryOp::Lt, &a, &b).to_vec::<bool>().unwrap();
+            prop_assert_eq!(lt, xs.iter().zip(ys).map(|(x, y)| x < y).collect::<Vec<_>>());
+        }
+    }
+}
