@@ -177,6 +177,20 @@ fn misuse_is_an_error_naming_the_rank() {
     // Integer sums, bool max/min are fine.
     assert_eq!(distributed::all_reduce(&ints, ReduceOp::Sum).to_vec::<i32>().unwrap(), [1, 2]);
     assert_eq!(distributed::all_reduce(&Tensor::scalar(true), ReduceOp::Min).dtype(), DType::Bool);
+    // u64 travels as i64's bits: its max and min would compare signed.
+    let big = Tensor::from_vec(vec![u64::MAX, 1], &[2]);
+    let e = distributed::try_all_reduce(&big, ReduceOp::Max).unwrap_err().to_string();
+    assert!(e.contains("rank 0") && e.contains("u64"), "{e}");
+    assert_eq!(distributed::all_reduce(&big, ReduceOp::Sum).to_vec::<u64>().unwrap(), [u64::MAX, 1]);
+    // The narrow integers travel in their compute dtype and come back as they were.
+    for d in [DType::I8, DType::U8, DType::I16, DType::U16, DType::U32] {
+        let x = Tensor::from_vec(vec![-1i64, 7, 200], &[3]).cast(d);
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            let y = distributed::all_reduce(&x, op);
+            assert_eq!(y.dtype(), d);
+            assert_eq!(y.cast(DType::I64).to_vec::<i64>().unwrap(), x.cast(DType::I64).to_vec::<i64>().unwrap());
+        }
+    }
 }
 
 #[test]

@@ -90,3 +90,34 @@ fn a_cnn_block_round_trips() {
     assert_eq!(got.shape(), want.shape());
     assert!(close(&got, &want, 1e-5), "{:?} vs {:?}", got.to_vec::<f32>(), want.to_vec::<f32>());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    /// The narrow integers through the exporter and back: a quantization
+    /// to u8 (round, clamp, cast), a dequantization of i8, and u8 / i16
+    /// arithmetic that wraps; the imported model equals the function bit
+    /// for bit, dtypes included.
+    #[test]
+    fn narrow_integers_round_trip(r in 1usize..5, c in 1usize..7, seed in 0u64..1000) {
+        let f = function(|(x, q): (Tensor, Tensor)| {
+            let quant = ((&x / 0.05).round() + 100.0).clamp(0.0, 255.0).cast(DType::U8);
+            let dequant = (q.cast(DType::F32) - 3.0) * 0.25;
+            let wrapped = (&quant + &quant).cast(DType::I16) * q.cast(DType::I16);
+            (quant, dequant, wrapped)
+        });
+        let spec = |d| TensorSpec::new(d, &[r as i64, c as i64]);
+        let cf = f.get_concrete_function((spec(DType::F32), spec(DType::I8))).unwrap();
+        let model = import_bytes(&to_bytes(&cf).unwrap()).unwrap();
+        let x = floats(&[r, c], seed, false) * 4.0;
+        let q = (Tensor::randn(&[r, c], seed + 1) * 60.0).cast(DType::I8);
+        let want = f.call((x.clone(), q.clone())).unwrap();
+        let got = model.run(&[x, q]).unwrap();
+        let want = [want.0, want.1, want.2];
+        prop_assert_eq!(got.len(), 3);
+        for (g, w) in got.iter().zip(&want) {
+            prop_assert_eq!(g.dtype(), w.dtype());
+            prop_assert!(g.storage().unwrap().bit_eq(w.storage().unwrap()), "{:?} vs {:?}", g, w);
+        }
+    }
+}
