@@ -55,12 +55,14 @@ impl<A: Nest, R: Nest> Function<A, R> {
             || self.optimize_graph(graph),
             |message| Err(Error::TracePanic { function: self.config.name.clone(), message }),
         )?;
-        let (config, state) = (self.config.clone(), self.state.clone());
-        let trace_no = state.tracing_count.load(Ordering::SeqCst) + 1;
+        // The state holds the traces, so a trace holds it weakly: a strong
+        // reference would be a cycle, and no dropped function freed.
+        let (config, state) = (self.config.clone(), Arc::downgrade(&self.state));
+        let trace_no = self.state.tracing_count.load(Ordering::SeqCst) + 1;
         let preparer: Preparer = Box::new(move |g: &Graph| {
             on_stack_for(
                 g,
-                || prepare_with(&config, &state, trace_no, g),
+                || prepare_with(&config, state.upgrade().as_deref(), trace_no, g),
                 |message| (None, Some(format!("preparing the JIT's executable panicked: {message}"))),
             )
         });
@@ -70,7 +72,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
     /// [`prepare_with`] this function's settings, as its first trace.
     #[cfg(test)]
     fn prepare_executable(&self, graph: &Graph) -> (Option<tracejit_jit::Executable>, Option<String>) {
-        prepare_with(&self.config, &self.state, 1, graph)
+        prepare_with(&self.config, Some(&self.state), 1, graph)
     }
 
     /// Runs the optimization pipeline over a freshly traced graph; the
@@ -113,7 +115,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
 /// [`crate::CacheStats::jit_failures`] counts it.
 fn prepare_with(
     config: &FunctionConfig,
-    state: &FunctionState,
+    state: Option<&FunctionState>,
     trace_no: usize,
     graph: &Graph,
 ) -> (Option<tracejit_jit::Executable>, Option<String>) {
@@ -137,9 +139,12 @@ fn prepare_with(
         Ok(exe) => (Some(exe), None),
         Err(e) => {
             log::warn!("tracejit: `{}` runs in the interpreter: the JIT could not prepare it: {e}", config.name);
-            let mut stats = state.stats.lock().unwrap_or_else(|p| p.into_inner());
-            stats.jit_failures += 1;
-            stats.note(format!("the JIT could not prepare a trace ({e}); it runs in the interpreter"));
+            // Counted on the function, when it still exists.
+            if let Some(state) = state {
+                let mut stats = state.stats.lock().unwrap_or_else(|p| p.into_inner());
+                stats.jit_failures += 1;
+                stats.note(format!("the JIT could not prepare a trace ({e}); it runs in the interpreter"));
+            }
             (None, Some(e.to_string()))
         }
     }
