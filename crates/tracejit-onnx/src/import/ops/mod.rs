@@ -9,7 +9,7 @@
 //! Handlers live in one file per family: `elementwise`, `reduce`,
 //! `shape`, `indexing`, `nn` (dense layers and normalizations),
 //! `einsum`, `attention`, `flex_attention` (domain `ai.onnx.preview`),
-//! `linear_attention`, `rotary`, `control` (`If`, `Loop`, `Scan`), `state` (caches
+//! `linear_attention`, `rnn` (RNN, GRU, LSTM), `rotary`, `control` (`If`, `Loop`, `Scan`), `state` (caches
 //! and recurrent state),
 //! `loss` and `conv` (convolutions and pools).
 
@@ -24,6 +24,7 @@ pub(crate) mod linear_attention;
 pub(crate) mod loss;
 pub(crate) mod nn;
 pub(crate) mod reduce;
+pub(crate) mod rnn;
 pub(crate) mod rotary;
 pub(crate) mod shape;
 pub(crate) mod state;
@@ -291,6 +292,9 @@ static OPS: &[OpDef] = &[
         subgraphs: flex_attention::SUBGRAPHS,
         ..checked("FlexAttention", flex_attention::flex_attention, flex_attention::ATTRS, flex_attention::check)
     },
+    checked("RNN", rnn::recurrent, rnn::RNN_ATTRS, rnn::check),
+    checked("GRU", rnn::recurrent, rnn::GRU_ATTRS, rnn::check),
+    checked("LSTM", rnn::recurrent, rnn::LSTM_ATTRS, rnn::check),
     checked("LinearAttention", linear_attention::linear_attention, linear_attention::ATTRS, linear_attention::check),
     checked("TensorScatter", state::tensor_scatter, state::SCATTER_ATTRS, state::check_scatter),
     checked("CausalConvWithState", state::causal_conv_with_state, state::CONV_ATTRS, state::check_conv),
