@@ -229,3 +229,51 @@ fn variables_are_live_without_retracing() {
     assert_eq!(f32s(&model.run(&[x]).unwrap()[0]), [-3.0, 2.0]);
     assert_eq!(model.function().tracing_count(), 1);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// CenterCropPad on a random subset of axes (negative ones too) against
+    /// index arithmetic: output element `o` along a cropped axis reads
+    /// input `o + ⌊(dim − size)/2⌋`; along a padded one it reads `o −
+    /// ⌊(size − dim)/2⌋` where that is inside, else it is 0. Exact (a copy).
+    #[test]
+    fn center_crop_pad_moves_elements_by_the_centred_offsets(shape in prop::collection::vec(1usize..6, 1..4),
+                                                            targets in prop::collection::vec(1usize..8, 3),
+                                                            pick in prop::collection::vec(any::<bool>(), 3), seed in 0u64..1000) {
+        let rank = shape.len();
+        let axes: Vec<usize> = (0..rank).filter(|&a| pick[a]).collect();
+        let sizes: Vec<i64> = axes.iter().map(|&a| targets[a] as i64).collect();
+        let mut out_shape = shape.clone();
+        axes.iter().for_each(|&a| out_shape[a] = targets[a]);
+        let bytes = model(
+            vec![node("CenterCropPad", "ccp", &["x", "shape"], &["y"], vec![attr_ints("axes", &axes.iter().map(|&a| a as i64 - rank as i64).collect::<Vec<_>>())])],
+            vec![fixed("x", DType::F32, &shape)],
+            vec![fixed("y", DType::F32, &out_shape)],
+            vec![init("shape", &Tensor::from_vec(sizes.clone(), &[sizes.len()]))],
+            18,
+        );
+        let model = import_bytes(&bytes).unwrap();
+        let x = floats(&shape, seed, true);
+        let y = model.run(std::slice::from_ref(&x)).unwrap().remove(0);
+        assert_jit(&model);
+        prop_assert_eq!(y.shape(), &out_shape[..]);
+        let (xv, yv) = (f32s(&x), f32s(&y));
+        for (flat, &got) in yv.iter().enumerate() {
+            let mut rest = flat;
+            let mut idx = vec![0usize; rank];
+            for a in (0..rank).rev() {
+                idx[a] = rest % out_shape[a];
+                rest /= out_shape[a];
+            }
+            // The input index, or None in the zero padding.
+            let src: Option<Vec<usize>> = (0..rank).map(|a| {
+                let (dim, size) = (shape[a], out_shape[a]);
+                let i = idx[a] as i64 + (dim as i64 - size as i64).div_euclid(2).max(0) - (size as i64 - dim as i64).div_euclid(2).max(0);
+                (0..dim as i64).contains(&i).then_some(i as usize)
+            }).collect();
+            let want = src.map_or(0.0, |s| xv[s.iter().zip(&shape).fold(0, |f, (&i, &d)| f * d + i)]);
+            prop_assert!(same(got, want), "y[{idx:?}] = {got}, want {want}");
+        }
+    }
+}

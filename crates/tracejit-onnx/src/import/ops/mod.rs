@@ -252,6 +252,7 @@ static OPS: &[OpDef] = &[
     op("EyeLike", s::eye_like, &["dtype", "k"]),
     with_statics("Trilu", s::trilu, &["upper"], &[1]),
     op("DepthToSpace", s::depth_to_space, &["blocksize", "mode"]),
+    with_statics("CenterCropPad", s::center_crop_pad, &["axes"], &[1]),
     op("SpaceToDepth", s::space_to_depth, &["blocksize"]),
     // Indexing.
     op("Gather", ix::gather, &["axis"]),

@@ -1,6 +1,7 @@
 //! Shape and movement ops: `Shape`, `Size`, `Reshape`, `Flatten`,
 //! `Squeeze` / `Unsqueeze`, `Transpose`, `Concat`, `Split`, `Slice`,
-//! `Expand`, `Tile`, `DepthToSpace` / `SpaceToDepth`, and the ops that make
+//! `Expand`, `Tile`, `DepthToSpace` / `SpaceToDepth`, `CenterCropPad`, and
+//! the ops that make
 //! values from shapes: `Constant`, `ConstantOfShape`, `Range`, `EyeLike`,
 //! `Trilu`.
 //!
@@ -415,4 +416,36 @@ pub(crate) fn space_to_depth(n: &mut Node) -> OpResult {
 
 fn dims4(x: &Tensor) -> Result<[usize; 4], String> {
     x.shape().try_into().map_err(|_| format!("needs a 4-D input, got shape {:?}", x.shape()))
+}
+
+/// `CenterCropPad` (opset 18): each listed axis (all by default) cropped
+/// or zero-padded to its target size around the centre; an odd
+/// difference puts the extra element at the end, as the spec's reference
+/// does.
+pub(crate) fn center_crop_pad(n: &mut Node) -> OpResult {
+    let x = n.input(0)?;
+    let target = n.known_i64s(1)?;
+    let rank = x.rank();
+    let axes: Vec<usize> = match n.attr_ints("axes")? {
+        Some(a) => a.iter().map(|&a| normalize_axis(a, rank)).collect::<Result<_, _>>()?,
+        None => (0..rank).collect(),
+    };
+    if axes.len() != target.len() || (1..axes.len()).any(|i| axes[..i].contains(&axes[i])) {
+        return Err(format!("shape {target:?} must give one size per distinct axis of {axes:?}"));
+    }
+    let mut y = x.clone();
+    for (&a, &size) in axes.iter().zip(&target) {
+        let dim = y.shape()[a];
+        let size = usize::try_from(size).map_err(|_| format!("target size {size} is negative"))?;
+        if size < dim {
+            let start = (dim - size) / 2;
+            y = y.slice_axis(a as i64, start as i64, (start + size) as i64);
+        } else if size > dim {
+            let mut pads = vec![(0, 0); rank];
+            let before = (size - dim) / 2;
+            pads[a] = (before, size - dim - before);
+            y = y.pad(&pads, 0.0);
+        }
+    }
+    one(y)
 }
