@@ -277,3 +277,54 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// AffineGrid in 2-D and 3-D, with and without align_corners, against
+    /// f64 loops: each output is `Σ θ_k · c_k + θ_last` over normalized
+    /// coordinates (rounded to f32 as constants), so within (nd + 3)
+    /// roundings of the magnitudes summed.
+    #[test]
+    fn affine_grid_matches_f64(nb in 1usize..3, dims in prop::collection::vec(1usize..5, 2..4), align: bool, seed in 0u64..1000) {
+        let nd = dims.len();
+        let mut size = vec![nb as i64, 1];
+        size.extend(dims.iter().map(|&d| d as i64));
+        let mut out_shape = vec![nb];
+        out_shape.extend(&dims);
+        out_shape.push(nd);
+        let bytes = model(
+            vec![node("AffineGrid", "grid", &["theta", "size"], &["y"], vec![attr_i("align_corners", align as i64)])],
+            vec![fixed("theta", DType::F32, &[nb, nd, nd + 1])],
+            vec![fixed("y", DType::F32, &out_shape)],
+            vec![init("size", &Tensor::from_vec(size, &[nd + 2]))],
+            20,
+        );
+        let model = import_bytes(&bytes).unwrap();
+        let theta = floats(&[nb, nd, nd + 1], seed, false);
+        let y = f32s(&model.run(std::slice::from_ref(&theta)).unwrap()[0]);
+        assert_jit(&model);
+        let th = f32s(&theta);
+        let coord = |i: usize, len: usize| if align { if len == 1 { -1.0 } else { -1.0 + 2.0 * i as f64 / (len - 1) as f64 } } else { -1.0 + (2 * i + 1) as f64 / len as f64 };
+        let points: usize = dims.iter().product();
+        for b in 0..nb {
+            for p in 0..points {
+                let mut rest = p;
+                let mut idx = vec![0; nd];
+                for a in (0..nd).rev() {
+                    idx[a] = rest % dims[a];
+                    rest /= dims[a];
+                }
+                // (x, y[, z], 1): x is the last spatial dim.
+                let mut h: Vec<f64> = (0..nd).rev().map(|a| coord(idx[a], dims[a])).collect();
+                h.push(1.0);
+                for (row, &got) in y[(b * points + p) * nd..(b * points + p + 1) * nd].iter().enumerate() {
+                    let terms: Vec<f64> = (0..=nd).map(|k| th[(b * nd + row) * (nd + 1) + k] as f64 * h[k]).collect();
+                    let want: f64 = terms.iter().sum();
+                    let bound = (nd + 3) as f64 * f32::EPSILON as f64 * terms.iter().map(|t| t.abs()).sum::<f64>() + 1e-30;
+                    prop_assert!((got as f64 - want).abs() <= bound, "grid[{b}, point {p}, {row}] = {got}, want {want}");
+                }
+            }
+        }
+    }
+}

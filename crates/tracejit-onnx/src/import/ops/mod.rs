@@ -253,6 +253,7 @@ static OPS: &[OpDef] = &[
     with_statics("Trilu", s::trilu, &["upper"], &[1]),
     op("DepthToSpace", s::depth_to_space, &["blocksize", "mode"]),
     with_statics("CenterCropPad", s::center_crop_pad, &["axes"], &[1]),
+    with_statics("AffineGrid", s::affine_grid, &["align_corners"], &[1]),
     op("SpaceToDepth", s::space_to_depth, &["blocksize"]),
     // Indexing.
     op("Gather", ix::gather, &["axis"]),

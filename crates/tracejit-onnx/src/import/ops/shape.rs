@@ -449,3 +449,53 @@ pub(crate) fn center_crop_pad(n: &mut Node) -> OpResult {
     }
     one(y)
 }
+
+/// `AffineGrid` (opset 20): the sampling grid of `theta` (`[N, 2, 3]` or
+/// `[N, 3, 4]`) over a static `size` (`[N, C, H, W]` or `[N, C, D, H, W]`):
+/// each output point is `theta · (x, y[, z], 1)` with the normalized
+/// coordinates in [-1, 1] (pixel centres, or corners under
+/// `align_corners`), computed in f64 as constants and multiplied in one
+/// matmul.
+pub(crate) fn affine_grid(n: &mut Node) -> OpResult {
+    let theta = n.input(0)?;
+    let size = n.known_i64s(1)?;
+    let nd = size.len().saturating_sub(2);
+    let ts = theta.shape();
+    if !theta.dtype().is_float() || !(nd == 2 || nd == 3) || ts != [size[0] as usize, nd, nd + 1] {
+        return Err(format!(
+            "theta {} {ts:?} and size {size:?} must be [N, 2, 3] with [N, C, H, W] or [N, 3, 4] with [N, C, D, H, W]",
+            theta.dtype()
+        ));
+    }
+    let dims: Vec<usize> = size[2..]
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("size {size:?} has a negative dim")))
+        .collect::<Result<_, _>>()?;
+    let align = n.attr_i("align_corners", 0)? != 0;
+    let coord = |i: usize, len: usize| -> f64 {
+        match (align, len) {
+            (true, 1) => -1.0,
+            (true, _) => -1.0 + 2.0 * i as f64 / (len - 1) as f64,
+            (false, _) => -1.0 + (2 * i + 1) as f64 / len as f64,
+        }
+    };
+    // Rows (x, y[, z], 1) of every point, spatial dims in order, x the last (fastest) one.
+    let points: usize = dims.iter().product();
+    let mut base = Vec::with_capacity(points * (nd + 1));
+    for p in 0..points {
+        let mut rest = p;
+        let mut idx = vec![0; nd];
+        for a in (0..nd).rev() {
+            idx[a] = rest % dims[a];
+            rest /= dims[a];
+        }
+        base.extend((0..nd).rev().map(|a| coord(idx[a], dims[a])));
+        base.push(1.0);
+    }
+    let base = Tensor::from_vec(base, &[points, nd + 1]).cast(theta.dtype());
+    let grid = theta.matmul(&base.t()).transpose(&[0, 2, 1]);
+    let mut shape = vec![size[0]];
+    shape.extend(dims.iter().map(|&d| d as i64));
+    shape.push(nd as i64);
+    one(grid.reshape(&shape))
+}
