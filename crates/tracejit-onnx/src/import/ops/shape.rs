@@ -480,7 +480,9 @@ pub(crate) fn affine_grid(n: &mut Node) -> OpResult {
         }
     };
     // Rows (x, y[, z], 1) of every point, spatial dims in order, x the last (fastest) one.
-    let points: usize = dims.iter().product();
+    // The grid is built here, so its size is bounded like a tensor's in the file.
+    let points = dims.iter().try_fold(1usize, |p, &d| p.checked_mul(d)).filter(|&p| p <= 1 << 28);
+    let points = points.ok_or_else(|| format!("size {size:?} asks for more than 2^28 grid points"))?;
     let mut base = Vec::with_capacity(points * (nd + 1));
     for p in 0..points {
         let mut rest = p;
