@@ -328,3 +328,45 @@ proptest! {
         }
     }
 }
+
+/// Hann, Hamming and Blackman windows, periodic and symmetric, against
+/// their formulas in f64: each is one f64 value rounded once to f32 (half
+/// an ulp; the f64 cosines add far less). The length is a static input.
+#[test]
+fn windows_match_their_formulas() {
+    use std::f64::consts::PI;
+    for op in ["HannWindow", "HammingWindow", "BlackmanWindow"] {
+        for periodic in [0i64, 1] {
+            let bytes = model(
+                vec![node(op, "w", &["n"], &["y"], vec![attr_i("periodic", periodic)])],
+                vec![fixed("n", DType::I64, &[])],
+                vec![value("y", elem(DType::F32), &[None])],
+                vec![],
+                17,
+            );
+            let model = import_bytes(&bytes).unwrap();
+            assert_eq!(model.static_inputs(), ["n"]);
+            for len in [1i64, 2, 7, 16] {
+                let y = f32s(&model.run(&[Tensor::scalar(len)]).unwrap()[0]);
+                assert_jit(&model);
+                assert_eq!(y.len(), len as usize);
+                let period = if periodic == 1 { len } else { len - 1 } as f64;
+                for (i, &got) in y.iter().enumerate() {
+                    let x = 2.0 * PI * i as f64 / period;
+                    let want = match op {
+                        "HannWindow" => (PI * i as f64 / period).sin().powi(2),
+                        // alpha - (1 - alpha) cos, alpha = 25/46 as the spec's reference has it.
+                        "HammingWindow" => 25.0 / 46.0 - (1.0 - 25.0 / 46.0) * x.cos(),
+                        _ => 0.42 - 0.5 * x.cos() + 0.08 * (2.0 * x).cos(),
+                    };
+                    let ok = if want.is_nan() {
+                        got.is_nan()
+                    } else {
+                        (got as f64 - want).abs() <= 0.5 * f32::EPSILON as f64 * want.abs() + 1e-15
+                    };
+                    assert!(ok, "{op} periodic={periodic} len={len} [{i}]: {got}, want {want}");
+                }
+            }
+        }
+    }
+}

@@ -11,7 +11,7 @@
 //! `einsum`, `attention`, `flex_attention` (domain `ai.onnx.preview`),
 //! `linear_attention`, `rnn` (RNN, GRU, LSTM), `rotary`, `control` (`If`, `Loop`, `Scan`), `state` (caches
 //! and recurrent state),
-//! `loss` and `conv` (convolutions and pools).
+//! `signal` (windows), `loss` and `conv` (convolutions and pools).
 
 pub(crate) mod attention;
 pub(crate) mod control;
@@ -27,6 +27,7 @@ pub(crate) mod reduce;
 pub(crate) mod rnn;
 pub(crate) mod rotary;
 pub(crate) mod shape;
+pub(crate) mod signal;
 pub(crate) mod state;
 
 use super::node::{Node, OpResult};
@@ -254,6 +255,9 @@ static OPS: &[OpDef] = &[
     op("DepthToSpace", s::depth_to_space, &["blocksize", "mode"]),
     with_statics("CenterCropPad", s::center_crop_pad, &["axes"], &[1]),
     with_statics("AffineGrid", s::affine_grid, &["align_corners"], &[1]),
+    with_statics("HannWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
+    with_statics("HammingWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
+    with_statics("BlackmanWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
     op("SpaceToDepth", s::space_to_depth, &["blocksize"]),
     // Indexing.
     op("Gather", ix::gather, &["axis"]),
