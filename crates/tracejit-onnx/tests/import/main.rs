@@ -19,4 +19,5 @@ mod rnn;
 mod rotary;
 mod round_trip;
 mod scan;
+mod signal;
 mod state;

@@ -1,14 +1,19 @@
-//! Signal-processing constants: `HannWindow`, `HammingWindow` and
-//! `BlackmanWindow` (opset 17) of a static length, periodic (the default)
-//! or symmetric, computed in f64 and rounded once to `output_datatype`
-//! (ONNX's reference computes them in the output type, a few ulps apart).
+//! Signal processing: `HannWindow`, `HammingWindow` and `BlackmanWindow`
+//! (opset 17) of a static length, periodic (the default) or symmetric,
+//! computed in f64 and rounded once to `output_datatype` (ONNX's reference
+//! computes them in the output type, a few ulps apart); and `DFT` (opset
+//! 17, its axis an input from 20): forward, inverse, one-sided (rfft and
+//! irfft), `dft_length` truncating or zero-padding, as products with the
+//! cosine and sine matrices (f64 constants rounded to the input type): a
+//! direct DFT, O(n²) per transform, within n roundings of the magnitudes
+//! like any summation order.
 
 use std::f64::consts::PI;
 
 use tracejit_tensor::DType;
 use tracejit_trace::Tensor;
 
-use crate::import::node::{Node, OpResult};
+use crate::import::node::{normalize_axis, Node, OpResult};
 
 /// The attributes the windows read.
 pub(crate) const WINDOW_ATTRS: &[&str] = &["output_datatype", "periodic"];
@@ -38,4 +43,110 @@ pub(crate) fn window(n: &mut Node) -> OpResult {
         })
         .collect();
     Ok(vec![Tensor::from_vec(w, &[len as usize]).cast(dtype)])
+}
+
+/// The attributes `DFT` reads.
+pub(crate) const DFT_ATTRS: &[&str] = &["axis", "inverse", "onesided"];
+
+/// `t` with `axis` moved last (`back`: from last to `axis`).
+fn to_last(t: &Tensor, axis: usize, back: bool) -> Tensor {
+    let r = t.rank();
+    let mut perm: Vec<i64> = (0..r as i64).filter(|&a| a != axis as i64).collect();
+    if back {
+        // Output axis `axis` is the input's last.
+        let mut p: Vec<i64> = (0..r as i64 - 1).collect();
+        p.insert(axis, r as i64 - 1);
+        perm = p;
+    } else {
+        perm.push(axis as i64);
+    }
+    t.transpose(&perm)
+}
+
+/// `t` (`[.., n]`) truncated or zero-padded to `len` along its last axis.
+fn fit(t: &Tensor, len: usize) -> Tensor {
+    let n = *t.shape().last().unwrap_or(&0);
+    if n >= len {
+        return t.slice_axis(-1, 0, len as i64);
+    }
+    let mut pads = vec![(0, 0); t.rank()];
+    pads[t.rank() - 1] = (0, len - n);
+    t.pad(&pads, 0.0)
+}
+
+/// `f(j, k)` for `j < rows`, `k < cols`, as a `[rows, cols]` matrix of `dtype`.
+fn matrix(rows: usize, cols: usize, dtype: DType, f: impl Fn(usize, usize) -> f64) -> Tensor {
+    let v: Vec<f64> = (0..rows * cols).map(|i| f(i / cols, i % cols)).collect();
+    Tensor::from_vec(v, &[rows, cols]).cast(dtype)
+}
+
+/// `DFT`.
+pub(crate) fn dft(n: &mut Node) -> OpResult {
+    let x = n.input(0)?;
+    let (rank, dtype) = (x.rank(), x.dtype());
+    let parts = x.shape().last().copied().unwrap_or(0);
+    if !dtype.is_float() || rank < 2 || !(parts == 1 || parts == 2) {
+        return Err(format!("input {dtype} {:?} must be floats ending in 1 (real) or 2 (complex)", x.shape()));
+    }
+    let axis = if n.opset >= 20 {
+        if n.opt_input(2).is_some() {
+            n.known_scalar(2)? as i64
+        } else {
+            -2
+        }
+    } else {
+        n.attr_i("axis", 1)?
+    };
+    let axis = normalize_axis(axis, rank)?;
+    if axis == rank - 1 {
+        return Err("axis must not be the last (real/imaginary) axis".into());
+    }
+    let (inverse, onesided) = (n.attr_i("inverse", 0)? != 0, n.attr_i("onesided", 0)? != 0);
+    let len_in = x.shape()[axis];
+    let len = match n.opt_input(1) {
+        Some(_) => n.known_scalar(1)? as i64,
+        None if inverse && onesided => 2 * (len_in as i64 - 1),
+        None => len_in as i64,
+    };
+    // A direct DFT holds L × L constants: bounded like a tensor in the file.
+    if !(1..=4096).contains(&len) {
+        return Err(format!("dft_length {len} must be between 1 and 4096 (the importer's DFT is direct, O(L²))"));
+    }
+    let len = len as usize;
+    let part = |k: i64| to_last(&x.slice_axis(-1, k, k + 1).squeeze(&[-1]), axis, false);
+    let a = part(0);
+    let b = (parts == 2).then(|| part(1));
+    let angle = |j: usize, k: usize| 2.0 * std::f64::consts::PI * ((j * k) % len) as f64 / len as f64;
+    let (re, im) = if inverse && onesided {
+        // irfft: the first len/2 + 1 coefficients, Hermitian symmetry for the rest.
+        let kk = len / 2 + 1;
+        let weight = |k: usize| if k == 0 || (len.is_multiple_of(2) && k == len / 2) { 1.0 } else { 2.0 };
+        let c = matrix(kk, len, dtype, |k, j| weight(k) * angle(j, k).cos() / len as f64);
+        let s = matrix(kk, len, dtype, |k, j| weight(k) * angle(j, k).sin() / len as f64);
+        let mut re = fit(&a, kk).matmul(&c);
+        if let Some(b) = &b {
+            re = &re - &fit(b, kk).matmul(&s);
+        }
+        (re, None)
+    } else {
+        let cols = if onesided && !inverse { len / 2 + 1 } else { len };
+        let scale = if inverse { 1.0 / len as f64 } else { 1.0 };
+        let c = matrix(len, cols, dtype, |j, k| angle(j, k).cos() * scale);
+        // e^{∓iθ}: the forward transform's sine enters negated.
+        let sign = if inverse { 1.0 } else { -1.0 };
+        let s = matrix(len, cols, dtype, |j, k| sign * angle(j, k).sin() * scale);
+        let a = fit(&a, len);
+        let (mut re, mut im) = (a.matmul(&c), a.matmul(&s));
+        if let Some(b) = &b {
+            let b = fit(b, len);
+            re = &re - &b.matmul(&s);
+            im = &im + &b.matmul(&c);
+        }
+        (re, Some(im))
+    };
+    let back = |t: Tensor| to_last(&t, axis, true).expand_dims(-1);
+    Ok(vec![match im {
+        Some(im) => Tensor::concat(&[back(re), back(im)], -1),
+        None => back(re),
+    }])
 }
