@@ -88,3 +88,66 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// STFT: frames every `step` samples, weighted by a runtime window (or
+    /// none, given frame_length), each transformed; against the direct sums
+    /// in f64 (the same bound, the window's product adding one rounding).
+    #[test]
+    fn stft_matches_windowed_direct_transforms(batch in 1usize..3, len in 1usize..7, extra in 0usize..9, step in 1usize..4,
+                                               windowed: bool, complex: bool, onesided: bool, seed in 0u64..10_000) {
+        let (parts, total) = (if complex { 2 } else { 1 }, len + extra);
+        let x = Tensor::randn(&[batch, total, parts], seed);
+        let w = Tensor::randn(&[len], seed + 1);
+        let mut names = vec!["x", "step", "", ""];
+        let mut inputs = vec![fixed("x", DType::F32, &[batch, total, parts])];
+        let mut inits = vec![init("step", &Tensor::from_vec(vec![step as i64], &[]))];
+        let mut feeds = vec![x.clone()];
+        if windowed {
+            names[2] = "w";
+            inputs.push(fixed("w", DType::F32, &[len]));
+            feeds.push(w.clone());
+        } else {
+            names[3] = "len";
+            inits.push(init("len", &Tensor::from_vec(vec![len as i64], &[])));
+        }
+        while names.last() == Some(&"") { names.pop(); }
+        let bytes = model(
+            vec![node("STFT", "stft", &names, &["y"], vec![attr_i("onesided", onesided as i64)])],
+            inputs,
+            vec![value("y", elem(DType::F32), &[None, None, None, None])],
+            inits,
+            17,
+        );
+        let model = import_bytes(&bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let y = model.run(&feeds).map_err(|e| TestCaseError::fail(e.to_string()))?.remove(0);
+        let cf = &model.function().concrete_functions()[0];
+        prop_assert_eq!(cf.executor_kind(), "jit", "{:?}", cf.jit_error());
+        let (frames, bins) = (1 + extra / step, if onesided { len / 2 + 1 } else { len });
+        prop_assert_eq!(y.shape(), &[batch, frames, bins, 2]);
+        let (xv, wv, yv) = (x.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap());
+        let tau = 2.0 * std::f64::consts::PI;
+        let weights: Vec<f64> = (0..len).map(|j| if windowed { wv[j] as f64 } else { 1.0 }).collect();
+        for bi in 0..batch {
+            for f in 0..frames {
+                for k in 0..bins {
+                    let (mut re, mut im, mut mag) = (0.0f64, 0.0f64, 0.0f64);
+                    for (j, &wj) in weights.iter().enumerate() {
+                        let base = (bi * total + f * step + j) * parts;
+                        let (a, b) = (xv[base] as f64 * wj, if complex { xv[base + 1] as f64 * wj } else { 0.0 });
+                        let th = -tau * (j * k) as f64 / len as f64;
+                        re += a * th.cos() - b * th.sin();
+                        im += a * th.sin() + b * th.cos();
+                        mag += a.abs() + b.abs();
+                    }
+                    let bound = (2 * len + 6) as f64 * f32::EPSILON as f64 * mag + 1e-30;
+                    let at = ((bi * frames + f) * bins + k) * 2;
+                    prop_assert!((yv[at] as f64 - re).abs() <= bound && (yv[at + 1] as f64 - im).abs() <= bound,
+                                 "y[{bi},{f},{k}] = ({}, {}), want ({re}, {im})", yv[at], yv[at + 1]);
+                }
+            }
+        }
+    }
+}

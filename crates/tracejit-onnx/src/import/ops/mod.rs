@@ -11,7 +11,7 @@
 //! `einsum`, `attention`, `flex_attention` (domain `ai.onnx.preview`),
 //! `linear_attention`, `rnn` (RNN, GRU, LSTM), `rotary`, `control` (`If`, `Loop`, `Scan`), `state` (caches
 //! and recurrent state),
-//! `signal` (windows, DFT), `loss` and `conv` (convolutions and pools).
+//! `signal` (windows, DFT, STFT), `loss` and `conv` (convolutions and pools).
 
 pub(crate) mod attention;
 pub(crate) mod control;
@@ -259,6 +259,7 @@ static OPS: &[OpDef] = &[
     with_statics("HammingWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
     with_statics("BlackmanWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
     with_statics("DFT", signal::dft, signal::DFT_ATTRS, &[1, 2]),
+    with_statics("STFT", signal::stft, signal::STFT_ATTRS, &[1, 3]),
     op("SpaceToDepth", s::space_to_depth, &["blocksize"]),
     // Indexing.
     op("Gather", ix::gather, &["axis"]),

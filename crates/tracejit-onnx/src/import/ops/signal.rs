@@ -80,6 +80,28 @@ fn matrix(rows: usize, cols: usize, dtype: DType, f: impl Fn(usize, usize) -> f6
     Tensor::from_vec(v, &[rows, cols]).cast(dtype)
 }
 
+/// `2π·j·k / len`, reduced first so large products stay exact.
+fn angle(j: usize, k: usize, len: usize) -> f64 {
+    2.0 * std::f64::consts::PI * ((j * k) % len) as f64 / len as f64
+}
+
+/// The direct transform of `a + i·b` along the last axis (`len` long):
+/// the first `cols` outputs `(re, im)`, forward or inverse (scaled 1/len).
+fn direct(a: &Tensor, b: Option<&Tensor>, cols: usize, inverse: bool) -> (Tensor, Tensor) {
+    let (len, dtype) = (*a.shape().last().unwrap_or(&1), a.dtype());
+    let scale = if inverse { 1.0 / len as f64 } else { 1.0 };
+    // e^{∓iθ}: the forward transform's sine enters negated.
+    let sign = if inverse { 1.0 } else { -1.0 };
+    let c = matrix(len, cols, dtype, |j, k| angle(j, k, len).cos() * scale);
+    let s = matrix(len, cols, dtype, |j, k| sign * angle(j, k, len).sin() * scale);
+    let (mut re, mut im) = (a.matmul(&c), a.matmul(&s));
+    if let Some(b) = b {
+        re = &re - &b.matmul(&s);
+        im = &im + &b.matmul(&c);
+    }
+    (re, im)
+}
+
 /// `DFT`.
 pub(crate) fn dft(n: &mut Node) -> OpResult {
     let x = n.input(0)?;
@@ -116,7 +138,7 @@ pub(crate) fn dft(n: &mut Node) -> OpResult {
     let part = |k: i64| to_last(&x.slice_axis(-1, k, k + 1).squeeze(&[-1]), axis, false);
     let a = part(0);
     let b = (parts == 2).then(|| part(1));
-    let angle = |j: usize, k: usize| 2.0 * std::f64::consts::PI * ((j * k) % len) as f64 / len as f64;
+    let angle = |j: usize, k: usize| angle(j, k, len);
     let (re, im) = if inverse && onesided {
         // irfft: the first len/2 + 1 coefficients, Hermitian symmetry for the rest.
         let kk = len / 2 + 1;
@@ -130,18 +152,7 @@ pub(crate) fn dft(n: &mut Node) -> OpResult {
         (re, None)
     } else {
         let cols = if onesided && !inverse { len / 2 + 1 } else { len };
-        let scale = if inverse { 1.0 / len as f64 } else { 1.0 };
-        let c = matrix(len, cols, dtype, |j, k| angle(j, k).cos() * scale);
-        // e^{∓iθ}: the forward transform's sine enters negated.
-        let sign = if inverse { 1.0 } else { -1.0 };
-        let s = matrix(len, cols, dtype, |j, k| sign * angle(j, k).sin() * scale);
-        let a = fit(&a, len);
-        let (mut re, mut im) = (a.matmul(&c), a.matmul(&s));
-        if let Some(b) = &b {
-            let b = fit(b, len);
-            re = &re - &b.matmul(&s);
-            im = &im + &b.matmul(&c);
-        }
+        let (re, im) = direct(&fit(&a, len), b.as_ref().map(|b| fit(b, len)).as_ref(), cols, inverse);
         (re, Some(im))
     };
     let back = |t: Tensor| to_last(&t, axis, true).expand_dims(-1);
@@ -149,4 +160,50 @@ pub(crate) fn dft(n: &mut Node) -> OpResult {
         Some(im) => Tensor::concat(&[back(re), back(im)], -1),
         None => back(re),
     }])
+}
+
+/// The attributes `STFT` reads.
+pub(crate) const STFT_ATTRS: &[&str] = &["onesided"];
+
+/// `STFT` (opset 17): frames of `frame_length` (or the window's length)
+/// every `frame_step` samples, weighted by the window, each transformed
+/// directly: `[batch, frames, bins, 2]`.
+pub(crate) fn stft(n: &mut Node) -> OpResult {
+    let x = n.input(0)?;
+    let (dtype, xs) = (x.dtype(), x.shape().to_vec());
+    if !dtype.is_float() || xs.len() != 3 || !(xs[2] == 1 || xs[2] == 2) {
+        return Err(format!("signal {dtype} {xs:?} must be [batch, length, 1 or 2] floats"));
+    }
+    let step = n.known_scalar(1)? as i64;
+    let window = n.opt_input(2);
+    let len = match (n.opt_input(3), window) {
+        (Some(_), _) => n.known_scalar(3)? as i64,
+        (None, Some(w)) if w.rank() == 1 => w.len() as i64,
+        _ => return Err("STFT needs frame_length or a 1-D window".into()),
+    };
+    if step < 1 || !(1..=4096).contains(&len) || len > xs[1] as i64 {
+        return Err(format!(
+            "frame_step {step} and frame_length {len} must be positive, the length at most 4096 and the signal's {}",
+            xs[1]
+        ));
+    }
+    if let Some(w) = window.filter(|w| w.shape() != [len as usize] || w.dtype() != dtype) {
+        return Err(format!("window {} {:?} must be {dtype} [{len}]", w.dtype(), w.shape()));
+    }
+    let (step, len) = (step as usize, len as usize);
+    let frames = 1 + (xs[1] - len) / step;
+    let idx: Vec<i64> = (0..frames * len).map(|i| ((i / len) * step + i % len) as i64).collect();
+    let idx = Tensor::from_vec(idx, &[frames, len]);
+    // [batch, frames, len], weighted by the window.
+    let part = |k: i64| {
+        let p = x.slice_axis(-1, k, k + 1).squeeze(&[-1]).gather(&idx, 1);
+        match window {
+            Some(w) => &p * w,
+            None => p,
+        }
+    };
+    let (a, b) = (part(0), (xs[2] == 2).then(|| part(1)));
+    let cols = if n.attr_i("onesided", 1)? != 0 { len / 2 + 1 } else { len };
+    let (re, im) = direct(&a, b.as_ref(), cols, false);
+    Ok(vec![Tensor::stack(&[re, im], -1)])
 }
