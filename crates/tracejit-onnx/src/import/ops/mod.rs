@@ -272,6 +272,7 @@ static OPS: &[OpDef] = &[
     with_statics("TopK", ix::top_k, &["axis", "k", "largest", "sorted"], &[1]),
     with_statics("CumSum", ix::cumsum, &["exclusive", "reverse"], &[1]),
     with_statics("CumProd", ix::cumprod, &["exclusive", "reverse"], &[1]),
+    op("ReverseSequence", ix::reverse_sequence, &["batch_axis", "time_axis"]),
     with_statics("NonZero", ix::non_zero, &[], &[0]),
     with_statics("Compress", ix::compress, &["axis"], &[1]),
     with_statics("Pad", ix::pad, &["mode", "pads", "paddings", "value"], &[1, 2, 3]),
