@@ -15,6 +15,7 @@ mod errors;
 mod flex_attention;
 mod linear_attention;
 mod ops;
+mod resize;
 mod rnn;
 mod rotary;
 mod round_trip;

@@ -11,7 +11,7 @@
 //! `einsum`, `attention`, `flex_attention` (domain `ai.onnx.preview`),
 //! `linear_attention`, `rnn` (RNN, GRU, LSTM), `rotary`, `control` (`If`, `Loop`, `Scan`), `state` (caches
 //! and recurrent state),
-//! `signal` (windows, DFT, STFT), `loss` and `conv` (convolutions and pools).
+//! `signal` (windows, DFT, STFT), `resize`, `loss` and `conv` (convolutions and pools).
 
 pub(crate) mod attention;
 pub(crate) mod control;
@@ -24,6 +24,7 @@ pub(crate) mod linear_attention;
 pub(crate) mod loss;
 pub(crate) mod nn;
 pub(crate) mod reduce;
+pub(crate) mod resize;
 pub(crate) mod rnn;
 pub(crate) mod rotary;
 pub(crate) mod shape;
@@ -255,6 +256,8 @@ static OPS: &[OpDef] = &[
     op("DepthToSpace", s::depth_to_space, &["blocksize", "mode"]),
     with_statics("CenterCropPad", s::center_crop_pad, &["axes"], &[1]),
     with_statics("AffineGrid", s::affine_grid, &["align_corners"], &[1]),
+    with_statics("Resize", resize::resize, resize::RESIZE_ATTRS, &[1, 2, 3]),
+    with_statics("Upsample", resize::resize, &["mode", "scales"], &[1]),
     with_statics("HannWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
     with_statics("HammingWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
     with_statics("BlackmanWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
