@@ -4,7 +4,9 @@
 //! `y·(in − 1)/(out − 1)` (two products and a sum: 3 roundings of the
 //! magnitudes); and every mode and coordinate rule keeps a constant input
 //! constant (its weights sum to one: a few roundings of the constant).
-//! Each run asserts that the JIT ran the model.
+//! `GridSample` likewise: pixel positions read the pixels, and far
+//! outside, zeros and border padding read 0 and the edge. Each run
+//! asserts that the JIT ran the model.
 
 use proptest::prelude::*;
 use tracejit_onnx::import_bytes;
@@ -78,6 +80,59 @@ proptest! {
         let bound = 64.0 * f32::EPSILON as f64 * (c as f64).abs() + 1e-30;
         for (i, &g) in y.iter().enumerate() {
             prop_assert!((g as f64 - c as f64).abs() <= bound, "{mode}/{coord}: y[{i}] = {g}, want {c}");
+        }
+    }
+}
+
+fn grid_sample(x: &Tensor, grid: &Tensor, attrs: Vec<tracejit_onnx::pb::AttributeProto>) -> Vec<f32> {
+    let bytes = model(
+        vec![node("GridSample", "gs", &["x", "grid"], &["y"], attrs)],
+        vec![fixed("x", DType::F32, x.shape()), fixed("grid", DType::F32, grid.shape())],
+        vec![value("y", elem(DType::F32), &[None, None, None, None])],
+        vec![],
+        22,
+    );
+    let model = import_bytes(&bytes).unwrap();
+    let y = model.run(&[x.clone(), grid.clone()]).unwrap().remove(0);
+    let cf = &model.function().concrete_functions()[0];
+    assert_eq!(cf.executor_kind(), "jit", "{:?}", cf.jit_error());
+    y.to_vec::<f32>().unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// GridSample at pixel positions (align_corners: -1 + 2i/(len − 1)) reads
+    /// the pixels exactly in every mode (the other taps weigh 0 or the
+    /// cubic's 0 at integers), with NaN/Inf elsewhere in X irrelevant to
+    /// nearest; and far outside, zeros padding reads 0 and border padding
+    /// the edge pixel.
+    #[test]
+    fn grid_sample_reads_pixels_and_pads(h in 2usize..5, w in 2usize..5, mode in prop::sample::select(vec!["nearest", "linear", "cubic"]),
+                                        seed in 0u64..10_000) {
+        let x = Tensor::randn(&[1, 1, h, w], seed);
+        let xv = x.to_vec::<f32>().unwrap();
+        // Every pixel, then a point far outside (x = 5, y = -7).
+        let mut g = Vec::new();
+        for i in 0..h {
+            for j in 0..w {
+                g.push(-1.0 + 2.0 * j as f32 / (w - 1) as f32);
+                g.push(-1.0 + 2.0 * i as f32 / (h - 1) as f32);
+            }
+        }
+        g.extend([5.0, -7.0]);
+        let grid = Tensor::from_vec(g, &[1, 1, h * w + 1, 2]);
+        for padding in ["zeros", "border"] {
+            let y = grid_sample(&x, &grid, vec![attr_s("mode", mode), attr_s("padding_mode", padding), attr_i("align_corners", 1)]);
+            for (k, &want) in xv.iter().enumerate() {
+                let tol = if mode == "nearest" { 0.0 } else { 4.0 * f32::EPSILON * want.abs().max(1e-30) };
+                prop_assert!((y[k] - want).abs() <= tol, "{mode}/{padding}: pixel {k}: {}, want {want}", y[k]);
+            }
+            // (5, -7) lies beyond the top-right corner: border reads x[0, w - 1].
+            let far = *y.last().unwrap();
+            let want = if padding == "zeros" { 0.0 } else { xv[w - 1] };
+            let tol = 8.0 * f32::EPSILON * want.abs();
+            prop_assert!((far - want).abs() <= tol, "{mode}/{padding}: far point {far}, want {want}");
         }
     }
 }

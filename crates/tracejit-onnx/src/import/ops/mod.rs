@@ -258,6 +258,7 @@ static OPS: &[OpDef] = &[
     with_statics("AffineGrid", s::affine_grid, &["align_corners"], &[1]),
     with_statics("Resize", resize::resize, resize::RESIZE_ATTRS, &[1, 2, 3]),
     with_statics("Upsample", resize::resize, &["mode", "scales"], &[1]),
+    op("GridSample", resize::grid_sample, resize::GRID_ATTRS),
     with_statics("HannWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
     with_statics("HammingWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
     with_statics("BlackmanWindow", signal::window, signal::WINDOW_ATTRS, &[0]),

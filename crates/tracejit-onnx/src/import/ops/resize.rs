@@ -9,7 +9,9 @@
 //! the static sizes; the axis is then one gather of the taps and a
 //! weighted sum (nearest: one gather of the chosen tap, an exact copy). `scales` or `sizes` (with `axes` and
 //! `keep_aspect_ratio_policy`) and `roi` must be known at trace time.
+//! `GridSample` samples at runtime coordinates: its taps are gathers.
 
+use tracejit_tensor::DType;
 use tracejit_trace::Tensor;
 
 use crate::import::node::{normalize_axis, Node, OpResult};
@@ -324,4 +326,176 @@ pub(crate) fn resize(n: &mut Node) -> OpResult {
         }
     }
     Ok(vec![y])
+}
+
+/// The attributes `GridSample` reads.
+pub(crate) const GRID_ATTRS: &[&str] = &["align_corners", "mode", "padding_mode"];
+
+/// `x` reflected into `[lo, hi]` by its borders, as ONNX's reference
+/// reflects (repeatedly, by the near border first).
+fn reflect(x: &Tensor, lo: f64, hi: f64) -> Tensor {
+    let rng = hi - lo;
+    if rng <= 0.0 {
+        return Tensor::full(&[], lo, x.dtype()).broadcast_to(x.shape());
+    }
+    let (below, above) = (x.lt(lo), x.gt(hi));
+    let s = |v: f64| Tensor::full(&[], v, x.dtype());
+    let dx = Tensor::select(&below, &(&s(lo) - x), &(x - &s(hi)));
+    let n = (&dx / &s(rng)).floor();
+    let r = &dx - &(&n * &s(rng));
+    let even = n.rem(2.0).eq(0.0);
+    let (from_lo, from_hi) = (&s(lo) + &r, &s(hi) - &r);
+    let low = Tensor::select(&even, &from_lo, &from_hi);
+    let high = Tensor::select(&even, &from_hi, &from_lo);
+    Tensor::select(&below, &low, &Tensor::select(&above, &high, x))
+}
+
+/// What `GridSample` does along each axis.
+struct GridPlan<'a> {
+    mode: &'a str,
+    padding: &'a str,
+    align: bool,
+    nb: usize,
+    points: usize,
+    nd: usize,
+}
+
+impl GridPlan<'_> {
+    /// Axis `a`'s taps: the grid's coordinate denormalized, clamped or
+    /// reflected when outside, then each tap's index as read under the
+    /// padding mode and its weight (0 for a tap outside under zeros).
+    fn axis_taps(&self, grid: &Tensor, a: usize, len: usize, dtype: DType) -> Vec<(Tensor, Tensor)> {
+        let (mode, padding, align, nb, points, nd) =
+            (self.mode, self.padding, self.align, self.nb, self.points, self.nd);
+        let s = |v: f64| Tensor::full(&[], v, dtype);
+        let g =
+            grid.cast(dtype).slice_axis(-1, (nd - 1 - a) as i64, (nd - a) as i64).reshape(&[nb as i64, points as i64]);
+        let len_f = len as f64;
+        let mut v = if align {
+            (&(&g + &s(1.0)) / &s(2.0)) * &s(len_f - 1.0)
+        } else {
+            (&(&(&g + &s(1.0)) * &s(len_f)) - &s(1.0)) / &s(2.0)
+        };
+        if mode == "nearest" {
+            v = v.round();
+        }
+        let (lo, hi) = if align { (0.0, len_f - 1.0) } else { (-0.5, len_f - 0.5) };
+        let outside = v.lt(lo).logical_or(v.gt(hi));
+        v = match padding {
+            "border" => Tensor::select(&outside, &v.clamp(0.0, len_f - 1.0), &v),
+            "reflection" => Tensor::select(&outside, &reflect(&v, lo, hi), &v),
+            _ => v,
+        };
+        // The taps: (integer-valued index, weight).
+        let taps: Vec<(Tensor, Tensor)> = match mode {
+            // Truncation toward zero, as the reference's int cast.
+            "nearest" => {
+                vec![(
+                    Tensor::select(&v.lt(0.0), &v.neg().floor().neg(), &v.floor()),
+                    Tensor::ones(&[nb, points], dtype),
+                )]
+            }
+            "linear" => {
+                let x0 = v.floor();
+                let t = &v - &x0;
+                vec![(x0.clone(), &s(1.0) - &t), (&x0 + &s(1.0), t)]
+            }
+            _ => {
+                let x0 = v.floor();
+                let t = &v - &x0;
+                let a = -0.75;
+                let k = |d: &Tensor| -> Tensor {
+                    // Keys' cubic of |d|, d in [0, 2].
+                    let d = d.abs();
+                    let near = &(&(&(&s(a + 2.0) * &d) - &s(a + 3.0)) * &d) * &d + &s(1.0);
+                    let far = &(&(&(&(&s(a) * &d) - &s(5.0 * a)) * &d) + &s(8.0 * a)) * &d - &s(4.0 * a);
+                    Tensor::select(&d.le(1.0), &near, &far)
+                };
+                (-1..=2).map(|o: i64| (&x0 + &s(o as f64), k(&(&t - &s(o as f64))))).collect()
+            }
+        };
+        // Each tap's index as read under the padding mode, and whether it reads 0.
+        taps.into_iter()
+            .map(|(i, w)| match padding {
+                "zeros" => {
+                    let valid = i.ge(0.0).logical_and(i.lt(len_f));
+                    (i.clamp(0.0, len_f - 1.0), Tensor::select(&valid, &w, &s(0.0)))
+                }
+                "border" => (i.clamp(0.0, len_f - 1.0), w),
+                _ => {
+                    let r = reflect(&i, lo, hi);
+                    (Tensor::select(&r.lt(0.0), &r.neg().floor().neg(), &r.floor()).clamp(0.0, len_f - 1.0), w)
+                }
+            })
+            .collect()
+    }
+}
+
+/// `GridSample` (opset 16; N-D from 20): `X` `[N, C, D1.., Dk]` sampled at
+/// `grid` `[N, O1.., Om, k]` (normalized coordinates, the last axis in
+/// `x, y[, z]` order), nearest, linear or cubic, with zeros, border or
+/// reflection padding, as ONNX's reference: the coordinates are
+/// denormalized, out-of-range ones clamped or reflected, and each tap
+/// (1, 2 or 4 per axis) is one gather of `X` flattened, weighted by the
+/// product of its axes' weights; a tap outside reads 0 (zeros), the
+/// nearest edge (border) or its reflection.
+pub(crate) fn grid_sample(n: &mut Node) -> OpResult {
+    let (x, grid) = (n.input(0)?, n.input(1)?);
+    let (xs, gs) = (x.shape().to_vec(), grid.shape().to_vec());
+    let nd = xs.len().saturating_sub(2);
+    if !x.dtype().is_float() || nd == 0 || gs.len() != nd + 2 || gs[0] != xs[0] || gs[nd + 1] != nd {
+        return Err(format!("X {xs:?} and grid {gs:?} must be [N, C, D1..Dk] and [N, O1..Ok, k] floats"));
+    }
+    let (mode, padding) = (n.attr_s("mode", "linear")?, n.attr_s("padding_mode", "zeros")?);
+    let mode = match mode.as_str() {
+        "bilinear" => "linear".to_string(),
+        "bicubic" => "cubic".to_string(),
+        _ => mode,
+    };
+    if !["nearest", "linear", "cubic"].contains(&mode.as_str())
+        || !["zeros", "border", "reflection"].contains(&padding.as_str())
+    {
+        return Err(format!("mode '{mode}' / padding_mode '{padding}' are not supported values"));
+    }
+    let align = n.attr_i("align_corners", 0)? != 0;
+    let dtype = x.dtype();
+    let s = |v: f64| Tensor::full(&[], v, dtype);
+    let dims = &xs[2..];
+    let (nb, c) = (xs[0], xs[1]);
+    let points: usize = gs[1..=nd].iter().product();
+    // Per spatial axis: the taps (index, weight) of every point, [N, P] each.
+    let plan = GridPlan { mode: &mode, padding: &padding, align, nb, points, nd };
+    let per_axis: Vec<Vec<(Tensor, Tensor)>> =
+        dims.iter().enumerate().map(|(a, &len)| plan.axis_taps(grid, a, len, dtype)).collect();
+    // Every combination of taps: one gather of X flattened to [N, C, S].
+    let flat = x.reshape(&[nb as i64, c as i64, -1]);
+    let strides: Vec<f64> = (0..nd).map(|a| dims[a + 1..].iter().product::<usize>() as f64).collect();
+    let combos: usize = per_axis.iter().map(Vec::len).product();
+    let mut acc: Option<Tensor> = None;
+    for combo in 0..combos {
+        let (mut rest, mut index, mut weight) = (combo, None::<Tensor>, None::<Tensor>);
+        for (a, taps) in per_axis.iter().enumerate() {
+            let (i, w) = &taps[rest % taps.len()];
+            rest /= taps.len();
+            let term = i * &s(strides[a]);
+            index = Some(match index {
+                Some(ix) => &ix + &term,
+                None => term,
+            });
+            weight = Some(match weight {
+                Some(wt) => &wt * w,
+                None => w.clone(),
+            });
+        }
+        let index = index.expect("nd > 0").cast(DType::I64).reshape(&[nb as i64, 1, points as i64]);
+        let picked = flat.gather_elements(2, &index.broadcast_to(&[nb, c, points]));
+        let term = &picked * &weight.expect("nd > 0").reshape(&[nb as i64, 1, points as i64]);
+        acc = Some(match acc {
+            Some(sum) => &sum + &term,
+            None => term,
+        });
+    }
+    let mut shape = vec![nb as i64, c as i64];
+    shape.extend(gs[1..=nd].iter().map(|&d| d as i64));
+    Ok(vec![acc.expect("at least one tap").reshape(&shape)])
 }
