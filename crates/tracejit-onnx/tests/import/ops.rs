@@ -370,3 +370,55 @@ fn windows_match_their_formulas() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Col2Im in 1-D and 2-D with strides, dilations and pads against the
+    /// loop of its definition (each image element sums the column entries
+    /// landing on it: at most ∏block terms, so that many roundings).
+    #[test]
+    fn col2im_sums_columns_into_the_image(nd in 1usize..3, img in prop::collection::vec(2i64..6, 2), blk in prop::collection::vec(1i64..3, 2),
+                                          st in prop::collection::vec(1i64..3, 2), dil in prop::collection::vec(1i64..3, 2),
+                                          pd in prop::collection::vec(0i64..2, 4), c in 1usize..3, seed in 0u64..1000) {
+        let (image, block, strides, dilations) = (&img[..nd], &blk[..nd], &st[..nd], &dil[..nd]);
+        let pads: Vec<i64> = pd[..nd].iter().chain(&pd[2..2 + nd]).copied().collect();
+        let blocks: Vec<i64> = (0..nd).map(|d| (image[d] + pads[d] + pads[nd + d] - dilations[d] * (block[d] - 1) - 1) / strides[d] + 1).collect();
+        prop_assume!(blocks.iter().all(|&b| b >= 1));
+        let (k, l) = (block.iter().product::<i64>() as usize, blocks.iter().product::<i64>() as usize);
+        let bytes = model(
+            vec![node("Col2Im", "c2i", &["x", "image", "block"], &["y"],
+                      vec![attr_ints("strides", strides), attr_ints("dilations", dilations), attr_ints("pads", &pads)])],
+            vec![fixed("x", DType::F32, &[1, c * k, l])],
+            vec![value("y", elem(DType::F32), &vec![None; 2 + nd])],
+            vec![init("image", &Tensor::from_vec(image.to_vec(), &[nd])), init("block", &Tensor::from_vec(block.to_vec(), &[nd]))],
+            18,
+        );
+        let model = import_bytes(&bytes).unwrap();
+        let x = floats(&[1, c * k, l], seed, false);
+        let y = f32s(&model.run(std::slice::from_ref(&x)).unwrap()[0]);
+        assert_jit(&model);
+        let xv = f32s(&x);
+        let size: usize = image.iter().product::<i64>() as usize;
+        let (mut want, mut mag) = (vec![0.0f64; c * size], vec![0.0f64; c * size]);
+        let unflat = |mut v: usize, dims: &[i64]| -> Vec<i64> {
+            let mut idx = vec![0i64; dims.len()];
+            for d in (0..dims.len()).rev() { idx[d] = (v % dims[d] as usize) as i64; v /= dims[d] as usize; }
+            idx
+        };
+        for ch in 0..c { for ki in 0..k { for li in 0..l {
+            let (kk, bl) = (unflat(ki, block), unflat(li, &blocks));
+            let pos: Vec<i64> = (0..nd).map(|d| bl[d] * strides[d] - pads[d] + kk[d] * dilations[d]).collect();
+            if (0..nd).all(|d| (0..image[d]).contains(&pos[d])) {
+                let flat = pos.iter().zip(image).fold(0, |f, (&p, &dim)| f * dim + p) as usize;
+                let v = xv[(ch * k + ki) * l + li] as f64;
+                want[ch * size + flat] += v;
+                mag[ch * size + flat] += v.abs();
+            }
+        }}}
+        prop_assert_eq!(y.len(), want.len());
+        for (i, (&g, (&w, &m))) in y.iter().zip(want.iter().zip(&mag)).enumerate() {
+            prop_assert!((g as f64 - w).abs() <= (k + 1) as f64 * f32::EPSILON as f64 * m + 1e-30, "y[{i}] = {g}, want {w}");
+        }
+    }
+}

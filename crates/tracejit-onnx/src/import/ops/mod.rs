@@ -321,6 +321,7 @@ static OPS: &[OpDef] = &[
     op("GlobalAveragePool", c::global_average_pool, &[]),
     op("GlobalMaxPool", c::global_max_pool, &[]),
     op("GlobalLpPool", c::global_lp_pool, &["p"]),
+    with_statics("Col2Im", c::col2im, &["dilations", "pads", "strides"], &[1, 2]),
     // Known and missing: what each needs.
     missing("Atan", "needs primitive atan"),
     missing("Asin", "needs primitive atan (asin = atan(x / sqrt(1 - x²)))"),
