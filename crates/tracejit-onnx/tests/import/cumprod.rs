@@ -2,7 +2,8 @@
 //! same factors is within n − 1 roundings of the exact product; NaN, ±Inf
 //! and zeros planted), i64 and i32 exactly with wrapping (ring products
 //! wrap the same in any order), on every axis with `exclusive` and
-//! `reverse`. Each run asserts that the JIT ran the model.
+//! `reverse`; and `ReverseSequence` (another scan-axis op) exactly. Each
+//! run asserts that the JIT ran the model.
 
 use proptest::prelude::*;
 use tracejit_onnx::import_bytes;
@@ -128,4 +129,49 @@ fn cumprod_of_bool_is_a_node_error() {
     );
     let e = import_bytes(&bytes).unwrap().run(&[x]).unwrap_err().to_string();
     assert!(e.contains("'cumprod'") && e.contains("not bool"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// ReverseSequence with runtime lengths against index loops: element
+    /// `t < len[b]` of sequence `b` comes from `len[b] − 1 − t`, the rest
+    /// stay. Exact (a copy), NaN/Inf included.
+    #[test]
+    fn reverse_sequence_reverses_each_prefix(b in 1usize..5, t in 1usize..6, inner in 1usize..3, batch_first: bool, seed in 0u64..10_000) {
+        let (ba, ta) = if batch_first { (0usize, 1usize) } else { (1, 0) };
+        let mut shape = vec![0, 0, inner];
+        shape[ba] = b;
+        shape[ta] = t;
+        let lens: Vec<i64> = (0..b).map(|i| 1 + ((seed as usize + 3 * i) % t) as i64).collect();
+        let bytes = model(
+            vec![node("ReverseSequence", "rev", &["x", "lens"], &["y"], vec![attr_i("batch_axis", ba as i64), attr_i("time_axis", ta as i64)])],
+            vec![fixed("x", DType::F32, &shape), fixed("lens", DType::I64, &[b])],
+            vec![fixed("y", DType::F32, &shape)],
+            vec![],
+            10,
+        );
+        let model = import_bytes(&bytes).unwrap();
+        let x = floats(&shape, seed, true);
+        let y = run_model(&model, &[x.clone(), Tensor::from_vec(lens.clone(), &[b])]);
+        let (xv, yv) = (x.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap());
+        let flat = |i0: usize, i1: usize, k: usize| (i0 * shape[1] + i1) * inner + k;
+        for (bi, &len) in lens.iter().enumerate() {
+            for ti in 0..t {
+                let src = if (ti as i64) < len { len as usize - 1 - ti } else { ti };
+                for k in 0..inner {
+                    let (o, s) = if batch_first { (flat(bi, ti, k), flat(bi, src, k)) } else { (flat(ti, bi, k), flat(src, bi, k)) };
+                    prop_assert!(yv[o].to_bits() == xv[s].to_bits(), "y[b {bi}, t {ti}, {k}] = {}, want {}", yv[o], xv[s]);
+                }
+            }
+        }
+    }
+}
+
+/// Runs `model`, asserting the JIT ran it.
+fn run_model(model: &tracejit_onnx::Model, inputs: &[Tensor]) -> Tensor {
+    let y = model.run(inputs).unwrap().remove(0);
+    let cf = &model.function().concrete_functions()[0];
+    assert_eq!(cf.executor_kind(), "jit", "{:?}", cf.jit_error());
+    y
 }

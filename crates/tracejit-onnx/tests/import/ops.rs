@@ -304,3 +304,196 @@ fn model_bytes_with_target(
         13,
     )
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// CenterCropPad on a random subset of axes (negative ones too) against
+    /// index arithmetic: output element `o` along a cropped axis reads
+    /// input `o + ⌊(dim − size)/2⌋`; along a padded one it reads `o −
+    /// ⌊(size − dim)/2⌋` where that is inside, else it is 0. Exact (a copy).
+    #[test]
+    fn center_crop_pad_moves_elements_by_the_centred_offsets(shape in prop::collection::vec(1usize..6, 1..4),
+                                                            targets in prop::collection::vec(1usize..8, 3),
+                                                            pick in prop::collection::vec(any::<bool>(), 3), seed in 0u64..1000) {
+        let rank = shape.len();
+        let axes: Vec<usize> = (0..rank).filter(|&a| pick[a]).collect();
+        let sizes: Vec<i64> = axes.iter().map(|&a| targets[a] as i64).collect();
+        let mut out_shape = shape.clone();
+        axes.iter().for_each(|&a| out_shape[a] = targets[a]);
+        let bytes = model(
+            vec![node("CenterCropPad", "ccp", &["x", "shape"], &["y"], vec![attr_ints("axes", &axes.iter().map(|&a| a as i64 - rank as i64).collect::<Vec<_>>())])],
+            vec![fixed("x", DType::F32, &shape)],
+            vec![fixed("y", DType::F32, &out_shape)],
+            vec![init("shape", &Tensor::from_vec(sizes.clone(), &[sizes.len()]))],
+            18,
+        );
+        let model = import_bytes(&bytes).unwrap();
+        let x = floats(&shape, seed, true);
+        let y = model.run(std::slice::from_ref(&x)).unwrap().remove(0);
+        assert_jit(&model);
+        prop_assert_eq!(y.shape(), &out_shape[..]);
+        let (xv, yv) = (f32s(&x), f32s(&y));
+        for (flat, &got) in yv.iter().enumerate() {
+            let mut rest = flat;
+            let mut idx = vec![0usize; rank];
+            for a in (0..rank).rev() {
+                idx[a] = rest % out_shape[a];
+                rest /= out_shape[a];
+            }
+            // The input index, or None in the zero padding.
+            let src: Option<Vec<usize>> = (0..rank).map(|a| {
+                let (dim, size) = (shape[a], out_shape[a]);
+                let i = idx[a] as i64 + (dim as i64 - size as i64).div_euclid(2).max(0) - (size as i64 - dim as i64).div_euclid(2).max(0);
+                (0..dim as i64).contains(&i).then_some(i as usize)
+            }).collect();
+            let want = src.map_or(0.0, |s| xv[s.iter().zip(&shape).fold(0, |f, (&i, &d)| f * d + i)]);
+            prop_assert!(same(got, want), "y[{idx:?}] = {got}, want {want}");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// AffineGrid in 2-D and 3-D, with and without align_corners, against
+    /// f64 loops: each output is `Σ θ_k · c_k + θ_last` over normalized
+    /// coordinates (rounded to f32 as constants), so within (nd + 3)
+    /// roundings of the magnitudes summed.
+    #[test]
+    fn affine_grid_matches_f64(nb in 1usize..3, dims in prop::collection::vec(1usize..5, 2..4), align: bool, seed in 0u64..1000) {
+        let nd = dims.len();
+        let mut size = vec![nb as i64, 1];
+        size.extend(dims.iter().map(|&d| d as i64));
+        let mut out_shape = vec![nb];
+        out_shape.extend(&dims);
+        out_shape.push(nd);
+        let bytes = model(
+            vec![node("AffineGrid", "grid", &["theta", "size"], &["y"], vec![attr_i("align_corners", align as i64)])],
+            vec![fixed("theta", DType::F32, &[nb, nd, nd + 1])],
+            vec![fixed("y", DType::F32, &out_shape)],
+            vec![init("size", &Tensor::from_vec(size, &[nd + 2]))],
+            20,
+        );
+        let model = import_bytes(&bytes).unwrap();
+        let theta = floats(&[nb, nd, nd + 1], seed, false);
+        let y = f32s(&model.run(std::slice::from_ref(&theta)).unwrap()[0]);
+        assert_jit(&model);
+        let th = f32s(&theta);
+        let coord = |i: usize, len: usize| if align { if len == 1 { -1.0 } else { -1.0 + 2.0 * i as f64 / (len - 1) as f64 } } else { -1.0 + (2 * i + 1) as f64 / len as f64 };
+        let points: usize = dims.iter().product();
+        for b in 0..nb {
+            for p in 0..points {
+                let mut rest = p;
+                let mut idx = vec![0; nd];
+                for a in (0..nd).rev() {
+                    idx[a] = rest % dims[a];
+                    rest /= dims[a];
+                }
+                // (x, y[, z], 1): x is the last spatial dim.
+                let mut h: Vec<f64> = (0..nd).rev().map(|a| coord(idx[a], dims[a])).collect();
+                h.push(1.0);
+                for (row, &got) in y[(b * points + p) * nd..(b * points + p + 1) * nd].iter().enumerate() {
+                    let terms: Vec<f64> = (0..=nd).map(|k| th[(b * nd + row) * (nd + 1) + k] as f64 * h[k]).collect();
+                    let want: f64 = terms.iter().sum();
+                    let bound = (nd + 3) as f64 * f32::EPSILON as f64 * terms.iter().map(|t| t.abs()).sum::<f64>() + 1e-30;
+                    prop_assert!((got as f64 - want).abs() <= bound, "grid[{b}, point {p}, {row}] = {got}, want {want}");
+                }
+            }
+        }
+    }
+}
+
+/// Hann, Hamming and Blackman windows, periodic and symmetric, against
+/// their formulas in f64: each is one f64 value rounded once to f32 (half
+/// an ulp; the f64 cosines add far less). The length is a static input.
+#[test]
+fn windows_match_their_formulas() {
+    use std::f64::consts::PI;
+    for op in ["HannWindow", "HammingWindow", "BlackmanWindow"] {
+        for periodic in [0i64, 1] {
+            let bytes = model(
+                vec![node(op, "w", &["n"], &["y"], vec![attr_i("periodic", periodic)])],
+                vec![fixed("n", DType::I64, &[])],
+                vec![value("y", elem(DType::F32), &[None])],
+                vec![],
+                17,
+            );
+            let model = import_bytes(&bytes).unwrap();
+            assert_eq!(model.static_inputs(), ["n"]);
+            for len in [1i64, 2, 7, 16] {
+                let y = f32s(&model.run(&[Tensor::scalar(len)]).unwrap()[0]);
+                assert_jit(&model);
+                assert_eq!(y.len(), len as usize);
+                let period = if periodic == 1 { len } else { len - 1 } as f64;
+                for (i, &got) in y.iter().enumerate() {
+                    let x = 2.0 * PI * i as f64 / period;
+                    let want = match op {
+                        "HannWindow" => (PI * i as f64 / period).sin().powi(2),
+                        // alpha - (1 - alpha) cos, alpha = 25/46 as the spec's reference has it.
+                        "HammingWindow" => 25.0 / 46.0 - (1.0 - 25.0 / 46.0) * x.cos(),
+                        _ => 0.42 - 0.5 * x.cos() + 0.08 * (2.0 * x).cos(),
+                    };
+                    let ok = if want.is_nan() {
+                        got.is_nan()
+                    } else {
+                        (got as f64 - want).abs() <= 0.5 * f32::EPSILON as f64 * want.abs() + 1e-15
+                    };
+                    assert!(ok, "{op} periodic={periodic} len={len} [{i}]: {got}, want {want}");
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Col2Im in 1-D and 2-D with strides, dilations and pads against the
+    /// loop of its definition (each image element sums the column entries
+    /// landing on it: at most ∏block terms, so that many roundings).
+    #[test]
+    fn col2im_sums_columns_into_the_image(nd in 1usize..3, img in prop::collection::vec(2i64..6, 2), blk in prop::collection::vec(1i64..3, 2),
+                                          st in prop::collection::vec(1i64..3, 2), dil in prop::collection::vec(1i64..3, 2),
+                                          pd in prop::collection::vec(0i64..2, 4), c in 1usize..3, seed in 0u64..1000) {
+        let (image, block, strides, dilations) = (&img[..nd], &blk[..nd], &st[..nd], &dil[..nd]);
+        let pads: Vec<i64> = pd[..nd].iter().chain(&pd[2..2 + nd]).copied().collect();
+        let blocks: Vec<i64> = (0..nd).map(|d| (image[d] + pads[d] + pads[nd + d] - dilations[d] * (block[d] - 1) - 1) / strides[d] + 1).collect();
+        prop_assume!(blocks.iter().all(|&b| b >= 1));
+        let (k, l) = (block.iter().product::<i64>() as usize, blocks.iter().product::<i64>() as usize);
+        let bytes = model(
+            vec![node("Col2Im", "c2i", &["x", "image", "block"], &["y"],
+                      vec![attr_ints("strides", strides), attr_ints("dilations", dilations), attr_ints("pads", &pads)])],
+            vec![fixed("x", DType::F32, &[1, c * k, l])],
+            vec![value("y", elem(DType::F32), &vec![None; 2 + nd])],
+            vec![init("image", &Tensor::from_vec(image.to_vec(), &[nd])), init("block", &Tensor::from_vec(block.to_vec(), &[nd]))],
+            18,
+        );
+        let model = import_bytes(&bytes).unwrap();
+        let x = floats(&[1, c * k, l], seed, false);
+        let y = f32s(&model.run(std::slice::from_ref(&x)).unwrap()[0]);
+        assert_jit(&model);
+        let xv = f32s(&x);
+        let size: usize = image.iter().product::<i64>() as usize;
+        let (mut want, mut mag) = (vec![0.0f64; c * size], vec![0.0f64; c * size]);
+        let unflat = |mut v: usize, dims: &[i64]| -> Vec<i64> {
+            let mut idx = vec![0i64; dims.len()];
+            for d in (0..dims.len()).rev() { idx[d] = (v % dims[d] as usize) as i64; v /= dims[d] as usize; }
+            idx
+        };
+        for ch in 0..c { for ki in 0..k { for li in 0..l {
+            let (kk, bl) = (unflat(ki, block), unflat(li, &blocks));
+            let pos: Vec<i64> = (0..nd).map(|d| bl[d] * strides[d] - pads[d] + kk[d] * dilations[d]).collect();
+            if (0..nd).all(|d| (0..image[d]).contains(&pos[d])) {
+                let flat = pos.iter().zip(image).fold(0, |f, (&p, &dim)| f * dim + p) as usize;
+                let v = xv[(ch * k + ki) * l + li] as f64;
+                want[ch * size + flat] += v;
+                mag[ch * size + flat] += v.abs();
+            }
+        }}}
+        prop_assert_eq!(y.len(), want.len());
+        for (i, (&g, (&w, &m))) in y.iter().zip(want.iter().zip(&mag)).enumerate() {
+            prop_assert!((g as f64 - w).abs() <= (k + 1) as f64 * f32::EPSILON as f64 * m + 1e-30, "y[{i}] = {g}, want {w}");
+        }
+    }
+}

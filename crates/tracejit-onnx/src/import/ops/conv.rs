@@ -1,7 +1,8 @@
 //! Convolutions and pools: `Conv`, `ConvTranspose`, `MaxPool`,
 //! `AveragePool`, `LpPool` and the global pools, over tracejit's 2-D
 //! spatial ops (NCHW; a 1-D op runs as 2-D with a unit height). 3-D ones
-//! are refused until the IR has 3-D spatial ops.
+//! are refused until the IR has 3-D spatial ops. `Col2Im` (any rank) is a
+//! scatter-add of the columns into the image.
 //!
 //! ONNX's padding rules are resolved here into explicit per-side pads:
 //! `auto_pad` (`SAME_UPPER` puts the odd pad at the end, `SAME_LOWER` at
@@ -314,4 +315,75 @@ pub(crate) fn global_lp_pool(n: &mut Node) -> OpResult {
     let p = n.attr_i("p", 2)? as f64;
     let s = x.abs().pow(scalar_like(x, p)).sum(&spatial_axes(x), true);
     Ok(vec![s.pow(scalar_like(x, 1.0 / p))])
+}
+
+/// `Col2Im` (opset 18): the columns `[N, C·∏block, L]` summed back into
+/// an image `[N, C, ..image_shape]` (the adjoint of im2col), with strides,
+/// dilations and pads. Where each column entry lands is static (the shapes
+/// are), so the op is one `scatter_add` into the flattened image plus a
+/// spare slot that takes the entries falling in the padding.
+pub(crate) fn col2im(n: &mut Node) -> OpResult {
+    let x = n.input(0)?;
+    let (image, block) = (n.known_i64s(1)?, n.known_i64s(2)?);
+    let nd = image.len();
+    let xs = x.shape().to_vec();
+    let attr = |name: &str, default: i64, len: usize| -> Result<Vec<i64>, String> {
+        Ok(n.attr_ints(name)?.unwrap_or_else(|| vec![default; len]))
+    };
+    let (strides, dilations, pads) = (attr("strides", 1, nd)?, attr("dilations", 1, nd)?, attr("pads", 0, 2 * nd)?);
+    let bad = || format!("input {xs:?}, image_shape {image:?} and block_shape {block:?} do not fit");
+    if nd == 0
+        || block.len() != nd
+        || strides.len() != nd
+        || dilations.len() != nd
+        || pads.len() != 2 * nd
+        || xs.len() != 3
+    {
+        return Err(bad());
+    }
+    if image.iter().chain(&block).chain(&strides).chain(&dilations).any(|&v| v < 1) || pads.iter().any(|&p| p < 0) {
+        return Err(bad());
+    }
+    let k: i64 = block.iter().product();
+    // Blocks along each axis.
+    let blocks: Vec<i64> = (0..nd)
+        .map(|d| (image[d] + pads[d] + pads[nd + d] - dilations[d] * (block[d] - 1) - 1) / strides[d] + 1)
+        .collect();
+    let l: i64 = blocks.iter().product();
+    let size: i64 = image.iter().product();
+    if blocks.iter().any(|&b| b < 1) || xs[1] as i64 % k != 0 || xs[2] as i64 != l || k * l > 1 << 26 {
+        return Err(bad());
+    }
+    let (nb, c) = (xs[0], xs[1] / k as usize);
+    // For entry (kernel offset ki, block li): its flat image index, or `size` (the spare slot).
+    let unflat = |mut v: i64, dims: &[i64]| -> Vec<i64> {
+        let mut idx = vec![0; dims.len()];
+        for d in (0..dims.len()).rev() {
+            idx[d] = v % dims[d];
+            v /= dims[d];
+        }
+        idx
+    };
+    let mut target = Vec::with_capacity((k * l) as usize);
+    for ki in 0..k {
+        let kk = unflat(ki, &block);
+        for li in 0..l {
+            let bl = unflat(li, &blocks);
+            let mut flat = 0;
+            let mut inside = true;
+            for d in 0..nd {
+                let p = bl[d] * strides[d] - pads[d] + kk[d] * dilations[d];
+                inside &= (0..image[d]).contains(&p);
+                flat = flat * image[d] + p;
+            }
+            target.push(if inside { flat } else { size });
+        }
+    }
+    let index = Tensor::from_vec(target, &[1, 1, (k * l) as usize]).broadcast_to(&[nb, c, (k * l) as usize]);
+    let cols = x.reshape(&[nb as i64, c as i64, k * l]);
+    let canvas = Tensor::zeros(&[nb, c, size as usize + 1], x.dtype());
+    let summed = canvas.scatter_add(2, &index, &cols).slice_axis(2, 0, size);
+    let mut shape = vec![nb as i64, c as i64];
+    shape.extend(&image);
+    Ok(vec![summed.reshape(&shape)])
 }

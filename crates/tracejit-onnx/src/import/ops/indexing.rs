@@ -1,5 +1,6 @@
 //! Indexing ops: `Gather`, `GatherElements`, `GatherND`,
 //! `ScatterElements` / `Scatter`, `ScatterND`, `OneHot`, `TopK`, `CumSum`, `CumProd`,
+//! `ReverseSequence`,
 //! `Pad`, and the value-dependent `NonZero` / `Compress` (whose inputs are
 //! static: their output shape depends on the values).
 //!
@@ -382,4 +383,32 @@ pub(crate) fn pad(n: &mut Node) -> OpResult {
         y = y.gather(&Tensor::from_vec(idx, &[len]), a as i64);
     }
     one(y)
+}
+
+/// `ReverseSequence`: along `time_axis`, each batch entry's first
+/// `sequence_lens[b]` elements reversed, the rest kept, as one
+/// `gather_elements` whose index is `len − 1 − t` before `len` and `t`
+/// after (the lengths may be runtime values; they are clamped to the axis).
+pub(crate) fn reverse_sequence(n: &mut Node) -> OpResult {
+    let (x, lens) = (n.input(0)?, n.input(1)?);
+    let rank = x.rank();
+    if rank < 2 {
+        return Err(format!("input {:?} needs rank 2 or more", x.shape()));
+    }
+    let batch_axis = normalize_axis(n.attr_i("batch_axis", 1)?, rank)?;
+    let time_axis = normalize_axis(n.attr_i("time_axis", 0)?, rank)?;
+    if batch_axis > 1 || time_axis > 1 || batch_axis == time_axis {
+        return Err(format!("batch_axis {batch_axis} and time_axis {time_axis} must be 0 and 1 in some order"));
+    }
+    let (b, t) = (x.shape()[batch_axis], x.shape()[time_axis]);
+    if !lens.dtype().is_int() || lens.shape() != [b] {
+        return Err(format!("sequence_lens {} {:?} must be integers of shape [{b}]", lens.dtype(), lens.shape()));
+    }
+    let along =
+        |axis: usize, len: usize| -> Vec<i64> { (0..rank).map(|a| if a == axis { len as i64 } else { 1 }).collect() };
+    let len = lens.cast(DType::I64).clamp(0.0, t as f64).reshape(&along(batch_axis, b));
+    let pos = Tensor::arange(0.0, t as f64, 1.0, DType::I64).reshape(&along(time_axis, t));
+    let reversed = &(&len - 1i64) - &pos;
+    let index = Tensor::select(&pos.lt(&len), &reversed, &pos);
+    one(x.gather_elements(time_axis as i64, &index.broadcast_to(x.shape())))
 }

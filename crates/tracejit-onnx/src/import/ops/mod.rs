@@ -9,9 +9,10 @@
 //! Handlers live in one file per family: `elementwise`, `reduce`,
 //! `shape`, `indexing`, `nn` (dense layers and normalizations),
 //! `einsum`, `attention`, `flex_attention` (domain `ai.onnx.preview`),
-//! `linear_attention`, `rotary`, `control` (`If`, `Loop`, `Scan`), `state` (caches
+//! `linear_attention`, `rnn` (RNN, GRU, LSTM), `rotary`, `control` (`If`, `Loop`, `Scan`), `state` (caches
 //! and recurrent state),
-//! `loss`, `conv` (convolutions and pools) and `quant` (quantization).
+//! `signal` (windows, DFT, STFT), `resize`, `loss`, `conv` (convolutions and pools) and `quant`
+//! (quantization).
 
 pub(crate) mod attention;
 pub(crate) mod control;
@@ -25,8 +26,11 @@ pub(crate) mod loss;
 pub(crate) mod nn;
 pub(crate) mod quant;
 pub(crate) mod reduce;
+pub(crate) mod resize;
+pub(crate) mod rnn;
 pub(crate) mod rotary;
 pub(crate) mod shape;
+pub(crate) mod signal;
 pub(crate) mod state;
 
 use super::node::{Node, OpResult};
@@ -253,6 +257,16 @@ static OPS: &[OpDef] = &[
     op("EyeLike", s::eye_like, &["dtype", "k"]),
     with_statics("Trilu", s::trilu, &["upper"], &[1]),
     op("DepthToSpace", s::depth_to_space, &["blocksize", "mode"]),
+    with_statics("CenterCropPad", s::center_crop_pad, &["axes"], &[1]),
+    with_statics("AffineGrid", s::affine_grid, &["align_corners"], &[1]),
+    with_statics("Resize", resize::resize, resize::RESIZE_ATTRS, &[1, 2, 3]),
+    with_statics("Upsample", resize::resize, &["mode", "scales"], &[1]),
+    op("GridSample", resize::grid_sample, resize::GRID_ATTRS),
+    with_statics("HannWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
+    with_statics("HammingWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
+    with_statics("BlackmanWindow", signal::window, signal::WINDOW_ATTRS, &[0]),
+    with_statics("DFT", signal::dft, signal::DFT_ATTRS, &[1, 2]),
+    with_statics("STFT", signal::stft, signal::STFT_ATTRS, &[1, 3]),
     op("SpaceToDepth", s::space_to_depth, &["blocksize"]),
     // Indexing.
     op("Gather", ix::gather, &["axis"]),
@@ -265,6 +279,7 @@ static OPS: &[OpDef] = &[
     with_statics("TopK", ix::top_k, &["axis", "k", "largest", "sorted"], &[1]),
     with_statics("CumSum", ix::cumsum, &["exclusive", "reverse"], &[1]),
     with_statics("CumProd", ix::cumprod, &["exclusive", "reverse"], &[1]),
+    op("ReverseSequence", ix::reverse_sequence, &["batch_axis", "time_axis"]),
     with_statics("NonZero", ix::non_zero, &[], &[0]),
     with_statics("Compress", ix::compress, &["axis"], &[1]),
     with_statics("Pad", ix::pad, &["mode", "pads", "paddings", "value"], &[1, 2, 3]),
@@ -293,6 +308,9 @@ static OPS: &[OpDef] = &[
         subgraphs: flex_attention::SUBGRAPHS,
         ..checked("FlexAttention", flex_attention::flex_attention, flex_attention::ATTRS, flex_attention::check)
     },
+    checked("RNN", rnn::recurrent, rnn::RNN_ATTRS, rnn::check),
+    checked("GRU", rnn::recurrent, rnn::GRU_ATTRS, rnn::check),
+    checked("LSTM", rnn::recurrent, rnn::LSTM_ATTRS, rnn::check),
     checked("LinearAttention", linear_attention::linear_attention, linear_attention::ATTRS, linear_attention::check),
     checked("TensorScatter", state::tensor_scatter, state::SCATTER_ATTRS, state::check_scatter),
     checked("CausalConvWithState", state::causal_conv_with_state, state::CONV_ATTRS, state::check_conv),
@@ -317,6 +335,7 @@ static OPS: &[OpDef] = &[
     op("BitShift", q::bit_shift, &["direction"]),
     op("BitwiseNot", q::bitwise_not, &[]),
     op("BitCast", q::bit_cast, &["to"]),
+    with_statics("Col2Im", c::col2im, &["dilations", "pads", "strides"], &[1, 2]),
     // Known and missing: what each needs.
     missing("Atan", "needs primitive atan"),
     missing("Asin", "needs primitive atan (asin = atan(x / sqrt(1 - x²)))"),

@@ -1,6 +1,7 @@
 //! Shape and movement ops: `Shape`, `Size`, `Reshape`, `Flatten`,
 //! `Squeeze` / `Unsqueeze`, `Transpose`, `Concat`, `Split`, `Slice`,
-//! `Expand`, `Tile`, `DepthToSpace` / `SpaceToDepth`, and the ops that make
+//! `Expand`, `Tile`, `DepthToSpace` / `SpaceToDepth`, `CenterCropPad`, and
+//! the ops that make
 //! values from shapes: `Constant`, `ConstantOfShape`, `Range`, `EyeLike`,
 //! `Trilu`.
 //!
@@ -459,4 +460,88 @@ pub(crate) fn space_to_depth(n: &mut Node) -> OpResult {
 
 fn dims4(x: &Tensor) -> Result<[usize; 4], String> {
     x.shape().try_into().map_err(|_| format!("needs a 4-D input, got shape {:?}", x.shape()))
+}
+
+/// `CenterCropPad` (opset 18): each listed axis (all by default) cropped
+/// or zero-padded to its target size around the centre; an odd
+/// difference puts the extra element at the end, as the spec's reference
+/// does.
+pub(crate) fn center_crop_pad(n: &mut Node) -> OpResult {
+    let x = n.input(0)?;
+    let target = n.known_i64s(1)?;
+    let rank = x.rank();
+    let axes: Vec<usize> = match n.attr_ints("axes")? {
+        Some(a) => a.iter().map(|&a| normalize_axis(a, rank)).collect::<Result<_, _>>()?,
+        None => (0..rank).collect(),
+    };
+    if axes.len() != target.len() || (1..axes.len()).any(|i| axes[..i].contains(&axes[i])) {
+        return Err(format!("shape {target:?} must give one size per distinct axis of {axes:?}"));
+    }
+    let mut y = x.clone();
+    for (&a, &size) in axes.iter().zip(&target) {
+        let dim = y.shape()[a];
+        let size = usize::try_from(size).map_err(|_| format!("target size {size} is negative"))?;
+        if size < dim {
+            let start = (dim - size) / 2;
+            y = y.slice_axis(a as i64, start as i64, (start + size) as i64);
+        } else if size > dim {
+            let mut pads = vec![(0, 0); rank];
+            let before = (size - dim) / 2;
+            pads[a] = (before, size - dim - before);
+            y = y.pad(&pads, 0.0);
+        }
+    }
+    one(y)
+}
+
+/// `AffineGrid` (opset 20): the sampling grid of `theta` (`[N, 2, 3]` or
+/// `[N, 3, 4]`) over a static `size` (`[N, C, H, W]` or `[N, C, D, H, W]`):
+/// each output point is `theta · (x, y[, z], 1)` with the normalized
+/// coordinates in [-1, 1] (pixel centres, or corners under
+/// `align_corners`), computed in f64 as constants and multiplied in one
+/// matmul.
+pub(crate) fn affine_grid(n: &mut Node) -> OpResult {
+    let theta = n.input(0)?;
+    let size = n.known_i64s(1)?;
+    let nd = size.len().saturating_sub(2);
+    let ts = theta.shape();
+    if !theta.dtype().is_float() || !(nd == 2 || nd == 3) || ts != [size[0] as usize, nd, nd + 1] {
+        return Err(format!(
+            "theta {} {ts:?} and size {size:?} must be [N, 2, 3] with [N, C, H, W] or [N, 3, 4] with [N, C, D, H, W]",
+            theta.dtype()
+        ));
+    }
+    let dims: Vec<usize> = size[2..]
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("size {size:?} has a negative dim")))
+        .collect::<Result<_, _>>()?;
+    let align = n.attr_i("align_corners", 0)? != 0;
+    let coord = |i: usize, len: usize| -> f64 {
+        match (align, len) {
+            (true, 1) => -1.0,
+            (true, _) => -1.0 + 2.0 * i as f64 / (len - 1) as f64,
+            (false, _) => -1.0 + (2 * i + 1) as f64 / len as f64,
+        }
+    };
+    // Rows (x, y[, z], 1) of every point, spatial dims in order, x the last (fastest) one.
+    // The grid is built here, so its size is bounded like a tensor's in the file.
+    let points = dims.iter().try_fold(1usize, |p, &d| p.checked_mul(d)).filter(|&p| p <= 1 << 28);
+    let points = points.ok_or_else(|| format!("size {size:?} asks for more than 2^28 grid points"))?;
+    let mut base = Vec::with_capacity(points * (nd + 1));
+    for p in 0..points {
+        let mut rest = p;
+        let mut idx = vec![0; nd];
+        for a in (0..nd).rev() {
+            idx[a] = rest % dims[a];
+            rest /= dims[a];
+        }
+        base.extend((0..nd).rev().map(|a| coord(idx[a], dims[a])));
+        base.push(1.0);
+    }
+    let base = Tensor::from_vec(base, &[points, nd + 1]).cast(theta.dtype());
+    let grid = theta.matmul(&base.t()).transpose(&[0, 2, 1]);
+    let mut shape = vec![size[0]];
+    shape.extend(dims.iter().map(|&d| d as i64));
+    shape.push(nd as i64);
+    one(grid.reshape(&shape))
 }
