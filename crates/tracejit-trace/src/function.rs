@@ -354,7 +354,12 @@ impl<A: Nest, R: Nest> Function<A, R> {
         }
         let mut flat = SpecFlattener::default();
         specs.flatten_spec(&mut flat);
-        self.concrete_for_types(flat.tensors, flat.statics, flat.structure)
+        let cf = self.concrete_for_types(flat.tensors, flat.statics, flat.structure)?;
+        // Compiled now, under the settings the caller traced it with (the
+        // JIT's thresholds and options are process-wide): only a trace made
+        // for a call inside another trace waits for its first direct use.
+        cf.prepared();
+        Ok(cf)
     }
 
     fn rebuild_output(&self, cf: &ConcreteFunction, outs: Vec<Tensor>) -> R {
