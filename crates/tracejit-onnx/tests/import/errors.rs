@@ -161,7 +161,7 @@ fn attention_values_it_cannot_honour_are_refused() {
         (vec![attr_f("softcap", -1.0)], 23, "softcap -1"),
         (vec![attr_f("scale", f32::NAN)], 23, "scale NaN"),
         (vec![attr_i("softmax_precision", DataType::Int32 as i64)], 23, "softmax_precision i32 is not a float"),
-        (vec![attr_i("softmax_precision", DataType::Uint8 as i64)], 23, "uint8"),
+        (vec![attr_i("softmax_precision", DataType::Uint8 as i64)], 23, "softmax_precision u8 is not a float"),
         (vec![attr_i("is_causal", 2)], 23, "is_causal 2"),
         (vec![], 22, "from opset 23"),
     ];
