@@ -5,7 +5,7 @@
 //!   variable `TRACEJIT_COMPILE_CACHE=dir` (read once, when the first kernel
 //!   is looked up); `None` turns it off. Off by default.
 //! - **What**: one file per kernel, `<digest>.tjk`, holding a
-//!   [`crate::cache_entry`]: the kernel key words, the JIT options, the
+//!   cache entry (the private `cache_entry` module): the kernel key words, the JIT options, the
 //!   target (Cranelift's ISA flags, which name the CPU features the code may
 //!   use), the tracejit identity (version, code generator digest, Cranelift
 //!   version), the relocatable code, and a CRC-32 over all of it. The key

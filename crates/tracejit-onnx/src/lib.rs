@@ -1,7 +1,7 @@
 //! tracejit-onnx (`tracejit::onnx`): export of a traced function to ONNX,
 //! so a model built or trained with tracejit is served by existing engines
 //! (ONNX Runtime, Triton Inference Server, tract) instead of a home-made
-//! server; and import of ONNX models ([`import`], [`import_bytes`],
+//! server; and import of ONNX models ([`import`](fn@import), [`import_bytes`],
 //! [`load_tensor`]: see the [`import`](mod@import) module) as traced
 //! functions whose initializers are Variables.
 //!
