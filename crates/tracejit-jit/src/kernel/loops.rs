@@ -85,107 +85,7 @@ impl Gen<'_, '_, '_> {
         let guarded: Vec<bool> = ops.iter().map(|&(op, t)| self.vector && nan_guarded(op, t)).collect();
         let zero = self.e.b.ins().iconst(types::I64, 0);
         let (i, scalars, any_nan) = if self.vector {
-            let u = self.unroll as usize;
-            let w = self.w;
-            let mut init: Vec<Value> = Vec::new();
-            for &(op, t) in &ops {
-                let id = self.e.identity(op, t, Mode::Vector);
-                init.extend(std::iter::repeat_n(id, u));
-            }
-            let mut masks = 0;
-            for (j, &(op, t)) in ops.iter().enumerate() {
-                if guarded[j] {
-                    // An all-false lane mask of the comparison's type.
-                    let id = self.e.identity(op, t, Mode::Vector);
-                    let none = self.e.fcmp(FloatCC::Unordered, id, id);
-                    init.extend(std::iter::repeat_n(none, u));
-                    masks += 1;
-                }
-            }
-            let nops = ops.len();
-            // Carried: `nops × u` accumulators, then `masks × u` NaN masks.
-            let split = |accs: &[Value], k: usize| -> (Vec<Value>, Vec<Option<Value>>) {
-                let mut m = 0;
-                let a = (0..nops).map(|j| accs[j * u + k]).collect();
-                let nan = (0..nops)
-                    .map(|j| {
-                        guarded[j].then(|| {
-                            m += 1;
-                            accs[(nops + m - 1) * u + k]
-                        })
-                    })
-                    .collect();
-                (a, nan)
-            };
-            let n_main = self.n_main;
-            let (i1, accs) = self.rotated_loop(zero, n_main, w * u as i64, init, |g, i, accs| {
-                let mut accs = accs.to_vec();
-                for k in 0..u {
-                    let (mut a, mut nan) = split(&accs, k);
-                    g.body(Mode::Vector, i, k as i64 * w, stores, reds, &mut a, &mut nan);
-                    let mut m = 0;
-                    for j in 0..nops {
-                        accs[j * u + k] = a[j];
-                        if let Some(v) = nan[j] {
-                            accs[(nops + m) * u + k] = v;
-                            m += 1;
-                        }
-                    }
-                }
-                accs
-            });
-            // The unrolled accumulators (NaN-free where guarded) combined in
-            // a fixed order; the masks or-ed.
-            let mut comb = Vec::new();
-            for (j, &(op, t)) in ops.iter().enumerate() {
-                let mut acc = accs[j * u];
-                for k in 1..u {
-                    acc = self.e.reduce_step(op, t, Mode::Vector, acc, accs[j * u + k]);
-                }
-                comb.push(acc);
-            }
-            for m in 0..masks {
-                let mut acc = accs[(nops + m) * u];
-                for k in 1..u {
-                    acc = self.e.or(acc, accs[(nops + m) * u + k]);
-                }
-                comb.push(acc);
-            }
-            let n_vec = self.n_vec;
-            let (i2, vaccs) = self.rotated_loop(i1, n_vec, w, comb, |g, i, accs| {
-                let mut a = accs[..nops].to_vec();
-                let mut m = 0;
-                let mut nan: Vec<Option<Value>> = (0..nops)
-                    .map(|j| {
-                        guarded[j].then(|| {
-                            m += 1;
-                            accs[nops + m - 1]
-                        })
-                    })
-                    .collect();
-                g.body(Mode::Vector, i, 0, stores, reds, &mut a, &mut nan);
-                a.extend(nan.into_iter().flatten());
-                a
-            });
-            let mut scalars = Vec::new();
-            for (j, &(op, t)) in ops.iter().enumerate() {
-                let mut s = self.e.b.ins().extractlane(vaccs[j], 0);
-                for lane in 1..w {
-                    let l = self.e.b.ins().extractlane(vaccs[j], lane as u8);
-                    s = self.e.reduce_step(op, t, Mode::Scalar, s, l);
-                }
-                scalars.push(s);
-            }
-            let mut m = 0;
-            let any_nan: Vec<Option<Value>> = (0..nops)
-                .map(|j| {
-                    guarded[j].then(|| {
-                        m += 1;
-                        self.e.b.ins().vany_true(vaccs[nops + m - 1])
-                    })
-                })
-                .collect();
-            (i2, scalars, any_nan)
+            self.vector_loops(stores, reds, &ops, &guarded, zero)
         } else {
             let scalars = ops.iter().map(|&(op, t)| self.e.identity(op, t, Mode::Scalar)).collect();
             (zero, scalars, vec![None; ops.len()])
@@ -212,6 +112,144 @@ impl Gen<'_, '_, '_> {
                 None => r,
             })
             .collect()
+    }
+
+    /// The vector loops of [`Self::inner`]: the unrolled main loop from
+    /// `zero`, its accumulators combined, the one-vector loop, and the
+    /// lanes folded to scalars. Returns where the scalar tail starts, one
+    /// scalar per reduction, and per NaN-guarded one its "a NaN was seen"
+    /// flag.
+    fn vector_loops(
+        &mut self,
+        stores: &[(LNodeId, Dest)],
+        reds: &[LNodeId],
+        ops: &[(ReduceOp, DType)],
+        guarded: &[bool],
+        zero: Value,
+    ) -> (Value, Vec<Value>, Vec<Option<Value>>) {
+        let u = self.unroll as usize;
+        let w = self.w;
+        let mut init: Vec<Value> = Vec::new();
+        for &(op, t) in ops {
+            let id = self.e.identity(op, t, Mode::Vector);
+            init.extend(std::iter::repeat_n(id, u));
+        }
+        let mut masks = 0;
+        for (j, &(op, t)) in ops.iter().enumerate() {
+            if guarded[j] {
+                // An all-false lane mask of the comparison's type.
+                let id = self.e.identity(op, t, Mode::Vector);
+                let none = self.e.fcmp(FloatCC::Unordered, id, id);
+                init.extend(std::iter::repeat_n(none, u));
+                masks += 1;
+            }
+        }
+        let nops = ops.len();
+        // Carried: `nops × u` accumulators, then `masks × u` NaN masks.
+        let split = |accs: &[Value], k: usize| -> (Vec<Value>, Vec<Option<Value>>) {
+            let mut m = 0;
+            let a = (0..nops).map(|j| accs[j * u + k]).collect();
+            let nan = (0..nops)
+                .map(|j| {
+                    guarded[j].then(|| {
+                        m += 1;
+                        accs[(nops + m - 1) * u + k]
+                    })
+                })
+                .collect();
+            (a, nan)
+        };
+        let n_main = self.n_main;
+        let (i1, accs) = self.rotated_loop(zero, n_main, w * u as i64, init, |g, i, accs| {
+            let mut accs = accs.to_vec();
+            for k in 0..u {
+                let (mut a, mut nan) = split(&accs, k);
+                g.body(Mode::Vector, i, k as i64 * w, stores, reds, &mut a, &mut nan);
+                let mut m = 0;
+                for j in 0..nops {
+                    accs[j * u + k] = a[j];
+                    if let Some(v) = nan[j] {
+                        accs[(nops + m) * u + k] = v;
+                        m += 1;
+                    }
+                }
+            }
+            accs
+        });
+        let comb = self.combine_unrolled(&accs, ops, masks);
+        let n_vec = self.n_vec;
+        let (i2, vaccs) = self.rotated_loop(i1, n_vec, w, comb, |g, i, accs| {
+            let mut a = accs[..nops].to_vec();
+            let mut m = 0;
+            let mut nan: Vec<Option<Value>> = (0..nops)
+                .map(|j| {
+                    guarded[j].then(|| {
+                        m += 1;
+                        accs[nops + m - 1]
+                    })
+                })
+                .collect();
+            g.body(Mode::Vector, i, 0, stores, reds, &mut a, &mut nan);
+            a.extend(nan.into_iter().flatten());
+            a
+        });
+        let (scalars, any_nan) = self.lanes_to_scalars(&vaccs, ops, guarded);
+        (i2, scalars, any_nan)
+    }
+
+    /// The main loop's `u` unrolled accumulators per reduction (NaN-free
+    /// where guarded) combined in a fixed order, then its NaN masks or-ed.
+    fn combine_unrolled(&mut self, accs: &[Value], ops: &[(ReduceOp, DType)], masks: usize) -> Vec<Value> {
+        let (u, nops) = (self.unroll as usize, ops.len());
+        // The unrolled accumulators (NaN-free where guarded) combined in
+        // a fixed order; the masks or-ed.
+        let mut comb = Vec::new();
+        for (j, &(op, t)) in ops.iter().enumerate() {
+            let mut acc = accs[j * u];
+            for k in 1..u {
+                acc = self.e.reduce_step(op, t, Mode::Vector, acc, accs[j * u + k]);
+            }
+            comb.push(acc);
+        }
+        for m in 0..masks {
+            let mut acc = accs[(nops + m) * u];
+            for k in 1..u {
+                acc = self.e.or(acc, accs[(nops + m) * u + k]);
+            }
+            comb.push(acc);
+        }
+        comb
+    }
+
+    /// The one-vector loop's accumulators folded lane by lane into one
+    /// scalar per reduction, and each guarded reduction's NaN mask reduced
+    /// to a flag.
+    fn lanes_to_scalars(
+        &mut self,
+        vaccs: &[Value],
+        ops: &[(ReduceOp, DType)],
+        guarded: &[bool],
+    ) -> (Vec<Value>, Vec<Option<Value>>) {
+        let (w, nops) = (self.w, ops.len());
+        let mut scalars = Vec::new();
+        for (j, &(op, t)) in ops.iter().enumerate() {
+            let mut s = self.e.b.ins().extractlane(vaccs[j], 0);
+            for lane in 1..w {
+                let l = self.e.b.ins().extractlane(vaccs[j], lane as u8);
+                s = self.e.reduce_step(op, t, Mode::Scalar, s, l);
+            }
+            scalars.push(s);
+        }
+        let mut m = 0;
+        let any_nan: Vec<Option<Value>> = (0..nops)
+            .map(|j| {
+                guarded[j].then(|| {
+                    m += 1;
+                    self.e.b.ins().vany_true(vaccs[nops + m - 1])
+                })
+            })
+            .collect();
+        (scalars, any_nan)
     }
 
     /// `fast` unless `flag` (a NaN was seen): then the reduction `red`
