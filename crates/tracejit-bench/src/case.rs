@@ -53,6 +53,7 @@ pub struct Case<A, R> {
     name: &'static str,
     args: A,
     closure: Arc<dyn Fn(A) -> R + Send + Sync>,
+    inputs: usize,
 }
 
 impl<A, R> Case<A, R>
@@ -62,7 +63,15 @@ where
 {
     /// A case named `name` calling `closure` on (clones of) `args`.
     pub fn new(name: &'static str, args: A, closure: impl Fn(A) -> R + Send + Sync + 'static) -> Case<A, R> {
-        Case { name, args, closure: Arc::new(closure) }
+        Case { name, args, closure: Arc::new(closure), inputs: 1 }
+    }
+
+    /// How many of the flattened argument tensors are the model's inputs
+    /// (1 unless set): the int8 mode keeps these as arguments and holds
+    /// every later tensor (the weights) in a Variable.
+    pub fn with_inputs(mut self, inputs: usize) -> Case<A, R> {
+        self.inputs = inputs;
+        self
     }
 
     /// The closure as a fresh (untraced) `Function`.
@@ -107,7 +116,7 @@ where
 
     fn traced(&self, mode: Mode) -> Result<Box<dyn TracedRunner + '_>, String> {
         if mode == Mode::TracedJitInt8 {
-            return Ok(Box::new(crate::int8::runner(self.name, &self.args, self.closure.clone())?));
+            return Ok(Box::new(crate::int8::runner(self.name, &self.args, self.inputs, self.closure.clone())?));
         }
         let f = configure_function(self.function(), mode)?;
         Ok(Box::new(BoundFunction { f, args: &self.args }))

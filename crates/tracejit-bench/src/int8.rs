@@ -1,6 +1,7 @@
-//! The `traced-jit-int8` mode (W5, W9): inference through
-//! `tracejit::quantize::dynamic`. The workload's first argument stays an
-//! argument; every other tensor argument (the weights) becomes a Variable,
+//! The `traced-jit-int8` mode (W5, W9, W15): inference through
+//! `tracejit::quantize::dynamic`. The workload's inputs (its first
+//! flattened tensor, or the first [`crate::case::Case::with_inputs`]) stay
+//! arguments; every other tensor argument (the weights) becomes a Variable,
 //! as a deployed model holds its parameters, so that the products against
 //! them are quantized once (per output channel) and the activations per
 //! row on each call. The function is traced once, quantized, and its
@@ -12,18 +13,20 @@ use tracejit::{function, ConcreteFunction, Flattener, Nest, StaticValue, Tensor,
 
 use crate::workloads::{flatten_result, TracedRunner};
 
-/// A quantized ConcreteFunction bound to its one argument.
+/// A quantized ConcreteFunction bound to its inputs.
 pub(crate) struct Int8Runner {
     q: Arc<ConcreteFunction>,
-    x: Tensor,
+    x: Vec<Tensor>,
     traced: usize,
 }
 
-/// Traces `closure` on `args` with its weights held in Variables and
-/// quantizes it; `Err` says why it cannot run in int8.
+/// Traces `closure` on `args` with its weights (every flattened tensor
+/// after the first `inputs`) held in Variables and quantizes it; `Err`
+/// says why it cannot run in int8.
 pub(crate) fn runner<A, R>(
     name: &'static str,
     args: &A,
+    inputs: usize,
     closure: Arc<dyn Fn(A) -> R + Send + Sync>,
 ) -> Result<Int8Runner, String>
 where
@@ -32,15 +35,16 @@ where
 {
     let mut flat = Flattener::default();
     args.flatten(&mut flat);
-    let Some((x, weights)) = flat.tensors.split_first() else {
+    if inputs == 0 || flat.tensors.len() <= inputs {
         return Err("int8 mode needs an input argument and weights".to_string());
-    };
-    let x = (*x).clone();
+    }
+    let (x, weights) = flat.tensors.split_at(inputs);
+    let x: Vec<Tensor> = x.iter().map(|t| (*t).clone()).collect();
     let vars: Vec<Variable> = weights.iter().map(|w| Variable::new((*w).clone())).collect();
     let statics: Vec<Arc<dyn StaticValue>> = flat.statics.iter().map(|s| s.clone_arc()).collect();
     let structure = flat.structure.to_vec();
-    let f = function(move |x: Tensor| {
-        let mut leaves = vec![x];
+    let f = function(move |x: Vec<Tensor>| {
+        let mut leaves = x;
         leaves.extend(vars.iter().map(Variable::read));
         let a = A::unflatten(&mut Unflattener::new(leaves, statics.clone(), structure.clone()));
         flatten_result(&closure(a))
@@ -53,13 +57,11 @@ where
 
 impl TracedRunner for Int8Runner {
     fn call(&mut self) -> Result<Vec<Tensor>, String> {
-        self.q.call_flat(std::slice::from_ref(&self.x)).map_err(|e| e.to_string())
+        self.q.call_flat(&self.x).map_err(|e| e.to_string())
     }
 
     fn call_discard(&mut self) -> Result<(), String> {
-        std::hint::black_box(self.q.call_flat(std::hint::black_box(std::slice::from_ref(&self.x))))
-            .map(drop)
-            .map_err(|e| e.to_string())
+        std::hint::black_box(self.q.call_flat(std::hint::black_box(&self.x))).map(drop).map_err(|e| e.to_string())
     }
 
     fn executor_kind(&self) -> Option<&'static str> {
@@ -75,6 +77,6 @@ impl TracedRunner for Int8Runner {
     }
 
     fn profile(&mut self, runs: usize) -> Option<Result<tracejit::Profile, String>> {
-        self.q.profile(std::slice::from_ref(&self.x), runs).map_err(|e| e.to_string()).transpose()
+        self.q.profile(&self.x, runs).map_err(|e| e.to_string()).transpose()
     }
 }

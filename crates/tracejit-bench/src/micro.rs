@@ -70,6 +70,7 @@ pub fn specs() -> Vec<WorkloadSpec> {
         tolerance_note: "rsqrt approximation and reductions of 1024 terms in another order",
         floor_bytes: None,
         modes: STANDARD_MODES,
+        low_precision: Tolerance::BF16,
         build,
     };
     vec![

@@ -114,7 +114,12 @@ pub fn build_minilm() -> Body {
     let params: Vec<Tensor> = tracejit::Module::named_variables(&bert).iter().map(|(_, v)| v.value()).collect();
     debug_assert!(params.iter().all(|p| p.dtype() == DType::F32));
     let config = bert.config().clone();
-    Body::Runnable(Box::new(Case::new("minilm", (groups, order, params), move |a: Args| embeddings(&config, a))))
+    // The inputs the int8 mode keeps as arguments: each group's ids and
+    // mask, and the permutation.
+    let inputs = 2 * groups.len() + 1;
+    Body::Runnable(Box::new(
+        Case::new("minilm", (groups, order, params), move |a: Args| embeddings(&config, a)).with_inputs(inputs),
+    ))
 }
 
 /// Multiply-adds of W15 as ONNX Runtime computes it (every padded

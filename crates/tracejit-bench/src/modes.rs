@@ -11,11 +11,11 @@
 //!   ConcreteFunction's `executor_kind()` says `"jit"`;
 //! - `traced-jit-noselect` (W7): the JIT with the implementation selector off
 //!   (see [`configure_function`]);
-//! - `traced-jit-bf16` (W5, W6, W9, W10): the JIT with
+//! - `traced-jit-bf16` (W5, W6, W9, W10, W15): the JIT with
 //!   `mixed_precision(DType::BF16)` (products in bf16, f32 accumulation),
 //!   checked against the f32 eager result within [`crate::verify::Tolerance::BF16`] and
 //!   reported with its error (max abs error / max abs value);
-//! - `traced-jit-int8` (W5, W9): inference through `quantize::dynamic`,
+//! - `traced-jit-int8` (W5, W9, W15): inference through `quantize::dynamic`,
 //!   the weights held in Variables (see `crate::int8`), checked and
 //!   reported like the bf16 mode.
 
@@ -77,7 +77,7 @@ pub const STANDARD_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::Tra
 pub const COMPOSITE_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit, Mode::TracedJitNoSelect];
 /// W6 and W10's modes: the standard ones plus mixed precision.
 pub const BF16_MODES: &[Mode] = &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit, Mode::TracedJitBf16];
-/// W5 and W9's modes: the standard ones plus mixed precision and int8.
+/// W5, W9 and W15's modes: the standard ones plus mixed precision and int8.
 pub const LOW_PRECISION_MODES: &[Mode] =
     &[Mode::Eager, Mode::TracedInterp, Mode::TracedJit, Mode::TracedJitBf16, Mode::TracedJitInt8];
 

@@ -43,6 +43,7 @@ pub fn specs() -> Vec<WorkloadSpec> {
             tolerance_note: "erf in GELU, exp in the attention, rsqrt in 13 layer norms; unit-vector outputs",
             floor_bytes: None,
             modes: &[Mode::Eager, Mode::TracedJit],
+            low_precision: Tolerance::BF16,
             build: build_minilm_onnx,
         },
         WorkloadSpec {
@@ -56,6 +57,7 @@ pub fn specs() -> Vec<WorkloadSpec> {
             // Eager convolutions run reference loops (seconds a call): the
             // eager result is the reference, computed once, not a timed row.
             modes: &[Mode::TracedJit],
+            low_precision: Tolerance::BF16,
             build: build_resnet50,
         },
         WorkloadSpec {
@@ -66,6 +68,7 @@ pub fn specs() -> Vec<WorkloadSpec> {
             tolerance_note: "as W14",
             floor_bytes: None,
             modes: &[Mode::TracedJit],
+            low_precision: Tolerance::BF16,
             build: build_resnet50_b8,
         },
     ]

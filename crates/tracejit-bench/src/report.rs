@@ -135,6 +135,9 @@ fn cells(res: &Results, row: &Row) -> [String; 10] {
     }
     if let (Status::Measured { agreement, .. }, true) = (&row.status, row.mode.is_low_precision()) {
         notes.push(format!("error {:.1e} of max |f32 value|", agreement.max_scaled_err));
+        if agreement.min_row_cosine > 0.0 {
+            notes.push(format!("cosine >= {:.5} per row", agreement.min_row_cosine));
+        }
     }
     if let Some(st) = row.schedule() {
         notes.push(schedule_note(st));

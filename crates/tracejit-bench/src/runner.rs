@@ -161,7 +161,7 @@ pub fn run_case(
             progress(spec.name, mode);
             let status = if mode.is_traced() {
                 let inject = cfg.inject_wrong_result.as_deref() == Some(spec.name);
-                let tol = if mode.is_low_precision() { Tolerance::BF16 } else { tol };
+                let tol = if mode.is_low_precision() { spec.low_precision } else { tol };
                 run_traced(case, mode, &reference, tol, cfg.budget, inject)
             } else {
                 run_eager(case, &reference, tol, cfg.budget)
@@ -239,6 +239,7 @@ fn run_traced(
             agreement.max_abs_err = agreement.max_abs_err.max(a.max_abs_err);
             agreement.max_rel_err = agreement.max_rel_err.max(a.max_rel_err);
             agreement.max_scaled_err = agreement.max_scaled_err.max(a.max_scaled_err);
+            agreement.min_row_cosine = agreement.min_row_cosine.min(a.min_row_cosine);
         }
         Err(m) => return Status::Failed(format!("wrong result on a cached call: {m}")),
     }

@@ -7,7 +7,9 @@
 //! (so `atol` is relative to the output's size, and values near zero — after a
 //! relu, a softmax's small probabilities — are judged against the output they
 //! belong to, not against themselves). NaN must meet NaN; an infinity must
-//! meet the same infinity; shapes and dtypes must agree exactly.
+//! meet the same infinity; shapes and dtypes must agree exactly. A
+//! tolerance with a `row_cosine` judges vectors instead (embeddings): each
+//! row along the last axis must point where eager's points.
 
 use std::fmt;
 
@@ -25,23 +27,36 @@ pub struct Tolerance {
     /// eps)`, so a gradient within rounding of 0 may flip its sign: `2·lr`
     /// in the updated parameter, however small the parameters are).
     pub abs: f64,
+    /// When above 0, elements are not compared one by one: every row
+    /// (along the last axis) must have at least this cosine similarity
+    /// with the eager row (the measure an embedding's user relies on).
+    pub row_cosine: f64,
 }
 
 impl Tolerance {
     /// Chains of exact ops (add, mul, matmul, relu): only rounding order and
     /// FMA contraction may differ.
-    pub const EXACT_CHAIN: Tolerance = Tolerance { rtol: 1e-5, atol: 1e-6, abs: 0.0 };
+    pub const EXACT_CHAIN: Tolerance = Tolerance { rtol: 1e-5, atol: 1e-6, abs: 0.0, row_cosine: 0.0 };
     /// Transcendental-heavy code (tanh, exp, rsqrt, sigmoid), where the JIT
     /// may use polynomial approximations.
-    pub const TRANSCENDENTAL: Tolerance = Tolerance { rtol: 1e-4, atol: 1e-5, abs: 0.0 };
+    pub const TRANSCENDENTAL: Tolerance = Tolerance { rtol: 1e-4, atol: 1e-5, abs: 0.0, row_cosine: 0.0 };
     /// Products in bf16 (8 significant bits) against the f32 result: errors
     /// up to a few 2⁻⁸ of the output's largest value; JAX's bf16 errors on
     /// these workloads are 4.5e-3 to 1.0e-2.
-    pub const BF16: Tolerance = Tolerance { rtol: 0.0, atol: 3e-2, abs: 0.0 };
+    pub const BF16: Tolerance = Tolerance { rtol: 0.0, atol: 3e-2, abs: 0.0, row_cosine: 0.0 };
+    /// Reduced-precision embeddings (W15's bf16 and int8 modes): each
+    /// output row within cosine similarity 0.99 of the f32 row, the bar
+    /// the MiniLM issue sets (per-row int8 activations move single
+    /// elements of a unit vector by up to ~1e-2 while the direction stays
+    /// within ~0.998).
+    pub const EMBEDDINGS: Tolerance = Tolerance { rtol: 0.0, atol: 0.0, abs: 0.0, row_cosine: 0.99 };
 }
 
 impl fmt::Display for Tolerance {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.row_cosine > 0.0 {
+            return write!(f, "cosine similarity >= {} per row", self.row_cosine);
+        }
         write!(f, "rtol {:e}, atol {:e} of the output's max |value|", self.rtol, self.atol)?;
         if self.abs > 0.0 {
             write!(f, ", plus {:e} absolute", self.abs)?;
@@ -97,6 +112,9 @@ pub struct Agreement {
     /// Largest over the outputs of `max |got - want| / max |want|`: the
     /// error figure of the reduced-precision modes.
     pub max_scaled_err: f64,
+    /// The least cosine similarity of a row with eager's, when the
+    /// tolerance compares rows (else 0).
+    pub min_row_cosine: f64,
 }
 
 /// Why a result was rejected.
@@ -132,6 +150,10 @@ pub fn check_outputs(want: &[OutputValues], got: &[OutputValues], tol: Tolerance
             return fail(format!("output {k}: shape {:?} where eager gives {:?}", g.shape, w.shape));
         }
         let scale = w.values.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+        if tol.row_cosine > 0.0 {
+            let cosine = check_rows(k, w, g, tol)?;
+            agreement.min_row_cosine = if k == 0 { cosine } else { agreement.min_row_cosine.min(cosine) };
+        }
         for (i, (&a, &b)) in w.values.iter().zip(&g.values).enumerate() {
             if a.is_nan() || b.is_nan() {
                 if a.is_nan() && b.is_nan() {
@@ -147,7 +169,7 @@ pub fn check_outputs(want: &[OutputValues], got: &[OutputValues], tol: Tolerance
             }
             let err = (a - b).abs();
             let allowed = tol.rtol * a.abs() + tol.atol * scale + tol.abs;
-            if err > allowed {
+            if err > allowed && tol.row_cosine <= 0.0 {
                 return fail(format!(
                     "output {k}, element {i}: {b} where eager gives {a} (|error| {err:.3e} > allowed {allowed:.3e}; \
                      tolerance {tol})"
@@ -163,6 +185,29 @@ pub fn check_outputs(want: &[OutputValues], got: &[OutputValues], tol: Tolerance
         }
     }
     Ok(agreement)
+}
+
+/// Checks each row of output `k` (along its last axis) for cosine
+/// similarity at least `tol.row_cosine` with eager's row; returns the
+/// least. A row of zeros must stay zeros (its direction is undefined).
+fn check_rows(k: usize, w: &OutputValues, g: &OutputValues, tol: Tolerance) -> Result<f64, Mismatch> {
+    let width = w.shape.last().copied().unwrap_or(1).max(1);
+    let mut least = 1.0f64;
+    for (r, (wr, gr)) in w.values.chunks(width).zip(g.values.chunks(width)).enumerate() {
+        let dot: f64 = wr.iter().zip(gr).map(|(a, b)| a * b).sum();
+        let (nw, ng) = (wr.iter().map(|a| a * a).sum::<f64>().sqrt(), gr.iter().map(|b| b * b).sum::<f64>().sqrt());
+        let cosine = if nw == 0.0 && ng == 0.0 { 1.0 } else { dot / (nw * ng) };
+        // NaN fails too: `!(cosine >= bar)`.
+        if !(cosine >= tol.row_cosine) {
+            return Err(Mismatch {
+                message: format!(
+                    "output {k}, row {r}: cosine similarity {cosine:.6} with eager's row (tolerance {tol})"
+                ),
+            });
+        }
+        least = least.min(cosine);
+    }
+    Ok(least)
 }
 
 /// Reads `got` and compares it with `want` (see [`check_outputs`]).
@@ -193,6 +238,19 @@ mod tests {
         let bad = [out(&[1.001, 10.0])];
         let err = check_outputs(&want, &bad, Tolerance::EXACT_CHAIN).unwrap_err();
         assert!(err.message.contains("element 0"), "{err}");
+    }
+
+    #[test]
+    fn row_cosine_judges_directions_not_elements() {
+        let want = [OutputValues { shape: vec![2, 2], dtype: DType::F32, values: vec![1.0, 0.0, 0.0, 1.0] }];
+        let close = [OutputValues { shape: vec![2, 2], dtype: DType::F32, values: vec![0.99, 0.1, 0.0, 2.0] }];
+        let a = check_outputs(&want, &close, Tolerance::EMBEDDINGS).unwrap();
+        assert!(a.min_row_cosine > 0.99 && a.min_row_cosine < 1.0, "{a:?}");
+        let turned = [OutputValues { shape: vec![2, 2], dtype: DType::F32, values: vec![1.0, 0.0, 0.3, 1.0] }];
+        let err = check_outputs(&want, &turned, Tolerance::EMBEDDINGS).unwrap_err();
+        assert!(err.message.contains("row 1") && err.message.contains("cosine"), "{err}");
+        let nan = [OutputValues { shape: vec![2, 2], dtype: DType::F32, values: vec![1.0, 0.0, f64::NAN, 1.0] }];
+        assert!(check_outputs(&want, &nan, Tolerance::EMBEDDINGS).is_err());
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct WorkloadSpec {
     pub floor_bytes: Option<f64>,
     /// The modes it runs in.
     pub modes: &'static [Mode],
+    /// How close its reduced-precision modes (bf16, int8) must be to the
+    /// f32 eager result.
+    pub low_precision: Tolerance,
     /// Builds the inputs (from fixed seeds) and the closure.
     pub build: fn() -> Body,
 }
@@ -72,6 +75,7 @@ fn elementwise() -> Vec<WorkloadSpec> {
             tolerance_note: "exact ops; FMA contraction may change the last bit of each step",
             floor_bytes: None,
             modes: STANDARD_MODES,
+            low_precision: Tolerance::BF16,
             build: build_small_ops,
         },
         WorkloadSpec {
@@ -82,6 +86,7 @@ fn elementwise() -> Vec<WorkloadSpec> {
             tolerance_note: "tanh may be a polynomial approximation in the JIT",
             floor_bytes: Some(8.0 * MIB),
             modes: STANDARD_MODES,
+            low_precision: Tolerance::BF16,
             build: build_gelu,
         },
         WorkloadSpec {
@@ -92,6 +97,7 @@ fn elementwise() -> Vec<WorkloadSpec> {
             tolerance_note: "exp approximation and reduction order",
             floor_bytes: Some(8.0 * MIB),
             modes: STANDARD_MODES,
+            low_precision: Tolerance::BF16,
             build: build_softmax,
         },
         WorkloadSpec {
@@ -102,6 +108,7 @@ fn elementwise() -> Vec<WorkloadSpec> {
             tolerance_note: "rsqrt approximation and reduction order",
             floor_bytes: Some(8.0 * MIB + 2.0 * 4096.0),
             modes: STANDARD_MODES,
+            low_precision: Tolerance::BF16,
             build: build_layernorm,
         },
     ]
@@ -114,10 +121,11 @@ fn networks() -> Vec<WorkloadSpec> {
             id: "W5",
             name: "mlp_forward",
             what: "batch 64, 784 -> 512 -> 512 -> 10, bias + relu between layers",
-            tolerance: Tolerance { rtol: 1e-5, atol: 1e-5, abs: 0.0 },
+            tolerance: Tolerance { rtol: 1e-5, atol: 1e-5, abs: 0.0, row_cosine: 0.0 },
             tolerance_note: "exact ops, but dot products of length 784 summed in another order cancel",
             floor_bytes: None,
             modes: LOW_PRECISION_MODES,
+            low_precision: Tolerance::BF16,
             build: build_mlp_forward,
         },
         WorkloadSpec {
@@ -128,6 +136,7 @@ fn networks() -> Vec<WorkloadSpec> {
             tolerance_note: "exp/log in the loss",
             floor_bytes: None,
             modes: BF16_MODES,
+            low_precision: Tolerance::BF16,
             build: build_mlp_train_step,
         },
         WorkloadSpec {
@@ -138,6 +147,7 @@ fn networks() -> Vec<WorkloadSpec> {
             tolerance_note: "sigmoid/tanh approximations",
             floor_bytes: None,
             modes: COMPOSITE_MODES,
+            low_precision: Tolerance::BF16,
             build: build_lstm_cell,
         },
         WorkloadSpec {
@@ -148,6 +158,7 @@ fn networks() -> Vec<WorkloadSpec> {
             tolerance_note: "tanh approximation, compounded over 32 steps",
             floor_bytes: None,
             modes: STANDARD_MODES,
+            low_precision: Tolerance::BF16,
             build: build_rnn_loop,
         },
     ]
@@ -164,38 +175,42 @@ fn models() -> Vec<WorkloadSpec> {
             tolerance_note: "exp in the attention, tanh in GELU, rsqrt in the layer norms",
             floor_bytes: None,
             modes: LOW_PRECISION_MODES,
+            low_precision: Tolerance::BF16,
             build: crate::transformer::build_transformer_block,
         },
         WorkloadSpec {
             id: "W10",
             name: "gpt_train_step",
             what: "2-block W9 GPT, vocabulary 96: embedding, loss, backward, AdamW on every parameter",
-            tolerance: Tolerance { rtol: 1e-3, atol: 1e-3, abs: 2.0 * crate::transformer::LR },
+            tolerance: Tolerance { rtol: 1e-3, atol: 1e-3, abs: 2.0 * crate::transformer::LR, row_cosine: 0.0 },
             tolerance_note: "AdamW's first step is lr * g / (|g| + eps): a gradient within rounding of 0 may flip its \
                              sign, moving that parameter by up to 2 lr (6e-4) whatever the tensor's scale",
             floor_bytes: None,
             modes: BF16_MODES,
+            low_precision: Tolerance::BF16,
             build: crate::transformer::build_gpt_train_step,
         },
         WorkloadSpec {
             id: "W10c",
             name: "gpt_train_step_remat",
             what: "W10 with both blocks in autodiff::checkpoint: the backward recomputes them (peak memory vs W10)",
-            tolerance: Tolerance { rtol: 2e-3, atol: 2e-3, abs: 2.0 * crate::transformer::LR },
+            tolerance: Tolerance { rtol: 2e-3, atol: 2e-3, abs: 2.0 * crate::transformer::LR, row_cosine: 0.0 },
             tolerance_note: "W10's, doubled: the recomputed blocks' gradients reach the shared parameters in another \
                              order, and AdamW's first step is about lr * sign(g), so a gradient near 0 may flip",
             floor_bytes: None,
             modes: STANDARD_MODES,
+            low_precision: Tolerance::BF16,
             build: crate::transformer::build_gpt_train_step_remat,
         },
         WorkloadSpec {
             id: "W11",
             name: "conv_block",
             what: "NCHW x [32, 32, 32, 32]: 3x3 conv 32 -> 64 pad 1 + bias, relu, 2x2 max pool; forward",
-            tolerance: Tolerance { rtol: 1e-5, atol: 1e-5, abs: 0.0 },
+            tolerance: Tolerance { rtol: 1e-5, atol: 1e-5, abs: 0.0, row_cosine: 0.0 },
             tolerance_note: "exact ops, but sums of 288 products in another order than the reference loops",
             floor_bytes: None,
             modes: STANDARD_MODES,
+            low_precision: Tolerance::BF16,
             build: crate::cnn::build_conv_block,
         },
         WorkloadSpec {
@@ -207,6 +222,7 @@ fn models() -> Vec<WorkloadSpec> {
             tolerance_note: "exp/log in the loss; gradients summed over 50,176 pixels in another order",
             floor_bytes: None,
             modes: STANDARD_MODES,
+            low_precision: Tolerance::BF16,
             build: crate::cnn::build_cnn_train_step,
         },
         WorkloadSpec {
@@ -217,6 +233,7 @@ fn models() -> Vec<WorkloadSpec> {
             tolerance_note: "exp/log in the loss; products summed in another order",
             floor_bytes: None,
             modes: STANDARD_MODES,
+            low_precision: Tolerance::BF16,
             build: crate::per_example::build_per_example_grads,
         },
         WorkloadSpec {
@@ -228,6 +245,7 @@ fn models() -> Vec<WorkloadSpec> {
             tolerance_note: "exp/log in the loss; norms factored as ||x|| ||g|| sum in another order",
             floor_bytes: None,
             modes: STANDARD_MODES,
+            low_precision: Tolerance::BF16,
             build: crate::per_example::build_per_example_grad_norms,
         },
         WorkloadSpec {
@@ -238,7 +256,8 @@ fn models() -> Vec<WorkloadSpec> {
             tolerance: Tolerance::TRANSCENDENTAL,
             tolerance_note: "erf in GELU, exp in the attention, rsqrt in 13 layer norms; unit-vector outputs",
             floor_bytes: None,
-            modes: STANDARD_MODES,
+            modes: LOW_PRECISION_MODES,
+            low_precision: Tolerance::EMBEDDINGS,
             build: crate::minilm::build_minilm,
         },
     ]

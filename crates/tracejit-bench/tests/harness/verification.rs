@@ -52,6 +52,7 @@ fn wrong_spec() -> WorkloadSpec {
         tolerance_note: "",
         floor_bytes: None,
         modes: STANDARD_MODES,
+        low_precision: Tolerance::BF16,
         build: || Body::Runnable(Box::new(Case::new("wrong_when_traced", Tensor::randn(&[64], 3), wrong_when_traced))),
     }
 }
@@ -125,6 +126,7 @@ fn tolerances_leave_room_for_f32_rounding() {
             rtol: spec.tolerance.rtol / 2.0,
             atol: spec.tolerance.atol / 2.0,
             abs: spec.tolerance.abs / 2.0,
+            row_cosine: 0.0,
         };
         match tracejit_bench::check_outputs(&f64_result, &f32_result, half) {
             Ok(a) => {
