@@ -197,8 +197,7 @@ fn check_rows(k: usize, w: &OutputValues, g: &OutputValues, tol: Tolerance) -> R
         let dot: f64 = wr.iter().zip(gr).map(|(a, b)| a * b).sum();
         let (nw, ng) = (wr.iter().map(|a| a * a).sum::<f64>().sqrt(), gr.iter().map(|b| b * b).sum::<f64>().sqrt());
         let cosine = if nw == 0.0 && ng == 0.0 { 1.0 } else { dot / (nw * ng) };
-        // NaN fails too: `!(cosine >= bar)`.
-        if !(cosine >= tol.row_cosine) {
+        if cosine.is_nan() || cosine < tol.row_cosine {
             return Err(Mismatch {
                 message: format!(
                     "output {k}, row {r}: cosine similarity {cosine:.6} with eager's row (tolerance {tol})"

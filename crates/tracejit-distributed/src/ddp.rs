@@ -3,8 +3,9 @@
 //!
 //! The gradients travel in buckets of at most [`crate::bucket_bytes`]
 //! (25 MiB by default; one gradient larger than that is a bucket of its
-//! own), filled from the last gradient to the first — the order a backward
-//! pass produces them, so the first bucket is complete earliest. Each
+//! own; the first bucket at most [`FIRST_BUCKET_BYTES`], 1 MiB, as
+//! PyTorch's), filled from the last gradient to the first — the order a
+//! backward pass produces them, so the first bucket is complete earliest. Each
 //! bucket is two nodes: a *start* node that packs the bucket's gradients
 //! into one buffer and starts a non-blocking all-reduce
 //! (`MPI_Iallreduce`), returning a token (an i64 scalar), and a *wait*
@@ -12,6 +13,16 @@
 //! means. Every start is recorded before every wait, so all buckets are in
 //! flight together and the sums travel while later buckets are packed; the
 //! optimizer's reads depend on the waits' outputs.
+//!
+//! Inside a compiled step the starts do not wait for their place in
+//! program order (after the whole backward, where `average_gradients` is
+//! called): a start says `ExternalKernel::starts_early`, and the JIT's
+//! `start_early` pass runs it right after the step making its bucket's
+//! last gradient. While buckets are in flight the executor polls between
+//! steps (`tracejit_ir::progress`; at most every [`POLL_EVERY`]), each poll
+//! one `MPI_Test` per bucket, so the sums travel while the rest of the
+//! backward computes and the waits find them done or nearly (the
+//! profile's `wait_bucket` steps show what remains).
 //!
 //! Every rank ends the step with bit-identical gradients: an all-reduce
 //! gives every rank the same sum (MPICH and Open MPI combine the same
@@ -39,6 +50,25 @@ use crate::{world, Error, ReduceOp};
 
 /// Buckets started and not yet waited for, by token.
 static IN_FLIGHT: LazyLock<Mutex<HashMap<i64, InFlight>>> = LazyLock::new(Default::default);
+
+/// The least time between two progress polls: an `MPI_Test` costs about a
+/// microsecond, and a schedule's small steps (views, scalars) take less.
+const POLL_EVERY: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// The progress hook ([`tracejit_ir::progress`]): one test of every bucket
+/// in flight, unless another thread is polling or the last poll was less
+/// than [`POLL_EVERY`] ago.
+fn progress() {
+    static LAST: Mutex<Option<std::time::Instant>> = Mutex::new(None);
+    let Ok(mut last) = LAST.try_lock() else { return };
+    if last.is_some_and(|t| t.elapsed() < POLL_EVERY) {
+        return;
+    }
+    *last = Some(std::time::Instant::now());
+    if let Ok(mut buckets) = IN_FLIGHT.try_lock() {
+        buckets.values_mut().for_each(|b| b.pending.progress());
+    }
+}
 static NEXT_TOKEN: AtomicI64 = AtomicI64::new(1);
 
 /// A started bucket: the collective and what to unpack it into.
@@ -86,11 +116,17 @@ impl ExternalKernel for StartBucket {
         };
         let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
         IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner()).insert(token, InFlight { pending, types });
+        tracejit_ir::progress::set_hook(progress);
+        tracejit_ir::progress::started();
         vec![Storage::scalar(token)]
     }
 
     fn effects(&self) -> Effects {
         Effects::WRITES
+    }
+
+    fn starts_early(&self) -> bool {
+        true
     }
 }
 
@@ -101,6 +137,7 @@ impl ExternalKernel for WaitBucket {
         let Some(InFlight { pending, types }) = started else {
             panic!("average_gradients: bucket {} was not started (token {token})", self.index)
         };
+        tracejit_ir::progress::finished();
         let size = world::current().map_or(1, |w| w.size());
         match pending.wait() {
             Ok(mut sum) => {
@@ -118,10 +155,17 @@ impl ExternalKernel for WaitBucket {
     }
 }
 
+/// The most bytes the first bucket (the last gradients) holds, whatever
+/// the bucket size: PyTorch DDP's first bucket (1 MiB), so that the first
+/// all-reduce starts early in the backward rather than after a whole
+/// 25 MiB of gradients (for W10's 6.65 MB of gradients: after its last
+/// block's instead of after all of them).
+pub const FIRST_BUCKET_BYTES: usize = 1 << 20;
+
 /// Which gradients go together: indices into the gradient list, each
-/// bucket of one dtype's transport kind and at most `cap` bytes (unless one
-/// gradient alone is larger, or its size is unknown), filled from the last
-/// gradient backwards.
+/// bucket of one dtype's transport kind and at most `cap` bytes (the first
+/// at most [`FIRST_BUCKET_BYTES`]; unless one gradient alone is larger, or
+/// its size is unknown), filled from the last gradient backwards.
 pub(crate) fn plan_buckets(types: &[TensorType], cap: usize) -> Vec<Vec<usize>> {
     let mut buckets: Vec<Vec<usize>> = Vec::new();
     let mut current: Vec<usize> = Vec::new();
@@ -129,6 +173,7 @@ pub(crate) fn plan_buckets(types: &[TensorType], cap: usize) -> Vec<Vec<usize>> 
     for i in (0..types.len()).rev() {
         let k = Kind::of(types[i].dtype);
         let b = types[i].num_elements().map(|n| n.saturating_mul(k.size()));
+        let cap = if buckets.is_empty() { cap.min(FIRST_BUCKET_BYTES) } else { cap };
         let fits = b.is_some_and(|b| bytes.saturating_add(b) <= cap) && kind == Some(k);
         if !current.is_empty() && !fits {
             buckets.push(std::mem::take(&mut current));
@@ -217,6 +262,9 @@ mod tests {
         assert_eq!(plan_buckets(&types, 80), vec![vec![4], vec![3], vec![2], vec![1, 0]]);
         assert_eq!(plan_buckets(&types[..2], 1 << 20), vec![vec![1, 0]]);
         assert!(plan_buckets(&[], 80).is_empty());
+        // The first bucket stops at 1 MiB, the next ones at the cap.
+        let mib = || TensorType::known(DType::F32, &[1 << 18]);
+        assert_eq!(plan_buckets(&[mib(), mib(), mib(), mib()], 25 << 20), vec![vec![3], vec![2, 1, 0]]);
         // A gradient of unknown size travels alone.
         let unknown = TensorType::from_spec(DType::F32, &[-1, 3]);
         assert_eq!(plan_buckets(&[f32s(1), unknown, f32s(1)], 1 << 20), vec![vec![2], vec![1], vec![0]]);

@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 pub use collectives::{all_gather, all_reduce, broadcast, try_all_gather, try_all_reduce, try_broadcast, NODE_PREFIX};
-pub use ddp::{average_gradients, try_average_gradients};
+pub use ddp::{average_gradients, try_average_gradients, FIRST_BUCKET_BYTES};
 pub use error::{Error, Result};
 pub use world::{init, World};
 
@@ -89,7 +89,8 @@ pub fn timeout() -> Duration {
 }
 
 /// The most bytes one bucket of [`average_gradients`] holds (default
-/// [`DEFAULT_BUCKET_BYTES`]; at least 1). Read when a step is traced, so
+/// [`DEFAULT_BUCKET_BYTES`]; at least 1; the first bucket at most
+/// [`FIRST_BUCKET_BYTES`] too). Read when a step is traced, so
 /// set it before the first call of a compiled step; every rank must use
 /// the same value.
 pub fn set_bucket_bytes(bytes: usize) {

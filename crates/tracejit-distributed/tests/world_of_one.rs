@@ -99,11 +99,15 @@ fn collectives_keep_program_order_with_variable_writes() {
     assert_eq!(v.value().to_vec::<f32>().unwrap(), [21.0]);
 }
 
+/// Bucket sizes are read at trace time and are process-wide: the tests
+/// that change them hold this (tests run in parallel threads of one
+/// process).
+static BUCKET_BYTES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn average_gradients_goes_out_in_buckets_of_the_set_size() {
     world_of_one();
-    // Bucket sizes are read at trace time; this test is the only one that
-    // changes them (tests run in parallel threads of one process).
+    let _only_me = BUCKET_BYTES.lock().unwrap_or_else(|e| e.into_inner());
     distributed::set_bucket_bytes(64);
     let f = function(|(a, b, c): (Tensor, Tensor, Tensor)| distributed::average_gradients(&[a, b, c]));
     // 16 f32 (64 bytes), 4 f32 (16), 12 f32 (48): [c, b] fit 64 bytes, a alone.
@@ -116,6 +120,70 @@ fn average_gradients_goes_out_in_buckets_of_the_set_size() {
     let listing = f.concrete_functions()[0].optimized_graph().to_string();
     assert_eq!(listing.matches("start_bucket").count(), 2, "{listing}");
     assert_eq!(listing.matches("wait_bucket").count(), 2, "{listing}");
+}
+
+/// A three-layer regression step: the loss, after the weights took one
+/// SGD step with their gradients averaged over the world (`ddp`) or not.
+fn sgd_step(ws: Vec<Variable>, ddp: bool) -> tracejit_trace::Function<Tensor, Tensor> {
+    function(move |x: Tensor| {
+        let tape = GradientTape::new();
+        let h1 = x.matmul(&ws[0].read()).tanh();
+        let h2 = h1.matmul(&ws[1].read()).tanh();
+        let loss = (h2.matmul(&ws[2].read()) - 0.5).square().sum_all();
+        let grads: Vec<Tensor> =
+            tape.gradient(&loss, &ws[..]).unwrap().into_iter().map(|g| g.expect("every weight is used")).collect();
+        let grads = if ddp { distributed::average_gradients(&grads) } else { grads };
+        for (w, g) in ws.iter().zip(&grads) {
+            w.assign_sub(&(g * 0.1f32));
+        }
+        loss
+    })
+}
+
+/// Inside a compiled training step each bucket's all-reduce starts right
+/// after the step making its last gradient (the JIT's `start_early` pass),
+/// while the rest of the backward still computes, not after the whole
+/// backward where `average_gradients` is called; the step's results are
+/// those of the same step without DDP, bit for bit (a world of one).
+#[test]
+fn buckets_start_while_the_backward_still_computes() {
+    world_of_one();
+    let weights = |seed: u64| -> Vec<Variable> {
+        [[12usize, 32], [32, 32], [32, 4]]
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Variable::new(Tensor::randn(s, seed + i as u64) * 0.3f32))
+            .collect()
+    };
+    let x = Tensor::randn(&[16, 12], 7);
+    let (ddp_w, plain_w) = (weights(1), weights(1));
+    let step = {
+        let _only_me = BUCKET_BYTES.lock().unwrap_or_else(|e| e.into_inner());
+        distributed::set_bucket_bytes(64); // one bucket per weight
+        let step = sgd_step(ddp_w.clone(), true);
+        let traced = step.get_concrete_function(x.clone());
+        distributed::set_bucket_bytes(distributed::DEFAULT_BUCKET_BYTES);
+        traced.unwrap();
+        step
+    };
+    let plain = sgd_step(plain_w.clone(), false);
+    for _ in 0..3 {
+        let (a, b) = (step.call(x.clone()).unwrap(), plain.call(x.clone()).unwrap());
+        assert!(same_bits(&a, &b));
+    }
+    for (a, b) in ddp_w.iter().zip(&plain_w) {
+        assert!(same_bits(&a.value(), &b.value()));
+    }
+    let cf = step.concrete_functions().remove(0);
+    assert_eq!(cf.executor_kind(), "jit", "{:?}", cf.jit_error());
+    let profile = cf.profile(std::slice::from_ref(&x), 1).unwrap().expect("the JIT runs it");
+    let top = || profile.steps.iter().filter(|s| s.depth == 0);
+    let starts: Vec<usize> = top().filter(|s| s.what.contains("start_bucket")).map(|s| s.index).collect();
+    let products: Vec<usize> = top().filter(|s| s.kind == "gemm").map(|s| s.index).collect();
+    assert_eq!(starts.len(), 3, "{profile}");
+    // The backward's last product is the first layer's weight gradient:
+    // the last layer's bucket (the first one) starts before it.
+    assert!(starts[0] < *products.last().unwrap(), "starts {starts:?}, products {products:?}\n{profile}");
 }
 
 /// Central differences in f64 (h = 1e-5: error ~1e-10 for these smooth

@@ -73,4 +73,15 @@ pub trait ExternalKernel: Send + Sync + fmt::Debug {
         let _ = low;
         None
     }
+
+    /// True when the kernel only *starts* work that a later node finishes
+    /// (a non-blocking collective's start, whose token a wait node takes):
+    /// the JIT's `start_early` pass runs it as soon as its inputs and
+    /// control inputs exist instead of at its place in program order, so
+    /// the work proceeds (see [`crate::progress`]) while the steps in
+    /// between compute. Only for kernels whose effects are ordered by
+    /// their control inputs alone. False by default.
+    fn starts_early(&self) -> bool {
+        false
+    }
 }

@@ -30,6 +30,7 @@ mod op_key;
 mod parser;
 pub mod passes;
 mod printer;
+pub mod progress;
 pub mod registry;
 pub mod tolerance;
 mod types;

@@ -12,6 +12,7 @@
 //! bf16_products    products of bf16(-rounded) operands on the bf16 GEMM, their casts dropped
 //! row_loops        loops whose batch rows never meet: run in row blocks
 //! hoist_views      views a later product reads move before an earlier one
+//! start_early      non-blocking starts (a DDP bucket) move up to their inputs
 //! last_uses        each slot freed at its last use
 //! in_place         a region writes over an input that dies there
 //! drop_unread      inputs and constants no step reads
@@ -50,6 +51,7 @@ mod products;
 mod regions;
 mod row_loops;
 mod sparse_updates;
+mod start_early;
 
 pub use regions::plan_regions;
 
@@ -79,6 +81,7 @@ fn passes() -> Vec<Box<dyn SchedulePass>> {
         Box::new(bf16_products::Bf16Products),
         Box::new(row_loops::RowLoops),
         Box::new(products::HoistViews),
+        Box::new(start_early::StartEarly),
         Box::new(liveness::LastUses),
         Box::new(in_place::InPlace),
         Box::new(liveness::DropUnread),

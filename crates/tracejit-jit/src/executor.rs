@@ -353,6 +353,8 @@ impl Executable {
         // Released as their last locked steps pass, the rest on return.
         let mut held = self.locks.as_ref().map(tracejit_ir::locks::LockPlan::start);
         for (i, step) in self.schedule.steps.iter().enumerate() {
+            // A non-blocking collective started earlier advances between steps.
+            tracejit_ir::progress::poll();
             if let Some(held) = held.as_mut() {
                 held.before(i);
             }

@@ -13,7 +13,10 @@
 //! `step` prints each step's loss (the mean over ranks) and the
 //! parameters' sum of squares, so runs on different numbers of ranks can
 //! be compared, then steps per second over the timed steps (the slowest
-//! rank's time).
+//! rank's time). `--bucket-kib N` sets `average_gradients`' bucket size
+//! (25 MiB by default: W10's 6.65 MB of gradients are one bucket);
+//! `--profile` then prints where each bucket starts and waits in one
+//! step's schedule and what its wait cost (the overlap with the backward).
 
 use std::time::Instant;
 
@@ -33,9 +36,17 @@ fn main() -> anyhow::Result<()> {
             .unwrap_or(default)
     };
     match args.first().map(String::as_str) {
-        Some("step") => step(world, value("--warmup", 2), value("--steps", 10)),
+        Some("step") => {
+            if let Some(kib) = args.iter().position(|a| a == "--bucket-kib").map(|_| value("--bucket-kib", 25 << 10)) {
+                distributed::set_bucket_bytes(kib << 10);
+            }
+            let profile = args.iter().any(|a| a == "--profile");
+            step(world, value("--warmup", 2), value("--steps", 10), profile)
+        }
         Some("collectives") => collectives(world, value("--max-mib", 64)),
-        _ => anyhow::bail!("usage: ddp step [--warmup N] [--steps N] | ddp collectives [--max-mib N]"),
+        _ => anyhow::bail!(
+            "usage: ddp step [--warmup N] [--steps N] [--bucket-kib N] [--profile] | ddp collectives [--max-mib N]"
+        ),
     }
 }
 
@@ -44,7 +55,7 @@ fn slowest(x: f64) -> f64 {
     distributed::all_reduce(&Tensor::from_vec(vec![x], &[1]), ReduceOp::Max).to_vec::<f64>().unwrap()[0]
 }
 
-fn step(world: distributed::World, warmup: usize, steps: usize) -> anyhow::Result<()> {
+fn step(world: distributed::World, warmup: usize, steps: usize, profile: bool) -> anyhow::Result<()> {
     anyhow::ensure!(B.is_multiple_of(world.size()), "W10's batch of {B} does not split over {} ranks", world.size());
     let (tok, params, m, v, count) = gpt_args();
     let share = (B / world.size()) as i64;
@@ -72,6 +83,12 @@ fn step(world: distributed::World, warmup: usize, steps: usize) -> anyhow::Resul
         state = (out, m, v, count);
     }
     let timed = slowest(timed);
+    if profile {
+        let mut flat = vec![tok.clone()];
+        flat.extend(state.0.iter().chain(&state.1).chain(&state.2).cloned());
+        flat.push(state.3.clone());
+        print_buckets(&world, &f.concrete_functions()[0], &flat)?;
+    }
     let sum_sq: f64 =
         state.0.iter().map(|p| p.cast(tracejit::DType::F64).pow(2.0).sum_all().to_vec::<f64>().unwrap()[0]).sum();
     for (s, l) in losses.iter().enumerate() {
@@ -88,6 +105,34 @@ fn step(world: distributed::World, warmup: usize, steps: usize) -> anyhow::Resul
             std::env::var("TRACEJIT_NUM_THREADS").unwrap_or_else(|_| "default".into()),
             steps as f64 / timed,
             1e3 * timed / steps as f64
+        );
+    }
+    Ok(())
+}
+
+/// One profiled call of the step (every rank runs it: it holds
+/// collectives); rank 0 prints each bucket's start and wait: their places
+/// among the schedule's steps, the steps computed between them and the
+/// wait's time (what the overlap left).
+fn print_buckets(world: &distributed::World, cf: &tracejit::ConcreteFunction, flat: &[Tensor]) -> anyhow::Result<()> {
+    let p = cf.profile(flat, 1)?.ok_or_else(|| anyhow::anyhow!("the step does not run in the JIT"))?;
+    if !world.is_root() {
+        return Ok(());
+    }
+    let top: Vec<_> = p.steps.iter().filter(|s| s.depth == 0).collect();
+    println!("one step: {} steps, {:.1} ms", top.len(), p.per_run().as_secs_f64() * 1e3);
+    let starts: Vec<_> = top.iter().filter(|s| s.what.contains("start_bucket")).collect();
+    let waits: Vec<_> = top.iter().filter(|s| s.what.contains("wait_bucket")).collect();
+    for (b, (s, w)) in starts.iter().zip(&waits).enumerate() {
+        let between: f64 =
+            top.iter().filter(|x| x.index > s.index && x.index < w.index).map(|x| x.total.as_secs_f64()).sum();
+        println!(
+            "bucket {b}: starts at step {} ({:.2} ms), waits at step {} ({:.2} ms) after {:.1} ms of other steps",
+            s.index,
+            s.total.as_secs_f64() * 1e3,
+            w.index,
+            w.total.as_secs_f64() * 1e3,
+            between * 1e3
         );
     }
     Ok(())

@@ -72,6 +72,19 @@ pub(crate) fn wait_request(world: World, what: String, request: mpi::Request) ->
 }
 
 impl Pending {
+    /// Lets the collective advance without waiting (one `MPI_Test`): MPI
+    /// moves a message only inside its calls. An error is kept for
+    /// [`Pending::wait`] to report.
+    pub(crate) fn progress(&mut self) {
+        match &mut self.state {
+            State::Done(_) => {}
+            #[cfg(feature = "mpi")]
+            State::Mpi(r) => {
+                let _ = r.test();
+            }
+        }
+    }
+
     /// Waits for the collective until the configured timeout has passed
     /// since this call; a timeout abandons it (its buffers are leaked, as
     /// MPI may still write them) and marks the world broken.

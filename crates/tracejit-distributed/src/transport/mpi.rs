@@ -155,6 +155,11 @@ pub(crate) struct Request {
     in_place: bool,
     send: Elems,
     recv: Elems,
+    /// MPI said it completed (the handle is now `MPI_REQUEST_NULL`): a
+    /// progress poll may see that before the wait does.
+    done: bool,
+    /// The error a progress poll met, returned again by the next test.
+    failed: Option<String>,
 }
 
 // SAFETY: the request handle and the buffers are only touched under `LOCK`.
@@ -201,20 +206,37 @@ impl Mpi {
         check(code, "starting the collective")?;
         // SAFETY: MPI wrote the request on success.
         let request = unsafe { request.assume_init() };
-        Ok(Request { request, in_place: matches!(c, Collective::Broadcast { .. }), send, recv })
+        Ok(Request {
+            request,
+            in_place: matches!(c, Collective::Broadcast { .. }),
+            send,
+            recv,
+            done: false,
+            failed: None,
+        })
     }
 }
 
 impl Request {
     /// True once the operation completed (MPI_Test); progresses it.
     pub(crate) fn test(&mut self) -> Result<bool, String> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.done {
+            return Ok(true);
+        }
         let mut flag: c_int = 0;
         let _g = lock();
         // SAFETY: `request` came from a successful start and was not
-        // completed yet (a completed one is never tested again).
+        // completed yet (`done` stops the tests of a completed one).
         let code = unsafe { ffi::MPI_Test(&mut self.request, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
-        check(code, "MPI_Test")?;
-        Ok(flag != 0)
+        if let Err(e) = check(code, "MPI_Test") {
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
+        self.done = flag != 0;
+        Ok(self.done)
     }
 
     /// The result of a completed operation: the receive buffer, or for a
