@@ -6,7 +6,7 @@ use ndarray::{s, Array2, ArrayView2};
 
 use super::*;
 use crate::bf16::tests::{paths, with_threads, Rng};
-use crate::bf16::tiles::{lhs_len, with_scratch, OutPtr};
+use crate::bf16::tiles::{lhs_len, lhs_slot, with_scratch, OutPtr, MR};
 
 /// Scales and levels of the rows of `x`, by the documented symmetric rule.
 fn levels(x: ArrayView2<'_, f32>) -> (Vec<f32>, Array2<i64>) {
@@ -139,7 +139,7 @@ fn quantization_follows_the_rule_on_both_paths() {
             for i in 0..8 {
                 let offset = if want_unsigned[i] { 0 } else { 128 };
                 for p in 0..77 {
-                    let at = 4 * crate::bf16::tiles::lhs_slot(8, kw, i, p / 64) + 4 * (p % 64 / 4) + p % 4;
+                    let at = 4 * lhs_slot(MR, 8, kw, i, p / 64) + 4 * (p % 64 / 4) + p % 4;
                     let q = if want_scales[i].is_nan() { 0 } else { want_q[[i, p]] };
                     assert_eq!(i64::from(bytes[at]) - offset, q, "{isa:?} ({i}, {p})");
                 }
