@@ -1,74 +1,75 @@
-//! The AMX bf16 micro-kernel (`tdpbf16ps`, Intel Sapphire Rapids and
-//! later): 16 × 16 f32 outputs per tile register, advanced by 32 values of
-//! `k` (16 words) per instruction, 8192 multiply-adds where `vdpbf16ps`
-//! does 512.
-//!
-//! A block's outputs are cut into strips of up to 2 × 2 C tiles (32 × 32
-//! outputs in `tmm0`–`tmm3`); per group of 16 words a strip loads its two
-//! A tiles (`tmm4`, `tmm5`: 16 rows × 16 words of the lhs, one group of an
-//! [`AMX_MR`]-row panel, rows 64 bytes apart) and two B tiles (`tmm6`,
-//! `tmm7`: 16 words of depth × 16 columns of an rhs panel, rows a panel
-//! row, 256 bytes, apart) straight from the packed operands
-//! ([`super::tiles`]) and runs four `tdpbf16ps`. Strips at the edges of
-//! the matrix or of the block take fewer tiles (1 × 2, 2 × 1, 1 × 1), and
-//! a C tile that is not wholly inside the block goes through a buffer
-//! (rows and columns outside it computed and dropped); the others are
-//! loaded from and stored to the output directly.
-//!
-//! What `tdpbf16ps` computes, per output (as Intel's manual defines it
-//! and as checked on this Xeon, 51 200 outputs of random operands with
-//! the same bits as this model): two f32 sums started at zero, one over
-//! the even halves of the 16 words' products and one over the odd halves,
-//! each product exact and each addition rounded to nearest even; then
-//! `c + (even + odd)`. Subnormal inputs are read as zero and subnormal
-//! results flushed to zero (DAZ, FTZ, whatever MXCSR says), and no
-//! floating-point exception is raised. The order is the same for every
-//! output, wherever its tile lies: the bits do not depend on the blocks.
-//!
-//! The tiles are configured (`ldtilecfg`) once per block, on the thread
-//! that runs it, and released (`tilerelease`) before it returns. Each
-//! instruction is its own `asm!` statement: the tile registers are not
-//! registers the compiler allocates, so they keep their values between
-//! statements of one function that calls nothing in between.
+//! The bf16 product's outputs on the AMX path (`crate::amx`): its f32 C
+//! tiles start from the outputs (with `accumulate`) or from zero and are
+//! stored straight back; a tile not wholly inside the block goes through
+//! its buffer, only the block's outputs read and written.
 
-use std::arch::asm;
 use std::ops::Range;
 
-use super::tiles::{groups, lhs_slot, rhs_column, rhs_depth, OutPtr, AMX_MR, GROUP, NR};
+use super::tiles::OutPtr;
+use crate::amx::{each_row, tile_load, tile_store, tile_zero, whole, Buffer, Output, T};
 
-/// Rows and columns of a C tile, rows of an A tile, columns of a B tile.
-const T: usize = 16;
+/// Where a block's f32 outputs go.
+struct F32Out {
+    c: *mut f32,
+    ldc: usize,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    accumulate: bool,
+}
 
-/// The most bytes of rhs a block reads once per row strip: three
-/// quarters of a Sapphire Rapids core's 2 MiB L2.
-const RHS_IN_L2: usize = 3 << 19;
-
-/// A 64-byte tile configuration (`ldtilecfg`'s operand).
-#[repr(C, align(64))]
-struct Config([u8; 64]);
-
-/// Palette 1; tiles 0 to 7 all 16 rows of 64 bytes (16 f32 of C, 16
-/// words of A or of B).
-static CONFIG: Config = {
-    let mut c = [0u8; 64];
-    c[0] = 1;
-    let mut t = 0;
-    while t < 8 {
-        c[16 + 2 * t] = 64;
-        c[48 + t] = 16;
-        t += 1;
+impl F32Out {
+    /// The output at row `row`, column `col` of the product.
+    fn at(&self, row: usize, col: usize) -> *mut f32 {
+        self.c.wrapping_add(row * self.ldc + col)
     }
-    Config(c)
-};
+}
 
-/// A C tile's buffer, when the tile is not wholly inside its block.
-#[repr(C, align(64))]
-struct Buffer([f32; T * T]);
+impl Output for F32Out {
+    const INT8: bool = false;
+
+    fn block(&self) -> (&Range<usize>, &Range<usize>) {
+        (&self.rows, &self.cols)
+    }
+
+    unsafe fn start(&self, t: usize, row: usize, col: usize, buf: &mut Buffer) {
+        if !self.accumulate {
+            // SAFETY: AMX, configured (the caller's).
+            return unsafe { tile_zero(t) };
+        }
+        if whole(&self.rows, &self.cols, row, col) {
+            // SAFETY: as above; a whole tile's rows lie in `c`, `ldc` apart.
+            return unsafe { tile_load(t, self.at(row, col).cast(), 4 * self.ldc) };
+        }
+        each_row(&self.rows, &self.cols, row, col, |r, j, len| {
+            for x in j..j + len {
+                // SAFETY: an output of the block.
+                buf.0[r * T + x] = unsafe { *self.at(row + r, col + x) }.to_bits();
+            }
+        });
+        // SAFETY: as above; the buffer is 16 rows of 64 bytes.
+        unsafe { tile_load(t, buf.ptr(), 4 * T) };
+    }
+
+    unsafe fn finish(&self, t: usize, row: usize, col: usize, buf: &mut Buffer) {
+        if whole(&self.rows, &self.cols, row, col) {
+            // SAFETY: as in `start`.
+            return unsafe { tile_store(t, self.at(row, col).cast(), 4 * self.ldc) };
+        }
+        // SAFETY: as in `start`.
+        unsafe { tile_store(t, buf.ptr(), 4 * T) };
+        each_row(&self.rows, &self.cols, row, col, |r, j, len| {
+            for x in j..j + len {
+                // SAFETY: an output of the block, written by no one else.
+                unsafe { *self.at(row + r, col + x) = f32::from_bits(buf.0[r * T + x]) };
+            }
+        });
+    }
+}
 
 /// Computes the output block `rows × cols` of an `m × n` product of depth
-/// `kw` words from packed operands (the lhs in panels of [`AMX_MR`] rows)
-/// into `c` (row-major, `n` wide): `c =` or, with `accumulate`, `c +=`
-/// the product.
+/// `kw` words from packed operands (the lhs in panels of
+/// [`super::tiles::AMX_MR`] rows) into `c` (row-major, `n` wide): `c =`
+/// or, with `accumulate`, `c +=` the product.
 ///
 /// # Safety
 /// The CPU has AMX-TILE and AMX-BF16 and the OS granted the tile state
@@ -88,241 +89,8 @@ pub(super) unsafe fn run_block(
     n: usize,
     accumulate: bool,
 ) {
-    debug_assert!(rows.end <= m && cols.end <= n && kw > 0);
-    // SAFETY: AMX is present and granted (the caller's contract).
-    unsafe { asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly, preserves_flags)) };
-    let out = Out { c: c.get(), ldc: n, rows: rows.clone(), cols: cols.clone(), accumulate };
-    let strip_at = |row: usize, col: usize| {
-        let (tall, wide) = (row + T < rows.end, col + T < cols.end);
-        let b0 = rhs[rhs_column(kw, col)..].as_ptr();
-        let b1 = if wide { rhs[rhs_column(kw, col + T)..].as_ptr() } else { b0 };
-        // Row `row` starts a panel (a multiple of AMX_MR); a group of a
-        // panel of `w` rows is `w · GROUP` words.
-        let panel = |r: usize| (lhs[lhs_slot(AMX_MR, m, kw, r, 0)..].as_ptr(), AMX_MR.min(m - r) * GROUP);
-        let (a0, step0) = panel(row);
-        let (a1, step1) = if tall { panel(row + T) } else { (a0, step0) };
-        let s = Strip { a: [a0, a1], a_step: [step0, step1], b: [b0, b1], groups: groups(kw), row, col };
-        // SAFETY: the strip's tiles lie in the packed operands (the lhs's
-        // slack covers a last panel's 16-row loads); the output is the
-        // caller's; the tiles are configured.
-        unsafe {
-            match (tall, wide) {
-                (true, true) => strip::<2, 2>(&s, &out),
-                (true, false) => strip::<2, 1>(&s, &out),
-                (false, true) => strip::<1, 2>(&s, &out),
-                (false, false) => strip::<1, 1>(&s, &out),
-            }
-        }
-    };
-    // Strips start on whole tiles: rows on panels, columns on registers.
-    let row_starts = (rows.start / T * T..rows.end).step_by(2 * T);
-    let col_starts = (cols.start / T * T..cols.end).step_by(2 * T);
-    // Row strips outside while the block's rhs columns fit in L2 with room
-    // to spare (or are no larger than its lhs rows): each row strip's A
-    // tiles stay in L1 while the B tiles pass from L2, and the outputs are
-    // written a row strip at a time (on W9's and MiniLM's shapes 10-50%
-    // faster than column strips outside, whose 32-column stores down the
-    // whole output miss the caches). A larger rhs is read once per column
-    // strip instead (256×1536×1536: 25% faster so).
-    let (rhs_bytes, lhs_bytes) = (4 * cols.len() * rhs_depth(kw), 4 * rows.len() * rhs_depth(kw));
-    if rhs_bytes <= RHS_IN_L2 || rhs_bytes <= lhs_bytes {
-        for row in row_starts {
-            col_starts.clone().for_each(|col| strip_at(row, col));
-        }
-    } else {
-        for col in col_starts {
-            row_starts.clone().for_each(|row| strip_at(row, col));
-        }
-    }
-    // SAFETY: as above.
-    unsafe { asm!("tilerelease", options(nostack, nomem, preserves_flags)) };
-}
-
-/// Where a block's outputs go.
-struct Out {
-    c: *mut f32,
-    ldc: usize,
-    rows: Range<usize>,
-    cols: Range<usize>,
-    accumulate: bool,
-}
-
-/// Up to 2 × 2 C tiles of outputs from row `row` and column `col`.
-struct Strip {
-    /// The first group of each A tile's panel.
-    a: [*const u32; 2],
-    /// Words from one group of each panel to the next.
-    a_step: [usize; 2],
-    /// Step 0 of each B tile's first column.
-    b: [*const u32; 2],
-    groups: usize,
-    row: usize,
-    col: usize,
-}
-
-/// One strip of `R` × `C` tiles (C tile `2i + j` is rows `16i`, columns
-/// `16j` of it) over the whole depth.
-///
-/// # Safety
-/// As [`run_block`], with the tile configuration loaded; the strip's tiles
-/// lie in the packed operands.
-#[inline(always)]
-unsafe fn strip<const R: usize, const C: usize>(s: &Strip, out: &Out) {
-    let mut buffers = [Buffer([0.0; T * T]), Buffer([0.0; T * T]), Buffer([0.0; T * T]), Buffer([0.0; T * T])];
-    for i in 0..R {
-        for j in 0..C {
-            let t = 2 * i + j;
-            let (row, col) = (s.row + T * i, s.col + T * j);
-            // SAFETY: a direct tile lies in `c`; a buffer is 16 rows of 64 bytes.
-            unsafe {
-                match whole(out, row, col) {
-                    Some(p) if out.accumulate => tile_load(t, p.cast(), 4 * out.ldc),
-                    Some(_) => tile_zero(t),
-                    None => {
-                        let buf = &mut buffers[t].0;
-                        if out.accumulate {
-                            each_output(out, row, col, |r, j, p| buf[r * T + j] = *p);
-                        }
-                        tile_load(t, buf.as_ptr().cast(), 4 * T);
-                    }
-                }
-            }
-        }
-    }
-    let [mut a0, mut a1] = s.a.map(|a| a.cast::<u8>());
-    let [mut b0, mut b1] = s.b.map(|b| b.cast::<u8>());
-    for _ in 0..s.groups {
-        // SAFETY: the group's A and B tiles lie in the packed operands.
-        unsafe {
-            tile_load(4, a0, 4 * GROUP);
-            if R == 2 {
-                tile_load(5, a1, 4 * GROUP);
-            }
-            tile_load(6, b0, 4 * NR);
-            if C == 2 {
-                tile_load(7, b1, 4 * NR);
-            }
-            asm!("tdpbf16ps tmm0, tmm4, tmm6", options(nostack, nomem, preserves_flags));
-            if C == 2 {
-                asm!("tdpbf16ps tmm1, tmm4, tmm7", options(nostack, nomem, preserves_flags));
-            }
-            if R == 2 {
-                asm!("tdpbf16ps tmm2, tmm5, tmm6", options(nostack, nomem, preserves_flags));
-                if C == 2 {
-                    asm!("tdpbf16ps tmm3, tmm5, tmm7", options(nostack, nomem, preserves_flags));
-                }
-            }
-        }
-        a0 = a0.wrapping_add(4 * s.a_step[0]);
-        a1 = a1.wrapping_add(4 * s.a_step[1]);
-        b0 = b0.wrapping_add(4 * GROUP * NR);
-        b1 = b1.wrapping_add(4 * GROUP * NR);
-    }
-    for i in 0..R {
-        for j in 0..C {
-            let t = 2 * i + j;
-            let (row, col) = (s.row + T * i, s.col + T * j);
-            // SAFETY: as for the loads.
-            unsafe {
-                match whole(out, row, col) {
-                    Some(p) => tile_store(t, p.cast(), 4 * out.ldc),
-                    None => {
-                        let buf = &mut buffers[t].0;
-                        tile_store(t, buf.as_mut_ptr().cast(), 4 * T);
-                        each_output(out, row, col, |r, j, p| *p = buf[r * T + j]);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The first output of the C tile at `row`, `col` when the whole tile
-/// lies inside the block.
-fn whole(out: &Out, row: usize, col: usize) -> Option<*mut f32> {
-    let inside = out.rows.start <= row && row + T <= out.rows.end && out.cols.start <= col && col + T <= out.cols.end;
-    inside.then(|| out.c.wrapping_add(row * out.ldc + col))
-}
-
-/// Calls `f(r, j, output)` for each output of the C tile at `row`, `col`
-/// inside the block (`r`, `j` inside the tile).
-fn each_output(out: &Out, row: usize, col: usize, mut f: impl FnMut(usize, usize, *mut f32)) {
-    let (r0, r1) = (out.rows.start.max(row), out.rows.end.min(row + T));
-    let (c0, c1) = (out.cols.start.max(col), out.cols.end.min(col + T));
-    for r in r0..r1 {
-        for j in c0..c1 {
-            f(r - row, j - col, out.c.wrapping_add(r * out.ldc + j));
-        }
-    }
-}
-
-/// `tilezero tmm{t}` for a C tile (0 to 3).
-///
-/// # Safety
-/// AMX, configured.
-#[inline(always)]
-unsafe fn tile_zero(t: usize) {
+    debug_assert!(cols.end <= n);
+    let out = F32Out { c: c.get(), ldc: n, rows, cols, accumulate };
     // SAFETY: the caller's.
-    unsafe {
-        match t {
-            0 => asm!("tilezero tmm0", options(nostack, nomem, preserves_flags)),
-            1 => asm!("tilezero tmm1", options(nostack, nomem, preserves_flags)),
-            2 => asm!("tilezero tmm2", options(nostack, nomem, preserves_flags)),
-            3 => asm!("tilezero tmm3", options(nostack, nomem, preserves_flags)),
-            _ => unreachable!("C tiles are tmm0 to tmm3"),
-        }
-    }
-}
-
-/// `tileloadd tmm{t}, [p + stride]`: 16 rows of 64 bytes, `stride` bytes
-/// apart.
-///
-/// # Safety
-/// AMX, configured; the rows are readable.
-#[inline(always)]
-unsafe fn tile_load(t: usize, p: *const u8, stride: usize) {
-    macro_rules! load {
-        ($tmm:literal) => {
-            asm!(concat!("tileloadd ", $tmm, ", [{p} + {s}*1]"), p = in(reg) p, s = in(reg) stride,
-                options(nostack, readonly, preserves_flags))
-        };
-    }
-    // SAFETY: the caller's.
-    unsafe {
-        match t {
-            0 => load!("tmm0"),
-            1 => load!("tmm1"),
-            2 => load!("tmm2"),
-            3 => load!("tmm3"),
-            4 => load!("tmm4"),
-            5 => load!("tmm5"),
-            6 => load!("tmm6"),
-            7 => load!("tmm7"),
-            _ => unreachable!("eight tiles"),
-        }
-    }
-}
-
-/// `tilestored [p + stride], tmm{t}` for a C tile (0 to 3).
-///
-/// # Safety
-/// AMX, configured; the rows are writable and no one else's.
-#[inline(always)]
-unsafe fn tile_store(t: usize, p: *mut u8, stride: usize) {
-    macro_rules! store {
-        ($tmm:literal) => {
-            asm!(concat!("tilestored [{p} + {s}*1], ", $tmm), p = in(reg) p, s = in(reg) stride,
-                options(nostack, preserves_flags))
-        };
-    }
-    // SAFETY: the caller's.
-    unsafe {
-        match t {
-            0 => store!("tmm0"),
-            1 => store!("tmm1"),
-            2 => store!("tmm2"),
-            3 => store!("tmm3"),
-            _ => unreachable!("C tiles are tmm0 to tmm3"),
-        }
-    }
+    unsafe { crate::amx::run_block(lhs, m, rhs, kw, &out) }
 }
