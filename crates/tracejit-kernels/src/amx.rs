@@ -23,9 +23,10 @@
 //! the same bits as this model): two f32 sums started at zero, one over
 //! the even halves of the 16 words' products and one over the odd halves,
 //! each product exact and each addition rounded to nearest even; then
-//! `c + (even + odd)`. Subnormal inputs are read as zero and subnormal
-//! results flushed to zero (DAZ, FTZ, whatever MXCSR says), and no
-//! floating-point exception is raised. The order is the same for every
+//! `c + (even + odd)`. Subnormal inputs (the accumulator `c` too) are
+//! read as zero and subnormal results flushed to zero (DAZ, FTZ, whatever
+//! MXCSR says; checked here too), and no floating-point exception is
+//! raised. The order is the same for every
 //! output, wherever its tile lies: the bits do not depend on the blocks.
 //! `tdpbusd` adds the 64 products `u8 · i8` of each output to its i32
 //! sum, wrapping as `vpdpbusd` does: integer sums, the same whatever the

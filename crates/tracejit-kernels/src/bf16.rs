@@ -45,9 +45,9 @@
 //! the products of the pairs' lower halves, one over the upper halves),
 //! adds them, and adds that to the output; each product of two bf16
 //! values is exact in f32 (8 + 8 significant bits), each addition rounds
-//! to nearest even, and subnormal inputs and results are flushed to zero
-//! (DAZ and FTZ whatever MXCSR says, no exception raised; Intel's manual,
-//! and checked on this Xeon). That is a summation tree over the `k`
+//! to nearest even, and subnormal inputs (a subnormal `c₀` too) and
+//! results are flushed to zero (DAZ and FTZ whatever MXCSR says, no
+//! exception raised; Intel's manual, and checked on this Xeon). That is a summation tree over the `k`
 //! products and `c₀` (the zero pads add nothing and round nothing), and
 //! in any such tree a term passes through at most `k` roundings: the
 //! bound's `1.01 · k · 2⁻²⁴` holds as for the sequential sum (with the
