@@ -36,7 +36,11 @@
 //! that runs it, and released (`tilerelease`) before it returns. Each
 //! instruction is its own `asm!` statement: the tile registers are not
 //! registers the compiler allocates, so they keep their values between
-//! statements of one function that calls nothing in between.
+//! statements of one function that calls nothing in between (the psABI
+//! does not preserve them across calls). Hence the two phases of an
+//! [`Output`] on each side of the tiles' life: Rust code (which may call
+//! `memcpy` or a `#[target_feature]` function) runs before the first C
+//! tile is loaded and after the last one is stored, never between.
 
 use std::arch::asm;
 use std::ops::Range;
@@ -80,7 +84,10 @@ impl Buffer {
 }
 
 /// What a product does with its C tiles: what they start from and where
-/// their sums go.
+/// their sums go. For each C tile of a strip (at output `row`, `col`, with
+/// its own buffer) the strip calls `prepare`, then (tiles live) `start`,
+/// the products and `store`, then `finish`: `start` and `store` may only
+/// run tile instructions and inline arithmetic (see the module).
 pub(crate) trait Output {
     /// `tdpbusd` (u8 × i8 into i32) rather than `tdpbf16ps` (bf16 pairs
     /// into f32).
@@ -90,19 +97,30 @@ pub(crate) trait Output {
     /// edges; those outputs are dropped).
     fn block(&self) -> (&Range<usize>, &Range<usize>);
 
-    /// Loads C tile `t` (0 to 3) of the tile at `row`, `col` with what its
-    /// sums start from (`buf` is the tile's buffer, to keep until
-    /// [`Output::finish`]).
+    /// Fills the buffer `start` may load (before any tile is live).
+    fn prepare(&self, row: usize, col: usize, buf: &mut Buffer) {
+        let _ = (row, col, buf);
+    }
+
+    /// Loads C tile `t` (0 to 3) with what its sums start from.
     ///
     /// # Safety
-    /// AMX, configured; `row`, `col` a tile of the block's strips.
+    /// AMX, configured; `row`, `col` a tile of the block's strips,
+    /// `prepare`d with `buf`.
     unsafe fn start(&self, t: usize, row: usize, col: usize, buf: &mut Buffer);
 
-    /// Stores C tile `t`'s sums, the outputs at `row`, `col`.
+    /// Stores C tile `t`'s sums (to the outputs, or to `buf` for
+    /// `finish`).
     ///
     /// # Safety
     /// As [`Output::start`], which ran for this tile with this `buf`.
-    unsafe fn finish(&self, t: usize, row: usize, col: usize, buf: &mut Buffer);
+    unsafe fn store(&self, t: usize, row: usize, col: usize, buf: &mut Buffer);
+
+    /// Takes the sums `store` left in `buf` to the outputs (after every
+    /// tile of the strip is stored).
+    fn finish(&self, row: usize, col: usize, buf: &Buffer) {
+        let _ = (row, col, buf);
+    }
 }
 
 /// Computes the output block of an `m`-row product of depth `kw` words
@@ -187,12 +205,16 @@ struct Strip {
 #[inline(always)]
 unsafe fn strip<O: Output, const R: usize, const C: usize>(s: &Strip, out: &O) {
     let mut buffers = [Buffer([0; T * T]), Buffer([0; T * T]), Buffer([0; T * T]), Buffer([0; T * T])];
-    for i in 0..R {
-        for j in 0..C {
-            let t = 2 * i + j;
-            // SAFETY: a tile of the strip, configured.
-            unsafe { out.start(t, s.row + T * i, s.col + T * j, &mut buffers[t]) };
-        }
+    let at = |t: usize| (s.row + T * (t / 2), s.col + T * (t % 2));
+    let tiles = || (0..R).flat_map(|i| (0..C).map(move |j| 2 * i + j));
+    for t in tiles() {
+        let (row, col) = at(t);
+        out.prepare(row, col, &mut buffers[t]);
+    }
+    for t in tiles() {
+        let (row, col) = at(t);
+        // SAFETY: a tile of the strip, configured, prepared.
+        unsafe { out.start(t, row, col, &mut buffers[t]) };
     }
     /// `tdpbusd` or `tdpbf16ps` on the given tiles.
     macro_rules! dot {
@@ -233,16 +255,19 @@ unsafe fn strip<O: Output, const R: usize, const C: usize>(s: &Strip, out: &O) {
         b0 = b0.wrapping_add(4 * GROUP * NR);
         b1 = b1.wrapping_add(4 * GROUP * NR);
     }
-    for i in 0..R {
-        for j in 0..C {
-            let t = 2 * i + j;
-            // SAFETY: as above, after its `start`.
-            unsafe { out.finish(t, s.row + T * i, s.col + T * j, &mut buffers[t]) };
-        }
+    for t in tiles() {
+        let (row, col) = at(t);
+        // SAFETY: as above, after its `start`.
+        unsafe { out.store(t, row, col, &mut buffers[t]) };
+    }
+    for t in tiles() {
+        let (row, col) = at(t);
+        out.finish(row, col, &buffers[t]);
     }
 }
 
 /// Whether the whole C tile at `row`, `col` lies inside the block.
+#[inline(always)]
 pub(crate) fn whole(rows: &Range<usize>, cols: &Range<usize>, row: usize, col: usize) -> bool {
     rows.start <= row && row + T <= rows.end && cols.start <= col && col + T <= cols.end
 }

@@ -31,14 +31,9 @@ impl Output for F32Out {
         (&self.rows, &self.cols)
     }
 
-    unsafe fn start(&self, t: usize, row: usize, col: usize, buf: &mut Buffer) {
-        if !self.accumulate {
-            // SAFETY: AMX, configured (the caller's).
-            return unsafe { tile_zero(t) };
-        }
-        if whole(&self.rows, &self.cols, row, col) {
-            // SAFETY: as above; a whole tile's rows lie in `c`, `ldc` apart.
-            return unsafe { tile_load(t, self.at(row, col).cast(), 4 * self.ldc) };
+    fn prepare(&self, row: usize, col: usize, buf: &mut Buffer) {
+        if !self.accumulate || whole(&self.rows, &self.cols, row, col) {
+            return;
         }
         each_row(&self.rows, &self.cols, row, col, |r, j, len| {
             for x in j..j + len {
@@ -46,17 +41,39 @@ impl Output for F32Out {
                 buf.0[r * T + x] = unsafe { *self.at(row + r, col + x) }.to_bits();
             }
         });
-        // SAFETY: as above; the buffer is 16 rows of 64 bytes.
-        unsafe { tile_load(t, buf.ptr(), 4 * T) };
     }
 
-    unsafe fn finish(&self, t: usize, row: usize, col: usize, buf: &mut Buffer) {
-        if whole(&self.rows, &self.cols, row, col) {
-            // SAFETY: as in `start`.
-            return unsafe { tile_store(t, self.at(row, col).cast(), 4 * self.ldc) };
+    #[inline(always)]
+    unsafe fn start(&self, t: usize, row: usize, col: usize, buf: &mut Buffer) {
+        // SAFETY: AMX, configured (the caller's); a whole tile's rows lie
+        // in `c`, `ldc` apart; the buffer is 16 rows of 64 bytes.
+        unsafe {
+            if !self.accumulate {
+                tile_zero(t);
+            } else if whole(&self.rows, &self.cols, row, col) {
+                tile_load(t, self.at(row, col).cast(), 4 * self.ldc);
+            } else {
+                tile_load(t, buf.ptr(), 4 * T);
+            }
         }
-        // SAFETY: as in `start`.
-        unsafe { tile_store(t, buf.ptr(), 4 * T) };
+    }
+
+    #[inline(always)]
+    unsafe fn store(&self, t: usize, row: usize, col: usize, buf: &mut Buffer) {
+        // SAFETY: as in `start`; the outputs are written by no one else.
+        unsafe {
+            if whole(&self.rows, &self.cols, row, col) {
+                tile_store(t, self.at(row, col).cast(), 4 * self.ldc);
+            } else {
+                tile_store(t, buf.ptr(), 4 * T);
+            }
+        }
+    }
+
+    fn finish(&self, row: usize, col: usize, buf: &Buffer) {
+        if whole(&self.rows, &self.cols, row, col) {
+            return;
+        }
         each_row(&self.rows, &self.cols, row, col, |r, j, len| {
             for x in j..j + len {
                 // SAFETY: an output of the block, written by no one else.

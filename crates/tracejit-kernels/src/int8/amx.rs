@@ -26,15 +26,19 @@ impl Output for I8Out<'_> {
         (&self.rows, &self.cols)
     }
 
+    #[inline(always)]
     unsafe fn start(&self, t: usize, _: usize, _: usize, _: &mut Buffer) {
         // SAFETY: AMX, configured (the caller's).
         unsafe { tile_zero(t) };
     }
 
-    unsafe fn finish(&self, t: usize, row: usize, col: usize, buf: &mut Buffer) {
+    #[inline(always)]
+    unsafe fn store(&self, t: usize, _: usize, _: usize, buf: &mut Buffer) {
         // SAFETY: as in `start`; the buffer is 16 rows of 64 bytes.
         unsafe { tile_store(t, buf.ptr(), 4 * T) };
-        let buf = &*buf;
+    }
+
+    fn finish(&self, row: usize, col: usize, buf: &Buffer) {
         each_row(&self.rows, &self.cols, row, col, |r, j, len| {
             // SAFETY: AVX-512 (`has_amx_int8` implies VNNI's AVX-512F/BW);
             // the row's outputs `j..j + len` are the block's.
