@@ -137,7 +137,10 @@ pub(crate) unsafe fn run_block<O: Output>(lhs: &[u32], m: usize, rhs: &[u32], kw
     debug_assert!(rows.end <= m && kw > 0);
     // SAFETY: AMX is present and granted (the caller's contract).
     unsafe { asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly, preserves_flags)) };
-    let strip_at = |row: usize, col: usize| {
+    // The C tiles' buffers, zeroed once per block (per strip, the 4 KiB
+    // memset cost a tenth of a 256-deep strip's products).
+    let mut buffers = [Buffer([0; T * T]), Buffer([0; T * T]), Buffer([0; T * T]), Buffer([0; T * T])];
+    let mut strip_at = |row: usize, col: usize| {
         let (tall, wide) = (row + T < rows.end, col + T < cols.end);
         let b0 = rhs[rhs_column(kw, col)..].as_ptr();
         let b1 = if wide { rhs[rhs_column(kw, col + T)..].as_ptr() } else { b0 };
@@ -152,10 +155,10 @@ pub(crate) unsafe fn run_block<O: Output>(lhs: &[u32], m: usize, rhs: &[u32], kw
         // caller's; the tiles are configured.
         unsafe {
             match (tall, wide) {
-                (true, true) => strip::<O, 2, 2>(&s, out),
-                (true, false) => strip::<O, 2, 1>(&s, out),
-                (false, true) => strip::<O, 1, 2>(&s, out),
-                (false, false) => strip::<O, 1, 1>(&s, out),
+                (true, true) => strip::<O, 2, 2>(&s, out, &mut buffers),
+                (true, false) => strip::<O, 2, 1>(&s, out, &mut buffers),
+                (false, true) => strip::<O, 1, 2>(&s, out, &mut buffers),
+                (false, false) => strip::<O, 1, 1>(&s, out, &mut buffers),
             }
         }
     };
@@ -197,14 +200,14 @@ struct Strip {
 }
 
 /// One strip of `R` × `C` tiles (C tile `2i + j` is rows `16i`, columns
-/// `16j` of it) over the whole depth.
+/// `16j` of it) over the whole depth; `buffers[t]` is tile `t`'s buffer
+/// (what earlier strips left in it is never used).
 ///
 /// # Safety
 /// As [`run_block`], with the tile configuration loaded; the strip's tiles
 /// lie in the packed operands.
 #[inline(always)]
-unsafe fn strip<O: Output, const R: usize, const C: usize>(s: &Strip, out: &O) {
-    let mut buffers = [Buffer([0; T * T]), Buffer([0; T * T]), Buffer([0; T * T]), Buffer([0; T * T])];
+unsafe fn strip<O: Output, const R: usize, const C: usize>(s: &Strip, out: &O, buffers: &mut [Buffer; 4]) {
     let at = |t: usize| (s.row + T * (t / 2), s.col + T * (t % 2));
     let tiles = || (0..R).flat_map(|i| (0..C).map(move |j| 2 * i + j));
     for t in tiles() {
