@@ -46,6 +46,13 @@ pub struct JitOptions {
     /// Environment: `TRACEJIT_ISA=avx2` (or `TRACEJIT_JIT_AVX512=0`) turns
     /// it off.
     pub avx512: bool,
+    /// Run bf16 matrix products on the AMX tile registers where the CPU has
+    /// them and Linux grants them (Intel Sapphire Rapids and later; on by
+    /// default, and only with `avx512`); off, they take `vdpbf16ps`. The
+    /// results differ in their last bits (another summation order), within
+    /// the same error bound. Environment: `TRACEJIT_ISA=avx512` (AVX-512
+    /// without AMX, the code an AMD Zen 4 runs) or `avx2` turns it off.
+    pub amx: bool,
     /// Print each kernel's Cranelift IR and machine code to stderr when it
     /// is compiled. Environment: `TRACEJIT_JIT_DUMP` (any value).
     pub dump: bool,
@@ -54,7 +61,7 @@ pub struct JitOptions {
 impl Default for JitOptions {
     /// The built-in defaults, ignoring the environment.
     fn default() -> JitOptions {
-        JitOptions { unroll: None, stage: true, avx512: true, dump: false }
+        JitOptions { unroll: None, stage: true, avx512: true, amx: true, dump: false }
     }
 }
 
@@ -67,6 +74,7 @@ impl JitOptions {
             unroll: unroll.filter(|u| [1, 2, 4, 8].contains(u)),
             stage: std::env::var("TRACEJIT_JIT_STAGE").map_or(true, |v| v != "0"),
             avx512: tracejit_kernels::Isa::from_env().avx512_allowed(),
+            amx: tracejit_kernels::Isa::from_env().amx_allowed(),
             dump: std::env::var_os("TRACEJIT_JIT_DUMP").is_some(),
         }
     }
@@ -82,7 +90,7 @@ impl JitOptions {
     /// the row softmax, GEMM micro-kernels, composite kernels): passed down
     /// to every kernel, which never reads a process-wide setting.
     pub fn isa(&self) -> tracejit_kernels::Isa {
-        tracejit_kernels::Isa::native().with_avx512(self.avx512)
+        tracejit_kernels::Isa::native().with_avx512(self.avx512).with_amx(self.amx)
     }
 }
 
@@ -247,8 +255,21 @@ mod tests {
         assert_eq!(c, d);
     }
 
+    /// `amx` reaches the kernels' `Isa`, and never without `avx512`.
+    #[test]
+    fn amx_follows_its_option() {
+        let native = tracejit_kernels::Isa::native();
+        assert_eq!(JitOptions::default().isa().has_amx_bf16(), native.has_amx_bf16());
+        assert!(!JitOptions { amx: false, ..JitOptions::default() }.isa().has_amx_bf16());
+        assert!(JitOptions { amx: false, ..JitOptions::default() }.isa().avx512_allowed());
+        assert!(!JitOptions { avx512: false, ..JitOptions::default() }.isa().amx_allowed());
+    }
+
     #[test]
     fn defaults_ignore_the_environment() {
-        assert_eq!(JitOptions::default(), JitOptions { unroll: None, stage: true, avx512: true, dump: false });
+        assert_eq!(
+            JitOptions::default(),
+            JitOptions { unroll: None, stage: true, avx512: true, amx: true, dump: false }
+        );
     }
 }

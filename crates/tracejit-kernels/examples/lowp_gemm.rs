@@ -1,7 +1,9 @@
 //! Reduced-precision products beside the f32 GEMM on the workloads'
 //! shapes, on one thread (or `LOWP_THREADS`): per shape, µs and G multiply-adds/s of the f32
 //! GEMM (`gemm::product::<f32>`), of the bf16 product (f32 lhs rounded
-//! while packed, weight packed once) and of the dynamic int8 product
+//! while packed, weight packed once) on the AMX tiles (where the CPU has
+//! them) and with `vdpbf16ps` (`Isa::native().with_amx(false)`), and of
+//! the dynamic int8 product
 //! (weight quantized once, lhs quantized per call), with each one's error
 //! (max |c − c_f64| / max |c_f64|); then what packing each weight into
 //! bf16 pairs costs, paid per call when the weight is an argument.
@@ -28,7 +30,7 @@ struct Shape {
     at: bool,
 }
 
-const SHAPES: [Shape; 10] = [
+const SHAPES: [Shape; 14] = [
     Shape { name: "W5 fc1", m: 64, k: 784, n: 512, at: false },
     Shape { name: "W5 fc2", m: 64, k: 512, n: 512, at: false },
     Shape { name: "W5 fc3", m: 64, k: 512, n: 10, at: false },
@@ -39,6 +41,10 @@ const SHAPES: [Shape; 10] = [
     Shape { name: "W9 down", m: 1024, k: 1024, n: 256, at: false },
     Shape { name: "W10 hT.dy", m: 1024, k: 1024, n: 256, at: true },
     Shape { name: "W10 xT.dy", m: 256, k: 1024, n: 1024, at: true },
+    Shape { name: "LM qkv", m: 900, k: 384, n: 1152, at: false },
+    Shape { name: "LM out", m: 900, k: 384, n: 384, at: false },
+    Shape { name: "LM up", m: 900, k: 384, n: 1536, at: false },
+    Shape { name: "LM down", m: 900, k: 1536, n: 384, at: false },
 ];
 
 /// The least time per call of `f` over 150 batches of about 1 ms (at
@@ -82,18 +88,27 @@ fn main() {
     let n_threads = std::env::var("LOWP_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
     threads::set_num_threads(n_threads);
     let isa = Isa::native();
-    println!("{n_threads} thread(s); bf16 {}, vnni {}", isa.has_avx512_bf16(), isa.has_avx512_vnni());
+    let vdp = isa.with_amx(false);
     println!(
-        "{:<9} {:>14} | {:>7} {:>6} {:>7} | {:>7} {:>6} {:>5} {:>7} | {:>7} {:>6} {:>5} {:>7}",
+        "{n_threads} thread(s); amx-bf16 {}, avx512-bf16 {}, vnni {}",
+        isa.has_amx_bf16(),
+        isa.has_avx512_bf16(),
+        isa.has_avx512_vnni()
+    );
+    println!(
+        "{:<9} {:>14} | {:>7} {:>6} {:>7} | {:>7} {:>6} {:>5} {:>7} | {:>7} {:>6} {:>5} | {:>7} {:>6} {:>5} {:>7}",
         "shape",
         "m×k×n",
         "f32 µs",
         "GMAC/s",
         "error",
-        "bf16 µs",
+        "amx µs",
         "GMAC/s",
         "×f32",
         "error",
+        "vdp µs",
+        "GMAC/s",
+        "×f32",
         "int8 µs",
         "GMAC/s",
         "×f32",
@@ -141,6 +156,7 @@ fn main() {
         packing.push((s.name, us(time(|| drop(PackedBf16::from_f32(b.view()))))));
         let bf16_time = time(|| gemm_bf16_from_f32(a, &packed, &mut c, false, isa));
         let bf16_err = error(&c, &want);
+        let vdp_time = time(|| gemm_bf16_from_f32(a, &packed, &mut c, false, vdp));
 
         let quantized = PackedI8::quantize(b.view());
         let int8_time = time(|| gemm_dynamic_i8(a, &quantized, &mut c, false, isa));
@@ -149,7 +165,7 @@ fn main() {
         let speedup = |t: Duration| f32_time.as_secs_f64() / t.as_secs_f64();
         println!(
             "{:<9} {:>14} | {:>7.1} {:>6.1} {:>7.1e} | {:>7.1} {:>6.1} {:>5.2} {:>7.1e} \
-             | {:>7.1} {:>6.1} {:>5.2} {:>7.1e}",
+             | {:>7.1} {:>6.1} {:>5.2} | {:>7.1} {:>6.1} {:>5.2} {:>7.1e}",
             s.name,
             format!("{m}×{k}×{n}"),
             us(f32_time),
@@ -159,6 +175,9 @@ fn main() {
             rate(bf16_time),
             speedup(bf16_time),
             bf16_err,
+            us(vdp_time),
+            rate(vdp_time),
+            speedup(vdp_time),
             us(int8_time),
             rate(int8_time),
             speedup(int8_time),

@@ -9,8 +9,12 @@
 //! and each block into tiles of up to 6 × 64 outputs, each accumulated
 //! over the whole depth by one `vdpbf16ps` micro-kernel (AVX-512 BF16: 32
 //! multiply-adds per instruction, twice f32 FMA's rate) or by portable f32
-//! code with the same order of operations. The layout and the tile walk
-//! are in `tiles`, shared with [`crate::int8`].
+//! code with the same order of operations. Where the CPU has AMX (Intel
+//! Sapphire Rapids and later; [`Isa::has_amx_bf16`]) the blocks run on the
+//! tile registers instead, 16 × 16 outputs per tile advanced by 32 values
+//! of `k` per `tdpbf16ps` (`amx`), the lhs packed in panels of 16 rows.
+//! The layout and the tile walk are in `tiles`, shared with
+//! [`crate::int8`].
 //!
 //! # Accuracy
 //!
@@ -30,19 +34,41 @@
 //! already in bf16 have only the second. The vector and the portable paths compute the same operations
 //! in the same order and give the same bits, except where a subnormal
 //! appears: `vdpbf16ps` flushes subnormal inputs and results to zero, the
-//! portable path keeps them (both within the bound, plus 2⁻¹²⁶ per term).
+//! portable path keeps them (both within the bound, plus
+//! `2⁻¹²⁶ · (1 + |aᵢ| + |bᵢ|)` per term: a flushed input loses at most
+//! `2⁻¹²⁶` times the other factor, a flushed result at most `2⁻¹²⁶`).
 //! NaN and ±Inf propagate as in f32 arithmetic.
+//!
+//! The AMX path sums in another order, so its bits differ from the
+//! others', but it is within the same bound. Per 16 words of depth
+//! `tdpbf16ps` computes, for each output, two f32 sums from zero (one over
+//! the products of the pairs' lower halves, one over the upper halves),
+//! adds them, and adds that to the output; each product of two bf16
+//! values is exact in f32 (8 + 8 significant bits), each addition rounds
+//! to nearest even, and subnormal inputs (a subnormal `c₀` too) and
+//! results are flushed to zero (DAZ and FTZ whatever MXCSR says, no
+//! exception raised; Intel's manual, and checked on this Xeon). That is a summation tree over the `k`
+//! products and `c₀` (the zero pads add nothing and round nothing), and
+//! in any such tree a term passes through at most `k` roundings: the
+//! bound's `1.01 · k · 2⁻²⁴` holds as for the sequential sum (with the
+//! flushes' `2⁻¹²⁶` terms above). NaN and ±Inf propagate as in f32
+//! arithmetic; an output whose sum would pass ±Inf only part of the way
+//! (f32 overflow of a partial sum) may differ between the orders.
 //!
 //! # Determinism
 //!
-//! Every output is summed over `k` in order by one tile, whichever block
-//! or thread computes it: results keep their bits for every thread count.
+//! Every output is summed over `k` in one fixed order by one tile (on
+//! the AMX path by one tile register, the same operations wherever the
+//! output lies in it), whichever block or thread computes it: results keep
+//! their bits for every thread count, on every path.
 
 use half::bf16;
 use ndarray::ArrayView2;
 
 use crate::{threads, Isa};
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod convert;
 mod kernel;
 mod pack;
@@ -50,7 +76,7 @@ pub(crate) mod tiles;
 
 pub use convert::{bf16_to_f32_slice, f32_to_bf16_slice};
 
-use tiles::{lhs_len, with_scratch, OutPtr, Words};
+use tiles::{lhs_len, with_scratch, OutPtr, Words, AMX_LHS_SLACK};
 
 /// A right operand `b [k, n]` packed once for [`gemm_bf16`] and
 /// [`gemm_bf16_from_f32`]: bf16 pairs along `k` (an odd `k` padded with a
@@ -110,9 +136,9 @@ impl std::fmt::Debug for PackedBf16 {
 /// `c = a · b` (or `c += a · b` with `accumulate`) for a bf16 `a [m, k]`
 /// (any strides, packed per call) and a packed `b [k, n]`, accumulated in
 /// f32 into `c [m, n]` (row-major, contiguous); see the module for the
-/// accuracy. Runs `vdpbf16ps` where `isa` has AVX-512 BF16, portable f32
-/// code otherwise, over the thread pool for large products (the same
-/// bits for every thread count).
+/// accuracy. Runs on the AMX tiles where `isa` has AMX bf16, `vdpbf16ps`
+/// where it has AVX-512 BF16, portable f32 code otherwise, over the thread
+/// pool for large products (the same bits for every thread count).
 ///
 /// ```
 /// use half::bf16;
@@ -180,7 +206,7 @@ fn product<T: pack::LhsValue + Sync>(
         return;
     }
     let kw = k.div_ceil(2);
-    with_scratch(lhs_len(m, kw), |lhs| {
+    with_scratch(lhs_words(m, kw, isa), |lhs| {
         pack::pack_lhs_split(a, lhs, isa);
         let (lhs, rhs, out) = (&*lhs, b.words.words(), OutPtr(c.as_mut_ptr()));
         threads::run_gemm_blocks(m, n, k, &|rows, cols| {
@@ -192,5 +218,13 @@ fn product<T: pack::LhsValue + Sync>(
     });
 }
 
+/// Words of the buffer a packed `m`-row lhs of `kw` words per row needs
+/// under `isa`: the AMX kernels read up to [`AMX_LHS_SLACK`] words past it.
+fn lhs_words(m: usize, kw: usize, isa: Isa) -> usize {
+    lhs_len(m, kw) + if isa.has_amx_bf16() { AMX_LHS_SLACK } else { 0 }
+}
+
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod tests_amx;

@@ -12,7 +12,11 @@
 //! thread pool, each tile of up to 6 × 64 outputs summed over the whole
 //! depth by one `vpdpbusd` micro-kernel (AVX-512 VNNI: 64 multiply-adds
 //! per instruction, four times f32 FMA's rate) or by portable integer
-//! code. The layout and the tile walk are `crate::bf16::tiles`'.
+//! code; where the CPU has AMX ([`Isa::has_amx_int8`]) the blocks run on
+//! the tile registers instead, 16 × 16 outputs advanced by 64 values of
+//! `k` per `tdpbusd` (`u8 · i8` like `vpdpbusd`), each tile dequantized
+//! from a buffer by the same operations. The layout and the tile walk are
+//! `crate::bf16::tiles`'.
 //!
 //! # Results
 //!
@@ -20,9 +24,10 @@
 //! 128 · Σₚ qw[p,j]` (a signed row) or `acc = Σₚ ua[i,p] · qw[p,j]` (an
 //! unsigned one), exact in i32 (wrapping sums whose result is exact for
 //! `k ≤ 2¹⁷`, the most accepted; unsigned rows only up to `2¹⁶`), then `c[i,j] = ((acc as f32) ·
-//! scale_a[i]) · scale_w[j]`, added to `c` with `accumulate`. Both paths
-//! perform the same operations: their results have the same bits, for
-//! every thread count too.
+//! scale_a[i]) · scale_w[j]`, added to `c` with `accumulate`. Every path
+//! performs the same operations (the AMX one sums in another order, but
+//! integer sums are the same in any order): their results have the same
+//! bits, for every thread count too.
 //!
 //! The error against the f64 product is that of the quantization: with
 //! `δa = scale_a[i] / 2` and `δw = scale_w[j] / 2` (each value is within
@@ -42,9 +47,11 @@
 
 use ndarray::ArrayView2;
 
-use crate::bf16::tiles::{lhs_len, rhs_len, with_scratch, OutPtr, Words, NR};
+use crate::bf16::tiles::{lhs_len, rhs_len, with_scratch, OutPtr, Words, AMX_LHS_SLACK, AMX_MR, MR, NR};
 use crate::{threads, Isa};
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod kernel;
 mod quantize;
 
@@ -116,9 +123,10 @@ impl std::fmt::Debug for PackedI8 {
 /// `c = dequantize(quantize_rows(a) · w)` (or `c +=` with `accumulate`)
 /// for an f32 `a [m, k]` (any strides) and a quantized `w [k, n]`, into
 /// `c [m, n]` (row-major, contiguous); see the module for the arithmetic
-/// and its error. Runs `vpdpbusd` where `isa` has AVX-512 VNNI, portable
-/// integer code otherwise, with the same bits, over the thread pool for
-/// large products (the same bits for every thread count).
+/// and its error. Runs on the AMX tiles where `isa` has AMX int8,
+/// `vpdpbusd` where it has AVX-512 VNNI, portable integer code otherwise,
+/// all with the same bits, over the thread pool for large products (the
+/// same bits for every thread count).
 ///
 /// ```
 /// use ndarray::array;
@@ -156,7 +164,7 @@ pub fn gemm_dynamic_i8(a: ArrayView2<'_, f32>, w: &PackedI8, c: &mut [f32], accu
     }
     let kw = k.div_ceil(4);
     let mut forms = vec![quantize::RowForm { scale: 0.0, unsigned: false }; m];
-    with_scratch(lhs_len(m, kw), |lhs| {
+    with_scratch(lhs_words(m, kw, isa), |lhs| {
         quantize::pack_lhs(a, lhs, &mut forms, isa);
         let row_scales: Vec<f32> = forms.iter().map(|f| f.scale).collect();
         let unsigned_rows: Vec<bool> = forms.iter().map(|f| f.unsigned).collect();
@@ -177,6 +185,22 @@ pub fn gemm_dynamic_i8(a: ArrayView2<'_, f32>, w: &PackedI8, c: &mut [f32], accu
             unsafe { kernel::run_block(lhs, m, rhs, kw, rows, cols, &ep, isa) }
         });
     });
+}
+
+/// Rows of the lhs panels the kernels of `isa` read: [`AMX_MR`] for the
+/// AMX tiles, else [`MR`].
+fn panel_rows(isa: Isa) -> usize {
+    if isa.has_amx_int8() {
+        AMX_MR
+    } else {
+        MR
+    }
+}
+
+/// Words of the buffer a packed `m`-row lhs of `kw` words per row needs
+/// under `isa`: the AMX kernels read up to [`AMX_LHS_SLACK`] words past it.
+fn lhs_words(m: usize, kw: usize, isa: Isa) -> usize {
+    lhs_len(m, kw) + if isa.has_amx_int8() { AMX_LHS_SLACK } else { 0 }
 }
 
 #[cfg(test)]

@@ -31,6 +31,8 @@
 //! assert_eq!(v, [1.0, fastmath::exp(1.0)]);
 //! ```
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 pub mod attention;
 pub mod bf16;
 pub mod conv;

@@ -15,14 +15,19 @@
 use super::tiles::{by_shape, walk, OutPtr, Tile, GROUP, LANES, MR, NR};
 use crate::Isa;
 
+/// Blocks run on the AMX tiles: tests of the AMX path assert it ran.
+#[cfg(test)]
+pub(super) static AMX_BLOCKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Computes the output block `rows × cols` of an `m × n` product of depth
 /// `kw` words from packed operands into `c` (row-major, `n` wide): `c =`
-/// or, with `accumulate`, `c +=` the product.
+/// or, with `accumulate`, `c +=` the product. Where `isa` has AMX bf16 the
+/// block runs on the tiles ([`super::amx`]).
 ///
 /// # Safety
 /// `c` points to `m · n` writable values that no other thread reads or
-/// writes inside this block; `lhs` and `rhs` are packed operands of these
-/// sizes.
+/// writes inside this block; `lhs` and `rhs` are operands of these sizes
+/// packed for `isa` (`lhs` [`super::lhs_words`] long).
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn run_block(
     lhs: &[u32],
@@ -36,6 +41,14 @@ pub(super) unsafe fn run_block(
     accumulate: bool,
     isa: Isa,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_amx_bf16() {
+        // SAFETY: AMX was checked; the lhs was packed for it (`pack::panel_rows`)
+        // with the slack `lhs_words` adds; the rest is the caller's.
+        #[cfg(test)]
+        AMX_BLOCKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return unsafe { super::amx::run_block(lhs, m, rhs, kw, rows, cols, c, n, accumulate) };
+    }
     let (vector, avx2) = (isa.has_avx512_bf16(), isa.width().is_some());
     walk(lhs, m, rhs, kw, rows, cols, |t| {
         #[cfg(target_arch = "x86_64")]

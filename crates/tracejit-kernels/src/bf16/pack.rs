@@ -8,7 +8,7 @@
 use half::bf16;
 use ndarray::ArrayView2;
 
-use super::tiles::{halves_mut, pack_rows, rhs_index, NR};
+use super::tiles::{halves_mut, pack_rows, rhs_index, AMX_MR, MR, NR};
 use crate::Isa;
 
 mod split;
@@ -73,15 +73,27 @@ impl LhsValue for bf16 {
     }
 }
 
+/// Rows of the lhs panels the kernels of `isa` read: [`AMX_MR`] for the
+/// AMX tiles, else [`MR`].
+pub(super) fn panel_rows(isa: Isa) -> usize {
+    if isa.has_amx_bf16() {
+        AMX_MR
+    } else {
+        MR
+    }
+}
+
 /// Packs `a` [m, k] (any strides) into `out` (`tiles::lhs_len(m, kw)`
-/// words, `kw = ceil(k / 2)`), rounding f32 values to bf16.
+/// words, `kw = ceil(k / 2)`) in panels of [`panel_rows`]`(isa)` rows,
+/// rounding f32 values to bf16.
 pub(super) fn pack_lhs<T: LhsValue>(a: ArrayView2<'_, T>, out: &mut [u32], isa: Isa) {
     let k = a.ncols();
     if T::pack_lhs_vector(a, out, isa) {
         return;
     }
     // Halves past `k` keep the pad, 0.
-    pack_rows(a, k.div_ceil(2), out, 0, |_, row, words| T::to_bits(row, &mut halves_mut(words)[..k], isa));
+    let mr = panel_rows(isa);
+    pack_rows(a, mr, k.div_ceil(2), out, 0, |_, row, words| T::to_bits(row, &mut halves_mut(words)[..k], isa));
 }
 
 /// Packs `b` [k, n] (any strides) into `out` (`tiles::rhs_len(n, kw)`

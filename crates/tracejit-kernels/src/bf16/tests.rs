@@ -1,6 +1,8 @@
 //! Tests of the bf16 conversions and products against `half` and f64
-//! references, on both paths, at odd sizes, for several strides and
-//! thread counts.
+//! references, on every path, at odd sizes, for several strides and
+//! thread counts: the `vdpbf16ps` and the portable paths with the same
+//! bits, the AMX one (where this CPU has it) within the same bound. More
+//! of the AMX path in `tests_amx`.
 
 use half::bf16;
 use ndarray::{s, Array2, ArrayView2};
@@ -32,9 +34,17 @@ impl Rng {
     }
 }
 
-/// The vector path (where this CPU has it) and the portable one.
+/// The two paths with the same bits: `vdpbf16ps` (where this CPU has it)
+/// and the portable one.
 pub(crate) fn paths() -> [Isa; 2] {
-    [Isa::native(), Isa::native().with_avx512(false)]
+    [Isa::native().with_amx(false), Isa::native().with_avx512(false)]
+}
+
+/// Every path: AMX (where this CPU has it and the OS grants it; else the
+/// `vdpbf16ps` one again), then [`paths`].
+pub(crate) fn all_paths() -> [Isa; 3] {
+    let [vector, portable] = paths();
+    [Isa::native(), vector, portable]
 }
 
 /// Serializes the tests that change the thread count, and restores the
@@ -113,10 +123,11 @@ fn reference(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c0: &[f32]) -> (Vec
     (want, size)
 }
 
-/// Both entry points on both paths for one shape, every layout of `a`,
+/// Both entry points on every path for one shape, every layout of `a`,
 /// with and without accumulation: within the documented bound of the f64
 /// reference (of the original values for an f32 lhs, of the rounded ones
-/// for a bf16 lhs), and the two paths with the same bits.
+/// for a bf16 lhs), and the `vdpbf16ps` and portable paths with the same
+/// bits.
 fn check_shape(m: usize, k: usize, n: usize, rng: &mut Rng) {
     let (a, b) = (rng.matrix(m, k), rng.matrix(k, n));
     let c0: Vec<f32> = (0..m * n).map(|_| rng.uniform()).collect();
@@ -132,7 +143,7 @@ fn check_shape(m: usize, k: usize, n: usize, rng: &mut Rng) {
             let a = layout(&a, kind);
             let a16 = a.mapv(bf16::from_f32);
             let mut got = Vec::new();
-            for isa in paths() {
+            for isa in all_paths() {
                 let (mut c, mut c16) = (c0.clone(), c0.clone());
                 gemm_bf16_from_f32(a.view(), &packed, &mut c, acc, isa);
                 gemm_bf16(a16.view(), &packed, &mut c16, acc, isa);
@@ -146,7 +157,7 @@ fn check_shape(m: usize, k: usize, n: usize, rng: &mut Rng) {
                 }
                 got.push(c);
             }
-            assert!(got[0].iter().zip(&got[1]).all(|(x, y)| x.to_bits() == y.to_bits()), "{m}x{k}x{n}: paths differ");
+            assert!(got[1].iter().zip(&got[2]).all(|(x, y)| x.to_bits() == y.to_bits()), "{m}x{k}x{n}: paths differ");
         }
     }
 }
@@ -170,7 +181,7 @@ fn products_match_the_f64_reference_at_odd_sizes() {
 #[test]
 fn empty_sizes_write_zeros_or_nothing() {
     let b = PackedBf16::from_f32(Array2::<f32>::zeros((0, 3)).view());
-    for isa in paths() {
+    for isa in all_paths() {
         let mut c = vec![5.0f32; 6];
         gemm_bf16_from_f32(Array2::<f32>::zeros((2, 0)).view(), &b, &mut c, true, isa);
         assert_eq!(c, [5.0; 6]);
@@ -190,7 +201,7 @@ fn nan_and_inf_propagate_as_in_f32() {
     a[[1, 3]] = f32::NAN;
     a[[3, 0]] = f32::INFINITY;
     let packed = PackedBf16::from_f32(b.view());
-    for isa in paths() {
+    for isa in all_paths() {
         let mut c = vec![0f32; 5 * 33];
         gemm_bf16_from_f32(a.view(), &packed, &mut c, false, isa);
         assert!(c[33..66].iter().all(|v| v.is_nan()), "{isa:?}: a NaN row");
@@ -208,12 +219,12 @@ fn any_blocks_give_the_bits_of_the_whole() {
     let mut rng = Rng::new(5);
     let (m, k, n) = (37, 21, 101);
     let (a, b) = (rng.matrix(m, k), PackedBf16::from_f32(rng.matrix(k, n).view()));
-    for isa in paths() {
+    for isa in all_paths() {
         let mut whole = vec![0f32; m * n];
         gemm_bf16_from_f32(a.view(), &b, &mut whole, false, isa);
         let mut parts = vec![0f32; m * n];
         let kw = k.div_ceil(2);
-        with_scratch(lhs_len(m, kw), |lhs| {
+        with_scratch(lhs_words(m, kw, isa), |lhs| {
             pack::pack_lhs(a.view(), lhs, isa);
             let out = OutPtr(parts.as_mut_ptr());
             for rows in [0..3, 3..8, 8..21, 21..37] {
@@ -233,7 +244,7 @@ fn thread_counts_give_the_same_bits() {
     // By columns (blocks starting inside a 48-column panel) and by rows.
     for (m, k, n) in [(70, 333, 1023), (1023, 65, 130)] {
         let (a, b) = (rng.matrix(m, k), PackedBf16::from_f32(rng.matrix(k, n).view()));
-        for isa in paths() {
+        for isa in all_paths() {
             let runs: Vec<Vec<f32>> = [1, 2, 3]
                 .iter()
                 .map(|&t| {
@@ -310,7 +321,7 @@ fn lhs_packing_over_threads_and_from_transposes_has_the_row_major_words() {
         let wide = special_matrix(&mut rng, m, 2 * k);
         let transposed = layout(&x, 1);
         let len = lhs_len(m, k.div_ceil(2));
-        for isa in paths() {
+        for isa in all_paths() {
             let views: [(&str, ArrayView2<'_, f32>); 3] = [
                 ("row-major", x.view()),
                 ("transposed storage", transposed.view()),

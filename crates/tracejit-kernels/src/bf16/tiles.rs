@@ -13,10 +13,16 @@
 //!   groups of [`GROUP`]: `[panel][group][row][GROUP]`, so that a tile
 //!   reads one 64-byte line per row every 16 steps, all from one forward
 //!   stream (rows laid end to end, six streams 1.5 KiB apart, ran 64×784×512
-//!   at 73 G MAC/s where this runs at 116, the instruction's peak).
+//!   at 73 G MAC/s where this runs at 116, the instruction's peak). The AMX
+//!   kernels take the same layout with panels of [`AMX_MR`] rows: a group
+//!   of a panel is then one A tile (16 rows of 64 bytes, 64 bytes apart).
 //! - The rhs (packed once) is cut into panels of [`NR`] columns (the last
-//!   padded with zero columns): `[panel][kw][NR]`, one step of a tile
-//!   reading [`NV`] adjacent registers.
+//!   padded with zero columns): `[panel][depth][NR]`, one step of a tile
+//!   reading [`NV`] adjacent registers. A panel's depth is [`rhs_depth`],
+//!   `kw` rounded up to whole groups with zero words: the AMX kernels read
+//!   16 words of depth per B tile (16 adjacent words of 16 steps, a panel
+//!   row apart), and a B tile's words past `kw` must be zeros (the lhs pads
+//!   are zeros too, and `0 · Inf` would be NaN).
 //!
 //! A tile is at most `MR` rows by `NV` registers (6 × 64 outputs): 24
 //! accumulators, 4 rhs registers and lhs words broadcast from memory fill
@@ -45,6 +51,12 @@ pub(crate) const NV: usize = 4;
 pub(crate) const NR: usize = NV * LANES;
 /// Words of one row inside one group of an lhs panel (a 64-byte line).
 pub(crate) const GROUP: usize = 16;
+/// Rows of an lhs panel packed for the AMX kernels: the rows of a tile.
+pub(crate) const AMX_MR: usize = 16;
+/// Words the AMX kernels may read past a packed lhs: the A tile of a last
+/// panel narrower than [`AMX_MR`] rows still loads 16 rows (the rows past
+/// the panel go into outputs that are never stored).
+pub(crate) const AMX_LHS_SLACK: usize = AMX_MR * GROUP;
 
 /// A 64-byte line of words: packed operands start on a cache line.
 #[derive(Clone, Copy)]
@@ -103,21 +115,23 @@ pub(crate) fn lhs_len(m: usize, kw: usize) -> usize {
     m * groups(kw) * GROUP
 }
 
-/// Where row `row`'s words of group `g` start in a packed `m`-row lhs.
-pub(crate) fn lhs_slot(m: usize, kw: usize, row: usize, g: usize) -> usize {
-    let p0 = row / MR * MR;
-    let width = MR.min(m - p0);
+/// Where row `row`'s words of group `g` start in a packed `m`-row lhs
+/// of panels of `mr` rows ([`MR`], or [`AMX_MR`] for the AMX kernels).
+pub(crate) fn lhs_slot(mr: usize, m: usize, kw: usize, row: usize, g: usize) -> usize {
+    let p0 = row / mr * mr;
+    let width = mr.min(m - p0);
     p0 * groups(kw) * GROUP + (g * width + row - p0) * GROUP
 }
 
 /// Packs the rows of `a [m, k]` (any strides) into `out`
-/// ([`lhs_len`]`(m, kw)` words), every word of it written: `encode(i, row,
-/// words)` writes row `i`'s values at the start of `words`, a row of
-/// [`groups`]`(kw)` whole groups whose other words hold `pad`; the row is
-/// then copied into its group slots. Rows that are not contiguous (W6's
-/// `aᵀ · dy`) are first gathered a panel at a time.
+/// ([`lhs_len`]`(m, kw)` words) in panels of `mr` rows, every word of it
+/// written: `encode(i, row, words)` writes row `i`'s values at the start
+/// of `words`, a row of [`groups`]`(kw)` whole groups whose other words
+/// hold `pad`; the row is then copied into its group slots. Rows that are
+/// not contiguous (W6's `aᵀ · dy`) are first gathered a panel at a time.
 pub(crate) fn pack_rows<T: Copy + Default>(
     a: ArrayView2<'_, T>,
+    mr: usize,
     kw: usize,
     out: &mut [u32],
     pad: u32,
@@ -126,12 +140,12 @@ pub(crate) fn pack_rows<T: Copy + Default>(
     let (m, k) = a.dim();
     let mut row_words = vec![pad; groups(kw) * GROUP];
     let mut gathered = Vec::new();
-    for p0 in (0..m).step_by(MR) {
-        let width = MR.min(m - p0);
+    for p0 in (0..m).step_by(mr) {
+        let width = mr.min(m - p0);
         let panel = a.slice(s![p0..p0 + width, ..]);
         let slices = (0..width).all(|r| panel.row(r).to_slice().is_some());
         if !slices {
-            gathered.resize(MR * k, T::default());
+            gathered.resize(mr * k, T::default());
             gather(panel, &mut gathered);
         }
         for r in 0..width {
@@ -141,47 +155,65 @@ pub(crate) fn pack_rows<T: Copy + Default>(
             };
             encode(p0 + r, values, &mut row_words);
             for (g, words) in row_words.chunks_exact(GROUP).enumerate() {
-                let at = lhs_slot(m, kw, p0 + r, g);
+                let at = lhs_slot(mr, m, kw, p0 + r, g);
                 out[at..at + GROUP].copy_from_slice(words);
             }
         }
     }
 }
 
-/// Copies the rows of `panel` (at most [`MR`] rows of `k` values, any
+/// Copies the rows of `panel` (a panel's rows of `k` values, any
 /// strides) into `out`, one after another, walking the source along `k`
 /// so that a transposed operand (its rows adjacent in memory) is read a
-/// few adjacent values at a time.
+/// few adjacent values at a time. At most [`MR`] rows per pass: the
+/// passes' writes are that many streams `k` values apart, which for a `k`
+/// of 1024 f32 all fall in one set of the 12-way L1 (16 such streams, the
+/// AMX panels', made W10's int8 `hᵀ · dy` 2x slower).
 fn gather<T: Copy>(panel: ArrayView2<'_, T>, out: &mut [T]) {
     let (width, k) = panel.dim();
     let (rs, cs) = (panel.strides()[0], panel.strides()[1]);
     let base = panel.as_ptr();
     let out = &mut out[..width * k];
-    for kk in 0..k {
-        // SAFETY: `kk < k` and `r < width` address the panel's values.
-        let at = |r: usize| unsafe { *base.offset(r as isize * rs + kk as isize * cs) };
-        if width == MR {
-            // The full panel unrolled: six loads of adjacent values.
-            for r in 0..MR {
-                out[r * k + kk] = at(r);
-            }
-        } else {
-            for r in 0..width {
-                out[r * k + kk] = at(r);
+    for r0 in (0..width).step_by(MR) {
+        let rows = MR.min(width - r0);
+        for kk in 0..k {
+            // SAFETY: `kk < k` and `r < width` address the panel's values.
+            let at = |r: usize| unsafe { *base.offset(r as isize * rs + kk as isize * cs) };
+            if rows == MR {
+                // A full pass unrolled: six loads of adjacent values.
+                for r in r0..r0 + MR {
+                    out[r * k + kk] = at(r);
+                }
+            } else {
+                for r in r0..r0 + rows {
+                    out[r * k + kk] = at(r);
+                }
             }
         }
     }
 }
 
+/// Words per column of an rhs panel for `kw` words of depth: whole groups
+/// (the words past `kw` stay zero).
+pub(crate) fn rhs_depth(kw: usize) -> usize {
+    groups(kw) * GROUP
+}
+
 /// Words of a packed `n`-column rhs of `kw` words per column.
 pub(crate) fn rhs_len(n: usize, kw: usize) -> usize {
-    n.div_ceil(NR) * kw * NR
+    n.div_ceil(NR) * rhs_depth(kw) * NR
 }
 
 /// Where column `col`'s word `p` lies in a packed rhs of `kw` words per
 /// column.
 pub(crate) fn rhs_index(kw: usize, p: usize, col: usize) -> usize {
-    (col / NR * kw + p) * NR + col % NR
+    (col / NR * rhs_depth(kw) + p) * NR + col % NR
+}
+
+/// Where column `col`'s words start in a packed rhs of `kw` words per
+/// column (step `p`'s word is `p · NR` further).
+pub(crate) fn rhs_column(kw: usize, col: usize) -> usize {
+    rhs_index(kw, 0, col)
 }
 
 /// One tile of a block: what a micro-kernel needs besides the output.
@@ -237,13 +269,13 @@ pub(crate) fn walk(
             let (lo, hi) = (cols.start.max(c0) - c0, cols.end.min(c0 + LANES) - c0);
             *mask = ((1u32 << hi) - (1u32 << lo)) as u16;
         }
-        let b = rhs[panel * kw * NR + first * LANES..].as_ptr();
+        let b = rhs[rhs_column(kw, panel * NR + first * LANES)..].as_ptr();
         let mut r = rows.start;
         while r < rows.end {
             let p0 = r / MR * MR;
             let width = MR.min(m - p0);
             let end = rows.end.min(p0 + width);
-            let a = lhs[lhs_slot(m, kw, r, 0)..].as_ptr();
+            let a = lhs[lhs_slot(MR, m, kw, r, 0)..].as_ptr();
             tile(&Tile { a, a_group: width * GROUP, rows: end - r, row: r, b, vecs, col: v * LANES, masks });
             r = end;
         }

@@ -36,13 +36,19 @@ pub(super) struct Epilogue<'a> {
     pub starts: &'a [i32],
 }
 
+/// Blocks run on the AMX tiles: tests of the AMX path assert it ran.
+#[cfg(test)]
+pub(super) static AMX_BLOCKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Computes the output block `rows × cols` of an `m × n` product of depth
-/// `kw` words from packed operands.
+/// `kw` words from packed operands: on the AMX tiles where `isa` has AMX
+/// int8 (`super::amx`), else with `vpdpbusd` or portable code.
 ///
 /// # Safety
 /// `ep.c` points to `m · n` writable values that no other thread reads or
-/// writes inside this block; `lhs` and `rhs` are packed operands of these
-/// sizes, `ep`'s scales and starts as long as [`Epilogue`] says.
+/// writes inside this block; `lhs` and `rhs` are operands of these sizes
+/// packed for `isa` (`lhs` `super::lhs_words` long), `ep`'s scales and
+/// starts as long as [`Epilogue`] says.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn run_block(
     lhs: &[u32],
@@ -54,6 +60,14 @@ pub(super) unsafe fn run_block(
     ep: &Epilogue<'_>,
     isa: Isa,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_amx_int8() {
+        // SAFETY: AMX was checked; the lhs was packed for it (in panels of
+        // AMX_MR rows, with the slack); the rest is the caller's.
+        #[cfg(test)]
+        AMX_BLOCKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return unsafe { super::amx::run_block(lhs, m, rhs, kw, rows, cols, ep) };
+    }
     let (vector, avx2) = (isa.has_avx512_vnni(), isa.width().is_some());
     walk(lhs, m, rhs, kw, rows, cols, |t| {
         #[cfg(target_arch = "x86_64")]

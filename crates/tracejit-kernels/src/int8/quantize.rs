@@ -155,7 +155,7 @@ unsafe fn quantize_row_avx512(row: &[f32], out: &mut [u8], unsigned_ok: bool) ->
 pub(super) fn pack_lhs(a: ArrayView2<'_, f32>, out: &mut [u32], forms: &mut [RowForm], isa: Isa) {
     let k = a.ncols();
     let unsigned_ok = k <= UNSIGNED_MAX_K;
-    pack_rows(a, k.div_ceil(4), out, 0x8080_8080, |i, row, words| {
+    pack_rows(a, super::panel_rows(isa), k.div_ceil(4), out, 0x8080_8080, |i, row, words| {
         forms[i] = quantize_row(row, &mut bytes_mut(words)[..k], unsigned_ok, isa);
     });
 }

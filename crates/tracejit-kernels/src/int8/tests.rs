@@ -1,12 +1,28 @@
 //! Tests of the int8 products: the exact quantized arithmetic recomputed
-//! here bit for bit on both paths, the error against f64, odd sizes,
-//! strides, non-finite values and thread counts.
+//! here bit for bit on every path (AMX where this CPU has it, `vpdpbusd`,
+//! portable), the error against f64, odd sizes, strides, non-finite
+//! values and thread counts.
+
+use std::sync::atomic::Ordering;
 
 use ndarray::{s, Array2, ArrayView2};
+use proptest::prelude::*;
 
+use super::kernel::AMX_BLOCKS;
 use super::*;
-use crate::bf16::tests::{paths, with_threads, Rng};
-use crate::bf16::tiles::{lhs_len, with_scratch, OutPtr};
+use crate::bf16::tests::{all_paths, with_threads, Rng};
+use crate::bf16::tiles::{lhs_slot, with_scratch, OutPtr};
+
+/// Runs `f` and asserts that it ran AMX blocks exactly when
+/// `Isa::native()` has AMX int8 (other tests meanwhile only add blocks
+/// where AMX exists, so neither side of the check can be fooled).
+fn asserting_amx<R>(f: impl FnOnce() -> R) -> R {
+    let before = AMX_BLOCKS.load(Ordering::Relaxed);
+    let out = f();
+    let (ran, has) = (AMX_BLOCKS.load(Ordering::Relaxed) > before, Isa::native().has_amx_int8());
+    assert_eq!(ran, has, "the AMX kernel ran: {ran}, has_amx_int8: {has}");
+    out
+}
 
 /// Scales and levels of the rows of `x`, by the documented symmetric rule.
 fn levels(x: ArrayView2<'_, f32>) -> (Vec<f32>, Array2<i64>) {
@@ -76,7 +92,7 @@ fn check_shape(m: usize, k: usize, n: usize, rng: &mut Rng) {
     for acc in [false, true] {
         let want = exact(a.view(), w.view(), &c0, acc);
         for (kind, a) in [a.view(), a_t.t(), reversed_rows(&a).view()].into_iter().enumerate() {
-            for isa in paths() {
+            for isa in all_paths() {
                 let mut c = c0.clone();
                 gemm_dynamic_i8(a, &packed, &mut c, acc, isa);
                 let what = format!("{isa:?} {m}x{k}x{n} layout {kind} acc {acc}");
@@ -102,15 +118,45 @@ fn check_shape(m: usize, k: usize, n: usize, rng: &mut Rng) {
 fn products_have_the_documented_bits_at_odd_sizes() {
     let mut rng = Rng::new(21);
     let sizes = [1, 3, 5, 17, 33];
-    for &m in &sizes {
-        for &k in &sizes {
-            for &n in &sizes {
-                check_shape(m, k, n, &mut rng);
+    asserting_amx(|| {
+        for &m in &sizes {
+            for &k in &sizes {
+                for &n in &sizes {
+                    check_shape(m, k, n, &mut rng);
+                }
             }
         }
-    }
-    for (m, k, n) in [(1023, 5, 17), (17, 1023, 3), (5, 33, 1023), (64, 130, 49), (9, 4, 96)] {
-        check_shape(m, k, n, &mut rng);
+        for (m, k, n) in [(1023, 5, 17), (17, 1023, 3), (5, 33, 1023), (64, 130, 49), (9, 4, 96), (40, 300, 70)] {
+            check_shape(m, k, n, &mut rng);
+        }
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Random shapes around the AMX tiles' sizes (16 rows, 16 columns, 64
+    /// values of depth), signed and unsigned rows, with and without
+    /// accumulation, a non-finite value in some: the native path (AMX
+    /// where this CPU has it) has the documented bits.
+    #[test]
+    fn native_products_have_the_documented_bits_at_random_shapes(
+        m in 1usize..70, k in 1usize..200, n in 1usize..100, acc: bool, special: bool, seed: u64,
+    ) {
+        let mut rng = Rng::new(seed);
+        let (mut a, mut w) = (rng.matrix(m, k), rng.matrix(k, n));
+        a.rows_mut().into_iter().step_by(3).for_each(|mut r| r.mapv_inplace(|v| v.max(0.0)));
+        if special {
+            a[[rng.bits() as usize % m, rng.bits() as usize % k]] = f32::INFINITY;
+            w[[rng.bits() as usize % k, rng.bits() as usize % n]] = f32::NAN;
+        }
+        let c0: Vec<f32> = (0..m * n).map(|_| rng.uniform()).collect();
+        let packed = PackedI8::quantize(w.view());
+        let mut c = c0.clone();
+        asserting_amx(|| gemm_dynamic_i8(a.view(), &packed, &mut c, acc, Isa::native()));
+        let want = exact(a.view(), w.view(), &c0, acc);
+        let same = c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()));
+        prop_assert!(same, "{}x{}x{} acc {}: {:?} vs {:?}", m, k, n, acc, c, want);
     }
 }
 
@@ -130,16 +176,16 @@ fn quantization_follows_the_rule_on_both_paths() {
     a.row_mut(7).iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 * 0.5);
     let ((want_scales, want_q), want_unsigned) = levels_with(a.view(), true);
     assert_eq!(want_unsigned, [false, true, false, false, false, false, true, true]);
-    for isa in paths() {
+    for isa in all_paths() {
         let kw = 77usize.div_ceil(4);
         let mut forms = vec![quantize::RowForm { scale: 0.0, unsigned: false }; 8];
-        with_scratch(lhs_len(8, kw), |lhs| {
+        with_scratch(lhs_words(8, kw, isa), |lhs| {
             quantize::pack_lhs(a.view(), lhs, &mut forms, isa);
             let bytes = crate::bf16::tiles::bytes_mut(lhs);
             for i in 0..8 {
                 let offset = if want_unsigned[i] { 0 } else { 128 };
                 for p in 0..77 {
-                    let at = 4 * crate::bf16::tiles::lhs_slot(8, kw, i, p / 64) + 4 * (p % 64 / 4) + p % 4;
+                    let at = 4 * lhs_slot(panel_rows(isa), 8, kw, i, p / 64) + 4 * (p % 64 / 4) + p % 4;
                     let q = if want_scales[i].is_nan() { 0 } else { want_q[[i, p]] };
                     assert_eq!(i64::from(bytes[at]) - offset, q, "{isa:?} ({i}, {p})");
                 }
@@ -163,7 +209,7 @@ fn non_finite_rows_and_columns_give_nan() {
     w[[8, 17]] = f32::INFINITY;
     let packed = PackedI8::quantize(w.view());
     assert!(packed.scales()[17].is_nan() && packed.scales()[16].is_finite());
-    for isa in paths() {
+    for isa in all_paths() {
         for acc in [false, true] {
             let mut c = vec![1f32; 5 * 20];
             gemm_dynamic_i8(a.view(), &packed, &mut c, acc, isa);
@@ -178,7 +224,7 @@ fn non_finite_rows_and_columns_give_nan() {
 fn empty_sizes_write_zeros_or_nothing() {
     let w = PackedI8::quantize(Array2::<f32>::zeros((0, 3)).view());
     assert_eq!(w.scales(), [1.0; 3]);
-    for isa in paths() {
+    for isa in all_paths() {
         let mut c = vec![5.0f32; 6];
         gemm_dynamic_i8(Array2::<f32>::zeros((2, 0)).view(), &w, &mut c, true, isa);
         assert_eq!(c, [5.0; 6]);
@@ -199,12 +245,12 @@ fn any_blocks_give_the_bits_of_the_whole() {
     let (m, k, n) = (37, 23, 101);
     let (mut a, w) = (rng.matrix(m, k), PackedI8::quantize(rng.matrix(k, n).view()));
     a.rows_mut().into_iter().step_by(2).for_each(|mut r| r.mapv_inplace(f32::abs));
-    for isa in paths() {
+    for isa in all_paths() {
         let mut whole = vec![0f32; m * n];
         gemm_dynamic_i8(a.view(), &w, &mut whole, false, isa);
         let mut parts = vec![0f32; m * n];
         let (kw, mut forms) = (k.div_ceil(4), vec![quantize::RowForm { scale: 0.0, unsigned: false }; m]);
-        with_scratch(lhs_len(m, kw), |lhs| {
+        with_scratch(lhs_words(m, kw, isa), |lhs| {
             quantize::pack_lhs(a.view(), lhs, &mut forms, isa);
             let row_scales: Vec<f32> = forms.iter().map(|f| f.scale).collect();
             let unsigned_rows: Vec<bool> = forms.iter().map(|f| f.unsigned).collect();
@@ -233,7 +279,7 @@ fn thread_counts_give_the_same_bits() {
     let mut rng = Rng::new(8);
     for (m, k, n) in [(70, 333, 1023), (1023, 65, 130)] {
         let (a, w) = (rng.matrix(m, k), PackedI8::quantize(rng.matrix(k, n).view()));
-        for isa in paths() {
+        for isa in all_paths() {
             let runs: Vec<Vec<f32>> = [1, 2, 3]
                 .iter()
                 .map(|&t| {

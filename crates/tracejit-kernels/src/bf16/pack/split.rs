@@ -9,13 +9,13 @@
 //! second core idle.
 //!
 //! A packed operand's layout puts each panel in one contiguous run
-//! (`tiles`: lhs `[panel][group][row][GROUP]`, rhs `[panel][kw][NR]`), so
+//! (`tiles`: lhs `[panel][group][row][GROUP]`, rhs `[panel][depth][NR]`), so
 //! a range of whole panels packs alone, at the same place and with the
 //! same bits as in one pass: the results do not depend on the split.
 
 use ndarray::{s, ArrayView2};
 
-use super::super::tiles::{groups, rhs_len, Line, Words, GROUP, MR, NR};
+use super::super::tiles::{groups, rhs_depth, rhs_len, Line, Words, GROUP, NR};
 use super::{pack_lhs, pack_rhs, LhsValue};
 use crate::Isa;
 
@@ -33,14 +33,15 @@ fn splits(values: usize, panels: usize) -> bool {
 /// of whole row panels.
 pub(in super::super) fn pack_lhs_split<T: LhsValue + Sync>(a: ArrayView2<'_, T>, out: &mut [u32], isa: Isa) {
     let (m, k) = a.dim();
-    if !splits(m * k, m.div_ceil(MR)) {
+    let mr = super::panel_rows(isa);
+    if !splits(m * k, m.div_ceil(mr)) {
         return pack_lhs(a, out, isa);
     }
     let row_words = groups(k.div_ceil(2)) * GROUP;
     assert!(out.len() >= m * row_words, "pack_lhs_split: {} words for [{m}, {k}]", out.len());
-    // Rows `[r0, r1)` (whole panels from `r0`, a multiple of MR) are
+    // Rows `[r0, r1)` (whole panels from `r0`, a multiple of `mr`) are
     // words `[r0, r1) · row_words` of the packed lhs.
-    crate::threads::for_each_part(&mut out[..m * row_words], MR * row_words, 0, &|start, part| {
+    crate::threads::for_each_part(&mut out[..m * row_words], mr * row_words, 0, &|start, part| {
         let r0 = start / row_words;
         pack_lhs(a.slice(s![r0..r0 + part.len() / row_words, ..]), part, isa);
     });
@@ -59,11 +60,12 @@ pub(in super::super) fn pack_rhs_split<T: LhsValue + Sync>(b: ArrayView2<'_, T>,
         pack_rhs(b, words.words_mut(), isa);
         return words;
     }
-    // `rhs_len` is whole panels of `kw · NR` words, and NR a multiple of
-    // GROUP: whole lines, a panel `kw · NR / GROUP` of them.
+    // `rhs_len` is whole panels of `rhs_depth(kw) · NR` words, and NR a
+    // multiple of GROUP: whole lines, a panel `rhs_depth(kw) · NR / GROUP`
+    // of them.
     debug_assert_eq!(len % GROUP, 0);
     let mut lines: Vec<Line> = Vec::with_capacity(len / GROUP);
-    let panel_lines = kw * NR / GROUP;
+    let panel_lines = rhs_depth(kw) * NR / GROUP;
     let spare = &mut lines.spare_capacity_mut()[..len / GROUP];
     crate::threads::for_each_part(spare, panel_lines, 0, &|start, part| {
         let (c0, count) = (start / panel_lines * NR, part.len() / panel_lines * NR);

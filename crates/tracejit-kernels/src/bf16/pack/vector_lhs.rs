@@ -31,17 +31,18 @@ pub(in super::super) fn pack_lhs_f32(a: ArrayView2<'_, f32>, out: &mut [u32], is
     assert!(out.len() >= lhs_len(m, k.div_ceil(2)), "pack_lhs_f32: {} words for [{m}, {k}]", out.len());
     // SAFETY: the features were checked; `a`'s columns are contiguous and
     // `out` holds the packed size.
-    unsafe { columns(a, out) };
+    unsafe { columns(a, out, super::panel_rows(isa)) };
     true
 }
 
-/// [`pack_lhs_f32`]'s loop over blocks of 16 rows and groups of 16 words.
+/// [`pack_lhs_f32`]'s loop over blocks of 16 rows and groups of 16 words,
+/// into panels of `mr` rows.
 ///
 /// # Safety
 /// AVX-512F/BW/BF16; `a`'s columns are contiguous; `out` holds the packed
 /// size.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn columns(a: ArrayView2<'_, f32>, out: &mut [u32]) {
+unsafe fn columns(a: ArrayView2<'_, f32>, out: &mut [u32], mr: usize) {
     let (m, k) = a.dim();
     let (kw, s1) = (k.div_ceil(2), a.strides()[1]);
     // Value `(r, c)` is at `r + c·s1` from the first.
@@ -71,7 +72,7 @@ unsafe fn columns(a: ArrayView2<'_, f32>, out: &mut [u32]) {
             let (lo, hi) = (transpose(lo), transpose(hi));
             for r in 0..16.min(m - r0) {
                 let words = round_pairs(_mm512_castsi512_ps(lo[r]), _mm512_castsi512_ps(hi[r]));
-                let slot = lhs_slot(m, kw, r0 + r, g);
+                let slot = lhs_slot(mr, m, kw, r0 + r, g);
                 debug_assert!(slot + GROUP <= out.len());
                 // SAFETY: a row's group is GROUP words inside `out`.
                 unsafe { _mm512_storeu_si512(out.as_mut_ptr().add(slot).cast(), words) };
