@@ -15,6 +15,7 @@ mod errors;
 mod flex_attention;
 mod linear_attention;
 mod ops;
+mod pool_nd;
 mod quant;
 mod resize;
 mod rnn;
