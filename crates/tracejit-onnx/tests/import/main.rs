@@ -9,6 +9,7 @@
 mod attention;
 mod builder;
 mod control;
+mod conv3d;
 mod cumprod;
 mod einsum;
 mod errors;

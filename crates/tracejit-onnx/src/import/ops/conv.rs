@@ -1,8 +1,9 @@
 //! Convolutions and pools: `Conv`, `ConvTranspose`, `MaxPool`,
 //! `AveragePool`, `LpPool` and the global pools, over tracejit's 2-D
-//! spatial ops (NCHW; a 1-D op runs as 2-D with a unit height). A dilated
-//! or 3-D (or higher) pool goes to `pool_nd` (strided slices); 3-D
-//! convolutions are refused. `Col2Im` (any rank) is a
+//! spatial ops (NCHW; a 1-D op runs as 2-D with a unit height). A 3-D
+//! `Conv` goes to `conv3d` (one 2-D convolution over depth-unrolled
+//! channels) and a dilated or 3-D (or higher) pool to `pool_nd` (strided
+//! slices); a 3-D `ConvTranspose` is refused. `Col2Im` (any rank) is a
 //! scatter-add of the columns into the image.
 //!
 //! ONNX's padding rules are resolved here into explicit per-side pads:
@@ -17,6 +18,7 @@
 use tracejit_tensor::{Conv2dAttrs, DType, Pool2dAttrs, SpatialOp};
 use tracejit_trace::{spatial, Tensor};
 
+use super::conv3d::conv3d;
 use super::pool_nd::{self, PoolKind};
 use crate::import::node::{Node, OpResult};
 use crate::import::ops::elementwise::scalar_like;
@@ -31,8 +33,8 @@ struct Window {
 }
 
 /// The spatial rank of `x` (its rank minus batch and channels) on the
-/// 2-D ops' path, refusing all but 1 and 2 (the pools route other
-/// inputs to `pool_nd` first).
+/// 2-D ops' path, refusing all but 1 and 2 (the callers route 3-D inputs
+/// to `conv3d` and `pool_nd` first where those reach).
 fn spatial_rank(n: &Node, x: &Tensor) -> Result<usize, String> {
     match x.rank() {
         3 => Ok(1),
@@ -132,6 +134,9 @@ pub(crate) fn conv_with(n: &Node, x: &Tensor, w: &Tensor, bias: Option<&Tensor>)
         if k != expect {
             return Err(format!("kernel_shape {k:?} differs from the weights' {expect:?}"));
         }
+    }
+    if x.rank() == 5 {
+        return conv3d(n, x, w, bias);
     }
     let sr = spatial_rank(n, x)?;
     let (x2, w2) = (as_2d(x, sr), as_2d(w, sr));

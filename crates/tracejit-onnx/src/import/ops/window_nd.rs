@@ -1,9 +1,9 @@
 //! The window of a Conv or pool along each spatial axis, for any number
 //! of axes: kernel, stride, dilation, begin and end pads and the output
 //! length, resolved from ONNX's attributes (`auto_pad`, `pads`,
-//! `ceil_mode`). The N-D pools (`pool_nd`) build on it; the 1-D and 2-D
-//! paths of `conv` keep their own resolution into tracejit's 2-D spatial
-//! ops.
+//! `ceil_mode`). The N-D pools (`pool_nd`) and the 3-D convolution
+//! (`conv3d`) build on it; the 1-D and 2-D paths of `conv` keep their own
+//! resolution into tracejit's 2-D spatial ops.
 //!
 //! The rules are ONNX's reference (`onnx/reference/ops/op_pool_common.py`):
 //! the effective extent of a kernel is `(k-1)·d + 1`; `SAME_UPPER` /
