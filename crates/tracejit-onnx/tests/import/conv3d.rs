@@ -263,3 +263,166 @@ fn a_3d_conv_has_the_gradient_of_the_loop() {
         }
     }
 }
+
+/// One 3-D transposed convolution problem; `pads` hold the resolved pads
+/// (begin then end) whichever attribute gave them.
+#[derive(Clone, Debug)]
+struct ConvT {
+    /// `[N, C, D, H, W]`.
+    x: Vec<usize>,
+    /// `[C, M/group, KD, KH, KW]`.
+    w: Vec<usize>,
+    group: usize,
+    strides: [usize; 3],
+    dilations: [usize; 3],
+    output_padding: [usize; 3],
+    pads: [usize; 6],
+    /// "NOTSET" (`pads`), "SAME_UPPER", "SAME_LOWER", "VALID" or
+    /// "output_shape".
+    mode: &'static str,
+}
+
+impl ConvT {
+    fn full(&self, a: usize) -> usize {
+        self.strides[a] * (self.x[2 + a] - 1) + self.output_padding[a] + (self.w[2 + a] - 1) * self.dilations[a] + 1
+    }
+
+    fn out(&self, a: usize) -> usize {
+        self.full(a) - self.pads[a] - self.pads[3 + a]
+    }
+}
+
+/// The transposed convolution by loops in f64 (each input and tap adds to
+/// the output it lands on), and each output's sum of magnitudes.
+fn reference_t(p: &ConvT, x: &[f32], w: &[f32], b: &[f32]) -> (Vec<usize>, Vec<f64>, Vec<f64>) {
+    let (n, c, mg) = (p.x[0], p.x[1], p.w[1]);
+    let (m, cg) = (mg * p.group, c / p.group);
+    let out = [p.out(0), p.out(1), p.out(2)];
+    let plane = out[0] * out[1] * out[2];
+    let mut y = vec![0.0f64; n * m * plane];
+    let mut mag = vec![0.0f64; n * m * plane];
+    for (i, (yv, mv)) in y.iter_mut().zip(mag.iter_mut()).enumerate() {
+        (*yv, *mv) = (b[i / plane % m] as f64, (b[i / plane % m] as f64).abs());
+    }
+    let (xs, ks) = (&p.x[2..], &p.w[2..]);
+    for ni in 0..n {
+        for ci in 0..c {
+            for i in 0..xs[0] * xs[1] * xs[2] {
+                let ii = [i / (xs[1] * xs[2]), i / xs[2] % xs[1], i % xs[2]];
+                for t in 0..ks[0] * ks[1] * ks[2] {
+                    let ti = [t / (ks[1] * ks[2]), t / ks[2] % ks[1], t % ks[2]];
+                    let pos: Vec<isize> = (0..3)
+                        .map(|a| (ii[a] * p.strides[a] + ti[a] * p.dilations[a]) as isize - p.pads[a] as isize)
+                        .collect();
+                    if (0..3).any(|a| pos[a] < 0 || pos[a] >= out[a] as isize) {
+                        continue;
+                    }
+                    let o = (pos[0] as usize * out[1] + pos[1] as usize) * out[2] + pos[2] as usize;
+                    for mi in 0..mg {
+                        let mo = ci / cg * mg + mi;
+                        let v = x[(ni * c + ci) * xs.iter().product::<usize>() + i] as f64
+                            * w[(ci * mg + mi) * ks.iter().product::<usize>() + t] as f64;
+                        y[(ni * m + mo) * plane + o] += v;
+                        mag[(ni * m + mo) * plane + o] += v.abs();
+                    }
+                }
+            }
+        }
+    }
+    (vec![n, m, out[0], out[1], out[2]], y, mag)
+}
+
+fn conv_t_model(p: &ConvT, w: &Tensor, b: &Tensor) -> Vec<u8> {
+    let ints = |v: &[usize]| v.iter().map(|&u| u as i64).collect::<Vec<_>>();
+    let mut attrs = vec![
+        attr_i("group", p.group as i64),
+        attr_ints("strides", &ints(&p.strides)),
+        attr_ints("dilations", &ints(&p.dilations)),
+        attr_ints("output_padding", &ints(&p.output_padding)),
+    ];
+    match p.mode {
+        "NOTSET" => attrs.push(attr_ints("pads", &ints(&p.pads))),
+        "output_shape" => attrs.push(attr_ints("output_shape", &ints(&[p.out(0), p.out(1), p.out(2)]))),
+        auto => attrs.push(attr_s("auto_pad", auto)),
+    }
+    model(
+        vec![node("ConvTranspose", "convt", &["x", "w", "b"], &["y"], attrs)],
+        vec![fixed("x", DType::F32, &p.x)],
+        vec![value("y", elem(DType::F32), &[None; 5])],
+        vec![init("w", w), init("b", b)],
+        11,
+    )
+}
+
+fn problem_t() -> impl Strategy<Value = ConvT> {
+    let axis = (1usize..5, 1usize..4, 1usize..4, 1usize..3, 0usize..3, 0usize..3, 0usize..3);
+    (
+        (1usize..3, 1usize..3, 1usize..3, 1usize..3),
+        [axis.clone(), axis.clone(), axis],
+        prop::sample::select(vec!["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID", "output_shape"]),
+    )
+        .prop_map(|((n, group, cg, mg), axes, mode)| {
+            let mut p = ConvT {
+                x: vec![n, group * cg],
+                w: vec![group * cg, mg],
+                group,
+                strides: [0; 3],
+                dilations: [0; 3],
+                output_padding: [0; 3],
+                pads: [0; 6],
+                mode,
+            };
+            for (a, &(input, k, s, d, op, pb, pe)) in axes.iter().enumerate() {
+                p.x.push(input);
+                p.w.push(k);
+                // Below the stride (the importer refuses more on height and width).
+                (p.strides[a], p.dilations[a], p.output_padding[a]) = (s, d, op % s);
+                let full = p.full(a);
+                let (pb, pe) = match mode {
+                    "SAME_UPPER" | "SAME_LOWER" => {
+                        let total = full.saturating_sub(input * s);
+                        let (small, big) = (total / 2, total - total / 2);
+                        if mode == "SAME_UPPER" {
+                            (small, big)
+                        } else {
+                            (big, small)
+                        }
+                    }
+                    "VALID" => (0, 0),
+                    // A derived total: the odd pad at the start (not SAME_UPPER).
+                    "output_shape" => {
+                        let total = (pb + pe).min(full - 1);
+                        (total - total / 2, total / 2)
+                    }
+                    _ => (pb.min(full - 1), pe.min(full - 1 - pb.min(full - 1))),
+                };
+                (p.pads[a], p.pads[3 + a]) = (pb, pe);
+            }
+            p
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    /// 3-D transposed convolutions against the f64 loop. Each output sums
+    /// at most C/group·∏k products and the bias: within that many ulps
+    /// (plus one) of their magnitudes.
+    #[test]
+    fn conv_transpose_3d_matches_the_loop(p in problem_t(), seed in 0u64..1000) {
+        let w = floats(&p.w, seed + 1, false);
+        let b = floats(&[p.w[1] * p.group], seed + 2, false);
+        let model = import_bytes(&conv_t_model(&p, &w, &b)).unwrap();
+        let x = floats(&p.x, seed, false);
+        let y = model.run(std::slice::from_ref(&x)).unwrap().remove(0);
+        assert_jit(&model);
+        let f = |t: &Tensor| t.to_vec::<f32>().unwrap();
+        let (shape, want, mag) = reference_t(&p, &f(&x), &f(&w), &f(&b));
+        prop_assert_eq!(y.shape(), &shape[..]);
+        let k = (p.x[1] / p.group * p.w[2] * p.w[3] * p.w[4] + 2) as f64;
+        for (o, (&g, &e)) in f(&y).iter().zip(&want).enumerate() {
+            let tol = k * f32::EPSILON as f64 * mag[o] + 1e-30;
+            prop_assert!((g as f64 - e).abs() <= tol, "output {} of {:?}: {} vs {} (tol {})", o, p, g, e, tol);
+        }
+    }
+}

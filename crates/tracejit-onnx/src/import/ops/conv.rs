@@ -3,7 +3,7 @@
 //! spatial ops (NCHW; a 1-D op runs as 2-D with a unit height). A 3-D
 //! `Conv` goes to `conv3d` (one 2-D convolution over depth-unrolled
 //! channels) and a dilated or 3-D (or higher) pool to `pool_nd` (strided
-//! slices); a 3-D `ConvTranspose` is refused. `Col2Im` (any rank) is a
+//! slices); a 3-D `ConvTranspose` to `conv_transpose3d`. `Col2Im` (any rank) is a
 //! scatter-add of the columns into the image.
 //!
 //! ONNX's padding rules are resolved here into explicit per-side pads:
@@ -19,6 +19,7 @@ use tracejit_tensor::{Conv2dAttrs, DType, Pool2dAttrs, SpatialOp};
 use tracejit_trace::{spatial, Tensor};
 
 use super::conv3d::conv3d;
+use super::conv_transpose3d::conv_transpose3d;
 use super::pool_nd::{self, PoolKind};
 use crate::import::node::{Node, OpResult};
 use crate::import::ops::elementwise::scalar_like;
@@ -157,6 +158,9 @@ pub(crate) fn conv_with(n: &Node, x: &Tensor, w: &Tensor, bias: Option<&Tensor>)
 /// - pads` (or `output_shape`, the pads then derived).
 pub(crate) fn conv_transpose(n: &mut Node) -> OpResult {
     let (x, w) = (n.input(0)?, n.input(1)?);
+    if x.rank() == 5 {
+        return Ok(vec![conv_transpose3d(n, x, w, n.opt_input(2))?]);
+    }
     let sr = spatial_rank(n, x)?;
     let (x2, w2) = (as_2d(x, sr), as_2d(w, sr));
     let kernel = [w2.shape()[2], w2.shape()[3]];

@@ -12,13 +12,15 @@
 //! `linear_attention`, `rnn` (RNN, GRU, LSTM), `rotary`, `control` (`If`, `Loop`, `Scan`), `state` (caches
 //! and recurrent state),
 //! `signal` (windows, DFT, STFT), `resize`, `loss`, `conv` (convolutions and pools;
-//! `conv3d`, `pool_nd` and `window_nd` take 3-D and dilated windows) and `quant`
+//! `conv3d`, `conv_transpose3d`, `pool_nd` and `window_nd` take 3-D and
+//! dilated windows) and `quant`
 //! (quantization).
 
 pub(crate) mod attention;
 pub(crate) mod control;
 pub(crate) mod conv;
 pub(crate) mod conv3d;
+pub(crate) mod conv_transpose3d;
 pub(crate) mod einsum;
 pub(crate) mod elementwise;
 pub(crate) mod flex_attention;
