@@ -65,11 +65,11 @@ fn reference(p: &Conv, x: &[f32], w: &[f32], b: &[f32]) -> (Vec<usize>, Vec<f64>
     let out: Vec<usize> = axes.iter().map(|a| a.1).collect();
     let (mut y, mut mag) = (Vec::new(), Vec::new());
     for ni in 0..n {
-        for mi in 0..m {
+        for (mi, &bias) in b[..m].iter().enumerate() {
             let g = mi / mg;
             for o in 0..out.iter().product::<usize>() {
                 let oi = [o / (out[1] * out[2]), o / out[2] % out[1], o % out[2]];
-                let (mut sum, mut abs) = if p.bias { (b[mi] as f64, (b[mi] as f64).abs()) } else { (0.0, 0.0) };
+                let (mut sum, mut abs) = if p.bias { (bias as f64, (bias as f64).abs()) } else { (0.0, 0.0) };
                 for ci in 0..cg {
                     for t in 0..p.w[2] * p.w[3] * p.w[4] {
                         let ti = [t / (p.w[3] * p.w[4]), t / p.w[4] % p.w[3], t % p.w[4]];
