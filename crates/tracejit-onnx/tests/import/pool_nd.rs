@@ -308,3 +308,30 @@ fn a_3d_window_larger_than_the_input_is_an_error() {
     let e = model.run(&[Tensor::zeros(&p.shape, DType::F32)]).unwrap_err().to_string();
     assert!(e.contains("MaxPool") && e.contains("does not fit"), "{e}");
 }
+
+/// Pads as large as the window (a window wholly in padding) and a kernel
+/// of more taps than the slices take are refused with the reason.
+#[test]
+fn oversized_pads_and_kernels_are_errors() {
+    let mut p = Pool {
+        kind: Kind::Average { count_include_pad: false },
+        shape: vec![1, 1, 3, 3, 3],
+        kernel: vec![2, 2, 2],
+        strides: vec![1, 1, 1],
+        dilations: vec![1, 2, 1],
+        pads: vec![0, 3, 0, 0, 0, 0],
+        auto_pad: "NOTSET",
+        ceil_mode: false,
+    };
+    let run = |p: &Pool| {
+        let model = import_bytes(&pool_model(p, Some(1))).unwrap();
+        model.run(&[Tensor::zeros(&p.shape, DType::F32)]).unwrap_err().to_string()
+    };
+    let e = run(&p);
+    assert!(e.contains("AveragePool") && e.contains("pads (3, 0) must be smaller than the window's extent 3"), "{e}");
+    p.pads = vec![0; 6];
+    p.shape = vec![1, 1, 5000, 1, 1];
+    p.kernel = vec![4999, 1, 1];
+    let e = run(&p);
+    assert!(e.contains("more than 4096 taps"), "{e}");
+}

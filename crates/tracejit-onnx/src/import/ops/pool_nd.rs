@@ -27,6 +27,9 @@ use super::window_nd::{resolve, AxisWindow};
 use crate::import::node::Node;
 use crate::import::ops::elementwise::scalar_like;
 
+/// The most taps (summed over the axes) a pool takes.
+const MAX_TAPS: i64 = 4096;
+
 /// What a pool computes over each window.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum PoolKind {
@@ -65,8 +68,23 @@ pub(crate) fn pool(n: &Node, x: &Tensor, kind: PoolKind) -> Result<Tensor, Strin
     if k.len() != spatial.len() || k.iter().any(|&v| v < 1) {
         return Err(format!("kernel_shape {k:?} does not fit {} spatial axes", spatial.len()));
     }
+    // One slice per tap and axis: a bound keeps a corrupt kernel_shape from
+    // building a graph without end.
+    if k.iter().sum::<i64>() > MAX_TAPS {
+        return Err(format!("kernel_shape {k:?} has more than {MAX_TAPS} taps over its axes"));
+    }
     let kernel: Vec<usize> = k.iter().map(|&v| v as usize).collect();
     let axes = resolve(n, &spatial, &kernel)?;
+    // As ONNX Runtime requires (with the dilated extent): no window lies
+    // wholly in the padding, and the padding stays the window's size.
+    if let Some(a) = axes.iter().find(|a| a.pad_begin.max(a.pad_end) >= a.extent()) {
+        return Err(format!(
+            "pads ({}, {}) must be smaller than the window's extent {}",
+            a.pad_begin,
+            a.pad_end,
+            a.extent()
+        ));
+    }
     Ok(match kind {
         PoolKind::Max => taps(&padded(x, &axes, f64::NEG_INFINITY), &axes, |a, b| a.maximum(&b)),
         PoolKind::Average { count_include_pad } => {
