@@ -9,12 +9,14 @@
 mod attention;
 mod builder;
 mod control;
+mod conv3d;
 mod cumprod;
 mod einsum;
 mod errors;
 mod flex_attention;
 mod linear_attention;
 mod ops;
+mod pool_nd;
 mod quant;
 mod resize;
 mod rnn;

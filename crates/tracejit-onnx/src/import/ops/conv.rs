@@ -1,7 +1,9 @@
 //! Convolutions and pools: `Conv`, `ConvTranspose`, `MaxPool`,
 //! `AveragePool`, `LpPool` and the global pools, over tracejit's 2-D
-//! spatial ops (NCHW; a 1-D op runs as 2-D with a unit height). 3-D ones
-//! are refused until the IR has 3-D spatial ops. `Col2Im` (any rank) is a
+//! spatial ops (NCHW; a 1-D op runs as 2-D with a unit height). A 3-D
+//! `Conv` goes to `conv3d` (one 2-D convolution over depth-unrolled
+//! channels) and a dilated or 3-D (or higher) pool to `pool_nd` (strided
+//! slices); a 3-D `ConvTranspose` to `conv_transpose3d`. `Col2Im` (any rank) is a
 //! scatter-add of the columns into the image.
 //!
 //! ONNX's padding rules are resolved here into explicit per-side pads:
@@ -16,6 +18,9 @@
 use tracejit_tensor::{Conv2dAttrs, DType, Pool2dAttrs, SpatialOp};
 use tracejit_trace::{spatial, Tensor};
 
+use super::conv3d::conv3d;
+use super::conv_transpose3d::conv_transpose3d;
+use super::pool_nd::{self, PoolKind};
 use crate::import::node::{Node, OpResult};
 use crate::import::ops::elementwise::scalar_like;
 
@@ -28,8 +33,9 @@ struct Window {
     pad: [usize; 4],
 }
 
-/// The spatial rank of `x` (its rank minus batch and channels), refusing
-/// all but 1 and 2.
+/// The spatial rank of `x` (its rank minus batch and channels) on the
+/// 2-D ops' path, refusing all but 1 and 2 (the callers route 3-D inputs
+/// to `conv3d` and `pool_nd` first where those reach).
 fn spatial_rank(n: &Node, x: &Tensor) -> Result<usize, String> {
     match x.rank() {
         3 => Ok(1),
@@ -124,15 +130,18 @@ pub(crate) fn conv(n: &mut Node) -> OpResult {
 /// (also what `ConvInteger` and `QLinearConv` compute, on their
 /// zero-point-shifted operands).
 pub(crate) fn conv_with(n: &Node, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor, String> {
-    let sr = spatial_rank(n, x)?;
-    let (x2, w2) = (as_2d(x, sr), as_2d(w, sr));
-    let kernel = [w2.shape()[2], w2.shape()[3]];
     if let Some(k) = n.attr_ints("kernel_shape")? {
         let expect: Vec<i64> = w.shape()[2..].iter().map(|&d| d as i64).collect();
         if k != expect {
             return Err(format!("kernel_shape {k:?} differs from the weights' {expect:?}"));
         }
     }
+    if x.rank() == 5 {
+        return conv3d(n, x, w, bias);
+    }
+    let sr = spatial_rank(n, x)?;
+    let (x2, w2) = (as_2d(x, sr), as_2d(w, sr));
+    let kernel = [w2.shape()[2], w2.shape()[3]];
     let win = window(n, sr, hw_of(&x2)?, kernel)?;
     let group = usize::try_from(n.attr_i("group", 1)?).map_err(|_| "negative group".to_string())?;
     let attrs = Conv2dAttrs { stride: win.stride, dilation: win.dilation, pad: win.pad, groups: group };
@@ -149,6 +158,9 @@ pub(crate) fn conv_with(n: &Node, x: &Tensor, w: &Tensor, bias: Option<&Tensor>)
 /// - pads` (or `output_shape`, the pads then derived).
 pub(crate) fn conv_transpose(n: &mut Node) -> OpResult {
     let (x, w) = (n.input(0)?, n.input(1)?);
+    if x.rank() == 5 {
+        return Ok(vec![conv_transpose3d(n, x, w, n.opt_input(2))?]);
+    }
     let sr = spatial_rank(n, x)?;
     let (x2, w2) = (as_2d(x, sr), as_2d(w, sr));
     let kernel = [w2.shape()[2], w2.shape()[3]];
@@ -243,11 +255,14 @@ pub(crate) fn max_pool(n: &mut Node) -> OpResult {
     // its inputs: their pool is the f32 pool cast back.
     let small_int = matches!(x.dtype(), DType::I8 | DType::U8 | DType::I16 | DType::U16);
     let xf = if small_int { x.cast(DType::F32) } else { x.clone() };
-    let sr = spatial_rank(n, &xf)?;
-    let x2 = as_2d(&xf, sr);
-    let win = pool_window(n, sr, hw_of(&x2)?)?;
-    let y = spatial(SpatialOp::MaxPool2d { pool: pool_attrs(&win) }, &[&x2]).remove(0);
-    let y = from_2d(y, sr);
+    let y = if pool_nd::needed(n, &xf)? {
+        pool_nd::pool(n, &xf, PoolKind::Max)?
+    } else {
+        let sr = spatial_rank(n, &xf)?;
+        let x2 = as_2d(&xf, sr);
+        let win = pool_window(n, sr, hw_of(&x2)?)?;
+        from_2d(spatial(SpatialOp::MaxPool2d { pool: pool_attrs(&win) }, &[&x2]).remove(0), sr)
+    };
     Ok(vec![if small_int { y.cast(x.dtype()) } else { y }])
 }
 
@@ -262,11 +277,15 @@ fn zero_padded(x2: &Tensor, pad: [usize; 4]) -> Tensor {
 /// reference does).
 pub(crate) fn average_pool(n: &mut Node) -> OpResult {
     let x = n.input(0)?;
+    let count_include_pad = n.attr_i("count_include_pad", 0)? != 0;
+    if pool_nd::needed(n, x)? {
+        return Ok(vec![pool_nd::pool(n, x, PoolKind::Average { count_include_pad })?]);
+    }
     let sr = spatial_rank(n, x)?;
     let x2 = as_2d(x, sr);
     let hw = hw_of(&x2)?;
     let full = pool_window(n, sr, hw)?;
-    let y = if n.attr_i("count_include_pad", 0)? != 0 {
+    let y = if count_include_pad {
         let explicit = window(n, sr, hw, full.kernel)?.pad;
         let xp = zero_padded(&x2, explicit);
         let extra = [0, 0, full.pad[2] - explicit[2], full.pad[3] - explicit[3]];
@@ -281,9 +300,12 @@ pub(crate) fn average_pool(n: &mut Node) -> OpResult {
 /// `LpPool`: `(Σ |x|^p)^(1/p)` over each window (pads count as zeros).
 pub(crate) fn lp_pool(n: &mut Node) -> OpResult {
     let x = n.input(0)?;
+    let p = n.attr_i("p", 2)? as f64;
+    if pool_nd::needed(n, x)? {
+        return Ok(vec![pool_nd::pool(n, x, PoolKind::Lp { p })?]);
+    }
     let sr = spatial_rank(n, x)?;
     let x2 = as_2d(x, sr);
-    let p = n.attr_i("p", 2)? as f64;
     let win = pool_window(n, sr, hw_of(&x2)?)?;
     let xp = zero_padded(&x2.abs().pow(scalar_like(x, p)), win.pad);
     let pool = Pool2dAttrs { kernel: win.kernel, stride: win.stride, pad: [0; 4] };

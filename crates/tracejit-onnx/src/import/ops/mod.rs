@@ -11,12 +11,16 @@
 //! `einsum`, `attention`, `flex_attention` (domain `ai.onnx.preview`),
 //! `linear_attention`, `rnn` (RNN, GRU, LSTM), `rotary`, `control` (`If`, `Loop`, `Scan`), `state` (caches
 //! and recurrent state),
-//! `signal` (windows, DFT, STFT), `resize`, `loss`, `conv` (convolutions and pools) and `quant`
+//! `signal` (windows, DFT, STFT), `resize`, `loss`, `conv` (convolutions and pools;
+//! `conv3d`, `conv_transpose3d`, `pool_nd` and `window_nd` take 3-D and
+//! dilated windows) and `quant`
 //! (quantization).
 
 pub(crate) mod attention;
 pub(crate) mod control;
 pub(crate) mod conv;
+pub(crate) mod conv3d;
+pub(crate) mod conv_transpose3d;
 pub(crate) mod einsum;
 pub(crate) mod elementwise;
 pub(crate) mod flex_attention;
@@ -24,6 +28,7 @@ pub(crate) mod indexing;
 pub(crate) mod linear_attention;
 pub(crate) mod loss;
 pub(crate) mod nn;
+pub(crate) mod pool_nd;
 pub(crate) mod quant;
 pub(crate) mod reduce;
 pub(crate) mod resize;
@@ -32,6 +37,7 @@ pub(crate) mod rotary;
 pub(crate) mod shape;
 pub(crate) mod signal;
 pub(crate) mod state;
+pub(crate) mod window_nd;
 
 use super::node::{Node, OpResult};
 
