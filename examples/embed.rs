@@ -11,7 +11,8 @@
 //! mean-pooled embedding as a JSON array of 384 floats (an empty line is
 //! embedded as sentence-transformers embeds `""`). `--query` prints the
 //! `--top` (default 10) lines closest to the query by cosine similarity.
-//! Lines are batched by length (`--batch`, default 32); a progress bar
+//! `--bf16` runs the products in bf16 with f32 accumulation
+//! (`mixed_precision`). Lines are batched by length (`--batch`, default 32); a progress bar
 //! shows on long files; the embeddings are cached beside FILE
 //! (`FILE.embeddings.safetensors`, keyed by the text and the model's
 //! files) so a second query of the same file embeds only the query.
@@ -35,14 +36,15 @@ struct Args {
     top: usize,
     batch: usize,
     no_cache: bool,
+    bf16: bool,
 }
 
-const USAGE: &str = "usage: embed --model DIR (--json | --query TEXT [--top K]) [--batch N] [--no-cache] FILE";
+const USAGE: &str = "usage: embed --model DIR (--json | --query TEXT [--top K]) [--batch N] [--bf16] [--no-cache] FILE";
 
 fn parse() -> anyhow::Result<Args> {
     let mut it = std::env::args().skip(1);
     let (mut model, mut file, mut query, mut json) = (None, None, None, false);
-    let (mut top, mut batch, mut no_cache) = (10, 32, false);
+    let (mut top, mut batch, mut no_cache, mut bf16) = (10, 32, false, false);
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().with_context(|| format!("{name} needs a value\n{USAGE}"));
         match a.as_str() {
@@ -52,6 +54,7 @@ fn parse() -> anyhow::Result<Args> {
             "--top" => top = value("--top")?.parse().context("--top takes a count")?,
             "--batch" => batch = value("--batch")?.parse().context("--batch takes a count")?,
             "--no-cache" => no_cache = true,
+            "--bf16" => bf16 = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -67,13 +70,15 @@ fn parse() -> anyhow::Result<Args> {
     if batch == 0 {
         bail!("--batch must be at least 1");
     }
-    Ok(Args { model, file, query, top, batch, no_cache })
+    Ok(Args { model, file, query, top, batch, no_cache, bf16 })
 }
 
-/// FNV-1a over the text and the model's files: what the cache is keyed by.
-fn cache_key(text: &str, model: &Path) -> anyhow::Result<i64> {
+/// A hash of the text, the precision and the model's files: what the
+/// cache is keyed by.
+fn cache_key(text: &str, model: &Path, bf16: bool) -> anyhow::Result<i64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     h.write(text.as_bytes());
+    h.write_u8(u8::from(bf16));
     for f in ["config.json", "tokenizer.json", "model.safetensors"] {
         let bytes = std::fs::read(model.join(f)).with_context(|| format!("reading {}", model.join(f).display()))?;
         h.write(&bytes);
@@ -135,8 +140,11 @@ fn main() -> anyhow::Result<()> {
     if text.ends_with('\n') {
         lines.pop();
     }
-    let model = SentenceEmbedder::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
-    let key = cache_key(&text, &args.model)?;
+    let mut model = SentenceEmbedder::load(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    if args.bf16 {
+        model = model.with_mixed_precision(DType::BF16);
+    }
+    let key = cache_key(&text, &args.model, args.bf16)?;
     let embeddings = embed_file(&model, &args, &lines, key)?;
     match &args.query {
         None => {

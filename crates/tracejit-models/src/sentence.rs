@@ -35,6 +35,13 @@ impl SentenceEmbedder {
         Ok(SentenceEmbedder { encoder: SentenceEncoder::new(bert), tokenizer, max_length })
     }
 
+    /// This model with its encoder's products in `low` precision
+    /// ([`SentenceEncoder::with_mixed_precision`]).
+    pub fn with_mixed_precision(self, low: DType) -> SentenceEmbedder {
+        let encoder = SentenceEncoder::with_mixed_precision(self.encoder.bert().clone(), low);
+        SentenceEmbedder { encoder, ..self }
+    }
+
     /// The encoder: token ids to embeddings.
     pub fn encoder(&self) -> &SentenceEncoder {
         &self.encoder
