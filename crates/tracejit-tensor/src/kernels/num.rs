@@ -263,6 +263,23 @@ macro_rules! impl_float {
 impl_float!(f32, libm::erff);
 impl_float!(f64, libm::erf);
 
+/// `base ** exp` by squaring with wrapping products (`mul`): an integer
+/// power that wraps as its products do, for every integer type.
+#[inline]
+fn wrapping_power<T: Copy>(mut base: T, mut exp: u64, one: T, mul: fn(T, T) -> T) -> T {
+    let mut acc = one;
+    while exp > 0 {
+        if exp & 1 == 1 {
+            acc = mul(acc, base);
+        }
+        exp >>= 1;
+        if exp > 0 {
+            base = mul(base, base);
+        }
+    }
+    acc
+}
+
 macro_rules! impl_int {
     ($t:ident) => {
         impl Num for $t {
@@ -312,19 +329,7 @@ macro_rules! impl_int {
                         _ => 0,
                     };
                 }
-                let mut base = self;
-                let mut exp = o;
-                let mut acc: $t = 1;
-                while exp > 0 {
-                    if exp & 1 == 1 {
-                        acc = acc.wrapping_mul(base);
-                    }
-                    exp >>= 1;
-                    if exp > 0 {
-                        base = base.wrapping_mul(base);
-                    }
-                }
-                acc
+                wrapping_power(self, o as u64, 1, <$t>::wrapping_mul)
             }
             #[inline]
             fn nan_max(self, o: Self) -> Self {
@@ -398,19 +403,7 @@ macro_rules! impl_uint {
             }
             #[inline]
             fn power(self, o: Self) -> Self {
-                let mut base = self;
-                let mut exp = o;
-                let mut acc: $t = 1;
-                while exp > 0 {
-                    if exp & 1 == 1 {
-                        acc = acc.wrapping_mul(base);
-                    }
-                    exp >>= 1;
-                    if exp > 0 {
-                        base = base.wrapping_mul(base);
-                    }
-                }
-                acc
+                wrapping_power(self, o as u64, 1, <$t>::wrapping_mul)
             }
             #[inline]
             fn nan_max(self, o: Self) -> Self {
@@ -627,6 +620,9 @@ mod tests {
         assert_eq!(2i32.power(31), i32::MIN); // wraps
         assert_eq!(2i32.power(32), 0); // wraps
         assert_eq!(3i64.power(40), 3i64.wrapping_pow(40));
+        assert_eq!(200u8.power(2), 64); // 40000 mod 256
+        assert_eq!((-3i8).power(5), 13); // -243 mod 256
+        assert_eq!(3u64.power(1000), 3u64.wrapping_pow(1000));
         assert_eq!(7i32.power(-1), 0);
         assert_eq!(0i32.power(-1), 0);
         assert_eq!(1i32.power(-5), 1);
