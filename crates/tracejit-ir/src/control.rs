@@ -65,6 +65,12 @@ impl CancelToken {
         CancelToken::default()
     }
 
+    /// The token's identity, shared by all its handles (what an op key
+    /// holds: loops stopped by different tokens are different loops).
+    pub(crate) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.state) as usize
+    }
+
     /// Cancels: loops holding the token stop before their next trip.
     pub fn cancel(&self) {
         self.state.cancelled.store(true, Ordering::Relaxed);

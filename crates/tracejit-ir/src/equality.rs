@@ -16,7 +16,7 @@
 
 use std::fmt::Write as _;
 
-use crate::{Graph, Node, Op};
+use crate::{Graph, Node};
 
 impl Graph {
     /// True when `self` and `other` are the same graph structurally (see the
@@ -37,7 +37,7 @@ impl Graph {
 }
 
 /// Writes the first difference into `out`; leaves it empty when equal.
-fn graph_diff(out: &mut String, a: &Graph, b: &Graph) {
+pub(crate) fn graph_diff(out: &mut String, a: &Graph, b: &Graph) {
     let mut fail = |what: String| {
         let _ = write!(out, "graph `{}`: {what}", a.name);
     };
@@ -94,87 +94,5 @@ fn graph_diff(out: &mut String, a: &Graph, b: &Graph) {
 
 /// Node equality; a difference inside a fused body is described in `inner`.
 fn node_eq(inner: &mut String, x: &Node, y: &Node) -> bool {
-    x.inputs == y.inputs && x.control_inputs == y.control_inputs && x.outputs == y.outputs && op_eq(inner, &x.op, &y.op)
-}
-
-/// Op equality, exhaustive over `a` so a new variant must say what equal
-/// means for it.
-fn op_eq(inner: &mut String, a: &Op, b: &Op) -> bool {
-    match a {
-        Op::Parameter { index } => matches!(b, Op::Parameter { index: j } if index == j),
-        Op::Constant { value } => matches!(b, Op::Constant { value: w } if value.bit_eq(w)),
-        Op::Unary(u) => matches!(b, Op::Unary(v) if u == v),
-        Op::Binary(u) => matches!(b, Op::Binary(v) if u == v),
-        Op::Select => matches!(b, Op::Select),
-        Op::Cast { to } => matches!(b, Op::Cast { to: t } if to == t),
-        Op::Clamp { min, max } => {
-            matches!(b, Op::Clamp { min: m, max: n } if min.to_bits() == m.to_bits() && max.to_bits() == n.to_bits())
-        }
-        Op::Reduce { op, axes, keepdims } => {
-            matches!(b, Op::Reduce { op: o, axes: x, keepdims: k } if op == o && axes == x && keepdims == k)
-        }
-        Op::ArgReduce { op, axis, keepdims } => {
-            matches!(b, Op::ArgReduce { op: o, axis: x, keepdims: k } if op == o && axis == x && keepdims == k)
-        }
-        Op::MatMul => matches!(b, Op::MatMul),
-        Op::Reshape { shape } => matches!(b, Op::Reshape { shape: s } if shape == s),
-        Op::Transpose { perm } => matches!(b, Op::Transpose { perm: p } if perm == p),
-        Op::BroadcastTo { shape } => matches!(b, Op::BroadcastTo { shape: s } if shape == s),
-        Op::ExpandDims { axis } => matches!(b, Op::ExpandDims { axis: x } if axis == x),
-        Op::Squeeze { axes } => matches!(b, Op::Squeeze { axes: x } if axes == x),
-        Op::Concat { axis } => matches!(b, Op::Concat { axis: x } if axis == x),
-        Op::Stack { axis } => matches!(b, Op::Stack { axis: x } if axis == x),
-        Op::Slice { specs } => matches!(b, Op::Slice { specs: s } if specs == s),
-        Op::Gather { axis } => matches!(b, Op::Gather { axis: x } if axis == x),
-        Op::OneHot { depth, dtype } => matches!(b, Op::OneHot { depth: d, dtype: t } if depth == d && dtype == t),
-        Op::Call { func } => matches!(b, Op::Call { func: f } if func == f),
-        Op::Fused { body } => {
-            let Op::Fused { body: other } = b else { return false };
-            graph_diff(inner, body, other);
-            inner.is_empty()
-        }
-        Op::Cond { branches } => {
-            let Op::Cond { branches: other } = b else { return false };
-            branches.iter().zip(other).all(|(x, y)| {
-                graph_diff(inner, x, y);
-                inner.is_empty()
-            })
-        }
-        Op::While { parts, trip_count, cancel } => {
-            let Op::While { parts: other, trip_count: t, cancel: c } = b else { return false };
-            trip_count == t
-                && cancel.is_some() == c.is_some()
-                && parts.iter().zip(other).all(|(x, y)| {
-                    graph_diff(inner, x, y);
-                    inner.is_empty()
-                })
-        }
-        Op::Kernel { name, inputs, outputs, .. } => matches!(
-            b,
-            Op::Kernel { name: n, inputs: i, outputs: o, .. } if name == n && inputs == i && outputs == o
-        ),
-        Op::GatherElements { axis } => matches!(b, Op::GatherElements { axis: x } if axis == x),
-        Op::ScatterAdd { axis } => matches!(b, Op::ScatterAdd { axis: x } if axis == x),
-        Op::DynamicSlice { sizes } => matches!(b, Op::DynamicSlice { sizes: s } if sizes == s),
-        Op::DynamicUpdateSlice => matches!(b, Op::DynamicUpdateSlice),
-        Op::Pad { pads, value } => {
-            matches!(b, Op::Pad { pads: p, value: v } if pads == p && value.to_bits() == v.to_bits())
-        }
-        Op::Cumsum { axis } => matches!(b, Op::Cumsum { axis: x } if axis == x),
-        Op::TopK { k } => matches!(b, Op::TopK { k: j } if k == j),
-        Op::Spatial(sp) => matches!(b, Op::Spatial(o) if sp == o),
-        Op::Random { dist, dtype, shape } => {
-            let bits = |d: &tracejit_tensor::RandomDist| {
-                let (p, q) = d.params();
-                (d.name(), p.to_bits(), q.to_bits())
-            };
-            matches!(b, Op::Random { dist: e, dtype: t, shape: s } if bits(dist) == bits(e) && dtype == t && shape == s)
-        }
-        Op::ReadVariable { var, locked } => {
-            matches!(b, Op::ReadVariable { var: v, locked: l } if var == v && locked == l)
-        }
-        Op::AssignVariable { var, kind, locked } => {
-            matches!(b, Op::AssignVariable { var: v, kind: k, locked: l } if var == v && kind == k && locked == l)
-        }
-    }
+    x.inputs == y.inputs && x.control_inputs == y.control_inputs && x.outputs == y.outputs && x.op.same_as(&y.op, inner)
 }

@@ -13,6 +13,7 @@
 //! holds the optimization passes and the pass manager; [`registry`] the
 //! process-wide table of composite kernels they consult.
 
+mod attr;
 pub mod autodiff;
 pub mod batching;
 mod boundary;
@@ -27,6 +28,7 @@ mod interp;
 pub mod locks;
 mod op;
 mod op_key;
+mod op_table;
 mod parser;
 pub mod passes;
 mod printer;

@@ -9,6 +9,7 @@ use tracejit_tensor::{ArgReduceOp, BinaryOp, DType, RandomDist, ReduceOp, SliceS
 
 pub use crate::external::ExternalKernel;
 use crate::graph::{FuncId, VarId};
+use crate::op_table::define_ops;
 use crate::{Effects, TensorType};
 
 /// The pattern of the primitive compute ops: stateless, holding no code,
@@ -76,368 +77,285 @@ impl AssignKind {
     }
 }
 
-/// The operation of a node. Inputs are listed on the node; the comment on each
-/// variant says what they are.
-#[derive(Clone, Debug)]
-pub enum Op {
-    /// The `index`-th flat input of the graph. No inputs.
-    Parameter {
-        /// Position among the graph's inputs.
-        index: usize,
-    },
-    /// A literal or a captured eager tensor. No inputs.
-    Constant {
-        /// The value.
-        value: Storage,
-    },
-    /// Elementwise op of one input.
-    Unary(UnaryOp),
-    /// Elementwise op of two inputs with broadcasting.
-    Binary(BinaryOp),
-    /// `cond ? a : b`; inputs (cond, a, b), broadcast.
-    Select,
-    /// Converts the input to `to`.
-    Cast {
-        /// Target dtype.
-        to: DType,
-    },
-    /// Clamps the input into `[min, max]`.
-    Clamp {
-        /// Lower bound (converted to the input dtype).
-        min: f64,
-        /// Upper bound (converted to the input dtype).
-        max: f64,
-    },
-    /// Reduction over `axes` (sorted, unique, non-negative).
-    Reduce {
-        /// Which reduction.
-        op: ReduceOp,
-        /// Reduced axes.
-        axes: Vec<usize>,
-        /// Keep reduced axes as size 1.
-        keepdims: bool,
-    },
-    /// argmax / argmin along one axis; i64 result.
-    ArgReduce {
-        /// Which one.
-        op: ArgReduceOp,
-        /// The axis.
-        axis: usize,
-        /// Keep the axis as size 1.
-        keepdims: bool,
-    },
-    /// Matrix product of the last two axes; inputs (a, b).
-    MatMul,
-    /// New shape; at most one `-1`, resolved from the element count.
-    Reshape {
-        /// Target shape.
-        shape: Vec<i64>,
-    },
-    /// Permutes axes.
-    Transpose {
-        /// `out.dims[i] = in.dims[perm[i]]`.
-        perm: Vec<usize>,
-    },
-    /// Broadcasts to a shape (numpy rules).
-    BroadcastTo {
-        /// Target shape.
-        shape: Vec<usize>,
-    },
-    /// Inserts a size-1 axis at `axis` (of the output).
-    ExpandDims {
-        /// Position in the output.
-        axis: usize,
-    },
-    /// Removes size-1 axes.
-    Squeeze {
-        /// Axes to remove (sorted, unique).
-        axes: Vec<usize>,
-    },
-    /// Joins the inputs along an existing axis.
-    Concat {
-        /// The axis.
-        axis: usize,
-    },
-    /// Joins the inputs along a new axis.
-    Stack {
-        /// Position of the new axis in the output.
-        axis: usize,
-    },
-    /// numpy basic slicing, one spec per axis.
-    Slice {
-        /// Per-axis start/stop/step.
-        specs: Vec<SliceSpec>,
-    },
-    /// Picks entries along `axis`; inputs (params, indices).
-    Gather {
-        /// The axis of params.
-        axis: usize,
-    },
-    /// One-hot encoding along a new last axis.
-    OneHot {
-        /// Size of the new axis.
-        depth: usize,
-        /// Output dtype.
-        dtype: DType,
-    },
-    /// Reads `x` at `indices` along `axis` (ONNX GatherElements, numpy's
-    /// `take_along_axis`); inputs (x, indices), the result of the indices'
-    /// shape.
-    GatherElements {
-        /// The axis.
-        axis: usize,
-    },
-    /// Adds `updates` into `x` at `indices` along `axis` (ONNX
-    /// ScatterElements with `reduction="add"`); inputs (x, indices,
-    /// updates), the indices broadcasting against the updates.
-    ScatterAdd {
-        /// The axis.
-        axis: usize,
-    },
-    /// A window of `sizes` of `x` at `starts`, each start clamped into
-    /// `[0, dim - size]` (XLA's DynamicSlice); inputs (x, starts: an
-    /// integer vector of one start per axis).
-    DynamicSlice {
-        /// The window's size on each axis.
-        sizes: Vec<usize>,
-    },
-    /// `x` with the window at `starts` (clamped as `DynamicSlice`'s)
-    /// replaced by `update`; inputs (x, update, starts).
-    DynamicUpdateSlice,
-    /// `x` with a constant border: `pads[i] = (before, after)` on axis `i`.
-    Pad {
-        /// Elements added before and after, per axis.
-        pads: Vec<(usize, usize)>,
-        /// The border's value (converted to the dtype).
-        value: f64,
-    },
-    /// Inclusive prefix sums along `axis`.
-    Cumsum {
-        /// The axis.
-        axis: usize,
-    },
-    /// The `k` largest entries along the last axis, largest first (NaN
-    /// above every number, ties by index); outputs (values, i64 indices).
-    TopK {
-        /// How many.
-        k: usize,
-    },
-    /// A random draw from the Philox stream of its first input (an i64
-    /// `[counter_lo, counter_hi, key]` state, or an i64 `[2]` seed): element
-    /// `i` is a function of the state and `i` only. With `shape` `None` the
-    /// draw takes the shape of a second input (whose values it ignores).
-    /// Its effect is [`Effects::RANDOM`]: passes never fold, merge or move
-    /// it.
-    Random {
-        /// The distribution.
-        dist: RandomDist,
-        /// The output dtype (f32 or f64).
-        dtype: DType,
-        /// The output shape, or `None` for the second input's.
-        shape: Option<Vec<usize>>,
-    },
-    /// A 2-D convolution or pooling over NCHW tensors, or one of their
-    /// gradients (ONNX `Conv` / `MaxPool` / `AveragePool` semantics); the
-    /// table on [`SpatialOp`] lists each one's inputs and outputs. The JIT
-    /// runs them through the direct kernels of `tracejit_kernels::conv`
-    /// and `pool2d`, the interpreter through the reference loops.
-    Spatial(SpatialOp),
-    /// Calls a function of the graph's library; inputs are its arguments,
-    /// outputs its results.
-    Call {
-        /// The callee.
-        func: FuncId,
-    },
-    /// A fused region: `body` is a graph of elementwise ops (and reductions
-    /// ending in them) whose params are this node's inputs and whose outputs
-    /// are this node's outputs. The fusion pass creates it; the JIT compiles
-    /// `body` into one kernel; the interpreter runs `body`.
-    Fused {
-        /// The region's computation.
-        body: std::sync::Arc<crate::Graph>,
-    },
-    /// A conditional: inputs `(pred, operands...)`, `pred` a bool scalar.
-    /// `branches[0]` (then) runs when `pred` is true, `branches[1]` (else)
-    /// otherwise; each takes the operands as its parameters and returns one
-    /// value per output. Only the taken branch runs, so its effects happen
-    /// only then.
-    Cond {
-        /// The then and else graphs.
-        branches: [Arc<crate::Graph>; 2],
-    },
-    /// A loop: inputs `(carried..., captured...)`. `parts[0]`, the
-    /// condition, maps `(carried..., captured...)` to a bool scalar;
-    /// `parts[1]`, the body, maps them to the next carried values (of the
-    /// same types). The outputs are the carried values once the condition
-    /// is false; zero iterations return the initial values.
-    While {
-        /// The condition and the body.
-        parts: [Arc<crate::Graph>; 2],
-        /// The number of iterations when it is known statically
-        /// (`fori_loop`); reverse mode needs it.
-        trip_count: Option<usize>,
-        /// Checked before every trip: a cancelled token (or one past its
-        /// deadline) stops the loop with an error (`while_loop_with`'s
-        /// `cancel`). Printed `cancel`; a parsed graph gets a new token.
-        cancel: Option<crate::control::CancelToken>,
-    },
-    /// A registered native kernel replacing a composite `Call` (created by the
-    /// implementation selector). Inputs are the call's arguments; `inputs`
-    /// and `outputs` are the types it was selected for (the kernel itself
-    /// has no type rule, so they are stored).
-    Kernel {
-        /// The composite op's name (`org.semantic.opname`).
-        name: String,
-        /// The code.
-        kernel: Arc<dyn ExternalKernel>,
-        /// The accepted type of each input.
-        inputs: Vec<TensorType>,
-        /// The type of each output.
-        outputs: Vec<TensorType>,
-    },
-    /// Reads a variable (stateful). No data inputs.
-    ReadVariable {
-        /// The variable.
-        var: VarId,
-        /// Part of an update that holds the variable's update lock (TF's
-        /// `use_locking`): executors take it before the first locked access
-        /// of a run and release it after the last (see [`crate::locks`]).
-        /// Printed `locked`.
-        locked: bool,
-    },
-    /// Writes a variable (stateful); one input, the value; no outputs.
-    AssignVariable {
-        /// The variable.
-        var: VarId,
-        /// Assign, add or subtract.
-        kind: AssignKind,
-        /// Part of a locked update, as [`Op::ReadVariable`]'s.
-        locked: bool,
-    },
+define_ops! {
+    /// The operation of a node. Inputs are listed on the node; the comment on each
+    /// variant says what they are. Generated from this table (see `op_table`).
+    #[derive(Clone, Debug)]
+    pub enum Op {
+        /// The `index`-th flat input of the graph. No inputs.
+        Parameter {
+            /// Position among the graph's inputs.
+            index: usize,
+        } => tag 0, name "parameter", class Source, inputs Some(0), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// A literal or a captured eager tensor. No inputs.
+        Constant {
+            /// The value.
+            value: Storage,
+        } => tag 1, name "constant", class Source, inputs Some(0), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Elementwise op of one input.
+        Unary(u: UnaryOp) => tag 2, name u.name(), class Elementwise, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Elementwise op of two inputs with broadcasting.
+        Binary(b: BinaryOp) => tag 3, name b.name(), class Elementwise, inputs Some(2), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// `cond ? a : b`; inputs (cond, a, b), broadcast.
+        Select => tag 4, name "select", class Elementwise, inputs Some(3), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Converts the input to `to`.
+        Cast {
+            /// Target dtype.
+            to: DType,
+        } => tag 5, name "cast", class Elementwise, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Clamps the input into `[min, max]`.
+        Clamp {
+            /// Lower bound (converted to the input dtype).
+            min: f64,
+            /// Upper bound (converted to the input dtype).
+            max: f64,
+        } => tag 6, name "clamp", class Elementwise, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Reduction over `axes` (sorted, unique, non-negative).
+        Reduce {
+            /// Which reduction.
+            op: ReduceOp,
+            /// Reduced axes.
+            axes: Vec<usize>,
+            /// Keep reduced axes as size 1.
+            keepdims: bool,
+        } => tag 7, name op.name(), class Reduction, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// argmax / argmin along one axis; i64 result.
+        ArgReduce {
+            /// Which one.
+            op: ArgReduceOp,
+            /// The axis.
+            axis: usize,
+            /// Keep the axis as size 1.
+            keepdims: bool,
+        } => tag 8, name op.name(), class Reduction, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Matrix product of the last two axes; inputs (a, b).
+        MatMul => tag 9, name "matmul", class Contraction, inputs Some(2), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// New shape; at most one `-1`, resolved from the element count.
+        Reshape {
+            /// Target shape.
+            shape: Vec<i64>,
+        } => tag 10, name "reshape", class Layout, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Permutes axes.
+        Transpose {
+            /// `out.dims[i] = in.dims[perm[i]]`.
+            perm: Vec<usize>,
+        } => tag 11, name "transpose", class Layout, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Broadcasts to a shape (numpy rules).
+        BroadcastTo {
+            /// Target shape.
+            shape: Vec<usize>,
+        } => tag 12, name "broadcast_to", class Broadcast, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Inserts a size-1 axis at `axis` (of the output).
+        ExpandDims {
+            /// Position in the output.
+            axis: usize,
+        } => tag 13, name "expand_dims", class Broadcast, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Removes size-1 axes.
+        Squeeze {
+            /// Axes to remove (sorted, unique).
+            axes: Vec<usize>,
+        } => tag 14, name "squeeze", class Layout, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Joins the inputs along an existing axis.
+        Concat {
+            /// The axis.
+            axis: usize,
+        } => tag 15, name "concat", class Layout, inputs None, outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Joins the inputs along a new axis.
+        Stack {
+            /// Position of the new axis in the output.
+            axis: usize,
+        } => tag 16, name "stack", class Layout, inputs None, outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// numpy basic slicing, one spec per axis.
+        Slice {
+            /// Per-axis start/stop/step.
+            specs: Vec<SliceSpec>,
+        } => tag 17, name "slice", class Layout, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Picks entries along `axis`; inputs (params, indices).
+        Gather {
+            /// The axis of params.
+            axis: usize,
+        } => tag 18, name "gather", class Indexing, inputs Some(2), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// One-hot encoding along a new last axis.
+        OneHot {
+            /// Size of the new axis.
+            depth: usize,
+            /// Output dtype.
+            dtype: DType,
+        } => tag 19, name "one_hot", class Indexing, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Reads `x` at `indices` along `axis` (ONNX GatherElements, numpy's
+        /// `take_along_axis`); inputs (x, indices), the result of the indices'
+        /// shape.
+        GatherElements {
+            /// The axis.
+            axis: usize,
+        } => tag 27, name "gather_elements", class Indexing, inputs Some(2), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Adds `updates` into `x` at `indices` along `axis` (ONNX
+        /// ScatterElements with `reduction="add"`); inputs (x, indices,
+        /// updates), the indices broadcasting against the updates.
+        ScatterAdd {
+            /// The axis.
+            axis: usize,
+        } => tag 28, name "scatter_add", class Indexing, inputs Some(3), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// A window of `sizes` of `x` at `starts`, each start clamped into
+        /// `[0, dim - size]` (XLA's DynamicSlice); inputs (x, starts: an
+        /// integer vector of one start per axis).
+        DynamicSlice {
+            /// The window's size on each axis.
+            sizes: Vec<usize>,
+        } => tag 29, name "dynamic_slice", class Layout, inputs Some(2), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// `x` with the window at `starts` (clamped as `DynamicSlice`'s)
+        /// replaced by `update`; inputs (x, update, starts).
+        DynamicUpdateSlice => tag 30, name "dynamic_update_slice", class Layout, inputs Some(3), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// `x` with a constant border: `pads[i] = (before, after)` on axis `i`.
+        Pad {
+            /// Elements added before and after, per axis.
+            pads: Vec<(usize, usize)>,
+            /// The border's value (converted to the dtype).
+            value: f64,
+        } => tag 31, name "pad", class Layout, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// Inclusive prefix sums along `axis`.
+        Cumsum {
+            /// The axis.
+            axis: usize,
+        } => tag 32, name "cumsum", class Scan, inputs Some(1), outputs Some(1),
+            effects |_library| Effects::PURE;
+        /// The `k` largest entries along the last axis, largest first (NaN
+        /// above every number, ties by index); outputs (values, i64 indices).
+        TopK {
+            /// How many.
+            k: usize,
+        } => tag 33, name "top_k", class Scan, inputs Some(1), outputs Some(2),
+            effects |_library| Effects::PURE;
+        /// A random draw from the Philox stream of its first input (an i64
+        /// `[counter_lo, counter_hi, key]` state, or an i64 `[2]` seed): element
+        /// `i` is a function of the state and `i` only. With `shape` `None` the
+        /// draw takes the shape of a second input (whose values it ignores).
+        /// Its effect is [`Effects::RANDOM`]: passes never fold, merge or move
+        /// it.
+        Random {
+            /// The distribution.
+            dist: RandomDist,
+            /// The output dtype (f32 or f64).
+            dtype: DType,
+            /// The output shape, or `None` for the second input's.
+            shape: Option<Vec<usize>>,
+        } => tag 34, name dist.name(), class Random, inputs Some(if shape.is_some() { 1 } else { 2 }), outputs Some(1),
+            effects |_library| Effects::RANDOM;
+        /// A 2-D convolution or pooling over NCHW tensors, or one of their
+        /// gradients (ONNX `Conv` / `MaxPool` / `AveragePool` semantics); the
+        /// table on [`SpatialOp`] lists each one's inputs and outputs. The JIT
+        /// runs them through the direct kernels of `tracejit_kernels::conv`
+        /// and `pool2d`, the interpreter through the reference loops.
+        Spatial(sp: SpatialOp) => tag 35, name sp.name(), class Spatial, inputs Some(sp.num_inputs()), outputs Some(sp.num_outputs()),
+            effects |_library| Effects::PURE;
+        /// Calls a function of the graph's library; inputs are its arguments,
+        /// outputs its results.
+        Call {
+            /// The callee.
+            func: FuncId,
+        } => tag 20, name "call", class Call, inputs None, outputs None,
+            effects |library| library.try_get(*func).map_or(Effects::WRITES, |f| f.graph.effects());
+        /// A fused region: `body` is a graph of elementwise ops (and reductions
+        /// ending in them) whose params are this node's inputs and whose outputs
+        /// are this node's outputs. The fusion pass creates it; the JIT compiles
+        /// `body` into one kernel; the interpreter runs `body`.
+        Fused {
+            /// The region's computation.
+            body: std::sync::Arc<crate::Graph>,
+        } => tag 21, name "fused", class Region, inputs Some(body.params.len()), outputs Some(body.outputs.len()),
+            effects |_library| body.effects();
+        /// A conditional: inputs `(pred, operands...)`, `pred` a bool scalar.
+        /// `branches[0]` (then) runs when `pred` is true, `branches[1]` (else)
+        /// otherwise; each takes the operands as its parameters and returns one
+        /// value per output. Only the taken branch runs, so its effects happen
+        /// only then.
+        Cond {
+            /// The then and else graphs.
+            branches: [Arc<crate::Graph>; 2],
+        } => tag 25, name "cond", class Control, inputs Some(1 + branches[0].params.len()), outputs Some(branches[0].outputs.len()),
+            effects |_library| branches[0].effects().union(branches[1].effects());
+        /// A loop: inputs `(carried..., captured...)`. `parts[0]`, the
+        /// condition, maps `(carried..., captured...)` to a bool scalar;
+        /// `parts[1]`, the body, maps them to the next carried values (of the
+        /// same types). The outputs are the carried values once the condition
+        /// is false; zero iterations return the initial values.
+        While {
+            /// The condition and the body.
+            parts: [Arc<crate::Graph>; 2],
+            /// The number of iterations when it is known statically
+            /// (`fori_loop`); reverse mode needs it.
+            trip_count: Option<usize>,
+            /// Checked before every trip: a cancelled token (or one past its
+            /// deadline) stops the loop with an error (`while_loop_with`'s
+            /// `cancel`). Printed `cancel`; a parsed graph gets a new token.
+            cancel: Option<crate::control::CancelToken>,
+        } => tag 26, name "while", class Control, inputs Some(parts[1].params.len()), outputs Some(parts[1].outputs.len()),
+            effects |_library| parts[0].effects().union(parts[1].effects());
+        /// A registered native kernel replacing a composite `Call` (created by the
+        /// implementation selector). Inputs are the call's arguments; `inputs`
+        /// and `outputs` are the types it was selected for (the kernel itself
+        /// has no type rule, so they are stored).
+        Kernel {
+            /// The composite op's name (`org.semantic.opname`).
+            name: String,
+            /// The code.
+            kernel: Arc<dyn ExternalKernel>,
+            /// The accepted type of each input.
+            inputs: Vec<TensorType>,
+            /// The type of each output.
+            outputs: Vec<TensorType>,
+        } => tag 22, name "kernel", class Kernel, inputs Some(inputs.len()), outputs Some(outputs.len()),
+            effects |_library| kernel.effects();
+        /// Reads a variable (stateful). No data inputs.
+        ReadVariable {
+            /// The variable.
+            var: VarId,
+            /// Part of an update that holds the variable's update lock (TF's
+            /// `use_locking`): executors take it before the first locked access
+            /// of a run and release it after the last (see [`crate::locks`]).
+            /// Printed `locked`.
+            locked: bool,
+        } => tag 23, name "read_variable", class State, inputs Some(0), outputs Some(1),
+            effects |_library| Effects::READS;
+        /// Writes a variable (stateful); one input, the value; no outputs.
+        AssignVariable {
+            /// The variable.
+            var: VarId,
+            /// Assign, add or subtract.
+            kind: AssignKind,
+            /// Part of a locked update, as [`Op::ReadVariable`]'s.
+            locked: bool,
+        } => tag 24, name "assign_variable", class State, inputs Some(1), outputs Some(0),
+            effects |_library| Effects::WRITES;
+    }
 }
 
 impl Op {
-    /// The op's name as printed in listings and error messages (`add`,
-    /// `reduce_sum`, `matmul`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            Op::Parameter { .. } => "parameter",
-            Op::Constant { .. } => "constant",
-            Op::Unary(u) => u.name(),
-            Op::Binary(b) => b.name(),
-            Op::Select => "select",
-            Op::Cast { .. } => "cast",
-            Op::Clamp { .. } => "clamp",
-            Op::Reduce { op, .. } => op.name(),
-            Op::ArgReduce { op, .. } => op.name(),
-            Op::MatMul => "matmul",
-            Op::Reshape { .. } => "reshape",
-            Op::Transpose { .. } => "transpose",
-            Op::BroadcastTo { .. } => "broadcast_to",
-            Op::ExpandDims { .. } => "expand_dims",
-            Op::Squeeze { .. } => "squeeze",
-            Op::Concat { .. } => "concat",
-            Op::Stack { .. } => "stack",
-            Op::Slice { .. } => "slice",
-            Op::Gather { .. } => "gather",
-            Op::OneHot { .. } => "one_hot",
-            Op::GatherElements { .. } => "gather_elements",
-            Op::ScatterAdd { .. } => "scatter_add",
-            Op::DynamicSlice { .. } => "dynamic_slice",
-            Op::DynamicUpdateSlice => "dynamic_update_slice",
-            Op::Pad { .. } => "pad",
-            Op::Cumsum { .. } => "cumsum",
-            Op::TopK { .. } => "top_k",
-            Op::Random { dist, .. } => dist.name(),
-            Op::Spatial(sp) => sp.name(),
-            Op::Call { .. } => "call",
-            Op::Fused { .. } => "fused",
-            Op::Cond { .. } => "cond",
-            Op::While { .. } => "while",
-            Op::Kernel { .. } => "kernel",
-            Op::ReadVariable { .. } => "read_variable",
-            Op::AssignVariable { .. } => "assign_variable",
-        }
-    }
-
-    /// How many data inputs the op takes, or `None` when it varies (`concat`,
-    /// `stack`: at least one; `call`: the callee's parameter count).
-    pub fn num_inputs(&self) -> Option<usize> {
-        match self {
-            Op::Parameter { .. } | Op::Constant { .. } | Op::ReadVariable { .. } => Some(0),
-            Op::Unary(_)
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Slice { .. }
-            | Op::OneHot { .. }
-            | Op::Pad { .. }
-            | Op::Cumsum { .. }
-            | Op::TopK { .. }
-            | Op::AssignVariable { .. } => Some(1),
-            Op::Binary(_) | Op::MatMul | Op::Gather { .. } | Op::GatherElements { .. } | Op::DynamicSlice { .. } => {
-                Some(2)
-            }
-            Op::Select | Op::ScatterAdd { .. } | Op::DynamicUpdateSlice => Some(3),
-            Op::Random { shape, .. } => Some(if shape.is_some() { 1 } else { 2 }),
-            Op::Spatial(sp) => Some(sp.num_inputs()),
-            Op::Concat { .. } | Op::Stack { .. } | Op::Call { .. } => None,
-            Op::Fused { body } => Some(body.params.len()),
-            Op::Cond { branches } => Some(1 + branches[0].params.len()),
-            Op::While { parts, .. } => Some(parts[1].params.len()),
-            Op::Kernel { inputs, .. } => Some(inputs.len()),
-        }
-    }
-
-    /// How many outputs the op produces, or `None` for `call` (the callee's
-    /// output count).
-    pub fn num_outputs(&self) -> Option<usize> {
-        match self {
-            Op::AssignVariable { .. } => Some(0),
-            Op::TopK { .. } => Some(2),
-            Op::Spatial(sp) => Some(sp.num_outputs()),
-            Op::Call { .. } => None,
-            Op::Fused { body } => Some(body.outputs.len()),
-            Op::Cond { branches } => Some(branches[0].outputs.len()),
-            Op::While { parts, .. } => Some(parts[1].outputs.len()),
-            Op::Kernel { outputs, .. } => Some(outputs.len()),
-            Op::Parameter { .. }
-            | Op::Constant { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }
-            | Op::GatherElements { .. }
-            | Op::ScatterAdd { .. }
-            | Op::DynamicSlice { .. }
-            | Op::DynamicUpdateSlice
-            | Op::Pad { .. }
-            | Op::Cumsum { .. }
-            | Op::Random { .. }
-            | Op::ReadVariable { .. } => Some(1),
-        }
-    }
-
     /// The graphs this op holds and runs (a fused region's body, the
     /// branches of a conditional, the condition and body of a loop), tract's
     /// `nested_models`. Passes, the verifier, the printer and the executors
@@ -473,93 +391,6 @@ impl Op {
             | Op::Kernel { .. }
             | Op::ReadVariable { .. }
             | Op::AssignVariable { .. } => &mut [],
-        }
-    }
-
-    /// What running the op does besides computing its outputs. An op with
-    /// subgraphs has the effects of everything in them, and a `call` those of
-    /// its callee in `library` (an unknown callee counts as writing, so that
-    /// nothing is dropped on a guess). Passes never fold, merge, reorder or
-    /// drop an op whose effects are not [`Effects::PURE`].
-    pub fn effects(&self, library: &crate::FunctionLibrary) -> Effects {
-        match self {
-            // A draw's values are a function of its state input, but two
-            // draws must never be merged, folded or moved: its own effect.
-            Op::Random { .. } => Effects::RANDOM,
-            Op::Parameter { .. }
-            | Op::Constant { .. }
-            | Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Select
-            | Op::Cast { .. }
-            | Op::Clamp { .. }
-            | Op::Reduce { .. }
-            | Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::BroadcastTo { .. }
-            | Op::ExpandDims { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }
-            | Op::GatherElements { .. }
-            | Op::ScatterAdd { .. }
-            | Op::DynamicSlice { .. }
-            | Op::DynamicUpdateSlice
-            | Op::Pad { .. }
-            | Op::Cumsum { .. }
-            | Op::TopK { .. }
-            | Op::Spatial(_) => Effects::PURE,
-            // A composite's kernel is a pure function of its inputs; a
-            // debug callback says it writes.
-            Op::Kernel { kernel, .. } => kernel.effects(),
-            Op::ReadVariable { .. } => Effects::READS,
-            Op::AssignVariable { .. } => Effects::WRITES,
-            Op::Call { func } => match library.try_get(*func) {
-                Some(f) => f.graph.effects(),
-                None => Effects::WRITES,
-            },
-            Op::Fused { .. } | Op::Cond { .. } | Op::While { .. } => {
-                self.subgraphs().iter().fold(Effects::PURE, |e, g| e.union(g.effects()))
-            }
-        }
-    }
-
-    /// The op's class: the one table of which kind of op each variant is.
-    /// Passes that ask one fact of every op (is it stateful? a source? does
-    /// it hold code?) ask it here instead of listing the variants again;
-    /// matches that do something different per op stay exhaustive.
-    pub fn class(&self) -> OpClass {
-        match self {
-            Op::Parameter { .. } | Op::Constant { .. } => OpClass::Source,
-            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast { .. } | Op::Clamp { .. } => OpClass::Elementwise,
-            Op::BroadcastTo { .. } | Op::ExpandDims { .. } => OpClass::Broadcast,
-            Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::DynamicSlice { .. }
-            | Op::DynamicUpdateSlice
-            | Op::Pad { .. } => OpClass::Layout,
-            Op::Reduce { .. } | Op::ArgReduce { .. } => OpClass::Reduction,
-            Op::MatMul => OpClass::Contraction,
-            Op::Spatial(_) => OpClass::Spatial,
-            Op::Gather { .. } | Op::OneHot { .. } | Op::GatherElements { .. } | Op::ScatterAdd { .. } => {
-                OpClass::Indexing
-            }
-            Op::Cumsum { .. } | Op::TopK { .. } => OpClass::Scan,
-            Op::Random { .. } => OpClass::Random,
-            Op::Fused { .. } => OpClass::Region,
-            Op::Cond { .. } | Op::While { .. } => OpClass::Control,
-            Op::Call { .. } => OpClass::Call,
-            Op::Kernel { .. } => OpClass::Kernel,
-            Op::ReadVariable { .. } | Op::AssignVariable { .. } => OpClass::State,
         }
     }
 

@@ -5,16 +5,16 @@
 //! their inputs: same variant, same attributes (floats by their bits, so
 //! `-0.0` and `0.0` differ), constants by value (dtype, shape and every
 //! element's bits), and ops holding code (fused regions, kernels) by the
-//! identity of that code. The encoding is an exhaustive `match`: a new
-//! variant does not compile until it says what identifies it.
-
-use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+//! identity of that code. The encoding comes from the op table (`op.rs`):
+//! the variant's tag, then each field through its type's
+//! [`crate::attr::Attr`], so a new op needs no line here.
 
 use smallvec::SmallVec;
-use tracejit_tensor::{with_array, SliceSpec, Storage};
+use std::hash::{Hash, Hasher};
+use tracejit_tensor::{with_array, Storage};
 
-use crate::{Op, TensorType};
+use crate::attr::KeyWriter;
+use crate::Op;
 
 /// An op as a key: equal keys mean the same computation.
 #[derive(Clone, Debug)]
@@ -23,161 +23,23 @@ pub struct OpKey {
     words: SmallVec<[u64; 6]>,
     /// A constant's value, compared bitwise in full.
     constant: Option<Storage>,
-    /// The address of the code a fused region or kernel runs.
-    identity: usize,
     hash: u64,
 }
 
 impl OpKey {
-    /// The key of `op`.
+    /// The key of `op`: its tag and its attributes' words, as the op
+    /// table declares them ([`crate::attr::Attr`] says how each attribute
+    /// type is identified).
     pub fn new(op: &Op) -> OpKey {
-        let mut w: SmallVec<[u64; 6]> = SmallVec::new();
-        let mut constant = None;
-        let mut identity = 0usize;
-        let list = |w: &mut SmallVec<[u64; 6]>, xs: &mut dyn Iterator<Item = u64>| {
-            let at = w.len();
-            w.push(0);
-            let mut n = 0;
-            for x in xs {
-                w.push(x);
-                n += 1;
-            }
-            w[at] = n;
-        };
-        match op {
-            Op::Parameter { index } => w.extend([0, *index as u64]),
-            Op::Constant { value } => {
-                w.push(1);
-                w.push(value.dtype() as u64);
-                list(&mut w, &mut value.shape().iter().map(|&d| d as u64));
-                constant = Some(value.clone());
-            }
-            Op::Unary(u) => w.extend([2, *u as u64]),
-            Op::Binary(b) => w.extend([3, *b as u64]),
-            Op::Select => w.push(4),
-            Op::Cast { to } => w.extend([5, *to as u64]),
-            Op::Clamp { min, max } => w.extend([6, min.to_bits(), max.to_bits()]),
-            Op::Reduce { op, axes, keepdims } => {
-                w.extend([7, *op as u64, u64::from(*keepdims)]);
-                list(&mut w, &mut axes.iter().map(|&a| a as u64));
-            }
-            Op::ArgReduce { op, axis, keepdims } => w.extend([8, *op as u64, *axis as u64, u64::from(*keepdims)]),
-            Op::MatMul => w.push(9),
-            Op::Reshape { shape } => {
-                w.push(10);
-                list(&mut w, &mut shape.iter().map(|&d| d as u64));
-            }
-            Op::Transpose { perm } => {
-                w.push(11);
-                list(&mut w, &mut perm.iter().map(|&a| a as u64));
-            }
-            Op::BroadcastTo { shape } => {
-                w.push(12);
-                list(&mut w, &mut shape.iter().map(|&d| d as u64));
-            }
-            Op::ExpandDims { axis } => w.extend([13, *axis as u64]),
-            Op::Squeeze { axes } => {
-                w.push(14);
-                list(&mut w, &mut axes.iter().map(|&a| a as u64));
-            }
-            Op::Concat { axis } => w.extend([15, *axis as u64]),
-            Op::Stack { axis } => w.extend([16, *axis as u64]),
-            Op::Slice { specs } => {
-                w.push(17);
-                list(&mut w, &mut specs.iter().flat_map(slice_words));
-            }
-            Op::Gather { axis } => w.extend([18, *axis as u64]),
-            Op::OneHot { depth, dtype } => w.extend([19, *depth as u64, *dtype as u64]),
-            Op::Call { func } => w.extend([20, u64::from(func.as_u32())]),
-            Op::Fused { body } => {
-                w.push(21);
-                identity = Arc::as_ptr(body) as usize;
-            }
-            // Both subgraphs by identity: the first in `identity`, the
-            // second as a word.
-            Op::Cond { branches } => {
-                w.extend([25, Arc::as_ptr(&branches[1]) as usize as u64]);
-                identity = Arc::as_ptr(&branches[0]) as usize;
-            }
-            Op::While { parts, trip_count, cancel } => {
-                w.extend([26, Arc::as_ptr(&parts[1]) as usize as u64, trip_count.map_or(u64::MAX, |n| n as u64)]);
-                // Loops stopped by different tokens are different loops.
-                w.push(cancel.as_ref().map_or(0, |c| c as *const _ as usize as u64));
-                identity = Arc::as_ptr(&parts[0]) as usize;
-            }
-            Op::Kernel { name, kernel, inputs, outputs } => {
-                w.push(22);
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                name.hash(&mut h);
-                w.push(h.finish());
-                list(&mut w, &mut inputs.iter().flat_map(type_words));
-                list(&mut w, &mut outputs.iter().flat_map(type_words));
-                identity = Arc::as_ptr(kernel) as *const () as usize;
-            }
-            // A locked read never merges with an unlocked one: the update
-            // must use the value read under the lock.
-            Op::ReadVariable { var, locked } => w.extend([23, u64::from(var.as_u32()), u64::from(*locked)]),
-            Op::AssignVariable { var, kind, locked } => {
-                w.extend([24, u64::from(var.as_u32()), *kind as u64, u64::from(*locked)])
-            }
-            Op::GatherElements { axis } => w.extend([27, *axis as u64]),
-            Op::ScatterAdd { axis } => w.extend([28, *axis as u64]),
-            Op::DynamicSlice { sizes } => {
-                w.push(29);
-                list(&mut w, &mut sizes.iter().map(|&d| d as u64));
-            }
-            Op::DynamicUpdateSlice => w.push(30),
-            Op::Pad { pads, value } => {
-                w.extend([31, value.to_bits()]);
-                list(&mut w, &mut pads.iter().flat_map(|&(lo, hi)| [lo as u64, hi as u64]));
-            }
-            Op::Cumsum { axis } => w.extend([32, *axis as u64]),
-            Op::TopK { k } => w.extend([33, *k as u64]),
-            Op::Spatial(sp) => {
-                // The attributes' hash: the variant and every field (the
-                // derive covers them all).
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                sp.hash(&mut h);
-                w.extend([35, h.finish()]);
-            }
-            Op::Random { dist, dtype, shape } => {
-                let (p, q) = dist.params();
-                let kind = u64::from(matches!(dist, tracejit_tensor::RandomDist::Normal { .. }));
-                w.extend([34, kind, p.to_bits(), q.to_bits(), *dtype as u64]);
-                match shape {
-                    Some(shape) => list(&mut w, &mut shape.iter().map(|&d| d as u64)),
-                    None => w.push(u64::MAX),
-                }
-            }
-        }
+        let mut k = KeyWriter::default();
+        op.write_key(&mut k);
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        w.hash(&mut h);
-        identity.hash(&mut h);
-        if let Some(value) = &constant {
+        k.words.hash(&mut h);
+        if let Some(value) = &k.constant {
             hash_elements(value, &mut h);
         }
-        OpKey { words: w, constant, identity, hash: h.finish() }
+        OpKey { words: k.words, constant: k.constant, hash: h.finish() }
     }
-}
-
-/// `start`, `stop` (each as present-flag and value) and `step`.
-fn slice_words(s: &SliceSpec) -> [u64; 5] {
-    [
-        u64::from(s.start.is_some()),
-        s.start.unwrap_or(0) as u64,
-        u64::from(s.stop.is_some()),
-        s.stop.unwrap_or(0) as u64,
-        s.step as u64,
-    ]
-}
-
-/// dtype, rank and each dim (`u64::MAX` where unknown).
-fn type_words(t: &TensorType) -> SmallVec<[u64; 6]> {
-    let mut w: SmallVec<[u64; 6]> = SmallVec::new();
-    w.push(t.dtype as u64);
-    w.push(t.dims.len() as u64);
-    w.extend(t.dims.iter().map(|d| d.map_or(u64::MAX, |d| d as u64)));
-    w
 }
 
 /// Hashes up to 256 evenly spaced elements' bits; equality compares all.
@@ -193,7 +55,6 @@ fn hash_elements(value: &Storage, h: &mut impl Hasher) {
 impl PartialEq for OpKey {
     fn eq(&self, other: &OpKey) -> bool {
         self.hash == other.hash
-            && self.identity == other.identity
             && self.words == other.words
             && match (&self.constant, &other.constant) {
                 (Some(a), Some(b)) => a.bit_eq(b),
@@ -242,5 +103,58 @@ mod tests {
         assert_ne!(key(c(vec![1.0, 2.0])), key(c(vec![1.0, 3.0])));
         let i = Op::Constant { value: Storage::from_vec(vec![1i32], &[1]).unwrap() };
         assert_ne!(key(c(vec![1.0])), key(i));
+    }
+
+    #[test]
+    fn the_table_gives_every_variant_its_own_tag() {
+        let mut tags: Vec<u64> = Op::VARIANTS.iter().map(|&(_, t)| t).collect();
+        tags.sort_unstable();
+        tags.dedup();
+        assert_eq!(tags.len(), Op::VARIANTS.len(), "two rows of the op table share a tag: {:?}", Op::VARIANTS);
+        assert!(Op::VARIANTS.iter().any(|&(v, _)| v == "AssignVariable"));
+        assert_eq!(Op::MatMul.tag(), Op::VARIANTS.iter().find(|&&(v, _)| v == "MatMul").unwrap().1);
+    }
+
+    /// The ops a key tells apart and structural equality agrees on: one op
+    /// per attribute kind (words, lists, floats, options, pairs, constants).
+    fn samples() -> Vec<Op> {
+        use tracejit_tensor::{DType, RandomDist, SliceSpec};
+        let slice = |start| SliceSpec { start, stop: Some(3), step: 1 };
+        vec![
+            Op::MatMul,
+            Op::Select,
+            Op::Parameter { index: 0 },
+            Op::Parameter { index: 1 },
+            Op::Cast { to: DType::F32 },
+            Op::Cast { to: DType::F64 },
+            Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 1], keepdims: false },
+            Op::Reduce { op: ReduceOp::Max, axes: vec![0, 1], keepdims: false },
+            Op::Reduce { op: ReduceOp::Sum, axes: vec![0], keepdims: false },
+            Op::Slice { specs: vec![slice(None)] },
+            Op::Slice { specs: vec![slice(Some(0))] },
+            Op::Pad { pads: vec![(1, 0)], value: 0.0 },
+            Op::Pad { pads: vec![(0, 1)], value: 0.0 },
+            Op::Pad { pads: vec![(1, 0)], value: -0.0 },
+            Op::Random { dist: RandomDist::Uniform { low: 0.0, high: 1.0 }, dtype: DType::F32, shape: None },
+            Op::Random { dist: RandomDist::Normal { mean: 0.0, stddev: 1.0 }, dtype: DType::F32, shape: None },
+            Op::Random { dist: RandomDist::Uniform { low: 0.0, high: 1.0 }, dtype: DType::F32, shape: Some(vec![]) },
+            Op::Constant { value: Storage::from_vec(vec![1.0f32, 2.0], &[2]).unwrap() },
+            Op::Constant { value: Storage::from_vec(vec![1.0f32, 2.0], &[2, 1]).unwrap() },
+            Op::Gather { axis: 0 },
+            Op::Concat { axis: 0 },
+        ]
+    }
+
+    #[test]
+    fn keys_and_structural_equality_agree_on_attributes() {
+        let ops = samples();
+        for (i, a) in ops.iter().enumerate() {
+            for (j, b) in ops.iter().enumerate() {
+                let mut diff = String::new();
+                let same = a.same_as(b, &mut diff);
+                assert_eq!(same, i == j, "{a:?} vs {b:?}: structurally {same}");
+                assert_eq!(key(a.clone()) == key(b.clone()), i == j, "{a:?} vs {b:?}: keys");
+            }
+        }
     }
 }

@@ -126,10 +126,12 @@ impl KernelKey {
         self.list(ps.iter().map(|p| p.map_or(u64::MAX, |p| p as u64)));
     }
 
-    /// Appends the tag of an op (its variant and its unary/binary/reduce
-    /// kind or target dtype).
+    /// Appends the tag of an op's variant (the op table's `tag`); the
+    /// lowering adds the attributes the code depends on (which unary or
+    /// binary op, which reduction), and leaves out the ones it does not
+    /// (shapes and axes, which the domain's positions stand for).
     pub fn op(&mut self, op: &Op) {
-        self.word(op_tag(op));
+        self.word(op.tag());
     }
 
     /// Appends every element's bits, as a list.
@@ -168,50 +170,6 @@ impl fmt::Display for KernelKey {
 impl fmt::Debug for KernelKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{self} ({} words)", self.words.len())
-    }
-}
-
-/// The kernel key's tag of an op a region may hold, with its attribute.
-fn op_tag(op: &Op) -> u64 {
-    const WIDE: u64 = 1 << 32;
-    match op {
-        Op::Parameter { .. } => 1,
-        Op::Constant { .. } => 2,
-        Op::Unary(u) => 3 * WIDE + *u as u64,
-        Op::Binary(b) => 4 * WIDE + *b as u64,
-        Op::Select => 5,
-        Op::Cast { to } => 6 * WIDE + *to as u64,
-        Op::Clamp { .. } => 7,
-        Op::Reduce { op, .. } => 8 * WIDE + *op as u64,
-        Op::BroadcastTo { .. } => 9,
-        Op::ExpandDims { .. } => 10,
-        Op::OneHot { dtype, .. } => 12 * WIDE + *dtype as u64,
-        // Rejected before the key is built; tagged all the same.
-        Op::ArgReduce { .. }
-        | Op::MatMul
-        | Op::Reshape { .. }
-        | Op::Transpose { .. }
-        | Op::Squeeze { .. }
-        | Op::Concat { .. }
-        | Op::Stack { .. }
-        | Op::Slice { .. }
-        | Op::Gather { .. }
-        | Op::GatherElements { .. }
-        | Op::ScatterAdd { .. }
-        | Op::DynamicSlice { .. }
-        | Op::DynamicUpdateSlice
-        | Op::Pad { .. }
-        | Op::Cumsum { .. }
-        | Op::TopK { .. }
-        | Op::Spatial(_)
-        | Op::Random { .. }
-        | Op::Call { .. }
-        | Op::Fused { .. }
-        | Op::Cond { .. }
-        | Op::While { .. }
-        | Op::Kernel { .. }
-        | Op::ReadVariable { .. }
-        | Op::AssignVariable { .. } => 11,
     }
 }
 

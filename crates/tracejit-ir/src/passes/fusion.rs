@@ -128,32 +128,8 @@ pub fn default_accepts_region(body: &Graph) -> bool {
                     Some(_) => return false,
                 }
             }
-            Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::OneHot { .. }
-            | Op::GatherElements { .. }
-            | Op::ScatterAdd { .. }
-            | Op::DynamicSlice { .. }
-            | Op::DynamicUpdateSlice
-            | Op::Pad { .. }
-            | Op::Cumsum { .. }
-            | Op::Spatial(_)
-            | Op::TopK { .. }
-            | Op::Random { .. }
-            | Op::Call { .. }
-            | Op::Fused { .. }
-            | Op::Cond { .. }
-            | Op::While { .. }
-            | Op::Kernel { .. }
-            | Op::ReadVariable { .. }
-            | Op::AssignVariable { .. } => return false,
+            // Everything else makes a region the default executor cannot run in one pass.
+            _ => return false,
         }
     }
     !body.outputs.is_empty()

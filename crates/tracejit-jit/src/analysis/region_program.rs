@@ -76,9 +76,16 @@ pub(super) fn lower(body: &Graph, live: &[bool], d: &Domain) -> Result<Lowered, 
                 l.key.elements(&value);
                 LOp::Load(l.loads.push(LoadInfo { source: LoadSource::Const(value), dtype, axes: d.to_pos(i), contig }))
             }
-            Op::Unary(u) => LOp::Unary(*u),
-            Op::Binary(b) => LOp::Binary(*b),
+            Op::Unary(u) => {
+                l.key.word(*u as u64);
+                LOp::Unary(*u)
+            }
+            Op::Binary(b) => {
+                l.key.word(*b as u64);
+                LOp::Binary(*b)
+            }
             Op::Select => LOp::Select,
+            // The target dtype is the node's, keyed above.
             Op::Cast { .. } => {
                 let from = body.value_type(node.inputs[0]).dtype;
                 l.key.word(from as u64);
@@ -92,6 +99,7 @@ pub(super) fn lower(body: &Graph, live: &[bool], d: &Domain) -> Result<Lowered, 
                 LOp::Clamp(lo, hi)
             }
             Op::Reduce { op, .. } => {
+                l.key.word(*op as u64);
                 l.has_max_min |= matches!(op, ReduceOp::Max | ReduceOp::Min);
                 LOp::Reduce(*op)
             }
@@ -136,31 +144,7 @@ pub(super) fn lower(body: &Graph, live: &[bool], d: &Domain) -> Result<Lowered, 
                 l.key.word(DType::Bool as u64);
                 LOp::Cast
             }
-            Op::ArgReduce { .. }
-            | Op::MatMul
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Squeeze { .. }
-            | Op::Concat { .. }
-            | Op::Stack { .. }
-            | Op::Slice { .. }
-            | Op::Gather { .. }
-            | Op::GatherElements { .. }
-            | Op::ScatterAdd { .. }
-            | Op::DynamicSlice { .. }
-            | Op::DynamicUpdateSlice
-            | Op::Pad { .. }
-            | Op::Cumsum { .. }
-            | Op::TopK { .. }
-            | Op::Spatial(_)
-            | Op::Random { .. }
-            | Op::Call { .. }
-            | Op::Fused { .. }
-            | Op::Cond { .. }
-            | Op::While { .. }
-            | Op::Kernel { .. }
-            | Op::ReadVariable { .. }
-            | Op::AssignVariable { .. } => unreachable!("rejected during unification"),
+            _ => unreachable!("rejected during unification"),
         };
         l.key.list(ins.iter().map(|&j| j.index() as u64));
         if !matches!(op, LOp::Load(_) | LOp::Const(_)) {
