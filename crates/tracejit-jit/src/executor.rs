@@ -48,7 +48,7 @@ use tracejit_ir::{eval_primitive, infer, AssignKind, Graph, IrError, NodeId, Op,
 use crate::codegen::graph_to_schedule::Callees;
 use crate::codegen::{CodegenContext, CodegenReport, DumpTo, Run};
 use crate::region::BufPool;
-use crate::schedule::{Pair, Schedule, Step, StepKind};
+use crate::schedule::{Fast, Pair, Schedule, Step, StepKind};
 use crate::{JitError, JitOptions};
 
 mod copies;
@@ -199,7 +199,7 @@ impl Executable {
         let mut v: Vec<String> = Vec::new();
         for s in &self.schedule.steps {
             match &s.kind {
-                StepKind::Primitive(op) => v.push(op.name().to_string()),
+                StepKind::Primitive(op, _) => v.push(op.name().to_string()),
                 StepKind::Call(e) => v.extend(e.fallbacks()),
                 StepKind::Cond(subs) | StepKind::While(subs, ..) => subs.iter().for_each(|e| v.extend(e.fallbacks())),
                 _ => {}
@@ -302,7 +302,7 @@ impl Executable {
         let g = &*self.graph;
         if step.check || step.probe {
             let op = match &step.kind {
-                StepKind::Primitive(op) | StepKind::External(op) => Some(op),
+                StepKind::Primitive(op, _) | StepKind::External(op) => Some(op),
                 StepKind::MatMul
                 | StepKind::MatMulBf16(_)
                 | StepKind::Region(_)
@@ -395,19 +395,19 @@ impl Executable {
                 },
                 StepKind::External(op) => outs.extend(tracejit_ir::eval_kernel(op, &args, self.isa)),
                 StepKind::Spatial(op) => outs.extend(crate::spatial::run(op, &args, self.isa, pool)),
-                StepKind::Primitive(op) => {
-                    let scalar = if let Op::Binary(b) = op {
-                        scalars::binary(*b, &args, pool)
-                    } else if let (Op::DynamicUpdateSlice, Some((0, ptr))) = (op, alias) {
-                        windows::update_in_place(&args, ptr)
-                    } else if let Op::Reshape { shape } = op {
-                        copies::reshape(args[0], shape, pool)
-                    } else if let Op::Concat { axis } = op {
-                        copies::concat(&args, *axis, pool)
-                    } else {
-                        None
+                StepKind::Primitive(op, fast) => {
+                    // The fast path lowering chose, when its run-time guard
+                    // holds (sizes, layouts, the buffer still unique).
+                    let quick = match (fast, op, alias) {
+                        (Fast::Scalar, Op::Binary(b), _) => scalars::binary(*b, &args, pool),
+                        (Fast::UpdateInPlace, Op::DynamicUpdateSlice, Some((0, ptr))) => {
+                            windows::update_in_place(&args, ptr)
+                        }
+                        (Fast::Copy, Op::Reshape { shape }, _) => copies::reshape(args[0], shape, pool),
+                        (Fast::Copy, Op::Concat { axis }, _) => copies::concat(&args, *axis, pool),
+                        _ => None,
                     };
-                    match scalar {
+                    match quick {
                         Some(x) => outs.push(x),
                         None => outs.extend(eval_primitive(op, &args)),
                     }

@@ -44,8 +44,9 @@ pub(crate) enum StepKind {
     /// A view of its input (no copy): a transpose, or a gather of one
     /// index.
     View(View),
-    /// A reference kernel (or an unsupported fused region, interpreted).
-    Primitive(Op),
+    /// A reference kernel (or an unsupported fused region, interpreted),
+    /// with the fast path lowering chose for it.
+    Primitive(Op, Fast),
     /// A registered native kernel (`Op::Kernel`).
     External(Op),
     /// A convolution, pool or gradient of one, run by the direct kernels
@@ -67,6 +68,52 @@ pub(crate) enum StepKind {
     /// named (the `sparse_updates` pass); inputs: ids, rows, and the scale
     /// when it is not a constant.
     SparseUpdate(Arc<crate::executor::sparse_update::SparseUpdate>),
+}
+
+/// The fast path of a reference step, chosen when the schedule is lowered
+/// (and by the `in_place` pass) and printed in its listing. Each has a
+/// run-time guard (sizes, layouts, a buffer still unique) and runs the
+/// reference kernel when the guard fails, computing the same values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fast {
+    /// The reference kernel.
+    None,
+    /// A binary op of two 0-d operands of a compiled dtype (a loop's
+    /// `i < n`, `i + 1`), computed without broadcasting or allocating
+    /// (`executor::scalars`).
+    Scalar,
+    /// A reshape or concat of f32 values copied by the pool's threads into
+    /// a pooled buffer (`executor::copies`).
+    Copy,
+    /// A dynamic update slice writing its window into the dying updated
+    /// buffer (`executor::windows`; set by the `in_place` pass).
+    UpdateInPlace,
+}
+
+impl Fast {
+    /// The fast path for a reference step running `node`.
+    pub fn of(g: &Graph, node: &tracejit_ir::Node) -> Fast {
+        let compiled = |v: &tracejit_ir::ValueId| {
+            let t = g.value_type(*v);
+            t.rank() == 0 && crate::analysis::compiled_dtype(t.dtype)
+        };
+        let f32_out = node.outputs.first().is_some_and(|t| t.dtype == tracejit_ir::tensor::DType::F32);
+        match &node.op {
+            Op::Binary(_) if node.inputs.iter().all(compiled) => Fast::Scalar,
+            Op::Reshape { .. } | Op::Concat { .. } if f32_out => Fast::Copy,
+            _ => Fast::None,
+        }
+    }
+
+    /// The listing's note: empty for the reference kernel.
+    fn note(self) -> &'static str {
+        match self {
+            Fast::None => "",
+            Fast::Scalar => " (0-d fast path)",
+            Fast::Copy => " (parallel copy if large)",
+            Fast::UpdateInPlace => " (window written in place)",
+        }
+    }
 }
 
 /// A step's part in a pair of steps run together.
@@ -116,8 +163,73 @@ pub(crate) struct Schedule {
     pub outputs: Vec<usize>,
 }
 
+/// Everything the executor's side asks of a step kind, in one place: its
+/// name in profiles ([`StepKind::name`]), its listing ([`StepKind::describe`]),
+/// the executables it runs ([`StepKind::subgraphs`]) and how it is counted
+/// ([`StepKind::count`]); what it runs is the match of `Executable::run_steps`.
 impl StepKind {
-    /// The kind's name in listings.
+    /// The kind's name in profiles ([`crate::StepTime::kind`]).
+    pub fn name(&self) -> &'static str {
+        match self {
+            StepKind::Param(_) => "param",
+            StepKind::Constant(_) => "constant",
+            StepKind::Region(_) => "region",
+            StepKind::MatMul => "gemm",
+            StepKind::MatMulBf16(_) => "gemm_bf16",
+            StepKind::View(_) => "view",
+            StepKind::Primitive(..) => "reference",
+            StepKind::External(_) | StepKind::Spatial(_) => "native",
+            StepKind::Call(_) => "call",
+            StepKind::Cond(_) => "cond",
+            StepKind::While(..) => "while",
+            StepKind::Read(_) => "read",
+            StepKind::Assign(..) => "assign",
+            StepKind::SparseUpdate(_) => "sparse_update",
+        }
+    }
+
+    /// The executables the step runs, with their names in profile paths.
+    pub fn subgraphs(&self) -> Vec<(&'static str, &Executable)> {
+        match self {
+            StepKind::Call(e) => vec![("call", &**e)],
+            StepKind::Cond(subs) => vec![("then", &subs[0]), ("else", &subs[1])],
+            StepKind::While(subs, ..) => vec![("cond", &subs[0]), ("body", &subs[1])],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Adds the step to `st` (see [`crate::ScheduleStats`]'s fields).
+    pub fn count(&self, st: &mut crate::ScheduleStats) {
+        match self {
+            StepKind::Param(_) | StepKind::Constant(_) => {}
+            StepKind::Region(_) => st.regions += 1,
+            StepKind::MatMul => st.gemms += 1,
+            StepKind::MatMulBf16(_) => {
+                st.gemms += 1;
+                st.bf16_gemms += 1;
+            }
+            StepKind::Primitive(..) => st.fallbacks += 1,
+            StepKind::View(_) => st.views += 1,
+            StepKind::External(_) | StepKind::Spatial(_) => st.native_kernels += 1,
+            StepKind::Call(e) => {
+                st.calls += 1;
+                st.add(&e.stats());
+            }
+            StepKind::Cond(subs) | StepKind::While(subs, ..) => {
+                st.control_flow += 1;
+                st.row_loops += usize::from(matches!(self, StepKind::While(_, _, Some(_))));
+                subs.iter().for_each(|e| st.add(&e.stats()));
+            }
+            StepKind::Read(_) => st.reads += 1,
+            StepKind::Assign(..) => st.writes += 1,
+            StepKind::SparseUpdate(_) => {
+                st.writes += 1;
+                st.sparse_updates += 1;
+            }
+        }
+    }
+
+    /// The step's line in listings.
     fn describe(&self, g: &Graph, node: NodeId) -> String {
         match self {
             StepKind::Param(i) => format!("param {i}"),
@@ -141,7 +253,7 @@ impl StepKind {
             StepKind::MatMulBf16(p) => p.describe(),
             StepKind::View(View::Transpose(perm)) => format!("view transpose {perm:?}"),
             StepKind::View(View::Index(axis)) => format!("view index axis {axis}"),
-            StepKind::Primitive(op) => format!("reference {}", op.name()),
+            StepKind::Primitive(op, fast) => format!("reference {}{}", op.name(), fast.note()),
             StepKind::External(Op::Kernel { name, .. }) => format!("kernel {name}"),
             StepKind::External(op) => format!("kernel {}", op.name()),
             StepKind::Spatial(op) => format!("kernel {}", crate::spatial::kernel_name(op)),
@@ -225,7 +337,7 @@ impl Schedule {
             if let Some(p) = s.in_place {
                 let frees_it = s.inputs.get(p).is_some_and(|x| s.frees.contains(x));
                 let writes =
-                    matches!(s.kind, StepKind::Region(_) | StepKind::Primitive(tracejit_ir::Op::DynamicUpdateSlice))
+                    matches!(s.kind, StepKind::Region(_) | StepKind::Primitive(tracejit_ir::Op::DynamicUpdateSlice, _))
                         && (p == 0 || matches!(s.kind, StepKind::Region(_)));
                 if !frees_it || !writes {
                     return Err(format!("step {i} writes in place over input {p}, which it does not free"));
@@ -336,5 +448,44 @@ mod tests {
             let e = s.verify().unwrap_err();
             assert!(e.contains(want), "{want}: {e}");
         }
+    }
+
+    /// The fast paths are chosen in lowering and shown in the listing, and
+    /// each computes what the reference kernel does.
+    #[test]
+    fn fast_paths_are_in_the_listing_and_agree_with_the_interpreter() {
+        let g = Graph::parse(
+            "graph fast(%0: i64[], %1: i64[], %2: f32[512, 256], %3: f32[4, 5], %4: f32[2, 2], %5: i64[2]) -> (%6, %8, %11) {
+  %6 = add %0, %1 : i64[]
+  %7 = transpose[perm=[1, 0]] %2 : f32[256, 512]
+  %8 = reshape[shape=[-1]] %7 : f32[131072]
+  %9 = constant f32[] 2.0
+  %10 = mul %3, %9 : f32[4, 5]
+  %11 = dynamic_update_slice %10, %4, %5 : f32[4, 5]
+}",
+        )
+        .unwrap();
+        let exe = crate::Executable::new(&g).unwrap();
+        let listing = exe.schedule_listing();
+        for note in
+            ["reference add (0-d fast path)", "reference reshape (parallel copy if large)", "(window written in place)"]
+        {
+            assert!(listing.contains(note), "no `{note}` in\n{listing}");
+        }
+        let big: Vec<f32> = (0..131072).map(|i| (i as f32).sin()).collect();
+        let inputs = [
+            Storage::scalar(40i64),
+            Storage::scalar(2i64),
+            Storage::from_vec(big, &[512, 256]).unwrap(),
+            Storage::from_vec((0..20).map(|i| i as f32 - 7.5).collect::<Vec<_>>(), &[4, 5]).unwrap(),
+            Storage::from_vec(vec![1.0f32, -2.0, 3.0, f32::NAN], &[2, 2]).unwrap(),
+            Storage::from_vec(vec![1i64, 9], &[2]).unwrap(),
+        ];
+        let got = exe.run(&inputs).unwrap();
+        let want = tracejit_ir::interpret(&g, &inputs).unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            assert!(a.bit_eq(b), "{a:?} vs {b:?}");
+        }
+        assert!(got[0].bit_eq(&Storage::scalar(42i64)));
     }
 }

@@ -89,7 +89,7 @@ fn cast_step(
 ) -> Option<usize> {
     let p = *producer.get(&slot)?;
     let step = &s.steps[p];
-    let StepKind::Primitive(Op::Cast { to: t }) = &step.kind else { return None };
+    let StepKind::Primitive(Op::Cast { to: t }, _) = &step.kind else { return None };
     let node = g.node(step.node);
     (*t == to && g.value_type(node.inputs[0]).dtype == from).then_some(p)
 }
@@ -116,7 +116,8 @@ fn drop_unread_casts(s: &mut Schedule) {
             s.steps.iter().flat_map(|st| st.inputs.iter().copied()).chain(s.outputs.iter().copied()).collect();
         let before = s.steps.len();
         s.steps.retain(|st| {
-            !(matches!(st.kind, StepKind::Primitive(Op::Cast { .. })) && st.outputs.iter().all(|o| !read.contains(o)))
+            !(matches!(st.kind, StepKind::Primitive(Op::Cast { .. }, _))
+                && st.outputs.iter().all(|o| !read.contains(o)))
         });
         if s.steps.len() == before {
             return;

@@ -15,7 +15,7 @@ use super::Run;
 
 mod compile;
 use crate::executor::views::View;
-use crate::schedule::{Pair, Schedule, Step, StepKind};
+use crate::schedule::{Fast, Pair, Schedule, Step, StepKind};
 use crate::{CompiledRegion, Executable, JitError, JitOptions};
 
 /// Callees prepared so far, shared by the call steps of one graph.
@@ -52,7 +52,7 @@ fn step_for(g: &Graph, id: NodeId, kind: StepKind, slot_of: &HashMap<ValueId, us
     let has_unknown = |node: &Node| {
         node.outputs.iter().chain(node.inputs.iter().map(|v| g.value_type(*v))).any(|t| t.shape().is_none())
     };
-    let probe = matches!(kind, StepKind::Region(_) | StepKind::MatMul | StepKind::Primitive(_) | StepKind::Spatial(_))
+    let probe = matches!(kind, StepKind::Region(_) | StepKind::MatMul | StepKind::Primitive(..) | StepKind::Spatial(_))
         && node.outputs.iter().any(|t| {
             t.shape()
                 .and_then(|s| tracejit_ir::tensor::byte_size(t.dtype, &s))
@@ -123,7 +123,7 @@ fn kind_of(
         // this JIT supports it, else its body is interpreted (a fallback).
         Op::Fused { .. } => match regions.remove(&id) {
             Some(region) => StepKind::Region(region),
-            None => StepKind::Primitive(node.op.clone()),
+            None => StepKind::Primitive(node.op.clone(), Fast::None),
         },
         // A registered native kernel runs as itself.
         Op::Kernel { .. } => StepKind::External(node.op.clone()),
@@ -154,7 +154,7 @@ fn kind_of(
         | Op::Pad { .. }
         | Op::Cumsum { .. }
         | Op::TopK { .. }
-        | Op::Random { .. } => StepKind::Primitive(node.op.clone()),
+        | Op::Random { .. } => StepKind::Primitive(node.op.clone(), Fast::of(g, node)),
     })
 }
 

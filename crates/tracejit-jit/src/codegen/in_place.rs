@@ -8,7 +8,7 @@
 use tracejit_ir::passes::PassResult;
 
 use super::{CodegenContext, SchedulePass};
-use crate::schedule::{Schedule, StepKind};
+use crate::schedule::{Fast, Schedule, StepKind};
 
 /// Marks the input each region writes over, if any.
 pub(crate) struct InPlace;
@@ -32,12 +32,15 @@ impl SchedulePass for InPlace {
                     let x = st.inputs[p];
                     st.frees.contains(&x) && !lent.contains(&x) && r.may_write_in_place(p)
                 });
-            } else if matches!(st.kind, StepKind::Primitive(tracejit_ir::Op::DynamicUpdateSlice)) {
+            } else if let StepKind::Primitive(tracejit_ir::Op::DynamicUpdateSlice, fast) = &mut st.kind {
                 // The updated buffer dies here and is not also the update:
                 // the window is written into it (`executor::windows`).
                 let x = st.inputs[0];
                 let own = st.frees.contains(&x) && !lent.contains(&x) && st.inputs[1..].iter().all(|&y| y != x);
                 st.in_place = own.then_some(0);
+                if own {
+                    *fast = Fast::UpdateInPlace;
+                }
             } else {
                 continue;
             }

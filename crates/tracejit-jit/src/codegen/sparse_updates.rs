@@ -69,15 +69,15 @@ fn rewrite(s: &mut Schedule, g: &Graph) -> usize {
         let StepKind::Assign(var, AssignKind::Sub) = s.steps[i].kind else { continue };
         let Some(p) = uses.sole_producer(s.steps[i].inputs[0]) else { continue };
         let (scatter, scale, region) = match &s.steps[p].kind {
-            StepKind::Primitive(Op::ScatterAdd { .. }) => (p, (Scale::One, None), None),
-            StepKind::Region(_) | StepKind::Primitive(Op::Binary(BinaryOp::Mul)) => {
+            StepKind::Primitive(Op::ScatterAdd { .. }, _) => (p, (Scale::One, None), None),
+            StepKind::Region(_) | StepKind::Primitive(Op::Binary(BinaryOp::Mul), _) => {
                 let Some((operand, scale)) = scaled_operand(g, s, p) else { continue };
                 let Some(q) = uses.sole_producer(operand) else { continue };
                 (q, scale, Some(p))
             }
             _ => continue,
         };
-        let StepKind::Primitive(Op::ScatterAdd { axis }) = s.steps[scatter].kind else { continue };
+        let StepKind::Primitive(Op::ScatterAdd { axis }, _) = s.steps[scatter].kind else { continue };
         let base = s.steps[scatter].inputs[0];
         let Some(&zeros) = uses.producer.get(&base).filter(|&&z| makes_zeros(g, s, z)) else { continue };
         let (ids, rows) = (s.steps[scatter].inputs[1], s.steps[scatter].inputs[2]);
@@ -106,7 +106,7 @@ fn rewrite(s: &mut Schedule, g: &Graph) -> usize {
 fn scaled_operand(g: &Graph, s: &Schedule, p: usize) -> Option<(usize, (Scale, Option<usize>))> {
     let step = &s.steps[p];
     let node = g.node(step.node);
-    if let StepKind::Primitive(_) = step.kind {
+    if let StepKind::Primitive(..) = step.kind {
         let scalar = |k: usize| g.value_type(node.inputs[k]).rank() == 0;
         let (a, c) = if scalar(1) { (0, 1) } else { (1, 0) };
         return scalar(c).then(|| (step.inputs[a], (Scale::Input, Some(step.inputs[c]))));

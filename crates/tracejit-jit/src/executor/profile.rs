@@ -26,9 +26,9 @@ pub struct StepTime {
     /// How deep it is: 0 for the top level, 1 inside a `while` body, ...
     /// A nested step's time is part of its parent's.
     pub depth: usize,
-    /// What kind of step: `"region"`, `"gemm"`, `"native"`, `"reference"`,
-    /// `"view"`, `"call"`, `"cond"`, `"while"`, `"read"`, `"assign"`,
-    /// `"param"` or `"constant"`.
+    /// What kind of step: `"region"`, `"gemm"`, `"gemm_bf16"`, `"native"`,
+    /// `"reference"`, `"view"`, `"call"`, `"cond"`, `"while"`, `"read"`,
+    /// `"assign"`, `"sparse_update"`, `"param"` or `"constant"`.
     pub kind: &'static str,
     /// The node it runs (a region's last member) in its graph.
     pub node: NodeId,
@@ -111,32 +111,11 @@ impl Drop for Profiling {
     }
 }
 
-/// `exe`'s subgraphs: the executables a step runs, with their names.
-fn subgraphs(kind: &StepKind) -> Vec<(&'static str, &Executable)> {
-    match kind {
-        StepKind::Call(e) => vec![("call", &**e)],
-        StepKind::Cond(subs) => vec![("then", &subs[0]), ("else", &subs[1])],
-        StepKind::While(subs, ..) => vec![("cond", &subs[0]), ("body", &subs[1])],
-        StepKind::Param(_)
-        | StepKind::Constant(_)
-        | StepKind::Region(_)
-        | StepKind::MatMul
-        | StepKind::MatMulBf16(_)
-        | StepKind::View(_)
-        | StepKind::Primitive(_)
-        | StepKind::External(_)
-        | StepKind::Spatial(_)
-        | StepKind::Read(_)
-        | StepKind::Assign(..)
-        | StepKind::SparseUpdate(_) => Vec::new(),
-    }
-}
-
 /// Clears `exe`'s clocks and its subgraphs'.
 fn reset(exe: &Executable) {
     exe.clock.lock().unwrap_or_else(|e| e.into_inner()).clear();
     for step in &exe.schedule.steps {
-        subgraphs(&step.kind).into_iter().for_each(|(_, sub)| reset(sub));
+        step.kind.subgraphs().into_iter().for_each(|(_, sub)| reset(sub));
     }
 }
 
@@ -149,34 +128,14 @@ fn collect(exe: &Executable, prefix: &str, depth: usize, out: &mut Vec<StepTime>
             index,
             path: path.clone(),
             depth,
-            kind: kind_name(&step.kind),
+            kind: step.kind.name(),
             node: step.node,
             what: describe(exe, step),
             total: Duration::from_nanos(clock.get(index).copied().unwrap_or(0)),
         });
-        for (name, sub) in subgraphs(&step.kind) {
+        for (name, sub) in step.kind.subgraphs() {
             collect(sub, &format!("{path}.{name}."), depth + 1, out);
         }
-    }
-}
-
-/// The kind name of a step, for [`StepTime::kind`].
-fn kind_name(kind: &StepKind) -> &'static str {
-    match kind {
-        StepKind::Param(_) => "param",
-        StepKind::Constant(_) => "constant",
-        StepKind::Region(_) => "region",
-        StepKind::MatMul => "gemm",
-        StepKind::MatMulBf16(_) => "gemm_bf16",
-        StepKind::View(_) => "view",
-        StepKind::Primitive(_) => "reference",
-        StepKind::External(_) | StepKind::Spatial(_) => "native",
-        StepKind::Call(_) => "call",
-        StepKind::Cond(_) => "cond",
-        StepKind::While(..) => "while",
-        StepKind::Read(_) => "read",
-        StepKind::Assign(..) => "assign",
-        StepKind::SparseUpdate(_) => "sparse_update",
     }
 }
 

@@ -2,7 +2,6 @@
 //! ([`Executable::stats`]).
 
 use super::Executable;
-use crate::schedule::StepKind;
 
 /// What one run of an [`Executable`] executes, counted by kind of step
 /// ([`Executable::stats`]). Parameters and constants cost nothing and are
@@ -47,7 +46,7 @@ pub struct ScheduleStats {
 
 impl ScheduleStats {
     /// Adds `other`'s counts to these.
-    fn add(&mut self, other: &ScheduleStats) {
+    pub(crate) fn add(&mut self, other: &ScheduleStats) {
         let ScheduleStats {
             regions,
             gemms,
@@ -134,33 +133,7 @@ impl Executable {
     pub fn stats(&self) -> ScheduleStats {
         let mut st = ScheduleStats::default();
         for s in &self.schedule.steps {
-            match &s.kind {
-                StepKind::Param(_) | StepKind::Constant(_) => {}
-                StepKind::Region(_) => st.regions += 1,
-                StepKind::MatMul => st.gemms += 1,
-                StepKind::MatMulBf16(_) => {
-                    st.gemms += 1;
-                    st.bf16_gemms += 1;
-                }
-                StepKind::Primitive(_) => st.fallbacks += 1,
-                StepKind::View(_) => st.views += 1,
-                StepKind::External(_) | StepKind::Spatial(_) => st.native_kernels += 1,
-                StepKind::Call(e) => {
-                    st.calls += 1;
-                    st.add(&e.stats());
-                }
-                StepKind::Cond(subs) | StepKind::While(subs, ..) => {
-                    st.control_flow += 1;
-                    st.row_loops += usize::from(matches!(s.kind, StepKind::While(_, _, Some(_))));
-                    subs.iter().for_each(|e| st.add(&e.stats()));
-                }
-                StepKind::Read(_) => st.reads += 1,
-                StepKind::Assign(..) => st.writes += 1,
-                StepKind::SparseUpdate(_) => {
-                    st.writes += 1;
-                    st.sparse_updates += 1;
-                }
-            }
+            s.kind.count(&mut st);
         }
         st
     }
