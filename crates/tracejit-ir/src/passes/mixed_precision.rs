@@ -49,7 +49,7 @@ impl Pass for AutoMixedPrecision {
         let nested = run_in_subgraphs(self, g, cx);
         let kernels = swap_kernels(g, low);
         let operands: Vec<(NodeId, Vec<usize>)> =
-            g.nodes().filter_map(|(id, _)| Some((id, rounded_operands(g, id)?))).collect();
+            g.nodes().filter_map(|(id, _)| Some((id, rounded_operands(g, id, low)?))).collect();
         if operands.is_empty() {
             return nested.and(kernels);
         }
@@ -125,7 +125,7 @@ fn round_through(
 /// The operands of node `id` to round: those of an allow-listed op whose
 /// operands and result are f32 (a product's two, a convolution's input and
 /// filter, never its bias). `None` for every other node.
-fn rounded_operands(g: &Graph, id: NodeId) -> Option<Vec<usize>> {
+fn rounded_operands(g: &Graph, id: NodeId, low: DType) -> Option<Vec<usize>> {
     let node = g.node(id);
     let which: &[usize] = match &node.op {
         Op::MatMul => &[0, 1],
@@ -138,42 +138,19 @@ fn rounded_operands(g: &Graph, id: NodeId) -> Option<Vec<usize>> {
             | SpatialOp::AvgPool2dBackward { .. },
         ) => return None,
         // The deny list: every other op keeps f32.
-        Op::Parameter { .. }
-        | Op::Constant { .. }
-        | Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Select
-        | Op::Cast { .. }
-        | Op::Clamp { .. }
-        | Op::Reduce { .. }
-        | Op::ArgReduce { .. }
-        | Op::BroadcastTo { .. }
-        | Op::ExpandDims { .. }
-        | Op::Squeeze { .. }
-        | Op::Reshape { .. }
-        | Op::Transpose { .. }
-        | Op::Concat { .. }
-        | Op::Stack { .. }
-        | Op::Slice { .. }
-        | Op::Gather { .. }
-        | Op::OneHot { .. }
-        | Op::GatherElements { .. }
-        | Op::ScatterAdd { .. }
-        | Op::DynamicSlice { .. }
-        | Op::DynamicUpdateSlice
-        | Op::Pad { .. }
-        | Op::Cumsum { .. }
-        | Op::TopK { .. }
-        | Op::Random { .. }
-        | Op::Call { .. }
-        | Op::Cond { .. }
-        | Op::While { .. }
-        | Op::ReadVariable { .. }
-        | Op::AssignVariable { .. }
-        | Op::Fused { .. }
-        | Op::Kernel { .. } => return None,
+        _ => return None,
     };
     let f32s = which.iter().all(|&i| g.value_type(node.inputs[i]).dtype == DType::F32)
         && node.outputs.iter().all(|t| t.dtype == DType::F32);
-    f32s.then(|| which.to_vec())
+    // An operand that is already `cast(cast(x, low), f32)` is rounded: a
+    // second run of the pass changes nothing.
+    let todo: Vec<usize> = which.iter().copied().filter(|&i| !is_rounded(g, node.inputs[i], low)).collect();
+    (f32s && !todo.is_empty()).then_some(todo)
+}
+
+/// True when `v` is `cast(cast(x, low), f32)`.
+fn is_rounded(g: &Graph, v: ValueId, low: DType) -> bool {
+    let outer = g.node(v.node);
+    let Op::Cast { to: DType::F32 } = outer.op else { return false };
+    matches!(g.node(outer.inputs[0].node).op, Op::Cast { to } if to == low)
 }

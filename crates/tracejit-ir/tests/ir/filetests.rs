@@ -13,7 +13,8 @@
 //!   `; option: multi_pass_regions` lets fusion continue after reductions,
 //!   as it does for the JIT;
 //!   `; option: test_kernels` gives the selector the test registry, which
-//!   has `tracejit.test.double` (x * 2 + 100) for f32 inputs.
+//!   has `tracejit.test.double` (x * 2 + 100) for f32 inputs;
+//!   `; option: mixed_precision` has `auto_mixed_precision` round to bf16.
 //! - `; check: <line>` — some output line after the previous match equals
 //!   `<line>`; `; nextln: <line>` — the line right after the previous match
 //!   equals it; `; end` — no output line follows the previous match. Lines
@@ -45,8 +46,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tracejit_ir::passes::{
-    ConstantFolding, Cse, Dce, Fusion, Inline, KernelRegistry, Pass, PassContext, Pipeline, SelectImplementation,
-    Simplify,
+    AutoMixedPrecision, ConstantFolding, ConvRelu, Cse, Dce, Fusion, HoistLoopProducts, Inline, KernelRegistry, Pass,
+    PassContext, Pipeline, SelectImplementation, Simplify, SparseUpdate,
 };
 use tracejit_ir::{verify, Graph};
 
@@ -76,6 +77,10 @@ fn passes() -> Vec<Box<dyn Pass>> {
         Box::new(Cse),
         Box::new(Dce),
         Box::new(Fusion::default()),
+        Box::new(SparseUpdate),
+        Box::new(AutoMixedPrecision),
+        Box::new(ConvRelu),
+        Box::new(HoistLoopProducts),
     ]
 }
 
@@ -98,6 +103,8 @@ struct FileTest {
     /// Fusion asks an executor that runs multi-pass regions (as the JIT
     /// does: a whole softmax in one kernel) instead of the default rule.
     multi_pass_regions: bool,
+    /// `auto_mixed_precision` rounds products' operands to bf16.
+    mixed_precision: bool,
     /// Each check with its 1-based line in the file.
     checks: Vec<(usize, Directive)>,
 }
@@ -109,6 +116,7 @@ impl FileTest {
             keep_composites: false,
             test_kernels: false,
             multi_pass_regions: false,
+            mixed_precision: false,
             checks: Vec::new(),
         };
         for (i, line) in text.lines().enumerate() {
@@ -122,7 +130,8 @@ impl FileTest {
                     "keep_composites" => file.keep_composites = true,
                     "test_kernels" => file.test_kernels = true,
                     "multi_pass_regions" => file.multi_pass_regions = true,
-                    _ => fail("unknown option (keep_composites, test_kernels, multi_pass_regions)"),
+                    "mixed_precision" => file.mixed_precision = true,
+                    _ => fail("unknown option (keep_composites, test_kernels, multi_pass_regions, mixed_precision)"),
                 }
             } else if let Some(pattern) = directive.strip_prefix("check:") {
                 file.checks.push((i + 1, Directive::Check(pattern.trim().to_string())));
@@ -149,6 +158,9 @@ impl FileTest {
     fn context(&self, function: &str) -> PassContext {
         let mut cx = PassContext::new(function);
         cx.keep_composites = self.keep_composites;
+        if self.mixed_precision {
+            cx.mixed_precision = Some(tracejit_ir::tensor::DType::BF16);
+        }
         if let Some(k) = self.kernels() {
             cx = cx.with_kernels(k);
         }
