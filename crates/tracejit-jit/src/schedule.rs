@@ -276,7 +276,9 @@ fn slots(s: &[usize]) -> String {
 
 impl Schedule {
     /// The schedule as text, one step a line:
-    /// `3: s4 = matmul s1, s2  ; %7  frees s1  side by side with 5`.
+    /// `3: s4 = matmul s1, s2  ; %7  frees s1  side by side with 5`; a
+    /// step running other executables (a loop's condition and body, a
+    /// conditional's branches, a callee) is followed by their listings.
     pub fn listing(&self, g: &Graph) -> String {
         let mut out = format!("schedule {} ({} slots) {{\n", g.name, self.n_slots);
         for (i, s) in self.steps.iter().enumerate() {
@@ -307,8 +309,17 @@ impl Schedule {
                 out.push_str("  checked");
             }
             out.push('\n');
+            // The executables the step runs (branches, loop parts, a
+            // callee), each listed under it.
+            for (name, sub) in s.kind.subgraphs() {
+                let _ = writeln!(out, "    {name}:");
+                for line in sub.schedule_listing().lines() {
+                    let _ = writeln!(out, "    {line}");
+                }
+            }
         }
-        let _ = writeln!(out, "  outputs {}\n}}", slots(&self.outputs));
+        let outputs = if self.outputs.is_empty() { "(none)".to_string() } else { slots(&self.outputs) };
+        let _ = writeln!(out, "  outputs {outputs}\n}}");
         out
     }
 
