@@ -189,6 +189,24 @@ impl Executable {
         self.schedule.listing(&self.graph)
     }
 
+    /// How many region calls so far ran in the interpreter because their
+    /// concrete shapes fit no loop nest of the compiled kernel
+    /// ([`CompiledRegion::interpreted_runs`]), in this executable and the
+    /// ones its steps run (loop parts, branches, callees).
+    pub fn interpreted_region_runs(&self) -> u64 {
+        self.schedule
+            .steps
+            .iter()
+            .map(|s| {
+                let own = match &s.kind {
+                    StepKind::Region(r) => r.interpreted_runs(),
+                    _ => 0,
+                };
+                own + s.kind.subgraphs().iter().map(|(_, e)| e.interpreted_region_runs()).sum::<u64>()
+            })
+            .sum()
+    }
+
     /// The graph this executable runs.
     pub fn graph(&self) -> &Graph {
         &self.graph

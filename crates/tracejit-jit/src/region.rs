@@ -162,6 +162,7 @@ pub(crate) fn region_from(kernel: Arc<Kernel>, an: Analysis, body: &Graph) -> Ar
         static_launch: None,
         static_shapes: None,
         pool: Mutex::new(BufPool::default()),
+        interpreted: std::sync::atomic::AtomicU64::new(0),
     };
     let shapes: Option<Vec<Vec<usize>>> = region.param_types.iter().map(|t| t.shape()).collect();
     if let Some(shapes) = shapes {
@@ -188,6 +189,9 @@ pub struct CompiledRegion {
     static_shapes: Option<Vec<Vec<usize>>>,
     /// Outputs of earlier calls, reused once the caller has dropped them.
     pool: Mutex<BufPool>,
+    /// Calls whose concrete shapes fit no loop nest of the kernel, run by
+    /// the interpreter instead ([`CompiledRegion::interpreted_runs`]).
+    interpreted: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for CompiledRegion {
@@ -240,6 +244,14 @@ fn class_strides(axes: &[Option<usize>], shape: &[usize], rank: usize) -> SmallV
 }
 
 impl CompiledRegion {
+    /// How many calls so far had concrete shapes no loop nest of the
+    /// kernel fits (broadcasts the analysis could not place), and ran the
+    /// region's body in the interpreter instead: correct, but slow, so
+    /// counted ([`crate::Executable::interpreted_region_runs`]).
+    pub fn interpreted_runs(&self) -> u64 {
+        self.interpreted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The name of the hand-written kernel this region runs instead of
     /// generated code (`"row softmax (16 lanes)"`, or `"row softmax (8
     /// lanes)"` without AVX-512F), or `None` for generated code.
@@ -328,6 +340,7 @@ impl CompiledRegion {
                 Ok(self.launch(&refs, &launch, pool, None))
             }
             Err(Fallback) => {
+                self.interpreted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let owned: Vec<Storage> = inputs.iter().map(|x| (*x).clone()).collect();
                 Ok(tracejit_ir::interpret(&self.body, &owned)?.into())
             }

@@ -499,4 +499,33 @@ mod tests {
         }
         assert!(got[0].bit_eq(&Storage::scalar(42i64)));
     }
+
+    /// A region call whose shapes fit no loop nest (one output broadcasts
+    /// to less than the domain) runs in the interpreter and is counted.
+    #[test]
+    fn region_calls_run_by_the_interpreter_are_counted() {
+        let g = Graph::parse(
+            "graph two(%0: f32[?], %1: f32[?]) -> (%2, %2.1) {
+  %2, %2.1 = fused[4 nodes] %0, %1 : f32[?], f32[?]
+    graph two.fused0(%0: f32[?], %1: f32[?]) -> (%2, %3) {
+      %2 = exp %0 : f32[?]
+      %3 = add %0, %1 : f32[?]
+    }
+}",
+        )
+        .unwrap();
+        let exe = crate::Executable::from_optimized(&g, &crate::JitOptions::default(), None).unwrap();
+        assert_eq!(exe.stats().regions, 1, "{}", exe.schedule_listing());
+        let v = |x: Vec<f32>| Storage::from_vec(x.clone(), &[x.len()]).unwrap();
+        let same = [v(vec![0.5, -1.0, 2.0, f32::NAN]), v(vec![1.0, 2.0, 3.0, 4.0])];
+        exe.run(&same).unwrap();
+        assert_eq!(exe.interpreted_region_runs(), 0);
+        let broadcast = [v(vec![0.5]), v(vec![1.0, 2.0, 3.0, 4.0])];
+        let got = exe.run(&broadcast).unwrap();
+        assert_eq!(exe.interpreted_region_runs(), 1);
+        let want = tracejit_ir::interpret(&g, &broadcast).unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            assert!(a.bit_eq(b), "{a:?} vs {b:?}");
+        }
+    }
 }

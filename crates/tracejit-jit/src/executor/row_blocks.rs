@@ -104,12 +104,22 @@ impl Split {
         if let Some((_, e)) = built.iter().find(|(q, _)| *q == p) {
             return e.clone();
         }
-        let prepare = |k: usize| {
-            let g = row_blocks::retype(&self.parts[k], &self.rows.parts[k], p)?;
-            let mut run = crate::codegen::Run::default();
-            Executable::build(Arc::new(g), &self.opts, &mut Default::default(), &mut run).ok()
+        // Dumped like any graph (`TRACEJIT_DUMP`, as `<part>.rows<p>`); a
+        // part that cannot be prepared is logged, and the loop runs whole.
+        let prepare = |k: usize| -> Result<Executable, String> {
+            let part = &self.parts[k];
+            let g = row_blocks::retype(part, &self.rows.parts[k], p)
+                .ok_or_else(|| format!("`{}` does not retype to blocks of {p} rows", part.name))?;
+            let mut run = crate::codegen::Run::new(crate::codegen::DumpTo::from_env(&format!("{}.rows{p}", part.name)));
+            Executable::build(Arc::new(g), &self.opts, &mut Default::default(), &mut run).map_err(|e| e.to_string())
         };
-        let e = prepare(0).zip(prepare(1)).map(|(c, b)| Arc::new([c, b]));
+        let e = match prepare(0).and_then(|c| Ok(Arc::new([c, prepare(1)?]))) {
+            Ok(parts) => Some(parts),
+            Err(why) => {
+                log::warn!("tracejit: a loop's row blocks of {p} rows cannot be prepared ({why}); it runs whole");
+                None
+            }
+        };
         built.push((p, e.clone()));
         e
     }
