@@ -1,7 +1,9 @@
 //! `TRACEJIT_NUM_THREADS` sets the default thread count; a bad value is
 //! ignored with a warning naming the variable and the value. The
 //! environment is read once per process, so each case runs this binary
-//! again as a child with the variable set (`child_reports_the_count`).
+//! again as a child with the variable set (`child_reports_the_count`
+//! alone: the parent changes nothing process-wide, so these tests share
+//! the kernels' binary).
 
 use std::process::Command;
 use std::sync::Mutex;
@@ -53,9 +55,10 @@ fn the_environment_sets_the_default() {
         ("100000", &cores, "more than 1024 threads"),
     ];
     let exe = std::env::current_exe().unwrap();
+    let child = crate::common::test_name(module_path!(), "child_reports_the_count");
     for (value, threads, warning) in cases {
         let out = Command::new(&exe)
-            .args(["child_reports_the_count", "--exact", "--test-threads=1"])
+            .args([child.as_str(), "--exact", "--test-threads=1"])
             .env("TRACEJIT_NUM_THREADS", value)
             .env("CHILD_EXPECT", format!("{threads};{warning}"))
             .output()
@@ -71,10 +74,11 @@ fn the_environment_sets_the_default() {
     }
     // Unset: the cores available.
     let out = Command::new(&exe)
-        .args(["child_reports_the_count", "--exact"])
+        .args([child.as_str(), "--exact"])
         .env_remove("TRACEJIT_NUM_THREADS")
         .env("CHILD_EXPECT", format!("{cores};"))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "unset: the child test did not run");
 }

@@ -1,5 +1,5 @@
 //! The persistent compile cache across processes: each case runs this test
-//! binary again as child processes (`child_compiles_the_regions`) with
+//! binary again as child processes (`child_compiles_the_regions` alone) with
 //! `TRACEJIT_COMPILE_CACHE` set, and reads what they report — the cache
 //! counts, the warnings, and a digest of every output's bits. Code loaded
 //! from the cache is the code compiled, so the digests must be equal bit
@@ -18,10 +18,10 @@ use tracejit_ir::Graph;
 /// element helpers (`sin` f64, `log1p`), row and column reductions, casts
 /// and selects.
 const REGIONS: [&str; 7] = [
-    include_str!("lowering/gelu.tj"),
-    include_str!("lowering/softmax.tj"),
-    include_str!("lowering/bias_grad.tj"),
-    include_str!("lowering/broadcast_clamp.tj"),
+    include_str!("../lowering/gelu.tj"),
+    include_str!("../lowering/softmax.tj"),
+    include_str!("../lowering/bias_grad.tj"),
+    include_str!("../lowering/broadcast_clamp.tj"),
     "graph a(%0: f32[?, 24]) -> (%2) {\n  %1 = erf %0 : f32[?, 24]\n  %2 = log1p %1 : f32[?, 24]\n}",
     "graph b(%0: f64[?, 9]) -> (%2) {\n  %1 = sin %0 : f64[?, 9]\n  %2 = exp %1 : f64[?, 9]\n}",
     "graph c(%0: f32[?, 33], %1: f32[33]) -> (%3) {\n  %2 = sub %0, %1 : f32[?, 33]\n  %3 = sigmoid %2 : f32[?, 33]\n}",
@@ -113,7 +113,8 @@ struct Report {
 
 fn child(dir: &Path, isa: Option<&str>) -> Command {
     let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args(["--exact", "child_compiles_the_regions", "--nocapture", "--test-threads=1"])
+    let name = crate::common::test_name(module_path!(), "child_compiles_the_regions");
+    c.args(["--exact", &name, "--nocapture", "--test-threads=1"])
         .env("CACHE_CHILD", "1")
         .env("TRACEJIT_COMPILE_CACHE", dir)
         .env_remove("TRACEJIT_JIT_DUMP")

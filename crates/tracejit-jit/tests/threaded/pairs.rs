@@ -3,19 +3,13 @@
 //! thread, any thread count; dependent products stay in order; a panic in
 //! a pool task reaches the caller instead of aborting the process.
 
-mod common;
-use common::*;
-use std::sync::{Mutex, MutexGuard};
+use crate::common::*;
+use crate::serial;
+use std::sync::Mutex;
 use tracejit_ir::tensor::{BinaryOp, DType, Storage};
 use tracejit_ir::{Graph, Op, ValueId};
 use tracejit_jit::threads::{self, pool_dispatches, set_num_threads};
 use tracejit_jit::Executable;
-
-/// Serializes the tests that change the process-wide thread count.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn transpose(g: &mut Graph, x: ValueId) -> ValueId {
     node(g, Op::Transpose { perm: vec![1, 0] }, &[x])

@@ -4,8 +4,7 @@
 //! vector widths, rows with NaN, ±inf and huge values, strided rows,
 //! several threads.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 use proptest::prelude::*;
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, SliceSpec, Storage, UnaryOp};
@@ -165,6 +164,7 @@ fn strided_batched_and_threaded_rows_at(opts: &JitOptions) {
     let xs = Storage::from_vec(rows(3 * 64, 1023, 9, true), &[3, 64, 1023]).unwrap();
     let region = tracejit_jit::compile_region_with(&g, opts).unwrap();
     let want = tracejit_ir::interpret(&g, std::slice::from_ref(&xs)).unwrap();
+    let _s = crate::serial();
     tracejit_jit::threads::set_split_threshold(1);
     let mut outs = Vec::new();
     for t in [1, 2, 3] {

@@ -5,20 +5,13 @@
 //! or not, f32 products and bf16 ones (mixed precision's rounded operands,
 //! on the bf16 GEMM) — and run so where `threads::epilogue_rows` says.
 
-mod common;
-use common::*;
+use crate::common::*;
+use crate::serial;
 use proptest::prelude::*;
-use std::sync::{Mutex, MutexGuard};
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, Storage, UnaryOp};
 use tracejit_ir::{Graph, Op, ValueId};
 use tracejit_jit::threads::{self, pool_dispatches, set_num_threads};
 use tracejit_jit::Executable;
-
-/// Serializes the tests that change the process-wide thread count.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// What reads the product.
 #[derive(Clone, Copy, Debug)]

@@ -6,9 +6,7 @@
 //! the caller kept); only where the kernel reads each element for its own
 //! output alone.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use proptest::prelude::*;
 use tracejit_ir::tensor::{kernels, BinaryOp, DType, Storage, UnaryOp};
 use tracejit_ir::{Graph, Op, ValueId};
@@ -69,6 +67,7 @@ proptest! {
         ];
         let t_val = tracejit_jit::matmul(&ins[0], &ins[1]);
         let want = update_ref(&t_val, &ins[2], 0.01);
+        let _s = crate::serial();
         threads::set_split_threshold(1 << 10);
         threads::set_num_threads(threads_n);
         let first = exe.run(&ins);

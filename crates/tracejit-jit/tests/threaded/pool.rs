@@ -6,22 +6,16 @@
 //! thousand elements already split (at sizes around it: some parts hold a
 //! single row or one element granule); `large_kernels_enter_the_pool` and
 //! `small_kernels_never_enter_the_pool` use the default. The thread count
-//! and threshold are process-wide, so the tests take turns (`serial`).
+//! and threshold are process-wide, so the tests take turns
+//! (`crate::serial`, with the other tests of this binary).
 
-mod common;
-use common::*;
+use crate::common::*;
+use crate::serial;
 use proptest::prelude::*;
-use std::sync::{Mutex, MutexGuard};
 use tracejit_ir::tensor::{BinaryOp, DType, ReduceOp, Storage, UnaryOp};
 use tracejit_ir::{Graph, Op, ValueId};
 use tracejit_jit::threads::{self, pool_dispatches, set_num_threads, set_split_threshold};
 use tracejit_jit::Executable;
-
-/// Serializes the tests that change the process-wide settings.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn reduce(g: &mut Graph, op: ReduceOp, x: ValueId, axes: &[usize], keepdims: bool) -> ValueId {
     node(g, Op::Reduce { op, axes: axes.to_vec(), keepdims }, &[x])
