@@ -7,14 +7,14 @@
 #
 # i.e. `onnx/backend/test/data/**` of the onnx 1.22.0 wheel from PyPI: each
 # test a `model.onnx` and `test_data_set_N/{input,output}_K.pb`. The
-# conformance test (crates/tracejit-onnx/tests/conformance.rs) reads them.
+# conformance test (crates/tracejit-onnx/tests/onnx/conformance/mod.rs) reads them.
 #
 #   ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/light-models-0/
 #       <model>.onnx <model>/{input_0,output_0,logits}.pb
 #
 # the nine `light` ImageNet models of that data with seeded random weights
 # and ONNX Runtime's outputs on a seeded input (scripts/make_light_models.py;
-# crates/tracejit-onnx/tests/real_models.rs reads them). That step needs a
+# crates/tracejit-onnx/tests/onnx/real_models.rs reads them). That step needs a
 # Python with numpy, onnx 1.22.0 and onnxruntime 1.32.0: $TRACEJIT_PYTHON,
 # else ~/.peers-venv/bin/python, else a venv this script makes in the cache
 # with pip.

@@ -8,37 +8,36 @@
 //! Tests of the families the milestone leaves out (strings, sequences and
 //! optionals, `ai.onnx.ml`, the training optimizers, sub-byte and 8-bit
 //! floats) are reported apart. The others are held to
-//! `tests/conformance/expected_failures.txt` (test and reason): the test
-//! fails when a test not listed fails, and when a listed one passes (so
-//! the list only shrinks: delete its line). Each test runs on a worker
-//! thread under `catch_unwind` with a timeout; a panic is a recorded
-//! failure (and a bug to fix).
+//! `tests/onnx/conformance/expected_failures.txt` (test and reason): the
+//! test fails when a test not listed fails, and when a listed one passes
+//! (so the list only shrinks: delete its line). Each test runs on a worker
+//! thread under `tracejit_ir::catch_quietly` with a timeout; a panic is a
+//! recorded failure (and a bug to fix), caught without a word from the
+//! panic hook and without replacing it (the hook is process-wide, and this
+//! binary runs the other ONNX tests too).
 //!
 //! Needs the data: `scripts/fetch_test_data.sh`, then
-//! `cargo test -p tracejit-onnx --test conformance -- --ignored --nocapture`.
+//! `cargo test --workspace --test onnx -- --ignored conformance:: --nocapture`.
 //! `TRACEJIT_CONFORMANCE_FILTER=substr` runs the matching tests only;
 //! `TRACEJIT_CONFORMANCE_BLESS=1` rewrites the list from this run.
 
-mod conformance {
-    pub mod classify;
-    pub mod compare;
-}
+mod classify;
+mod compare;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use conformance::classify::{classify, Excluded};
-use conformance::compare::mismatch;
+use classify::{classify, Excluded};
+use compare::mismatch;
 use prost::Message;
 use tracejit_onnx::pb::ModelProto;
 use tracejit_onnx::Error;
 
 const FAMILIES: [&str; 4] = ["node", "pytorch-converted", "pytorch-operator", "simple"];
 const TIMEOUT: Duration = Duration::from_secs(120);
-const LIST: &str = "tests/conformance/expected_failures.txt";
+const LIST: &str = "tests/onnx/conformance/expected_failures.txt";
 
 /// What happened to one test.
 #[derive(Clone, Debug)]
@@ -153,7 +152,7 @@ fn collect(root: &Path, filter: Option<&str>) -> Vec<(String, String, PathBuf)> 
     tests
 }
 
-/// Runs the tests on worker threads, each under `catch_unwind` and a
+/// Runs the tests on worker threads, each under `catch_quietly` and a
 /// timeout (a test past it is recorded as timed out; its thread is left
 /// to finish on its own).
 fn run_all(tests: &[(String, String, PathBuf)]) -> Vec<Outcome> {
@@ -169,7 +168,7 @@ fn run_all(tests: &[(String, String, PathBuf)]) -> Vec<Outcome> {
                 .name(tests[i].1.clone())
                 .stack_size(64 << 20)
                 .spawn(move || {
-                    let outcome = catch_unwind(AssertUnwindSafe(|| run_test(&dir))).unwrap_or_else(|p| {
+                    let outcome = tracejit_ir::catch_quietly(|| run_test(&dir)).unwrap_or_else(|p| {
                         let msg = p
                             .downcast_ref::<String>()
                             .cloned()
@@ -220,7 +219,7 @@ fn read_list(path: &Path) -> BTreeMap<String, String> {
 fn write_list(path: &Path, failures: &BTreeMap<String, String>) {
     let mut text = String::from(
         "# Tests of ONNX's conformance suite (onnx 1.22.0) the importer fails today, with the reason.\n\
-         # tests/conformance.rs fails when a test not listed here fails, or a listed one passes:\n\
+         # tests/onnx/conformance/mod.rs fails when a test not listed here fails, or a listed one passes:\n\
          # delete a line when its test passes. Regenerate with TRACEJIT_CONFORMANCE_BLESS=1.\n",
     );
     for (k, r) in failures {
@@ -272,14 +271,11 @@ fn onnx_backend_conformance() {
         "ONNX's test data is not in {}: run scripts/fetch_test_data.sh first (TRACEJIT_TEST_DATA sets the cache root)",
         root.display()
     );
-    // Panics are caught and recorded per test; the default hook would print each.
-    std::panic::set_hook(Box::new(|_| {}));
     let filter = std::env::var("TRACEJIT_CONFORMANCE_FILTER").ok();
     let tests = collect(&root, filter.as_deref());
     assert!(!tests.is_empty(), "no tests found under {} (filter {filter:?})", root.display());
     let started = Instant::now();
     let outcomes = run_all(&tests);
-    let _ = std::panic::take_hook();
     report(&tests, &outcomes);
     println!("\n{} tests in {:.0?}", tests.len(), started.elapsed());
 

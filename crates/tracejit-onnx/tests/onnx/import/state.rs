@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use tracejit_onnx::import_bytes;
 use tracejit_trace::{DType, Tensor};
 
-use crate::builder::*;
+use super::builder::*;
 
 fn run(bytes: &[u8], inputs: &[Tensor]) -> Result<Vec<Tensor>, TestCaseError> {
     let model = import_bytes(bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;

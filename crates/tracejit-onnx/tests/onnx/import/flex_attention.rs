@@ -12,7 +12,7 @@ use tracejit_onnx::pb::{attribute_proto::AttributeType, AttributeProto, GraphPro
 use tracejit_onnx::{import_bytes, Error};
 use tracejit_trace::{DType, Tensor};
 
-use crate::builder::*;
+use super::builder::*;
 
 const EPS: f64 = f32::EPSILON as f64;
 

@@ -4,7 +4,7 @@
 //! importer's errors, static inputs and retracing, and round trips through
 //! the exporter (`to_bytes` -> `import_bytes` -> the same outputs).
 //!
-//! ONNX's own suite is `tests/conformance.rs` (it needs the test data).
+//! ONNX's own suite is `crate::conformance` (it needs the test data).
 
 mod attention;
 mod builder;

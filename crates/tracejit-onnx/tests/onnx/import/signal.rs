@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use tracejit_onnx::import_bytes;
 use tracejit_trace::{DType, Tensor};
 
-use crate::builder::*;
+use super::builder::*;
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]

@@ -21,7 +21,7 @@
 //! - the argmax, and the model's own output at the same tolerance.
 //!
 //! Needs the data: `scripts/fetch_test_data.sh light-models`, then
-//! `cargo test -p tracejit-onnx --test real_models -- --ignored`. Without it
+//! `cargo test --workspace --test onnx -- --ignored real_models::`. Without it
 //! the tests fail with that instruction; they never skip.
 
 use std::path::PathBuf;

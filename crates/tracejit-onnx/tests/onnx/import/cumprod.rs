@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use tracejit_onnx::import_bytes;
 use tracejit_trace::{DType, Tensor};
 
-use crate::builder::*;
+use super::builder::*;
 
 /// The sequential (inclusive or exclusive, forward or reverse) products
 /// of `x` (`shape`) along `axis`, by `mul` from `one`.

@@ -3,8 +3,6 @@
 //! read them), compare with tracejit's own results, and save every case
 //! for `scripts/run_onnxruntime.py` when `TRACEJIT_ONNX_CASES=<dir>` is set.
 
-#![allow(dead_code, reason = "each test binary uses a part of the helpers")]
-
 use std::collections::HashMap;
 
 use tracejit_onnx::pb::{self, ModelProto, NodeProto};

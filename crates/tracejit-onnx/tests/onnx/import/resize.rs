@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use tracejit_onnx::import_bytes;
 use tracejit_trace::{DType, Tensor};
 
-use crate::builder::*;
+use super::builder::*;
 
 fn resize(x: &Tensor, sizes: &[usize], attrs: Vec<tracejit_onnx::pb::AttributeProto>) -> Vec<f32> {
     let r = x.rank();

@@ -11,7 +11,7 @@ use tracejit_onnx::import_bytes;
 use tracejit_onnx::pb::{attribute_proto::AttributeType, AttributeProto, GraphProto};
 use tracejit_trace::{DType, Tensor};
 
-use crate::builder::*;
+use super::builder::*;
 
 /// `dims` with `len` inserted at `axis`.
 fn with_axis(dims: [usize; 2], axis: usize, len: usize) -> Vec<usize> {

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use tracejit_onnx::import_bytes;
 use tracejit_trace::{DType, Tensor};
 
-use crate::builder::*;
+use super::builder::*;
 
 /// ONNX's DynamicQuantizeLinear reference, in f32 as it computes.
 fn dynamic_quantize_reference(x: &[f32]) -> (Vec<u8>, f32, u8) {

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use tracejit_onnx::import_bytes;
 use tracejit_trace::{DType, Tensor};
 
-use crate::builder::*;
+use super::builder::*;
 
 /// A tiny deterministic generator for the equation's shape.
 struct Rng(u64);

@@ -13,7 +13,7 @@ use tracejit_onnx::import_bytes;
 use tracejit_onnx::pb::{attribute_proto::AttributeType, AttributeProto, GraphProto, NodeProto, ValueInfoProto};
 use tracejit_trace::{DType, Tensor};
 
-use crate::builder::*;
+use super::builder::*;
 
 fn branch(name: &str, nodes: Vec<NodeProto>, output: ValueInfoProto) -> AttributeProto {
     AttributeProto {

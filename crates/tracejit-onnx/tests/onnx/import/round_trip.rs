@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use tracejit_onnx::{import_bytes, to_bytes, Exporter};
 use tracejit_trace::{function, DType, Tensor, TensorSpec, Variable};
 
-use crate::builder::floats;
+use super::builder::floats;
 
 fn close(a: &Tensor, b: &Tensor, tol: f32) -> bool {
     let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());

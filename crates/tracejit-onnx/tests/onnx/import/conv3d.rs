@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use tracejit_onnx::import_bytes;
 use tracejit_trace::{DType, GradientTape, Tensor, TensorSpec};
 
-use crate::builder::*;
+use super::builder::*;
 
 fn assert_jit(model: &tracejit_onnx::Model) {
     let cfs = model.function().concrete_functions();

@@ -8,7 +8,7 @@ use tracejit_onnx::pb::{tensor_proto::DataType, OperatorSetIdProto};
 use tracejit_onnx::{import_bytes, Error};
 use tracejit_trace::{DType, Tensor};
 
-use crate::builder::*;
+use super::builder::*;
 
 fn relu_model(opset: i64) -> tracejit_onnx::pb::ModelProto {
     model_proto(
