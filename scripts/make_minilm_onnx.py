@@ -2,7 +2,7 @@
 """all-MiniLM-L6-v2 as an ONNX file, written op by op from the model's own
 model.safetensors, with no PyTorch: what CI imports to check tracejit's ONNX
 importer on a real pretrained model against the native encoder
-(crates/tracejit-models/tests/minilm_onnx.rs).
+(crates/tracejit-models/tests/models/minilm_onnx.rs).
 
   python scripts/make_minilm_onnx.py --model DIR --out FILE
 

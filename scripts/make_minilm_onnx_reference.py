@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Computes ONNX Runtime's fixture for tracejit-models' minilm_onnx test
-(crates/tracejit-models/tests/minilm_onnx.rs): all-MiniLM-L6-v2 exported
+(crates/tracejit-models/tests/models/minilm_onnx.rs): all-MiniLM-L6-v2 exported
 by PyTorch (`minilm.onnx` of shared/peers/models/make_models.py, sha256
 adc0c5b80ae586d1..., mean pooling and L2 normalization in the graph) on a
 small batch of token ids.

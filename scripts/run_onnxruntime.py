@@ -13,7 +13,7 @@ or a directory holding such case directories (searched recursively). Every
 model is also checked with onnx.checker (full check, shape inference
 included). The export tests write their cases with
 
-    TRACEJIT_ONNX_CASES=/tmp/onnx-cases cargo test -p tracejit-onnx
+    TRACEJIT_ONNX_CASES=/tmp/onnx-cases cargo test --workspace --test onnx -- export::
     python3 scripts/run_onnxruntime.py /tmp/onnx-cases
 
 Needs `pip install onnx onnxruntime numpy`. Prints one line per case and a

@@ -15,16 +15,29 @@ RANKS="${TRACEJIT_TEST_RANKS:-2}"
 # One thread per rank: the ranks share this machine's cores.
 export TRACEJIT_NUM_THREADS="${TRACEJIT_NUM_THREADS:-1}"
 
-bin=$(cargo test -p tracejit-distributed --features mpi --test mpi --no-run --message-format=json \
-  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+# Every cargo command here selects the same packages and features: the
+# whole workspace (as `cargo test --workspace` does) plus `mpi`. Cargo
+# unifies features over the packages a command selects, so a `-p` or a
+# bare `--features mpi` selection built tracejit-kernels and everything
+# above it again under other feature sets; this one rebuilds only
+# tracejit-distributed and the crates above it.
+MPI=(--workspace --features tracejit/mpi,tracejit-distributed/mpi)
+
+# The executable of test target $1, built (and named by cargo) in one call.
+test_binary() {
+  cargo test "${MPI[@]}" --test "$1" --no-run --message-format=json \
+    | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1
+}
+
+# tracejit-distributed's collectives between processes (tests/mpi/).
+bin=$(test_binary mpi)
 [ -x "$bin" ] || { echo "test_distributed: the mpi test binary was not built" >&2; exit 1; }
 
 # The root crate's targets with its feature `mpi`: the data-parallel
 # character model (tests/distributed_charlm.rs) and the example itself.
-charlm=$(cargo test --features mpi --test distributed_charlm --no-run --message-format=json \
-  | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+charlm=$(test_binary distributed_charlm)
 [ -x "$charlm" ] || { echo "test_distributed: the distributed_charlm test binary was not built" >&2; exit 1; }
-cargo build --features mpi --example train_charlm
+cargo build "${MPI[@]}" --example train_charlm
 example=target/debug/examples/train_charlm
 
 # A hung launch must fail CI, not use up its time: generous outer bounds.

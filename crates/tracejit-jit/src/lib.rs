@@ -125,7 +125,7 @@
 //!   on one core, and to about 425 µs with the 512-bit one on a Zen 4 (whose
 //!   32 vector registers hold every constant of `exp`; the 256-bit loop
 //!   spills). Needs AVX2 + FMA or AVX-512F, and staging on
-//!   (`TRACEJIT_JIT_STAGE=0` keeps the generated kernel; `tests/native.rs`
+//!   (`TRACEJIT_JIT_STAGE=0` keeps the generated kernel; `tests/threaded/native.rs`
 //!   compares the two).
 
 //!

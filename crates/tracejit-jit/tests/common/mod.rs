@@ -235,3 +235,13 @@ pub fn sweep_inputs() -> Vec<f32> {
     ]);
     xs
 }
+
+/// The harness's name of the test `test` in the module at `module_path`
+/// (its `module_path!()`): the path without the crate's name, as `--exact`
+/// wants it when a test runs this binary again for that test alone.
+pub fn test_name(module_path: &str, test: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, path)) => format!("{path}::{test}"),
+        None => test.to_string(),
+    }
+}
