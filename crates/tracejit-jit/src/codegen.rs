@@ -44,8 +44,6 @@ use crate::schedule::Schedule;
 use crate::{JitError, JitOptions};
 
 mod bf16_products;
-#[cfg(test)]
-mod filetests;
 pub(crate) mod graph_to_schedule;
 mod in_place;
 mod liveness;

@@ -6,9 +6,7 @@
 //! the IR's filetests show a pass's.
 //!
 //! `TRACEJIT_BLESS=1` rewrites every file's expected lines from the
-//! actual output.
-
-use std::path::PathBuf;
+//! actual output (the runner is `filetests.rs`).
 
 use tracejit_ir::Graph;
 
@@ -24,52 +22,5 @@ fn actual(body: &Graph) -> Vec<String> {
 
 #[test]
 fn every_lowering_filetest_matches() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/lowering");
-    let bless = std::env::var("TRACEJIT_BLESS").is_ok_and(|v| v == "1");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "tj"))
-        .collect();
-    files.sort();
-    assert!(files.len() >= 6, "the lowering filetests are missing: {files:?}");
-    let mut failures = Vec::new();
-    for path in &files {
-        let text = std::fs::read_to_string(path).unwrap();
-        let Some(at) = text.find(MARKER) else {
-            failures.push(format!("{}: no `{MARKER}` line", path.display()));
-            continue;
-        };
-        let (input, expected) = text.split_at(at);
-        let body = match Graph::parse(input) {
-            Ok(g) => g,
-            Err(e) => {
-                failures.push(format!("{}: the input does not parse: {e}", path.display()));
-                continue;
-            }
-        };
-        let got = actual(&body);
-        let want: Vec<String> = expected
-            .lines()
-            .skip(1)
-            .map(|l| l.strip_prefix("; ").unwrap_or(l.trim_start_matches(';')).to_string())
-            .collect();
-        if bless {
-            let lines: String = got.iter().map(|l| format!("; {l}\n")).collect();
-            std::fs::write(path, format!("{input}{MARKER}\n{lines}")).unwrap();
-        } else if got != want {
-            failures.push(format!(
-                "{}:\n--- expected\n{}\n--- got\n{}",
-                path.display(),
-                want.join("\n"),
-                got.join("\n")
-            ));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} lowering filetest(s) failed (rerun with TRACEJIT_BLESS=1 to accept the new output):\n\n{}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    crate::filetests::run_filetests("lowering", MARKER, 6, actual);
 }
