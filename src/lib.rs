@@ -98,7 +98,7 @@ pub use tracejit_trace::{
     DType, Error, Flattener, Function, Nest, Operand, Result, RetracePolicy, Scalar, Scope, SliceSpec, SpecFlattener,
     SpecNest, Static, StaticValue, Tensor, TensorSpec, Unflattener, Variable, DEFAULT_MAX_TRACES,
 };
-pub use tracejit_trace::{OptimizationOptions, PipelineReport, Profile, ScheduleStats, StepTime};
+pub use tracejit_trace::{OptimizationOptions, PipelineReport, Profile, ScheduleStats, StepTime, Target};
 
 /// Gradients: [`autodiff::GradientTape`] records ops eagerly
 /// or while tracing, [`value_and_grad`](autodiff::value_and_grad)

@@ -42,6 +42,7 @@ mod retrace_policy;
 mod schedule_stats;
 mod source_locations;
 mod sparse_update;
+mod target;
 mod tracing;
 mod train_charlm;
 mod train_cnn_digits;

@@ -161,7 +161,7 @@ pub fn save(cf: &ConcreteFunction, path: impl AsRef<Path>) -> Result<()> {
     let parts = Parts {
         identity: identity(),
         name: cf.name().to_string(),
-        features: features(),
+        features: features(cf.target().unwrap_or_else(tracejit_jit::Target::host)),
         inputs,
         outputs,
         statics: cf.static_type_names().iter().map(|s| s.to_string()).collect(),
@@ -179,7 +179,7 @@ pub fn save_artifact(a: &Artifact, path: impl AsRef<Path>) -> Result<()> {
     let values: Vec<(String, Storage)> = a.variables.iter().map(|(p, v)| (p.clone(), v.resource().read())).collect();
     let mut parts = a.parts.clone();
     parts.identity = identity();
-    parts.features = features();
+    parts.features = features(a.executable.as_ref().map_or_else(tracejit_jit::Target::host, |e| e.target()));
     if let Some(exe) = &a.executable {
         parts.kernels = exe.kernel_entries().iter().map(|k| k.to_vec()).collect();
     }
@@ -203,8 +203,11 @@ fn identity() -> String {
     format!("tracejit {}", env!("CARGO_PKG_VERSION"))
 }
 
-fn features() -> String {
-    tracejit_jit::JitOptions::global().isa().features().join(",")
+/// The CPU features `target`'s code may use: what the kernels beside them
+/// were compiled for (a function traced with `Function::target` saves its
+/// target's).
+fn features(target: tracejit_jit::Target) -> String {
+    target.isa.features().join(",")
 }
 
 fn write(mut parts: Parts, values: &[(String, Storage)], path: &Path) -> Result<()> {
@@ -282,7 +285,7 @@ fn prepare(parts: &Parts, graph: &Graph) -> Result<Option<tracejit_jit::Executab
             parts.kernels.len()
         );
     }
-    let opts = tracejit_jit::JitOptions::global();
+    let opts = tracejit_jit::JitOptions::current();
     match tracejit_jit::Executable::from_optimized(graph, &opts, None) {
         Ok(exe) => Ok(Some(exe)),
         Err(e) => {
@@ -331,6 +334,13 @@ impl Artifact {
         } else {
             "interpreter"
         }
+    }
+
+    /// What its compiled code was built for and runs with: the target
+    /// entered when it was loaded (`Target::enter`; the host's otherwise);
+    /// `None` when the interpreter runs it.
+    pub fn target(&self) -> Option<tracejit_jit::Target> {
+        self.executable.as_ref().map(|e| e.target())
     }
 
     /// The variables it reads and writes, by path (as

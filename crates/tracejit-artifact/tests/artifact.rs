@@ -10,6 +10,7 @@ use std::process::Command;
 use tracejit::artifact;
 use tracejit::optim::{Adam, Optimizer};
 use tracejit::prelude::*;
+use tracejit::Target;
 
 #[derive(Module, Clone)]
 struct Dense {
@@ -327,6 +328,30 @@ fn a_forward_runs_in_another_process_and_respects_the_target() {
     }
     let back = run_child("forward", &path2, Some("avx2"));
     assert_eq!(back.stats().1, 0);
+}
+
+/// The same in one process: a function traced for AVX2
+/// (`Function::target`) saves AVX2 kernels, which run when the artifact is
+/// loaded under the AVX2 target, with that function's bits, and are
+/// compiled again for the host's code otherwise, with the host function's
+/// bits.
+#[test]
+fn an_artifact_loads_for_the_target_entered_in_this_process() {
+    let model = Mlp::new();
+    let (m, m2) = (model.clone(), model.clone());
+    let host = function(move |x: Tensor| m.forward(&x));
+    let zen3 = function(move |x: Tensor| m2.forward(&x)).target(Target::avx2());
+    let x = batch(40).0;
+    let (want_host, want_zen3) = (bits(&host.call(x.clone()).unwrap()), bits(&zen3.call(x.clone()).unwrap()));
+    let path = temp("forward-target.tjx");
+    artifact::save(&zen3.concrete_functions()[0], &path).unwrap();
+
+    let narrow = Target::avx2().enter(|| artifact::load(&path).unwrap());
+    assert_eq!(narrow.target().map(|t| t.isa), Some(Target::avx2().isa));
+    assert_eq!(bits(&narrow.call(std::slice::from_ref(&x)).unwrap()[0]), want_zen3);
+    let wide = artifact::load(&path).unwrap();
+    assert_eq!(wide.target().map(|t| t.isa), Some(Target::host().isa));
+    assert_eq!(bits(&wide.call(std::slice::from_ref(&x)).unwrap()[0]), want_host);
 }
 
 #[test]

@@ -53,7 +53,7 @@ pub fn eval_primitive(op: &Op, inputs: &[&Storage]) -> Vec<Storage> {
         };
     }
     if let Op::Kernel { .. } = op {
-        return eval_kernel(op, inputs, tracejit_kernels::Isa::from_env());
+        return eval_kernel(op, inputs, tracejit_kernels::Isa::current());
     }
     // The one op of two outputs.
     if let Op::TopK { k } = op {

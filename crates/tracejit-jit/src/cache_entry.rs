@@ -54,7 +54,7 @@ impl EntryKey {
             target: crate::jit::target_description(opts)?,
             unroll: opts.unroll,
             stage: opts.stage,
-            avx512: opts.avx512,
+            avx512: opts.avx512(),
             words: key.words().to_vec(),
         })
     }
@@ -105,10 +105,15 @@ impl EntryKey {
         if self.identity != ours {
             return Ok(Some(format!("compiled by `{}`, this is `{ours}`", self.identity)));
         }
-        if (self.unroll, self.stage, self.avx512) != (opts.unroll, opts.stage, opts.avx512) {
+        if (self.unroll, self.stage, self.avx512) != (opts.unroll, opts.stage, opts.avx512()) {
             return Ok(Some(format!(
                 "compiled with avx512={} stage={} unroll={:?}, this process uses avx512={} stage={} unroll={:?}",
-                self.avx512, self.stage, self.unroll, opts.avx512, opts.stage, opts.unroll
+                self.avx512,
+                self.stage,
+                self.unroll,
+                opts.avx512(),
+                opts.stage,
+                opts.unroll
             )));
         }
         let target = crate::jit::target_description(opts)?;
@@ -228,7 +233,7 @@ mod tests {
         k.identity = "tracejit 0.0.1 codegen 0 cranelift 0.1".into();
         assert!(k.mismatch(&JitOptions::default()).unwrap().unwrap().contains("compiled by `tracejit 0.0.1"));
         let k = key();
-        let avx2 = JitOptions { avx512: false, ..JitOptions::default() };
+        let avx2 = JitOptions::default().for_target(tracejit_kernels::Target::avx2());
         assert!(k.mismatch(&avx2).unwrap().unwrap().contains("compiled with avx512=true"));
         let mut k = key();
         k.target = "x86_64 has_avx512f=true".into();

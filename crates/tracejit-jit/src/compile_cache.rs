@@ -118,7 +118,7 @@ pub fn preload_entry(bytes: &[u8]) -> Result<Option<String>, String> {
     // one lacks (16-lane ones on an AVX2-only host), which `check` rightly
     // refuses as unknown symbols; such an entry is not damaged, only not
     // for this host, and its kernel is compiled here instead.
-    let opts = JitOptions::global();
+    let opts = JitOptions::current();
     if let Some(why) = key.mismatch(&opts).map_err(|e| e.to_string())? {
         return Ok(Some(why));
     }

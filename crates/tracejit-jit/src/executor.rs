@@ -71,8 +71,10 @@ pub struct Executable {
     param_types: Vec<TensorType>,
     /// What the JIT's passes did (this graph's and its subgraphs').
     report: CodegenReport,
-    /// The vector code its products and kernels may run.
-    isa: tracejit_kernels::Isa,
+    /// What it was built for and runs with: the vector code its products
+    /// and kernels may run, its threads and thresholds (entered on every
+    /// call, see [`tracejit_kernels::Target`]).
+    target: tracejit_kernels::Target,
     /// Freed intermediates and earlier results, reused for region outputs
     /// (see [`BufPool`]).
     pool: Mutex<BufPool>,
@@ -118,10 +120,10 @@ impl tracejit_ir::control::SubgraphRunner for Shared<'_> {
 
 impl Executable {
     /// Prepares `graph`, a plain graph (may contain any op; its regions are
-    /// planned here by the `plan_regions` pass), with the environment's
+    /// planned here by the `plan_regions` pass), with the current
     /// options. Library functions called by the graph are prepared too.
     pub fn new(graph: &Graph) -> Result<Executable, JitError> {
-        Executable::with_options(graph, &JitOptions::global())
+        Executable::with_options(graph, &JitOptions::current())
     }
 
     /// [`Executable::new`] with explicit code generation options.
@@ -159,7 +161,8 @@ impl Executable {
         let started = std::time::Instant::now();
         let mut schedule = crate::codegen::graph_to_schedule::lower(&graph, opts, callees, run)?;
         run.record_lower(&graph, schedule.steps.len(), started.elapsed());
-        let cx = CodegenContext { graph: &graph, opts, gemm_threshold: crate::threads::gemm_threshold() };
+        // The schedule's products are paired or split by the target's threshold.
+        let cx = CodegenContext { graph: &graph, opts, gemm_threshold: opts.target.resolved_gemm_threshold() };
         crate::codegen::run_passes(&mut schedule, &cx, run)?;
         let param_types = graph.param_types();
         let locks = tracejit_ir::locks::LockPlan::new(schedule.steps.iter().map(|s| &graph.node(s.node).op), &graph);
@@ -169,7 +172,7 @@ impl Executable {
             schedule,
             param_types,
             report: CodegenReport::default(),
-            isa: opts.isa(),
+            target: opts.target,
             pool: Mutex::new(BufPool::default()),
             planner: Mutex::default(),
             clock: Mutex::default(),
@@ -261,6 +264,16 @@ impl Executable {
     /// Runs on one value per graph param (checked like
     /// `tracejit_ir::interpret` does), returns the outputs.
     pub fn run(&self, inputs: &[Storage]) -> Result<Vec<Storage>, IrError> {
+        // Its kernels, products and pool read the target it was built for.
+        self.target.enter(|| self.run_entered(inputs))
+    }
+
+    /// What it was built for and runs with.
+    pub fn target(&self) -> tracejit_kernels::Target {
+        self.target
+    }
+
+    fn run_entered(&self, inputs: &[Storage]) -> Result<Vec<Storage>, IrError> {
         self.check_inputs(inputs)?;
         let mut pool = BufPool::checkout(&self.pool);
         crate::pool::Planner::start(&self.planner, &mut pool);
@@ -411,8 +424,8 @@ impl Executable {
                     // Out of range: the reference kernel reports it.
                     None => outs.extend(eval_primitive(&g.node(step.node).op, &args)),
                 },
-                StepKind::External(op) => outs.extend(tracejit_ir::eval_kernel(op, &args, self.isa)),
-                StepKind::Spatial(op) => outs.extend(crate::spatial::run(op, &args, self.isa, pool)),
+                StepKind::External(op) => outs.extend(tracejit_ir::eval_kernel(op, &args, self.target.isa)),
+                StepKind::Spatial(op) => outs.extend(crate::spatial::run(op, &args, self.target.isa, pool)),
                 StepKind::Primitive(op, fast) => {
                     // The fast path lowering chose, when its run-time guard
                     // holds (sizes, layouts, the buffer still unique).
@@ -509,7 +522,7 @@ impl Executable {
                     other.inputs.iter().map(|&x| self.slot(step, values, x)).collect::<Result<_, _>>()?;
                 self.check_step(other, &b)?;
                 let gemms = [gemm_of(step), gemm_of(other)];
-                pairs::run_pair(self.isa, gemms, [args[0], b[0]], [args[1], b[1]], pool).map(|[x, y]| {
+                pairs::run_pair(self.target.isa, gemms, [args[0], b[0]], [args[1], b[1]], pool).map(|[x, y]| {
                     partner_out.push((other.outputs[0], y));
                     x
                 })
@@ -521,8 +534,10 @@ impl Executable {
             Pair::None | Pair::Second | Pair::After => None,
         };
         Ok(paired.unwrap_or_else(|| match gemm_of(step) {
-            pairs::Gemm::Plain => crate::gemm::matmul_with(self.isa, args[0], args[1], &mut |d, s| pool.take(d, s)),
-            pairs::Gemm::Bf16(p) => p.run(self.isa, args[0], args[1], pool),
+            pairs::Gemm::Plain => {
+                crate::gemm::matmul_with(self.target.isa, args[0], args[1], &mut |d, s| pool.take(d, s))
+            }
+            pairs::Gemm::Bf16(p) => p.run(self.target.isa, args[0], args[1], pool),
         }))
     }
 

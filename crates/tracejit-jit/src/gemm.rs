@@ -17,7 +17,6 @@ use tracejit_kernels::gemm::{product, GemmFloat};
 use tracejit_kernels::Isa;
 
 use crate::region::BufPool;
-use crate::JitOptions;
 
 /// Element types the fast path handles: the kernels' [`GemmFloat`]s, as
 /// storages.
@@ -114,7 +113,7 @@ pub(crate) unsafe fn product_rows(isa: Isa, a: &Storage, b: &Storage, out: i64, 
 /// like the reference kernel on operands it rejects. The output is a fresh
 /// buffer; [`matmul_reusing`] writes into an old one.
 pub fn matmul(a: &Storage, b: &Storage) -> Storage {
-    matmul_with(JitOptions::global().isa(), a, b, &mut |_, _| None)
+    matmul_with(tracejit_kernels::Isa::current(), a, b, &mut |_, _| None)
 }
 
 /// [`matmul`], writing into `reuse`'s buffer when nothing else holds it and
@@ -123,7 +122,7 @@ pub fn matmul(a: &Storage, b: &Storage) -> Storage {
 /// GEMM floor), so that no call takes fresh pages.
 pub fn matmul_reusing(a: &Storage, b: &Storage, reuse: Option<Storage>) -> Storage {
     let mut reuse = reuse;
-    matmul_with(JitOptions::global().isa(), a, b, &mut |dtype, shape| {
+    matmul_with(tracejit_kernels::Isa::current(), a, b, &mut |dtype, shape| {
         let mut pool = BufPool::default();
         pool.give_if_unique(reuse.take()?);
         pool.take(dtype, shape)

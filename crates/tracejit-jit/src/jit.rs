@@ -58,7 +58,7 @@ const AVX512_FLAGS: [&str; 6] =
 /// AVX-512 flag on (for tests: `TRACEJIT_ISA=avx2` must leave none).
 #[cfg(test)]
 fn uses_avx512(opts: &JitOptions) -> Result<bool, JitError> {
-    let isa = isa(opts.avx512)?;
+    let isa = isa(opts.avx512())?;
     Ok(isa.isa_flags().iter().any(|f| AVX512_FLAGS.contains(&f.name) && f.as_bool() == Some(true)))
 }
 
@@ -115,7 +115,7 @@ impl KernelCode {
 /// Compiles the kernel of `an` and loads it; also returns the image's
 /// bytes (what the compile cache and artifacts store).
 pub(crate) fn compile(an: &Analysis, sch: &Schedule, opts: &JitOptions) -> Result<(KernelCode, Vec<u8>), JitError> {
-    let isa = isa(opts.avx512)?;
+    let isa = isa(opts.avx512())?;
     let image = CONTEXTS.with(|c| {
         let mut c = c.borrow_mut();
         let (ctx, fctx) = &mut *c;
@@ -138,7 +138,7 @@ pub(crate) fn compile(an: &Analysis, sch: &Schedule, opts: &JitOptions) -> Resul
 /// options let kernels call (the chunk functions' widths). Two processes
 /// with equal descriptions compile identical code.
 pub(crate) fn target_description(opts: &JitOptions) -> Result<String, JitError> {
-    let isa = isa(opts.avx512)?;
+    let isa = isa(opts.avx512())?;
     let mut s = format!("{}", isa.triple());
     for f in isa.isa_flags() {
         s.push_str(&format!(" {}={}", f.name, f.value_string()));
@@ -160,7 +160,7 @@ mod tests {
     /// stand.
     #[test]
     fn an_avx2_target_clears_every_avx512_flag_of_cranelift() {
-        let opts = JitOptions { avx512: false, ..JitOptions::default() };
+        let opts = JitOptions::default().for_target(tracejit_kernels::Target::avx2());
         assert!(!uses_avx512(&opts).unwrap());
         #[cfg(target_arch = "x86_64")]
         {

@@ -21,6 +21,13 @@
 //! The SIMD kernels themselves (vector math, GEMM entry points, the thread
 //! pool) live in `tracejit-kernels`, below this crate and the composites.
 //!
+//! What the code is built for comes down from the entry point as one
+//! [`Target`] inside [`JitOptions`] (the ISA, the thread count, the GEMM
+//! and split thresholds): the ISA picks the code and keys the kernel
+//! caches, the GEMM threshold is planned into the schedule, and an
+//! [`Executable`] enters its target on every call, so nothing below it
+//! reads a process-wide setting while it runs.
+//!
 //! # Memory
 //!
 //! Region outputs, matrix products and the row kernels' scratch space come
@@ -181,4 +188,4 @@ pub use region::{
 /// The thread pool and thread count, and the f32 approximations of `exp`,
 /// `tanh` and `sigmoid` the kernels share: they live in the kernel crate
 /// (`tracejit-kernels`) under both this crate and the composites.
-pub use tracejit_kernels::{fastmath, simd, threads};
+pub use tracejit_kernels::{fastmath, simd, threads, Target};

@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 
 use tracejit_ir::tensor::Storage;
 use tracejit_ir::Op;
+use tracejit_kernels::{Isa, Target};
 
 /// How kernels are generated.
 ///
@@ -35,24 +36,18 @@ pub struct JitOptions {
     /// functions where the CPU has AVX2 and FMA or AVX-512F (on by default).
     /// Environment: `TRACEJIT_JIT_STAGE=0` turns it off.
     pub stage: bool,
-    /// Run the chunk functions and hand-written kernels (see `stage`) in
-    /// 512-bit AVX-512 code where the CPU has AVX-512F (on by default; off,
-    /// or without AVX-512F, they run in 256-bit AVX2 code). Both compute the
-    /// same bits; the row softmax's sum adds in a different order. f32
-    /// matrix products take 16-lane `gemm` kernels where the operand layout
-    /// suits them, 8-lane ones with this off.
-    /// Off, the JIT's Cranelift code uses no AVX-512 encoding either, so
-    /// the process runs what an AVX2 machine runs.
-    /// Environment: `TRACEJIT_ISA=avx2` (or `TRACEJIT_JIT_AVX512=0`) turns
-    /// it off.
-    pub avx512: bool,
-    /// Run bf16 matrix products on the AMX tile registers where the CPU has
-    /// them and Linux grants them (Intel Sapphire Rapids and later; on by
-    /// default, and only with `avx512`); off, they take `vdpbf16ps`. The
-    /// results differ in their last bits (another summation order), within
-    /// the same error bound. Environment: `TRACEJIT_ISA=avx512` (AVX-512
-    /// without AMX, the code an AMD Zen 4 runs) or `avx2` turns it off.
-    pub amx: bool,
+    /// What the code runs on and with ([`Target`]): its ISA decides the
+    /// code — AVX-512 (512-bit chunk functions and hand-written kernels,
+    /// 16-lane `gemm` kernels, EVEX encodings in the Cranelift code) where
+    /// allowed and present, else 256-bit AVX2 code, which computes the same
+    /// bits but for the row softmax's sum order; bf16 products on AMX tiles
+    /// where allowed, granted and present, else `vdpbf16ps`, within the
+    /// same error bound — and its thread count and thresholds decide how an
+    /// executable splits work (never its results). Environment:
+    /// `TRACEJIT_ISA=avx2` (or `TRACEJIT_JIT_AVX512=0`) holds the process
+    /// to what an AVX2 machine runs, `TRACEJIT_ISA=avx512` to what an AMD
+    /// Zen 4 runs (no AMX).
+    pub target: Target,
     /// Print each kernel's Cranelift IR and machine code to stderr when it
     /// is compiled. Environment: `TRACEJIT_JIT_DUMP` (any value).
     pub dump: bool,
@@ -61,7 +56,7 @@ pub struct JitOptions {
 impl Default for JitOptions {
     /// The built-in defaults, ignoring the environment.
     fn default() -> JitOptions {
-        JitOptions { unroll: None, stage: true, avx512: true, amx: true, dump: false }
+        JitOptions { unroll: None, stage: true, target: Target::for_isa(Isa::native()), dump: false }
     }
 }
 
@@ -73,8 +68,7 @@ impl JitOptions {
         JitOptions {
             unroll: unroll.filter(|u| [1, 2, 4, 8].contains(u)),
             stage: std::env::var("TRACEJIT_JIT_STAGE").map_or(true, |v| v != "0"),
-            avx512: tracejit_kernels::Isa::from_env().avx512_allowed(),
-            amx: tracejit_kernels::Isa::from_env().amx_allowed(),
+            target: Target::host(),
             dump: std::env::var_os("TRACEJIT_JIT_DUMP").is_some(),
         }
     }
@@ -86,11 +80,43 @@ impl JitOptions {
         *OPTS.get_or_init(JitOptions::from_env)
     }
 
+    /// [`JitOptions::global`] for the target entered on this thread
+    /// ([`Target::current`]): what code compiled now, outside any
+    /// executable, is built for — a traced function's call, an artifact
+    /// loaded under `Target::enter`.
+    pub fn current() -> JitOptions {
+        JitOptions::global().for_target(Target::current())
+    }
+
     /// The vector code these options let kernels run (the chunk functions,
     /// the row softmax, GEMM micro-kernels, composite kernels): passed down
     /// to every kernel, which never reads a process-wide setting.
-    pub fn isa(&self) -> tracejit_kernels::Isa {
-        tracejit_kernels::Isa::native().with_avx512(self.avx512).with_amx(self.amx)
+    pub fn isa(&self) -> Isa {
+        self.target.isa
+    }
+
+    /// These options for `target` (its ISA, threads and thresholds).
+    ///
+    /// ```
+    /// use tracejit_jit::{JitOptions, Target};
+    ///
+    /// let zen3 = JitOptions::global().for_target(Target::avx2());
+    /// assert!(!zen3.avx512());
+    /// ```
+    pub fn for_target(self, target: Target) -> JitOptions {
+        JitOptions { target, ..self }
+    }
+
+    /// Whether 512-bit AVX-512 code is allowed (the CPU may still lack it).
+    pub fn avx512(&self) -> bool {
+        self.target.isa.avx512_allowed()
+    }
+
+    /// The part of these options a kernel's code depends on: the thread
+    /// count and thresholds only split work, so kernels compiled under
+    /// options that differ in them alone are one cache entry.
+    pub(crate) fn code_key(&self) -> JitOptions {
+        JitOptions { target: Target::for_isa(self.target.isa), ..*self }
     }
 }
 
@@ -213,21 +239,27 @@ mod tests {
         assert_eq!(c, d);
     }
 
-    /// `amx` reaches the kernels' `Isa`, and never without `avx512`.
+    /// The target's ISA reaches the kernels' `Isa`, AMX never without
+    /// AVX-512; the threads and thresholds are not part of the code's key.
     #[test]
-    fn amx_follows_its_option() {
-        let native = tracejit_kernels::Isa::native();
-        assert_eq!(JitOptions::default().isa().has_amx_bf16(), native.has_amx_bf16());
-        assert!(!JitOptions { amx: false, ..JitOptions::default() }.isa().has_amx_bf16());
-        assert!(JitOptions { amx: false, ..JitOptions::default() }.isa().avx512_allowed());
-        assert!(!JitOptions { avx512: false, ..JitOptions::default() }.isa().amx_allowed());
+    fn the_targets_isa_reaches_the_kernels() {
+        let native = Isa::native();
+        let d = JitOptions::default();
+        assert_eq!(d.isa().has_amx_bf16(), native.has_amx_bf16());
+        assert!(!d.for_target(Target::for_isa(native.with_amx(false))).isa().has_amx_bf16());
+        assert!(d.for_target(Target::for_isa(native.with_amx(false))).isa().avx512_allowed());
+        assert!(!d.for_target(Target::avx2()).isa().amx_allowed());
+        let split = d.for_target(Target::for_isa(native).with_threads(3).with_split_threshold(9));
+        assert_ne!(split, d);
+        assert_eq!(split.code_key(), d.code_key());
+        assert_ne!(d.for_target(Target::avx2()).code_key(), d.code_key());
     }
 
     #[test]
     fn defaults_ignore_the_environment() {
         assert_eq!(
             JitOptions::default(),
-            JitOptions { unroll: None, stage: true, avx512: true, amx: true, dump: false }
+            JitOptions { unroll: None, stage: true, target: Target::for_isa(Isa::native()), dump: false }
         );
     }
 }

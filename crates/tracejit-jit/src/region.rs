@@ -99,12 +99,13 @@ pub fn unsupported_reason(body: &tracejit_ir::Graph) -> Option<String> {
 }
 
 /// Compiles (or finds in the kernel cache, keyed by the region's structure
-/// and input dtypes/ranks) a kernel for `body`, with [`JitOptions::global`].
+/// and input dtypes/ranks) a kernel for `body`, with [`JitOptions::current`].
 pub fn compile_region(body: &tracejit_ir::Graph) -> Result<Arc<CompiledRegion>, JitError> {
-    compile_region_with(body, &JitOptions::global())
+    compile_region_with(body, &JitOptions::current())
 }
 
-/// [`compile_region`] with explicit options (part of the cache key).
+/// [`compile_region`] with explicit options (their code-relevant part,
+/// the ISA and codegen knobs, is part of the cache key).
 pub fn compile_region_with(body: &tracejit_ir::Graph, opts: &JitOptions) -> Result<Arc<CompiledRegion>, JitError> {
     let an = analyze(body).map_err(JitError::Unsupported)?;
     let kernel = cached_kernel(&an, opts)?;
@@ -113,7 +114,7 @@ pub fn compile_region_with(body: &tracejit_ir::Graph, opts: &JitOptions) -> Resu
 
 /// Whether the cache holds `an`'s kernel for `opts`.
 pub(crate) fn is_cached(an: &Analysis, opts: &JitOptions) -> bool {
-    cache().lock().unwrap_or_else(|p| p.into_inner()).contains_key(&(an.key.clone(), *opts))
+    cache().lock().unwrap_or_else(|p| p.into_inner()).contains_key(&(an.key.clone(), opts.code_key()))
 }
 
 /// `an`'s kernel for `opts`: the cached one, or the persistent compile
@@ -123,7 +124,7 @@ pub(crate) fn is_cached(an: &Analysis, opts: &JitOptions) -> bool {
 /// in parallel (`codegen::graph_to_schedule`); when two threads compile the same key,
 /// the first to finish is kept and both return it.
 pub(crate) fn cached_kernel(an: &Analysis, opts: &JitOptions) -> Result<Arc<Kernel>, JitError> {
-    let key = (an.key.clone(), *opts);
+    let key = (an.key.clone(), opts.code_key());
     if let Some(k) = cache().lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(k.clone());
     }

@@ -112,7 +112,7 @@ impl PackedBf16 {
 
     fn pack<T: pack::LhsValue + Sync>(b: ArrayView2<'_, T>) -> Self {
         let (k, n) = b.dim();
-        let words = pack::pack_rhs_split(b, Isa::from_env());
+        let words = pack::pack_rhs_split(b, Isa::current());
         PackedBf16 { k, n, words }
     }
 

@@ -111,6 +111,14 @@ impl Isa {
         })
     }
 
+    /// The ISA of the [`crate::Target`] entered on this thread (a traced
+    /// function's call enters its own), else [`Isa::from_env`]: what code
+    /// at the edge of the system (eager ops, the interpreter, composite
+    /// kernels called from either) runs when no caller passed one down.
+    pub fn current() -> Isa {
+        crate::Target::entered().map_or_else(Isa::from_env, |t| t.isa)
+    }
+
     /// The name of the widest code this `Isa` runs on this CPU: `avx512`,
     /// `avx2` or `portable` (neither: scalar Rust and 128-bit Cranelift
     /// code). AMX, where allowed and present, is in [`Isa::features`].

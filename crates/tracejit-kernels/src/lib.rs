@@ -44,6 +44,8 @@ pub mod philox;
 pub mod pool2d;
 pub mod simd;
 pub mod softmax;
+pub mod target;
 pub mod threads;
 
 pub use isa::{Isa, Width, ENV_VAR as ISA_ENV_VAR};
+pub use target::{Target, TargetScope};

@@ -118,13 +118,23 @@ fn clamped(n: usize, what: &str) -> usize {
 }
 
 /// The number of threads large kernels and matrix products use now (at
-/// least 1): the last [`set_num_threads`], else the default
-/// (`TRACEJIT_NUM_THREADS` if set, else the cores available).
+/// least 1): the entered [`crate::Target`]'s count if it names one, else
+/// the last [`set_num_threads`], else the default (`TRACEJIT_NUM_THREADS`
+/// if set, else the cores available).
 ///
 /// ```
 /// assert!(tracejit_kernels::threads::num_threads() >= 1);
 /// ```
 pub fn num_threads() -> usize {
+    match crate::Target::entered() {
+        Some(t) => t.resolved_threads(),
+        None => process_num_threads(),
+    }
+}
+
+/// The process's count ([`set_num_threads`] or the default), whatever
+/// target is entered.
+pub fn process_num_threads() -> usize {
     match NUM_THREADS.load(Ordering::Relaxed) {
         0 => {
             // A concurrent `set_num_threads` wins over the default.
@@ -489,8 +499,17 @@ pub const DEFAULT_GEMM_THRESHOLD: usize = SMALL_SPLIT_WORK;
 static GEMM_THRESHOLD: AtomicUsize = AtomicUsize::new(DEFAULT_GEMM_THRESHOLD);
 
 /// Matrix products with fewer multiply-adds (`m·k·n`) than this stay on the
-/// calling thread.
+/// calling thread: the entered [`crate::Target`]'s threshold if it names
+/// one, else the process's ([`set_gemm_threshold`]).
 pub fn gemm_threshold() -> usize {
+    match crate::Target::entered() {
+        Some(t) => t.resolved_gemm_threshold(),
+        None => process_gemm_threshold(),
+    }
+}
+
+/// The process's GEMM threshold, whatever target is entered.
+pub fn process_gemm_threshold() -> usize {
     GEMM_THRESHOLD.load(Ordering::Relaxed)
 }
 
@@ -513,8 +532,18 @@ static SPLIT_THRESHOLD: AtomicU64 = AtomicU64::new(DEFAULT_SPLIT_THRESHOLD);
 /// cost from the kernel's ops, about a vector lane's simple op each) that
 /// a region kernel gives each thread: a kernel splits into at most
 /// `work / split_threshold()` parts (and at most one per thread), so a
-/// kernel under twice this stays on the calling thread.
+/// kernel under twice this stays on the calling thread. The entered
+/// [`crate::Target`]'s threshold if it names one, else the process's
+/// ([`set_split_threshold`]).
 pub fn split_threshold() -> u64 {
+    match crate::Target::entered() {
+        Some(t) => t.resolved_split_threshold(),
+        None => process_split_threshold(),
+    }
+}
+
+/// The process's split threshold, whatever target is entered.
+pub fn process_split_threshold() -> u64 {
     SPLIT_THRESHOLD.load(Ordering::Relaxed)
 }
 

@@ -248,7 +248,7 @@ pub fn lookup(name: &str, specs: &[TensorSpec]) -> Option<Arc<KernelFn>> {
                 Err(_) => panic!("composite kernel `{name}` called with a symbolic tensor"),
             })
             .collect();
-        kernel.run(&storages, Isa::from_env()).into_iter().map(Tensor::from_raw_storage).collect()
+        kernel.run(&storages, Isa::current()).into_iter().map(Tensor::from_raw_storage).collect()
     }))
 }
 

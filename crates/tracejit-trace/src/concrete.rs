@@ -35,6 +35,10 @@ pub struct ConcreteFunction {
     /// The nest path of each tensor result.
     pub(crate) output_paths: Vec<String>,
     pub(crate) attrs: FunctionAttrs,
+    /// The target its Function was given (`Function::target`): entered on
+    /// every call, so the interpreter and composite kernels run its ISA
+    /// too; `None`: the process's.
+    pub(crate) target: Option<tracejit_kernels::Target>,
     pub(crate) trace_reason: String,
     /// What the optimization pipeline did to `graph`.
     pub(crate) report: PipelineReport,
@@ -141,6 +145,12 @@ impl ConcreteFunction {
     /// runs it or was turned off (`jit(false)`).
     pub fn jit_error(&self) -> Option<&str> {
         self.prepared().1.as_deref()
+    }
+
+    /// The target its Function was given (`Function::target`), entered on
+    /// every call; `None`: the process's CPU and settings.
+    pub fn target(&self) -> Option<tracejit_kernels::Target> {
+        self.target
     }
 
     /// The compiled kernels of this function as compile cache entries
@@ -355,7 +365,7 @@ impl ConcreteFunction {
     /// Runs `kernel` on `inputs` in place of the graph; its results must
     /// fit the graph's outputs.
     fn run_kernel(&self, kernel: &dyn tracejit_ir::ExternalKernel, inputs: &[Storage]) -> Result<Vec<Storage>> {
-        let outs = self.guarded(|| Ok(kernel.run(inputs, tracejit_kernels::Isa::from_env())))?;
+        let outs = self.guarded(|| Ok(kernel.run(inputs, tracejit_kernels::Isa::current())))?;
         let want: Vec<&TensorType> = self.optimized.outputs.iter().map(|v| self.optimized.value_type(*v)).collect();
         let fits = outs.len() == want.len() && outs.iter().zip(&want).all(|(o, t)| t.accepts(o.dtype(), o.shape()));
         if !fits {
@@ -371,6 +381,7 @@ impl ConcreteFunction {
     /// Runs the optimized graph on eager values; a panic inside a kernel
     /// becomes an `Err`.
     pub(crate) fn execute(&self, inputs: &[Storage]) -> Result<Vec<Storage>> {
+        let _target = self.target.map(tracejit_kernels::Target::scope);
         if let Some(kernel) = self.composite_kernel(inputs) {
             return self.run_kernel(kernel.as_ref(), inputs);
         }

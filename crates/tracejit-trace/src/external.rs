@@ -97,7 +97,7 @@ pub fn call_external(call: &ExternalCall, args: &[&Tensor]) -> Vec<Tensor> {
 /// against the declared outputs.
 fn run_now(call: &ExternalCall, args: &[&Tensor]) -> Vec<Tensor> {
     let storages: Vec<_> = args.iter().map(|t| t.eager_storage().clone()).collect();
-    let outs = call.kernel.run(&storages, tracejit_kernels::Isa::from_env());
+    let outs = call.kernel.run(&storages, tracejit_kernels::Isa::current());
     assert_eq!(
         outs.len(),
         call.outputs.len(),

@@ -96,6 +96,7 @@ where
             retrace_policy: None,
             validate: None,
             mixed_precision: None,
+            target: None,
         }),
         state: Arc::new(FunctionState::default()),
         _marker: PhantomData,
@@ -146,6 +147,8 @@ struct FunctionConfig {
     validate: Option<bool>,
     /// `Function::mixed_precision`; `None`: [`crate::config::mixed_precision`].
     mixed_precision: Option<Option<tracejit_tensor::DType>>,
+    /// `Function::target`; `None`: the process's (`Target::host`).
+    target: Option<tracejit_kernels::Target>,
 }
 
 /// The cache's keys are already signature hashes: hashing them again (with
@@ -299,6 +302,8 @@ impl<A: Nest, R: Nest> Function<A, R> {
     /// arguments' signature and runs it.
     #[track_caller]
     pub fn call(&self, args: A) -> Result<R> {
+        // Tracing, the passes, compilation and the run all see the target.
+        let _target = self.config.target.map(tracejit_kernels::Target::scope);
         if let Some(Err(msg)) = &self.config.implements {
             return Err(Error::ImplementsName { function: self.config.name.clone(), message: msg.clone() });
         }
@@ -349,6 +354,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
     /// or tensors standing for their own type, plus statics), tracing it if
     /// no cached one accepts it.
     pub fn get_concrete_function<S: SpecNest>(&self, specs: S) -> Result<Arc<ConcreteFunction>> {
+        let _target = self.config.target.map(tracejit_kernels::Target::scope);
         if let Some(Err(msg)) = &self.config.implements {
             return Err(Error::ImplementsName { function: self.config.name.clone(), message: msg.clone() });
         }
@@ -634,6 +640,7 @@ impl<A: Nest, R: Nest> Function<A, R> {
             input_paths,
             output_paths,
             attrs,
+            target: self.config.target,
             trace_reason: reason.clone(),
             differentiable: std::sync::OnceLock::new(),
             last_used: AtomicU64::new(0),

@@ -55,6 +55,7 @@ pub use tensor::Tensor;
 pub use tracejit_derive::Nest;
 pub use tracejit_ir::passes::{OptimizationOptions, PipelineReport};
 pub use tracejit_jit::{Profile, ScheduleStats, StepTime};
+pub use tracejit_kernels::Target;
 pub use tracejit_tensor::{Conv2dAttrs, DType, Pool2dAttrs, RandomDist, SliceSpec, SpatialOp};
 pub use transforms::{grad, hessian, jacfwd, jacrev, jvp};
 pub use variable::{locked_update, remember, remember_in, Scope, Variable};

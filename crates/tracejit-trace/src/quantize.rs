@@ -76,7 +76,10 @@ pub fn dynamic(cf: &ConcreteFunction) -> Result<Arc<ConcreteFunction>> {
     let optimized = Arc::new(optimized);
     let prepared = match cf.executable() {
         None => (None, None),
-        Some(_) => match tracejit_jit::Executable::with_options(&optimized, &tracejit_jit::JitOptions::global()) {
+        Some(exe) => match tracejit_jit::Executable::with_options(
+            &optimized,
+            &tracejit_jit::JitOptions::global().for_target(exe.target()),
+        ) {
             Ok(e) => (Some(e), None),
             Err(e) => (None, Some(e.to_string())),
         },
@@ -95,6 +98,7 @@ pub fn dynamic(cf: &ConcreteFunction) -> Result<Arc<ConcreteFunction>> {
         input_paths: cf.input_paths.clone(),
         output_paths: cf.output_paths.clone(),
         attrs: cf.attrs.clone(),
+        target: cf.target,
         trace_reason: format!("{} (quantized: {} products in int8)", cf.trace_reason, seen.quantized),
         report: cf.report.clone(),
         prepared: prepared.into(),

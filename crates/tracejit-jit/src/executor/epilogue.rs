@@ -67,8 +67,8 @@ pub(super) fn run(
         // which aliases neither operand; blocks take disjoint rows.
         let done = unsafe {
             match (gemm, &packed) {
-                (Gemm::Bf16(p), Some(packed)) => p.product_rows(exe.isa, a, packed, out, rows),
-                _ => crate::gemm::product_rows(exe.isa, a, b, out, rows),
+                (Gemm::Bf16(p), Some(packed)) => p.product_rows(exe.target.isa, a, packed, out, rows),
+                _ => crate::gemm::product_rows(exe.target.isa, a, b, out, rows),
             }
         };
         assert!(done, "2-D operands the product takes");
@@ -109,8 +109,8 @@ pub(super) fn run(
         None => {
             let mut buf = Some(product);
             let whole = match gemm {
-                Gemm::Plain => crate::gemm::matmul_with(exe.isa, a, b, &mut |_, _| buf.take()),
-                Gemm::Bf16(p) => p.run_with(exe.isa, a, b, &mut |_, _| buf.take()),
+                Gemm::Plain => crate::gemm::matmul_with(exe.target.isa, a, b, &mut |_, _| buf.take()),
+                Gemm::Bf16(p) => p.run_with(exe.target.isa, a, b, &mut |_, _| buf.take()),
             };
             Ok(Some((whole, SmallVec::new())))
         }

@@ -58,7 +58,9 @@ fn check(op: UnaryOp, scalar: fn(f32) -> f32, in_place: fn(&mut [f32])) {
     let inline = region(op, &xs, &JitOptions { stage: false, ..base });
     assert_same(op, "in-line JIT code", &xs, &inline, &want);
     for avx512 in [true, false] {
-        let staged = region(op, &xs, &JitOptions { stage: true, avx512, ..base });
+        let isa = tracejit_kernels::Isa::native().with_avx512(avx512);
+        let staged =
+            region(op, &xs, &JitOptions { stage: true, ..base }.for_target(tracejit_jit::Target::for_isa(isa)));
         assert_same(
             op,
             if avx512 { "staged JIT code (16 lanes)" } else { "staged JIT code (8 lanes)" },

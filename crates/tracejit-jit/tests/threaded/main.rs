@@ -22,6 +22,7 @@ mod in_place;
 mod native;
 mod pairs;
 mod pool;
+mod target;
 
 /// Serializes the tests that change the thread count or the split
 /// thresholds, across every module of this binary (a test that panicked

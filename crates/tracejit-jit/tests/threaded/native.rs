@@ -67,12 +67,12 @@ fn staged() -> JitOptions {
 
 /// Staged, at 16 lanes where the CPU has them (`wide`) or at 8.
 fn staged_at(wide: bool) -> JitOptions {
-    JitOptions { avx512: wide, ..staged() }
+    staged().for_target(tracejit_jit::Target::for_isa(tracejit_kernels::Isa::native().with_avx512(wide)))
 }
 
 /// The hand-written kernel's name under `opts`, if this CPU runs one.
 fn expected(opts: &JitOptions) -> Option<&'static str> {
-    if opts.avx512 && avx512() {
+    if opts.avx512() && avx512() {
         Some("row softmax (16 lanes)")
     } else {
         avx2().then_some("row softmax (8 lanes)")

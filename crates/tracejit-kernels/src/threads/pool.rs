@@ -141,6 +141,11 @@ impl Pool {
     /// nothing but its wake-up.
     pub fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         super::DISPATCHES.with(|d| d.set(d.get() + 1));
+        // The workers run the parts under the caller's target, so a kernel
+        // part reads the thresholds and ISA the call was made with.
+        let target = crate::Target::entered();
+        let scoped = move |i: usize| crate::Target::enter_opt(target, || f(i));
+        let f: &(dyn Fn(usize) + Sync) = &scoped;
         // SAFETY: the lifetime is erased only to hand `f` to workers that
         // outlive this call; `Job::enter` lets a worker use `f` only while
         // `closed` is unset, and this function returns only after setting

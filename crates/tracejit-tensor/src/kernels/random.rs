@@ -92,7 +92,7 @@ pub(crate) fn random(dist: RandomDist, state: &Storage, shape: &[usize], dtype: 
     check_float(name, dtype);
     let s = stream(name, state);
     let n: usize = shape.iter().product();
-    let isa = tracejit_kernels::Isa::from_env();
+    let isa = tracejit_kernels::Isa::current();
     let (a, b) = dist.params();
     match dtype {
         DType::F32 => {

@@ -117,6 +117,34 @@ impl<A: Nest, R: Nest> Function<A, R> {
         self.with_config(|c| c.optimizations.selector = on)
     }
 
+    /// Compiles and runs for `target` instead of the process's CPU and
+    /// settings: its ISA picks the code (the JIT's kernels, products,
+    /// composite kernels and the interpreter's), its thread count and
+    /// thresholds how work is split. Tracing, compiling and every call
+    /// run under it ([`tracejit_kernels::Target::enter`]), whatever the
+    /// process's `set_num_threads` or `TRACEJIT_ISA` say; so one process
+    /// can run a function as an AVX2 machine does beside its native form,
+    /// to compare.
+    ///
+    /// ```
+    /// use tracejit_trace::{function, Target, Tensor};
+    ///
+    /// let f = |x: Tensor| (x.tanh() * 2.0).sum(&[0], false);
+    /// let native = function(f);
+    /// let zen3 = function(f).target(Target::avx2().with_threads(1));
+    /// let x = Tensor::from_vec((0..40).map(|i| i as f32 / 7.0).collect(), &[4, 10]);
+    /// let (a, b) = (native.call(x.clone())?, zen3.call(x)?);
+    /// for (a, b) in a.to_vec::<f32>()?.iter().zip(b.to_vec::<f32>()?) {
+    ///     assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0));
+    /// }
+    /// let cf = &zen3.concrete_functions()[0];
+    /// assert_eq!(cf.target(), Some(Target::avx2().with_threads(1)));
+    /// # Ok::<(), tracejit_trace::Error>(())
+    /// ```
+    pub fn target(self, target: tracejit_kernels::Target) -> Self {
+        self.with_config(|c| c.target = Some(target))
+    }
+
     /// Compile with the JIT (default) or run graphs with the interpreter.
     pub fn jit(self, on: bool) -> Self {
         self.with_config(|c| c.jit = on)

@@ -125,7 +125,10 @@ fn prepare_with(
     // The pipeline's fusion pass planned the regions with the JIT's
     // rule (the planner runs once); with fusion switched off, the JIT
     // plans them itself.
-    let opts = tracejit_jit::JitOptions::global();
+    let opts = match config.target {
+        Some(target) => tracejit_jit::JitOptions::global().for_target(target),
+        None => tracejit_jit::JitOptions::global(),
+    };
     let prepared = if config.optimizations.runs("fusion") {
         let pipeline = Pipeline::default_pipeline().with_options(config.optimizations.clone());
         let dump = pipeline

@@ -26,7 +26,7 @@ pub(super) fn compile_regions(g: &Graph, opts: &JitOptions) -> Result<HashMap<No
             _ => None,
         })
         .collect();
-    let threads = tracejit_kernels::threads::num_threads();
+    let threads = opts.target.resolved_threads();
     let analyses: Vec<Option<Analysis>> = parallel_map(threads, &bodies, |(_, body)| analyze(body).ok());
     let mut seen = HashSet::new();
     let missing: Vec<&Analysis> =
