@@ -354,6 +354,28 @@ fn an_artifact_loads_for_the_target_entered_in_this_process() {
     assert_eq!(bits(&wide.call(std::slice::from_ref(&x)).unwrap()[0]), want_host);
 }
 
+/// A quantized function (its products in int8, chosen by the precision
+/// pass) saves and loads like any other: the int8 product's kernel belongs
+/// to the IR, so its graph text parses without a registry, and the loaded
+/// artifact gives the quantized function's bits.
+#[test]
+fn a_quantized_function_round_trips_through_an_artifact() {
+    let model = Mlp::new();
+    let m = model.clone();
+    let f = function(move |x: Tensor| m.forward(&x));
+    let x = batch(3).0;
+    f.call(x.clone()).unwrap();
+    let q = tracejit::quantize::dynamic(&f.concrete_functions()[0]).unwrap();
+    let want = q.call_flat(std::slice::from_ref(&x)).unwrap();
+    let path = temp("quantized.tjx");
+    artifact::save(&q, &path).unwrap();
+    let a = artifact::load(&path).unwrap();
+    let listing = format!("{}", a.graph());
+    assert_eq!(listing.matches(tracejit::quantize::KERNEL_NAME).count(), 2, "{listing}");
+    assert_eq!(a.executor_kind(), "jit");
+    assert_eq!(bits(&a.call(std::slice::from_ref(&x)).unwrap()[0]), bits(&want[0]));
+}
+
 #[test]
 fn bad_files_and_bad_calls_are_named() {
     let model = Mlp::new();

@@ -24,7 +24,8 @@
 //! (a parsed graph gets [`ParsedVariable`]s holding zeros), and the native
 //! code of an [`Op::Kernel`] (only its name is printed: [`Graph::parse`]
 //! rejects kernel nodes, [`Graph::parse_with_kernels`] looks them up in a
-//! [`KernelRegistry`]).
+//! [`KernelRegistry`]) — but for the IR's own int8 product
+//! ([`crate::passes::INT8_KERNEL_NAME`]), which parses anywhere.
 
 mod cursor;
 mod ops;
@@ -587,6 +588,19 @@ impl<'a> Parser<'a> {
             ParsedOp::Kernel { name, inputs: declared, column } => {
                 let declared: Vec<TensorType> =
                     declared.unwrap_or_else(|| inputs.iter().map(|v| g.value_type(*v).clone()).collect());
+                // The IR's own kernel (the precision pass's int8 product)
+                // needs no registry: its code is part of this crate.
+                if name == crate::passes::INT8_KERNEL_NAME {
+                    let kernel = crate::passes::int8_kernel();
+                    g.push_node(Node {
+                        op: Op::Kernel { name, kernel, inputs: declared, outputs: outputs.to_vec() },
+                        inputs,
+                        control_inputs,
+                        outputs,
+                        location: None,
+                    });
+                    return Ok(fused);
+                }
                 let Some(registry) = self.kernels else {
                     return Err(ParseError::KernelNeedsRegistry {
                         line: line.number,

@@ -1,5 +1,17 @@
-//! `auto_mixed_precision`: Grappler's pass of the same name, for bf16 (or
-//! f16) on CPU. Each f32 product and convolution reads its operands rounded
+//! `auto_mixed_precision`: the precision pass. It picks each product's
+//! precision — f32, bf16 (or f16) operands with f32 accumulation, or int8
+//! with scales — in one place, before fusion, where it is dumped and
+//! verified like every other pass; the JIT lowers what it chose (a product
+//! of rounded operands onto its bf16 GEMM, the int8 kernel as a kernel
+//! step).
+//!
+//! Int8 ([`PassContext::int8_products`], what `tracejit::quantize::dynamic`
+//! asks for): every f32 product against a weight becomes the dynamic int8
+//! kernel (see `int8_products.rs`); it takes precedence over bf16 for
+//! those products.
+//!
+//! Bf16: Grappler's pass of the same name, for bf16 (or f16) on CPU. Each
+//! f32 product and convolution reads its operands rounded
 //! to the low dtype, `cast(cast(x, bf16), f32)`, and keeps its f32 result:
 //! the products of 8-bit-significand values are exact in f32, so this is a
 //! bf16 product accumulated in f32, which the JIT runs on its bf16 GEMM
@@ -32,8 +44,9 @@ use tracejit_tensor::{DType, SpatialOp};
 use crate::passes::{run_in_subgraphs, Pass, PassContext, PassResult, Rewriter};
 use crate::{Graph, NodeId, Op, ValueId};
 
-/// The automatic mixed precision pass (`auto_mixed_precision`); a no-op
-/// unless [`PassContext::mixed_precision`] names a low dtype.
+/// The precision pass (`auto_mixed_precision`); a no-op unless
+/// [`PassContext::mixed_precision`] names a low dtype or
+/// [`PassContext::int8_products`] is set.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AutoMixedPrecision;
 
@@ -43,10 +56,19 @@ impl Pass for AutoMixedPrecision {
     }
 
     fn run(&self, g: &mut Graph, cx: &PassContext) -> PassResult {
-        let Some(low) = cx.mixed_precision.filter(|d| d.is_low_precision()) else {
+        let low = cx.mixed_precision.filter(|d| d.is_low_precision());
+        if low.is_none() && !cx.int8_products {
             return PassResult::unchanged();
-        };
+        }
         let nested = run_in_subgraphs(self, g, cx);
+        let int8 = if cx.int8_products {
+            let n = super::int8_products::quantize_products(g);
+            PassResult::count(n, if n == 1 { "product in int8" } else { "products in int8" })
+        } else {
+            PassResult::unchanged()
+        };
+        let nested = nested.and(int8);
+        let Some(low) = low else { return nested };
         let kernels = swap_kernels(g, low);
         let operands: Vec<(NodeId, Vec<usize>)> =
             g.nodes().filter_map(|(id, _)| Some((id, rounded_operands(g, id, low)?))).collect();

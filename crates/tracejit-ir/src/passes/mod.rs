@@ -52,6 +52,7 @@ mod dce;
 mod fusion;
 mod hoist;
 mod inline;
+mod int8_products;
 mod mixed_precision;
 mod pipeline;
 mod rewrite;
@@ -66,6 +67,7 @@ pub use dce::Dce;
 pub use fusion::{default_accepts_region, Fusion, MAX_REGION_NODES};
 pub use hoist::HoistLoopProducts;
 pub use inline::Inline;
+pub use int8_products::{int8_census, int8_kernel, Int8Census, INT8_KERNEL_NAME};
 pub use mixed_precision::AutoMixedPrecision;
 pub use pipeline::{FixpointOutcome, OptimizationOptions, PassRecord, PassSnapshot, Pipeline, PipelineReport, Stage};
 pub use rewrite::Rewriter;
@@ -194,8 +196,15 @@ pub struct PassContext {
     /// The file name prefix of graph dumps; `None`: the function's name.
     pub dump_prefix: Option<String>,
     /// The low dtype (`BF16` or `F16`) `auto_mixed_precision` rounds
-    /// products' operands to; `None` (the default): the pass does nothing.
+    /// products' operands to; `None` (the default): products stay f32
+    /// unless `int8_products` takes them.
     pub mixed_precision: Option<tracejit_tensor::DType>,
+    /// `auto_mixed_precision` puts every f32 product against a weight (a
+    /// variable's value or a constant) in dynamic int8
+    /// ([`INT8_KERNEL_NAME`]); the other products follow
+    /// `mixed_precision`. Off by default; `tracejit::quantize::dynamic`
+    /// turns it on.
+    pub int8_products: bool,
 }
 
 impl PassContext {
@@ -211,6 +220,7 @@ impl PassContext {
             keep_custom_gradients: false,
             dump_prefix: None,
             mixed_precision: None,
+            int8_products: false,
         }
     }
 

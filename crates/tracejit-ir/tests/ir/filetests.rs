@@ -14,7 +14,8 @@
 //!   as it does for the JIT;
 //!   `; option: test_kernels` gives the selector the test registry, which
 //!   has `tracejit.test.double` (x * 2 + 100) for f32 inputs;
-//!   `; option: mixed_precision` has `auto_mixed_precision` round to bf16.
+//!   `; option: mixed_precision` has `auto_mixed_precision` round to bf16;
+//!   `; option: int8_products` has it put products against weights in int8.
 //! - `; check: <line>` — some output line after the previous match equals
 //!   `<line>`; `; nextln: <line>` — the line right after the previous match
 //!   equals it; `; end` — no output line follows the previous match. Lines
@@ -105,6 +106,8 @@ struct FileTest {
     multi_pass_regions: bool,
     /// `auto_mixed_precision` rounds products' operands to bf16.
     mixed_precision: bool,
+    /// `auto_mixed_precision` puts products against weights in int8.
+    int8_products: bool,
     /// Each check with its 1-based line in the file.
     checks: Vec<(usize, Directive)>,
 }
@@ -117,6 +120,7 @@ impl FileTest {
             test_kernels: false,
             multi_pass_regions: false,
             mixed_precision: false,
+            int8_products: false,
             checks: Vec::new(),
         };
         for (i, line) in text.lines().enumerate() {
@@ -131,7 +135,11 @@ impl FileTest {
                     "test_kernels" => file.test_kernels = true,
                     "multi_pass_regions" => file.multi_pass_regions = true,
                     "mixed_precision" => file.mixed_precision = true,
-                    _ => fail("unknown option (keep_composites, test_kernels, multi_pass_regions, mixed_precision)"),
+                    "int8_products" => file.int8_products = true,
+                    _ => fail(
+                        "unknown option (keep_composites, test_kernels, multi_pass_regions, mixed_precision, \
+                         int8_products)",
+                    ),
                 }
             } else if let Some(pattern) = directive.strip_prefix("check:") {
                 file.checks.push((i + 1, Directive::Check(pattern.trim().to_string())));
@@ -161,6 +169,7 @@ impl FileTest {
         if self.mixed_precision {
             cx.mixed_precision = Some(tracejit_ir::tensor::DType::BF16);
         }
+        cx.int8_products = self.int8_products;
         if let Some(k) = self.kernels() {
             cx = cx.with_kernels(k);
         }
