@@ -13,9 +13,9 @@
 //! trade): the public function returns `out` only.
 //!
 //! `scale` and `causal` travel as scalar tensors (constants in a trace)
-//! because native kernels see tensors only; the bodies use them as data
-//! too (`causal` selects between the causal pattern and "all"), which
-//! constant folding resolves.
+//! because native kernels see argument values only; the bodies use them
+//! as data too (`causal` selects between the causal pattern and "all"),
+//! which constant folding resolves.
 
 use tracejit_tensor::DType;
 use tracejit_trace::Tensor;

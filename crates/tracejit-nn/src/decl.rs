@@ -35,9 +35,12 @@ use tracejit_trace::{function, Function, GradientTape, Static, Tensor, TensorSpe
 /// composite), so `selector(false)` on a caller means "no kernels".
 pub type BodyFn = fn(&[Tensor], u32) -> Vec<Tensor>;
 
-/// Native code for a composite over eager tensors, with the vector code
-/// the caller allows.
-pub type NativeFn = fn(&[Tensor], Isa) -> Vec<Tensor>;
+/// Native code for a composite: the call's argument values in order to
+/// its results in order, with the vector code the caller allows. It takes
+/// and returns [`Storage`], as the IR runs kernels
+/// ([`ExternalKernel::run`]), so a call converts nothing; the public
+/// closure over tensors is [`crate::composite::lookup`]'s.
+pub type NativeFn = fn(&[Storage], Isa) -> Vec<Storage>;
 
 /// Which argument specs a native kernel accepts.
 pub type AcceptsFn = fn(&[TensorSpec]) -> bool;
@@ -266,14 +269,7 @@ impl fmt::Debug for DeclaredKernel {
 
 impl ExternalKernel for DeclaredKernel {
     fn run(&self, inputs: &[Storage], isa: Isa) -> Vec<Storage> {
-        let tensors: Vec<Tensor> = inputs.iter().cloned().map(Tensor::from_raw_storage).collect();
-        (self.run)(&tensors, isa)
-            .into_iter()
-            .map(|t| match t.storage() {
-                Ok(s) => s.clone(),
-                Err(_) => panic!("composite kernel `{}` returned a symbolic tensor", self.composite.name),
-            })
-            .collect()
+        (self.run)(inputs, isa)
     }
 
     fn eager_only(&self) -> bool {

@@ -46,11 +46,10 @@ const CHUNK: usize = 4096;
 
 /// The native dropout: the body's arithmetic, element for element, with
 /// the uniforms drawn chunk by chunk.
-pub(crate) fn dropout_kernel(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
-    let x = inputs[0].storage().expect("composite kernels get eager tensors").to_standard();
-    let state = inputs[1].storage().expect("eager").clone();
-    let stream = tracejit_tensor::kernels::philox_stream("dropout", &state);
-    let out = match (&x, inputs[2].storage().expect("eager")) {
+pub(crate) fn dropout_kernel(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
+    let x = inputs[0].to_standard();
+    let stream = tracejit_tensor::kernels::philox_stream("dropout", &inputs[1]);
+    let out = match (&x, &inputs[2]) {
         (Storage::F32(a), Storage::F32(p)) => {
             let p = *p.iter().next().expect("p is a scalar");
             let xs = a.as_slice().expect("standard layout");
@@ -63,7 +62,7 @@ pub(crate) fn dropout_kernel(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
         }
         _ => panic!("dropout: the kernel takes f32 or f64 x and p of its dtype"),
     };
-    vec![Tensor::from_raw_storage(out.expect("the input's element count"))]
+    vec![out.expect("the input's element count")]
 }
 
 fn drop_f32(xs: &[f32], p: f32, stream: &Stream, isa: Isa) -> Vec<f32> {

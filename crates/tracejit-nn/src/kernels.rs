@@ -10,14 +10,15 @@
 //! several partial accumulators and fuse differently from the primitive
 //! bodies, so they agree with those to about 1e-6 relative, not bitwise.
 //! Each kernel takes the [`Isa`] its caller allows (the JIT's options, or
-//! the environment's for eager calls).
+//! the environment's for eager calls), and the call's argument values as
+//! [`Storage`] ([`crate::NativeFn`]).
 
 use std::borrow::Cow;
 
 use ndarray::{ArrayView2, Ix2};
 use tracejit_kernels::{gemm, simd, Isa};
 use tracejit_tensor::{DType, Storage};
-use tracejit_trace::{Tensor, TensorSpec};
+use tracejit_trace::TensorSpec;
 
 mod layer_norm_grad;
 
@@ -38,7 +39,7 @@ pub(crate) fn layer_norm_grad_accepts(s: &[TensorSpec]) -> bool {
 }
 
 /// The native backward of layer norm, f32 or f64 ([`layer_norm_grad::layer_norm_grad`]).
-pub(crate) fn layer_norm_grad(inputs: &[Tensor], _isa: Isa) -> Vec<Tensor> {
+pub(crate) fn layer_norm_grad(inputs: &[Storage], _isa: Isa) -> Vec<Storage> {
     layer_norm_grad::layer_norm_grad(inputs)
 }
 
@@ -80,9 +81,8 @@ pub(crate) fn lstm_accepts(s: &[TensorSpec]) -> bool {
         && hidden.is_some()
 }
 
-/// A contiguous f32 copy-or-view of an eager tensor's data.
-fn data(t: &Tensor) -> (Vec<usize>, Cow<'_, [f32]>) {
-    let s = t.storage().expect("composite kernels get eager tensors");
+/// A contiguous f32 copy-or-view of an argument's data.
+fn data(s: &Storage) -> (Vec<usize>, Cow<'_, [f32]>) {
     let a = s.array::<f32>().expect("the predicate accepted f32 only");
     let shape = a.shape().to_vec();
     match a.as_slice() {
@@ -91,15 +91,15 @@ fn data(t: &Tensor) -> (Vec<usize>, Cow<'_, [f32]>) {
     }
 }
 
-fn tensor(v: Vec<f32>, shape: &[usize]) -> Tensor {
-    Tensor::from_raw_storage(Storage::from_vec(v, shape).expect("kernel output size"))
+fn storage(v: Vec<f32>, shape: &[usize]) -> Storage {
+    Storage::from_vec(v, shape).expect("kernel output size")
 }
 
 /// Elements per step of [`gelu`]: the `tanh` arguments and results stay in
 /// L1 between the three passes over them.
 const GELU_CHUNK: usize = 512;
 
-pub(crate) fn gelu(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+pub(crate) fn gelu(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
     let (shape, x) = data(&inputs[0]);
     let mut out = vec![0.0f32; x.len()];
     for (xc, oc) in x.chunks(GELU_CHUNK).zip(out.chunks_mut(GELU_CHUNK)) {
@@ -111,7 +111,7 @@ pub(crate) fn gelu(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
             *o = (x * 0.5) * (*o + 1.0);
         }
     }
-    vec![tensor(out, &shape)]
+    vec![storage(out, &shape)]
 }
 
 /// Rows of the last axis.
@@ -130,7 +130,7 @@ fn exp_shifted(row: &[f32], m: f32, o: &mut [f32], isa: Isa) -> f32 {
 
 /// Runs `f(row, out_row)` over the rows of the last axis of the
 /// kernel's first input, into a fresh output of its shape.
-fn per_row(inputs: &[Tensor], mut f: impl FnMut(&[f32], &mut [f32])) -> Vec<Tensor> {
+fn per_row(inputs: &[Storage], mut f: impl FnMut(&[f32], &mut [f32])) -> Vec<Storage> {
     let (shape, x) = data(&inputs[0]);
     let n = rows(&shape);
     let mut out = vec![0.0f32; x.len()];
@@ -139,15 +139,15 @@ fn per_row(inputs: &[Tensor], mut f: impl FnMut(&[f32], &mut [f32])) -> Vec<Tens
             f(row, o);
         }
     }
-    vec![tensor(out, &shape)]
+    vec![storage(out, &shape)]
 }
 
-pub(crate) fn softmax(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+pub(crate) fn softmax(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
     // The JIT's row softmax: the kernel its f32 softmax regions run.
     per_row(inputs, |x, y| tracejit_kernels::softmax::row(x, y, isa))
 }
 
-pub(crate) fn log_softmax(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+pub(crate) fn log_softmax(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
     per_row(inputs, |row, o| {
         let m = max(row);
         // `o` is scratch for the exponentials until the result overwrites it.
@@ -158,7 +158,7 @@ pub(crate) fn log_softmax(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
     })
 }
 
-pub(crate) fn layer_norm(inputs: &[Tensor], _isa: Isa) -> Vec<Tensor> {
+pub(crate) fn layer_norm(inputs: &[Storage], _isa: Isa) -> Vec<Storage> {
     let (_, gamma) = data(&inputs[1]);
     let (_, beta) = data(&inputs[2]);
     let (_, eps) = data(&inputs[3]);
@@ -188,8 +188,7 @@ pub(crate) fn layer_norm(inputs: &[Tensor], _isa: Isa) -> Vec<Tensor> {
     })
 }
 
-fn view2(t: &Tensor) -> ArrayView2<'_, f32> {
-    let s = t.storage().expect("composite kernels get eager tensors");
+fn view2(s: &Storage) -> ArrayView2<'_, f32> {
     s.array::<f32>().expect("f32").view().into_dimensionality::<Ix2>().expect("rank 2")
 }
 
@@ -203,7 +202,7 @@ thread_local! {
 /// Two GEMMs ([`gemm`], the JIT's GEMM) accumulating into a
 /// buffer pre-filled with the bias, then one vectorized pass over the
 /// gates computing both states.
-pub(crate) fn lstm_cell(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+pub(crate) fn lstm_cell(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
     let (x, h, w_ih, w_hh) = (view2(&inputs[0]), view2(&inputs[1]), view2(&inputs[3]), view2(&inputs[4]));
     let (_, c) = data(&inputs[2]);
     let (_, b) = data(&inputs[5]);
@@ -238,7 +237,7 @@ pub(crate) fn lstm_cell(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
         gemm::gemm_acc_f32(h, w_hh, gates, isa);
         lstm_states(gates, &c, &mut h2, &mut c2, hidden, isa);
     });
-    vec![tensor(h2, &[batch, hidden]), tensor(c2, &[batch, hidden])]
+    vec![storage(h2, &[batch, hidden]), storage(c2, &[batch, hidden])]
 }
 
 /// `c' = f·c + i·g` and `h' = o·tanh(c')` from the gates (order i, f, g,
@@ -320,8 +319,8 @@ mod tests {
     }
 
     fn same_as_fastmath(xs: &[f32], isa: Isa) {
-        let t = Tensor::from_vec(xs.to_vec(), &[xs.len()]);
-        let g = gelu(&[t], isa)[0].to_vec::<f32>().unwrap();
+        let x = storage(xs.to_vec(), &[xs.len()]);
+        let g = gelu(&[x], isa)[0].to_vec::<f32>().unwrap();
         assert_same(
             &g,
             xs.iter().map(|&x| (x * 0.5) * (fastmath::tanh((x + x * x * x * 0.044715) * 0.797_884_6) + 1.0)),

@@ -12,7 +12,8 @@
 //! when it accepts them, and the primitive body runs eagerly otherwise.
 //!
 //! Each composite is declared once, as a [`Composite`] `static`: its
-//! `implements` name, primitive body, native kernel with the predicate
+//! `implements` name, primitive body, native kernel (a [`NativeFn`] over
+//! the arguments' values, as the IR runs kernels) with the predicate
 //! saying which arguments it takes, and backward kernel. [`declared`]
 //! lists them; the tables the tracer and tapes consult are filled from the
 //! declarations, and the tests iterate them (kernel against body, backward

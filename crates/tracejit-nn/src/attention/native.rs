@@ -1,14 +1,17 @@
 //! The native kernels of the attention composites: the argument checks,
 //! broadcasting of the leading axes and the mask's strides around
 //! `tracejit_kernels::attention::{forward, backward}` (f32; bf16 and f16
-//! widened to it and rounded back; f64 in [`super::wide`]).
+//! widened to it and rounded back; f64 in [`super::wide`]). They work on
+//! the arguments' [`Storage`] with `tracejit_tensor`'s reference kernels
+//! (cast, broadcast, sum): the ops eager tensors would run, without a
+//! tensor around them.
 
 use std::borrow::Cow;
 
 use tracejit_kernels::attention::{self, Mask, Operand, Problem};
 use tracejit_kernels::Isa;
-use tracejit_tensor::{DType, Storage};
-use tracejit_trace::{Tensor, TensorSpec};
+use tracejit_tensor::{kernels, DType, ReduceOp, Storage, StorageElement};
+use tracejit_trace::TensorSpec;
 
 /// `q, k, v` of rank ≥ 2, `scale` a scalar and then `extra` operands of
 /// rank ≥ 1 (the backward's `out`, `lse`, `dout`), all of one float dtype
@@ -46,10 +49,23 @@ pub(super) fn backward_accepts(s: &[TensorSpec]) -> bool {
 /// `run` on `inputs` with its 16-bit float operands widened to f32, each
 /// f32 result rounded back to `low` (how every op computes bf16: in f32,
 /// rounded once).
-fn widened(inputs: &[Tensor], low: DType, run: impl FnOnce(&[Tensor]) -> Vec<Tensor>) -> Vec<Tensor> {
-    let wide: Vec<Tensor> =
-        inputs.iter().map(|t| if t.dtype() == low { t.cast(DType::F32) } else { t.clone() }).collect();
-    run(&wide).into_iter().map(|t| if t.dtype() == DType::F32 { t.cast(low) } else { t }).collect()
+fn widened(inputs: &[Storage], low: DType, run: impl FnOnce(&[Storage]) -> Vec<Storage>) -> Vec<Storage> {
+    let wide: Vec<Storage> =
+        inputs.iter().map(|s| if s.dtype() == low { kernels::cast(s, DType::F32) } else { s.clone() }).collect();
+    run(&wide).into_iter().map(|s| if s.dtype() == DType::F32 { kernels::cast(&s, low) } else { s }).collect()
+}
+
+/// The one element of the scalar argument `s` (`what`), as `T`.
+pub(super) fn scalar<T: StorageElement>(s: &Storage, what: &str) -> T {
+    match s.to_vec::<T>().as_deref() {
+        Ok(&[v]) => v,
+        _ => panic!(
+            "scaled_dot_product_attention: {what} must be a {} scalar, got {}{:?}",
+            T::DTYPE,
+            s.dtype(),
+            s.shape()
+        ),
+    }
 }
 
 /// The sizes of one call, the leading axes broadcast.
@@ -60,7 +76,7 @@ pub(super) struct Geometry {
 
 impl Geometry {
     /// From `(q, k, v, scale, causal)` and the mask, if any.
-    pub(super) fn of(a: &[Tensor], mask: Option<&Tensor>) -> Geometry {
+    pub(super) fn of(a: &[Storage], mask: Option<&Storage>) -> Geometry {
         let (q, k, v, scale, causal) = (&a[0], &a[1], &a[2], &a[3], &a[4]);
         let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
         let split = |s: &[usize]| (s[..s.len() - 2].to_vec(), s[s.len() - 2], s[s.len() - 1]);
@@ -70,8 +86,8 @@ impl Geometry {
         if let Some(m) = mask.map(|m| m.shape()).filter(|m| m.len() > 2) {
             lead = broadcast(&lead, &m[..m.len() - 2]);
         }
-        let scale = scale.cast(DType::F32).to_scalar::<f32>().expect("scale is a float scalar");
-        let causal = causal.to_scalar::<bool>().expect("causal is a bool scalar");
+        let scale = scalar::<f32>(&kernels::cast(scale, DType::F32), "scale");
+        let causal = scalar::<bool>(causal, "causal");
         let batch = lead.iter().product();
         Geometry { lead, problem: Problem { batch, tq, tk, d, dv, scale, causal } }
     }
@@ -102,14 +118,13 @@ fn broadcast(a: &[usize], b: &[usize]) -> Vec<usize> {
         .collect()
 }
 
-/// `t`'s f32 elements, contiguous (borrowed when they already are),
+/// `s`'s f32 elements, contiguous (borrowed when they already are),
 /// broadcast to `shape` when needed.
-fn f32s<'a>(t: &'a Tensor, shape: &[usize]) -> Cow<'a, [f32]> {
-    if t.shape() != shape {
-        let b = t.broadcast_to(shape);
-        return Cow::Owned(b.storage().expect("eager").to_vec::<f32>().expect("f32"));
+fn f32s<'a>(s: &'a Storage, shape: &[usize]) -> Cow<'a, [f32]> {
+    if s.shape() != shape {
+        let b = kernels::broadcast_to(s, shape);
+        return Cow::Owned(b.to_vec::<f32>().expect("the predicate accepted f32 only"));
     }
-    let s = t.storage().expect("composite kernels get eager tensors");
     match s.array::<f32>().and_then(|a| a.as_slice()) {
         Some(slice) => Cow::Borrowed(slice),
         None => Cow::Owned(s.to_vec::<f32>().expect("the predicate accepted f32 only")),
@@ -128,7 +143,7 @@ struct Held<'a> {
 
 impl<'a> Held<'a> {
     /// `t` as an operand of `shape` (`[lead.., rows, cols]`).
-    fn of(t: &'a Tensor, shape: &[usize]) -> Held<'a> {
+    fn of(t: &'a Storage, shape: &[usize]) -> Held<'a> {
         if let Some(held) = Held::in_place(t, shape) {
             return held;
         }
@@ -141,8 +156,8 @@ impl<'a> Held<'a> {
     /// `t`'s buffer, when `t` has `shape`, no negative stride and its last
     /// axis contiguous: problem starts over the leading axes in row-major
     /// order, the row stride of the second-to-last axis.
-    fn in_place(t: &'a Tensor, shape: &[usize]) -> Option<Held<'a>> {
-        let a = t.storage().ok()?.array::<f32>()?;
+    fn in_place(t: &'a Storage, shape: &[usize]) -> Option<Held<'a>> {
+        let a = t.array::<f32>()?;
         let r = shape.len();
         if t.shape() != shape || r < 2 || a.is_empty() {
             return None;
@@ -172,7 +187,7 @@ impl<'a> Held<'a> {
 /// The mask's flags and strides: its leading axes broadcast to the call's
 /// only when they are not all 1; its own query and key axes kept, with
 /// stride 0 where they are 1.
-pub(super) fn mask_of<'a>(m: &'a Tensor, g: &Geometry) -> (Cow<'a, [bool]>, [usize; 3]) {
+pub(super) fn mask_of<'a>(m: &'a Storage, g: &Geometry) -> (Cow<'a, [bool]>, [usize; 3]) {
     let p = &g.problem;
     let mut shape = m.shape().to_vec();
     while shape.len() < 2 {
@@ -187,18 +202,18 @@ pub(super) fn mask_of<'a>(m: &'a Tensor, g: &Geometry) -> (Cow<'a, [bool]>, [usi
         p.tk
     );
     let lead_ones = shape[..shape.len() - 2].iter().all(|&d| d == 1);
-    let flat = if lead_ones { m.reshape(&[(mq * mk) as i64]) } else { m.broadcast_to(&g.shape(&[mq, mk])) };
-    let flags: Vec<bool> = flat.storage().expect("eager").to_vec::<bool>().expect("a bool mask");
+    let flat = if lead_ones { kernels::reshape(m, &[mq * mk]) } else { kernels::broadcast_to(m, &g.shape(&[mq, mk])) };
+    let flags: Vec<bool> = flat.to_vec::<bool>().expect("a bool mask");
     let strides = [if lead_ones { 0 } else { mq * mk }, if mq == 1 { 0 } else { mk }, if mk == 1 { 0 } else { 1 }];
     (Cow::Owned(flags), strides)
 }
 
-fn tensor(v: Vec<f32>, shape: &[usize]) -> Tensor {
-    Tensor::from_raw_storage(Storage::from_vec(v, shape).expect("kernel output size"))
+fn storage(v: Vec<f32>, shape: &[usize]) -> Storage {
+    Storage::from_vec(v, shape).expect("kernel output size")
 }
 
 /// The forward: `(out [.., Tq, dv], lse [.., Tq])`.
-pub(super) fn forward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+pub(super) fn forward(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
     match inputs[0].dtype() {
         DType::F32 => forward_with(inputs, isa, attention::forward_strided),
         DType::F64 => super::wide::forward(inputs),
@@ -208,7 +223,7 @@ pub(super) fn forward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
 
 /// The forward with `q·kᵀ` and `P·v` on bf16 operands, f32 accumulation
 /// (`attention::forward_strided_bf16`): the kernel under mixed precision.
-pub(super) fn forward_bf16(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+pub(super) fn forward_bf16(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
     forward_with(inputs, isa, attention::forward_strided_bf16)
 }
 
@@ -216,7 +231,7 @@ pub(super) fn forward_bf16(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
 type ForwardFn = fn(&Problem, Operand<'_>, Operand<'_>, Operand<'_>, Option<&Mask<'_>>, &mut [f32], &mut [f32], Isa);
 
 /// The forward through `run`.
-fn forward_with(inputs: &[Tensor], isa: Isa, run: ForwardFn) -> Vec<Tensor> {
+fn forward_with(inputs: &[Storage], isa: Isa, run: ForwardFn) -> Vec<Storage> {
     let g = Geometry::of(inputs, inputs.get(5));
     let p = g.problem;
     let q = Held::of(&inputs[0], &g.shape(&[p.tq, p.d]));
@@ -228,12 +243,12 @@ fn forward_with(inputs: &[Tensor], isa: Isa, run: ForwardFn) -> Vec<Tensor> {
     let mut lse = vec![0.0f32; p.batch * p.tq];
     let (q, k, v) = (q.operand(), k.operand(), v.operand());
     run(&p, q, k, v, mask.as_ref(), &mut out, &mut lse, isa);
-    vec![tensor(out, &g.shape(&[p.tq, p.dv])), tensor(lse, &g.shape(&[p.tq]))]
+    vec![storage(out, &g.shape(&[p.tq, p.dv])), storage(lse, &g.shape(&[p.tq]))]
 }
 
 /// The backward: `(dq, dk, dv)` in the shapes of `q`, `k` and `v` (summed
 /// over the leading axes they were broadcast along).
-pub(super) fn backward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+pub(super) fn backward(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
     match inputs[0].dtype() {
         DType::F32 => backward_f32(inputs, isa),
         DType::F64 => super::wide::backward(inputs),
@@ -242,7 +257,7 @@ pub(super) fn backward(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
 }
 
 /// [`backward`] of f32 operands.
-fn backward_f32(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
+fn backward_f32(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
     let g = Geometry::of(inputs, inputs.get(8));
     let p = g.problem;
     let q = Held::of(&inputs[0], &g.shape(&[p.tq, p.d]));
@@ -257,24 +272,24 @@ fn backward_f32(inputs: &[Tensor], isa: Isa) -> Vec<Tensor> {
         (vec![0.0f32; p.batch * p.tq * p.d], vec![0.0f32; p.batch * p.tk * p.d], vec![0.0f32; p.batch * p.tk * p.dv]);
     let (q, k, v, out, dout) = (q.operand(), k.operand(), v.operand(), out.operand(), dout.operand());
     attention::backward_strided(&p, q, k, v, mask.as_ref(), out, &lse, dout, &mut dq, &mut dk, &mut dv, isa);
-    let dq = tensor(dq, &g.shape(&[p.tq, p.d]));
-    let dk = tensor(dk, &g.shape(&[p.tk, p.d]));
-    let dv = tensor(dv, &g.shape(&[p.tk, p.dv]));
+    let dq = storage(dq, &g.shape(&[p.tq, p.d]));
+    let dk = storage(dk, &g.shape(&[p.tk, p.d]));
+    let dv = storage(dv, &g.shape(&[p.tk, p.dv]));
     vec![sum_to(dq, &inputs[0]), sum_to(dk, &inputs[1]), sum_to(dv, &inputs[2])]
 }
 
-/// `t` summed down to `like`'s shape (eager; a no-op without broadcasting).
-pub(super) fn sum_to(t: Tensor, like: &Tensor) -> Tensor {
+/// `t` summed down to `like`'s shape (a no-op without broadcasting): the
+/// leading axes `like` lacks, then the axes it has of size 1.
+pub(super) fn sum_to(t: Storage, like: &Storage) -> Storage {
     if t.shape() == like.shape() {
         return t;
     }
     let extra = t.rank() - like.rank();
-    let t = if extra > 0 { t.sum(&(0..extra as i64).collect::<Vec<_>>(), false) } else { t };
-    let stretched: Vec<i64> =
-        (0..like.rank()).filter(|&i| like.shape()[i] == 1 && t.shape()[i] != 1).map(|i| i as i64).collect();
+    let t = if extra > 0 { kernels::reduce(ReduceOp::Sum, &t, &(0..extra).collect::<Vec<_>>(), false) } else { t };
+    let stretched: Vec<usize> = (0..like.rank()).filter(|&i| like.shape()[i] == 1 && t.shape()[i] != 1).collect();
     if stretched.is_empty() {
         t
     } else {
-        t.sum(&stretched, true)
+        kernels::reduce(ReduceOp::Sum, &t, &stretched, true)
     }
 }

@@ -10,20 +10,21 @@
 //! -inf, and a row whose allowed scores are all -inf gives `0/0`, as the
 //! formula does.
 
+use std::borrow::Cow;
+
 use tracejit_kernels::attention::{Mask, Problem};
-use tracejit_tensor::Storage;
-use tracejit_trace::Tensor;
+use tracejit_tensor::{kernels, Storage};
 
-use super::native::{mask_of, sum_to, Geometry};
+use super::native::{mask_of, scalar, sum_to, Geometry};
 
-/// `t` broadcast to `shape`, its f64 values in row-major order.
-fn f64s(t: &Tensor, shape: &[usize]) -> Vec<f64> {
-    let t = if t.shape() == shape { t.clone() } else { t.broadcast_to(shape) };
-    t.storage().expect("composite kernels get eager tensors").to_vec::<f64>().expect("the predicate accepted f64")
+/// `s` broadcast to `shape`, its f64 values in row-major order.
+fn f64s(s: &Storage, shape: &[usize]) -> Vec<f64> {
+    let s = if s.shape() == shape { Cow::Borrowed(s) } else { Cow::Owned(kernels::broadcast_to(s, shape)) };
+    s.to_vec::<f64>().expect("the predicate accepted f64")
 }
 
-fn tensor(v: Vec<f64>, shape: &[usize]) -> Tensor {
-    Tensor::from_raw_storage(Storage::from_vec(v, shape).expect("kernel output size"))
+fn storage(v: Vec<f64>, shape: &[usize]) -> Storage {
+    Storage::from_vec(v, shape).expect("kernel output size")
 }
 
 /// Whether query `i` of problem `b` sees key `j` (causal pattern and mask).
@@ -43,11 +44,11 @@ struct Operands {
 }
 
 impl Operands {
-    fn of(inputs: &[Tensor], g: &Geometry) -> Operands {
+    fn of(inputs: &[Storage], g: &Geometry) -> Operands {
         let p = g.problem;
         Operands {
             p,
-            scale: inputs[3].to_scalar::<f64>().expect("an f64 scale"),
+            scale: scalar::<f64>(&inputs[3], "scale"),
             q: f64s(&inputs[0], &g.shape(&[p.tq, p.d])),
             k: f64s(&inputs[1], &g.shape(&[p.tk, p.d])),
             v: f64s(&inputs[2], &g.shape(&[p.tk, p.dv])),
@@ -69,12 +70,12 @@ impl Operands {
 }
 
 /// The mask of a call, as the kernels take it.
-fn mask<'a>(flags: &'a Option<(std::borrow::Cow<'a, [bool]>, [usize; 3])>) -> Option<Mask<'a>> {
+fn mask<'a>(flags: &'a Option<(Cow<'a, [bool]>, [usize; 3])>) -> Option<Mask<'a>> {
     flags.as_ref().map(|(data, [b, r, c])| Mask { data, batch_stride: *b, row_stride: *r, col_stride: *c })
 }
 
 /// The forward: `(out [.., Tq, dv], lse [.., Tq])`.
-pub(super) fn forward(inputs: &[Tensor]) -> Vec<Tensor> {
+pub(super) fn forward(inputs: &[Storage]) -> Vec<Storage> {
     let g = Geometry::of(inputs, inputs.get(5));
     let ops = Operands::of(inputs, &g);
     let flags = inputs.get(5).map(|m| mask_of(m, &g));
@@ -107,13 +108,13 @@ pub(super) fn forward(inputs: &[Tensor]) -> Vec<Tensor> {
             lse[b * p.tq + i] = z.ln() + m;
         }
     }
-    vec![tensor(out, &g.shape(&[p.tq, p.dv])), tensor(lse, &g.shape(&[p.tq]))]
+    vec![storage(out, &g.shape(&[p.tq, p.dv])), storage(lse, &g.shape(&[p.tq]))]
 }
 
 /// The backward: `(dq, dk, dv)` in the shapes of `q`, `k` and `v`, from
 /// `(q, k, v, scale, causal, out, lse, dout[, mask])`: the probabilities
 /// recomputed from the log-sum-exp one row at a time.
-pub(super) fn backward(inputs: &[Tensor]) -> Vec<Tensor> {
+pub(super) fn backward(inputs: &[Storage]) -> Vec<Storage> {
     let g = Geometry::of(inputs, inputs.get(8));
     let ops = Operands::of(inputs, &g);
     let p = ops.p;
@@ -143,8 +144,8 @@ pub(super) fn backward(inputs: &[Tensor]) -> Vec<Tensor> {
             }
         }
     }
-    let dq = tensor(dq, &g.shape(&[p.tq, p.d]));
-    let dk = tensor(dk, &g.shape(&[p.tk, p.d]));
-    let dv = tensor(dv, &g.shape(&[p.tk, p.dv]));
+    let dq = storage(dq, &g.shape(&[p.tq, p.d]));
+    let dk = storage(dk, &g.shape(&[p.tk, p.d]));
+    let dv = storage(dv, &g.shape(&[p.tk, p.dv]));
     vec![sum_to(dq, &inputs[0]), sum_to(dk, &inputs[1]), sum_to(dv, &inputs[2])]
 }

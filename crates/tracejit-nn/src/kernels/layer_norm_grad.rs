@@ -21,7 +21,7 @@ use std::mem::MaybeUninit;
 use std::ops::{Add, AddAssign, Div, Mul, Sub};
 
 use tracejit_tensor::{DType, Storage, StorageElement};
-use tracejit_trace::{Tensor, TensorSpec};
+use tracejit_trace::TensorSpec;
 
 /// Rows per block of the column sums.
 const BLOCK: usize = 64;
@@ -89,7 +89,7 @@ real!(f64);
 
 /// `(dx, dgamma, dbeta)` of `layer_norm(x, gamma, beta, eps)` for the
 /// cotangent `dy`, with the dtypes and shapes of `x`, `gamma` and `beta`.
-pub(super) fn layer_norm_grad(inputs: &[Tensor]) -> Vec<Tensor> {
+pub(super) fn layer_norm_grad(inputs: &[Storage]) -> Vec<Storage> {
     match inputs[0].dtype() {
         DType::F32 => run::<f32>(inputs),
         DType::F64 => run::<f64>(inputs),
@@ -97,9 +97,8 @@ pub(super) fn layer_norm_grad(inputs: &[Tensor]) -> Vec<Tensor> {
     }
 }
 
-/// A contiguous copy-or-view of an eager tensor's data and its shape.
-fn data<'a, T: Real>(t: &'a Tensor, what: &str) -> (Vec<usize>, std::borrow::Cow<'a, [T]>) {
-    let s = t.storage().expect("composite kernels get eager tensors");
+/// A contiguous copy-or-view of an argument's data and its shape.
+fn data<'a, T: Real>(s: &'a Storage, what: &str) -> (Vec<usize>, std::borrow::Cow<'a, [T]>) {
     let a = s.array::<T>().unwrap_or_else(|| panic!("layer_norm_grad: {what} is {}, expected {}", s.dtype(), T::DTYPE));
     let shape = a.shape().to_vec();
     match a.as_slice() {
@@ -108,11 +107,11 @@ fn data<'a, T: Real>(t: &'a Tensor, what: &str) -> (Vec<usize>, std::borrow::Cow
     }
 }
 
-fn tensor<T: Real>(v: Vec<T>, shape: &[usize]) -> Tensor {
-    Tensor::from_raw_storage(Storage::from_vec(v, shape).expect("kernel output size"))
+fn storage<T: Real>(v: Vec<T>, shape: &[usize]) -> Storage {
+    Storage::from_vec(v, shape).expect("kernel output size")
 }
 
-fn run<T: Real>(inputs: &[Tensor]) -> Vec<Tensor> {
+fn run<T: Real>(inputs: &[Storage]) -> Vec<Storage> {
     let (shape, x) = data::<T>(&inputs[0], "x");
     let (gamma_shape, gamma) = data::<T>(&inputs[1], "gamma");
     let beta_shape = inputs[2].shape().to_vec();
@@ -242,13 +241,13 @@ fn finish<T: Real>(
     shape: &[usize],
     gamma_shape: &[usize],
     beta_shape: &[usize],
-) -> Vec<Tensor> {
+) -> Vec<Storage> {
     let n = dgamma.len();
     let to_param = |cols: Vec<T>, s: &[usize]| if s.iter().product::<usize>() == n { cols } else { vec![sum(&cols)] };
     vec![
-        tensor(dx, shape),
-        tensor(to_param(dgamma, gamma_shape), gamma_shape),
-        tensor(to_param(dbeta, beta_shape), beta_shape),
+        storage(dx, shape),
+        storage(to_param(dgamma, gamma_shape), gamma_shape),
+        storage(to_param(dbeta, beta_shape), beta_shape),
     ]
 }
 
