@@ -1,11 +1,12 @@
-//! Tracing contexts and op application.
+//! Tracing contexts.
 //!
 //! Each thread has a stack of tracing contexts (one per `Function` being
 //! traced, innermost last), so tracing on one thread never sees another's.
-//! [`apply`] is the one place every op goes through: on eager inputs it runs
-//! the reference kernel at once; if any input is symbolic it records a node in
-//! the innermost context's graph, capturing eager inputs as constants and
-//! symbolic tensors of an enclosing trace as implicit parameters.
+//! Every op goes through `crate::interpreters::apply`; one whose inputs
+//! are not all eager reaches [`apply_symbolic`] at the bottom of that
+//! stack, which records a node in the innermost context's graph, capturing
+//! eager inputs as constants and symbolic tensors of an enclosing trace as
+//! implicit parameters.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -14,14 +15,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use smallvec::SmallVec;
-use tracejit_ir::{eval_primitive, infer, Graph, NodeId, Op, TensorType, ValueId};
+use tracejit_ir::{Graph, NodeId, Op, ValueId};
 use tracejit_tensor::Storage;
 
 use crate::tensor::Repr;
-use crate::variable::{MemoTable, VarOrder};
 use crate::{Tensor, Variable};
 
 static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
+
+/// Program order of one variable's accesses within a trace.
+#[derive(Default)]
+pub(crate) struct VarOrder {
+    pub last_write: Option<NodeId>,
+    pub reads_since_write: Vec<NodeId>,
+}
+
+/// What `remember` stores: values by call site, per Function (or per scope).
+/// Keyed by call site and the built type, so a generic function calling
+/// `remember` for two types keeps two values.
+pub(crate) type MemoTable =
+    std::sync::Mutex<HashMap<(&'static Location<'static>, std::any::TypeId), Arc<dyn std::any::Any + Send + Sync>>>;
 
 /// The state of one trace in progress.
 pub(crate) struct TraceContext {
@@ -140,7 +153,7 @@ pub fn attributed_to<T>(location: &'static Location<'static>, f: impl FnOnce() -
 }
 
 /// The location a node recorded at `caller` takes.
-fn node_location(caller: &'static Location<'static>) -> &'static Location<'static> {
+pub(crate) fn node_location(caller: &'static Location<'static>) -> &'static Location<'static> {
     ATTRIBUTED.with(Cell::get).unwrap_or(caller)
 }
 
@@ -225,37 +238,16 @@ fn with_current_and_outer<R>(f: impl FnOnce(&mut TraceContext, &[TraceContext]) 
     })
 }
 
-/// Applies `op` to `inputs`: eagerly when every input is eager, otherwise by
-/// recording a node in the innermost trace. Misuse panics with the op's type
-/// error, plus the function and source line while tracing.
-#[track_caller]
-pub(crate) fn apply(op: Op, inputs: &[&Tensor]) -> SmallVec<[Tensor; 1]> {
-    let location = node_location(Location::caller());
-    let recording = crate::tape::recording();
-    // A product recomputed by a checkpoint that saved it is not recomputed.
-    if let Some(out) = crate::remat::replayed(&op, inputs) {
-        if recording {
-            crate::tape::record(&op, inputs, &out, location);
-        }
-        return out;
-    }
-    let op_for_tape = if recording { Some(op.clone()) } else { None };
-    let observed = matches!(op, Op::MatMul).then(|| op.clone());
-    let out = apply_untaped(op, inputs, location);
-    if let Some(op) = observed {
-        crate::remat::observe(&op, &out);
-    }
-    if let Some(op) = op_for_tape {
-        crate::tape::record(&op, inputs, &out, location);
-    }
-    out
-}
-
-#[track_caller]
-fn apply_untaped(op: Op, inputs: &[&Tensor], location: &'static Location<'static>) -> SmallVec<[Tensor; 1]> {
-    if inputs.iter().all(|t| !t.is_symbolic()) {
-        return apply_eager(op, inputs, location);
-    }
+/// Records `op` on `inputs` (some symbolic) as a node of the innermost
+/// trace, capturing eager inputs as constants and symbolic tensors of an
+/// enclosing trace as implicit parameters: the bottom of the interpreter
+/// stack for traced ops (`crate::interpreters`). Misuse panics with the
+/// op's type error, the function and the source line.
+pub(crate) fn apply_symbolic(
+    op: Op,
+    inputs: &[&Tensor],
+    location: &'static Location<'static>,
+) -> SmallVec<[Tensor; 1]> {
     let name = op.name();
     let out = with_current_and_outer(|ctx, outer| {
         let values: SmallVec<[ValueId; 2]> = inputs.iter().map(|t| ctx.value_of(t, outer)).collect();
@@ -293,32 +285,6 @@ pub(crate) fn values_in_current(ts: &[&Tensor]) -> Option<Vec<ValueId>> {
     with_current_and_outer(|ctx, outer| ts.iter().map(|t| ctx.value_of(t, outer)).collect())
 }
 
-#[track_caller]
-fn apply_eager(op: Op, inputs: &[&Tensor], location: &'static Location<'static>) -> SmallVec<[Tensor; 1]> {
-    let storages: SmallVec<[&Storage; 2]> = inputs.iter().map(|t| t.eager_storage()).collect();
-    let types: SmallVec<[TensorType; 2]> = storages.iter().map(|s| TensorType::known(s.dtype(), s.shape())).collect();
-    // The sizes are checked here, once, before any kernel runs: by the
-    // op's type rule (which the traced path runs too) and for the memory.
-    let checked = infer(&op, &types, None).and_then(|outs| {
-        // Known inputs give known outputs (an external kernel's declared
-        // types may leave dims to it); an unknown one would reach the
-        // kernel unchecked.
-        let unknown = outs.iter().find(|t| t.dims.iter().any(Option::is_none));
-        if let (Some(t), false) = (unknown, matches!(op, Op::Kernel { .. })) {
-            let message = format!("the result's shape {t} is not determined by the inputs' {types:?}");
-            return Err(tracejit_ir::OpError::new(op.name(), message));
-        }
-        tracejit_ir::check_outputs_allocatable(&op, &types, &outs)
-    });
-    if let Err(e) = checked {
-        match crate::eager::current_function() {
-            Some(f) => panic!("{e} (while running function `{f}` eagerly, at {location})"),
-            None => panic!("{e}"),
-        }
-    }
-    eval_primitive(&op, &storages).into_iter().map(Tensor::from_storage).collect()
-}
-
 thread_local! {
     static IN_REMEMBER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
@@ -337,10 +303,9 @@ pub(crate) fn in_remember<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// The `remember` table of the innermost Function being traced, or else
-/// of the innermost one running eagerly.
-pub(crate) fn current_memo() -> Option<Arc<MemoTable>> {
-    STACK.with(|s| s.borrow().last().and_then(|c| c.memo.clone())).or_else(crate::eager::current_memo)
+/// The `remember` table of the innermost Function being traced.
+pub(crate) fn traced_memo() -> Option<Arc<MemoTable>> {
+    STACK.with(|s| s.borrow().last().and_then(|c| c.memo.clone()))
 }
 
 /// True inside the closure of a `remember`.

@@ -17,10 +17,12 @@ use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use smallvec::SmallVec;
+use tracejit_ir::{eval_primitive, infer, Op, TensorType};
 use tracejit_tensor::Storage;
 
-use crate::variable::MemoTable;
-use crate::Variable;
+use crate::context::MemoTable;
+use crate::{Tensor, Variable};
 
 /// Where a variable was created: its call site and how many creations came
 /// before it at that site during the call.
@@ -132,4 +134,33 @@ pub(crate) fn note_created(site: &'static Location<'static>, v: &Variable) {
             frame.variables.by_site.lock().unwrap_or_else(|e| e.into_inner()).insert((site, n - 1), v.clone());
         }
     });
+}
+
+/// Runs `op` on eager `inputs` at once (the reference kernels): the bottom
+/// of the interpreter stack for eager ops (`crate::interpreters`). The
+/// sizes are checked first; misuse panics with the op's type error (and,
+/// inside a Function running eagerly, its name and the source line).
+pub(crate) fn apply_eager(op: Op, inputs: &[&Tensor], location: &'static Location<'static>) -> SmallVec<[Tensor; 1]> {
+    let storages: SmallVec<[&Storage; 2]> = inputs.iter().map(|t| t.eager_storage()).collect();
+    let types: SmallVec<[TensorType; 2]> = storages.iter().map(|s| TensorType::known(s.dtype(), s.shape())).collect();
+    // The sizes are checked here, once, before any kernel runs: by the
+    // op's type rule (which the traced path runs too) and for the memory.
+    let checked = infer(&op, &types, None).and_then(|outs| {
+        // Known inputs give known outputs (an external kernel's declared
+        // types may leave dims to it); an unknown one would reach the
+        // kernel unchecked.
+        let unknown = outs.iter().find(|t| t.dims.iter().any(Option::is_none));
+        if let (Some(t), false) = (unknown, matches!(op, Op::Kernel { .. })) {
+            let message = format!("the result's shape {t} is not determined by the inputs' {types:?}");
+            return Err(tracejit_ir::OpError::new(op.name(), message));
+        }
+        tracejit_ir::check_outputs_allocatable(&op, &types, &outs)
+    });
+    if let Err(e) = checked {
+        match current_function() {
+            Some(f) => panic!("{e} (while running function `{f}` eagerly, at {location})"),
+            None => panic!("{e}"),
+        }
+    }
+    eval_primitive(&op, &storages).into_iter().map(Tensor::from_storage).collect()
 }

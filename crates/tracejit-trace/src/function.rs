@@ -21,9 +21,9 @@ use tracejit_ir::{verify, FunctionAttrs, TensorType};
 use tracejit_tensor::{DType, Storage};
 
 use crate::concrete::ConcreteFunction;
+use crate::context::MemoTable;
 use crate::context::{push_context, TraceContext};
 use crate::nest::{Flattener, Nest, SpecFlattener, SpecNest, StaticValue, TensorSpec, Unflattener};
-use crate::variable::MemoTable;
 use crate::{config, Error, Result, Tensor};
 use tracejit_ir::panic_message;
 

@@ -2,16 +2,18 @@
 //! contexts, [`function`] / [`Function`] with its signature cache, and
 //! [`ConcreteFunction`].
 //!
-//! Every op on `Tensor` goes through one function (`context::apply`): with
-//! eager inputs it runs the reference kernel now; while tracing it records a
-//! node in the innermost graph of this thread. That is why the same closure
-//! runs eagerly and as a graph.
+//! Every op on `Tensor` goes through one function (`interpreters::apply`),
+//! down a stack of interpreters (JAX's trace stack): the tape layer records
+//! it for gradients, the remat layer replays a checkpoint's saved products,
+//! and at the bottom it runs the reference kernel now (eager inputs) or
+//! records a node in the innermost graph of this thread (while tracing).
+//! That is why the same closure runs eagerly and as a graph; a new per-op
+//! transform or effect is a new layer.
 
 // The derive macros name `::tracejit::...`; this makes those paths resolve
 // inside this crate too.
 extern crate self as tracejit;
 
-mod backward_check;
 mod concrete;
 pub mod config;
 mod context;
@@ -22,6 +24,7 @@ mod eager;
 mod error;
 mod external;
 mod function;
+mod interpreters;
 mod nest;
 mod operators;
 mod ops;

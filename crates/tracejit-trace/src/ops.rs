@@ -1,5 +1,5 @@
 //! The op methods of `Tensor`, with numpy/TF names. Each builds an IR `Op`
-//! and hands it to `context::apply`, so the same call runs eagerly or records
+//! and hands it to `interpreters::apply`, so the same call runs eagerly or records
 //! a node while tracing. Axes may be negative (counted from the end).
 
 use std::borrow::Borrow;
@@ -7,7 +7,7 @@ use std::borrow::Borrow;
 use tracejit_ir::{DimsDisplay, Op};
 use tracejit_tensor::{ArgReduceOp, BinaryOp, DType, ReduceOp, SliceSpec, Storage, UnaryOp};
 
-use crate::context::apply;
+use crate::interpreters::apply;
 use crate::Tensor;
 
 /// A Rust number usable as an operand next to a tensor; it takes the

@@ -231,7 +231,7 @@ fn barrier(x: &Tensor, dy: &Tensor) -> Tensor {
         inputs: types,
         outputs: vec![x.tensor_type()],
     };
-    context::apply(op, &[x, dy]).remove(0)
+    crate::interpreters::apply(op, &[x, dy]).remove(0)
 }
 
 // ---- saving the products' outputs ----------------------------------------
@@ -289,7 +289,39 @@ fn push_mode(mode: Mode) -> Pop {
 
 /// Called by every op before it runs: the kept output of a product being
 /// recomputed under `DotsSaveable`, if its type matches.
-pub(crate) fn replayed(op: &Op, inputs: &[&Tensor]) -> Option<SmallVec<[Tensor; 1]>> {
+/// The remat layer of the interpreter stack (`crate::interpreters`):
+/// active inside a checkpoint's forward or recomputation.
+pub(crate) struct RematLayer;
+
+impl crate::interpreters::Interpreter for RematLayer {
+    fn name(&self) -> &'static str {
+        "remat"
+    }
+
+    fn active(&self) -> bool {
+        MODES.with(|m| !m.borrow().is_empty())
+    }
+
+    fn process(
+        &self,
+        call: crate::interpreters::OpCall<'_>,
+        next: &crate::interpreters::Next<'_>,
+    ) -> crate::interpreters::Outs {
+        // A product recomputed by a checkpoint that saved it is not
+        // recomputed.
+        if let Some(out) = replayed(&call.op, call.inputs) {
+            return out;
+        }
+        let observed = matches!(call.op, Op::MatMul).then(|| call.op.clone());
+        let out = next.run(call);
+        if let Some(op) = observed {
+            observe(&op, &out);
+        }
+        out
+    }
+}
+
+fn replayed(op: &Op, inputs: &[&Tensor]) -> Option<SmallVec<[Tensor; 1]>> {
     if !matches!(op, Op::MatMul) {
         return None;
     }
@@ -305,7 +337,7 @@ pub(crate) fn replayed(op: &Op, inputs: &[&Tensor]) -> Option<SmallVec<[Tensor; 
 
 /// Called by every op after it ran: keeps a product's output while a
 /// `DotsSaveable` forward runs.
-pub(crate) fn observe(op: &Op, outputs: &[Tensor]) {
+fn observe(op: &Op, outputs: &[Tensor]) {
     if !matches!(op, Op::MatMul) {
         return;
     }

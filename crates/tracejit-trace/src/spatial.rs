@@ -7,7 +7,7 @@
 use tracejit_ir::Op;
 use tracejit_tensor::SpatialOp;
 
-use crate::context::apply;
+use crate::interpreters::apply;
 use crate::Tensor;
 
 /// Applies the spatial op `op` to `inputs` (in the order

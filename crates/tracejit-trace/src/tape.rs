@@ -2,7 +2,7 @@
 //! the VJP rules of [`tracejit_ir::autodiff`].
 //!
 //! A tape records the ops of its thread (every op goes through
-//! `context::apply`, which calls [`record`]) whose inputs it tracks: the
+//! `interpreters::apply`, whose tape layer calls [`record`]) whose inputs it tracks: the
 //! tensors it was asked to [`GradientTape::watch`], the values read from
 //! trainable [`Variable`]s while it is active, and everything computed from
 //! those. [`GradientTape::gradient`] walks the record backwards and applies
@@ -28,6 +28,7 @@
 //! # Ok::<(), tracejit_trace::Error>(())
 //! ```
 
+mod backward_check;
 mod source;
 pub use source::Source;
 
@@ -206,6 +207,31 @@ fn for_each_tape(mut f: impl FnMut(&mut TapeState)) {
 }
 
 /// Records `op` on every recording tape that tracks one of its inputs.
+/// The tape layer of the interpreter stack (`crate::interpreters`): active
+/// while a tape of this thread records.
+pub(crate) struct TapeLayer;
+
+impl crate::interpreters::Interpreter for TapeLayer {
+    fn name(&self) -> &'static str {
+        "tape"
+    }
+
+    fn active(&self) -> bool {
+        recording()
+    }
+
+    fn process(
+        &self,
+        call: crate::interpreters::OpCall<'_>,
+        next: &crate::interpreters::Next<'_>,
+    ) -> crate::interpreters::Outs {
+        let (op, inputs, location) = (call.op.clone(), call.inputs, call.location);
+        let out = next.run(call);
+        record(&op, inputs, &out, location);
+        out
+    }
+}
+
 pub(crate) fn record(
     op: &Op,
     inputs: &[&Tensor],
@@ -542,11 +568,12 @@ fn backward(entries: &[Entry], target: &Tensor, sources: &[Vec<Tensor>]) -> Resu
                     )));
                 }
                 if let Some(body) = body {
-                    crate::backward_check::check(name, f.as_ref(), body, &entry.inputs, &entry.outputs, &out_cts)
-                        .map_err(|m| match entry.location {
+                    backward_check::check(name, f.as_ref(), body, &entry.inputs, &entry.outputs, &out_cts).map_err(
+                        |m| match entry.location {
                             Some(at) => grad_error(format!("{m} (the call at {}:{})", at.file(), at.line())),
                             None => grad_error(m),
-                        })?;
+                        },
+                    )?;
                 }
                 Ok(cts)
             }
@@ -616,7 +643,7 @@ impl Emitter for TensorEmitter {
 
     fn emit(&mut self, op: Op, inputs: &[Tensor]) -> std::result::Result<Vec<Tensor>, AutodiffError> {
         let refs: SmallVec<[&Tensor; 3]> = inputs.iter().collect();
-        Ok(context::apply(op, &refs).into_vec())
+        Ok(crate::interpreters::apply(op, &refs).into_vec())
     }
 
     fn value_type(&self, v: &Tensor) -> TensorType {

@@ -13,17 +13,16 @@
 //! init scope); on a later trace it is an error, unless the creation happens
 //! inside `remember`, which runs its closure once per call site and Function.
 
-use std::any::{Any, TypeId};
-use std::collections::HashMap;
+use std::any::TypeId;
 use std::fmt;
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use tracejit_ir::{AssignKind, NodeId, Op, VariableResource};
 use tracejit_tensor::{DType, Storage};
 
-use crate::context::{self, with_current};
+use crate::context::{self, with_current, MemoTable};
 use crate::remat::effects;
 use crate::Tensor;
 
@@ -519,18 +518,6 @@ pub fn locked_update<T>(vars: &[&Variable], f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// Program order of one variable's accesses within a trace.
-#[derive(Default)]
-pub(crate) struct VarOrder {
-    pub last_write: Option<NodeId>,
-    pub reads_since_write: Vec<NodeId>,
-}
-
-/// What `remember` stores: values by call site, per Function (or per scope).
-/// Keyed by call site and the built type, so a generic function calling
-/// `remember` for two types keeps two values.
-pub(crate) type MemoTable = Mutex<HashMap<(&'static Location<'static>, TypeId), Arc<dyn Any + Send + Sync>>>;
-
 /// An explicit owner for `remember_in` outside of functions: values are
 /// memoized per (scope, call site).
 #[derive(Default)]
@@ -598,7 +585,7 @@ fn memoize<T: Clone + Send + Sync + 'static>(
 #[track_caller]
 pub fn remember<T: Clone + Send + Sync + 'static>(make: impl FnOnce() -> T) -> T {
     let site = Location::caller();
-    match context::current_memo() {
+    match context::traced_memo().or_else(crate::eager::current_memo) {
         Some(table) => memoize(&table, site, make),
         None => memoize(global_memo(), site, make),
     }

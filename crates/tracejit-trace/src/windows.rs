@@ -8,7 +8,7 @@
 use tracejit_ir::{DimsDisplay, Op};
 use tracejit_tensor::{DType, RandomDist};
 
-use crate::context::apply;
+use crate::interpreters::apply;
 use crate::Tensor;
 
 /// `axis` (negative counts from the end) as an index below `rank`.

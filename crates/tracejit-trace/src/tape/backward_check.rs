@@ -19,7 +19,7 @@ use tracejit_ir::tolerance::{self, Budget};
 use tracejit_ir::{autodiff, interpret, Graph, TensorType};
 use tracejit_tensor::{DType, Storage};
 
-use crate::tape::{GradientFn, TensorEmitter};
+use super::{GradientFn, TensorEmitter};
 use crate::Tensor;
 
 /// Composite signatures already checked on random inputs.
