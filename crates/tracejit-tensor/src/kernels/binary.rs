@@ -57,28 +57,49 @@ pub(crate) fn binary(op: BinaryOp, a: &Storage, b: &Storage) -> Storage {
     }
 }
 
+/// The element function of every arithmetic binary op on numbers, written
+/// once: `$then!` receives the list `Variant => function` (paths generic
+/// over the number type `T` in scope where it expands). The array kernel
+/// below and `scalar.rs` both expand it, so they cannot drift apart.
+macro_rules! arithmetic_functions {
+    ($then:ident! $args:tt) => {
+        $then! { $args
+            Add => T::plus,
+            Sub => T::minus,
+            Mul => T::times,
+            Div => T::divide,
+            Pow => T::power,
+            Maximum => T::nan_max,
+            Minimum => T::nan_min,
+            Rem => T::modulo,
+        }
+    };
+}
+pub(super) use arithmetic_functions;
+
+/// The arithmetic arms of [`binary_num`] (from [`arithmetic_functions`]),
+/// then its comparisons.
+macro_rules! zip_arithmetic {
+    (($op:expr, $name:expr, $a:expr, $b:expr) $($v:ident => $f:path,)*) => {
+        match $op {
+            $($v => zip_map($name, $a, $b, $f),)*
+            Eq => return Storage::from_array(zip_map($name, $a, $b, |x, y| x == y)),
+            Ne => return Storage::from_array(zip_map($name, $a, $b, |x, y| x != y)),
+            Lt => return Storage::from_array(zip_map($name, $a, $b, |x, y| x < y)),
+            Le => return Storage::from_array(zip_map($name, $a, $b, |x, y| x <= y)),
+            Gt => return Storage::from_array(zip_map($name, $a, $b, |x, y| x > y)),
+            Ge => return Storage::from_array(zip_map($name, $a, $b, |x, y| x >= y)),
+            LogicalAnd | LogicalOr => unreachable!("result_dtype rejects {} on numbers", $name),
+        }
+    };
+}
+
 fn binary_num<T: Num>(op: BinaryOp, a: &ArcArray<T, IxDyn>, b: &ArcArray<T, IxDyn>) -> Storage {
     use BinaryOp::*;
     let name = op.name();
     // Each arm passes its own function item, so `zip_map` is instantiated per
     // op with the element function inlined (a `fn` pointer would block that).
-    let out = match op {
-        Add => zip_map(name, a, b, T::plus),
-        Sub => zip_map(name, a, b, T::minus),
-        Mul => zip_map(name, a, b, T::times),
-        Div => zip_map(name, a, b, T::divide),
-        Pow => zip_map(name, a, b, T::power),
-        Maximum => zip_map(name, a, b, T::nan_max),
-        Minimum => zip_map(name, a, b, T::nan_min),
-        Rem => zip_map(name, a, b, T::modulo),
-        Eq => return Storage::from_array(zip_map(name, a, b, |x, y| x == y)),
-        Ne => return Storage::from_array(zip_map(name, a, b, |x, y| x != y)),
-        Lt => return Storage::from_array(zip_map(name, a, b, |x, y| x < y)),
-        Le => return Storage::from_array(zip_map(name, a, b, |x, y| x <= y)),
-        Gt => return Storage::from_array(zip_map(name, a, b, |x, y| x > y)),
-        Ge => return Storage::from_array(zip_map(name, a, b, |x, y| x >= y)),
-        LogicalAnd | LogicalOr => unreachable!("result_dtype rejects {name} on numbers"),
-    };
+    let out = arithmetic_functions!(zip_arithmetic!(op, name, a, b));
     Storage::from_array(out)
 }
 

@@ -11,49 +11,32 @@ use crate::{BinaryOp, UnaryOp};
 /// float of the input's dtype (`is_nan`, `is_finite`, `logical_not`).
 fn unary_float<T: Float>(op: UnaryOp, x: T) -> Option<T> {
     use UnaryOp::*;
-    Some(match op {
-        Neg => Float::neg(x),
-        Abs => Float::abs(x),
-        Sign => Float::sign(x),
-        Exp => x.exp(),
-        Expm1 => x.expm1(),
-        Log => x.ln(),
-        Log1p => x.ln1p(),
-        Sqrt => x.sqrt(),
-        Rsqrt => x.rsqrt(),
-        Square => Float::square(x),
-        Reciprocal => x.recip(),
-        Tanh => x.tanh(),
-        Sigmoid => x.sigmoid(),
-        Relu => Float::relu(x),
-        Erf => x.erf(),
-        Sin => x.sin(),
-        Cos => x.cos(),
-        Sinh => x.sinh(),
-        Cosh => x.cosh(),
-        Softplus => x.softplus(),
-        Floor => x.floor(),
-        Ceil => x.ceil(),
-        Round => x.round_even(),
-        LogicalNot | IsNan | IsFinite => return None,
-    })
+    /// `op` applied to `$x` (the arms of `float_unary_functions`).
+    macro_rules! apply {
+        (($op:expr, $x:expr) $($v:ident => $f:path,)*) => {
+            match $op {
+                $($v => $f($x),)*
+                LogicalNot | IsNan | IsFinite => return None,
+            }
+        };
+    }
+    Some(super::unary::float_unary_functions!(apply!(op, x)))
 }
 
 /// The element function of an arithmetic binary op on numbers, exactly as
 /// the reference kernel computes it; `None` for comparisons and logical ops.
 fn binary_num<T: Num>(op: BinaryOp, a: T, b: T) -> Option<T> {
     use BinaryOp::*;
-    Some(match op {
-        Add => a.plus(b),
-        Sub => a.minus(b),
-        Mul => a.times(b),
-        Div => a.divide(b),
-        Pow => a.power(b),
-        Maximum => a.nan_max(b),
-        Minimum => a.nan_min(b),
-        Rem => a.modulo(b),
-        Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => return None,
-    })
+    /// `op` applied to `$a`, `$b` (the arms of `arithmetic_functions`).
+    macro_rules! apply {
+        (($op:expr, $a:expr, $b:expr) $($v:ident => $f:path,)*) => {
+            match $op {
+                $($v => $f($a, $b),)*
+                Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => return None,
+            }
+        };
+    }
+    Some(super::binary::arithmetic_functions!(apply!(op, a, b)))
 }
 
 /// `op(x)` for one f32 element, as the reference kernel computes it (`None`

@@ -30,38 +30,60 @@ pub(crate) fn unary(op: UnaryOp, x: &Storage) -> Storage {
     }
 }
 
+/// The element function of every float-to-float unary op, written once:
+/// `$then!` receives the list `Variant => function` (each function a path
+/// generic over the float type `T` in scope where it expands). The array
+/// kernel below maps each over an array, `scalar.rs` applies it to one
+/// element, so the two cannot drift apart. A new float unary op is one
+/// line here (plus its `UnaryOp` variant and dtype rule).
+macro_rules! float_unary_functions {
+    ($then:ident! $args:tt) => {
+        $then! { $args
+            Neg => Float::neg,
+            Abs => Float::abs,
+            Sign => Float::sign,
+            Exp => T::exp,
+            Expm1 => T::expm1,
+            Log => T::ln,
+            Log1p => T::ln1p,
+            Sqrt => T::sqrt,
+            Rsqrt => T::rsqrt,
+            Square => Float::square,
+            Reciprocal => T::recip,
+            Tanh => T::tanh,
+            Sigmoid => T::sigmoid,
+            Relu => Float::relu,
+            Erf => T::erf,
+            Sin => T::sin,
+            Cos => T::cos,
+            Sinh => T::sinh,
+            Cosh => T::cosh,
+            Softplus => T::softplus,
+            Floor => T::floor,
+            Ceil => T::ceil,
+            Round => T::round_even,
+        }
+    };
+}
+pub(super) use float_unary_functions;
+
+/// `op` mapped over `$a` (the arms of [`float_unary_functions`]).
+macro_rules! map_float_unary {
+    (($op:expr, $a:expr) $($v:ident => $f:path,)*) => {
+        match $op {
+            IsNan => return Storage::from_array($a.mapv(T::is_nan_value)),
+            IsFinite => return Storage::from_array($a.mapv(T::is_finite_value)),
+            $($v => $a.mapv($f),)*
+            LogicalNot => unreachable!("result_dtype rejects logical_not on floats"),
+        }
+    };
+}
+
 fn unary_float<T: Float>(op: UnaryOp, a: &ArcArray<T, IxDyn>) -> Storage {
     use UnaryOp::*;
-    let out = match op {
-        IsNan => return Storage::from_array(a.mapv(T::is_nan_value)),
-        IsFinite => return Storage::from_array(a.mapv(T::is_finite_value)),
-        Neg => a.mapv(Float::neg),
-        Abs => a.mapv(Float::abs),
-        Sign => a.mapv(Float::sign),
-        Exp => a.mapv(T::exp),
-        Expm1 => a.mapv(T::expm1),
-        Log => a.mapv(T::ln),
-        Log1p => a.mapv(T::ln1p),
-        Sqrt => a.mapv(T::sqrt),
-        Rsqrt => a.mapv(T::rsqrt),
-        Square => a.mapv(Float::square),
-        Reciprocal => a.mapv(T::recip),
-        Tanh => a.mapv(T::tanh),
-        Sigmoid => a.mapv(T::sigmoid),
-        Relu => a.mapv(Float::relu),
-        Erf => a.mapv(T::erf),
-        Sin => a.mapv(T::sin),
-        Cos => a.mapv(T::cos),
-        Sinh => a.mapv(T::sinh),
-        Cosh => a.mapv(T::cosh),
-        Softplus => a.mapv(T::softplus),
-        Floor => a.mapv(T::floor),
-        Ceil => a.mapv(T::ceil),
-        Round => a.mapv(T::round_even),
-        LogicalNot => unreachable!("result_dtype rejects logical_not on floats"),
-    };
     // Each arm maps with its own function item, so the element function is
     // inlined and the loop vectorizes (a `fn` pointer would block both).
+    let out = float_unary_functions!(map_float_unary!(op, a));
     Storage::from_array(out)
 }
 
