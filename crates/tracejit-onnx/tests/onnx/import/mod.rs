@@ -13,6 +13,7 @@ mod conv3d;
 mod cumprod;
 mod einsum;
 mod errors;
+mod fine_tune;
 mod flex_attention;
 mod linear_attention;
 mod ops;
