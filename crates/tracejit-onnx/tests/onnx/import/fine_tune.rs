@@ -92,7 +92,7 @@ fn an_imported_cnn_fine_tunes_checkpoints_and_exports_with_its_tuned_values() {
     let cf = model.concrete_function(&[TensorSpec::new(DType::F32, &[-1, 2, 6, 6])]).unwrap();
     let exported = to_bytes(&cf).unwrap();
     let x_storage = x.storage().unwrap().clone();
-    let in_tract = run_tract(&exported, &[x_storage.clone()]).unwrap().remove(0);
+    let in_tract = run_tract(&exported, std::slice::from_ref(&x_storage)).unwrap().remove(0);
     let in_tract: Vec<f32> = Tensor::from_raw_storage(in_tract).to_vec::<f32>().unwrap();
     assert!(close(&in_tract, &tuned, 1e-4), "tract {in_tract:?} vs tuned {tuned:?}");
     // And the original file, in tract, does not: the tuning is in the export.
