@@ -14,18 +14,9 @@ fn block(x: Tensor, w: Tensor) -> (Tensor, Tensor) {
     (p, s)
 }
 
+/// Uniform in [-1, 1): the bound below assumes nothing more.
 fn uniform(shape: &[usize], seed: u64) -> Tensor {
-    let n: usize = shape.iter().product();
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let v = (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect();
-    Tensor::from_vec(v, shape)
+    Tensor::rand_uniform(shape, -1.0, 1.0, seed)
 }
 
 fn f64s(t: &Tensor) -> Vec<f64> {

@@ -590,33 +590,27 @@ impl<'a> Parser<'a> {
                     declared.unwrap_or_else(|| inputs.iter().map(|v| g.value_type(*v).clone()).collect());
                 // The IR's own kernel (the precision pass's int8 product)
                 // needs no registry: its code is part of this crate.
-                if name == crate::passes::INT8_KERNEL_NAME {
-                    let kernel = crate::passes::int8_kernel();
-                    g.push_node(Node {
-                        op: Op::Kernel { name, kernel, inputs: declared, outputs: outputs.to_vec() },
-                        inputs,
-                        control_inputs,
-                        outputs,
-                        location: None,
-                    });
-                    return Ok(fused);
-                }
-                let Some(registry) = self.kernels else {
-                    return Err(ParseError::KernelNeedsRegistry {
-                        line: line.number,
-                        column,
-                        node: format!("%{id}"),
-                        name,
-                    });
-                };
-                let Some(kernel) = registry.lookup(&name, &declared) else {
-                    let inputs: Vec<String> = declared.iter().map(|t| t.to_string()).collect();
-                    return Err(ParseError::UnknownKernel {
-                        line: line.number,
-                        column,
-                        name,
-                        inputs: inputs.join(", "),
-                    });
+                let kernel = if name == crate::passes::INT8_KERNEL_NAME {
+                    crate::passes::int8_kernel()
+                } else {
+                    let Some(registry) = self.kernels else {
+                        return Err(ParseError::KernelNeedsRegistry {
+                            line: line.number,
+                            column,
+                            node: format!("%{id}"),
+                            name,
+                        });
+                    };
+                    let Some(kernel) = registry.lookup(&name, &declared) else {
+                        let inputs: Vec<String> = declared.iter().map(|t| t.to_string()).collect();
+                        return Err(ParseError::UnknownKernel {
+                            line: line.number,
+                            column,
+                            name,
+                            inputs: inputs.join(", "),
+                        });
+                    };
+                    kernel
                 };
                 Op::Kernel { name, kernel, inputs: declared, outputs: outputs.to_vec() }
             }

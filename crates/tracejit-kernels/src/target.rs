@@ -49,8 +49,9 @@ use crate::Isa;
 pub struct Target {
     /// The vector code kernels may run.
     pub isa: Isa,
-    /// Threads for large kernels and matrix products (at least 1; above
-    /// `threads::max_threads` is clamped); `None`: the process's count.
+    /// Threads for large kernels and matrix products (at least 1;
+    /// [`Target::with_threads`] clamps to `threads::max_threads`);
+    /// `None`: the process's count.
     pub threads: Option<usize>,
     /// Matrix products with fewer multiply-adds stay on one thread; `None`:
     /// the process's `threads::gemm_threshold`.
@@ -97,9 +98,10 @@ impl Target {
     }
 
     /// This target on `n` threads (0: the process's count; above
-    /// `threads::max_threads` is clamped when it runs).
+    /// `threads::max_threads` is clamped here, once, so a call never asks
+    /// the OS for the core count).
     pub fn with_threads(self, n: usize) -> Target {
-        Target { threads: (n > 0).then_some(n), ..self }
+        Target { threads: (n > 0).then(|| n.min(crate::threads::max_threads())), ..self }
     }
 
     /// This target with another GEMM threshold (see
@@ -150,7 +152,8 @@ impl Target {
     /// process's.
     pub fn resolved_threads(&self) -> usize {
         match self.threads {
-            Some(n) => n.clamp(1, crate::threads::max_threads()),
+            // A count set in the field directly is held to the hard cap.
+            Some(n) => n.clamp(1, crate::threads::MAX_THREADS),
             None => crate::threads::process_num_threads(),
         }
     }
