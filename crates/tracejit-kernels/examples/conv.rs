@@ -207,6 +207,21 @@ fn gemm_rate() {
     });
 }
 
+/// ResNet-50's 3x3 convolutions (stride 1, pad 1) at batch 1 and its stem's
+/// 3x3 stride-2 max pool: the direct kernel on wide and narrow maps.
+fn resnet_layers() {
+    for (c, hw) in [(64, 56), (128, 28), (256, 14), (512, 7)] {
+        conv_layer(&format!("resnet 3x3 {c}->{c} @{hw}"), &conv_geo(1, c, hw, c, 3, 1), true, false);
+    }
+    let g =
+        Pool2dGeometry { batch: 1, channels: 64, in_h: 112, in_w: 112, kernel: [3, 3], stride: [2, 2], pad: [1; 4] };
+    let x = values(64 * 112 * 112, 5);
+    let mut y = vec![0.0; 64 * g.out_h() * g.out_w()];
+    line("resnet max pool 3x3/2 [1,64,112,112]", x.len(), "G elem/s", || {
+        pool2d::max_forward(&g, &x, black_box(&mut y), Isa::native())
+    });
+}
+
 fn main() {
     let w11 = conv_geo(32, 32, 32, 64, 3, 1);
     let w12a = conv_geo(64, 1, 28, 16, 5, 2);
@@ -217,6 +232,7 @@ fn main() {
         threads::set_num_threads(n);
         println!("{n} thread(s):");
         gemm_rate();
+        resnet_layers();
         let (c11, _) = conv_layer("W11 conv 32->64 3x3", &w11, true, true);
         let (p11, _) = pool_layer("W11 pool [32,64,32,32]", 32, 64, 32);
         let (c1f, c1b) = conv_layer("W12 conv1 1->16 5x5", &w12a, true, false);

@@ -15,7 +15,11 @@
 //! How: in general (`general`), per output row the window's input rows are
 //! first reduced column by column into a row buffer (the max or the sum,
 //! in row order), then each output reduces its window's columns of that
-//! buffer; the backward of the average reverses the two steps. The 2x2
+//! buffer; the backward of the average reverses the two steps. The max's
+//! two steps are row-wide selects in vector code where the CPU has it
+//! (the buffer's padding columns held at -inf and its columns dealt into
+//! stride phases, so every output folds its window unclipped; `simd`).
+//! The 2x2
 //! stride-2 window without padding, the pool of the workloads, has loops
 //! of its own (`fast`), without branches, in 512-bit (AVX-512F) or 256-bit
 //! (AVX2) code where the CPU has it (`simd`: a vector holds the two
@@ -231,6 +235,15 @@ pub(crate) enum Route {
 }
 
 impl Route {
+    /// The vector width of the general loops' vector steps: the widest the
+    /// caller's `Isa` allows on this CPU (`Auto`), else scalar.
+    fn width(self) -> Option<Width> {
+        match self {
+            Route::Auto(isa) => isa.width(),
+            Route::General | Route::Fast(_) => None,
+        }
+    }
+
     /// The 2x2 loops' width if `g` takes them: `Some(width)`.
     fn fast(self, g: &Pool2dGeometry) -> Option<Option<Width>> {
         match self {
@@ -273,7 +286,7 @@ pub(crate) fn max_forward_on(route: Route, g: &Pool2dGeometry, x: &[f32], y: &mu
         let x = &x[p * xp..][..xp];
         match fast {
             Some(w) => fast::plane(w, Pass::Max, g, x, &[], y),
-            None => general::max_plane(g, x, y),
+            None => general::max_plane(route.width(), g, x, y),
         }
     });
 }

@@ -490,3 +490,120 @@ unsafe fn max_back<V: Pairs>(r0: V, r1: V, d: V) -> (V, V) {
         (V::even_odd(d0, d1.swap()), V::even_odd(d2, d3.swap()))
     }
 }
+
+/// `m[i] = pick(m[i], v[i])` (PyTorch's max update) over a row in vector
+/// code of width `w`: the vertical step of the general max
+/// ([`super::general::max_plane`]), lane by lane the scalar loop's compare
+/// and select.
+///
+/// # Safety
+/// The CPU has the features of `w`.
+pub(super) unsafe fn max_row(w: Width, m: &mut [f32], v: &[f32]) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match w {
+            Width::W16 => max_row_w16(m, v),
+            Width::W8 => max_row_w8(m, v),
+        }
+    }
+}
+
+/// [`max_row_at`] at 16 lanes.
+#[target_feature(enable = "avx512f")]
+unsafe fn max_row_w16(m: &mut [f32], v: &[f32]) {
+    // SAFETY: the features are enabled here.
+    unsafe { max_row_at::<__m512>(m, v) }
+}
+
+/// [`max_row_at`] at 8 lanes.
+#[target_feature(enable = "avx2")]
+unsafe fn max_row_w8(m: &mut [f32], v: &[f32]) {
+    // SAFETY: the features are enabled here.
+    unsafe { max_row_at::<__m256>(m, v) }
+}
+
+/// [`max_row`]: whole vectors, then the row's end masked.
+///
+/// # Safety
+/// The features of `V` are enabled in the caller.
+#[inline(always)]
+unsafe fn max_row_at<V: Pairs>(m: &mut [f32], v: &[f32]) {
+    let n = m.len().min(v.len());
+    let (mp, vp) = (m.as_mut_ptr(), v.as_ptr());
+    let mut i = 0;
+    // SAFETY: the features (the caller's); lanes i..i + LANES (or the
+    // masked i..n) of both rows are in bounds.
+    unsafe {
+        while i + V::LANES <= n {
+            let (a, b) = (V::load(mp.add(i)), V::load(vp.add(i)));
+            V::select(V::takes(b, a), b, a).store(mp.add(i));
+            i += V::LANES;
+        }
+        if i < n {
+            let (a, b) = (V::load_part(mp.add(i), n - i), V::load_part(vp.add(i), n - i));
+            V::select(V::takes(b, a), b, a).store_part(mp.add(i), n - i);
+        }
+    }
+}
+
+/// Deals `src` into its even and odd values (`even[i] = src[2i]`,
+/// `odd[i] = src[2i + 1]`, as far as `src` reaches) in vector code of
+/// width `w`: the stride-2 phases of [`super::general::max_plane`].
+///
+/// # Safety
+/// The CPU has the features of `w`.
+pub(super) unsafe fn deal2(w: Width, src: &[f32], even: &mut [f32], odd: &mut [f32]) {
+    let whole = (src.len() / 32).min(even.len() / 16).min(odd.len() / 16);
+    // SAFETY: forwarded from the caller; `whole` blocks of 32 values in
+    // `src` and of 16 in `even` and `odd`.
+    unsafe {
+        match w {
+            Width::W16 => deal2_w16(whole, src, even, odd),
+            Width::W8 => deal2_w8(whole, src, even, odd),
+        }
+    }
+    for i in whole * 16..even.len().max(odd.len()) {
+        if let (Some(e), Some(&v)) = (even.get_mut(i), src.get(2 * i)) {
+            *e = v;
+        }
+        if let (Some(o), Some(&v)) = (odd.get_mut(i), src.get(2 * i + 1)) {
+            *o = v;
+        }
+    }
+}
+
+/// [`deal2`]'s first `blocks · 32` values at 16 lanes.
+#[target_feature(enable = "avx512f")]
+unsafe fn deal2_w16(blocks: usize, src: &[f32], even: &mut [f32], odd: &mut [f32]) {
+    // SAFETY: the features are enabled here; the caller checked that the
+    // blocks lie in the slices.
+    unsafe {
+        let ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+        for b in 0..blocks {
+            let (lo, hi) = (_mm512_loadu_ps(src.as_ptr().add(32 * b)), _mm512_loadu_ps(src.as_ptr().add(32 * b + 16)));
+            _mm512_storeu_ps(even.as_mut_ptr().add(16 * b), _mm512_permutex2var_ps(lo, ie, hi));
+            _mm512_storeu_ps(odd.as_mut_ptr().add(16 * b), _mm512_permutex2var_ps(lo, io, hi));
+        }
+    }
+}
+
+/// [`deal2`]'s first `blocks · 32` values at 8 lanes (two vectors a
+/// block).
+#[target_feature(enable = "avx2")]
+unsafe fn deal2_w8(blocks: usize, src: &[f32], even: &mut [f32], odd: &mut [f32]) {
+    // SAFETY: the features are enabled here; the caller checked that the
+    // blocks lie in the slices.
+    unsafe {
+        for h in 0..2 * blocks {
+            let (lo, hi) = (_mm256_loadu_ps(src.as_ptr().add(16 * h)), _mm256_loadu_ps(src.as_ptr().add(16 * h + 8)));
+            // Within each 128-bit half: evens (0 2 | 8 10 ...) and odds,
+            // then the 64-bit quarters put in order.
+            let e = _mm256_shuffle_ps(lo, hi, 0b10_00_10_00);
+            let o = _mm256_shuffle_ps(lo, hi, 0b11_01_11_01);
+            let order = |v: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v), 0b11_01_10_00));
+            _mm256_storeu_ps(even.as_mut_ptr().add(8 * h), order(e));
+            _mm256_storeu_ps(odd.as_mut_ptr().add(8 * h), order(o));
+        }
+    }
+}

@@ -220,6 +220,42 @@ fn the_2x2_loops_give_the_general_bits() {
     }
 }
 
+/// The general max's vector steps (the row-wide selects and the stride-2
+/// phases, at each width this CPU has) give the scalar loops' bits, NaN,
+/// infinities and signed zeros included, on rows wide enough for whole
+/// vector blocks and with odd ends: ResNet's 3x3 stride-2 stem pool among
+/// them.
+#[test]
+fn the_general_max_vector_steps_give_the_scalar_bits() {
+    let mut rng = Rng(0x0bad_cafe);
+    for g in [
+        geo([1, 3], [15, 112], [3, 3], [2, 2], [1; 4]),
+        geo([2, 2], [9, 71], [3, 3], [2, 2], [1, 0, 1, 1]),
+        geo([1, 2], [8, 67], [2, 3], [1, 1], [0, 2, 1, 0]),
+        geo([1, 2], [7, 50], [3, 4], [3, 3], [2, 1, 0, 3]),
+        geo([1, 1], [5, 5], [3, 3], [2, 2], [1; 4]),
+    ] {
+        let mut x = rng.vec(g.x_len());
+        for (i, v) in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0].into_iter().enumerate() {
+            for j in (i * 13..x.len()).step_by(97) {
+                x[j] = v;
+            }
+        }
+        let run = |route| {
+            let mut y = vec![f32::NAN; g.y_len()];
+            max_forward_on(route, &g, &x, &mut y);
+            y
+        };
+        let general = run(Route::General);
+        same(&format!("reference {g:?}"), &general, &reference_max(&g, &x).0);
+        for isa in [Isa::native().with_avx512(false), Isa::native()] {
+            if isa.width().is_some() {
+                same(&format!("{isa:?} {g:?}"), &run(Route::Auto(isa)), &general);
+            }
+        }
+    }
+}
+
 /// Every pass gives the same bits for 1, 2 and 3 threads.
 #[test]
 fn pool_bits_do_not_depend_on_threads() {
