@@ -185,6 +185,7 @@ pub use options::JitOptions;
 pub use region::{
     compile_region, compile_region_with, kernel_cache_len, region_program, supports, unsupported_reason, CompiledRegion,
 };
+pub use spatial::spatial;
 /// The thread pool and thread count, and the f32 approximations of `exp`,
 /// `tanh` and `sigmoid` the kernels share: they live in the kernel crate
 /// (`tracejit-kernels`) under both this crate and the composites.

@@ -44,6 +44,30 @@ pub(crate) fn kernel_name(op: &SpatialOp) -> &'static str {
     }
 }
 
+/// Runs a spatial op (convolution, pool or a gradient of one) on concrete
+/// operands through the fast kernels, as a compiled step does, on the
+/// [`Isa`] of the entered [`crate::Target`]: eager mode's convolutions and
+/// pools. `args` must satisfy the op's type rule (eager mode checks it
+/// first). f64 and empty operands take the reference loops, bf16 and f16
+/// the f32 kernels on widened copies, as in [`run`].
+///
+/// The reference loops (`tracejit_tensor::kernels::spatial`) stay the
+/// interpreter's and the tests' oracle; these results differ from theirs
+/// by rounding only (sums in another order).
+///
+/// ```
+/// use tracejit_ir::tensor::{Conv2dAttrs, SpatialOp, Storage};
+///
+/// let x = Storage::from_vec((0..25).map(|i| i as f32).collect::<Vec<_>>(), &[1, 1, 5, 5]).unwrap();
+/// let w = Storage::from_vec(vec![1.0f32; 9], &[1, 1, 3, 3]).unwrap();
+/// let conv = Conv2dAttrs { stride: [1, 1], dilation: [1, 1], pad: [0; 4], groups: 1 };
+/// let y = tracejit_jit::spatial(&SpatialOp::Conv2d { conv, bias: false, relu: false }, &[&x, &w]);
+/// assert_eq!(y[0].to_vec::<f32>().unwrap(), [54., 63., 72., 99., 108., 117., 144., 153., 162.]);
+/// ```
+pub fn spatial(op: &SpatialOp, args: &[&Storage]) -> Vec<Storage> {
+    run(op, args, Isa::current(), &mut BufPool::default())
+}
+
 /// Runs `op` on `args` (checked against its type rule), its outputs'
 /// buffers from `pool`.
 pub(crate) fn run(op: &SpatialOp, args: &[&Storage], isa: Isa, pool: &mut BufPool) -> Vec<Storage> {

@@ -213,6 +213,17 @@ fn resnet_layers() {
     for (c, hw) in [(64, 56), (128, 28), (256, 14), (512, 7)] {
         conv_layer(&format!("resnet 3x3 {c}->{c} @{hw}"), &conv_geo(1, c, hw, c, 3, 1), true, false);
     }
+    // The strided layers (torchvision's v1.5: the stride on the 3x3) and
+    // the 1x1 products at the widest map.
+    for (name, cin, hw, cout, k, p) in
+        [("3x3/2 128->128 @56", 128, 56, 128, 3, 1), ("1x1/2 256->512 @56", 256, 56, 512, 1, 0)]
+    {
+        let g = Conv2dGeometry { stride: [2, 2], ..conv_geo(1, cin, hw, cout, k, p) };
+        conv_layer(&format!("resnet {name}"), &g, true, false);
+    }
+    for (cin, cout) in [(64, 256), (256, 64)] {
+        conv_layer(&format!("resnet 1x1 {cin}->{cout} @56"), &conv_geo(1, cin, 56, cout, 1, 0), true, false);
+    }
     let g =
         Pool2dGeometry { batch: 1, channels: 64, in_h: 112, in_w: 112, kernel: [3, 3], stride: [2, 2], pad: [1; 4] };
     let x = values(64 * 112 * 112, 5);

@@ -162,5 +162,12 @@ pub(crate) fn apply_eager(op: Op, inputs: &[&Tensor], location: &'static Locatio
             None => panic!("{e}"),
         }
     }
-    eval_primitive(&op, &storages).into_iter().map(Tensor::from_storage).collect()
+    // Convolutions and pools take the fast kernels a compiled step runs
+    // (the reference loops of `eval_primitive` are the interpreter's and
+    // the tests' oracle, 50-150x slower on a CNN layer).
+    let outs = match &op {
+        Op::Spatial(sp) => tracejit_jit::spatial(sp, &storages),
+        _ => eval_primitive(&op, &storages),
+    };
+    outs.into_iter().map(Tensor::from_storage).collect()
 }
