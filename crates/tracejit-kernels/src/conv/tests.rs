@@ -71,10 +71,12 @@ pub(super) fn shapes() -> Vec<Conv2dGeometry> {
         geo(1, 64, 3, 1, [16, 64], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
         geo(2, 16, 4, 1, [20, 300], [1, 1], [1, 1], [1, 1], [0; 4]),
         // Forward as products (`forward_gemm`): a 7-wide map, an unpadded
-        // 1×1 (no im2col), a strided 1×1 in two groups.
+        // 1×1 (no im2col), a strided 1×1 in two groups, and a strided 1×1
+        // with rows of 36 outputs (a projection of ResNet's).
         geo(2, 64, 32, 1, [7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
         geo(1, 64, 40, 1, [9, 11], [1, 1], [1, 1], [1, 1], [0; 4]),
         geo(2, 128, 64, 2, [13, 13], [1, 1], [2, 2], [1, 1], [0; 4]),
+        geo(1, 64, 33, 1, [7, 71], [1, 1], [2, 2], [1, 1], [0; 4]),
     ]
 }
 
@@ -83,9 +85,10 @@ pub(super) fn shapes() -> Vec<Conv2dGeometry> {
 #[test]
 fn forward_products_where_lanes_idle() {
     let all = shapes();
-    let [map7, pointwise, strided] = [&all[all.len() - 3], &all[all.len() - 2], &all[all.len() - 1]];
+    let products = &all[all.len() - 4..];
+    let map7 = &products[0];
     for path in [Path::W8, Path::W16] {
-        for g in [map7, pointwise, strided] {
+        for g in products {
             assert!(forward_gemm::prefers(path, g), "{path:?} {g:?}");
         }
         assert!(!forward_gemm::prefers(Path::Portable, map7));
