@@ -69,7 +69,7 @@ fn deal(w: Option<Width>, stride: usize, cols: &[f32], phases: &mut [f32]) {
     }
     let _ = w;
     for (p, phase) in phases.chunks_exact_mut(plen).enumerate() {
-        for (d, &v) in phase.iter_mut().zip(cols[p..].iter().step_by(stride)) {
+        for (d, &v) in phase.iter_mut().zip(cols.iter().skip(p).step_by(stride)) {
             *d = v;
         }
     }

@@ -234,6 +234,9 @@ fn the_general_max_vector_steps_give_the_scalar_bits() {
         geo([1, 2], [8, 67], [2, 3], [1, 1], [0, 2, 1, 0]),
         geo([1, 2], [7, 50], [3, 4], [3, 3], [2, 1, 0, 3]),
         geo([1, 1], [5, 5], [3, 3], [2, 2], [1; 4]),
+        // Strides longer than the row: phases of one value or none.
+        geo([1, 2], [4, 1], [2, 1], [1, 3], [0; 4]),
+        geo([1, 2], [3, 2], [1, 2], [2, 2], [0; 4]),
     ] {
         let mut x = rng.vec(g.x_len());
         for (i, v) in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0].into_iter().enumerate() {
