@@ -155,3 +155,51 @@ fn nan_and_inf_propagate_as_in_numpy() {
     assert_eq!(x.is_nan().to_vec::<bool>().unwrap(), vec![true, false, false, false]);
     assert_eq!(x.is_finite().to_vec::<bool>().unwrap(), vec![false, true, false, false]);
 }
+
+/// f32 `exp`, `tanh` and `sigmoid` run eagerly through the vector recipes
+/// compiled code runs: a compiled function's bits, within the JIT's
+/// documented error bounds (1, 4 and 2 ULP) of the f64 functions, on
+/// values across the binades, the clamps and the special values; f64
+/// keeps the exact library functions.
+#[test]
+fn eager_f32_transcendentals_take_the_compiled_recipes() {
+    let mut xs: Vec<f32> = (-2000..=2000).map(|i| i as f32 * 0.0517).collect();
+    xs.extend([0.0, -0.0, 1e-30, -1e-8, 88.7, 89.5, -103.0, -110.0, 8.0, 8.1, -9.0, f32::INFINITY, f32::NEG_INFINITY]);
+    xs.extend([f32::MIN_POSITIVE, 3.4e38, -3.4e38]);
+    let x = Tensor::from_vec(xs.clone(), &[xs.len()]);
+    let ulps = |a: f32, b: f32| {
+        let key =
+            |v: f32| if v.to_bits() >> 31 == 1 { -((v.to_bits() & 0x7fff_ffff) as i64) } else { v.to_bits() as i64 };
+        (key(a) - key(b)).unsigned_abs()
+    };
+    type Pair = (&'static str, fn(&Tensor) -> Tensor, fn(f64) -> f64, u64);
+    let cases: [Pair; 3] = [
+        ("exp", |t| t.exp(), f64::exp, 1),
+        ("tanh", |t| t.tanh(), f64::tanh, 4),
+        ("sigmoid", |t| t.sigmoid(), |v| 1.0 / (1.0 + (-v).exp()), 2),
+    ];
+    for (name, op, exact, bound) in cases {
+        let eager = v32(&op(&x));
+        let f = function(move |x: Tensor| op(&x));
+        let compiled = v32(&f.call(x.clone()).unwrap());
+        assert_eq!(f.concrete_functions()[0].executor_kind(), "jit", "{name}: the JIT ran");
+        for (i, (&e, &c)) in eager.iter().zip(&compiled).enumerate() {
+            assert!(
+                e.to_bits() == c.to_bits() || (e.is_nan() && c.is_nan()),
+                "{name}({}): eager {e} vs compiled {c}",
+                xs[i]
+            );
+            let want = exact(f64::from(xs[i])) as f32;
+            assert!(ulps(e, want) <= bound, "{name}({}): {e} vs {want}", xs[i]);
+        }
+        let x64 = Tensor::from_vec(xs.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), &[xs.len()]);
+        let got = op(&x64).to_vec::<f64>().unwrap();
+        for (g, &v) in got.iter().zip(&xs) {
+            let want = exact(f64::from(v));
+            assert!(
+                *g == want || (name == "sigmoid" && (g - want).abs() <= 2.0 * f64::EPSILON),
+                "{name} f64({v}): {g} vs {want}"
+            );
+        }
+    }
+}
