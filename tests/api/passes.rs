@@ -105,7 +105,12 @@ fn nested_functions_are_inlined_and_fused_across() {
     let outer = function(move |x: Tensor| i2.call(&x + 1.0).unwrap().exp()).name("outer").jit(false);
     let x = t(&[0.1, 0.2, -3.0], &[3]);
     let out = outer.call(x.clone()).unwrap();
-    assert!(same(&out, &((&x + 1.0).tanh() * 2.0).exp()));
+    // The interpreter runs libm's tanh and exp; eager f32 takes the
+    // compiled recipes (tanh within 4 ULP, exp within 1): exp(2·tanh)
+    // carries tanh's error times 2 as a relative error, plus exp's own.
+    let eager = ((&x + 1.0).tanh() * 2.0).exp();
+    let (got, want) = (out.to_vec::<f32>().unwrap(), eager.to_vec::<f32>().unwrap());
+    assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 12.0 * f32::EPSILON * w.abs()), "{got:?} vs {want:?}");
     let cf = &outer.concrete_functions()[0];
     assert_eq!(count(cf.graph(), |op| matches!(op, Op::Call { .. })), 1);
     let opt = cf.optimized_graph();
