@@ -60,16 +60,18 @@ pub(super) fn max_plane(w: Option<Width>, g: &Pool2dGeometry, x: &[f32], y: &mut
 /// when given).
 fn deal(w: Option<Width>, stride: usize, cols: &[f32], phases: &mut [f32]) {
     let plen = phases.len() / stride;
+    // Values of each phase already dealt by vector code.
+    let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if let (Some(w), 2) = (w, stride) {
         let (even, odd) = phases.split_at_mut(plen);
         // SAFETY: the caller's width came from `Isa::width` (or a test
         // that checked the CPU).
-        return unsafe { super::simd::deal2(w, cols, even, odd) };
+        done = unsafe { super::simd::deal2(w, cols, even, odd) };
     }
     let _ = w;
     for (p, phase) in phases.chunks_exact_mut(plen).enumerate() {
-        for (d, &v) in phase.iter_mut().zip(cols.iter().skip(p).step_by(stride)) {
+        for (d, &v) in phase[done..].iter_mut().zip(cols.iter().skip(p + done * stride).step_by(stride)) {
             *d = v;
         }
     }

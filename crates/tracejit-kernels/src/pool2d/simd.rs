@@ -546,13 +546,15 @@ unsafe fn max_row_at<V: Pairs>(m: &mut [f32], v: &[f32]) {
     }
 }
 
-/// Deals `src` into its even and odd values (`even[i] = src[2i]`,
-/// `odd[i] = src[2i + 1]`, as far as `src` reaches) in vector code of
-/// width `w`: the stride-2 phases of [`super::general::max_plane`].
+/// Deals the first whole blocks of `src` into its even and odd values
+/// (`even[i] = src[2i]`, `odd[i] = src[2i + 1]`) in vector code of width
+/// `w`, 32 source values a block: the stride-2 phases of
+/// [`super::general::max_plane`]. Returns how many values of each phase
+/// it wrote; the caller deals the rest.
 ///
 /// # Safety
 /// The CPU has the features of `w`.
-pub(super) unsafe fn deal2(w: Width, src: &[f32], even: &mut [f32], odd: &mut [f32]) {
+pub(super) unsafe fn deal2(w: Width, src: &[f32], even: &mut [f32], odd: &mut [f32]) -> usize {
     let whole = (src.len() / 32).min(even.len() / 16).min(odd.len() / 16);
     // SAFETY: forwarded from the caller; `whole` blocks of 32 values in
     // `src` and of 16 in `even` and `odd`.
@@ -562,14 +564,7 @@ pub(super) unsafe fn deal2(w: Width, src: &[f32], even: &mut [f32], odd: &mut [f
             Width::W8 => deal2_w8(whole, src, even, odd),
         }
     }
-    for i in whole * 16..even.len().max(odd.len()) {
-        if let (Some(e), Some(&v)) = (even.get_mut(i), src.get(2 * i)) {
-            *e = v;
-        }
-        if let (Some(o), Some(&v)) = (odd.get_mut(i), src.get(2 * i + 1)) {
-            *o = v;
-        }
-    }
+    whole * 16
 }
 
 /// [`deal2`]'s first `blocks · 32` values at 16 lanes.
