@@ -28,7 +28,51 @@ pub(crate) fn zip_map<A: Element, B: Element, R>(
         .unwrap_or_else(|| panic!("{name}: shapes {:?} and {:?} cannot be broadcast together", a.shape(), b.shape()));
     let av = a.broadcast(IxDyn(&shape)).expect("broadcast shape checked");
     let bv = b.broadcast(IxDyn(&shape)).expect("broadcast shape checked");
+    if shape.last().is_some_and(|&n| n >= 8) {
+        return by_rows(&shape, av, bv, f);
+    }
     Zip::from(av).and(bv).map_collect(|&x, &y| f(x, y))
+}
+
+/// One operand of a row of [`by_rows`]: its elements, or one value
+/// broadcast along the row.
+enum Row<'a, T> {
+    Slice(&'a [T]),
+    Splat(T),
+}
+
+impl<'a, T: Copy> Row<'a, T> {
+    fn of(lane: &ndarray::ArrayView1<'a, T>) -> Option<Self> {
+        if let Some(s) = lane.to_slice() {
+            return Some(Row::Slice(s));
+        }
+        (lane.strides()[0] == 0).then(|| Row::Splat(lane[0]))
+    }
+}
+
+/// [`zip_map`] of broadcast views, a row of the last axis at a time: a
+/// row whose operands are contiguous or a broadcast scalar (a bias, a
+/// softmax's row max) runs as a flat loop the compiler vectorizes, where
+/// `Zip` stepped through a stride-0 operand element by element (a
+/// [1024, 1024] minus [1024, 1] took 0.93 ms, twice a same-shape sub).
+/// The results are in row-major order, the same values.
+fn by_rows<A: Element, B: Element, R>(
+    shape: &[usize],
+    av: ndarray::ArrayViewD<'_, A>,
+    bv: ndarray::ArrayViewD<'_, B>,
+    f: impl Fn(A, B) -> R,
+) -> ArrayD<R> {
+    let last = ndarray::Axis(shape.len() - 1);
+    let mut out: Vec<R> = Vec::with_capacity(shape.iter().product());
+    for (ra, rb) in av.lanes(last).into_iter().zip(bv.lanes(last)) {
+        match (Row::of(&ra), Row::of(&rb)) {
+            (Some(Row::Slice(x)), Some(Row::Slice(y))) => out.extend(x.iter().zip(y).map(|(&x, &y)| f(x, y))),
+            (Some(Row::Slice(x)), Some(Row::Splat(y))) => out.extend(x.iter().map(|&x| f(x, y))),
+            (Some(Row::Splat(x)), Some(Row::Slice(y))) => out.extend(y.iter().map(|&y| f(x, y))),
+            _ => out.extend(ra.iter().zip(&rb).map(|(&x, &y)| f(x, y))),
+        }
+    }
+    ArrayD::from_shape_vec(IxDyn(shape), out).expect("one result per element")
 }
 
 pub(crate) fn binary(op: BinaryOp, a: &Storage, b: &Storage) -> Storage {
@@ -133,8 +177,45 @@ fn select_t<T: StorageElement>(c: &ArcArray<bool, IxDyn>, a: &ArcArray<T, IxDyn>
     let cv = c.broadcast(IxDyn(&shape)).expect("checked");
     let av = a.broadcast(IxDyn(&shape)).expect("checked");
     let bv = b.broadcast(IxDyn(&shape)).expect("checked");
-    let out = Zip::from(cv).and(av).and(bv).map_collect(|&c, &x, &y| if c { x } else { y });
+    if shape.last().is_some_and(|&n| n >= 8) {
+        return Storage::from_array(select_by_rows(&shape, cv, av, bv));
+    }
+    let out = Zip::from(cv).and(av).and(bv).map_collect(|&c, &x, &y| std::hint::select_unpredictable(c, x, y));
     Storage::from_array(out)
+}
+
+/// [`select_t`] a row of the last axis at a time, as [`by_rows`]: a
+/// contiguous condition choosing between contiguous rows or a broadcast
+/// value (relu's gradient, `where(x > 0, g, 0)`) runs as a flat loop,
+/// where `Zip` took 270 µs for [64, 512] against a scalar.
+fn select_by_rows<T: StorageElement>(
+    shape: &[usize],
+    cv: ndarray::ArrayViewD<'_, bool>,
+    av: ndarray::ArrayViewD<'_, T>,
+    bv: ndarray::ArrayViewD<'_, T>,
+) -> ArrayD<T> {
+    let last = ndarray::Axis(shape.len() - 1);
+    let mut out: Vec<T> = Vec::with_capacity(shape.iter().product());
+    let rows = cv.lanes(last).into_iter().zip(av.lanes(last)).zip(bv.lanes(last));
+    for ((rc, ra), rb) in rows {
+        // A condition like `x > 0` is random to the branch predictor: a
+        // branch per element mispredicted half the time (120 µs for
+        // [64, 512]); a conditional move does not.
+        let pick = |c: bool, x: T, y: T| std::hint::select_unpredictable(c, x, y);
+        match (rc.to_slice(), Row::of(&ra), Row::of(&rb)) {
+            (Some(c), Some(Row::Slice(x)), Some(Row::Slice(y))) => {
+                out.extend(c.iter().zip(x).zip(y).map(|((&c, &x), &y)| pick(c, x, y)))
+            }
+            (Some(c), Some(Row::Slice(x)), Some(Row::Splat(y))) => {
+                out.extend(c.iter().zip(x).map(|(&c, &x)| pick(c, x, y)))
+            }
+            (Some(c), Some(Row::Splat(x)), Some(Row::Slice(y))) => {
+                out.extend(c.iter().zip(y).map(|(&c, &y)| pick(c, x, y)))
+            }
+            _ => out.extend(rc.iter().zip(&ra).zip(&rb).map(|((&c, &x), &y)| pick(c, x, y))),
+        }
+    }
+    ArrayD::from_shape_vec(IxDyn(shape), out).expect("one result per element")
 }
 
 pub(crate) fn cast(x: &Storage, to: DType) -> Storage {
@@ -397,7 +478,7 @@ mod tests {
     }
 
     fn compatible_shapes() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
-        prop::collection::vec((0usize..4, 0u8..3, 0u8..3), 0..5).prop_flat_map(|dims| {
+        prop::collection::vec((prop_oneof![0usize..4, 8usize..12], 0u8..3, 0u8..3), 0..4).prop_flat_map(|dims| {
             let mut a = Vec::new();
             let mut b = Vec::new();
             for (d, ka, kb) in dims {
@@ -423,7 +504,28 @@ mod tests {
             let r = binary(BinaryOp::Add, &binary(BinaryOp::Mul, &sa_, &thousand), &sb_);
             let (shape, vals) = naive_broadcast_add(&a, &sa, &b, &sb);
             prop_assert_eq!(r.shape(), &shape[..]);
-            prop_assert_eq!(v::<i64>(&r.to_standard()), vals);
+            prop_assert_eq!(v::<i64>(&r.to_standard()), vals.clone());
+            // A transposed operand (rows neither contiguous nor broadcast)
+            // gives the same values.
+            let perm: Vec<usize> = (0..sa.len()).rev().collect();
+            let at = crate::kernels::transpose(&crate::kernels::transpose(&sa_, &perm).to_standard(), &perm);
+            let rt = binary(BinaryOp::Add, &binary(BinaryOp::Mul, &at, &thousand), &sb_);
+            prop_assert_eq!(v::<i64>(&rt.to_standard()), vals);
+            // select(c, x, y) against c·x + (1 - c)·y (arithmetic checked
+            // above), with y broadcast from `sb` or a scalar.
+            let i = |x: i64| Storage::scalar(x);
+            let cond = binary(BinaryOp::Eq, &binary(BinaryOp::Rem, &sa_, &i(2)), &i(0));
+            let ci = cast(&cond, DType::I64);
+            let x = binary(BinaryOp::Mul, &sa_, &thousand);
+            for y in [sb_.clone(), i(-7)] {
+                let expected = binary(BinaryOp::Add, &binary(BinaryOp::Mul, &ci, &x),
+                    &binary(BinaryOp::Mul, &binary(BinaryOp::Sub, &i(1), &ci), &y));
+                let got = select(&cond, &x, &y);
+                prop_assert_eq!(got.shape(), expected.shape());
+                prop_assert_eq!(v::<i64>(&got.to_standard()), v::<i64>(&expected.to_standard()));
+                let flipped = select(&binary(BinaryOp::Eq, &cond, &Storage::scalar(false)), &y, &x);
+                prop_assert_eq!(v::<i64>(&flipped.to_standard()), v::<i64>(&expected.to_standard()));
+            }
             prop_assert_eq!(broadcast_shapes(&sa, &sb), Some(shape));
         }
     }

@@ -225,6 +225,7 @@ macro_rules! with_dtype {
 
 mod binary;
 mod conv;
+mod fold;
 mod index;
 mod low_precision;
 mod matmul;

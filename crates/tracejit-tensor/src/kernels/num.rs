@@ -117,19 +117,13 @@ macro_rules! impl_float {
             }
             #[inline]
             fn nan_max(self, o: Self) -> Self {
-                if self.is_nan() || self >= o {
-                    self
-                } else {
-                    o
-                }
+                // A conditional move: which operand wins is data, not a
+                // pattern a branch predictor learns.
+                std::hint::select_unpredictable(self.is_nan() || self >= o, self, o)
             }
             #[inline]
             fn nan_min(self, o: Self) -> Self {
-                if self.is_nan() || self <= o {
-                    self
-                } else {
-                    o
-                }
+                std::hint::select_unpredictable(self.is_nan() || self <= o, self, o)
             }
             #[inline]
             fn is_nan_value(self) -> bool {

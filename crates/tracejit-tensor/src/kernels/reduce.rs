@@ -2,7 +2,8 @@
 //! and `arg_reduce` (argmax, argmin along one axis). `reduce` moves the kept
 //! axes to the front, takes a row-major copy if the result is not already
 //! contiguous, and folds each row of reduced elements sequentially, which is
-//! the documented accumulation order of the reference.
+//! the documented accumulation order of the reference. Adjacent reduced
+//! axes of a contiguous input fold in place in the same order (`fold.rs`).
 
 use ndarray::{ArcArray, ArrayView1, Axis, IxDyn, Zip};
 
@@ -50,6 +51,20 @@ fn reduce_t<T: Num>(op: ReduceOp, a: &ArcArray<T, IxDyn>, axes: &[usize], keepdi
         return T::wrap(a.clone());
     }
     let shape = a.shape();
+    let out_shape: Vec<usize> = if keepdims {
+        (0..shape.len()).map(|d| if axes.contains(&d) { 1 } else { shape[d] }).collect()
+    } else {
+        (0..shape.len()).filter(|d| !axes.contains(d)).map(|d| shape[d]).collect()
+    };
+    let adjacent = a.as_slice().and_then(|flat| super::fold::reduce_adjacent(op, flat, shape, axes));
+    let out = adjacent.unwrap_or_else(|| reduce_by_copy(op, a, axes));
+    Storage::from_vec(out, &out_shape).expect("one value per output element")
+}
+
+/// The general path: the input copied with the reduced axes moved last,
+/// each output folded from its row.
+fn reduce_by_copy<T: Num>(op: ReduceOp, a: &ArcArray<T, IxDyn>, axes: &[usize]) -> Vec<T> {
+    let shape = a.shape();
     let kept: Vec<usize> = (0..shape.len()).filter(|d| !axes.contains(d)).collect();
     let perm: Vec<usize> = kept.iter().chain(axes).copied().collect();
     let n_red: usize = axes.iter().map(|&d| shape[d]).product();
@@ -70,13 +85,7 @@ fn reduce_t<T: Num>(op: ReduceOp, a: &ArcArray<T, IxDyn>, axes: &[usize], keepdi
             sum.divide(T::from_f64(r.len() as f64))
         },
     };
-    let out: Vec<T> = (0..n_out).map(|i| fold(&flat[i * n_red..(i + 1) * n_red])).collect();
-    let out_shape: Vec<usize> = if keepdims {
-        (0..shape.len()).map(|d| if axes.contains(&d) { 1 } else { shape[d] }).collect()
-    } else {
-        kept.iter().map(|&d| shape[d]).collect()
-    };
-    Storage::from_vec(out, &out_shape).expect("one value per output element")
+    (0..n_out).map(|i| fold(&flat[i * n_red..(i + 1) * n_red])).collect()
 }
 
 pub(crate) fn arg_reduce(op: ArgReduceOp, x: &Storage, axis: usize, keepdims: bool) -> Storage {
@@ -335,6 +344,53 @@ mod tests {
                 let xf = crate::kernels::cast(&x, DType::F64);
                 let rf = reduce(op, &xf, &axes, keepdims);
                 prop_assert_eq!(v::<f64>(&rf), expected.iter().map(|&e| e as f64).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    /// Floats for the in-place folds: rounding in every sum, and NaN, ±Inf
+    /// and -0.0 sprinkled in, so that a changed order or max/min rule shows.
+    fn floats(n: usize, seed: u64) -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| {
+                let h = (i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+                match h % 61 {
+                    0 => f32::NAN,
+                    1 => f32::INFINITY,
+                    2 => f32::NEG_INFINITY,
+                    3 => -0.0,
+                    _ => (h % 20011) as f32 * 1.37e-3 - 13.0,
+                }
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(160))]
+        /// The in-place folds of adjacent axes give the general path's bits
+        /// (same order per output), for rows in groups of eight and their
+        /// remainder, columns of any width, and every op.
+        #[test]
+        fn in_place_folds_give_the_copying_paths_bits(
+            shape in prop::collection::vec(1usize..12, 1..5),
+            first in 0usize..4,
+            len in 1usize..4,
+            seed in any::<u64>(),
+        ) {
+            let rank = shape.len();
+            let first = first % rank;
+            let axes: Vec<usize> = (first..(first + len).min(rank)).collect();
+            let n: usize = shape.iter().product();
+            let x = t(floats(n, seed), &shape);
+            let Storage::F32(a) = &x else { unreachable!() };
+            for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+                let fast = v::<f32>(&reduce(op, &x, &axes, false));
+                let general = reduce_by_copy(op, a, &axes);
+                prop_assert_eq!(fast.len(), general.len());
+                for (i, (f, g)) in fast.iter().zip(&general).enumerate() {
+                    prop_assert!(f.to_bits() == g.to_bits() || (f.is_nan() && g.is_nan()),
+                        "{:?} over {:?} of {:?}: output {} is {} in place, {} by copy", op, axes, shape, i, f, g);
+                }
             }
         }
     }

@@ -1,0 +1,125 @@
+//! Reductions over a run of adjacent axes of a contiguous array, folded in
+//! place in the reference's order, without the copy `reduce` otherwise
+//! makes.
+//!
+//! The reference folds each output's elements one after the other (its
+//! documented accumulation order). Done one output at a time that is a
+//! chain of dependent adds, one per 4 cycles, and the general path first
+//! copies the input with the reduced axes moved last: a softmax's row max
+//! over [1024, 1024] took 4.5 ms and a column sum 6.6 ms. Both shapes keep
+//! the order here and still run many independent chains at once:
+//!
+//! - reduced axes last (a row reduction): eight rows fold side by side,
+//!   each in its own accumulator;
+//! - kept axes after the reduced ones (a column reduction, the bias
+//!   gradient's sum over the batch): each reduced row is combined into a
+//!   vector of accumulators, element by element, which the compiler
+//!   vectorizes.
+//!
+//! Every output sees its elements in the same order as the reference's
+//! fold, so the bits are the same.
+
+use super::num::Num;
+use crate::ReduceOp;
+
+/// Where a fold starts: the accumulator before a run's element `.1`, for
+/// a run whose first element is `first` (`T::ZERO`/`T::ONE` before the
+/// first element, or the first element itself for max and min, which have
+/// no identity).
+fn start<T: Copy>(identity: Option<T>, first: T) -> (T, usize) {
+    match identity {
+        Some(id) => (id, 0),
+        None => (first, 1),
+    }
+}
+
+/// The reduction `op` of a standard-layout array of `shape` (elements
+/// `flat`) over the adjacent axes `axes`, one value per kept position in
+/// row-major order; `None` when `axes` are not adjacent or the shapes are
+/// empty (the general path handles those).
+pub(super) fn reduce_adjacent<T: Num>(op: ReduceOp, flat: &[T], shape: &[usize], axes: &[usize]) -> Option<Vec<T>> {
+    let (&first, &last) = (axes.first()?, axes.last()?);
+    if last - first + 1 != axes.len() {
+        return None;
+    }
+    let outer: usize = shape[..first].iter().product();
+    let n: usize = shape[first..=last].iter().product();
+    let inner: usize = shape[last + 1..].iter().product();
+    if outer == 0 || n == 0 || inner == 0 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(outer * inner);
+    // One instance per op, so that the step is inlined and vectorized (a
+    // function pointer would block both).
+    match op {
+        ReduceOp::Sum | ReduceOp::Mean => fold_all(Some(T::ZERO), T::plus, flat, n, inner, &mut out),
+        ReduceOp::Prod => fold_all(Some(T::ONE), T::times, flat, n, inner, &mut out),
+        ReduceOp::Max => fold_all(None, T::nan_max, flat, n, inner, &mut out),
+        ReduceOp::Min => fold_all(None, T::nan_min, flat, n, inner, &mut out),
+    }
+    if op == ReduceOp::Mean {
+        let count = T::from_f64(n as f64);
+        out.iter_mut().for_each(|v| *v = v.divide(count));
+    }
+    Some(out)
+}
+
+/// Folds `flat`, blocks of `n` rows of `inner` elements, into `out`.
+fn fold_all<T: Num>(
+    identity: Option<T>,
+    step: impl Fn(T, T) -> T + Copy,
+    flat: &[T],
+    n: usize,
+    inner: usize,
+    out: &mut Vec<T>,
+) {
+    if inner == 1 {
+        fold_rows(identity, step, flat, n, out);
+    } else {
+        for block in flat.chunks_exact(n * inner) {
+            fold_columns(identity, step, block, inner, out);
+        }
+    }
+}
+
+/// Rows the row fold runs side by side: enough independent chains to hide
+/// an add's latency behind the loads.
+const ROWS: usize = 8;
+
+/// Folds each `n`-element row of `flat` into one value, appended to `out`.
+fn fold_rows<T: Num>(identity: Option<T>, step: impl Fn(T, T) -> T, flat: &[T], n: usize, out: &mut Vec<T>) {
+    let mut groups = flat.chunks_exact(ROWS * n);
+    for group in &mut groups {
+        let rows: [&[T]; ROWS] = std::array::from_fn(|i| &group[i * n..(i + 1) * n]);
+        let mut acc: [T; ROWS] = std::array::from_fn(|i| start(identity, rows[i][0]).0);
+        let from = start(identity, rows[0][0]).1;
+        for k in from..n {
+            for (a, row) in acc.iter_mut().zip(&rows) {
+                *a = step(*a, row[k]);
+            }
+        }
+        out.extend(acc);
+    }
+    for row in groups.remainder().chunks_exact(n) {
+        let (acc, from) = start(identity, row[0]);
+        out.push(row[from..].iter().fold(acc, |a, &x| step(a, x)));
+    }
+}
+
+/// Folds the `n` rows of `block` (each `inner` wide) element by element:
+/// output `j` is the fold of `block[j], block[inner + j], ...`, in that
+/// order; the `inner` values are appended to `out`.
+fn fold_columns<T: Num>(identity: Option<T>, step: impl Fn(T, T) -> T, block: &[T], inner: usize, out: &mut Vec<T>) {
+    let begin = out.len();
+    let mut rows = block.chunks_exact(inner);
+    match identity {
+        Some(id) => out.resize(begin + inner, id),
+        None => out.extend_from_slice(rows.next().expect("a block holds at least one row")),
+    }
+    let acc = &mut out[begin..];
+    for row in rows {
+        for (a, &x) in acc.iter_mut().zip(row) {
+            *a = step(*a, x);
+        }
+    }
+}
