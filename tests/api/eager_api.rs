@@ -207,3 +207,33 @@ fn eager_f32_transcendentals_take_the_compiled_recipes() {
         }
     }
 }
+
+/// Eager f32 products run the executor's GEMM: the compiled function's
+/// bits, for plain, odd, batched and transposed operands, and within the
+/// `k·ε·Σ|aᵢbᵢ|` bound of the f64 product.
+#[test]
+fn eager_products_take_the_compiled_gemm() {
+    let gen = |shape: &[usize], seed: u64| Tensor::randn(shape, seed);
+    let cases: [(Tensor, Tensor); 4] = [
+        (gen(&[37, 129], 1), gen(&[129, 61], 2)),
+        (gen(&[3, 17, 33], 3), gen(&[33, 20], 4)),
+        (gen(&[300, 40], 5), gen(&[70, 40], 6).transpose(&[1, 0])),
+        (gen(&[2, 5, 8], 7), gen(&[2, 8, 9], 8)),
+    ];
+    for (i, (a, b)) in cases.into_iter().enumerate() {
+        let eager = a.matmul(&b);
+        let f = function(|(a, b): (Tensor, Tensor)| a.matmul(&b));
+        let compiled = f.call((a.clone(), b.clone())).unwrap();
+        assert_eq!(f.concrete_functions()[0].executor_kind(), "jit", "case {i}: the JIT ran");
+        let (e, c) = (v32(&eager), v32(&compiled));
+        assert!(e.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits()), "case {i}: eager and compiled differ");
+        let (a64, b64) = (a.cast(DType::F64), b.cast(DType::F64));
+        let exact = a64.matmul(&b64).to_vec::<f64>().unwrap();
+        let mag = a64.abs().matmul(&b64.abs()).to_vec::<f64>().unwrap();
+        let k = a.shape()[a.rank() - 1] as f64;
+        for (j, ((&g, &w), &m)) in e.iter().zip(&exact).zip(&mag).enumerate() {
+            let bound = (k + 2.0) * f64::from(f32::EPSILON) * m;
+            assert!((f64::from(g) - w).abs() <= bound, "case {i} element {j}: {g} vs {w} (bound {bound})");
+        }
+    }
+}

@@ -186,6 +186,18 @@ pub use region::{
     compile_region, compile_region_with, kernel_cache_len, region_program, supports, unsupported_reason, CompiledRegion,
 };
 pub use spatial::spatial;
+
+/// Fixes glibc malloc's mmap and trim thresholds the first time it is
+/// called (once per process; opt out with `TRACEJIT_MALLOC_TUNING=0`, and a
+/// threshold the user set is kept), so that the 0.1-32 MiB buffers of
+/// compiled calls and eager ops come from the heap and are reused instead
+/// of being mapped, faulted in and unmapped on every call. Building an
+/// executable calls it; eager ops call it too (an eager softmax over
+/// [1024, 1024] took 10.6 ms with the glibc defaults and 3.1 ms with these).
+/// True when this process's thresholds are the ones set here.
+pub fn tune_malloc() -> bool {
+    malloc::tune_once()
+}
 /// The thread pool and thread count, and the f32 approximations of `exp`,
 /// `tanh` and `sigmoid` the kernels share: they live in the kernel crate
 /// (`tracejit-kernels`) under both this crate and the composites.

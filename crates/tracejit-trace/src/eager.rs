@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 use tracejit_ir::{eval_primitive, infer, Op, TensorType};
-use tracejit_tensor::{DType, Storage, UnaryOp};
+use tracejit_tensor::{Storage, UnaryOp};
 
 use crate::context::MemoTable;
 use crate::{Tensor, Variable};
@@ -162,12 +162,19 @@ pub(crate) fn apply_eager(op: Op, inputs: &[&Tensor], location: &'static Locatio
             None => panic!("{e}"),
         }
     }
+    // Large results reuse freed heap blocks instead of fresh pages.
+    tracejit_jit::tune_malloc();
     // Convolutions and pools take the fast kernels a compiled step runs
     // (the reference loops of `eval_primitive` are the interpreter's and
     // the tests' oracle, 50-150x slower on a CNN layer).
-    // f32 exp, tanh and sigmoid take the vector recipes compiled code runs.
+    // f32 exp, tanh and sigmoid take the vector recipes compiled code runs,
+    // and f32/f64 products the executor's GEMM (twice the reference's
+    // speed), on this thread as every eager op.
     let outs = match &op {
         Op::Spatial(sp) => tracejit_jit::spatial(sp, &storages),
+        Op::MatMul => {
+            vec![tracejit_kernels::threads::serial(|| tracejit_jit::matmul(storages[0], storages[1]))]
+        }
         _ => match fast_math(&op, &storages) {
             Some(out) => vec![out],
             None => eval_primitive(&op, &storages),
@@ -190,8 +197,21 @@ fn fast_math(op: &Op, inputs: &[&Storage]) -> Option<Storage> {
         UnaryOp::Sigmoid => tracejit_kernels::simd::sigmoid_in_place_with,
         _ => return None,
     };
-    let x = inputs.first().filter(|x| x.dtype() == DType::F32)?;
-    let mut v = x.to_vec::<f32>().ok()?;
-    apply(&mut v, tracejit_kernels::Isa::current());
+    let Some(Storage::F32(x)) = inputs.first() else { return None };
+    let isa = tracejit_kernels::Isa::current();
+    let Some(src) = x.as_slice() else {
+        let mut v: Vec<f32> = x.iter().copied().collect();
+        apply(&mut v, isa);
+        return Storage::from_vec(v, x.shape()).ok();
+    };
+    // Copied a cache-sized piece at a time and mapped there, so that the
+    // input is read once (a copy of all of it first cost as much as the
+    // math).
+    let mut v: Vec<f32> = Vec::with_capacity(src.len());
+    for piece in src.chunks(4096) {
+        let at = v.len();
+        v.extend_from_slice(piece);
+        apply(&mut v[at..], isa);
+    }
     Storage::from_vec(v, x.shape()).ok()
 }
