@@ -274,3 +274,36 @@ fn a_conditional_differentiated_from_outside_refuses_by_name() {
     let e = f.call(xs()).unwrap_err().to_string();
     assert!(e.contains("custom gradient") && e.contains("cond"), "{e}");
 }
+
+/// A tape computes cotangents only along paths to the sources asked for:
+/// with `c` and `w` watched and only `w`'s gradient asked, the backward of
+/// `x = f(c)` never runs (eagerly it would be wasted work, as `x · w`'s
+/// product for an input no one asked about); asked for `c` too, it runs
+/// once and both gradients are right.
+#[test]
+fn a_gradient_runs_no_backward_off_the_paths_to_its_sources() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let double = custom_gradient(move |x: &Tensor| {
+        let counted = counted.clone();
+        (x * 2.0, move |dy: &Tensor| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            dy * 2.0
+        })
+    });
+    let c = xs();
+    let w = Tensor::from_vec(vec![1.0f64, -1.0, 0.5, 2.0, -3.0], &[5]);
+    let tape = GradientTape::persistent();
+    tape.watch(&c);
+    tape.watch(&w);
+    let y = (double(&c) * &w).sum_all();
+    let gw = tape.gradient(&y, &[&w]).unwrap().remove(0).unwrap();
+    assert_eq!(vals(&gw), vals(&c).iter().map(|v| 2.0 * v).collect::<Vec<_>>());
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "x = f(c) was differentiated for a gradient of w alone");
+    let g = tape.gradient(&y, &[&c, &w]).unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(vals(g[0].as_ref().unwrap()), vals(&w).iter().map(|v| 2.0 * v).collect::<Vec<_>>());
+    assert_eq!(vals(g[1].as_ref().unwrap()), vals(&gw));
+}

@@ -29,6 +29,7 @@
 //! ```
 
 mod backward_check;
+mod relevance;
 mod source;
 pub use source::Source;
 
@@ -540,14 +541,16 @@ fn backward(entries: &[Entry], target: &Tensor, sources: &[Vec<Tensor>]) -> Resu
     let vjp_error = |err: AutodiffError| grad_error(err.to_string());
     let mut cts: HashMap<u64, Tensor> = HashMap::new();
     cts.insert(target.tape_id(), autodiff::ones_like(&mut e, target.clone()).map_err(vjp_error)?);
+    let relevant = relevance::relevant(entries, sources);
     for entry in entries.iter().rev() {
         let out_cts: Vec<Option<Tensor>> = entry.outputs.iter().map(|o| cts.get(&o.tape_id()).cloned()).collect();
         if out_cts.iter().all(Option::is_none) {
             continue;
         }
+        let wanted: Vec<bool> = entry.inputs.iter().map(|t| relevant.contains(&t.tape_id())).collect();
         let mut var_cts: Vec<(u64, Option<Tensor>)> = Vec::new();
         let in_cts = match &entry.what {
-            Recorded::Op(op) => autodiff::vjp(&mut e, op, &entry.inputs, &entry.outputs, &out_cts),
+            Recorded::Op(op) => autodiff::vjp_wanted(&mut e, op, &entry.inputs, &entry.outputs, &out_cts, &wanted),
             Recorded::Graph(g, vars) => autodiff::vjp_graph(&mut e, g, &entry.inputs, vars, &out_cts).map(|(i, v)| {
                 var_cts = vars.iter().map(|(_, t)| t.tape_id()).zip(v).collect();
                 i
@@ -586,7 +589,7 @@ fn backward(entries: &[Entry], target: &Tensor, sources: &[Vec<Tensor>]) -> Resu
         })?;
         let flows = entry.inputs.iter().map(Tensor::tape_id).zip(in_cts).chain(var_cts);
         for (id, ct) in flows {
-            let Some(ct) = ct else { continue };
+            let Some(ct) = ct.filter(|_| relevant.contains(&id)) else { continue };
             let sum = match cts.remove(&id) {
                 Some(prev) => add(&mut e, prev, ct)?,
                 None => ct,

@@ -55,7 +55,7 @@ use crate::primitive_ops;
 use crate::{Graph, LibraryFunction, Op, OpError, TensorType, ValueId};
 
 pub use control::{control_variables, vjp_control};
-pub use rules::vjp;
+pub use rules::{vjp, vjp_wanted};
 
 /// Why a gradient could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -129,6 +129,42 @@ pub fn vjp<E: Emitter>(
     outputs: &[E::Value],
     cotangents: &[Option<E::Value>],
 ) -> Result<Vec<Option<E::Value>>, AutodiffError> {
+    vjp_wanted(e, op, inputs, outputs, cotangents, &vec![true; inputs.len()])
+}
+
+/// [`vjp`] for the inputs marked in `wanted` only (one flag per input; the
+/// others' cotangents are `None`). A product's or convolution's cotangent
+/// for an operand no gradient is asked of is not computed at all: an
+/// eager tape's backward through `x · w` with only `w` watched is one
+/// product, not two (as PyTorch's autograd skips inputs that need no
+/// gradient); a traced graph would drop the unused one later anyway.
+pub fn vjp_wanted<E: Emitter>(
+    e: &mut E,
+    op: &Op,
+    inputs: &[E::Value],
+    outputs: &[E::Value],
+    cotangents: &[Option<E::Value>],
+    wanted: &[bool],
+) -> Result<Vec<Option<E::Value>>, AutodiffError> {
+    let mut cts = vjp_of(e, op, inputs, outputs, cotangents, wanted)?;
+    for (ct, &w) in cts.iter_mut().zip(wanted) {
+        if !w {
+            *ct = None;
+        }
+    }
+    Ok(cts)
+}
+
+/// [`vjp_wanted`] before the unwanted cotangents are dropped (the rules
+/// that can skip work read `wanted`; the others compute every input's).
+fn vjp_of<E: Emitter>(
+    e: &mut E,
+    op: &Op,
+    inputs: &[E::Value],
+    outputs: &[E::Value],
+    cotangents: &[Option<E::Value>],
+    wanted: &[bool],
+) -> Result<Vec<Option<E::Value>>, AutodiffError> {
     let none = || vec![None; inputs.len()];
     // Control flow has many outputs and its own rule; without values for
     // the variables its subgraphs read, it refuses to differentiate those.
@@ -142,7 +178,7 @@ pub fn vjp<E: Emitter>(
         if !float {
             return Ok(none());
         }
-        return spatial::spatial_vjp(&mut B { e }, op, sp, inputs, outputs, cotangents);
+        return spatial::spatial_vjp(&mut B { e }, op, sp, inputs, outputs, cotangents, wanted);
     }
     let Some(g) = cotangents.first().cloned().flatten() else {
         return Ok(none());
@@ -177,7 +213,7 @@ pub fn vjp<E: Emitter>(
             vec![Some(reduce(&mut b, *r, axes, *keepdims, &x, &y, &g)?)]
         }
         Op::ArgReduce { .. } | Op::OneHot { .. } => none(),
-        Op::MatMul => matmul_vjp(&mut b, &inputs[0], &inputs[1], g)?,
+        Op::MatMul => matmul_vjp(&mut b, &inputs[0], &inputs[1], g, wanted)?,
         Op::Reshape { .. } => vec![Some(reshape_vjp(&mut b, op, &x.expect("reshape input"), g)?)],
         Op::Transpose { perm } => {
             let mut inverse = vec![0; perm.len()];
@@ -527,11 +563,25 @@ fn stack_vjp<E: Emitter>(b: &mut B<'_, E>, axis: usize, n: usize, g: &E::Value) 
 }
 
 /// The product's VJP: `g · cᵀ` for `a`, `aᵀ · g` for `c`, each summed
-/// down to its operand's shape.
-fn matmul_vjp<E: Emitter>(b: &mut B<'_, E>, a: &E::Value, c: &E::Value, g: E::Value) -> R<Vec<Option<E::Value>>> {
+/// down to its operand's shape; only those `wanted` (`[a, c]`).
+fn matmul_vjp<E: Emitter>(
+    b: &mut B<'_, E>,
+    a: &E::Value,
+    c: &E::Value,
+    g: E::Value,
+    wanted: &[bool],
+) -> R<Vec<Option<E::Value>>> {
     let (ta, tc) = (b.ty(a), b.ty(c));
-    let ct = b.op(Op::Transpose { perm: swap_last(tc.rank()) }, std::slice::from_ref(c))?;
-    let ga = b.op(Op::MatMul, &[g.clone(), ct])?;
+    let ga = if wanted.first().copied().unwrap_or(true) {
+        let ct = b.op(Op::Transpose { perm: swap_last(tc.rank()) }, std::slice::from_ref(c))?;
+        let ga = b.op(Op::MatMul, &[g.clone(), ct])?;
+        Some(b.unbroadcast(ga, &ta)?)
+    } else {
+        None
+    };
+    if !wanted.get(1).copied().unwrap_or(true) {
+        return Ok(vec![ga, None]);
+    }
     let known = |t: &TensorType, i: usize| t.dims.get(i).copied().flatten();
     let gc = match (tc.rank(), known(&tc, 0), known(&tc, 1)) {
         // A weight shared by every row of a batched `a` ([.., M, K]
@@ -551,5 +601,5 @@ fn matmul_vjp<E: Emitter>(b: &mut B<'_, E>, a: &E::Value, c: &E::Value, g: E::Va
             b.op(Op::MatMul, &[at, g])?
         }
     };
-    Ok(vec![Some(b.unbroadcast(ga, &ta)?), Some(b.unbroadcast(gc, &tc)?)])
+    Ok(vec![ga, Some(b.unbroadcast(gc, &tc)?)])
 }

@@ -28,8 +28,10 @@ pub(super) fn spatial_vjp<E: Emitter>(
     inputs: &[E::Value],
     outputs: &[E::Value],
     cotangents: &[Option<E::Value>],
+    wanted: &[bool],
 ) -> R<Vec<Option<E::Value>>> {
     let g = cotangents.first().cloned().flatten();
+    let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
     let spatial = |b: &mut B<'_, E>, s: SpatialOp, xs: &[E::Value]| b.e.emit(Op::Spatial(s), xs);
     Ok(match *sp {
         SpatialOp::Conv2d { conv, bias, relu } => {
@@ -44,11 +46,20 @@ pub(super) fn spatial_vjp<E: Emitter>(
             let (x, w) = (&inputs[0], &inputs[1]);
             let input_hw = hw(b, op, x, "the input's")?;
             let kernel = hw(b, op, w, "the kernel's")?;
-            let dx = spatial(b, SpatialOp::Conv2dBackwardData { conv, input_hw }, &[g.clone(), w.clone()])?.remove(0);
-            let mut dw = spatial(b, SpatialOp::Conv2dBackwardFilter { conv, kernel, bias }, &[x.clone(), g])?;
-            let mut out = vec![Some(dx), Some(dw.remove(0))];
-            if bias {
-                out.push(Some(dw.remove(0)));
+            // The image's gradient (a first layer's) or the filter's and
+            // bias's (a frozen layer's) only when asked for.
+            let dx = match want(0) {
+                true => Some(
+                    spatial(b, SpatialOp::Conv2dBackwardData { conv, input_hw }, &[g.clone(), w.clone()])?.remove(0),
+                ),
+                false => None,
+            };
+            let mut out = vec![dx];
+            if want(1) || (bias && want(2)) {
+                let dw = spatial(b, SpatialOp::Conv2dBackwardFilter { conv, kernel, bias }, &[x.clone(), g])?;
+                out.extend(dw.into_iter().map(Some));
+            } else {
+                out.extend(std::iter::repeat_n(None, 1 + usize::from(bias)));
             }
             out
         }
