@@ -9,13 +9,14 @@ use tracejit_bench::peak::{measure_peak_above, PeakAlloc};
 static ALLOC: PeakAlloc = PeakAlloc;
 
 /// W10's training step with its two blocks checkpointed (the harness's
-/// W10c) peaks at less than half of W10's heap in a steady compiled call
+/// W10c) peaks at less than three quarters of W10's heap in a steady
+/// compiled call
 /// (the fourth: the executor's buffer pool follows its plan from the
 /// third on), counting everything the function holds (its pool and code)
 /// with what the call allocates, with the same loss and updated
 /// parameters.
 #[test]
-fn checkpointed_gpt_steps_peak_at_under_half_the_heap() {
+fn checkpointed_gpt_steps_peak_at_under_three_quarters_of_the_heap() {
     use tracejit_bench::transformer::{gpt_args, gpt_train_step, gpt_train_step_remat, GptArgs};
     let mut runs = Vec::new();
     for step in [gpt_train_step as fn(GptArgs) -> Vec<tracejit::Tensor>, gpt_train_step_remat] {
@@ -38,6 +39,8 @@ fn checkpointed_gpt_steps_peak_at_under_half_the_heap() {
     }
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     eprintln!("W10 peak heap {:.1} MiB, checkpointed {:.1} MiB", mib(*plain), mib(*remat));
-    // Measured: 90.0 and 41.5 MiB.
-    assert!(remat * 2 <= *plain, "checkpointed {remat} bytes vs {plain}");
+    // Measured: 90.0 and 41.5 MiB, then 57.3 and 40.9 once GELU's
+    // backward kernel kept only its input for the backward pass instead of
+    // the body's intermediates (four [8, 128, 1024] f32 tensors per block).
+    assert!(remat * 4 <= *plain * 3, "checkpointed {remat} bytes vs {plain}");
 }

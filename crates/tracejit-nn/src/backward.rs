@@ -1,7 +1,8 @@
 //! Backward kernels of composites (declared with them in `composites.rs`
 //! and registered on first use of `tracejit::nn`):
-//! the closed-form gradients of `softmax_cross_entropy_with_logits` and
-//! `layer_norm`, in place of differentiating their primitive bodies.
+//! the closed-form gradients of `softmax_cross_entropy_with_logits`,
+//! `layer_norm` and `gelu`, in place of differentiating their primitive
+//! bodies.
 //!
 //! Why: the body's VJP replays the forward and walks it op by op (for the
 //! cross-entropy, log-softmax's max/sub/exp/sum/log and their cotangents);
@@ -43,4 +44,12 @@ pub(crate) fn layer_norm(inputs: &[Tensor], _outputs: &[Tensor], cts: &[Option<T
     let Some(g) = cts.first().cloned().flatten() else { return vec![None; 4] };
     let (dx, dgamma, dbeta) = crate::composites::layer_norm_grad_with(x, gamma, beta, eps, &g);
     vec![Some(dx), Some(dgamma), Some(dbeta), None]
+}
+
+/// `gelu_grad` (a composite with a native kernel, traced as its body) for
+/// the cotangent of the result: eagerly one pass over `x` and `g` instead
+/// of the body's VJP, op by op.
+pub(crate) fn gelu(inputs: &[Tensor], _outputs: &[Tensor], cts: &[Option<Tensor>]) -> Vec<Option<Tensor>> {
+    let Some(g) = cts.first().cloned().flatten() else { return vec![None] };
+    vec![Some(crate::composites::gelu_grad(&inputs[0], &g))]
 }

@@ -66,6 +66,16 @@ pub(crate) fn gelu_body(x: &Tensor) -> Tensor {
     (x * 0.5) * (inner.tanh() + 1.0)
 }
 
+/// The cotangent of [`gelu_body`]'s input given its result's `g`: with
+/// `t = tanh(c·(x + 0.044715·x³))`, `c = √(2/π)`,
+/// `g · (0.5·(1 + t) + 0.5·x·(1 - t²)·c·(1 + 3·0.044715·x²))`.
+pub(crate) fn gelu_grad_body(x: &Tensor, g: &Tensor) -> Tensor {
+    let x2 = x * x;
+    let t = ((x + &x2 * x * 0.044715) * 0.7978845608).tanh();
+    let slope = (-(&t * &t) + 1.0) * (x * 0.5) * (x2 * 0.134145 + 1.0) * 0.7978845608;
+    ((t + 1.0) * 0.5 + slope) * g
+}
+
 /// Softmax over the last axis, stable: `e = exp(x - max); e / sum(e)`.
 pub(crate) fn softmax_body(x: &Tensor) -> Tensor {
     let m = x.max(&[-1], true);

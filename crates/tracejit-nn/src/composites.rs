@@ -10,7 +10,8 @@
 use tracejit_trace::Tensor;
 
 use crate::bodies::{
-    gelu_body, layer_norm_body, layer_norm_grad_body, log_softmax_body, lstm_cell_body, softmax_body, Activation,
+    gelu_body, gelu_grad_body, layer_norm_body, layer_norm_grad_body, log_softmax_body, lstm_cell_body, softmax_body,
+    Activation,
 };
 use crate::decl::{Composite, Native};
 use crate::{backward, kernels, samples};
@@ -24,8 +25,21 @@ pub(crate) static GELU: Composite = Composite::new(
     "gelu",
     |x, _| vec![gelu_body(&x[0])],
     Some(Native { accepts: kernels::gelu_accepts, run: kernels::gelu }),
-    None,
+    Some(backward::gelu),
     samples::unary,
+)
+.traced_as_body();
+
+/// `tracejit.nn.gelu_grad`: `(x, g)` to GELU's input cotangent, the
+/// backward kernel of [`GELU`]. Eager calls run the native kernel (one
+/// pass); compiled code runs the body, fused with its neighbours.
+pub(crate) static GELU_GRAD: Composite = Composite::new(
+    "tracejit.nn.gelu_grad",
+    "gelu_grad",
+    |a, _| vec![gelu_grad_body(&a[0], &a[1])],
+    Some(Native { accepts: kernels::gelu_grad_accepts, run: kernels::gelu_grad }),
+    None,
+    samples::unary_with_cotangent,
 )
 .traced_as_body();
 
@@ -121,6 +135,7 @@ pub(crate) static DROPOUT: Composite = Composite::new(
 /// Every declaration, in a fixed order ([`crate::declared`]).
 pub(crate) static ALL: &[&Composite] = &[
     &GELU,
+    &GELU_GRAD,
     &SOFTMAX,
     &LOG_SOFTMAX,
     &LAYER_NORM,
@@ -143,6 +158,13 @@ fn first(mut v: Vec<Tensor>) -> Tensor {
 #[track_caller]
 pub fn gelu(x: &Tensor) -> Tensor {
     first(GELU.call(&[x], 0))
+}
+
+/// GELU's input cotangent given `g`, its result's ([`gelu`]'s backward
+/// kernel).
+#[track_caller]
+pub(crate) fn gelu_grad(x: &Tensor, g: &Tensor) -> Tensor {
+    first(GELU_GRAD.call(&[x, g], 0))
 }
 
 /// Moves `axis` last (a permutation and its inverse), or `None` when it is

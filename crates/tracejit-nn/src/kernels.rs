@@ -27,6 +27,12 @@ pub(crate) fn gelu_accepts(s: &[TensorSpec]) -> bool {
     all_f32(s, 1)
 }
 
+/// `(x, g)`, both f32 and of one shape ([`gelu_grad`]; a broadcast
+/// cotangent takes the body).
+pub(crate) fn gelu_grad_accepts(s: &[TensorSpec]) -> bool {
+    all_f32(s, 2) && s[0].dims() == s[1].dims()
+}
+
 /// f32 `x` of rank >= 1, rows along the last axis ([`softmax`],
 /// [`log_softmax`]).
 pub(crate) fn rows_accepts(s: &[TensorSpec]) -> bool {
@@ -109,6 +115,29 @@ pub(crate) fn gelu(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
         simd::tanh_in_place_with(oc, isa);
         for (o, &x) in oc.iter_mut().zip(xc) {
             *o = (x * 0.5) * (*o + 1.0);
+        }
+    }
+    vec![storage(out, &shape)]
+}
+
+/// GELU's derivative at `x` times the cotangent `g`, in one pass over
+/// both (`crate::bodies::gelu_grad_body`'s formula): differentiating the
+/// body op by op replayed its forward and wrote a [8, 128, 1024] tensor per
+/// op, about 30 of them per layer of W10's eager train step.
+pub(crate) fn gelu_grad(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
+    let (shape, x) = data(&inputs[0]);
+    let (_, g) = data(&inputs[1]);
+    let mut out = vec![0.0f32; x.len()];
+    let pieces = x.chunks(GELU_CHUNK).zip(g.chunks(GELU_CHUNK)).zip(out.chunks_mut(GELU_CHUNK));
+    for ((xc, gc), oc) in pieces {
+        for (o, &x) in oc.iter_mut().zip(xc) {
+            *o = (x + x * x * x * 0.044715) * 0.797_884_6;
+        }
+        simd::tanh_in_place_with(oc, isa);
+        for ((o, &x), &g) in oc.iter_mut().zip(xc).zip(gc) {
+            let t = *o;
+            let slope = (1.0 - t * t) * (x * 0.5) * (x * x * 0.134_145 + 1.0) * 0.797_884_6;
+            *o = ((t + 1.0) * 0.5 + slope) * g;
         }
     }
     vec![storage(out, &shape)]

@@ -25,7 +25,7 @@
 //!
 //! | function | composite name | registered kernel |
 //! |---|---|---|
-//! | [`gelu`] | `tracejit.nn.gelu` | f32 |
+//! | [`gelu`] | `tracejit.nn.gelu` | f32, and a backward kernel (`tracejit.nn.gelu_grad`, f32) |
 //! | [`softmax`] | `tracejit.nn.softmax` (last axis) | f32, rank >= 1 |
 //! | [`log_softmax`] | `tracejit.nn.log_softmax` (last axis) | f32, rank >= 1 |
 //! | [`layer_norm`] | `tracejit.nn.layer_norm` | f32, and a backward kernel ([`layer_norm_grad`]) |

@@ -60,6 +60,19 @@ pub(crate) fn layer_norm() -> Vec<(Vec<Tensor>, u32)> {
     out
 }
 
+/// [`unary`]'s arguments and a cotangent of the same shape (`gelu_grad`).
+pub(crate) fn unary_with_cotangent() -> Vec<(Vec<Tensor>, u32)> {
+    unary()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (mut a, attr))| {
+            let g = values(a[0].shape(), a[0].dtype(), 30 + i as u64, false);
+            a.push(g);
+            (a, attr)
+        })
+        .collect()
+}
+
 /// [`layer_norm`]'s arguments and a cotangent of `x`'s shape.
 pub(crate) fn layer_norm_grad() -> Vec<(Vec<Tensor>, u32)> {
     layer_norm()
