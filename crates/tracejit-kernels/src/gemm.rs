@@ -20,7 +20,10 @@ mod transpose;
 pub trait GemmFloat: Copy + Default + Send + Sync + 'static {
     /// `C = A·B` (or `C += A·B` with `accumulate`) for strided row/column
     /// views (strides in elements) on the calling thread, with the
-    /// micro-kernels `isa` allows.
+    /// micro-kernels `isa` allows. `whole` is `[m, n]` of the product this
+    /// block is part of (the block's own `[m, n]` when it is the whole):
+    /// layout choices depend on it, never on the block, so that results
+    /// keep their bits whatever the thread count.
     ///
     /// # Safety
     /// Pointers and strides must describe valid `m×k`, `k×n` and `m×n`
@@ -28,6 +31,7 @@ pub trait GemmFloat: Copy + Default + Send + Sync + 'static {
     #[allow(clippy::too_many_arguments)]
     unsafe fn block(
         isa: Isa,
+        whole: [usize; 2],
         m: usize,
         k: usize,
         n: usize,
@@ -49,6 +53,7 @@ macro_rules! gemm_float {
         impl GemmFloat for $t {
             unsafe fn block(
                 isa: Isa,
+                whole: [usize; 2],
                 m: usize,
                 k: usize,
                 n: usize,
@@ -67,6 +72,8 @@ macro_rules! gemm_float {
                 // SAFETY: forwarded from the caller. gemm takes (column,
                 // row) strides and computes dst = alpha·dst + beta·(lhs·rhs).
                 let $p = micro::Product {
+                    whole_m: whole[0],
+                    whole_n: whole[1],
                     m,
                     n,
                     k,
@@ -146,6 +153,7 @@ pub unsafe fn product<T: GemmFloat>(
         unsafe {
             T::block(
                 isa,
+                [m, n],
                 rows.len(),
                 k,
                 cols.len(),
