@@ -10,7 +10,10 @@
 //! the order here and still run many independent chains at once:
 //!
 //! - reduced axes last (a row reduction): eight rows fold side by side,
-//!   each in its own accumulator;
+//!   each in its own accumulator; a row's max or min, which has the same
+//!   value in any order, is found in vector lanes, and only the rows
+//!   whose bits could depend on the order (a NaN, a zero extreme) fold
+//!   again in order;
 //! - kept axes after the reduced ones (a column reduction, the bias
 //!   gradient's sum over the batch): each reduced row is combined into a
 //!   vector of accumulators, element by element, which the compiler
@@ -54,6 +57,12 @@ pub(super) fn reduce_adjacent<T: Num>(op: ReduceOp, flat: &[T], shape: &[usize],
     match op {
         ReduceOp::Sum | ReduceOp::Mean => fold_all(Some(T::ZERO), T::plus, flat, n, inner, &mut out),
         ReduceOp::Prod => fold_all(Some(T::ONE), T::times, flat, n, inner, &mut out),
+        ReduceOp::Max if inner == 1 => {
+            out.extend(flat.chunks_exact(n).map(|row| extreme(row, |x, best| x > best, T::nan_max)))
+        }
+        ReduceOp::Min if inner == 1 => {
+            out.extend(flat.chunks_exact(n).map(|row| extreme(row, |x, best| x < best, T::nan_min)))
+        }
         ReduceOp::Max => fold_all(None, T::nan_max, flat, n, inner, &mut out),
         ReduceOp::Min => fold_all(None, T::nan_min, flat, n, inner, &mut out),
     }
@@ -80,6 +89,41 @@ fn fold_all<T: Num>(
             fold_columns(identity, step, block, inner, out);
         }
     }
+}
+
+/// Lanes of [`extreme`]'s vector of partial results.
+const LANES: usize = 16;
+
+/// A row's max (`beats`: `>`) or min (`<`) with the bits of the
+/// reference's sequential fold (`step`: `nan_max` / `nan_min`), found
+/// with [`LANES`] partial results the compiler vectorizes.
+///
+/// The extreme value does not depend on the order; the reference's bits
+/// do only where equal values differ in bits or a NaN decides: it keeps
+/// the first of tied `-0.0` and `+0.0`, and the first NaN. So a row whose
+/// extreme is zero or that holds a NaN (which `beats` never picks) is
+/// folded again sequentially, and every other row's extreme is the one
+/// value the sequential fold returns.
+fn extreme<T: Num>(row: &[T], beats: impl Fn(T, T) -> bool, step: impl Fn(T, T) -> T) -> T {
+    let sequential = || row[1..].iter().fold(row[0], |a, &x| step(a, x));
+    let mut best = [row[0]; LANES];
+    let mut nan = false;
+    let mut pieces = row.chunks_exact(LANES);
+    for piece in &mut pieces {
+        for (b, &x) in best.iter_mut().zip(piece) {
+            nan |= x.is_nan_value();
+            *b = std::hint::select_unpredictable(beats(x, *b), x, *b);
+        }
+    }
+    for &x in pieces.remainder() {
+        nan |= x.is_nan_value();
+        best[0] = std::hint::select_unpredictable(beats(x, best[0]), x, best[0]);
+    }
+    let found = best[1..].iter().fold(best[0], |a, &x| if beats(x, a) { x } else { a });
+    if nan || found == T::ZERO {
+        return sequential();
+    }
+    found
 }
 
 /// Rows the row fold runs side by side: enough independent chains to hide

@@ -372,7 +372,7 @@ mod tests {
         /// remainder, columns of any width, and every op.
         #[test]
         fn in_place_folds_give_the_copying_paths_bits(
-            shape in prop::collection::vec(1usize..12, 1..5),
+            shape in prop::collection::vec(prop_oneof![3 => 1usize..12, 1 => 16usize..40], 1..4),
             first in 0usize..4,
             len in 1usize..4,
             seed in any::<u64>(),
@@ -393,5 +393,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A row's max and min found in vector lanes keep the sequential fold's
+    /// bits where the order shows: the first of tied -0.0 and +0.0, and
+    /// the first NaN (payload and sign), in rows longer than the lanes.
+    #[test]
+    fn lane_extremes_keep_the_first_zero_and_nan() {
+        let quiet = f32::from_bits(0x7fc0_0001);
+        let other = f32::from_bits(0xffc0_0002);
+        let row = |head: &[f32]| {
+            let mut r = head.to_vec();
+            r.resize(37, -5.0);
+            r
+        };
+        let rows = [
+            row(&[-1.0, -0.0, 0.0, -2.0]),
+            row(&[-3.0, 0.0, -0.0]),
+            row(&[2.0, other, 7.0, quiet]),
+            row(&[1.0, 3.0, 3.0, -0.5]),
+        ];
+        let flat: Vec<f32> = rows.concat();
+        let x = t(flat.clone(), &[4, 37]);
+        let Storage::F32(a) = &x else { unreachable!() };
+        for op in [ReduceOp::Max, ReduceOp::Min] {
+            let fast = v::<f32>(&reduce(op, &x, &[1], false));
+            let general = reduce_by_copy(op, a, &[1]);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fast), bits(&general), "{op:?}");
+        }
+        let max = v::<f32>(&reduce(ReduceOp::Max, &x, &[1], false));
+        assert_eq!(max[0].to_bits(), (-0.0f32).to_bits());
+        assert_eq!(max[1].to_bits(), 0.0f32.to_bits());
+        assert_eq!(max[2].to_bits(), other.to_bits());
+        assert_eq!(max[3], 3.0);
     }
 }
