@@ -7,7 +7,8 @@
 //! a size (in output blocks fixed by the sizes, [`run_gemm_blocks`]), and
 //! two independent products of that size close together in a schedule,
 //! side by side, each whole on one thread (see `tracejit_jit::Executable`). Everything
-//! else — reference kernels, eager ops, small kernels — runs on the
+//! else — reference kernels, eager ops other than products and
+//! convolutions, small kernels — runs on the
 //! calling thread, which is why a call of a few small kernels (W1) never
 //! pays for the pool.
 //!

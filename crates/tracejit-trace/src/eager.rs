@@ -169,12 +169,10 @@ pub(crate) fn apply_eager(op: Op, inputs: &[&Tensor], location: &'static Locatio
     // the tests' oracle, 50-150x slower on a CNN layer).
     // f32 exp, tanh and sigmoid take the vector recipes compiled code runs,
     // and f32/f64 products the executor's GEMM (twice the reference's
-    // speed), on this thread as every eager op.
+    // speed) on the thread count, whose bits do not depend on it.
     let outs = match &op {
         Op::Spatial(sp) => tracejit_jit::spatial(sp, &storages),
-        Op::MatMul => {
-            vec![tracejit_kernels::threads::serial(|| tracejit_jit::matmul(storages[0], storages[1]))]
-        }
+        Op::MatMul => vec![tracejit_jit::matmul(storages[0], storages[1])],
         _ => match fast_math(&op, &storages) {
             Some(out) => vec![out],
             None => eval_primitive(&op, &storages),
