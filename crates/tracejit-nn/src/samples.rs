@@ -60,30 +60,28 @@ pub(crate) fn layer_norm() -> Vec<(Vec<Tensor>, u32)> {
     out
 }
 
-/// [`unary`]'s arguments and a cotangent of the same shape (`gelu_grad`).
-pub(crate) fn unary_with_cotangent() -> Vec<(Vec<Tensor>, u32)> {
-    unary()
+/// `samples` with a cotangent of the first argument's shape appended to
+/// each (seeds from `seed`).
+fn with_cotangent(samples: Vec<(Vec<Tensor>, u32)>, seed: u64) -> Vec<(Vec<Tensor>, u32)> {
+    samples
         .into_iter()
         .enumerate()
         .map(|(i, (mut a, attr))| {
-            let g = values(a[0].shape(), a[0].dtype(), 30 + i as u64, false);
+            let g = values(a[0].shape(), a[0].dtype(), seed + i as u64, false);
             a.push(g);
             (a, attr)
         })
         .collect()
 }
 
+/// [`unary`]'s arguments and a cotangent of the same shape (`gelu_grad`).
+pub(crate) fn unary_with_cotangent() -> Vec<(Vec<Tensor>, u32)> {
+    with_cotangent(unary(), 30)
+}
+
 /// [`layer_norm`]'s arguments and a cotangent of `x`'s shape.
 pub(crate) fn layer_norm_grad() -> Vec<(Vec<Tensor>, u32)> {
-    layer_norm()
-        .into_iter()
-        .enumerate()
-        .map(|(i, (mut a, attr))| {
-            let dy = values(a[0].shape(), a[0].dtype(), 40 + i as u64, false);
-            a.push(dy);
-            (a, attr)
-        })
-        .collect()
+    with_cotangent(layer_norm(), 40)
 }
 
 /// `(x, h, c, w_ih, w_hh, b)` for batches of 1 and 3, hidden 5.

@@ -129,11 +129,11 @@ pub fn vjp<E: Emitter>(
     outputs: &[E::Value],
     cotangents: &[Option<E::Value>],
 ) -> Result<Vec<Option<E::Value>>, AutodiffError> {
-    vjp_wanted(e, op, inputs, outputs, cotangents, &vec![true; inputs.len()])
+    vjp_wanted(e, op, inputs, outputs, cotangents, &[])
 }
 
-/// [`vjp`] for the inputs marked in `wanted` only (one flag per input; the
-/// others' cotangents are `None`). A product's or convolution's cotangent
+/// [`vjp`] for the inputs marked in `wanted` only (one flag per input,
+/// inputs past its end wanted; the others' cotangents are `None`). A product's or convolution's cotangent
 /// for an operand no gradient is asked of is not computed at all: an
 /// eager tape's backward through `x · w` with only `w` watched is one
 /// product, not two (as PyTorch's autograd skips inputs that need no

@@ -257,8 +257,6 @@ impl Product<f32> {
     unsafe fn drive(self, force: Option<Kernels>, isa: Isa) {
         let p = self;
         let Product {
-            whole_m: _,
-            whole_n: _,
             m,
             n,
             k,
@@ -274,6 +272,7 @@ impl Product<f32> {
             rhs_rs,
             alpha,
             beta,
+            ..
         } = p;
         let want = force.unwrap_or(if lhs_rs == 1 { Kernels::Wide } else { Kernels::Narrow });
         #[cfg(target_arch = "x86_64")]
