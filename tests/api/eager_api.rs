@@ -237,3 +237,37 @@ fn eager_products_take_the_compiled_gemm() {
         }
     }
 }
+
+/// Eager elementwise ops and reductions on large arrays split across the
+/// pool at two threads, with one thread's bits: the recipes' exp, tanh and
+/// sigmoid, a softmax written out (row max and sum, broadcast sub and
+/// div), and a select.
+#[test]
+fn large_eager_ops_split_across_threads_with_the_same_bits() {
+    use tracejit::config::pool_dispatches;
+    use tracejit::Target;
+    let x = Tensor::randn(&[301, 517], 3);
+    let ops: [(&str, &dyn Fn() -> Tensor); 5] = [
+        ("exp", &|| x.exp()),
+        ("tanh", &|| x.tanh()),
+        ("sigmoid", &|| x.sigmoid()),
+        ("softmax", &|| {
+            let e = (&x - &x.max(&[1], true)).exp();
+            &e / &e.sum(&[1], true)
+        }),
+        ("select", &|| Tensor::select(&x.gt(x.mean(&[0], true)), &x, &x.neg())),
+    ];
+    for (name, op) in ops {
+        let on = |threads: usize| {
+            Target::host().with_threads(threads).enter(|| {
+                let before = pool_dispatches();
+                let out = v32(&op());
+                (out, pool_dispatches() - before)
+            })
+        };
+        let ((one, serial), (two, split)) = (on(1), on(2));
+        assert_eq!(serial, 0, "{name}: one thread stays on the caller");
+        assert!(split > 0, "{name}: two threads split the work");
+        assert!(one.iter().zip(&two).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: the bits changed");
+    }
+}

@@ -76,10 +76,6 @@ impl Results {
     }
 }
 
-fn threads_note(row: &Row) -> Option<String> {
-    (row.threads_used() != row.threads).then(|| "eager ops run on 1 thread".to_string())
-}
-
 fn fmt_us(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
@@ -141,9 +137,6 @@ fn cells(res: &Results, row: &Row) -> [String; 10] {
     }
     if let Some(st) = row.schedule() {
         notes.push(schedule_note(st));
-    }
-    if let Some(n) = threads_note(row) {
-        notes.push(n);
     }
     [
         label,

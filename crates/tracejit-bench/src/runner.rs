@@ -83,14 +83,13 @@ impl Row {
         }
     }
 
-    /// Threads the mode's kernels may use: the JIT's count for the JIT
-    /// modes; eager ops and the interpreter's reference kernels run on one.
+    /// Threads the mode's kernels may use: the count, in every mode (the
+    /// JIT's kernels; eager products and convolutions; and, eagerly and in
+    /// the interpreter, elementwise ops and reductions of 65,536 elements
+    /// or more split across the pool). Kept in the JSON for the readers of earlier runs,
+    /// when eager ops ran on one.
     pub fn threads_used(&self) -> usize {
-        if self.mode.needs_jit() {
-            self.threads
-        } else {
-            1
-        }
+        self.threads
     }
 
     /// True when the run must fail.

@@ -204,12 +204,23 @@ fn fast_math(op: &Op, inputs: &[&Storage]) -> Option<Storage> {
     };
     // Copied a cache-sized piece at a time and mapped there, so that the
     // input is read once (a copy of all of it first cost as much as the
-    // math).
+    // math); large inputs in parts on the pool (an element's bits do not
+    // depend on the part it is in).
+    const PIECE: usize = 4096;
     let mut v: Vec<f32> = Vec::with_capacity(src.len());
-    for piece in src.chunks(4096) {
-        let at = v.len();
-        v.extend_from_slice(piece);
-        apply(&mut v[at..], isa);
-    }
+    let spare = &mut v.spare_capacity_mut()[..src.len()];
+    tracejit_kernels::threads::for_each_part(spare, PIECE, 1 << 16, &|start, part| {
+        for (out, piece) in part.chunks_mut(PIECE).zip(src[start..].chunks(PIECE)) {
+            for (o, &x) in out.iter_mut().zip(piece) {
+                o.write(x);
+            }
+            // SAFETY: every slot of `out` was written just above (a piece
+            // and its slots have the same length), and `MaybeUninit<f32>`
+            // has `f32`'s layout.
+            apply(unsafe { &mut *(out as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) }, isa);
+        }
+    });
+    // SAFETY: the parts cover every slot, and each was written above.
+    unsafe { v.set_len(src.len()) };
     Storage::from_vec(v, x.shape()).ok()
 }

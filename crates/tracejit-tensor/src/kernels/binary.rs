@@ -4,23 +4,27 @@
 //! goes through [`zip_map`], which broadcasts both operands to the common
 //! shape and maps an element function over them.
 
-use ndarray::{ArcArray, ArrayD, IxDyn, Zip};
+use std::mem::MaybeUninit;
+
+use ndarray::{ArcArray, ArrayD, Axis, IxDyn, Zip};
 
 use super::num::{Cast, Num};
+use super::par;
 use super::shape::broadcast_shapes;
 use crate::{BinaryOp, DType, Element, Storage, StorageElement};
 
-/// Broadcasts `a` and `b` to their common shape and maps `f` over the pairs.
-pub(crate) fn zip_map<A: Element, B: Element, R>(
+/// Broadcasts `a` and `b` to their common shape and maps `f` over the pairs
+/// (large results in parts on the pool, see [`super::par`]).
+pub(crate) fn zip_map<A: Element, B: Element, R: Element>(
     name: &str,
     a: &ArcArray<A, IxDyn>,
     b: &ArcArray<B, IxDyn>,
-    f: impl Fn(A, B) -> R,
+    f: impl Fn(A, B) -> R + Sync,
 ) -> ArrayD<R> {
     // Same shape, both contiguous: a flat loop the compiler vectorizes.
     if a.shape() == b.shape() {
         if let (Some(x), Some(y)) = (a.as_slice(), b.as_slice()) {
-            let v: Vec<R> = x.iter().zip(y).map(|(&x, &y)| f(x, y)).collect();
+            let v = par::zip_flat(x, y, f);
             return ArrayD::from_shape_vec(IxDyn(a.shape()), v).expect("same element count");
         }
     }
@@ -56,23 +60,37 @@ impl<'a, T: Copy> Row<'a, T> {
 /// `Zip` stepped through a stride-0 operand element by element (a
 /// [1024, 1024] minus [1024, 1] took 0.93 ms, twice a same-shape sub).
 /// The results are in row-major order, the same values.
-fn by_rows<A: Element, B: Element, R>(
+fn by_rows<A: Element, B: Element, R: Element>(
     shape: &[usize],
     av: ndarray::ArrayViewD<'_, A>,
     bv: ndarray::ArrayViewD<'_, B>,
-    f: impl Fn(A, B) -> R,
+    f: impl Fn(A, B) -> R + Sync,
 ) -> ArrayD<R> {
     let last = ndarray::Axis(shape.len() - 1);
-    let mut out: Vec<R> = Vec::with_capacity(shape.iter().product());
-    for (ra, rb) in av.lanes(last).into_iter().zip(bv.lanes(last)) {
-        match (Row::of(&ra), Row::of(&rb)) {
-            (Some(Row::Slice(x)), Some(Row::Slice(y))) => out.extend(x.iter().zip(y).map(|(&x, &y)| f(x, y))),
-            (Some(Row::Slice(x)), Some(Row::Splat(y))) => out.extend(x.iter().map(|&x| f(x, y))),
-            (Some(Row::Splat(x)), Some(Row::Slice(y))) => out.extend(y.iter().map(|&y| f(x, y))),
-            _ => out.extend(ra.iter().zip(&rb).map(|(&x, &y)| f(x, y))),
+    let out = par::collect_axis0(shape, &|range, part| {
+        let (av, bv) = (
+            av.slice_axis(Axis(0), ndarray::Slice::from(range.clone())),
+            bv.slice_axis(Axis(0), ndarray::Slice::from(range)),
+        );
+        let rows = av.lanes(last).into_iter().zip(bv.lanes(last));
+        for ((ra, rb), o) in rows.zip(part.chunks_mut(av.shape()[last.0])) {
+            match (Row::of(&ra), Row::of(&rb)) {
+                (Some(Row::Slice(x)), Some(Row::Slice(y))) => write(o, x.iter().zip(y).map(|(&x, &y)| f(x, y))),
+                (Some(Row::Slice(x)), Some(Row::Splat(y))) => write(o, x.iter().map(|&x| f(x, y))),
+                (Some(Row::Splat(x)), Some(Row::Slice(y))) => write(o, y.iter().map(|&y| f(x, y))),
+                _ => write(o, ra.iter().zip(&rb).map(|(&x, &y)| f(x, y))),
+            }
         }
-    }
+    });
     ArrayD::from_shape_vec(IxDyn(shape), out).expect("one result per element")
+}
+
+/// Writes a row's values into its slots (as many values as slots).
+#[inline(always)]
+fn write<R>(slots: &mut [MaybeUninit<R>], values: impl Iterator<Item = R>) {
+    for (o, v) in slots.iter_mut().zip(values) {
+        o.write(v);
+    }
 }
 
 pub(crate) fn binary(op: BinaryOp, a: &Storage, b: &Storage) -> Storage {
@@ -195,26 +213,33 @@ fn select_by_rows<T: StorageElement>(
     bv: ndarray::ArrayViewD<'_, T>,
 ) -> ArrayD<T> {
     let last = ndarray::Axis(shape.len() - 1);
-    let mut out: Vec<T> = Vec::with_capacity(shape.iter().product());
-    let rows = cv.lanes(last).into_iter().zip(av.lanes(last)).zip(bv.lanes(last));
-    for ((rc, ra), rb) in rows {
-        // A condition like `x > 0` is random to the branch predictor: a
-        // branch per element mispredicted half the time (120 µs for
-        // [64, 512]); a conditional move does not.
-        let pick = |c: bool, x: T, y: T| std::hint::select_unpredictable(c, x, y);
-        match (rc.to_slice(), Row::of(&ra), Row::of(&rb)) {
-            (Some(c), Some(Row::Slice(x)), Some(Row::Slice(y))) => {
-                out.extend(c.iter().zip(x).zip(y).map(|((&c, &x), &y)| pick(c, x, y)))
+    let out = par::collect_axis0(shape, &|range, part| {
+        let cut = |r: &std::ops::Range<usize>| ndarray::Slice::from(r.clone());
+        let (cv, av, bv) = (
+            cv.slice_axis(Axis(0), cut(&range)),
+            av.slice_axis(Axis(0), cut(&range)),
+            bv.slice_axis(Axis(0), cut(&range)),
+        );
+        let rows = cv.lanes(last).into_iter().zip(av.lanes(last)).zip(bv.lanes(last));
+        for (((rc, ra), rb), o) in rows.zip(part.chunks_mut(cv.shape()[last.0])) {
+            // A condition like `x > 0` is random to the branch predictor: a
+            // branch per element mispredicted half the time (120 µs for
+            // [64, 512]); a conditional move does not.
+            let pick = |c: bool, x: T, y: T| std::hint::select_unpredictable(c, x, y);
+            match (rc.to_slice(), Row::of(&ra), Row::of(&rb)) {
+                (Some(c), Some(Row::Slice(x)), Some(Row::Slice(y))) => {
+                    write(o, c.iter().zip(x).zip(y).map(|((&c, &x), &y)| pick(c, x, y)))
+                }
+                (Some(c), Some(Row::Slice(x)), Some(Row::Splat(y))) => {
+                    write(o, c.iter().zip(x).map(|(&c, &x)| pick(c, x, y)))
+                }
+                (Some(c), Some(Row::Splat(x)), Some(Row::Slice(y))) => {
+                    write(o, c.iter().zip(y).map(|(&c, &y)| pick(c, x, y)))
+                }
+                _ => write(o, rc.iter().zip(&ra).zip(&rb).map(|((&c, &x), &y)| pick(c, x, y))),
             }
-            (Some(c), Some(Row::Slice(x)), Some(Row::Splat(y))) => {
-                out.extend(c.iter().zip(x).map(|(&c, &x)| pick(c, x, y)))
-            }
-            (Some(c), Some(Row::Splat(x)), Some(Row::Slice(y))) => {
-                out.extend(c.iter().zip(y).map(|(&c, &y)| pick(c, x, y)))
-            }
-            _ => out.extend(rc.iter().zip(&ra).zip(&rb).map(|((&c, &x), &y)| pick(c, x, y))),
         }
-    }
+    });
     ArrayD::from_shape_vec(IxDyn(shape), out).expect("one result per element")
 }
 

@@ -5,6 +5,7 @@
 use ndarray::{ArcArray, IxDyn};
 
 use super::num::{Float, Int};
+use super::par;
 use crate::{Storage, UnaryOp};
 
 pub(crate) fn unary(op: UnaryOp, x: &Storage) -> Storage {
@@ -79,10 +80,26 @@ macro_rules! map_float_unary {
     };
 }
 
+/// `op` mapped over the contiguous `$x` into a vector (in parts on the pool
+/// when large, see [`super::par`]), the arms of [`float_unary_functions`].
+macro_rules! map_float_unary_flat {
+    (($op:expr, $x:expr, $shape:expr) $($v:ident => $f:path,)*) => {
+        match $op {
+            IsNan => Storage::from_vec(par::map_flat($x, T::is_nan_value), $shape),
+            IsFinite => Storage::from_vec(par::map_flat($x, T::is_finite_value), $shape),
+            $($v => Storage::from_vec(par::map_flat($x, $f), $shape),)*
+            LogicalNot => unreachable!("result_dtype rejects logical_not on floats"),
+        }
+    };
+}
+
 fn unary_float<T: Float>(op: UnaryOp, a: &ArcArray<T, IxDyn>) -> Storage {
     use UnaryOp::*;
     // Each arm maps with its own function item, so the element function is
     // inlined and the loop vectorizes (a `fn` pointer would block both).
+    if let Some(x) = a.as_slice() {
+        return float_unary_functions!(map_float_unary_flat!(op, x, a.shape())).expect("one result per element");
+    }
     let out = float_unary_functions!(map_float_unary!(op, a));
     Storage::from_array(out)
 }
