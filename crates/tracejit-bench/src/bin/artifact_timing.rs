@@ -36,6 +36,15 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
+/// Minor page faults of this process so far (`/proc/self/stat`'s tenth
+/// field; 0 where it cannot be read).
+fn minor_faults() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which is in parentheses.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    rest.split_whitespace().nth(7).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -146,15 +155,19 @@ fn load(workload: &str, path: &Path) -> anyhow::Result<()> {
     println!("LOAD {:.3}", ms(t));
     ensure!(a.executor_kind() == "jit", "the artifact runs in the {}", a.executor_kind());
     let args = flat_args(workload);
+    let faults = minor_faults();
     let t = Instant::now();
     let outs = a.call(&args)?;
     let first = ms(t);
+    let first_faults = minor_faults() - faults;
+    let faults = minor_faults();
     let steady = (0..STEADY)
         .map(|_| {
             let t = Instant::now();
             a.call(&args).map(|_| ms(t))
         })
         .collect::<Result<Vec<f64>, _>>()?;
+    println!("FAULTS {first_faults} {}", (minor_faults() - faults) / STEADY as u64);
     report(first, steady, loss_bits(&outs)?);
     Ok(())
 }
@@ -219,6 +232,11 @@ fn drive(workload: &str, dir: &Path, runs: usize) -> anyhow::Result<()> {
             median(steadies),
             field(&last, "KERNELS"),
         );
+        if let Some((first, steady)) = field(&last, "FAULTS").split_once(' ') {
+            // Fresh pages: what the first call pays beyond a steady one
+            // (each minor fault maps and zeroes 4 KiB).
+            println!("{:13} page faults: first call {first}, steady call {steady}", "");
+        }
         if mode == "cold" {
             println!(
                 "{:13} save {} ms, {} bytes, {} kernels; import {} ms",
