@@ -271,3 +271,40 @@ fn large_eager_ops_split_across_threads_with_the_same_bits() {
         assert!(one.iter().zip(&two).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: the bits changed");
     }
 }
+
+/// A batch of products each too small to split (per-example outer
+/// products) splits the batch across threads when together they are
+/// large: the same bits as on one thread, within the GEMM's rounding bound
+/// of the f64 product, a broadcast batch axis included.
+#[test]
+fn a_batch_of_small_products_splits_across_threads_with_the_same_bits() {
+    use tracejit::config::pool_dispatches;
+    use tracejit::Target;
+    let cases = [
+        (Tensor::randn(&[24, 33, 1], 11), Tensor::randn(&[24, 1, 65], 12)),
+        (Tensor::randn(&[1, 33, 7], 13), Tensor::randn(&[3, 8, 7, 65], 14)),
+    ];
+    for (i, (a, b)) in cases.iter().enumerate() {
+        // Each product has 2,145 or 15,015 multiply-adds, the batch 51,480
+        // or more: at this threshold the products cannot split, the batch can.
+        let on = |threads: usize| {
+            Target::host().with_threads(threads).with_gemm_threshold(20_000).enter(|| {
+                let before = pool_dispatches();
+                let out = v32(&a.matmul(b));
+                (out, pool_dispatches() - before)
+            })
+        };
+        let ((one, serial), (two, split)) = (on(1), on(2));
+        assert_eq!(serial, 0, "case {i}: one thread stays on the caller");
+        assert!(split > 0, "case {i}: two threads split the batch");
+        assert!(one.iter().zip(&two).all(|(x, y)| x.to_bits() == y.to_bits()), "case {i}: the bits changed");
+        let (a64, b64) = (a.cast(DType::F64), b.cast(DType::F64));
+        let exact = a64.matmul(&b64).to_vec::<f64>().unwrap();
+        let mag = a64.abs().matmul(&b64.abs()).to_vec::<f64>().unwrap();
+        let k = a.shape()[a.rank() - 1] as f64;
+        for (j, ((&g, &w), &m)) in two.iter().zip(&exact).zip(&mag).enumerate() {
+            let bound = (k + 2.0) * f64::from(f32::EPSILON) * m;
+            assert!((f64::from(g) - w).abs() <= bound, "case {i} element {j}: {g} vs {w} (bound {bound})");
+        }
+    }
+}

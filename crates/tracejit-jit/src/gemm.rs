@@ -206,32 +206,80 @@ fn batched<T: GemmScalar>(
         };
         return Some(T::into_storage(out));
     }
-    let nb = batch.len();
     let count: usize = batch.iter().product();
-    let mut idx = vec![0usize; nb];
+    // Each matrix's operands: their first elements (as addresses, shared
+    // with pool threads) and the strides every one of them has. The output
+    // is standard layout: matrix `i` starts `i·m·n` elements in, from one
+    // pointer taken once.
+    let mut firsts: Vec<[usize; 2]> = Vec::with_capacity(count);
+    let mut strides = [0isize; 4];
+    let mut idx = vec![0usize; batch.len()];
     for _ in 0..count {
         let mut pa = av.view();
         let mut pb = bv.view();
-        let mut pc = out.view_mut();
         for &i in &idx {
             pa = pa.index_axis_move(Axis(0), i);
             pb = pb.index_axis_move(Axis(0), i);
-            pc = pc.index_axis_move(Axis(0), i);
         }
-        let (sa, sb, sc) = (pa.strides(), pb.strides(), pc.strides());
-        let (rsa, csa, rsb, csb, rsc, csc) = (sa[0], sa[1], sb[0], sb[1], sc[0], sc[1]);
-        // SAFETY: the views describe m×k, k×n and m×n matrices with these
-        // strides; the output is unique to this call and does not alias.
-        unsafe {
-            product::<T>(isa, m, k, n, pa.as_ptr(), rsa, csa, pb.as_ptr(), rsb, csb, pc.as_mut_ptr(), rsc, csc, false)
-        };
-        for d in (0..nb).rev() {
+        let (sa, sb) = (pa.strides(), pb.strides());
+        strides = [sa[0], sa[1], sb[0], sb[1]];
+        firsts.push([pa.as_ptr() as usize, pb.as_ptr() as usize]);
+        for d in (0..batch.len()).rev() {
             idx[d] += 1;
             if idx[d] < batch[d] {
                 break;
             }
             idx[d] = 0;
         }
+    }
+    let [rsa, csa, rsb, csb] = strides;
+    let c = out.as_mut_ptr() as usize;
+    let one = |i: usize| {
+        let [pa, pb] = firsts[i];
+        // SAFETY: the addresses and strides describe the m×k and k×n
+        // matrices of the views above; `out` is a unique standard-layout
+        // [.., m, n] buffer that aliases neither operand, matrix `i` its
+        // `i·m·n..(i+1)·m·n` elements, so matrices write disjoint parts.
+        unsafe {
+            product::<T>(
+                isa,
+                m,
+                k,
+                n,
+                pa as *const T,
+                rsa,
+                csa,
+                pb as *const T,
+                rsb,
+                csb,
+                (c as *mut T).add(i * m * n),
+                n as isize,
+                1,
+                false,
+            )
+        }
+    };
+    // Products too small to split themselves (a per-example gradient's
+    // outer products, [784, 1] by [1, 512]) split the batch instead when
+    // together they are large: whole matrices per thread, each computed
+    // by the one call it gets on one thread, so the bits do not change.
+    let work = m.saturating_mul(k).saturating_mul(n);
+    let threshold = crate::threads::gemm_threshold();
+    let pool = if count > 1 && work < threshold && work.saturating_mul(count) >= threshold {
+        crate::threads::pool()
+    } else {
+        None
+    };
+    match pool {
+        Some(pool) => {
+            let parts = pool.threads().min(count);
+            let per = count.div_ceil(parts);
+            pool.run(parts, &|t| {
+                let mine = (t * per).min(count)..((t + 1) * per).min(count);
+                crate::threads::serial(|| mine.for_each(&one));
+            });
+        }
+        None => (0..count).for_each(one),
     }
     Some(T::into_storage(out))
 }
