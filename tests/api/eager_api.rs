@@ -211,6 +211,29 @@ fn eager_f32_transcendentals_take_the_compiled_recipes() {
 /// Eager f32 products run the executor's GEMM: the compiled function's
 /// bits, for plain, odd, batched and transposed operands, and within the
 /// `k·ε·Σ|aᵢbᵢ|` bound of the f64 product.
+/// `got` (the f32 product `a · b`) within the GEMM's rounding bound
+/// `(k+2)·ε·Σ|ab|` of the f64 product, element by element.
+fn assert_within_gemm_bound(a: &Tensor, b: &Tensor, got: &[f32], case: usize) {
+    let (a64, b64) = (a.cast(DType::F64), b.cast(DType::F64));
+    let exact = a64.matmul(&b64).to_vec::<f64>().unwrap();
+    let mag = a64.abs().matmul(&b64.abs()).to_vec::<f64>().unwrap();
+    let k = a.shape()[a.rank() - 1] as f64;
+    for (j, ((&g, &w), &m)) in got.iter().zip(&exact).zip(&mag).enumerate() {
+        let bound = (k + 2.0) * f64::from(f32::EPSILON) * m;
+        assert!((f64::from(g) - w).abs() <= bound, "case {case} element {j}: {g} vs {w} (bound {bound})");
+    }
+}
+
+/// `op`'s f32 result at `threads` threads (under `target`), and how many
+/// times the call entered the pool.
+fn at_threads(target: tracejit::Target, threads: usize, op: &dyn Fn() -> Tensor) -> (Vec<f32>, u64) {
+    target.with_threads(threads).enter(|| {
+        let before = tracejit::config::pool_dispatches();
+        let out = v32(&op());
+        (out, tracejit::config::pool_dispatches() - before)
+    })
+}
+
 #[test]
 fn eager_products_take_the_compiled_gemm() {
     let gen = |shape: &[usize], seed: u64| Tensor::randn(shape, seed);
@@ -227,14 +250,7 @@ fn eager_products_take_the_compiled_gemm() {
         assert_eq!(f.concrete_functions()[0].executor_kind(), "jit", "case {i}: the JIT ran");
         let (e, c) = (v32(&eager), v32(&compiled));
         assert!(e.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits()), "case {i}: eager and compiled differ");
-        let (a64, b64) = (a.cast(DType::F64), b.cast(DType::F64));
-        let exact = a64.matmul(&b64).to_vec::<f64>().unwrap();
-        let mag = a64.abs().matmul(&b64.abs()).to_vec::<f64>().unwrap();
-        let k = a.shape()[a.rank() - 1] as f64;
-        for (j, ((&g, &w), &m)) in e.iter().zip(&exact).zip(&mag).enumerate() {
-            let bound = (k + 2.0) * f64::from(f32::EPSILON) * m;
-            assert!((f64::from(g) - w).abs() <= bound, "case {i} element {j}: {g} vs {w} (bound {bound})");
-        }
+        assert_within_gemm_bound(&a, &b, &e, i);
     }
 }
 
@@ -244,7 +260,6 @@ fn eager_products_take_the_compiled_gemm() {
 /// div), and a select.
 #[test]
 fn large_eager_ops_split_across_threads_with_the_same_bits() {
-    use tracejit::config::pool_dispatches;
     use tracejit::Target;
     let x = Tensor::randn(&[301, 517], 3);
     let ops: [(&str, &dyn Fn() -> Tensor); 5] = [
@@ -258,14 +273,7 @@ fn large_eager_ops_split_across_threads_with_the_same_bits() {
         ("select", &|| Tensor::select(&x.gt(x.mean(&[0], true)), &x, &x.neg())),
     ];
     for (name, op) in ops {
-        let on = |threads: usize| {
-            Target::host().with_threads(threads).enter(|| {
-                let before = pool_dispatches();
-                let out = v32(&op());
-                (out, pool_dispatches() - before)
-            })
-        };
-        let ((one, serial), (two, split)) = (on(1), on(2));
+        let ((one, serial), (two, split)) = (at_threads(Target::host(), 1, op), at_threads(Target::host(), 2, op));
         assert_eq!(serial, 0, "{name}: one thread stays on the caller");
         assert!(split > 0, "{name}: two threads split the work");
         assert!(one.iter().zip(&two).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: the bits changed");
@@ -278,7 +286,6 @@ fn large_eager_ops_split_across_threads_with_the_same_bits() {
 /// of the f64 product, a broadcast batch axis included.
 #[test]
 fn a_batch_of_small_products_splits_across_threads_with_the_same_bits() {
-    use tracejit::config::pool_dispatches;
     use tracejit::Target;
     let cases = [
         (Tensor::randn(&[24, 33, 1], 11), Tensor::randn(&[24, 1, 65], 12)),
@@ -287,24 +294,11 @@ fn a_batch_of_small_products_splits_across_threads_with_the_same_bits() {
     for (i, (a, b)) in cases.iter().enumerate() {
         // Each product has 2,145 or 15,015 multiply-adds, the batch 51,480
         // or more: at this threshold the products cannot split, the batch can.
-        let on = |threads: usize| {
-            Target::host().with_threads(threads).with_gemm_threshold(20_000).enter(|| {
-                let before = pool_dispatches();
-                let out = v32(&a.matmul(b));
-                (out, pool_dispatches() - before)
-            })
-        };
-        let ((one, serial), (two, split)) = (on(1), on(2));
+        let (target, op) = (Target::host().with_gemm_threshold(20_000), &|| a.matmul(b));
+        let ((one, serial), (two, split)) = (at_threads(target, 1, op), at_threads(target, 2, op));
         assert_eq!(serial, 0, "case {i}: one thread stays on the caller");
         assert!(split > 0, "case {i}: two threads split the batch");
         assert!(one.iter().zip(&two).all(|(x, y)| x.to_bits() == y.to_bits()), "case {i}: the bits changed");
-        let (a64, b64) = (a.cast(DType::F64), b.cast(DType::F64));
-        let exact = a64.matmul(&b64).to_vec::<f64>().unwrap();
-        let mag = a64.abs().matmul(&b64.abs()).to_vec::<f64>().unwrap();
-        let k = a.shape()[a.rank() - 1] as f64;
-        for (j, ((&g, &w), &m)) in two.iter().zip(&exact).zip(&mag).enumerate() {
-            let bound = (k + 2.0) * f64::from(f32::EPSILON) * m;
-            assert!((f64::from(g) - w).abs() <= bound, "case {i} element {j}: {g} vs {w} (bound {bound})");
-        }
+        assert_within_gemm_bound(a, b, &two, i);
     }
 }
