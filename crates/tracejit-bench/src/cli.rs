@@ -51,8 +51,8 @@ to target/bench-report/.
 
   --quick          0.05 s per measurement (0.5 s otherwise), 64 MiB bandwidth buffer
   --json           one JSON object per line on stdout instead of the table
-  --threads N      threads the JIT's large kernels and GEMMs use (default 1; eager ops use one, eager
-                   products and convolutions N)
+  --threads N      threads the JIT's large kernels and GEMMs use, and eager mode's large ops
+                   (default 1)
   --filter NAME    only workloads whose name contains NAME (or whose id is NAME, e.g. W3); the
                    real-model workloads (W14 resnet50, W14b resnet50_b8, W15 minilm_onnx: ONNX
                    files of shared/peers/models/make_models.py) run only when named, or with

@@ -14,7 +14,7 @@
 use ndarray::{ArcArray, Axis, IxDyn};
 use tracejit_ir::tensor::{kernels, DType, Storage};
 use tracejit_kernels::gemm::{product, GemmFloat};
-use tracejit_kernels::Isa;
+use tracejit_kernels::{pages, Isa};
 
 use crate::region::BufPool;
 
@@ -170,7 +170,11 @@ fn batched<T: GemmScalar>(
     let out_shape = full([m, n]);
     let mut out: ArcArray<T, IxDyn> = match take(T::DTYPE, &out_shape).and_then(T::from_storage) {
         Some(buf) if crate::region::same_shape(buf.shape(), &out_shape) && buf.is_standard_layout() => buf,
-        _ => ArcArray::default(IxDyn(&out_shape)),
+        // Zeros from `calloc`, huge pages when large (`pages`): the
+        // product writes every element, so a fresh mapping is faulted in
+        // once, by the product.
+        _ => ArcArray::from_shape_vec(IxDyn(&out_shape), pages::zeros(out_shape.iter().product()))
+            .expect("a vector of the shape's element count"),
     };
     if m == 0 || n == 0 || k == 0 {
         // A reused buffer holds old values; an empty sum is zero.

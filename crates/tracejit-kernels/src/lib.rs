@@ -15,7 +15,9 @@
 //! - [`gemm`]: f32/f64 products of strided matrices through the `gemm`
 //!   crate's micro-kernels, chosen per product and cut into output blocks
 //!   over the thread pool;
-//! - [`threads`]: that pool and the process's thread count.
+//! - [`threads`]: that pool and the process's thread count;
+//! - [`pages`]: transparent huge pages for the large buffers kernels
+//!   allocate.
 //!
 //! Every kernel takes an [`Isa`] from its caller instead of reading a
 //! process-wide setting. Kernels whose vector code needs CPU features check
@@ -40,6 +42,7 @@ pub mod fastmath;
 pub mod gemm;
 pub mod int8;
 mod isa;
+pub mod pages;
 pub mod philox;
 pub mod pool2d;
 pub mod simd;

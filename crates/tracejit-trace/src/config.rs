@@ -167,3 +167,20 @@ pub fn max_threads() -> usize {
 pub fn pool_dispatches() -> u64 {
     tracejit_jit::threads::pool_dispatches()
 }
+
+/// How many large buffers (32 MiB or more) calls made on this thread have
+/// asked transparent huge pages for: a diagnostic of the advice described
+/// in [`tracejit_kernels::pages`] (off with `TRACEJIT_HUGE_PAGES=0`; the
+/// count stays put where the kernel has no transparent huge pages).
+///
+/// ```
+/// use tracejit_trace::config::huge_page_buffers;
+/// use tracejit_trace::Tensor;
+///
+/// let before = huge_page_buffers();
+/// let _ = Tensor::randn(&[64, 64], 0).exp(); // 16 KiB: never advised
+/// assert_eq!(huge_page_buffers(), before);
+/// ```
+pub fn huge_page_buffers() -> u64 {
+    tracejit_kernels::pages::advised_buffers()
+}

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 use tracejit_ir::{eval_primitive, infer, Op, TensorType};
+use tracejit_tensor::kernels::par;
 use tracejit_tensor::{Storage, UnaryOp};
 
 use crate::context::MemoTable;
@@ -207,9 +208,7 @@ fn fast_math(op: &Op, inputs: &[&Storage]) -> Option<Storage> {
     // math); large inputs in parts on the pool (an element's bits do not
     // depend on the part it is in).
     const PIECE: usize = 4096;
-    let mut v: Vec<f32> = Vec::with_capacity(src.len());
-    let spare = &mut v.spare_capacity_mut()[..src.len()];
-    tracejit_kernels::threads::for_each_part(spare, PIECE, 1 << 16, &|start, part| {
+    let v = par::collect(src.len(), PIECE, par::PAR_MIN, &|start, part| {
         for (out, piece) in part.chunks_mut(PIECE).zip(src[start..].chunks(PIECE)) {
             for (o, &x) in out.iter_mut().zip(piece) {
                 o.write(x);
@@ -220,7 +219,5 @@ fn fast_math(op: &Op, inputs: &[&Storage]) -> Option<Storage> {
             apply(unsafe { &mut *(out as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) }, isa);
         }
     });
-    // SAFETY: the parts cover every slot, and each was written above.
-    unsafe { v.set_len(src.len()) };
     Storage::from_vec(v, x.shape()).ok()
 }

@@ -9,6 +9,7 @@
 //! W6 than alone). Writing over `dw` touches only lines already in cache.
 
 use tracejit_ir::tensor::{DType, Storage};
+use tracejit_kernels::pages;
 
 use super::{CompiledRegion, Launch};
 use crate::analysis::{KernelKind, LoadSource};
@@ -34,16 +35,16 @@ pub(super) enum OutBuf {
 impl OutBuf {
     pub(super) fn new(dtype: DType, len: usize) -> OutBuf {
         match dtype {
-            DType::F32 => OutBuf::F32(Vec::with_capacity(len)),
-            DType::F64 => OutBuf::F64(Vec::with_capacity(len)),
-            DType::I32 => OutBuf::I32(Vec::with_capacity(len)),
-            DType::I64 => OutBuf::I64(Vec::with_capacity(len)),
-            DType::Bool => OutBuf::Bool(Vec::with_capacity(len)),
-            DType::I8 => OutBuf::I8(Vec::with_capacity(len)),
-            DType::U8 => OutBuf::U8(Vec::with_capacity(len)),
-            DType::I16 => OutBuf::I16(Vec::with_capacity(len)),
-            DType::U16 => OutBuf::U16(Vec::with_capacity(len)),
-            DType::U32 => OutBuf::U32(Vec::with_capacity(len)),
+            DType::F32 => OutBuf::F32(pages::with_capacity(len)),
+            DType::F64 => OutBuf::F64(pages::with_capacity(len)),
+            DType::I32 => OutBuf::I32(pages::with_capacity(len)),
+            DType::I64 => OutBuf::I64(pages::with_capacity(len)),
+            DType::Bool => OutBuf::Bool(pages::with_capacity(len)),
+            DType::I8 => OutBuf::I8(pages::with_capacity(len)),
+            DType::U8 => OutBuf::U8(pages::with_capacity(len)),
+            DType::I16 => OutBuf::I16(pages::with_capacity(len)),
+            DType::U16 => OutBuf::U16(pages::with_capacity(len)),
+            DType::U32 => OutBuf::U32(pages::with_capacity(len)),
             DType::BF16 | DType::F16 | DType::U64 => {
                 unreachable!("16-bit floats and u64 never reach a region (analysis rejects them)")
             }

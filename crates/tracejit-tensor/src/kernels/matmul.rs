@@ -54,7 +54,11 @@ fn batched<T: Num>(
     let av = a.broadcast(IxDyn(&full([m, k]))).expect("batch dims checked");
     let bv = b.broadcast(IxDyn(&full([k, n]))).expect("batch dims checked");
     let n_batch: usize = batch.iter().product();
-    let mut out = ndarray::Array3::from_elem((n_batch, m, n), T::ZERO);
+    // Zeros from `calloc`, huge pages when large: the kernel's writes
+    // fault a fresh mapping in once.
+    let zeros = vec![T::ZERO; n_batch * m * n];
+    tracejit_kernels::pages::advise(&zeros);
+    let mut out = ndarray::Array3::from_shape_vec((n_batch, m, n), zeros).expect("the element count of the shape");
     for (i, idx) in ndarray::indices(IxDyn(&batch)).into_iter().enumerate() {
         kernel(pick(&av, idx.slice()), pick(&bv, idx.slice()), out.index_axis_mut(Axis(0), i));
     }

@@ -231,7 +231,7 @@ mod low_precision;
 mod matmul;
 mod narrow_int;
 mod num;
-mod par;
+pub mod par;
 mod pool;
 mod random;
 pub(crate) use low_precision::{in_f32, in_f32_1};

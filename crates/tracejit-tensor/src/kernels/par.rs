@@ -16,7 +16,7 @@ use tracejit_kernels::threads::for_each_part;
 
 /// Output elements from which an elementwise kernel splits its work: below
 /// this (256 KiB of f32) waking a worker costs more than it saves.
-pub(super) const PAR_MIN: usize = 1 << 16;
+pub const PAR_MIN: usize = 1 << 16;
 
 /// Elements of a part's unit of work when the output is cut at any element
 /// (a flat map): a page's worth of f32, so parts stay cache- and
@@ -30,13 +30,14 @@ pub(super) const FLAT_CHUNK: usize = 4096;
 ///
 /// `fill` must initialize each element of its part: the kernels write their
 /// part through one zip of exactly its length.
-pub(super) fn collect<R: Copy + Send>(
+pub fn collect<R: Copy + Send>(
     len: usize,
     chunk: usize,
     min_len: usize,
     fill: &(dyn Fn(usize, &mut [MaybeUninit<R>]) + Sync),
 ) -> Vec<R> {
-    let mut v: Vec<R> = Vec::with_capacity(len);
+    // Huge pages when large (`pages`): a fresh mapping, faulted in once.
+    let mut v: Vec<R> = tracejit_kernels::pages::with_capacity(len);
     let spare = &mut v.spare_capacity_mut()[..len];
     for_each_part(spare, chunk.max(1), min_len, fill);
     // SAFETY: the parts cover `[0, len)` and `fill` writes every element of

@@ -1,0 +1,171 @@
+//! Transparent huge pages for the large buffers of products and kernels.
+//!
+//! glibc serves every allocation of 32 MiB or more (its mmap threshold at
+//! most, and what tracejit sets) with a fresh `mmap`, so each call that
+//! makes such a buffer pays a page fault for every 4 KiB of it when it is
+//! first written, and the kernel clears each page on the way. W13's
+//! per-example gradients write a 205 MB batched product per call: in eager
+//! mode at two threads the faults were most of the call (195-240 ms;
+//! `perf` put 28% of the time in `clear_page_erms` and the fault handler,
+//! the rest of the profile waiting on the memory cgroup's locks). Asking
+//! for transparent huge pages on such a buffer before it is written turns
+//! 512 faults into one: with glibc's own switch for it
+//! (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`) the same eager call took
+//! 90-103 ms and the compiled step's first call 97-112 ms instead of
+//! 187-231.
+//!
+//! tracejit cannot set that switch for a program that links it (glibc reads
+//! it when the process starts), so the kernels that make large buffers ask
+//! for huge pages themselves, with `madvise(MADV_HUGEPAGE)` on the whole
+//! 2 MiB pages inside the buffer, right after allocating it. Only buffers
+//! of [`MIN_BYTES`] or more are advised: they are fresh mappings (nothing
+//! written yet, nothing else sharing the range), and one system call is
+//! nothing beside filling 32 MiB. A smaller buffer comes from the heap,
+//! where advice would split the heap's mapping on every call.
+//!
+//! The advice changes no value, only how the pages are backed; where the
+//! kernel has no transparent huge pages (or they are set to `never`) it is
+//! ignored. Turn it off with `TRACEJIT_HUGE_PAGES=0` (for example where
+//! the kernel compacts memory slowly to find huge pages).
+
+/// Buffers of at least this many bytes get the advice: glibc's largest
+/// mmap threshold, from which every allocation is a fresh mapping.
+pub const MIN_BYTES: usize = 32 << 20;
+
+/// The huge page size the advice is rounded to (x86-64's 2 MiB).
+const HUGE_PAGE: usize = 2 << 20;
+
+/// Whether buffers get the advice: on unless `TRACEJIT_HUGE_PAGES=0`, read
+/// once per process.
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TRACEJIT_HUGE_PAGES").map_or(true, |v| v != "0"))
+}
+
+/// Asks for transparent huge pages on the whole 2 MiB pages inside `buf`
+/// when it holds at least [`MIN_BYTES`]; true when the advice was given
+/// and accepted. Call it before the buffer is first written: pages already
+/// faulted in stay small until the kernel's background thread merges them.
+pub fn advise<T>(buf: &[T]) -> bool {
+    let bytes = std::mem::size_of_val(buf);
+    if bytes < MIN_BYTES || !enabled() {
+        return false;
+    }
+    let start = (buf.as_ptr() as usize).next_multiple_of(HUGE_PAGE);
+    let end = (buf.as_ptr() as usize + bytes) / HUGE_PAGE * HUGE_PAGE;
+    let advised = end > start && advise_range(start, end - start);
+    if advised {
+        ADVISED.with(|n| n.set(n.get() + 1));
+    }
+    advised
+}
+
+thread_local! {
+    /// Buffers advised on this thread (see [`advised_buffers`]).
+    static ADVISED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many buffers calls made on this thread have advised (and the
+/// kernel accepted): a diagnostic, counted per thread like
+/// [`crate::threads::pool_dispatches`] so other threads do not disturb it.
+pub fn advised_buffers() -> u64 {
+    ADVISED.with(std::cell::Cell::get)
+}
+
+#[cfg(target_os = "linux")]
+fn advise_range(start: usize, len: usize) -> bool {
+    // SAFETY: `[start, start + len)` lies inside a live allocation the
+    // caller holds (whole pages of it, 2 MiB-aligned), and MADV_HUGEPAGE
+    // changes how those pages are backed, never their contents.
+    unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) == 0 }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_range(_start: usize, _len: usize) -> bool {
+    false
+}
+
+/// A vector of `len` zeros for a kernel to overwrite, large ones advised
+/// ([`advise`]). The zeros come from `calloc`, which leaves a fresh
+/// mapping untouched (the kernel's pages read as zero), so the vector
+/// costs no write of its own: the kernel's first write faults each page in
+/// once, as a huge page where advised.
+pub fn zeros<T: Copy + Default>(len: usize) -> Vec<T> {
+    // `vec!` of a zero float or integer allocates with `alloc_zeroed`.
+    let v = vec![T::default(); len];
+    advise(&v);
+    v
+}
+
+/// An empty vector with room for `len` elements, advised when large
+/// ([`advise`]), for a kernel that writes every element before `set_len`.
+pub fn with_capacity<T>(len: usize) -> Vec<T> {
+    let mut v = Vec::with_capacity(len);
+    advise(&v.spare_capacity_mut()[..len]);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `AnonHugePages` of the mapping holding `addr`, in KiB, from
+    /// `/proc/self/smaps`.
+    #[cfg(target_os = "linux")]
+    fn anon_huge_kib(addr: usize) -> Option<usize> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((lo, hi)) = range.split_once('-') {
+                    if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) {
+                        inside = (lo..hi).contains(&addr);
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(rest) = line.strip_prefix("AnonHugePages:") {
+                    return rest.trim().trim_end_matches("kB").trim().parse().ok();
+                }
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn small_buffers_are_left_alone_and_values_are_kept() {
+        let v: Vec<f32> = zeros(1000);
+        assert!(!advise(&v));
+        assert!(v.iter().all(|&x| x == 0.0));
+        let w: Vec<f64> = with_capacity(10);
+        assert!(w.capacity() >= 10 && w.is_empty());
+    }
+
+    #[test]
+    fn large_zeros_are_zero_and_advised_where_the_kernel_has_huge_pages() {
+        let n = MIN_BYTES / 4 + 12_345;
+        let mut v: Vec<f32> = zeros(n);
+        assert!(v.iter().all(|&x| x.to_bits() == 0));
+        v[n - 1] = 1.0;
+        for (i, x) in v.iter_mut().enumerate().step_by(1024) {
+            *x = i as f32;
+        }
+        assert_eq!(v[4096], 4096.0);
+        assert_eq!(v[n - 1], 1.0);
+        #[cfg(target_os = "linux")]
+        {
+            let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+            let thp = mode.contains("[always]") || mode.contains("[madvise]");
+            if enabled() && thp {
+                // The advice was accepted, so the mapping is marked; whether
+                // the kernel found free huge pages is up to it, so only the
+                // advice is asserted, and the backing is reported.
+                let before = advised_buffers();
+                assert!(advise(&v), "madvise(MADV_HUGEPAGE) refused on a {n}-element buffer");
+                assert_eq!(advised_buffers(), before + 1);
+                eprintln!("AnonHugePages: {:?} KiB", anon_huge_kib(v.as_ptr() as usize + (4 << 20)));
+            }
+        }
+    }
+}
