@@ -51,13 +51,21 @@ pub fn advise<T>(buf: &[T]) -> bool {
     if bytes < MIN_BYTES || !enabled() {
         return false;
     }
-    let start = (buf.as_ptr() as usize).next_multiple_of(HUGE_PAGE);
-    let end = (buf.as_ptr() as usize + bytes) / HUGE_PAGE * HUGE_PAGE;
-    let advised = end > start && advise_range(start, end - start);
+    let advised = advise_inside(buf.as_ptr().cast(), bytes);
     if advised {
         ADVISED.with(|n| n.set(n.get() + 1));
     }
     advised
+}
+
+/// Asks for transparent huge pages on the whole 2 MiB pages inside the
+/// `bytes` bytes from `ptr`, whatever their size (see [`advise`] for when
+/// that helps); true when there was such a page and the kernel accepted.
+/// The range must lie in one live allocation of the caller's.
+pub fn advise_inside(ptr: *const u8, bytes: usize) -> bool {
+    let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
+    let end = (ptr as usize).saturating_add(bytes) / HUGE_PAGE * HUGE_PAGE;
+    end > start && advise_range(start, end - start)
 }
 
 thread_local! {
