@@ -87,7 +87,7 @@ fn error(c: &[f32], want: &[f64]) -> f64 {
 fn main() {
     let n_threads = std::env::var("LOWP_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
     threads::set_num_threads(n_threads);
-    let isa = Isa::native();
+    let isa = Isa::from_env();
     let vdp = isa.with_amx(false);
     println!(
         "{n_threads} thread(s); amx-bf16 {}, avx512-bf16 {}, vnni {}",

@@ -1,7 +1,7 @@
 //! The int8 micro-kernels: one tile of up to 6 rows × 64 columns (the
 //! layout of `crate::bf16::tiles`, words of four `k`) accumulated in i32
-//! over the whole depth with `vpdpbusd` (AVX-512 VNNI) or in portable
-//! integer code, then dequantized.
+//! over the whole depth with `vpdpbusd` (AVX-512 VNNI), `vpmaddwd` (AVX2)
+//! or in portable integer code, then dequantized.
 //!
 //! Per step the vector tile loads its rhs registers (four `i8` of each
 //! column) once and, per row, broadcasts the row's four `u8` as one 32-bit
@@ -77,9 +77,18 @@ pub(super) unsafe fn run_block(
                 // `walk` over packed operands; the output is the caller's.
                 return unsafe { by_shape!(tile_avx512, t.rows, t.vecs, (t, kw, ep)) };
             }
-            if avx2 {
+            if avx2 && !force_portable() {
                 // SAFETY: as above (`width` found AVX2).
-                return unsafe { tile_portable_avx2(t, kw, ep) };
+                return unsafe {
+                    match t.rows {
+                        1 => tile_avx2::<1>(t, kw, ep),
+                        2 => tile_avx2::<2>(t, kw, ep),
+                        3 => tile_avx2::<3>(t, kw, ep),
+                        4 => tile_avx2::<4>(t, kw, ep),
+                        5 => tile_avx2::<5>(t, kw, ep),
+                        _ => tile_avx2::<MR>(t, kw, ep),
+                    }
+                };
             }
         }
         let _ = (vector, avx2);
@@ -156,15 +165,103 @@ unsafe fn tile_avx512<const R: usize, const V: usize>(t: &Tile, kw: usize, ep: &
     }
 }
 
-/// [`tile_portable`] compiled for AVX2: the same operations, 8 lanes wide.
+/// Set by tests to run the portable tile where AVX2 would run (on every
+/// thread: blocks run on the pool).
+#[cfg(test)]
+pub(super) static FORCE_PORTABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Tiles run by [`tile_avx2`]: tests of the AVX2 path assert it ran.
+#[cfg(test)]
+pub(super) static AVX2_TILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether a test asked for the portable tile.
+fn force_portable() -> bool {
+    #[cfg(test)]
+    return FORCE_PORTABLE.load(std::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(test))]
+    false
+}
+
+thread_local! {
+    /// The lhs words of a tile spread for [`tile_avx2`], kept per thread.
+    static SPREAD: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One tile with AVX2's `vpmaddwd` (no VNNI: AMD Zen 3, older Intel): per
+/// step, the rhs word of four `i8` of each of 8 columns is widened to
+/// `i16`, and each row's four `u8` (widened once per tile, [`SPREAD`]) are
+/// broadcast against it: `vpmaddwd` gives each column two exact i32 sums
+/// of two products (`|255 · 128 · 2| < 2³¹`), added up per column after
+/// the depth loop. `vpmaddubsw`, fbgemm's AVX2 route, would be twice as
+/// fast per instruction but saturates its i16 sums of two `u8 · i8`
+/// products (up to 65,280), so its results would depend on the values,
+/// not only on the documented quantization. Integer sums wrap like the
+/// other paths' and their order does not matter; the epilogue is the same
+/// sequence of IEEE operations, so the bits are the other paths' bits.
 ///
 /// # Safety
-/// The CPU has AVX2; as [`tile_portable`].
+/// The CPU has AVX2; `t` comes from [`walk`] with `R` rows over operands
+/// of depth `kw` words; the tile's outputs in `ep.c` are written by no one
+/// else meanwhile.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn tile_portable_avx2(t: &Tile, kw: usize, ep: &Epilogue<'_>) {
-    // SAFETY: forwarded.
-    unsafe { tile_portable(t, kw, ep) }
+unsafe fn tile_avx2<const R: usize>(t: &Tile, kw: usize, ep: &Epilogue<'_>) {
+    use std::arch::x86_64::*;
+    #[cfg(test)]
+    AVX2_TILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    SPREAD.with_borrow_mut(|spread| {
+        spread.clear();
+        for r in 0..R {
+            spread.extend((0..kw).map(|p| {
+                // SAFETY: row `r`'s word `p` lies in the packed lhs.
+                let w = u64::from(unsafe { *t.a.add(p / GROUP * t.a_group + r * GROUP + p % GROUP) });
+                // The four bytes, lower `k` first, as four u16 lanes.
+                (w & 0xff) | (w & 0xff00) << 8 | (w & 0xff_0000) << 16 | (w & 0xff00_0000) << 24
+            }));
+        }
+        let width = t.vecs * LANES;
+        let on = |j: usize| t.masks[j / LANES] >> (j % LANES) & 1 == 1;
+        for g in 0..width / 8 {
+            let mut acc = [[_mm256_setzero_si256(); 2]; R];
+            let b = t.b.wrapping_add(g * 8);
+            for p in 0..kw {
+                // SAFETY: 8 words of step `p` inside the rhs panel (`walk`:
+                // the tile's registers are whole panels of NR columns).
+                let raw = unsafe { _mm256_loadu_si256(b.add(p * NR).cast()) };
+                let lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw));
+                let hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(raw));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm256_set1_epi64x(spread[r * kw + p] as i64);
+                    acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(a, lo));
+                    acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(a, hi));
+                }
+            }
+            let col = t.col + g * 8;
+            // SAFETY: 8 of the padded scales and starts (whole panels).
+            let (col_scale, starts) = unsafe {
+                (
+                    _mm256_loadu_ps(ep.col_scales[col..col + 8].as_ptr()),
+                    _mm256_loadu_si256(ep.starts[col..col + 8].as_ptr().cast()),
+                )
+            };
+            for (r, acc) in acc.iter().enumerate() {
+                // Lanes 2j and 2j+1 of `acc[0]` are column j's, of `acc[1]`
+                // column 4 + j's: `hadd` gives [0, 1, 4, 5 | 2, 3, 6, 7].
+                let sums = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_hadd_epi32(acc[0], acc[1]));
+                let sums = if ep.unsigned_rows[t.row + r] { sums } else { _mm256_add_epi32(sums, starts) };
+                let x = _mm256_cvtepi32_ps(sums);
+                let y = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(ep.row_scales[t.row + r])), col_scale);
+                let mut ys = [0f32; 8];
+                // SAFETY: 8 floats into a local array.
+                unsafe { _mm256_storeu_ps(ys.as_mut_ptr(), y) };
+                let out = ep.c.get().wrapping_add((t.row + r) * ep.n + col);
+                for (j, &y) in ys.iter().enumerate().filter(|&(j, _)| on(g * 8 + j)) {
+                    // SAFETY: an output of the tile.
+                    unsafe { *out.add(j) = if ep.accumulate { *out.add(j) + y } else { y } };
+                }
+            }
+        }
+    });
 }
 
 /// One tile in portable integer code, with the vector tile's results: per

@@ -38,6 +38,7 @@ fn scale_of(top: f32, finite: bool) -> f32 {
 pub(super) const UNSIGNED_MAX_K: usize = 1 << 16;
 
 /// `x` quantized with `scale` (not NaN).
+#[inline(always)]
 fn level(x: f32, scale: f32) -> i8 {
     (x / scale).round_ties_even().clamp(-127.0, 127.0) as i8
 }
@@ -69,7 +70,31 @@ fn quantize_row(row: &[f32], out: &mut [u8], unsigned_ok: bool, isa: Isa) -> Row
         // SAFETY: the features were checked; the lengths are equal.
         return unsafe { quantize_row_avx512(row, out, unsigned_ok) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if isa.width().is_some() {
+        // SAFETY: `width` found AVX2 and FMA; the lengths are equal.
+        return unsafe { quantize_row_avx2(row, out, unsigned_ok) };
+    }
     let _ = isa;
+    quantize_row_portable(row, out, unsigned_ok)
+}
+
+/// [`quantize_row_portable`] compiled for AVX2: rounding becomes one
+/// `vroundps` (a call to `rintf` per value without SSE4.1, which was a
+/// quarter of an AVX2 int8 product's quantization) and the loops
+/// vectorize, with the same results.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `out` is as long as `row`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_row_avx2(row: &[f32], out: &mut [u8], unsigned_ok: bool) -> RowForm {
+    quantize_row_portable(row, out, unsigned_ok)
+}
+
+/// [`quantize_row`] in portable code.
+#[inline(always)]
+fn quantize_row_portable(row: &[f32], out: &mut [u8], unsigned_ok: bool) -> RowForm {
     let (mut top, mut finite, mut negative) = (0f32, true, false);
     for &x in row {
         finite &= x.is_finite();

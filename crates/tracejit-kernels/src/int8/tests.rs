@@ -24,6 +24,33 @@ fn asserting_amx<R>(f: impl FnOnce() -> R) -> R {
     out
 }
 
+/// Every path with whether the portable tile is forced: the native one
+/// (AMX where this CPU has it), `vpdpbusd`, the AVX2 tile (on a CPU with
+/// AVX2), and the portable tile.
+fn every_path() -> [(Isa, bool); 4] {
+    let [native, vector, avx2] = all_paths();
+    [(native, false), (vector, false), (avx2, false), (avx2, true)]
+}
+
+/// Serializes the runs that force the portable tile (a process-wide
+/// switch) with each other.
+static PORTABLE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `f` with the portable tile forced when `portable`, and asserts
+/// that the AVX2 tile ran when an AVX2 path without VNNI was asked for on
+/// a CPU with AVX2 (and did not when the portable one was forced).
+fn run_path(portable: bool, f: impl FnOnce()) {
+    use super::kernel::{AVX2_TILES, FORCE_PORTABLE};
+    let _lock = PORTABLE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    FORCE_PORTABLE.store(portable, Ordering::Relaxed);
+    let before = AVX2_TILES.load(Ordering::Relaxed);
+    f();
+    FORCE_PORTABLE.store(false, Ordering::Relaxed);
+    if portable {
+        assert_eq!(AVX2_TILES.load(Ordering::Relaxed), before, "the AVX2 tile ran while the portable one was forced");
+    }
+}
+
 /// Scales and levels of the rows of `x`, by the documented symmetric rule.
 fn levels(x: ArrayView2<'_, f32>) -> (Vec<f32>, Array2<i64>) {
     levels_with(x, false).0
@@ -92,10 +119,10 @@ fn check_shape(m: usize, k: usize, n: usize, rng: &mut Rng) {
     for acc in [false, true] {
         let want = exact(a.view(), w.view(), &c0, acc);
         for (kind, a) in [a.view(), a_t.t(), reversed_rows(&a).view()].into_iter().enumerate() {
-            for isa in all_paths() {
+            for (isa, portable) in every_path() {
                 let mut c = c0.clone();
-                gemm_dynamic_i8(a, &packed, &mut c, acc, isa);
-                let what = format!("{isa:?} {m}x{k}x{n} layout {kind} acc {acc}");
+                run_path(portable, || gemm_dynamic_i8(a, &packed, &mut c, acc, isa));
+                let what = format!("{isa:?} (portable tile forced: {portable}) {m}x{k}x{n} layout {kind} acc {acc}");
                 assert!(c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "{what}: {c:?} vs {want:?}");
                 // The quantization's error bound against f64.
                 for i in 0..m {
@@ -302,4 +329,27 @@ fn thread_counts_give_the_same_bits() {
 fn mismatched_sizes_panic_with_the_sizes() {
     let w = PackedI8::quantize(Array2::<f32>::zeros((4, 5)).view());
     gemm_dynamic_i8(Array2::<f32>::zeros((2, 3)).view(), &w, &mut [0.0; 10], false, Isa::native());
+}
+
+#[test]
+fn the_avx2_tile_runs_where_avx2_has_no_vnni() {
+    use super::kernel::AVX2_TILES;
+    let isa = Isa::native().with_avx512(false);
+    if isa.width().is_none() {
+        // A CPU without AVX2 has no such tile; the portable one is checked
+        // on every path above.
+        return;
+    }
+    let mut rng = Rng::new(5);
+    let (a, w) = (rng.matrix(13, 300), rng.matrix(300, 70));
+    let packed = PackedI8::quantize(w.view());
+    let mut c = vec![0.0; 13 * 70];
+    let _lock = PORTABLE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let before = AVX2_TILES.load(Ordering::Relaxed);
+    gemm_dynamic_i8(a.view(), &packed, &mut c, false, isa);
+    assert!(AVX2_TILES.load(Ordering::Relaxed) > before, "the AVX2 tile did not run");
+    assert_eq!(
+        c.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        exact(a.view(), w.view(), &[0.0; 13 * 70], false).iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
 }
