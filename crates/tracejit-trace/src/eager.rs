@@ -208,7 +208,7 @@ fn fast_math(op: &Op, inputs: &[&Storage]) -> Option<Storage> {
     // math); large inputs in parts on the pool (an element's bits do not
     // depend on the part it is in).
     const PIECE: usize = 4096;
-    let v = par::collect(src.len(), PIECE, par::PAR_MIN, &|start, part| {
+    let fill = |start: usize, part: &mut [std::mem::MaybeUninit<f32>]| {
         for (out, piece) in part.chunks_mut(PIECE).zip(src[start..].chunks(PIECE)) {
             for (o, &x) in out.iter_mut().zip(piece) {
                 o.write(x);
@@ -218,6 +218,8 @@ fn fast_math(op: &Op, inputs: &[&Storage]) -> Option<Storage> {
             // has `f32`'s layout.
             apply(unsafe { &mut *(out as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) }, isa);
         }
-    });
+    };
+    // SAFETY: `fill` writes every slot of its part (the pieces cover it).
+    let v = unsafe { par::collect(src.len(), PIECE, par::PAR_MIN, &fill) };
     Storage::from_vec(v, x.shape()).ok()
 }

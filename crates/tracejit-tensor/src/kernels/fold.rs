@@ -56,12 +56,17 @@ pub(super) fn reduce_adjacent<T: Num>(op: ReduceOp, flat: &[T], shape: &[usize],
     // runs of them on the pool, each output folded in the same order.
     let per_part = (ROWS * inner).max(par::FLAT_CHUNK / n);
     let min_len = if flat.len() >= par::PAR_MIN { 0 } else { usize::MAX };
-    Some(par::collect(outer * inner, per_part.next_multiple_of(inner), min_len, &|start, part| {
-        let blocks = &flat[start * n..(start + part.len()) * n];
-        for (o, v) in part.iter_mut().zip(reduce_blocks(op, blocks, n, inner)) {
-            o.write(v);
-        }
-    }))
+    // SAFETY: parts are whole blocks of `inner` outputs, and
+    // `reduce_blocks` gives one value per output of its blocks, written by
+    // the zip.
+    Some(unsafe {
+        par::collect(outer * inner, per_part.next_multiple_of(inner), min_len, &|start, part| {
+            let blocks = &flat[start * n..(start + part.len()) * n];
+            for (o, v) in part.iter_mut().zip(reduce_blocks(op, blocks, n, inner)) {
+                o.write(v);
+            }
+        })
+    })
 }
 
 /// [`reduce_adjacent`] of whole blocks of `n × inner` elements.

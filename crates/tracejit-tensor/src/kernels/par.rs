@@ -28,9 +28,11 @@ pub(super) const FLAT_CHUNK: usize = 4096;
 /// parts are runs of whole `chunk`s (the last may be short) and run on the
 /// pool when there are at least `min_len` elements.
 ///
-/// `fill` must initialize each element of its part: the kernels write their
-/// part through one zip of exactly its length.
-pub fn collect<R: Copy + Send>(
+/// # Safety
+/// `fill` must initialize every element of the part it is given (the
+/// kernels write their part through one zip of exactly its length): the
+/// vector's length is set to `len` after the parts are filled.
+pub unsafe fn collect<R: Copy + Send>(
     len: usize,
     chunk: usize,
     min_len: usize,
@@ -52,12 +54,15 @@ pub(super) fn map_flat<T: Copy + Sync, R: Copy + Send>(x: &[T], f: impl Fn(T) ->
     if x.len() < PAR_MIN {
         return x.iter().map(|&v| f(v)).collect();
     }
-    collect(x.len(), FLAT_CHUNK, PAR_MIN, &|start, part: &mut [MaybeUninit<R>]| {
-        let src = &x[start..start + part.len()];
-        for (o, &i) in part.iter_mut().zip(src) {
-            o.write(f(i));
-        }
-    })
+    // SAFETY: the zip writes every element of the part (`src` is as long).
+    unsafe {
+        collect(x.len(), FLAT_CHUNK, PAR_MIN, &|start, part: &mut [MaybeUninit<R>]| {
+            let src = &x[start..start + part.len()];
+            for (o, &i) in part.iter_mut().zip(src) {
+                o.write(f(i));
+            }
+        })
+    }
 }
 
 /// `f` of each pair of `x` and `y` (same length), in a new vector (on the
@@ -71,12 +76,16 @@ pub(super) fn zip_flat<A: Copy + Sync, B: Copy + Sync, R: Copy + Send>(
     if x.len() < PAR_MIN {
         return x.iter().zip(y).map(|(&a, &b)| f(a, b)).collect();
     }
-    collect(x.len(), FLAT_CHUNK, PAR_MIN, &|start, part: &mut [MaybeUninit<R>]| {
-        let end = start + part.len();
-        for (o, (&a, &b)) in part.iter_mut().zip(x[start..end].iter().zip(&y[start..end])) {
-            o.write(f(a, b));
-        }
-    })
+    // SAFETY: the zip writes every element of the part (both inputs are
+    // as long).
+    unsafe {
+        collect(x.len(), FLAT_CHUNK, PAR_MIN, &|start, part: &mut [MaybeUninit<R>]| {
+            let end = start + part.len();
+            for (o, (&a, &b)) in part.iter_mut().zip(x[start..end].iter().zip(&y[start..end])) {
+                o.write(f(a, b));
+            }
+        })
+    }
 }
 
 /// Fills the part of an output holding a range of first-axis indices.
@@ -94,7 +103,9 @@ pub(super) fn collect_axis0<R: Copy + Send>(shape: &[usize], fill: &FillIndices<
     }
     // Elements per index of the first axis (1 at rank 1).
     let per: usize = shape[1..].iter().product();
-    collect(len, per, PAR_MIN, &|start, part| fill(start / per..(start + part.len()) / per, part))
+    // SAFETY: parts are whole first-axis indices (`per` elements each), and
+    // `fill` writes every element of the indices it is given (its contract).
+    unsafe { collect(len, per, PAR_MIN, &|start, part| fill(start / per..(start + part.len()) / per, part)) }
 }
 
 #[cfg(test)]
