@@ -12,10 +12,10 @@
 //! thread pool, each tile of up to 6 × 64 outputs summed over the whole
 //! depth by one `vpdpbusd` micro-kernel (AVX-512 VNNI: 64 multiply-adds
 //! per instruction, four times f32 FMA's rate), by AVX2's `vpmaddwd` on
-//! widened values (AMD Zen 3 and other CPUs without VNNI: 15-29 G
+//! widened values (AMD Zen 3 and other CPUs without VNNI: 17-48 G
 //! multiply-adds/s on the workloads' shapes on the Xeon held to AVX2,
-//! against 6 for the auto-vectorized code before it, and 25-40 for f32's
-//! FMA kernels: still slower than f32 there) or by portable integer
+//! 0.5-1.4x f32's FMA kernels beside it, against 2-6 for the
+//! auto-vectorized code before it) or by portable integer
 //! code; where the CPU has AMX ([`Isa::has_amx_int8`]) the blocks run on
 //! the tile registers instead, 16 × 16 outputs advanced by 64 values of
 //! `k` per `tdpbusd` (`u8 · i8` like `vpdpbusd`), each tile dequantized

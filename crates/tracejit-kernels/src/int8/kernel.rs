@@ -211,14 +211,32 @@ unsafe fn tile_avx2<const R: usize>(t: &Tile, kw: usize, ep: &Epilogue<'_>) {
     AVX2_TILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     SPREAD.with_borrow_mut(|spread| {
         spread.clear();
+        spread.resize(R * kw, 0);
         for r in 0..R {
-            spread.extend((0..kw).map(|p| {
-                // SAFETY: row `r`'s word `p` lies in the packed lhs.
-                let w = u64::from(unsafe { *t.a.add(p / GROUP * t.a_group + r * GROUP + p % GROUP) });
-                // The four bytes, lower `k` first, as four u16 lanes.
-                (w & 0xff) | (w & 0xff00) << 8 | (w & 0xff_0000) << 16 | (w & 0xff00_0000) << 24
-            }));
+            let row = &mut spread[r * kw..(r + 1) * kw];
+            for (gi, words) in row.chunks_mut(GROUP).enumerate() {
+                // Row `r`'s words of group `gi` are consecutive.
+                let src = t.a.wrapping_add(gi * t.a_group + r * GROUP);
+                let done = words.len() / 4 * 4;
+                let mut quads = words.chunks_exact_mut(4);
+                for (q, out) in (&mut quads).enumerate() {
+                    // SAFETY: four words of the row inside the packed lhs
+                    // (16 bytes), widened to four u16 lanes each, stored
+                    // into the four u64 of `out` (32 bytes).
+                    unsafe {
+                        let bytes = _mm_loadu_si128(src.add(q * 4).cast());
+                        _mm256_storeu_si256(out.as_mut_ptr().cast(), _mm256_cvtepu8_epi16(bytes));
+                    }
+                }
+                for (i, out) in quads.into_remainder().iter_mut().enumerate() {
+                    // SAFETY: a word of the row inside the packed lhs.
+                    let w = u64::from(unsafe { *src.add(done + i) });
+                    // The four bytes, lower `k` first, as four u16 lanes.
+                    *out = (w & 0xff) | (w & 0xff00) << 8 | (w & 0xff_0000) << 16 | (w & 0xff00_0000) << 24;
+                }
+            }
         }
+        let rows: [*const u64; R] = std::array::from_fn(|r| spread[r * kw..].as_ptr());
         let width = t.vecs * LANES;
         let on = |j: usize| t.masks[j / LANES] >> (j % LANES) & 1 == 1;
         for g in 0..width / 8 {
@@ -231,7 +249,8 @@ unsafe fn tile_avx2<const R: usize>(t: &Tile, kw: usize, ep: &Epilogue<'_>) {
                 let lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw));
                 let hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256::<1>(raw));
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    let a = _mm256_set1_epi64x(spread[r * kw + p] as i64);
+                    // SAFETY: `p < kw`, inside row `r` of the spread words.
+                    let a = _mm256_set1_epi64x(unsafe { *rows[r].add(p) } as i64);
                     acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(a, lo));
                     acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(a, hi));
                 }

@@ -79,17 +79,74 @@ fn quantize_row(row: &[f32], out: &mut [u8], unsigned_ok: bool, isa: Isa) -> Row
     quantize_row_portable(row, out, unsigned_ok)
 }
 
-/// [`quantize_row_portable`] compiled for AVX2: rounding becomes one
-/// `vroundps` (a call to `rintf` per value without SSE4.1, which was a
-/// quarter of an AVX2 int8 product's quantization) and the loops
-/// vectorize, with the same results.
+/// [`quantize_row`] 8 values per register with AVX2 (the portable loop,
+/// even compiled for AVX2, took 6 ns a value: a `rintf` call per value
+/// without SSE4.1 and scalar saturating casts; a quarter of an int8
+/// product on the Xeon held to AVX2). The same operations as the portable
+/// and AVX-512 paths: the largest magnitude, then `x / scale` clamped and
+/// rounded to nearest even (clamping first is the same: the bounds are
+/// integers), `+ 128` on a signed row.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; `out` is as long as `row`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_row_avx2(row: &[f32], out: &mut [u8], unsigned_ok: bool) -> RowForm {
-    quantize_row_portable(row, out, unsigned_ok)
+    use std::arch::x86_64::*;
+    let len = row.len();
+    let whole = len / 8 * 8;
+    let magnitude = _mm256_set1_epi32(0x7fff_ffff);
+    let (mut top_v, mut bad_v, mut negative_v) = (_mm256_setzero_ps(), _mm256_setzero_si256(), _mm256_setzero_ps());
+    for i in (0..whole).step_by(8) {
+        // SAFETY: 8 values from `i` lie inside `row`.
+        let x = unsafe { _mm256_loadu_ps(row.as_ptr().add(i)) };
+        let abs = _mm256_and_si256(_mm256_castps_si256(x), magnitude);
+        bad_v = _mm256_or_si256(bad_v, _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f7f_ffff)));
+        negative_v = _mm256_or_ps(negative_v, _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_setzero_ps()));
+        top_v = _mm256_max_ps(top_v, _mm256_castsi256_ps(abs));
+    }
+    let (bad, negative) = (_mm256_movemask_epi8(bad_v), _mm256_movemask_ps(negative_v));
+    let mut lanes = [0f32; 8];
+    // SAFETY: 8 floats into a local array.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), top_v) };
+    let (mut top, mut finite, mut negative) = (lanes.iter().fold(0f32, |t, &v| t.max(v)), bad == 0, negative != 0);
+    for &x in &row[whole..] {
+        finite &= x.is_finite();
+        negative |= x < 0.0;
+        top = top.max(x.abs());
+    }
+    let form = form_of(top, finite, negative, unsigned_ok);
+    if !finite {
+        out.fill(128);
+        return form;
+    }
+    let (lo, hi, offset) = if form.unsigned { (0.0, 255.0, 0) } else { (-127.0, 127.0, 128) };
+    let (lo_v, hi_v, scale_v, offset_v) =
+        (_mm256_set1_ps(lo), _mm256_set1_ps(hi), _mm256_set1_ps(form.scale), _mm256_set1_epi32(offset));
+    // The low 32 bits of each 128-bit lane, side by side.
+    let gather = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+    for i in (0..whole).step_by(8) {
+        // SAFETY: 8 values from `i` lie inside `row`, 8 bytes inside `out`.
+        unsafe {
+            let x = _mm256_loadu_ps(row.as_ptr().add(i));
+            let level = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(x, scale_v), lo_v), hi_v);
+            // Round to nearest even (the default rounding mode); 0 to 255.
+            let level = _mm256_add_epi32(_mm256_cvtps_epi32(level), offset_v);
+            // Narrowed without saturating (every value fits a byte): lane
+            // `l`'s four values become the low four bytes of lane `l`.
+            let words = _mm256_packus_epi32(level, level);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, words), gather);
+            _mm_storel_epi64(out.as_mut_ptr().add(i).cast(), _mm256_castsi256_si128(bytes));
+        }
+    }
+    for (o, &x) in out[whole..].iter_mut().zip(&row[whole..]) {
+        *o = if form.unsigned {
+            (x / form.scale).round_ties_even().clamp(0.0, 255.0) as u8
+        } else {
+            (level(x, form.scale) as u8).wrapping_add(128)
+        };
+    }
+    form
 }
 
 /// [`quantize_row`] in portable code.
