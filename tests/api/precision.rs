@@ -124,6 +124,47 @@ fn mixed_precision_rounds_the_products_operands_only() {
     assert_eq!(plain.concrete_functions()[0].schedule_stats().unwrap().bf16_gemms, 0);
 }
 
+/// On an AVX2 machine (a Zen 3; here `Target::avx2()`) the bf16 products
+/// of a compiled function run on the f32 FMA kernel over operands widened
+/// at packing, in `vdpbf16ps`'s order: the results have the bits of the
+/// AVX-512 BF16 machine's (AMX, which sums in another order, held off),
+/// and the function ran its products on the bf16 GEMM.
+#[test]
+fn bf16_products_keep_their_bits_on_an_avx2_machine() {
+    use tracejit::Target;
+    let mlp_fn = |name: &str, target: Target| {
+        function(|(x, w, b): (Tensor, Tensor, Tensor)| mlp(&x, &w, &b))
+            .name(name)
+            .mixed_precision(DType::BF16)
+            .target(target)
+    };
+    let avx512 = Target::host().with_isa(Target::host().isa.with_amx(false));
+    for (m, k, n, seed) in [(33, 70, 19, 1), (130, 301, 70, 4), (1, 2, 200, 7)] {
+        let args = (Tensor::randn(&[m, k], seed), Tensor::randn(&[k, n], seed + 1), Tensor::randn(&[n], seed + 2));
+        let (zen3, host) = (mlp_fn("zen3", Target::avx2()), mlp_fn("host", avx512));
+        let (a, b) = (zen3.call(args.clone()).unwrap(), host.call(args.clone()).unwrap());
+        let bits = |t: &Tensor| f32s(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b), "{m}x{k}x{n}");
+        for f in [&zen3, &host] {
+            let cf = &f.concrete_functions()[0];
+            assert_eq!(cf.jit_error(), None);
+            assert_eq!(cf.schedule_stats().unwrap().bf16_gemms, 1, "{}", cf.schedule_stats().unwrap());
+        }
+        // And within the bound of the rounded operands' product (two f32
+        // sums of the same exact products differ by at most 2·γ_k·Σ|aᵢbᵢ|,
+        // γ_k = 1.01·k·2⁻²⁴; the bias's addition rounds each by half an ulp
+        // more, and relu is 1-Lipschitz).
+        let (xr, wr) = (rounded(&args.0), rounded(&args.1));
+        let want = f32s(&(&xr.matmul(&wr) + &args.2).relu());
+        let size = xr.abs().cast(DType::F64).matmul(&wr.abs().cast(DType::F64)).to_vec::<f64>().unwrap();
+        let gamma = 1.01 * k as f64 * 2f64.powi(-24);
+        for (i, (g, w)) in f32s(&a).iter().zip(&want).enumerate() {
+            let tol = 2.0 * gamma * size[i] + 2f64.powi(-23) * f64::from(g.abs().max(w.abs()));
+            assert!(f64::from(g - w).abs() <= tol, "{m}x{k}x{n} [{i}]: {g} vs {w}");
+        }
+    }
+}
+
 type Qkv = (Tensor, Tensor, Tensor);
 
 /// Whether this CPU multiplies bf16 natively (AVX-512 BF16).

@@ -100,7 +100,7 @@ impl Bf16Product {
         };
         let mut shape = a.shape().to_vec();
         *shape.last_mut().expect("rank >= 2") = n;
-        let packed = self.packed_rhs(b);
+        let packed = self.packed_rhs(b, isa);
         let mut out = match take(DType::F32, &shape) {
             Some(Storage::F32(buf)) if buf.is_standard_layout() && crate::region::same_shape(buf.shape(), &shape) => {
                 buf
@@ -181,9 +181,9 @@ impl Bf16Product {
     /// packed now, and kept for a weight always, for an argument on the
     /// first call and after a kept packing was used again (so a loop
     /// passing new buffers every call keeps nothing from its second call on).
-    pub(crate) fn packed_rhs(&self, b: &Storage) -> Arc<PackedBf16> {
+    pub(crate) fn packed_rhs(&self, b: &Storage, isa: Isa) -> Arc<PackedBf16> {
         if self.rhs == RhsSource::Computed {
-            return Arc::new(pack(b));
+            return Arc::new(pack(b, isa));
         }
         {
             let mut cached = self.packed.lock().unwrap_or_else(|p| p.into_inner());
@@ -195,7 +195,7 @@ impl Bf16Product {
                 }
             }
         }
-        let p = Arc::new(pack(b));
+        let p = Arc::new(pack(b, isa));
         let mut cached = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         let keep = self.rhs == RhsSource::Weight || !cached.stored || cached.hits > 0;
         cached.entry = keep.then(|| (b.clone(), p.clone()));
@@ -238,11 +238,13 @@ fn lhs_view<T>(x: &ndarray::ArcArray<T, IxDyn>, rows: usize, k: usize) -> ArrayV
     x.view().into_shape_with_order((rows, k)).expect("a standard-layout stack of rows")
 }
 
-/// `b` packed into bf16 pairs (f32 rounded to nearest even).
-fn pack(b: &Storage) -> PackedBf16 {
+/// `b` packed for the kernels of `isa` (f32 rounded to nearest even).
+fn pack(b: &Storage, isa: Isa) -> PackedBf16 {
     match b {
-        Storage::F32(x) => PackedBf16::from_f32(x.view().into_dimensionality().expect("rank 2")),
-        Storage::BF16(x) => PackedBf16::from_bf16(x.view().into_dimensionality::<ndarray::Ix2>().expect("rank 2")),
+        Storage::F32(x) => PackedBf16::from_f32_for(x.view().into_dimensionality().expect("rank 2"), isa),
+        Storage::BF16(x) => {
+            PackedBf16::from_bf16_for(x.view().into_dimensionality::<ndarray::Ix2>().expect("rank 2"), isa)
+        }
         other => unreachable!("the bf16_products pass gives f32 or bf16 operands, not {}", other.dtype()),
     }
 }

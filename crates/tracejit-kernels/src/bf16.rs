@@ -14,7 +14,10 @@
 //! tile registers instead, 16 × 16 outputs per tile advanced by 32 values
 //! of `k` per `tdpbf16ps` (`amx`), the lhs packed in panels of 16 rows.
 //! The layout and the tile walk are in `tiles`, shared with
-//! [`crate::int8`].
+//! [`crate::int8`]. Where the CPU has no bf16 products but AVX2 (an AMD
+//! Zen 3), both operands are packed widened back to f32 (`wide`) and an
+//! f32 FMA tile sums them in `vdpbf16ps`'s order, with the portable
+//! path's bits at the f32 GEMM's rate.
 //!
 //! # Accuracy
 //!
@@ -31,8 +34,9 @@
 //! roundings being independent: on the workloads' shapes with uniform
 //! random inputs `max |c − c_f64|` is about 2·10⁻³ of `max |c_f64|`,
 //! `examples/lowp_gemm.rs`), the second from the summation; inputs
-//! already in bf16 have only the second. The vector and the portable paths compute the same operations
-//! in the same order and give the same bits, except where a subnormal
+//! already in bf16 have only the second. The vector, the wide and the
+//! portable paths compute the same operations in the same order and give
+//! the same bits (see `wide` for one corner of its FMAs), except where a subnormal
 //! appears: `vdpbf16ps` flushes subnormal inputs and results to zero, the
 //! portable path keeps them (both within the bound, plus
 //! `2⁻¹²⁶ · (1 + |aᵢ| + |bᵢ|)` per term: a flushed input loses at most
@@ -73,6 +77,7 @@ mod convert;
 mod kernel;
 mod pack;
 pub(crate) mod tiles;
+mod wide;
 
 pub use convert::{bf16_to_f32_slice, f32_to_bf16_slice};
 
@@ -96,24 +101,44 @@ pub struct PackedBf16 {
     k: usize,
     n: usize,
     words: Words,
+    /// In the wide layout (`wide`): f32 slots for a CPU without bf16
+    /// products.
+    wide: bool,
 }
 
 impl PackedBf16 {
     /// Packs `b [k, n]` (any strides), rounding each value to bf16 as
-    /// [`half::bf16::from_f32`] does.
+    /// [`half::bf16::from_f32`] does, for the kernels of [`Isa::current`]
+    /// (see [`PackedBf16::from_f32_for`]).
     pub fn from_f32(b: ArrayView2<'_, f32>) -> Self {
-        Self::pack(b)
+        Self::pack(b, Isa::current())
     }
 
-    /// Packs `b [k, n]` (any strides).
+    /// Packs `b [k, n]` (any strides) for the kernels of [`Isa::current`].
     pub fn from_bf16(b: ArrayView2<'_, bf16>) -> Self {
-        Self::pack(b)
+        Self::pack(b, Isa::current())
     }
 
-    fn pack<T: pack::LhsValue + Sync>(b: ArrayView2<'_, T>) -> Self {
+    /// [`PackedBf16::from_f32`] for the kernels of `isa`: where it has no
+    /// bf16 products (an AVX2 CPU) the values are widened back to f32
+    /// while packed, twice the memory, for an f32 FMA kernel with the
+    /// same results. A packing runs under any `Isa`; the products are
+    /// fastest under the one it was packed for.
+    pub fn from_f32_for(b: ArrayView2<'_, f32>, isa: Isa) -> Self {
+        Self::pack(b, isa)
+    }
+
+    /// [`PackedBf16::from_bf16`] for the kernels of `isa` (see
+    /// [`PackedBf16::from_f32_for`]).
+    pub fn from_bf16_for(b: ArrayView2<'_, bf16>, isa: Isa) -> Self {
+        Self::pack(b, isa)
+    }
+
+    fn pack<T: pack::LhsValue + Sync>(b: ArrayView2<'_, T>, isa: Isa) -> Self {
         let (k, n) = b.dim();
-        let words = pack::pack_rhs_split(b, Isa::current());
-        PackedBf16 { k, n, words }
+        let wide = wide::chosen(isa);
+        let words = pack::pack_rhs_split(b, isa, wide);
+        PackedBf16 { k, n, words, wide }
     }
 
     /// The depth (rows of `b`).
@@ -205,22 +230,26 @@ fn product<T: pack::LhsValue + Sync>(
         }
         return;
     }
-    let kw = k.div_ceil(2);
-    with_scratch(lhs_words(m, kw, isa), |lhs| {
-        pack::pack_lhs_split(a, lhs, isa);
+    let (kw, wide) = (k.div_ceil(2), b.wide);
+    with_scratch(lhs_words(m, kw, isa, wide), |lhs| {
+        pack::pack_lhs_split(a, lhs, isa, wide);
         let (lhs, rhs, out) = (&*lhs, b.words.words(), OutPtr(c.as_mut_ptr()));
         threads::run_gemm_blocks(m, n, k, &|rows, cols| {
             // SAFETY: `out` is `c`, `m · n` values that outlive the blocks,
             // and blocks are disjoint parts of it; the operands are packed
-            // for these sizes.
-            unsafe { kernel::run_block(lhs, m, rhs, kw, rows, cols, out, n, accumulate, isa) }
+            // for these sizes, both in `b`'s layout.
+            unsafe { kernel::run_block(lhs, m, rhs, kw, rows, cols, out, n, accumulate, isa, wide) }
         });
     });
 }
 
 /// Words of the buffer a packed `m`-row lhs of `kw` words per row needs
-/// under `isa`: the AMX kernels read up to [`AMX_LHS_SLACK`] words past it.
-fn lhs_words(m: usize, kw: usize, isa: Isa) -> usize {
+/// under `isa`, in the wide layout or the pair layout: the AMX kernels
+/// read up to [`AMX_LHS_SLACK`] words past it.
+fn lhs_words(m: usize, kw: usize, isa: Isa, wide: bool) -> usize {
+    if wide {
+        return lhs_len(m, wide::slots(kw));
+    }
     lhs_len(m, kw) + if isa.has_amx_bf16() { AMX_LHS_SLACK } else { 0 }
 }
 
@@ -228,3 +257,5 @@ fn lhs_words(m: usize, kw: usize, isa: Isa) -> usize {
 pub(crate) mod tests;
 #[cfg(test)]
 mod tests_amx;
+#[cfg(test)]
+mod tests_wide;

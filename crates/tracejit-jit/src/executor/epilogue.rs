@@ -47,7 +47,7 @@ pub(super) fn run(
     let (dtype, packed) = match gemm {
         Gemm::Plain if a.dtype() == b.dtype() && a.dtype().is_float() => (a.dtype(), None),
         Gemm::Plain => return Ok(None),
-        Gemm::Bf16(p) if p.takes_rows_of(a) => (DType::F32, Some(p.packed_rhs(b))),
+        Gemm::Bf16(p) if p.takes_rows_of(a) => (DType::F32, Some(p.packed_rhs(b, exe.target.isa))),
         Gemm::Bf16(_) => return Ok(None),
     };
     let Some(half) = crate::threads::epilogue_rows(m, n, k).filter(|_| k == k2) else { return Ok(None) };

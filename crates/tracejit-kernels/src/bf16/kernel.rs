@@ -21,13 +21,15 @@ pub(super) static AMX_BLOCKS: std::sync::atomic::AtomicUsize = std::sync::atomic
 
 /// Computes the output block `rows × cols` of an `m × n` product of depth
 /// `kw` words from packed operands into `c` (row-major, `n` wide): `c =`
-/// or, with `accumulate`, `c +=` the product. Where `isa` has AMX bf16 the
+/// or, with `accumulate`, `c +=` the product. Operands in the wide layout
+/// run the f32 tiles of [`super::wide`]; else where `isa` has AMX bf16 the
 /// block runs on the tiles ([`super::amx`]).
 ///
 /// # Safety
 /// `c` points to `m · n` writable values that no other thread reads or
 /// writes inside this block; `lhs` and `rhs` are operands of these sizes
-/// packed for `isa` (`lhs` [`super::lhs_words`] long).
+/// packed for `isa` (`lhs` [`super::lhs_words`] long), both in the wide
+/// layout if `wide`, else both in the pair layout.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn run_block(
     lhs: &[u32],
@@ -40,7 +42,12 @@ pub(super) unsafe fn run_block(
     n: usize,
     accumulate: bool,
     isa: Isa,
+    wide: bool,
 ) {
+    if wide {
+        // SAFETY: forwarded; both operands are wide.
+        return unsafe { super::wide::run_block(lhs, m, rhs, kw, rows, cols, c, n, accumulate, isa) };
+    }
     #[cfg(target_arch = "x86_64")]
     if isa.has_amx_bf16() {
         // SAFETY: AMX was checked; the lhs was packed for it (`pack::panel_rows`)

@@ -47,6 +47,23 @@ pub(crate) fn all_paths() -> [Isa; 3] {
     [Isa::native(), vector, portable]
 }
 
+/// Every bf16 product path, as `(name, the Isa the rhs is packed for, the
+/// Isa of the product)`: AMX, `vdpbf16ps`, the pair layout's tile without
+/// bf16 products, the wide layout's AVX2 tile ([`super::wide`]) under an
+/// AVX2 Isa and under one with bf16 products. All but the first give the
+/// same bits where no subnormal appears (on a CPU without AVX-512 BF16
+/// several are the same path).
+pub(crate) fn routes() -> [(&'static str, Isa, Isa); 5] {
+    let [native, vector, avx2] = all_paths();
+    [
+        ("native", native, native),
+        ("vdpbf16ps", vector, vector),
+        ("pairs without bf16", vector, avx2),
+        ("wide", avx2, avx2),
+        ("wide under avx512", avx2, vector),
+    ]
+}
+
 /// Serializes the tests that change the thread count, and restores the
 /// default after `f` (even when it fails).
 pub(crate) fn with_threads<R>(n: usize, f: impl FnOnce() -> R) -> R {
@@ -92,7 +109,7 @@ fn f32_to_bf16_has_the_bits_of_half_for_every_kind_of_value() {
 
 /// An operand's values in one of three layouts: row-major, transposed
 /// storage (column-major), reversed rows.
-fn layout(x: &Array2<f32>, kind: usize) -> Array2<f32> {
+pub(super) fn layout(x: &Array2<f32>, kind: usize) -> Array2<f32> {
     match kind {
         0 => x.clone(),
         1 => x.t().as_standard_layout().to_owned().reversed_axes(),
@@ -126,12 +143,10 @@ fn reference(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, c0: &[f32]) -> (Vec
 /// Both entry points on every path for one shape, every layout of `a`,
 /// with and without accumulation: within the documented bound of the f64
 /// reference (of the original values for an f32 lhs, of the rounded ones
-/// for a bf16 lhs), and the `vdpbf16ps` and portable paths with the same
-/// bits.
+/// for a bf16 lhs), and every path but AMX with the same bits.
 fn check_shape(m: usize, k: usize, n: usize, rng: &mut Rng) {
     let (a, b) = (rng.matrix(m, k), rng.matrix(k, n));
     let c0: Vec<f32> = (0..m * n).map(|_| rng.uniform()).collect();
-    let packed = PackedBf16::from_f32(b.view());
     let round = |x: &Array2<f32>| x.mapv(|v| bf16::from_f32(v).to_f32());
     let sum_eps = (k as f64 + 1.0) * 2f64.powi(-24);
     for acc in [false, true] {
@@ -143,7 +158,8 @@ fn check_shape(m: usize, k: usize, n: usize, rng: &mut Rng) {
             let a = layout(&a, kind);
             let a16 = a.mapv(bf16::from_f32);
             let mut got = Vec::new();
-            for isa in all_paths() {
+            for (_, pack_isa, isa) in routes() {
+                let packed = PackedBf16::from_f32_for(b.view(), pack_isa);
                 let (mut c, mut c16) = (c0.clone(), c0.clone());
                 gemm_bf16_from_f32(a.view(), &packed, &mut c, acc, isa);
                 gemm_bf16(a16.view(), &packed, &mut c16, acc, isa);
@@ -157,7 +173,10 @@ fn check_shape(m: usize, k: usize, n: usize, rng: &mut Rng) {
                 }
                 got.push(c);
             }
-            assert!(got[1].iter().zip(&got[2]).all(|(x, y)| x.to_bits() == y.to_bits()), "{m}x{k}x{n}: paths differ");
+            for (c, (name, ..)) in got[2..].iter().zip(&routes()[2..]) {
+                let same = c.iter().zip(&got[1]).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{m}x{k}x{n}: {name} differs from vdpbf16ps");
+            }
         }
     }
 }
@@ -180,16 +199,16 @@ fn products_match_the_f64_reference_at_odd_sizes() {
 
 #[test]
 fn empty_sizes_write_zeros_or_nothing() {
-    let b = PackedBf16::from_f32(Array2::<f32>::zeros((0, 3)).view());
-    for isa in all_paths() {
+    for (_, pack_isa, isa) in routes() {
+        let b = PackedBf16::from_f32_for(Array2::<f32>::zeros((0, 3)).view(), pack_isa);
         let mut c = vec![5.0f32; 6];
         gemm_bf16_from_f32(Array2::<f32>::zeros((2, 0)).view(), &b, &mut c, true, isa);
         assert_eq!(c, [5.0; 6]);
         gemm_bf16_from_f32(Array2::<f32>::zeros((2, 0)).view(), &b, &mut c, false, isa);
         assert_eq!(c, [0.0; 6]);
-        let b = PackedBf16::from_f32(Array2::<f32>::zeros((4, 0)).view());
+        let b = PackedBf16::from_f32_for(Array2::<f32>::zeros((4, 0)).view(), pack_isa);
         gemm_bf16_from_f32(Array2::<f32>::zeros((2, 4)).view(), &b, &mut [], false, isa);
-        let b = PackedBf16::from_f32(Array2::<f32>::zeros((4, 3)).view());
+        let b = PackedBf16::from_f32_for(Array2::<f32>::zeros((4, 3)).view(), pack_isa);
         gemm_bf16_from_f32(Array2::<f32>::zeros((0, 4)).view(), &b, &mut [], false, isa);
     }
 }
@@ -200,14 +219,14 @@ fn nan_and_inf_propagate_as_in_f32() {
     let (mut a, b) = (rng.matrix(5, 7), rng.matrix(7, 33));
     a[[1, 3]] = f32::NAN;
     a[[3, 0]] = f32::INFINITY;
-    let packed = PackedBf16::from_f32(b.view());
-    for isa in all_paths() {
+    for (name, pack_isa, isa) in routes() {
+        let packed = PackedBf16::from_f32_for(b.view(), pack_isa);
         let mut c = vec![0f32; 5 * 33];
         gemm_bf16_from_f32(a.view(), &packed, &mut c, false, isa);
-        assert!(c[33..66].iter().all(|v| v.is_nan()), "{isa:?}: a NaN row");
+        assert!(c[33..66].iter().all(|v| v.is_nan()), "{name}: a NaN row");
         let row3 = &c[99..132];
-        assert!(row3.iter().zip(b.row(0)).all(|(c, b)| c.is_infinite() && c.signum() == b.signum()), "{isa:?}");
-        assert!(c[..33].iter().chain(&c[132..]).all(|v| v.is_finite()), "{isa:?}: other rows");
+        assert!(row3.iter().zip(b.row(0)).all(|(c, b)| c.is_infinite() && c.signum() == b.signum()), "{name}");
+        assert!(c[..33].iter().chain(&c[132..]).all(|v| v.is_finite()), "{name}: other rows");
     }
 }
 
@@ -218,23 +237,25 @@ fn nan_and_inf_propagate_as_in_f32() {
 fn any_blocks_give_the_bits_of_the_whole() {
     let mut rng = Rng::new(5);
     let (m, k, n) = (37, 21, 101);
-    let (a, b) = (rng.matrix(m, k), PackedBf16::from_f32(rng.matrix(k, n).view()));
-    for isa in all_paths() {
+    let (a, b) = (rng.matrix(m, k), rng.matrix(k, n));
+    for (name, pack_isa, isa) in routes() {
+        let b = PackedBf16::from_f32_for(b.view(), pack_isa);
         let mut whole = vec![0f32; m * n];
         gemm_bf16_from_f32(a.view(), &b, &mut whole, false, isa);
         let mut parts = vec![0f32; m * n];
         let kw = k.div_ceil(2);
-        with_scratch(lhs_words(m, kw, isa), |lhs| {
-            pack::pack_lhs(a.view(), lhs, isa);
+        with_scratch(lhs_words(m, kw, isa, b.wide), |lhs| {
+            pack::pack_lhs_split(a.view(), lhs, isa, b.wide);
             let out = OutPtr(parts.as_mut_ptr());
             for rows in [0..3, 3..8, 8..21, 21..37] {
                 for cols in [0..7, 7..16, 16..50, 50..101] {
+                    let (rhs, wide) = (b.words.words(), b.wide);
                     // SAFETY: disjoint blocks of `parts`, sized m×n.
-                    unsafe { kernel::run_block(lhs, m, b.words.words(), kw, rows.clone(), cols, out, n, false, isa) };
+                    unsafe { kernel::run_block(lhs, m, rhs, kw, rows.clone(), cols, out, n, false, isa, wide) };
                 }
             }
         });
-        assert!(whole.iter().zip(&parts).all(|(x, y)| x.to_bits() == y.to_bits()), "{isa:?}");
+        assert!(whole.iter().zip(&parts).all(|(x, y)| x.to_bits() == y.to_bits()), "{name}");
     }
 }
 
@@ -243,8 +264,9 @@ fn thread_counts_give_the_same_bits() {
     let mut rng = Rng::new(9);
     // By columns (blocks starting inside a 48-column panel) and by rows.
     for (m, k, n) in [(70, 333, 1023), (1023, 65, 130)] {
-        let (a, b) = (rng.matrix(m, k), PackedBf16::from_f32(rng.matrix(k, n).view()));
-        for isa in all_paths() {
+        let (a, b) = (rng.matrix(m, k), rng.matrix(k, n));
+        for (name, pack_isa, isa) in routes() {
+            let b = PackedBf16::from_f32_for(b.view(), pack_isa);
             let runs: Vec<Vec<f32>> = [1, 2, 3]
                 .iter()
                 .map(|&t| {
@@ -256,7 +278,7 @@ fn thread_counts_give_the_same_bits() {
                 })
                 .collect();
             for c in &runs[1..] {
-                assert!(c.iter().zip(&runs[0]).all(|(x, y)| x.to_bits() == y.to_bits()), "{isa:?} {m}x{k}x{n}");
+                assert!(c.iter().zip(&runs[0]).all(|(x, y)| x.to_bits() == y.to_bits()), "{name} {m}x{k}x{n}");
             }
         }
     }
@@ -271,7 +293,7 @@ fn mismatched_sizes_panic_with_the_sizes() {
 
 /// Every value kind a weight may hold: uniform values, subnormals, NaNs
 /// with payloads, infinities, signed zeros, ties.
-fn special_matrix(rng: &mut Rng, k: usize, n: usize) -> Array2<f32> {
+pub(super) fn special_matrix(rng: &mut Rng, k: usize, n: usize) -> Array2<f32> {
     Array2::from_shape_fn((k, n), |_| match rng.bits() % 9 {
         0 => f32::from_bits(rng.bits() as u32 & 0x807f_ffff),
         1 => f32::from_bits(0x7f80_0000 | rng.bits() as u32 & 0x807f_ffff | 1),
@@ -332,7 +354,7 @@ fn lhs_packing_over_threads_and_from_transposes_has_the_row_major_words() {
                 pack::pack_lhs(a.as_standard_layout().view(), &mut want, isa);
                 for threads in [1, 2, 3] {
                     let mut got = vec![u32::MAX; len];
-                    with_threads(threads, || pack::pack_lhs_split(a, &mut got, isa));
+                    with_threads(threads, || pack::pack_lhs_split(a, &mut got, isa, false));
                     assert!(got == want, "{name} [{m}, {k}] at {threads} threads, {isa:?}");
                 }
             }
@@ -360,7 +382,7 @@ fn rhs_packing_over_threads_has_the_one_thread_words() {
                 let mut want = vec![0u32; tiles::rhs_len(n, k.div_ceil(2))];
                 pack::pack_rhs(b, &mut want, isa);
                 for threads in [1, 2, 3] {
-                    let got = with_threads(threads, || pack::pack_rhs_split(b, isa));
+                    let got = with_threads(threads, || pack::pack_rhs_split(b, isa, false));
                     assert!(got.words() == want.as_slice(), "{name} [{k}, {n}] at {threads} threads, {isa:?}");
                 }
             }

@@ -50,7 +50,7 @@ fn check(m: usize, k: usize, n: usize, accumulate: bool, specials: usize, seed: 
     let b = with_specials(rng.matrix(k, n), specials, &mut rng);
     let c0: Vec<f32> = (0..m * n).map(|_| rng.uniform()).collect();
     let (ar, br) = (a.mapv(|v| bf16::from_f32(v).to_f32()), b.mapv(|v| bf16::from_f32(v).to_f32()));
-    let packed = PackedBf16::from_f32(b.view());
+    let packed = PackedBf16::from_f32_for(b.view(), Isa::native());
     let isa = Isa::native();
     let (mut c, mut c16) = (c0.clone(), c0.clone());
     asserting_amx(isa, || {
@@ -121,7 +121,7 @@ fn amx_products_at_the_edges_of_the_tiles() {
 fn amx_thread_counts_give_the_same_bits() {
     let mut rng = Rng::new(41);
     for (m, k, n) in [(70, 333, 1023), (1023, 65, 130), (900, 384, 384)] {
-        let (a, b) = (rng.matrix(m, k), PackedBf16::from_f32(rng.matrix(k, n).view()));
+        let (a, b) = (rng.matrix(m, k), PackedBf16::from_f32_for(rng.matrix(k, n).view(), Isa::native()));
         let isa = Isa::native();
         let runs: Vec<Vec<f32>> = [1, 2, 3]
             .iter()

@@ -15,7 +15,8 @@
 
 use ndarray::{s, ArrayView2};
 
-use super::super::tiles::{groups, rhs_depth, rhs_len, Line, Words, GROUP, NR};
+use super::super::tiles::{groups, rhs_depth, rhs_len, Line, Words, GROUP, MR, NR};
+use super::super::wide;
 use super::{pack_lhs, pack_rhs, LhsValue};
 use crate::Isa;
 
@@ -29,43 +30,70 @@ fn splits(values: usize, panels: usize) -> bool {
     values >= SPLIT_VALUES && panels >= 2 && crate::threads::pool().is_some()
 }
 
-/// [`pack_lhs`] over the pool when `a` is large: each part packs a range
-/// of whole row panels.
-pub(in super::super) fn pack_lhs_split<T: LhsValue + Sync>(a: ArrayView2<'_, T>, out: &mut [u32], isa: Isa) {
-    let (m, k) = a.dim();
-    let mr = super::panel_rows(isa);
-    if !splits(m * k, m.div_ceil(mr)) {
-        return pack_lhs(a, out, isa);
+/// The lhs packing of the layout: wide (`super::super::wide`) or pairs.
+fn pack_lhs_one<T: LhsValue>(a: ArrayView2<'_, T>, out: &mut [u32], isa: Isa, wide: bool) {
+    if wide {
+        wide::pack_lhs(a, out, isa)
+    } else {
+        pack_lhs(a, out, isa)
     }
-    let row_words = groups(k.div_ceil(2)) * GROUP;
+}
+
+/// [`pack_lhs`] (or the wide layout's, if `wide`) over the pool when `a`
+/// is large: each part packs a range of whole row panels.
+pub(in super::super) fn pack_lhs_split<T: LhsValue + Sync>(
+    a: ArrayView2<'_, T>,
+    out: &mut [u32],
+    isa: Isa,
+    wide: bool,
+) {
+    let (m, k) = a.dim();
+    let (mr, depth) = match wide {
+        true => (MR, wide::slots(k.div_ceil(2))),
+        false => (super::panel_rows(isa), k.div_ceil(2)),
+    };
+    if !splits(m * k, m.div_ceil(mr)) {
+        return pack_lhs_one(a, out, isa, wide);
+    }
+    let row_words = groups(depth) * GROUP;
     assert!(out.len() >= m * row_words, "pack_lhs_split: {} words for [{m}, {k}]", out.len());
     // Rows `[r0, r1)` (whole panels from `r0`, a multiple of `mr`) are
     // words `[r0, r1) · row_words` of the packed lhs.
     crate::threads::for_each_part(&mut out[..m * row_words], mr * row_words, 0, &|start, part| {
         let r0 = start / row_words;
-        pack_lhs(a.slice(s![r0..r0 + part.len() / row_words, ..]), part, isa);
+        pack_lhs_one(a.slice(s![r0..r0 + part.len() / row_words, ..]), part, isa, wide);
     });
 }
 
-/// The packed words of `b [k, n]` ([`pack_rhs`]'s layout), over the pool
-/// when `b` is large: each part zeroes and packs a range of whole column
-/// panels (the zeroing too, which on one thread cost as much as a fast
-/// packing).
-pub(in super::super) fn pack_rhs_split<T: LhsValue + Sync>(b: ArrayView2<'_, T>, isa: Isa) -> Words {
+/// The rhs packing of the layout: wide or pairs.
+fn pack_rhs_one<T: LhsValue>(b: ArrayView2<'_, T>, out: &mut [u32], isa: Isa, wide: bool) {
+    if wide {
+        wide::pack_rhs(b, out, isa)
+    } else {
+        pack_rhs(b, out, isa)
+    }
+}
+
+/// The packed words of `b [k, n]` ([`pack_rhs`]'s layout, or the wide
+/// one if `wide`), over the pool when `b` is large: each part zeroes and
+/// packs a range of whole column panels (the zeroing too, which on one
+/// thread cost as much as a fast packing).
+pub(in super::super) fn pack_rhs_split<T: LhsValue + Sync>(b: ArrayView2<'_, T>, isa: Isa, wide: bool) -> Words {
     let (k, n) = b.dim();
-    let (kw, panels) = (k.div_ceil(2), n.div_ceil(NR));
-    let len = rhs_len(n, kw);
+    let panels = n.div_ceil(NR);
+    let depth = if wide { wide::slots(k.div_ceil(2)) } else { k.div_ceil(2) };
+    let len = rhs_len(n, depth);
     if !splits(k * n, panels) {
         let mut words = Words::zeroed(len);
-        pack_rhs(b, words.words_mut(), isa);
+        pack_rhs_one(b, words.words_mut(), isa, wide);
         return words;
     }
-    // `rhs_len` is whole panels of `rhs_depth(kw) · NR` words, and NR a
-    // multiple of GROUP: whole lines, a panel `rhs_depth(kw) · NR / GROUP`
+    // `rhs_len` is whole panels of `rhs_depth(depth) · NR` words, and NR a
+    // multiple of GROUP: whole lines, a panel `rhs_depth(depth) · NR / GROUP`
     // of them.
     debug_assert_eq!(len % GROUP, 0);
     let mut lines: Vec<Line> = Vec::with_capacity(len / GROUP);
-    let panel_lines = rhs_depth(kw) * NR / GROUP;
+    let panel_lines = rhs_depth(depth) * NR / GROUP;
     let spare = &mut lines.spare_capacity_mut()[..len / GROUP];
     crate::threads::for_each_part(spare, panel_lines, 0, &|start, part| {
         let (c0, count) = (start / panel_lines * NR, part.len() / panel_lines * NR);
@@ -75,7 +103,7 @@ pub(in super::super) fn pack_rhs_split<T: LhsValue + Sync>(b: ArrayView2<'_, T>,
             std::ptr::write_bytes(part.as_mut_ptr(), 0, part.len());
             std::slice::from_raw_parts_mut(part.as_mut_ptr().cast::<u32>(), part.len() * GROUP)
         };
-        pack_rhs(b.slice(s![.., c0..n.min(c0 + count)]), words, isa);
+        pack_rhs_one(b.slice(s![.., c0..n.min(c0 + count)]), words, isa, wide);
     });
     // SAFETY: the parts zeroed (then packed) every line: they cover the
     // panels `[0, panels)`, which are all `len / GROUP` lines.
