@@ -129,23 +129,7 @@ mod tests {
     /// The `VmFlags` of the mapping holding `addr`, from `/proc/self/smaps`.
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn vm_flags(addr: usize) -> Option<String> {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-        let mut inside = false;
-        for line in smaps.lines() {
-            let range = line.split_once(' ').and_then(|(r, _)| r.split_once('-'));
-            if let Some((lo, hi)) = range {
-                if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) {
-                    inside = (lo..hi).contains(&addr);
-                    continue;
-                }
-            }
-            if inside {
-                if let Some(flags) = line.strip_prefix("VmFlags:") {
-                    return Some(flags.to_string());
-                }
-            }
-        }
-        None
+        tracejit_kernels::pages::mapping_field(addr, "VmFlags")
     }
 
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

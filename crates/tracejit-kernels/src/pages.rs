@@ -113,32 +113,43 @@ pub fn with_capacity<T>(len: usize) -> Vec<T> {
     v
 }
 
+/// The value of `field` (`"AnonHugePages"`, `"VmFlags"`, ...) for the
+/// mapping of this process that holds `addr`, from `/proc/self/smaps`:
+/// how tests see whether a buffer got huge pages. `None` where there is
+/// no such file, mapping or field.
+///
+/// ```
+/// let v = vec![1u8; 4096];
+/// let rss = tracejit_kernels::pages::mapping_field(v.as_ptr() as usize, "Rss");
+/// assert!(rss.is_some() || !cfg!(target_os = "linux"));
+/// ```
+pub fn mapping_field(addr: usize, field: &str) -> Option<String> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut inside = false;
+    for line in smaps.lines() {
+        let range = line.split_once(' ').and_then(|(r, _)| r.split_once('-'));
+        if let Some((lo, hi)) = range {
+            if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) {
+                inside = (lo..hi).contains(&addr);
+                continue;
+            }
+        }
+        let value = line.strip_prefix(field).and_then(|rest| rest.strip_prefix(':'));
+        if let Some(value) = value.filter(|_| inside) {
+            return Some(value.trim().to_string());
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The `AnonHugePages` of the mapping holding `addr`, in KiB, from
-    /// `/proc/self/smaps`.
+    /// The `AnonHugePages` of the mapping holding `addr`, in KiB.
     #[cfg(target_os = "linux")]
     fn anon_huge_kib(addr: usize) -> Option<usize> {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-        let mut inside = false;
-        for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ') {
-                if let Some((lo, hi)) = range.split_once('-') {
-                    if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) {
-                        inside = (lo..hi).contains(&addr);
-                        continue;
-                    }
-                }
-            }
-            if inside {
-                if let Some(rest) = line.strip_prefix("AnonHugePages:") {
-                    return rest.trim().trim_end_matches("kB").trim().parse().ok();
-                }
-            }
-        }
-        None
+        mapping_field(addr, "AnonHugePages")?.trim_end_matches("kB").trim().parse().ok()
     }
 
     #[test]

@@ -92,6 +92,8 @@ pub(super) unsafe fn run_block(
             }
         }
         let _ = (vector, avx2);
+        #[cfg(test)]
+        PORTABLE_TILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: as above.
         unsafe { tile_portable(t, kw, ep) }
     });
@@ -170,9 +172,12 @@ unsafe fn tile_avx512<const R: usize, const V: usize>(t: &Tile, kw: usize, ep: &
 #[cfg(test)]
 pub(super) static FORCE_PORTABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Tiles run by [`tile_avx2`]: tests of the AVX2 path assert it ran.
+/// Tiles run by [`tile_avx2`] and by [`tile_portable`]: tests assert
+/// which one ran.
 #[cfg(test)]
 pub(super) static AVX2_TILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+#[cfg(test)]
+pub(super) static PORTABLE_TILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Whether a test asked for the portable tile.
 fn force_portable() -> bool {
@@ -210,8 +215,10 @@ unsafe fn tile_avx2<const R: usize>(t: &Tile, kw: usize, ep: &Epilogue<'_>) {
     #[cfg(test)]
     AVX2_TILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     SPREAD.with_borrow_mut(|spread| {
-        spread.clear();
-        spread.resize(R * kw, 0);
+        // Grown, never cleared: every word of the `R` rows is written below.
+        if spread.len() < R * kw {
+            spread.resize(R * kw, 0);
+        }
         for r in 0..R {
             let row = &mut spread[r * kw..(r + 1) * kw];
             for (gi, words) in row.chunks_mut(GROUP).enumerate() {

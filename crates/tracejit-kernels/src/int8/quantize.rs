@@ -109,12 +109,8 @@ unsafe fn quantize_row_avx2(row: &[f32], out: &mut [u8], unsigned_ok: bool) -> R
     let mut lanes = [0f32; 8];
     // SAFETY: 8 floats into a local array.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), top_v) };
-    let (mut top, mut finite, mut negative) = (lanes.iter().fold(0f32, |t, &v| t.max(v)), bad == 0, negative != 0);
-    for &x in &row[whole..] {
-        finite &= x.is_finite();
-        negative |= x < 0.0;
-        top = top.max(x.abs());
-    }
+    let start = (lanes.iter().fold(0f32, |t, &v| t.max(v)), bad == 0, negative != 0);
+    let (top, finite, negative) = stats(start, &row[whole..]);
     let form = form_of(top, finite, negative, unsigned_ok);
     if !finite {
         out.fill(128);
@@ -140,31 +136,38 @@ unsafe fn quantize_row_avx2(row: &[f32], out: &mut [u8], unsigned_ok: bool) -> R
         }
     }
     for (o, &x) in out[whole..].iter_mut().zip(&row[whole..]) {
-        *o = if form.unsigned {
-            (x / form.scale).round_ties_even().clamp(0.0, 255.0) as u8
-        } else {
-            (level(x, form.scale) as u8).wrapping_add(128)
-        };
+        *o = byte(x, form);
     }
     form
+}
+
+/// The largest magnitude, whether all are finite, whether any is negative:
+/// `start` updated with `values`.
+#[inline(always)]
+fn stats(start: (f32, bool, bool), values: &[f32]) -> (f32, bool, bool) {
+    values
+        .iter()
+        .fold(start, |(top, finite, negative), &x| (top.max(x.abs()), finite && x.is_finite(), negative || x < 0.0))
+}
+
+/// The stored byte of a finite `x` in a row of form `form`: its level, plus
+/// 128 on a signed row.
+#[inline(always)]
+fn byte(x: f32, form: RowForm) -> u8 {
+    if form.unsigned {
+        (x / form.scale).round_ties_even().clamp(0.0, 255.0) as u8
+    } else {
+        (level(x, form.scale) as u8).wrapping_add(128)
+    }
 }
 
 /// [`quantize_row`] in portable code.
 #[inline(always)]
 fn quantize_row_portable(row: &[f32], out: &mut [u8], unsigned_ok: bool) -> RowForm {
-    let (mut top, mut finite, mut negative) = (0f32, true, false);
-    for &x in row {
-        finite &= x.is_finite();
-        negative |= x < 0.0;
-        top = top.max(x.abs());
-    }
+    let (top, finite, negative) = stats((0.0, true, false), row);
     let form = form_of(top, finite, negative, unsigned_ok);
     for (o, &x) in out.iter_mut().zip(row) {
-        *o = match (finite, form.unsigned) {
-            (false, _) => 128,
-            (true, true) => (x / form.scale).round_ties_even().clamp(0.0, 255.0) as u8,
-            (true, false) => (level(x, form.scale) as u8).wrapping_add(128),
-        };
+        *o = if finite { byte(x, form) } else { 128 };
     }
     form
 }
