@@ -24,6 +24,10 @@ pub(super) trait LhsValue: Copy + Default {
     /// Writes `row`'s values as bf16 bits into `out` (as long as `row`).
     fn to_bits(row: &[Self], out: &mut [u16], isa: Isa);
 
+    /// Writes `row`'s values rounded to bf16 as f32 bits into `out` (as
+    /// long as `row`): the wide layout's slots.
+    fn to_wide(row: &[Self], out: &mut [u32], isa: Isa);
+
     /// Packs `b` as [`pack_rhs`] does, with the same bits, when a vector
     /// path takes its layout; false (nothing written) otherwise.
     fn pack_rhs_vector(b: ArrayView2<'_, Self>, out: &mut [u32], isa: Isa) -> bool {
@@ -42,6 +46,10 @@ pub(super) trait LhsValue: Copy + Default {
 impl LhsValue for f32 {
     fn to_bits(row: &[f32], out: &mut [u16], isa: Isa) {
         super::convert::to_bits(row, out, isa);
+    }
+
+    fn to_wide(row: &[f32], out: &mut [u32], isa: Isa) {
+        super::convert::to_wide_bits(row, out, isa);
     }
 
     fn pack_rhs_vector(b: ArrayView2<'_, f32>, out: &mut [u32], isa: Isa) -> bool {
@@ -69,6 +77,12 @@ impl LhsValue for bf16 {
     fn to_bits(row: &[bf16], out: &mut [u16], _: Isa) {
         for (o, v) in out.iter_mut().zip(row) {
             *o = v.to_bits();
+        }
+    }
+
+    fn to_wide(row: &[bf16], out: &mut [u32], _: Isa) {
+        for (o, v) in out.iter_mut().zip(row) {
+            *o = u32::from(v.to_bits()) << 16;
         }
     }
 }

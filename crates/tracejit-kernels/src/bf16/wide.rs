@@ -59,12 +59,8 @@ pub(super) fn slots(kw: usize) -> usize {
 /// and widened back.
 pub(super) fn pack_lhs<T: LhsValue>(a: ArrayView2<'_, T>, out: &mut [u32], isa: Isa) {
     let k = a.ncols();
-    let mut bits = vec![0u16; k];
     // Slots past `k` keep the pad, 0.
-    pack_rows(a, MR, slots(k.div_ceil(2)), out, 0, |_, row, words| {
-        T::to_bits(row, &mut bits, isa);
-        widen(&bits, &mut words[..k]);
-    });
+    pack_rows(a, MR, slots(k.div_ceil(2)), out, 0, |_, row, words| T::to_wide(row, &mut words[..k], isa));
 }
 
 /// Packs `b [k, n]` (any strides) into `out` (`tiles::rhs_len(n,
@@ -74,13 +70,11 @@ pub(super) fn pack_lhs<T: LhsValue>(a: ArrayView2<'_, T>, out: &mut [u32], isa: 
 pub(super) fn pack_rhs<T: LhsValue>(b: ArrayView2<'_, T>, out: &mut [u32], isa: Isa) {
     let (k, n) = b.dim();
     let depth = slots(k.div_ceil(2));
-    let mut bits = vec![0u16; k.max(n)];
     let mut wide = vec![0u32; k.max(n)];
     let mut line = Vec::new();
     if b.strides()[0] == 1 && n > 1 {
         for j in 0..n {
-            bits_of(b.column(j), &mut bits[..k], &mut line, isa);
-            widen(&bits[..k], &mut wide[..k]);
+            wide_of(b.column(j), &mut wide[..k], &mut line, isa);
             for (p, &w) in wide[..k].iter().enumerate() {
                 out[rhs_index(depth, p, j)] = w;
             }
@@ -88,8 +82,7 @@ pub(super) fn pack_rhs<T: LhsValue>(b: ArrayView2<'_, T>, out: &mut [u32], isa: 
         return;
     }
     for p in 0..k {
-        bits_of(b.row(p), &mut bits[..n], &mut line, isa);
-        widen(&bits[..n], &mut wide[..n]);
+        wide_of(b.row(p), &mut wide[..n], &mut line, isa);
         for (panel, w) in wide[..n].chunks(NR).enumerate() {
             let at = rhs_index(depth, p, panel * NR);
             out[at..at + w.len()].copy_from_slice(w);
@@ -97,21 +90,15 @@ pub(super) fn pack_rhs<T: LhsValue>(b: ArrayView2<'_, T>, out: &mut [u32], isa: 
     }
 }
 
-/// The f32 bits of bf16 values: the bf16 bits in the upper half.
-fn widen(bits: &[u16], out: &mut [u32]) {
-    for (o, &h) in out.iter_mut().zip(bits) {
-        *o = u32::from(h) << 16;
-    }
-}
-
-/// `v`'s bf16 bits into `out`, through `line` when `v` is not contiguous.
-fn bits_of<T: LhsValue>(v: ndarray::ArrayView1<'_, T>, out: &mut [u16], line: &mut Vec<T>, isa: Isa) {
+/// `v`'s slots ([`LhsValue::to_wide`]) into `out`, through `line` when `v`
+/// is not contiguous.
+fn wide_of<T: LhsValue>(v: ndarray::ArrayView1<'_, T>, out: &mut [u32], line: &mut Vec<T>, isa: Isa) {
     match v.as_slice() {
-        Some(s) => T::to_bits(s, out, isa),
+        Some(s) => T::to_wide(s, out, isa),
         None => {
             line.clear();
             line.extend(v.iter().copied());
-            T::to_bits(line, out, isa);
+            T::to_wide(line, out, isa);
         }
     }
 }
