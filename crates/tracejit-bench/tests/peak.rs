@@ -35,11 +35,13 @@ fn the_peak_is_what_the_call_holds_at_once() {
     });
     let peak = peak.unwrap();
     assert!((1 << 20..(1 << 20) + SLACK).contains(&peak), "peak {peak}");
-    // Another thread's allocation counts too.
+    // Another thread's allocation counts too (less what other threads
+    // free meanwhile: the pool workers of a compiled function that ran
+    // before may drop their buffers now).
     let ((), peak) = measure_peak(|| {
         std::thread::spawn(|| drop(std::hint::black_box(vec![0u8; 3 << 20]))).join().unwrap();
     });
-    assert!(peak.unwrap() >= 3 << 20, "peak {peak:?}");
+    assert!(peak.unwrap() >= (3 << 20) - SLACK, "peak {peak:?}");
     drop(held);
 }
 
@@ -103,4 +105,39 @@ fn checkpointed_blocks_hold_less_between_forward_and_backward() {
     // the cheap elementwise ops, so the products' outputs are what goes).
     assert!(remat.0 * 3 <= plain.0, "eager: {} vs {} bytes", remat.0, plain.0);
     assert!(remat.1 * 5 <= plain.1 * 3, "compiled: {} vs {} bytes", remat.1, plain.1);
+}
+
+/// A compiled call's steady peak is its working set: its result's buffer
+/// comes back from the pool, and the pool keeps one set of results between
+/// calls, not a second one left from a call made while an earlier result
+/// was held (nor is a buffer the pool already holds probed again). W13's
+/// per-example gradients peaked at 852 MiB against 329 live that way.
+#[test]
+fn a_compiled_call_holds_one_set_of_results_between_calls() {
+    use tracejit::{function, Tensor};
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Outer products, 65 MiB of f32: past the allocation probe's 64 MiB.
+    let (x, y) = (Tensor::randn(&[65, 512, 1], 1), Tensor::randn(&[65, 1, 512], 2));
+    let bytes = 65 * 512 * 512 * 4;
+    let base = tracejit_bench::peak::live_heap();
+    let f = function(|(x, y): (Tensor, Tensor)| x.matmul(&y));
+    // The second call runs while the first's result is held: it needs a
+    // buffer of its own.
+    let first = f.call((x.clone(), y.clone())).unwrap();
+    let second = f.call((x.clone(), y.clone())).unwrap();
+    assert_eq!(first.to_vec::<f32>().unwrap(), second.to_vec::<f32>().unwrap());
+    drop((first, second));
+    for _ in 0..3 {
+        drop(f.call((x.clone(), y.clone())).unwrap());
+    }
+    let (out, peak) = tracejit_bench::peak::measure_peak_above(base, || f.call((x.clone(), y.clone())).unwrap());
+    let peak = peak.expect("the counting allocator is installed");
+    assert_eq!(f.concrete_functions()[0].executor_kind(), "jit");
+    // The product is exact here (one term per output): spot-check it.
+    let (xv, yv, o) = (x.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap(), out.to_vec::<f32>().unwrap());
+    for &(b, i, j) in &[(0, 0, 0), (64, 511, 511), (13, 200, 7)] {
+        assert_eq!(o[(b * 512 + i) * 512 + j], xv[b * 512 + i] * yv[b * 512 + j]);
+    }
+    // The result, plus the function's code and small buffers.
+    assert!(peak <= bytes + bytes / 4, "steady peak {} MiB for a {} MiB result", peak >> 20, bytes >> 20);
 }

@@ -85,7 +85,7 @@ pub(super) fn run(
             })?
         });
     }
-    exe.check_step(next, &inputs)?;
+    exe.check_step(next, &inputs, pool)?;
     // One block on one thread: the halves have the whole's bits.
     let (halves, whole) = ([0..half, half..m], 0..m);
     let blocks = if crate::threads::num_threads() > 1 { &halves[..] } else { std::slice::from_ref(&whole) };
