@@ -15,8 +15,9 @@
 //! place — and given up at the first two calls in a row that pass new
 //! buffers (a training loop's updated weights), so that it never holds
 //! an old weight alive there; torch's autocast keeps its weight casts the
-//! same way. The `bf16_products` pass (`codegen`) decides which products
-//! run here.
+//! same way. Products multiplying by the same buffer share one packing
+//! (`SHARED`), in one executable or several. The `bf16_products` pass
+//! (`codegen`) decides which products run here.
 
 use std::sync::{Arc, Mutex};
 
@@ -52,12 +53,62 @@ pub(crate) enum RhsSource {
     Computed,
 }
 
+/// A packed right operand, with the value it was packed from for the
+/// packings that are kept (held, so its buffer cannot be freed, reused or
+/// written in place while the packing may be found by it).
+pub(crate) struct Packing {
+    from: Option<Storage>,
+    isa: Isa,
+    packed: PackedBf16,
+}
+
+impl std::ops::Deref for Packing {
+    type Target = PackedBf16;
+
+    fn deref(&self) -> &PackedBf16 {
+        &self.packed
+    }
+}
+
+impl Packing {
+    /// Whether this is `b` packed for `isa`.
+    fn packs(&self, b: &Storage, isa: Isa) -> bool {
+        self.isa == isa && self.from.as_ref().is_some_and(|f| f.same_elements(b))
+    }
+}
+
+/// The kept packings any product holds, found by the buffer they were
+/// packed from: every product multiplying by one weight or argument buffer
+/// shares its packing, in one executable or several. A sentence embedder
+/// runs each length bucket's layers as products of their own (W15: six
+/// buckets in one graph), and each packed every weight for itself: six
+/// copies of all-MiniLM-L6-v2's products' weights, 111 MB held under
+/// `mixed_precision` where 18.5 suffice. Entries die with the last
+/// product holding them (a new version of a weight replaces them in every
+/// product).
+static SHARED: Mutex<Vec<std::sync::Weak<Packing>>> = Mutex::new(Vec::new());
+
+/// `b`'s packing for `isa` from [`SHARED`], else packed now and shared.
+fn shared_packing(b: &Storage, isa: Isa) -> Arc<Packing> {
+    let found = {
+        let shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        shared.iter().filter_map(std::sync::Weak::upgrade).find(|p| p.packs(b, isa))
+    };
+    if let Some(p) = found {
+        return p;
+    }
+    let p = Arc::new(Packing { from: Some(b.clone()), isa, packed: pack(b, isa) });
+    let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    shared.retain(|w| w.strong_count() > 0);
+    shared.push(Arc::downgrade(&p));
+    p
+}
+
 /// A product's kept packing.
 #[derive(Default)]
 struct Cached {
-    /// The packed right operand and the value it was packed from (held, so
-    /// its buffer cannot be freed, reused or written in place meanwhile).
-    entry: Option<(Storage, Arc<PackedBf16>)>,
+    /// The packed right operand, holding the value it was packed from.
+    entry: Option<Arc<Packing>>,
     /// Calls that found `entry` since it was stored.
     hits: u64,
     /// Whether an argument's packing was ever kept.
@@ -181,24 +232,22 @@ impl Bf16Product {
     /// packed now, and kept for a weight always, for an argument on the
     /// first call and after a kept packing was used again (so a loop
     /// passing new buffers every call keeps nothing from its second call on).
-    pub(crate) fn packed_rhs(&self, b: &Storage, isa: Isa) -> Arc<PackedBf16> {
+    pub(crate) fn packed_rhs(&self, b: &Storage, isa: Isa) -> Arc<Packing> {
         if self.rhs == RhsSource::Computed {
-            return Arc::new(pack(b, isa));
+            return Arc::new(Packing { from: None, isa, packed: pack(b, isa) });
         }
         {
             let mut cached = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((held, p)) = cached.entry.as_ref() {
-                if held.same_elements(b) {
-                    let p = p.clone();
-                    cached.hits += 1;
-                    return p;
-                }
+            if let Some(p) = cached.entry.as_ref().filter(|p| p.packs(b, isa)) {
+                let p = p.clone();
+                cached.hits += 1;
+                return p;
             }
         }
-        let p = Arc::new(pack(b, isa));
+        let p = shared_packing(b, isa);
         let mut cached = self.packed.lock().unwrap_or_else(|p| p.into_inner());
         let keep = self.rhs == RhsSource::Weight || !cached.stored || cached.hits > 0;
-        cached.entry = keep.then(|| (b.clone(), p.clone()));
+        cached.entry = keep.then(|| p.clone());
         cached.stored |= keep;
         cached.hits = 0;
         p
@@ -282,5 +331,34 @@ mod tests {
             assert!(weight.run_with(isa, &a, w, &mut |_, _| None).bit_eq(&fresh(w)) && weight.holds_packing());
         }
         assert!(!Bf16Product::new([true, true], RhsSource::Computed).holds_packing());
+    }
+
+    /// Products (of one executable or several) multiplying by one buffer
+    /// share its packing (for one Isa), a weight's or an argument's; a
+    /// buffer of equal values does not take it, and the packing goes when
+    /// the last product moves on.
+    #[test]
+    fn products_share_a_weights_packing_by_its_buffer() {
+        let (isa, a) = (Isa::native(), matrix(5, 7, 1));
+        let (w, twin) = (matrix(7, 3, 2), matrix(7, 3, 2));
+        let [p, q] = [0, 1].map(|_| Bf16Product::new([true, true], RhsSource::Weight));
+        let (pw, qw) = (p.packed_rhs(&w, isa), q.packed_rhs(&w, isa));
+        assert!(Arc::ptr_eq(&pw, &qw), "one packing for both products");
+        let arg = Bf16Product::new([true, true], RhsSource::Argument);
+        assert!(Arc::ptr_eq(&pw, &arg.packed_rhs(&w, isa)), "an argument's product shares it too");
+        drop(arg);
+        assert!(!Arc::ptr_eq(&pw, &q.packed_rhs(&twin, isa)), "equal values, another buffer");
+        assert!(!Arc::ptr_eq(&pw, &p.packed_rhs(&w, Isa::avx2())), "another Isa");
+        // Both products have moved on (q to the twin, p to the AVX2
+        // packing): only `pw` and `qw` hold the first packing now.
+        let weak = Arc::downgrade(&pw);
+        drop((pw, qw));
+        assert!(weak.upgrade().is_none(), "the packing outlived its products");
+        // The shared packing's product has the bits of a fresh one.
+        let fresh = Bf16Product::new([true, true], RhsSource::Computed).run_with(isa, &a, &w, &mut |_, _| None);
+        let r = Bf16Product::new([true, true], RhsSource::Weight);
+        let _hold = p.packed_rhs(&w, isa);
+        assert!(r.run_with(isa, &a, &w, &mut |_, _| None).bit_eq(&fresh));
+        assert!(Arc::ptr_eq(&_hold, &r.packed_rhs(&w, isa)));
     }
 }

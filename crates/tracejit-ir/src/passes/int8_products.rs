@@ -125,13 +125,45 @@ fn is_weight(g: &Graph, id: NodeId) -> bool {
         || (matches!(node.op, Op::Transpose { .. }) && is_weight(g, node.inputs[0].node))
 }
 
+/// A quantized weight with the value it was quantized from (held, so its
+/// buffer cannot be reused for another value while the quantized form may
+/// be found by it).
+struct Quantized {
+    from: Storage,
+    packed: PackedI8,
+}
+
+/// The quantized weights any kernel holds, found by their buffer: every
+/// product multiplying by one weight shares its quantized form (W15's six
+/// length buckets each quantized all-MiniLM-L6-v2's weights for
+/// themselves, 40 MB held where 6.6 suffice). Entries die with the last
+/// kernel holding them.
+static SHARED: Mutex<Vec<std::sync::Weak<Quantized>>> = Mutex::new(Vec::new());
+
+/// `w` quantized, from [`SHARED`] or now (and shared).
+fn shared_quantized(w: &Storage) -> Arc<Quantized> {
+    let found = {
+        let shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        shared.iter().filter_map(std::sync::Weak::upgrade).find(|q| q.from.same_elements(w))
+    };
+    if let Some(q) = found {
+        return q;
+    }
+    let a = w.array::<f32>().expect("an f32 weight (checked when quantized)");
+    let packed = PackedI8::quantize(a.view().into_dimensionality().expect("a [k, n] weight"));
+    let q = Arc::new(Quantized { from: w.clone(), packed });
+    let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    shared.retain(|e| e.strong_count() > 0);
+    shared.push(Arc::downgrade(&q));
+    q
+}
+
 /// The int8 product kernel: `x [.., k] · w [k, n]`, the weight quantized
 /// once per buffer, the activations per row on each call.
 #[derive(Default)]
 struct DynamicI8 {
-    /// The last weight and its quantized form (the weight is held so its
-    /// buffer cannot be reused for another value while cached).
-    packed: Mutex<Option<(Storage, Arc<PackedI8>)>>,
+    /// The last weight's quantized form.
+    packed: Mutex<Option<Arc<Quantized>>>,
 }
 
 impl std::fmt::Debug for DynamicI8 {
@@ -141,24 +173,22 @@ impl std::fmt::Debug for DynamicI8 {
 }
 
 impl DynamicI8 {
-    fn weight(&self, w: &Storage) -> Arc<PackedI8> {
+    fn weight(&self, w: &Storage) -> Arc<Quantized> {
         let mut cached = self.packed.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((held, p)) = cached.as_ref() {
-            if held.same_elements(w) {
-                return p.clone();
-            }
+        if let Some(q) = cached.as_ref().filter(|q| q.from.same_elements(w)) {
+            return q.clone();
         }
-        let a = w.array::<f32>().expect("an f32 weight (checked when quantized)");
-        let p = Arc::new(PackedI8::quantize(a.view().into_dimensionality().expect("a [k, n] weight")));
-        *cached = Some((w.clone(), p.clone()));
-        p
+        let q = shared_quantized(w);
+        *cached = Some(q.clone());
+        q
     }
 }
 
 impl ExternalKernel for DynamicI8 {
     fn run(&self, inputs: &[Storage], isa: Isa) -> Vec<Storage> {
         let (x, w) = (&inputs[0], &inputs[1]);
-        let packed = self.weight(w);
+        let quantized = self.weight(w);
+        let packed = &quantized.packed;
         let (k, n) = (packed.k(), packed.n());
         let mut shape = x.shape().to_vec();
         assert_eq!(shape.last(), Some(&k), "{INT8_KERNEL_NAME}: x of shape {shape:?} times a [{k}, {n}] weight");
@@ -168,7 +198,32 @@ impl ExternalKernel for DynamicI8 {
         let a = x.array::<f32>().expect("an f32 activation (checked when quantized)");
         let a = a.view().into_shape_with_order((rows, k)).expect("standard layout");
         let mut c = vec![0.0f32; rows * n];
-        gemm_dynamic_i8(a, &packed, &mut c, false, isa);
+        gemm_dynamic_i8(a, packed, &mut c, false, isa);
         vec![Storage::from_vec(c, &shape).expect("sized above")]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kernels multiplying by one weight buffer share its quantized form,
+    /// a buffer of equal values does not take it, it goes with the last
+    /// kernel holding it, and a shared form gives the kernel's own bits.
+    #[test]
+    fn kernels_share_a_weights_quantized_form_by_its_buffer() {
+        let values: Vec<f32> = (0..7 * 3).map(|i| (i as f32 * 0.37).sin()).collect();
+        let w = Storage::from_vec(values.clone(), &[7, 3]).unwrap();
+        let twin = Storage::from_vec(values, &[7, 3]).unwrap();
+        let (p, q) = (DynamicI8::default(), DynamicI8::default());
+        let (pw, qw) = (p.weight(&w), q.weight(&w));
+        assert!(Arc::ptr_eq(&pw, &qw));
+        assert!(!Arc::ptr_eq(&pw, &q.weight(&twin)));
+        let x = Storage::from_vec((0..5 * 7).map(|i| (i as f32 * 0.11).cos()).collect(), &[5, 7]).unwrap();
+        let (shared, own) = (p.run(&[x.clone(), w.clone()], Isa::native()), q.run(&[x, twin], Isa::native()));
+        assert!(shared[0].bit_eq(&own[0]), "equal weights, equal products");
+        let weak = Arc::downgrade(&pw);
+        drop((pw, qw, p));
+        assert!(weak.upgrade().is_none(), "the quantized weight outlived its kernels");
     }
 }
