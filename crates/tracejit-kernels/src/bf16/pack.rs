@@ -128,9 +128,9 @@ pub(super) fn pack_rhs<T: LhsValue>(b: ArrayView2<'_, T>, out: &mut [u32], isa: 
     let mut hi = vec![0u16; n];
     let mut line = Vec::new();
     for p in 0..kw {
-        bits_of(b.row(2 * p), &mut lo, &mut line, isa);
+        T::to_bits(as_slice(b.row(2 * p), &mut line), &mut lo, isa);
         if 2 * p + 1 < k {
-            bits_of(b.row(2 * p + 1), &mut hi, &mut line, isa);
+            T::to_bits(as_slice(b.row(2 * p + 1), &mut line), &mut hi, isa);
         } else {
             hi.fill(0);
         }
@@ -152,22 +152,22 @@ fn pack_rhs_columns<T: LhsValue>(b: ArrayView2<'_, T>, out: &mut [u32], isa: Isa
     let mut bits = vec![0u16; 2 * kw];
     let mut line = Vec::new();
     for j in 0..n {
-        bits_of(b.column(j), &mut bits[..k], &mut line, isa);
+        T::to_bits(as_slice(b.column(j), &mut line), &mut bits[..k], isa);
         for (p, pair) in bits.chunks_exact(2).enumerate() {
             out[rhs_index(kw, p, j)] = u32::from(pair[0]) | (u32::from(pair[1]) << 16);
         }
     }
 }
 
-/// `v`'s bf16 bits into `out` (as long as `v`), through `line` when `v`
-/// is not contiguous.
-fn bits_of<T: LhsValue>(v: ndarray::ArrayView1<'_, T>, out: &mut [u16], line: &mut Vec<T>, isa: Isa) {
-    match v.as_slice() {
-        Some(s) => T::to_bits(s, out, isa),
+/// Runs `f` on `v`'s values as a slice: `v` itself when contiguous, else
+/// a copy gathered into `line` (reused between calls).
+pub(super) fn as_slice<'a, T: Copy>(v: ndarray::ArrayView1<'a, T>, line: &'a mut Vec<T>) -> &'a [T] {
+    match v.to_slice() {
+        Some(s) => s,
         None => {
             line.clear();
             line.extend(v.iter().copied());
-            T::to_bits(line, out, isa);
+            line
         }
     }
 }

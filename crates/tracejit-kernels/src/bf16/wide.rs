@@ -27,7 +27,7 @@
 
 use ndarray::ArrayView2;
 
-use super::pack::LhsValue;
+use super::pack::{as_slice, LhsValue};
 use super::tiles::{pack_rows, rhs_index, walk, OutPtr, Tile, GROUP, LANES, MR, NR};
 use crate::Isa;
 
@@ -74,7 +74,7 @@ pub(super) fn pack_rhs<T: LhsValue>(b: ArrayView2<'_, T>, out: &mut [u32], isa: 
     let mut line = Vec::new();
     if b.strides()[0] == 1 && n > 1 {
         for j in 0..n {
-            wide_of(b.column(j), &mut wide[..k], &mut line, isa);
+            T::to_wide(as_slice(b.column(j), &mut line), &mut wide[..k], isa);
             for (p, &w) in wide[..k].iter().enumerate() {
                 out[rhs_index(depth, p, j)] = w;
             }
@@ -82,23 +82,10 @@ pub(super) fn pack_rhs<T: LhsValue>(b: ArrayView2<'_, T>, out: &mut [u32], isa: 
         return;
     }
     for p in 0..k {
-        wide_of(b.row(p), &mut wide[..n], &mut line, isa);
+        T::to_wide(as_slice(b.row(p), &mut line), &mut wide[..n], isa);
         for (panel, w) in wide[..n].chunks(NR).enumerate() {
             let at = rhs_index(depth, p, panel * NR);
             out[at..at + w.len()].copy_from_slice(w);
-        }
-    }
-}
-
-/// `v`'s slots ([`LhsValue::to_wide`]) into `out`, through `line` when `v`
-/// is not contiguous.
-fn wide_of<T: LhsValue>(v: ndarray::ArrayView1<'_, T>, out: &mut [u32], line: &mut Vec<T>, isa: Isa) {
-    match v.as_slice() {
-        Some(s) => T::to_wide(s, out, isa),
-        None => {
-            line.clear();
-            line.extend(v.iter().copied());
-            T::to_wide(line, out, isa);
         }
     }
 }
