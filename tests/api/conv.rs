@@ -421,3 +421,47 @@ proptest! {
         }
     }
 }
+
+/// A compiled convolution by a variable's value packs its filter when the
+/// weights come back to a second call and keeps it (the profile says so),
+/// gives the reference's values within the f32 bound on every call, the
+/// same bits from the kept filter, and follows the variable when it is
+/// assigned: a stale packing would give the old weights' outputs.
+#[test]
+fn a_kept_filter_follows_its_variable() {
+    // ResNet's 7×7 stage in small: the channel-lane kernel at 16 and 8 lanes.
+    let opts = Conv2dOptions::default().padding(1);
+    let w = Variable::new(data(&[64, 32, 3, 3], 21));
+    let b = data(&[64], 22);
+    let step = {
+        let (w, b) = (w.clone(), b.clone());
+        move |x: Tensor| conv2d(&x, &w.read(), Some(&b), opts).relu()
+    };
+    let f = function(step.clone());
+    let reference = function(step).jit(false);
+    let x = data(&[1, 32, 7, 7], 23);
+    // |error| <= 2 · taps · ε · Σ|terms|, and Σ|terms| <= taps + 1 here
+    // (values in [-1, 1)).
+    let taps = 32.0 * 9.0;
+    let tol = 2.0 * taps * f32::EPSILON * (taps + 1.0);
+    let kept = |f: &Function<Tensor, Tensor>| {
+        let profile = f.concrete_functions()[0].profile(std::slice::from_ref(&x), 1).unwrap().expect("the JIT ran");
+        profile.steps.iter().any(|s| s.what.contains("conv2d+bias+relu (channel lanes, filter kept)"))
+    };
+    let want = vals(&reference.call(x.clone()).unwrap());
+    // First sight of the weights: not packed yet.
+    assert_near("first call", &vals(&f.call(x.clone()).unwrap()), &want, tol);
+    let packed = vals(&f.call(x.clone()).unwrap());
+    assert_near("second call", &packed, &want, tol);
+    assert!(kept(&f), "the second call packed the filter");
+    let again = vals(&f.call(x.clone()).unwrap());
+    assert!(packed.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()), "the kept filter gives the same bits");
+    w.assign(&data(&[64, 32, 3, 3], 24));
+    let want = vals(&reference.call(x.clone()).unwrap());
+    for call in 0..3 {
+        let after = vals(&f.call(x.clone()).unwrap());
+        assert_near(&format!("call {call} after the assignment"), &after, &want, tol);
+        assert!(packed.iter().zip(&after).any(|(a, b)| (a - b).abs() > 0.1), "the new weights changed the outputs");
+    }
+    assert!(kept(&f), "the new weights are packed and kept");
+}

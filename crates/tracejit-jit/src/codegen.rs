@@ -46,6 +46,7 @@ use crate::{JitError, JitOptions};
 mod bf16_products;
 pub(crate) mod graph_to_schedule;
 mod in_place;
+mod kept_filters;
 mod liveness;
 mod products;
 mod regions;
@@ -79,6 +80,7 @@ fn passes() -> Vec<Box<dyn SchedulePass>> {
     vec![
         Box::new(sparse_updates::SparseUpdates),
         Box::new(bf16_products::Bf16Products),
+        Box::new(kept_filters::KeptFilters),
         Box::new(row_loops::RowLoops),
         Box::new(products::HoistViews),
         Box::new(start_early::StartEarly),

@@ -341,7 +341,7 @@ impl Executable {
                 | StepKind::MatMulBf16(_)
                 | StepKind::Region(_)
                 | StepKind::View(_)
-                | StepKind::Spatial(_) => Some(&g.node(step.node).op),
+                | StepKind::Spatial(..) => Some(&g.node(step.node).op),
                 _ => None,
             };
             if let Some(op) = op {
@@ -430,7 +430,9 @@ impl Executable {
                     None => outs.extend(eval_primitive(&g.node(step.node).op, &args)),
                 },
                 StepKind::External(op) => outs.extend(tracejit_ir::eval_kernel(op, &args, self.target.isa)),
-                StepKind::Spatial(op) => outs.extend(crate::spatial::run(op, &args, self.target.isa, pool)),
+                StepKind::Spatial(op, kept) => {
+                    outs.extend(crate::spatial::run_kept(op, &args, self.target.isa, pool, kept.as_deref()))
+                }
                 StepKind::Primitive(op, fast) => {
                     // The fast path lowering chose, when its run-time guard
                     // holds (sizes, layouts, the buffer still unique).

@@ -50,8 +50,10 @@ pub(crate) enum StepKind {
     /// A registered native kernel (`Op::Kernel`).
     External(Op),
     /// A convolution, pool or gradient of one, run by the direct kernels
-    /// of `tracejit_kernels` (f32) or the reference loops (f64).
-    Spatial(tracejit_ir::tensor::SpatialOp),
+    /// of `tracejit_kernels` (f32) or the reference loops (f64); a
+    /// convolution by a variable's value or a constant keeps its packed
+    /// filter (the `kept_filters` pass).
+    Spatial(tracejit_ir::tensor::SpatialOp, Option<Arc<crate::spatial::KeptFilter>>),
     /// A call of a library function.
     Call(Arc<Executable>),
     /// A conditional: the then and else branches, prepared once.
@@ -178,7 +180,7 @@ impl StepKind {
             StepKind::MatMulBf16(_) => "gemm_bf16",
             StepKind::View(_) => "view",
             StepKind::Primitive(..) => "reference",
-            StepKind::External(_) | StepKind::Spatial(_) => "native",
+            StepKind::External(_) | StepKind::Spatial(..) => "native",
             StepKind::Call(_) => "call",
             StepKind::Cond(_) => "cond",
             StepKind::While(..) => "while",
@@ -210,7 +212,7 @@ impl StepKind {
             }
             StepKind::Primitive(..) => st.fallbacks += 1,
             StepKind::View(_) => st.views += 1,
-            StepKind::External(_) | StepKind::Spatial(_) => st.native_kernels += 1,
+            StepKind::External(_) | StepKind::Spatial(..) => st.native_kernels += 1,
             StepKind::Call(e) => {
                 st.calls += 1;
                 st.add(&e.stats());
@@ -256,7 +258,7 @@ impl StepKind {
             StepKind::Primitive(op, fast) => format!("reference {}{}", op.name(), fast.note()),
             StepKind::External(Op::Kernel { name, .. }) => format!("kernel {name}"),
             StepKind::External(op) => format!("kernel {}", op.name()),
-            StepKind::Spatial(op) => format!("kernel {}", crate::spatial::kernel_name(op)),
+            StepKind::Spatial(op, kept) => format!("kernel {}", crate::spatial::step_name(op, kept.as_deref())),
             StepKind::Call(e) => format!("call {}", e.graph().name),
             StepKind::Cond(_) => "cond".to_string(),
             StepKind::While(_, carried, split) => match split {

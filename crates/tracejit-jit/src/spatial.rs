@@ -19,6 +19,8 @@
 //! inferred (and re-checked on concrete shapes where a dim was unknown),
 //! which is the same rule.
 
+use std::sync::{Arc, Mutex};
+
 use ndarray::{ArcArray, IxDyn};
 use tracejit_ir::tensor::{kernels, DType, SpatialOp, Storage};
 use tracejit_kernels::conv::{self, Conv2dGeometry};
@@ -68,15 +70,119 @@ pub fn spatial(op: &SpatialOp, args: &[&Storage]) -> Vec<Storage> {
     run(op, args, Isa::current(), &mut BufPool::default())
 }
 
+/// A convolution step's packed filter for the kernels' channel-lane
+/// forward ([`conv::PackedFilter`]), kept with the weights it was packed
+/// from: found again while the step's weights are the same buffer (values
+/// are immutable, and the held clone keeps the buffer from being freed or
+/// written in place), replaced when a new version comes. Given to steps
+/// whose weights are a variable's value or a constant (the `kept_filters`
+/// pass), as the bf16 products keep their packed weights.
+///
+/// A buffer is packed when it comes back, not when first seen: the first
+/// call of a model runs its layers as an uncompiled convolution would
+/// (packing all of ResNet-50's weights there made it 20-25 ms slower,
+/// a quarter of a call), and a training loop whose step assigns new
+/// weights every call packs nothing. A kept filter replaced before it was
+/// used again (weights that change every call) ends the keeping for the
+/// step.
+#[derive(Default)]
+pub(crate) struct KeptFilter(Mutex<KeptState>);
+
+/// What a [`KeptFilter`] holds and knows.
+#[derive(Default)]
+struct KeptState {
+    /// The kept filter.
+    kept: Option<Arc<Kept>>,
+    /// Calls that found `kept` since it was packed.
+    hits: u64,
+    /// The weights' buffer (address, length) last seen unpacked, not held.
+    seen: Option<(usize, usize)>,
+    /// Keeping ended: the weights change every call.
+    given_up: bool,
+}
+
+/// A packed filter and what it was packed from.
+struct Kept {
+    from: Storage,
+    isa: Isa,
+    filter: conv::PackedFilter,
+}
+
+impl KeptFilter {
+    /// The filter of `w` (whose values are `values`) for `g` on `isa`: the
+    /// kept one while `w` is the same buffer, else packed now and kept if
+    /// this buffer was seen by the call before. `None` where the geometry
+    /// does not take the channel-lane kernel, or the step does not keep.
+    fn get(&self, g: &Conv2dGeometry, w: &Storage, values: &[f32], isa: Isa) -> Option<Arc<Kept>> {
+        if !conv::prefers_packed_filter(g, isa) {
+            return None;
+        }
+        let mut st = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if st.given_up {
+            return None;
+        }
+        if let Some(k) = st.kept.as_ref().filter(|k| k.isa == isa && k.from.same_elements(w)) {
+            let k = k.clone();
+            st.hits += 1;
+            return Some(k);
+        }
+        if st.kept.take().is_some() && st.hits == 0 {
+            st.given_up = true;
+            return None;
+        }
+        // The weights' own buffer, not `values` (a contiguous copy of a
+        // strided one is new in every call).
+        let Storage::F32(a) = w else { return None };
+        let id = (a.as_ptr() as usize, a.len());
+        if st.seen != Some(id) {
+            st.seen = Some(id);
+            return None;
+        }
+        let filter = conv::PackedFilter::new(g, values, isa)?;
+        let k = Arc::new(Kept { from: w.clone(), isa, filter });
+        *st = KeptState { kept: Some(k.clone()), ..KeptState::default() };
+        Some(k)
+    }
+
+    /// Whether a packed filter is held now: the step ran the channel-lane
+    /// kernel.
+    pub(crate) fn holds_filter(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).kept.is_some()
+    }
+}
+
+/// How listings and profiles name a spatial step: [`kernel_name`], or for
+/// a convolution that ran the channel-lane kernel from its kept filter
+/// `conv2d+bias+relu (channel lanes, filter kept)`.
+pub(crate) fn step_name(op: &SpatialOp, kept: Option<&KeptFilter>) -> String {
+    let name = kernel_name(op);
+    match kept {
+        Some(k) if k.holds_filter() => format!("{} (channel lanes, filter kept)", name.trim_end_matches(" (direct)")),
+        _ => name.to_string(),
+    }
+}
+
 /// Runs `op` on `args` (checked against its type rule), its outputs'
 /// buffers from `pool`.
 pub(crate) fn run(op: &SpatialOp, args: &[&Storage], isa: Isa, pool: &mut BufPool) -> Vec<Storage> {
+    run_kept(op, args, isa, pool, None)
+}
+
+/// [`run`] for a step that may keep its packed filter (a convolution by
+/// a variable's value or a constant).
+pub(crate) fn run_kept(
+    op: &SpatialOp,
+    args: &[&Storage],
+    isa: Isa,
+    pool: &mut BufPool,
+    kept: Option<&KeptFilter>,
+) -> Vec<Storage> {
     // bf16 / f16: the f32 kernels on the widened operands, each result
     // rounded once (the reference kernels' rule, at the fast kernels' speed).
     if let Some(low) = args.iter().map(|a| a.dtype()).find(|d| d.is_low_precision()) {
         let wide: Vec<Storage> = args.iter().map(|a| kernels::cast(a, DType::F32)).collect();
         let refs: Vec<&Storage> = wide.iter().collect();
-        return run(op, &refs, isa, pool).iter().map(|r| kernels::cast(r, low)).collect();
+        return run_kept(op, &refs, isa, pool, None).iter().map(|r| kernels::cast(r, low)).collect();
     }
     // Empty tensors (a batch of 0) have nothing to compute, and the fast
     // kernels take positive sizes only.
@@ -92,7 +198,12 @@ pub(crate) fn run(op: &SpatialOp, args: &[&Storage], isa: Isa, pool: &mut BufPoo
         SpatialOp::Conv2d { conv, bias, relu } => {
             let g = conv_geometry(&conv, owned[0].shape(), owned[1].shape());
             let (mut y, ys) = out(&[g.batch, g.out_channels, g.out_h(), g.out_w()]);
-            conv::forward(&g, s[0], s[1], bias.then(|| s[2]), relu, slice_mut(&mut y), isa);
+            match kept.and_then(|k| k.get(&g, args[1], s[1], isa)) {
+                Some(k) => {
+                    conv::forward_with_filter(&g, s[0], &k.filter, bias.then(|| s[2]), relu, slice_mut(&mut y), isa)
+                }
+                None => conv::forward(&g, s[0], s[1], bias.then(|| s[2]), relu, slice_mut(&mut y), isa),
+            }
             vec![finish(y, &ys)]
         }
         SpatialOp::Conv2dBackwardData { conv, input_hw } => {

@@ -130,7 +130,8 @@ fn line(name: &str, units: usize, unit: &str, f: impl FnMut()) -> f64 {
 /// The passes of one layer (backward-data when asked); returns the
 /// seconds of (forward, backward).
 fn conv_layer(name: &str, g: &Conv2dGeometry, relu: bool, backward_data: bool) -> (f64, f64) {
-    let isa = Isa::native();
+    // TRACEJIT_ISA=avx2 measures the AVX2 kernels.
+    let isa = Isa::current();
     let (x, w, b) = (
         values(g.batch * g.in_channels * g.in_h * g.in_w, 1),
         values(g.out_channels * g.in_channels * g.kernel[0] * g.kernel[1] / g.groups, 2),
@@ -142,6 +143,30 @@ fn conv_layer(name: &str, g: &Conv2dGeometry, relu: bool, backward_data: bool) -
     let forward = line(&format!("{name} forward"), macs, "G MAC/s", || {
         conv::forward(g, &x, &w, Some(&b), relu, black_box(&mut y), isa)
     });
+    if let Some(filter) = conv::PackedFilter::new(g, &w, isa) {
+        // The channel-lane kernel from weights packed once, as a compiled
+        // model's layer runs it, and packing in every call.
+        let mut y2 = vec![0.0; ylen];
+        line(&format!("{name} forward, filter packed"), macs, "G MAC/s", || {
+            conv::forward_with_filter(g, &x, &filter, Some(&b), relu, black_box(&mut y2), isa)
+        });
+        line(&format!("{name} forward, packing per call"), macs, "G MAC/s", || {
+            let f = conv::PackedFilter::new(g, &w, isa).expect("packed above");
+            conv::forward_with_filter(g, &x, &f, Some(&b), relu, black_box(&mut y2), isa)
+        });
+        // Weights out of the caches, as in a model whose layers' weights
+        // exceed them: a new filter of 24 in every call.
+        let cold: Vec<_> = (0..24).map(|_| filter.clone()).collect();
+        let mut turn = 0;
+        line(&format!("{name} forward, filter packed, weights cold"), macs, "G MAC/s", || {
+            turn = (turn + 1) % cold.len();
+            conv::forward_with_filter(g, &x, &cold[turn], Some(&b), relu, black_box(&mut y2), isa)
+        });
+        let diff = y.iter().zip(&y2).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        if wanted(&format!("{name} forward")) {
+            println!("  {name:<36} largest difference between the two kernels: {diff:e}");
+        }
+    }
     let mut backward = 0.0;
     if backward_data {
         let mut dx = vec![0.0; x.len()];
@@ -223,6 +248,15 @@ fn resnet_layers() {
     }
     for (cin, cout) in [(64, 256), (256, 64)] {
         conv_layer(&format!("resnet 1x1 {cin}->{cout} @56"), &conv_geo(1, cin, 56, cout, 1, 0), true, false);
+    }
+    // The narrow maps' 1x1 products and strided 3x3s.
+    for (cin, cout, hw) in [(256, 1024, 14), (1024, 256, 14), (512, 2048, 7), (2048, 512, 7)] {
+        let name = format!("resnet 1x1 {cin}->{cout} @{hw}");
+        conv_layer(&name, &conv_geo(1, cin, hw, cout, 1, 0), true, false);
+    }
+    for (c, hw) in [(256, 28), (512, 14)] {
+        let g = Conv2dGeometry { stride: [2, 2], ..conv_geo(1, c, hw, c, 3, 1) };
+        conv_layer(&format!("resnet 3x3/2 {c}->{c} @{hw}"), &g, true, false);
     }
     let g =
         Pool2dGeometry { batch: 1, channels: 64, in_h: 112, in_w: 112, kernel: [3, 3], stride: [2, 2], pad: [1; 4] };

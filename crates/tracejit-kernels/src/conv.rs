@@ -16,7 +16,15 @@
 //!   1.5 vectors: ResNet's 14×14 and 7×7 stages) with at least 32 output
 //!   channels and 64 taps per group, it is a matrix product per image and
 //!   group instead (`forward_gemm`: im2col tiles, none for unpadded
-//!   stride-1 1×1), through [`crate::gemm`].
+//!   stride-1 1×1), through [`crate::gemm`]. Where the channel-lane kernel
+//!   measured faster (`cvec`: narrow maps at 16 lanes, every kernel
+//!   larger than 1×1 at 8; see [`prefers_packed_filter`]) it runs there:
+//!   tiles of 4 vectors of output channels × 6 pixels (2 × 6 with AVX2),
+//!   each pixel's input broadcast from the image in place (zero-padded
+//!   copy when padded), the weights packed per block of channels — once,
+//!   by a caller holding a [`PackedFilter`] ([`forward_with_filter`]: the
+//!   JIT keeps one per weight of a compiled model), else in every call
+//!   where the map is large enough for that to pay.
 //! - [`backward_data`] with stride 1 is the same direct kernel run as the
 //!   transposed convolution (kernel flipped, input and output channels
 //!   swapped, pads `(k-1)·dilation - pad`). With a larger stride it is a
@@ -57,6 +65,9 @@
 
 use crate::Isa;
 
+mod cvec;
+#[cfg(target_arch = "x86_64")]
+mod cvec_tiles;
 mod engine;
 mod filter;
 mod filter_px;
@@ -72,6 +83,8 @@ mod tiles;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_cvec;
 #[cfg(test)]
 mod tests_grad;
 
@@ -283,6 +296,57 @@ pub fn forward(g: &Conv2dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, r
     forward_on(Path::of(isa), g, x, w, bias, relu, y)
 }
 
+pub use cvec::PackedFilter;
+
+impl PackedFilter {
+    /// `w` (`[out_channels, in_channels, kh, kw]`) packed for the
+    /// channel-lane kernel of [`forward_with_filter`] at the widest vectors
+    /// `isa` allows: `None` where it has no vector code, or for grouped
+    /// convolutions. A caller that convolves with the same weights again
+    /// (a model's layer, call after call) packs them once.
+    ///
+    /// # Panics
+    /// If the geometry is invalid or `w`'s length does not match it.
+    pub fn new(g: &Conv2dGeometry, w: &[f32], isa: Isa) -> Option<PackedFilter> {
+        g.check("PackedFilter::new");
+        check_len("PackedFilter::new", "w", w.len(), g.w_len());
+        cvec::pack(Path::of(isa), g, w)
+    }
+}
+
+/// Whether [`forward_with_filter`] is the faster forward for `g` on
+/// `isa` (see the module): where it is, a caller holding the layer's
+/// weights across calls packs them once ([`PackedFilter::new`]).
+/// [`forward`] takes that kernel too, packing in every call, where each
+/// weight meets enough pixels for the packing to pay.
+pub fn prefers_packed_filter(g: &Conv2dGeometry, isa: Isa) -> bool {
+    cvec::prefers(Path::of(isa), g)
+}
+
+/// [`forward`] through the channel-lane kernel from weights packed
+/// beforehand ([`PackedFilter::new`] with the same geometry and `isa`).
+///
+/// # Panics
+/// If the geometry is invalid, a slice's length does not match it, or
+/// `filter` was packed for another geometry or vector width.
+pub fn forward_with_filter(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    filter: &PackedFilter,
+    bias: Option<&[f32]>,
+    relu: bool,
+    y: &mut [f32],
+    isa: Isa,
+) {
+    g.check("forward");
+    check_len("forward", "x", x.len(), g.x_len());
+    check_len("forward", "y", y.len(), g.y_len());
+    if let Some(b) = bias {
+        check_len("forward", "bias", b.len(), g.out_channels);
+    }
+    cvec::run(Path::of(isa), g, x, filter, bias, relu, y);
+}
+
 /// [`forward`] on a given path.
 pub(crate) fn forward_on(
     path: Path,
@@ -299,6 +363,10 @@ pub(crate) fn forward_on(
     check_len("forward", "y", y.len(), g.y_len());
     if let Some(b) = bias {
         check_len("forward", "bias", b.len(), g.out_channels);
+    }
+    if cvec::prefers(path, g) && cvec::packing_pays(g) {
+        let filter = cvec::pack(path, g, w).expect("cvec::prefers takes packable geometries");
+        return cvec::run(path, g, x, &filter, bias, relu, y);
     }
     if forward_gemm::prefers(path, g) {
         return forward_gemm::run(path, g, x, w, bias, relu, y);

@@ -97,7 +97,7 @@ fn cast_step(
 /// Where `slot`'s value comes from: a variable's value or a constant (a
 /// buffer that stays the same across calls until assigned), an argument,
 /// a transposed view of either, or a computation.
-fn source(s: &Schedule, producer: &HashMap<usize, usize>, slot: usize) -> RhsSource {
+pub(super) fn source(s: &Schedule, producer: &HashMap<usize, usize>, slot: usize) -> RhsSource {
     let Some(&p) = producer.get(&slot) else { return RhsSource::Computed };
     match &s.steps[p].kind {
         StepKind::Read(_) | StepKind::Constant(_) => RhsSource::Weight,

@@ -52,12 +52,13 @@ fn step_for(g: &Graph, id: NodeId, kind: StepKind, slot_of: &HashMap<ValueId, us
     let has_unknown = |node: &Node| {
         node.outputs.iter().chain(node.inputs.iter().map(|v| g.value_type(*v))).any(|t| t.shape().is_none())
     };
-    let probe = matches!(kind, StepKind::Region(_) | StepKind::MatMul | StepKind::Primitive(..) | StepKind::Spatial(_))
-        && node.outputs.iter().any(|t| {
-            t.shape()
-                .and_then(|s| tracejit_ir::tensor::byte_size(t.dtype, &s))
-                .is_none_or(|b| b >= tracejit_ir::tensor::PROBE_BYTES)
-        });
+    let probe =
+        matches!(kind, StepKind::Region(_) | StepKind::MatMul | StepKind::Primitive(..) | StepKind::Spatial(..))
+            && node.outputs.iter().any(|t| {
+                t.shape()
+                    .and_then(|s| tracejit_ir::tensor::byte_size(t.dtype, &s))
+                    .is_none_or(|b| b >= tracejit_ir::tensor::PROBE_BYTES)
+            });
     // Constants are never re-checked: their values are their types.
     let check = !matches!(kind, StepKind::Constant(_)) && has_unknown(node);
     Ok(Step { kind, node: id, inputs, outputs, frees: SmallVec::new(), in_place: None, pair: Pair::None, check, probe })
@@ -128,7 +129,7 @@ fn kind_of(
         // A registered native kernel runs as itself.
         Op::Kernel { .. } => StepKind::External(node.op.clone()),
         // Convolutions and pools run through their direct kernels.
-        Op::Spatial(op) => StepKind::Spatial(*op),
+        Op::Spatial(op) => StepKind::Spatial(*op, None),
         Op::Transpose { perm } => StepKind::View(View::Transpose(perm.clone())),
         Op::Gather { axis } if g.value_type(node.inputs[1]).rank() == 0 => StepKind::View(View::Index(*axis)),
         Op::Unary(_)

@@ -191,7 +191,13 @@ fn describe(exe: &Executable, step: &Step) -> String {
         // Which composite: `kernel tracejit.nn.dropout`.
         Op::Kernel { name, .. } => format!("kernel {name}"),
         // Which spatial kernel: `kernel conv2d+bias+relu (direct)`.
-        Op::Spatial(sp) => format!("kernel {}", crate::spatial::kernel_name(sp)),
+        Op::Spatial(sp) => {
+            let kept = match &step.kind {
+                StepKind::Spatial(_, kept) => kept.as_deref(),
+                _ => None,
+            };
+            format!("kernel {}", crate::spatial::step_name(sp, kept))
+        }
         op => op.name().to_string(),
     };
     // A region that may write over a dying input (when it is unique at

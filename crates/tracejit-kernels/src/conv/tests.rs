@@ -150,7 +150,13 @@ pub(super) fn each_mac(g: &Conv2dGeometry, mut f: impl FnMut(usize, usize, usize
 }
 
 /// The reference forward in f64: (values, Σ|terms| per output).
-fn reference(g: &Conv2dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, relu: bool) -> (Vec<f64>, Vec<f64>) {
+pub(super) fn reference(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+) -> (Vec<f64>, Vec<f64>) {
     let mut y = vec![0.0f64; g.y_len()];
     let mut mag = vec![0.0f64; g.y_len()];
     each_mac(g, |xi, wi, yi| {

@@ -1,0 +1,266 @@
+//! The forward convolution with output channels in the vector lanes, for
+//! the geometries where the pixel-lane kernel (`engine`) leaves lanes idle
+//! and a matrix product (`forward_gemm`) pays an im2col copy and a packing
+//! of the weights in every call: ResNet's 14×14 and 7×7 stages, whose maps
+//! are narrower than two vectors and whose weights are most of the model.
+//!
+//! The filter is packed once ([`PackedFilter`]: blocks of `A` vectors of
+//! output channels, `[tap][A·lanes]` each, taps in `w`'s own (input
+//! channel, kernel row, kernel column) order). A register tile holds `A`
+//! channel vectors × `B` output pixels; per tap it loads the `A` weight
+//! vectors and broadcasts each pixel's input value, `A·B` FMAs (24 of
+//! AVX-512's 32 registers at 4 × 6, 12 of AVX2's 16 at 2 × 6). A pixel's
+//! input at a tap lies at the pixel's base in the image's zero-padded
+//! copy (the panel; `x` itself when there is no padding) plus an offset
+//! that is the tap's alone, so tiles read the activations in place: no
+//! im2col. The taps run in chunks whose weights stay in the level-1 cache
+//! while every tile of the map passes over them, the partial sums of a
+//! chunk kept in a scratch `[pixel][channel]` between chunks (the first
+//! tile of a chunk prefetches the next chunk's weights: a model's weights
+//! come from memory); after the last chunk the tile adds the bias, applies
+//! relu and stores its pixels of each channel into `y`'s NCHW planes. A
+//! map is cut into near-equal tiles of at most 6 pixels (a 7×7 map into
+//! tiles of 6 and 5, not eight of 6 and one of 1).
+//!
+//! Tasks are (image, block of channels), fixed by the geometry; each
+//! output value is one tile's sum over the taps in their order, so the
+//! bits do not depend on the thread count. Padding is multiplied as zeros,
+//! and NaN and infinities in `x` reach exactly the outputs whose windows
+//! hold them, as on the module's other paths.
+
+use super::{run_tasks, Conv2dGeometry, Path, SendPtr};
+
+/// Bytes of one chunk of a block's weights: they stay in the level-1 cache
+/// (48 KiB on the Xeon, 32 on Zen 3 and 4) beside a few lines of the panel.
+const CHUNK_BYTES: usize = 24 << 10;
+
+/// A convolution's weights packed for [`run`]: per block of output
+/// channels (the last one zero-padded), `[tap][width]`.
+#[derive(Clone, Debug)]
+pub struct PackedFilter {
+    /// Vector lanes the packing is for (16 or 8).
+    lanes: usize,
+    /// Output channels per block: `A · lanes`.
+    width: usize,
+    /// Output channels.
+    out_c: usize,
+    /// Taps per output value: `in_channels · kh · kw`.
+    taps: usize,
+    /// The blocks' weights.
+    weights: Vec<f32>,
+}
+
+impl PackedFilter {
+    /// `w` (`[out_c, taps]`, a group's filter) packed for `lanes` lanes.
+    fn packed(lanes: usize, out_c: usize, taps: usize, w: &[f32]) -> PackedFilter {
+        let width = vecs_for(lanes) * lanes;
+        let blocks = out_c.div_ceil(width);
+        let mut weights = vec![0.0f32; blocks * taps * width];
+        // Taps in runs of 16 (a cache line of each of the block's rows of
+        // `w`), each row's run written to its column of the run's taps: a
+        // scatter through the whole block one row of `w` at a time took 4x
+        // the time of a 3x3 512 -> 512 layer's convolution on a 7x7 map.
+        for (block, dst) in weights.chunks_exact_mut(taps * width).enumerate() {
+            let oc0 = block * width;
+            let rows = &w[oc0 * taps..(oc0 + width).min(out_c) * taps];
+            for t0 in (0..taps).step_by(16) {
+                let run = 16.min(taps - t0);
+                for (j, row) in rows.chunks_exact(taps).enumerate() {
+                    for (dt, &v) in row[t0..t0 + run].iter().enumerate() {
+                        dst[(t0 + dt) * width + j] = v;
+                    }
+                }
+            }
+        }
+        PackedFilter { lanes, width, out_c, taps, weights }
+    }
+
+    /// Blocks of output channels.
+    fn blocks(&self) -> usize {
+        self.out_c.div_ceil(self.width)
+    }
+}
+
+/// Channel vectors per tile at `lanes` lanes.
+fn vecs_for(lanes: usize) -> usize {
+    if lanes == 16 {
+        4
+    } else {
+        2
+    }
+}
+
+/// The vector lanes of `path` when this kernel can run there.
+pub(super) fn lanes_of(path: Path) -> Option<usize> {
+    match path {
+        Path::W16 if cfg!(target_arch = "x86_64") => Some(16),
+        Path::W8 if cfg!(target_arch = "x86_64") => Some(8),
+        _ => None,
+    }
+}
+
+/// Most bytes of an image's panel (its padded copy, or `x`'s image when
+/// there is no padding) for this kernel: every block of channels reads the
+/// whole panel again, which must stay in the level-2 cache. ResNet's 1×1
+/// stride-2 projection of a 56×56 map (3.2 MB) ran at 44 G multiply-adds/s
+/// here against 67 as a product (one Xeon core).
+const PANEL_MAX_BYTES: usize = 2 << 20;
+
+/// Whether [`run`] is the faster forward for `g` on `path`, filter packed
+/// beforehand. Measured on a Xeon core (`examples/conv`, ResNet-50's
+/// layers at batch 1, W11 and W12), against the pixel-lane kernel and the
+/// product route: one group, taps enough that a tile's store through the
+/// NCHW planes is small beside its FMAs, at least half a block of output
+/// channels, a panel that stays in cache, and
+/// - at 16 lanes, output rows narrower than two vectors (ResNet's 28×28,
+///   14×14 and 7×7 stages: 3×3 layers 52-63 -> 65-78 G/s); on wider maps
+///   the pixel-lane kernel is as fast or faster (W11: 75 against 66);
+/// - at 8 lanes, any kernel larger than 1×1 (the pixel-lane kernel's 4 × 3
+///   tiles ran ResNet's 3×3 layers at 19-30 G/s, this one at 36-42; W11
+///   27 -> 38, W12's second layer 25 -> 39), and 1×1 ones on narrow maps.
+pub(super) fn prefers(path: Path, g: &Conv2dGeometry) -> bool {
+    let Some(lanes) = lanes_of(path) else { return false };
+    let taps = g.in_channels * g.kernel[0] * g.kernel[1];
+    let [ph, pw] = panel_hw(g).unwrap_or([g.in_h, g.in_w]);
+    let narrow = g.out_w() < 2 * lanes;
+    let shape_suits = if lanes == 16 { narrow } else { narrow || g.kernel[0] * g.kernel[1] > 1 };
+    g.groups == 1
+        && taps >= 256
+        && 2 * g.out_channels >= vecs_for(lanes) * lanes
+        && g.in_channels * ph * pw * 4 <= PANEL_MAX_BYTES
+        && shape_suits
+}
+
+/// Whether packing the filter in every call still pays (each weight is
+/// used at enough pixels): at 49 pixels (a 7×7 map at batch 1) the packing
+/// of a 3×3 512 -> 512 filter took longer than the convolution.
+pub(super) fn packing_pays(g: &Conv2dGeometry) -> bool {
+    g.batch * g.out_h() * g.out_w() >= 256
+}
+
+/// Packs `w` (`[out_channels, in_channels, kh, kw]`, one group) for `path`.
+pub(super) fn pack(path: Path, g: &Conv2dGeometry, w: &[f32]) -> Option<PackedFilter> {
+    let lanes = lanes_of(path)?;
+    (g.groups == 1).then(|| PackedFilter::packed(lanes, g.out_channels, g.in_channels * g.kernel[0] * g.kernel[1], w))
+}
+
+/// What a task needs: the geometry's walk of one image.
+pub(super) struct Walk<'a> {
+    /// The packed filter.
+    pub filter: &'a PackedFilter,
+    /// Panel offset of each tap, in the filter's tap order.
+    pub offs: Vec<u32>,
+    /// Panel offset of each output pixel's window (its first tap).
+    pub bases: Vec<u32>,
+    /// Taps per chunk.
+    pub chunk: usize,
+    /// Output pixels per image.
+    pub plane: usize,
+    /// The bias, if any.
+    pub bias: Option<&'a [f32]>,
+    /// Whether relu follows.
+    pub relu: bool,
+}
+
+/// The zero-padded copy's (height, width) when `g` has padding.
+fn panel_hw(g: &Conv2dGeometry) -> Option<[usize; 2]> {
+    (g.pad != [0; 4]).then(|| [g.in_h + g.pad[0] + g.pad[2], g.in_w + g.pad[1] + g.pad[3]])
+}
+
+/// `y = conv(x, w) + bias` (then relu) from `filter` (packed for `g` on
+/// `path`); `y` overwritten.
+pub(super) fn run(
+    path: Path,
+    g: &Conv2dGeometry,
+    x: &[f32],
+    filter: &PackedFilter,
+    bias: Option<&[f32]>,
+    relu: bool,
+    y: &mut [f32],
+) {
+    let lanes = lanes_of(path).expect("run only where lanes_of allows");
+    assert_eq!(filter.lanes, lanes, "conv2d: a filter packed for {} lanes run at {lanes}", filter.lanes);
+    let taps = g.in_channels * g.kernel[0] * g.kernel[1];
+    assert!(
+        g.groups == 1 && filter.out_c == g.out_channels && filter.taps == taps,
+        "conv2d: a filter packed for {} output channels of {} taps run with {} of {taps} in {} groups",
+        filter.out_c,
+        filter.taps,
+        g.out_channels,
+        g.groups
+    );
+    let [oh_n, ow_n] = [g.out_h(), g.out_w()];
+    let plane = oh_n * ow_n;
+    if plane == 0 || g.batch == 0 {
+        return;
+    }
+    let [ph, pw] = panel_hw(g).unwrap_or([g.in_h, g.in_w]);
+    let mut offs = Vec::with_capacity(filter.taps);
+    for ic in 0..g.in_channels {
+        for kh in 0..g.kernel[0] {
+            for kw in 0..g.kernel[1] {
+                offs.push(((ic * ph + kh * g.dilation[0]) * pw + kw * g.dilation[1]) as u32);
+            }
+        }
+    }
+    let bases = (0..plane).map(|p| ((p / ow_n * g.stride[0]) * pw + p % ow_n * g.stride[1]) as u32).collect();
+    let chunk = (CHUNK_BYTES / 4 / filter.width).max(1);
+    let walk = Walk { filter, offs, bases, chunk, plane, bias, relu };
+    let plane_in = g.in_h * g.in_w;
+    let mut padded = Vec::new();
+    let out = SendPtr(y.as_mut_ptr());
+    for n in 0..g.batch {
+        let x_img = &x[n * g.in_channels * plane_in..][..g.in_channels * plane_in];
+        let panel: &[f32] = if panel_hw(g).is_some() {
+            fill_panel(g, x_img, [ph, pw], &mut padded);
+            &padded
+        } else {
+            x_img
+        };
+        let y_img = SendPtr(out.get().wrapping_add(n * g.out_channels * plane));
+        let blocks = filter.blocks();
+        run_tasks(blocks, filter.taps * plane * filter.width * blocks, &|b| {
+            // SAFETY: the image's output planes are `out_channels · plane`
+            // values of `y` from `y_img`; task `b` writes the channels of
+            // block `b` only; `lanes` is the path's, which the CPU has.
+            unsafe { super::cvec_tiles::task(lanes, &walk, panel, b, y_img.get()) }
+        });
+    }
+}
+
+/// Writes `x_img`'s channels into `panel` zero-padded to `hw`.
+fn fill_panel(g: &Conv2dGeometry, x_img: &[f32], [ph, pw]: [usize; 2], panel: &mut Vec<f32>) {
+    panel.clear();
+    panel.resize(g.in_channels * ph * pw, 0.0);
+    for c in 0..g.in_channels {
+        for r in 0..g.in_h {
+            let src = &x_img[(c * g.in_h + r) * g.in_w..][..g.in_w];
+            panel[(c * ph + r + g.pad[0]) * pw + g.pad[1]..][..g.in_w].copy_from_slice(src);
+        }
+    }
+}
+
+impl Walk<'_> {
+    /// The stored value of output channel `o` from its sum `acc`: plus the
+    /// bias, then relu (NaN stays NaN, as in the other paths).
+    #[inline(always)]
+    pub fn finish(&self, o: usize, acc: f32) -> f32 {
+        let v = acc + self.bias.map_or(0.0, |b| b[o]);
+        if self.relu && v < 0.0 {
+            0.0
+        } else {
+            v
+        }
+    }
+
+    /// The packed filter's (width, out_c, taps).
+    pub fn sizes(&self) -> (usize, usize, usize) {
+        (self.filter.width, self.filter.out_c, self.filter.taps)
+    }
+
+    /// Block `b`'s weights.
+    pub fn weights(&self, b: usize) -> &[f32] {
+        let (w, _, t) = self.sizes();
+        &self.filter.weights[b * t * w..][..t * w]
+    }
+}

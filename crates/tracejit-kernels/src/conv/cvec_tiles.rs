@@ -1,0 +1,230 @@
+//! The register tiles of the channel-lane convolution ([`super::cvec`]),
+//! one generic body over [`Lanes`] compiled at 16 lanes (AVX-512F, 4
+//! channel vectors × 6 pixels) and 8 (AVX2 + FMA, 2 × 6). `A` and `B` are
+//! constants, one instance per pixel count a map's last tile needs, so the
+//! accumulators are registers.
+
+use std::arch::x86_64::*;
+
+use super::cvec::Walk;
+use super::panel::with_scratch;
+use crate::simd::Lanes;
+
+/// Most pixels per tile.
+const B_MAX: usize = 6;
+
+/// Most channels per block (4 vectors of 16).
+const WIDTH_MAX: usize = 64;
+
+/// Runs block `block` of one image: every output channel of the block at
+/// every pixel, into `y`'s planes.
+///
+/// # Safety
+/// The CPU has `lanes` (16: AVX-512F; 8: AVX2 and FMA), the filter was
+/// packed at `lanes`; `panel` is the image's (padded) input `walk` was
+/// made for; `y` points at the image's `out_c · plane` writable outputs.
+pub(super) unsafe fn task(lanes: usize, walk: &Walk, panel: &[f32], block: usize, y: *mut f32) {
+    let (width, _, taps) = walk.sizes();
+    // Partial sums between chunks, when there is more than one.
+    let scratch_len = if taps > walk.chunk { walk.plane * width } else { 0 };
+    // The vector code is in the entry points, not in this closure: a
+    // closure is compiled without their target features.
+    with_scratch(scratch_len, |scratch| {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if lanes == 16 {
+                task_w16(walk, panel, block, y, scratch)
+            } else {
+                task_w8(walk, panel, block, y, scratch)
+            }
+        }
+    })
+}
+
+/// [`task`] at 16 lanes.
+#[target_feature(enable = "avx512f")]
+unsafe fn task_w16(walk: &Walk, panel: &[f32], block: usize, y: *mut f32, scratch: &mut [f32]) {
+    // SAFETY: forwarded from the caller.
+    unsafe { run::<__m512, 4>(walk, panel, block, y, scratch) }
+}
+
+/// [`task`] at 8 lanes.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn task_w8(walk: &Walk, panel: &[f32], block: usize, y: *mut f32, scratch: &mut [f32]) {
+    // SAFETY: forwarded from the caller.
+    unsafe { run::<__m256, 2>(walk, panel, block, y, scratch) }
+}
+
+/// Where a tile's sums go after a chunk.
+#[derive(Clone, Copy)]
+struct Sink {
+    /// Partial sums `[pixel][width]` between chunks.
+    scratch: *mut f32,
+    /// Whether the sums start from `scratch` (a chunk after the first).
+    resume: bool,
+    /// Whether this is the last chunk: the sums are finished into `y`.
+    last: bool,
+    /// The image's output planes.
+    y: *mut f32,
+    /// The block's first output channel.
+    oc0: usize,
+    /// Distance (in values) from a tap's weights to those to fetch into
+    /// the level-2 cache while the tile runs, if any.
+    prefetch: Option<usize>,
+}
+
+/// The chunks of taps, each over every tile of the map.
+///
+/// # Safety
+/// As [`task`], with `V`'s features enabled; `A · V::LANES` is the
+/// filter's width; `scratch` holds `plane · width` values when there is
+/// more than one chunk.
+#[inline(always)]
+unsafe fn run<V: Lanes, const A: usize>(walk: &Walk, panel: &[f32], block: usize, y: *mut f32, scratch: &mut [f32]) {
+    let (width, _, taps) = walk.sizes();
+    debug_assert_eq!(width, A * V::LANES);
+    let w = walk.weights(block);
+    let plane = walk.plane;
+    let chunks = taps.div_ceil(walk.chunk);
+    {
+        for c in 0..chunks {
+            let taps = c * walk.chunk..((c + 1) * walk.chunk).min(taps);
+            let sink = Sink {
+                scratch: scratch.as_mut_ptr(),
+                resume: c > 0,
+                last: c + 1 == chunks,
+                y,
+                oc0: block * width,
+                prefetch: None,
+            };
+            // SAFETY: the chunk's weights are `taps.len() · width` values.
+            let w = unsafe { w.as_ptr().add(taps.start * width) };
+            let offs = &walk.offs[taps];
+            // Near-equal tiles of at most B_MAX pixels: a 7x7 map is tiles
+            // of 6 and 5 pixels, not eight of 6 and one of 1 (a tile of
+            // one pixel runs its FMAs at a quarter of the rate).
+            let tiles = plane.div_ceil(B_MAX);
+            // The first tile of a chunk fetches the next chunk's weights (or
+            // the next block's first, which follow) into the level-2 cache,
+            // a tap at a time, while it computes: a model's weights come
+            // from memory, not from a cache (a 3x3 512 -> 512 layer on a 7x7
+            // map with its weights out of the caches: 2.30 -> 2.02 ms).
+            for i in 0..tiles {
+                let sink = Sink { prefetch: (i == 0).then_some(walk.chunk * width), ..sink };
+                let (p0, n) = (i * plane / tiles, (i + 1) * plane / tiles - i * plane / tiles);
+                // SAFETY: pixels p0..p0 + n of the map; the caller's rest.
+                unsafe {
+                    match n {
+                        6 => tile::<V, A, 6>(walk, panel, w, offs, p0, sink),
+                        5 => tile::<V, A, 5>(walk, panel, w, offs, p0, sink),
+                        4 => tile::<V, A, 4>(walk, panel, w, offs, p0, sink),
+                        3 => tile::<V, A, 3>(walk, panel, w, offs, p0, sink),
+                        2 => tile::<V, A, 2>(walk, panel, w, offs, p0, sink),
+                        _ => tile::<V, A, 1>(walk, panel, w, offs, p0, sink),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One tile: `A` channel vectors × pixels `p0..p0 + B` over the chunk's
+/// taps, then into the scratch or, after the last chunk, into `y`.
+///
+/// # Safety
+/// As [`run`]; `w` holds the chunk's `offs.len() · A · V::LANES` weights;
+/// the pixels lie in the map; the scratch holds `plane · width` values
+/// when there is more than one chunk.
+#[inline(always)]
+unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
+    walk: &Walk,
+    panel: &[f32],
+    w: *const f32,
+    offs: &[u32],
+    p0: usize,
+    sink: Sink,
+) {
+    let width = A * V::LANES;
+    // SAFETY: every base plus every tap's offset addresses a value of the
+    // panel (the windows of output pixels lie in the padded input); the
+    // scratch's rows of these pixels hold `width` values each.
+    unsafe {
+        let srcs: [*const f32; B] = std::array::from_fn(|b| panel.as_ptr().add(walk.bases[p0 + b] as usize));
+        let mut acc = [[V::zero(); A]; B];
+        if sink.resume {
+            for (b, row) in acc.iter_mut().enumerate() {
+                for (a, v) in row.iter_mut().enumerate() {
+                    *v = V::load(sink.scratch.add((p0 + b) * width + a * V::LANES));
+                }
+            }
+        }
+        let acc = match sink.prefetch {
+            Some(ahead) => accumulate::<V, A, B, true>(offs, w, &srcs, acc, ahead),
+            None => accumulate::<V, A, B, false>(offs, w, &srcs, acc, 0),
+        };
+        if !sink.last {
+            for (b, row) in acc.iter().enumerate() {
+                for (a, v) in row.iter().enumerate() {
+                    v.store(sink.scratch.add((p0 + b) * width + a * V::LANES));
+                }
+            }
+            return;
+        }
+        let mut sums = [0.0f32; B_MAX * WIDTH_MAX];
+        for (b, row) in acc.iter().enumerate() {
+            for (a, v) in row.iter().enumerate() {
+                v.store(sums.as_mut_ptr().add(b * width + a * V::LANES));
+            }
+        }
+        let (_, out_c, _) = walk.sizes();
+        for j in 0..width.min(out_c - sink.oc0) {
+            let o = sink.oc0 + j;
+            let dst = sink.y.add(o * walk.plane + p0);
+            for b in 0..B {
+                *dst.add(b) = walk.finish(o, sums[b * width + j]);
+            }
+        }
+    }
+}
+
+/// `acc[b][a] += Σ_t w[t][a] · src_b[offs[t]]` over the taps in order, one
+/// FMA each: per tap `A` weight vectors loaded, each pixel's value
+/// broadcast.
+///
+/// # Safety
+/// The features of `V`; `w` holds `A · V::LANES · offs.len()` values;
+/// every `srcs[b] + offs[t]` is readable.
+#[inline(always)]
+unsafe fn accumulate<V: Lanes, const A: usize, const B: usize, const FETCH: bool>(
+    offs: &[u32],
+    mut w: *const f32,
+    srcs: &[*const f32; B],
+    mut acc: [[V; A]; B],
+    ahead: usize,
+) -> [[V; A]; B] {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        for &o in offs {
+            let o = o as usize;
+            if FETCH {
+                // A hint: prefetches never fault, wherever they point.
+                let next = w.wrapping_add(ahead) as *const i8;
+                for line in 0..A * V::LANES / 16 {
+                    _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(line * 64));
+                }
+            }
+            let mut ws = [V::zero(); A];
+            for (a, v) in ws.iter_mut().enumerate() {
+                *v = V::load(w.add(a * V::LANES));
+            }
+            w = w.add(A * V::LANES);
+            for b in 0..B {
+                let x = V::splat(*srcs[b].add(o));
+                for a in 0..A {
+                    acc[b][a] = ws[a].fma(x, acc[b][a]);
+                }
+            }
+        }
+        acc
+    }
+}
