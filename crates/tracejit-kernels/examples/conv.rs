@@ -254,6 +254,11 @@ fn resnet_layers() {
         let name = format!("resnet 1x1 {cin}->{cout} @{hw}");
         conv_layer(&name, &conv_geo(1, cin, hw, cout, 1, 0), true, false);
     }
+    // W14b's batch of 8 on the narrow maps.
+    for (c, hw) in [(128, 28), (256, 14), (512, 7)] {
+        conv_layer(&format!("resnet b8 3x3 {c}->{c} @{hw}"), &conv_geo(8, c, hw, c, 3, 1), true, false);
+    }
+    conv_layer("resnet b8 1x1 1024->256 @14", &conv_geo(8, 1024, 14, 256, 1, 0), true, false);
     for (c, hw) in [(256, 28), (512, 14)] {
         let g = Conv2dGeometry { stride: [2, 2], ..conv_geo(1, c, hw, c, 3, 1) };
         conv_layer(&format!("resnet 3x3/2 {c}->{c} @{hw}"), &g, true, false);

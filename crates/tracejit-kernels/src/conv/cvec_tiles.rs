@@ -16,26 +16,28 @@ const B_MAX: usize = 6;
 /// Most channels per block (4 vectors of 16).
 const WIDTH_MAX: usize = 64;
 
-/// Runs block `block` of one image: every output channel of the block at
-/// every pixel, into `y`'s planes.
+/// Runs block `block` of a group of `images` images: every output channel
+/// of the block at every pixel, into `y`'s planes.
 ///
 /// # Safety
 /// The CPU has `lanes` (16: AVX-512F; 8: AVX2 and FMA), the filter was
-/// packed at `lanes`; `panel` is the image's (padded) input `walk` was
-/// made for; `y` points at the image's `out_c · plane` writable outputs.
-pub(super) unsafe fn task(lanes: usize, walk: &Walk, panel: &[f32], block: usize, y: *mut f32) {
+/// packed at `lanes`; `panels` are the images' (padded) inputs `walk` was
+/// made for, `walk.panel_len` values each; `y` points at the images'
+/// `out_len` writable outputs each.
+pub(super) unsafe fn task(lanes: usize, walk: &Walk, panels: &[f32], images: usize, block: usize, y: *mut f32) {
     let (width, _, taps) = walk.sizes();
+    let pixels = images * walk.plane;
     // Partial sums between chunks, when there is more than one.
-    let scratch_len = if taps > walk.chunk { walk.plane * width } else { 0 };
+    let scratch_len = if taps > walk.chunk { pixels * width } else { 0 };
     // The vector code is in the entry points, not in this closure: a
     // closure is compiled without their target features.
     with_scratch(scratch_len, |scratch| {
         // SAFETY: forwarded from the caller.
         unsafe {
             if lanes == 16 {
-                task_w16(walk, panel, block, y, scratch)
+                task_w16(walk, panels, pixels, block, y, scratch)
             } else {
-                task_w8(walk, panel, block, y, scratch)
+                task_w8(walk, panels, pixels, block, y, scratch)
             }
         }
     })
@@ -43,16 +45,16 @@ pub(super) unsafe fn task(lanes: usize, walk: &Walk, panel: &[f32], block: usize
 
 /// [`task`] at 16 lanes.
 #[target_feature(enable = "avx512f")]
-unsafe fn task_w16(walk: &Walk, panel: &[f32], block: usize, y: *mut f32, scratch: &mut [f32]) {
+unsafe fn task_w16(walk: &Walk, panels: &[f32], pixels: usize, block: usize, y: *mut f32, scratch: &mut [f32]) {
     // SAFETY: forwarded from the caller.
-    unsafe { run::<__m512, 4>(walk, panel, block, y, scratch) }
+    unsafe { run::<__m512, 4>(walk, panels, pixels, block, y, scratch) }
 }
 
 /// [`task`] at 8 lanes.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn task_w8(walk: &Walk, panel: &[f32], block: usize, y: *mut f32, scratch: &mut [f32]) {
+unsafe fn task_w8(walk: &Walk, panels: &[f32], pixels: usize, block: usize, y: *mut f32, scratch: &mut [f32]) {
     // SAFETY: forwarded from the caller.
-    unsafe { run::<__m256, 2>(walk, panel, block, y, scratch) }
+    unsafe { run::<__m256, 2>(walk, panels, pixels, block, y, scratch) }
 }
 
 /// Where a tile's sums go after a chunk.
@@ -77,14 +79,21 @@ struct Sink {
 ///
 /// # Safety
 /// As [`task`], with `V`'s features enabled; `A · V::LANES` is the
-/// filter's width; `scratch` holds `plane · width` values when there is
-/// more than one chunk.
+/// filter's width; `pixels` is the group's pixels (`images · plane`);
+/// `scratch` holds `pixels · width` values when there is more than one
+/// chunk.
 #[inline(always)]
-unsafe fn run<V: Lanes, const A: usize>(walk: &Walk, panel: &[f32], block: usize, y: *mut f32, scratch: &mut [f32]) {
+unsafe fn run<V: Lanes, const A: usize>(
+    walk: &Walk,
+    panels: &[f32],
+    pixels: usize,
+    block: usize,
+    y: *mut f32,
+    scratch: &mut [f32],
+) {
     let (width, _, taps) = walk.sizes();
     debug_assert_eq!(width, A * V::LANES);
     let w = walk.weights(block);
-    let plane = walk.plane;
     let chunks = taps.div_ceil(walk.chunk);
     {
         for c in 0..chunks {
@@ -103,7 +112,7 @@ unsafe fn run<V: Lanes, const A: usize>(walk: &Walk, panel: &[f32], block: usize
             // Near-equal tiles of at most B_MAX pixels: a 7x7 map is tiles
             // of 6 and 5 pixels, not eight of 6 and one of 1 (a tile of
             // one pixel runs its FMAs at a quarter of the rate).
-            let tiles = plane.div_ceil(B_MAX);
+            let tiles = pixels.div_ceil(B_MAX);
             // The first tile of a chunk fetches the next chunk's weights (or
             // the next block's first, which follow) into the level-2 cache,
             // a tap at a time, while it computes: a model's weights come
@@ -111,16 +120,16 @@ unsafe fn run<V: Lanes, const A: usize>(walk: &Walk, panel: &[f32], block: usize
             // map with its weights out of the caches: 2.30 -> 2.02 ms).
             for i in 0..tiles {
                 let sink = Sink { prefetch: (i == 0).then_some(walk.chunk * width), ..sink };
-                let (p0, n) = (i * plane / tiles, (i + 1) * plane / tiles - i * plane / tiles);
+                let (p0, n) = (i * pixels / tiles, (i + 1) * pixels / tiles - i * pixels / tiles);
                 // SAFETY: pixels p0..p0 + n of the map; the caller's rest.
                 unsafe {
                     match n {
-                        6 => tile::<V, A, 6>(walk, panel, w, offs, p0, sink),
-                        5 => tile::<V, A, 5>(walk, panel, w, offs, p0, sink),
-                        4 => tile::<V, A, 4>(walk, panel, w, offs, p0, sink),
-                        3 => tile::<V, A, 3>(walk, panel, w, offs, p0, sink),
-                        2 => tile::<V, A, 2>(walk, panel, w, offs, p0, sink),
-                        _ => tile::<V, A, 1>(walk, panel, w, offs, p0, sink),
+                        6 => tile::<V, A, 6>(walk, panels, w, offs, p0, sink),
+                        5 => tile::<V, A, 5>(walk, panels, w, offs, p0, sink),
+                        4 => tile::<V, A, 4>(walk, panels, w, offs, p0, sink),
+                        3 => tile::<V, A, 3>(walk, panels, w, offs, p0, sink),
+                        2 => tile::<V, A, 2>(walk, panels, w, offs, p0, sink),
+                        _ => tile::<V, A, 1>(walk, panels, w, offs, p0, sink),
                     }
                 }
             }
@@ -128,17 +137,17 @@ unsafe fn run<V: Lanes, const A: usize>(walk: &Walk, panel: &[f32], block: usize
     }
 }
 
-/// One tile: `A` channel vectors × pixels `p0..p0 + B` over the chunk's
-/// taps, then into the scratch or, after the last chunk, into `y`.
+/// One tile: `A` channel vectors × pixels `p0..p0 + B` of the group (in
+/// image order, a tile possibly across two images) over the chunk's taps,
+/// then into the scratch or, after the last chunk, into `y`.
 ///
 /// # Safety
 /// As [`run`]; `w` holds the chunk's `offs.len() · A · V::LANES` weights;
-/// the pixels lie in the map; the scratch holds `plane · width` values
-/// when there is more than one chunk.
+/// the pixels lie in the group.
 #[inline(always)]
 unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
     walk: &Walk,
-    panel: &[f32],
+    panels: &[f32],
     w: *const f32,
     offs: &[u32],
     p0: usize,
@@ -146,10 +155,21 @@ unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
 ) {
     let width = A * V::LANES;
     // SAFETY: every base plus every tap's offset addresses a value of the
-    // panel (the windows of output pixels lie in the padded input); the
+    // image's panel (the windows of output pixels lie in the padded input); the
     // scratch's rows of these pixels hold `width` values each.
     unsafe {
-        let srcs: [*const f32; B] = std::array::from_fn(|b| panel.as_ptr().add(walk.bases[p0 + b] as usize));
+        // Each pixel's image and place in it: its window's start in the
+        // panels, and its output's offset from the start of a channel's
+        // plane in the first image.
+        let at = |b: usize| ((p0 + b) / walk.plane, (p0 + b) % walk.plane);
+        let srcs: [*const f32; B] = std::array::from_fn(|b| {
+            let (img, q) = at(b);
+            panels.as_ptr().add(img * walk.panel_len + walk.bases[q] as usize)
+        });
+        let dsts: [usize; B] = std::array::from_fn(|b| {
+            let (img, q) = at(b);
+            img * walk.out_len + q
+        });
         let mut acc = [[V::zero(); A]; B];
         if sink.resume {
             for (b, row) in acc.iter_mut().enumerate() {
@@ -179,9 +199,9 @@ unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
         let (_, out_c, _) = walk.sizes();
         for j in 0..width.min(out_c - sink.oc0) {
             let o = sink.oc0 + j;
-            let dst = sink.y.add(o * walk.plane + p0);
-            for b in 0..B {
-                *dst.add(b) = walk.finish(o, sums[b * width + j]);
+            let dst = sink.y.add(o * walk.plane);
+            for (b, &d) in dsts.iter().enumerate() {
+                *dst.add(d) = walk.finish(o, sums[b * width + j]);
             }
         }
     }

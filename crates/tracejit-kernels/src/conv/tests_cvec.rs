@@ -25,6 +25,9 @@ fn cvec_shapes() -> Vec<Conv2dGeometry> {
         // One output pixel; one output channel.
         geo(2, 7, 3, 1, [3, 3], [3, 3], [1, 1], [1, 1], [0; 4]),
         geo(1, 4, 1, 1, [5, 4], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        // Panels of 256 KB: groups of 4 images and 1, padded and not.
+        geo(5, 40, 16, 1, [38, 38], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        geo(5, 40, 20, 1, [40, 40], [2, 2], [2, 2], [1, 1], [0; 4]),
     ]
 }
 
