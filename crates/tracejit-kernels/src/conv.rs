@@ -27,7 +27,9 @@
 //!   where the map is large enough for that to pay.
 //! - [`backward_data`] with stride 1 is the same direct kernel run as the
 //!   transposed convolution (kernel flipped, input and output channels
-//!   swapped, pads `(k-1)·dilation - pad`). With a larger stride it is a
+//!   swapped, pads `(k-1)·dilation - pad`), or the channel-lane kernel
+//!   where that convolution takes it (one group, pads not negative). With
+//!   a larger stride it is a
 //!   matrix product per band of output rows (`wᵀ · dy`, through
 //!   [`crate::gemm`], the band's tile at most 256 KiB) added back into `dx`
 //!   where each tap's pixel came from (col2im).
@@ -420,6 +422,10 @@ pub(crate) fn backward_data_on(path: Path, g: &Conv2dGeometry, dy: &[f32], w: &[
             }
         }
     }
+    if let Some(t) = transposed(g).filter(|t| cvec::prefers(path, t) && cvec::packing_pays(t)) {
+        let filter = cvec::pack(path, &t, &flipped).expect("cvec::prefers takes packable geometries");
+        return cvec::run(path, &t, dy, &filter, None, false, dx);
+    }
     let shape = engine::Shape {
         batch: g.batch,
         groups: g.groups,
@@ -436,6 +442,30 @@ pub(crate) fn backward_data_on(path: Path, g: &Conv2dGeometry, dy: &[f32], w: &[
         ],
     };
     engine::run(path, &shape, dy, &flipped, None, false, dx);
+}
+
+/// The stride-1 convolution whose forward is `g`'s backward-data (of `dy`
+/// by the flipped kernel, channels swapped), when its padding is not
+/// negative (a forward padded past its kernel's extent) and `g` has one
+/// group: the channel-lane kernel's geometries.
+fn transposed(g: &Conv2dGeometry) -> Option<Conv2dGeometry> {
+    let ext = [(g.kernel[0] - 1) * g.dilation[0], (g.kernel[1] - 1) * g.dilation[1]];
+    let pad = [
+        ext[0].checked_sub(g.pad[0])?,
+        ext[1].checked_sub(g.pad[1])?,
+        ext[0].checked_sub(g.pad[2])?,
+        ext[1].checked_sub(g.pad[3])?,
+    ];
+    let t = Conv2dGeometry {
+        in_channels: g.out_channels,
+        in_h: g.out_h(),
+        in_w: g.out_w(),
+        out_channels: g.in_channels,
+        stride: [1, 1],
+        pad,
+        ..*g
+    };
+    (g.groups == 1 && g.stride == [1, 1] && t.out_h() == g.in_h && t.out_w() == g.in_w).then_some(t)
 }
 
 /// `dw` (overwritten) from `x` and `dy`, and `db` (overwritten: the sum of

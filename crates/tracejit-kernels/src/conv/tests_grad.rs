@@ -197,3 +197,32 @@ fn an_empty_batch_gives_zero_filter_gradients() {
         backward_data_on(path, &g, &[], &vec![1.0; g.w_len()], &mut []);
     }
 }
+
+/// Stride-1 backward-data through the channel-lane kernel (the transposed
+/// convolution's geometry taking it, packing per call), against the
+/// adjoint loops: W12's second layer (8 lanes only: 16 output channels),
+/// a 3×3 on a narrow map (both widths), dilation with asymmetric padding;
+/// a forward padded past its kernel's extent keeps the direct kernel.
+#[test]
+fn backward_data_takes_the_channel_lanes_where_it_pays() {
+    let mut rng = Rng(0x4242_1717);
+    let cases = [
+        (geo(2, 16, 32, 1, [14, 14], [5, 5], [1, 1], [1, 1], [2; 4]), [true, false]),
+        (geo(1, 64, 64, 1, [16, 16], [3, 3], [1, 1], [1, 1], [1; 4]), [true, true]),
+        (geo(3, 40, 32, 1, [9, 12], [3, 3], [1, 1], [2, 2], [1, 2, 3, 0]), [true, true]),
+    ];
+    for (g, [w8, w16]) in cases {
+        let t = transposed(&g).expect("stride 1, pads within the extent");
+        assert!(cvec::packing_pays(&t), "{g:?}");
+        assert_eq!((cvec::prefers(Path::W8, &t), cvec::prefers(Path::W16, &t)), (w8, w16), "{g:?}");
+        let (x, dy, w) = (rng.vec(g.x_len()), rng.vec(g.y_len()), rng.vec(g.w_len()));
+        let [(want, mag), _, _] = reference(&g, &x, &dy, &w);
+        for path in paths() {
+            let mut dx = vec![f32::NAN; g.x_len()];
+            backward_data_on(path, &g, &dy, &w, &mut dx);
+            assert_close(&format!("dx {path:?} {g:?}"), &dx, &want, &mag, terms(&g)[0]);
+        }
+    }
+    assert!(transposed(&geo(1, 4, 4, 1, [6, 6], [3, 3], [1, 1], [1, 1], [3, 1, 1, 1])).is_none());
+    assert!(transposed(&geo(1, 4, 4, 1, [6, 6], [3, 3], [2, 2], [1, 1], [1; 4])).is_none());
+}
