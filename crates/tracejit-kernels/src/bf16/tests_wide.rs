@@ -100,15 +100,18 @@ fn edgy(rng: &mut Rng, r: usize, c: usize) -> Array2<f32> {
 fn wide_product(a: &Array2<f32>, b: &PackedBf16, c0: &[f32], accumulate: bool, portable: bool) -> Vec<u32> {
     let _lock = TILE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     FORCE_PORTABLE.store(portable, Ordering::Relaxed);
-    let before = (AVX2_TILES.load(Ordering::Relaxed), PORTABLE_TILES.load(Ordering::Relaxed));
+    let counts = || (AVX2_TILES.with(std::cell::Cell::get), PORTABLE_TILES.with(std::cell::Cell::get));
+    let before = counts();
     let mut c = c0.to_vec();
-    gemm_bf16_from_f32(a.view(), b, &mut c, accumulate, Isa::avx2());
+    // On this thread, where the tile counts are kept.
+    crate::threads::serial(|| gemm_bf16_from_f32(a.view(), b, &mut c, accumulate, Isa::avx2()));
     FORCE_PORTABLE.store(false, Ordering::Relaxed);
+    let after = counts();
     if portable || Isa::avx2().width().is_none() {
-        assert!(PORTABLE_TILES.load(Ordering::Relaxed) > before.1, "the portable tile did not run");
+        assert!(after.1 > before.1, "the portable tile did not run");
     } else {
-        assert!(AVX2_TILES.load(Ordering::Relaxed) > before.0, "the AVX2 tile did not run");
-        assert_eq!(PORTABLE_TILES.load(Ordering::Relaxed), before.1, "the portable tile ran unforced");
+        assert!(after.0 > before.0, "the AVX2 tile did not run");
+        assert_eq!(after.1, before.1, "the portable tile ran unforced");
     }
     c.iter().map(|v| v.to_bits()).collect()
 }

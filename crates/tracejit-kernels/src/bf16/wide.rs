@@ -31,12 +31,15 @@ use super::pack::{as_slice, LhsValue};
 use super::tiles::{pack_rows, rhs_index, walk, OutPtr, Tile, GROUP, LANES, MR, NR};
 use crate::Isa;
 
-/// Tiles run by [`tile_avx2`] and by [`tile_portable`]: tests assert which
-/// one ran.
 #[cfg(test)]
-pub(super) static AVX2_TILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-#[cfg(test)]
-pub(super) static PORTABLE_TILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+thread_local! {
+    /// Tiles run by [`tile_avx2`] and by [`tile_portable`] on this thread:
+    /// tests assert which one ran (their products kept on the calling
+    /// thread; per thread, so that other tests running at the same time
+    /// cannot move the counts).
+    pub(super) static AVX2_TILES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    pub(super) static PORTABLE_TILES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
 
 /// Tests force the portable tile (a CPU without AVX2's) while set
 /// (process-wide: blocks run on the pool's threads).
@@ -117,7 +120,7 @@ pub(super) unsafe fn run_block(
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             #[cfg(test)]
-            AVX2_TILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            AVX2_TILES.with(|n| n.set(n.get() + 1));
             // SAFETY: `width` found AVX2 and FMA; the tile comes from
             // `walk` over wide operands; the output is the caller's.
             return unsafe {
@@ -133,7 +136,7 @@ pub(super) unsafe fn run_block(
         }
         let _ = avx2;
         #[cfg(test)]
-        PORTABLE_TILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        PORTABLE_TILES.with(|n| n.set(n.get() + 1));
         // SAFETY: as above.
         unsafe { tile_portable(t, kw, c.get(), n, accumulate) }
     });
