@@ -189,7 +189,8 @@ pub(super) fn run(
     relu: bool,
     y: &mut [f32],
 ) {
-    let lanes = lanes_of(path).expect("run only where lanes_of allows");
+    let lanes =
+        lanes_of(path).unwrap_or_else(|| panic!("conv2d: a packed filter runs on vector code, which {path:?} is not"));
     assert_eq!(filter.lanes, lanes, "conv2d: a filter packed for {} lanes run at {lanes}", filter.lanes);
     let taps = g.in_channels * g.kernel[0] * g.kernel[1];
     assert!(
@@ -206,6 +207,12 @@ pub(super) fn run(
         return;
     }
     let [ph, pw] = panel_hw(g).unwrap_or([g.in_h, g.in_w]);
+    // Offsets within an image's panel are kept as u32.
+    assert!(
+        g.in_channels * ph * pw <= u32::MAX as usize,
+        "conv2d: an image of {} x {ph} x {pw} values is too large for the channel-lane kernel",
+        g.in_channels
+    );
     let mut offs = Vec::with_capacity(filter.taps);
     for ic in 0..g.in_channels {
         for kh in 0..g.kernel[0] {
