@@ -22,11 +22,14 @@ fn the_peak_is_what_the_call_holds_at_once() {
     });
     assert_eq!(sum, 3 << 20);
     let peak = peak.expect("the counting allocator is installed");
-    // The counter is process-wide: the test harness's other threads (the
-    // next test's start, its output capture) may allocate a few KiB
-    // meanwhile, under load. 64 KiB of slack still tells 2 MiB from 1 or 3.
+    // The counter is process-wide and net: the test harness's other
+    // threads (the next test's start, its output capture, the end of the
+    // test before, which frees its thread's captured output after giving
+    // up the turn) may allocate or free a few KiB meanwhile, under load (a
+    // CI run measured 2 MiB less 107 bytes). 64 KiB of slack either way
+    // still tells 2 MiB from 1 or 3.
     const SLACK: usize = 64 << 10;
-    assert!((2 << 20..(2 << 20) + SLACK).contains(&peak), "peak {peak}");
+    assert!(((2 << 20) - SLACK..(2 << 20) + SLACK).contains(&peak), "peak {peak}");
     // Sequential buffers: the peak is one of them.
     let ((), peak) = measure_peak(|| {
         for _ in 0..4 {
@@ -34,7 +37,7 @@ fn the_peak_is_what_the_call_holds_at_once() {
         }
     });
     let peak = peak.unwrap();
-    assert!((1 << 20..(1 << 20) + SLACK).contains(&peak), "peak {peak}");
+    assert!(((1 << 20) - SLACK..(1 << 20) + SLACK).contains(&peak), "peak {peak}");
     // Another thread's allocation counts too (less what other threads
     // free meanwhile: the pool workers of a compiled function that ran
     // before may drop their buffers now).
