@@ -93,8 +93,8 @@ pub(crate) struct KeptFilter(Mutex<KeptState>);
 struct KeptState {
     /// The kept filter.
     kept: Option<Arc<Kept>>,
-    /// Calls that found `kept` since it was packed.
-    hits: u64,
+    /// Whether a call found `kept` since it was packed.
+    reused: bool,
     /// The weights' buffer (address, length) last seen unpacked, not held.
     seen: Option<(usize, usize)>,
     /// Keeping ended: the weights change every call.
@@ -123,10 +123,10 @@ impl KeptFilter {
         }
         if let Some(k) = st.kept.as_ref().filter(|k| k.isa == isa && k.from.same_elements(w)) {
             let k = k.clone();
-            st.hits += 1;
+            st.reused = true;
             return Some(k);
         }
-        if st.kept.take().is_some() && st.hits == 0 {
+        if st.kept.take().is_some() && !st.reused {
             st.given_up = true;
             return None;
         }

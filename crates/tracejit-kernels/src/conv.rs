@@ -340,13 +340,18 @@ pub fn forward_with_filter(
     y: &mut [f32],
     isa: Isa,
 ) {
+    check_forward(g, x, y, bias);
+    cvec::run(Path::of(isa), g, x, filter, bias, relu, y);
+}
+
+/// The forward's checks of the geometry and of `x`, `y` and `bias`.
+fn check_forward(g: &Conv2dGeometry, x: &[f32], y: &[f32], bias: Option<&[f32]>) {
     g.check("forward");
     check_len("forward", "x", x.len(), g.x_len());
     check_len("forward", "y", y.len(), g.y_len());
     if let Some(b) = bias {
         check_len("forward", "bias", b.len(), g.out_channels);
     }
-    cvec::run(Path::of(isa), g, x, filter, bias, relu, y);
 }
 
 /// [`forward`] on a given path.
@@ -359,13 +364,8 @@ pub(crate) fn forward_on(
     relu: bool,
     y: &mut [f32],
 ) {
-    g.check("forward");
-    check_len("forward", "x", x.len(), g.x_len());
+    check_forward(g, x, y, bias);
     check_len("forward", "w", w.len(), g.w_len());
-    check_len("forward", "y", y.len(), g.y_len());
-    if let Some(b) = bias {
-        check_len("forward", "bias", b.len(), g.out_channels);
-    }
     if cvec::prefers(path, g) && cvec::packing_pays(g) {
         let filter = cvec::pack(path, g, w).expect("cvec::prefers takes packable geometries");
         return cvec::run(path, g, x, &filter, bias, relu, y);

@@ -227,7 +227,29 @@ pub(super) fn run(
     let out_len = g.out_channels * plane;
     let walk = Walk { filter, offs, bases, chunk, plane, panel_len, out_len, bias, relu };
     let group = (GROUP_BYTES / (4 * panel_len).max(1)).clamp(1, g.batch);
-    let mut padded = Vec::new();
+    PANELS.with(|cell| run_groups(g, x, &walk, group, lanes, &mut cell.borrow_mut(), y));
+}
+
+thread_local! {
+    /// The zero-padded copies of a group's images, kept between calls on
+    /// this thread (not `panel`'s scratch: the tasks borrow that one, on
+    /// this thread too).
+    static PANELS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`run`]'s groups of images, each over the blocks of channels on the
+/// pool, padded copies in `padded`.
+fn run_groups(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    walk: &Walk,
+    group: usize,
+    lanes: usize,
+    padded: &mut Vec<f32>,
+    y: &mut [f32],
+) {
+    let (filter, [ph, pw]) = (walk.filter, panel_hw(g).unwrap_or([g.in_h, g.in_w]));
+    let (plane, out_len) = (walk.plane, walk.out_len);
     let out = SendPtr(y.as_mut_ptr());
     for n0 in (0..g.batch).step_by(group) {
         let images = group.min(g.batch - n0);
@@ -235,8 +257,8 @@ pub(super) fn run(
         let x_group = &x[n0 * image_len..][..images * image_len];
         // Without padding the images are their own panels.
         let panels: &[f32] = if panel_hw(g).is_some() {
-            fill_panels(g, x_group, images, [ph, pw], &mut padded);
-            &padded
+            fill_panels(g, x_group, images, [ph, pw], padded);
+            padded
         } else {
             x_group
         };
@@ -246,7 +268,7 @@ pub(super) fn run(
             // SAFETY: the group's outputs are `images · out_len` values of
             // `y` from `y_group`; task `b` writes the channels of block `b`
             // only; `lanes` is the path's, which the CPU has.
-            unsafe { super::cvec_tiles::task(lanes, &walk, panels, images, b, y_group.get()) }
+            unsafe { super::cvec_tiles::task(lanes, walk, panels, images, b, y_group.get()) }
         });
     }
 }
