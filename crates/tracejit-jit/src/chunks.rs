@@ -19,6 +19,7 @@ pub(crate) fn chunk_fn(op: UnaryOp, opts: &JitOptions) -> Option<(&'static str, 
         UnaryOp::Exp => MathFn::Exp,
         UnaryOp::Tanh => MathFn::Tanh,
         UnaryOp::Sigmoid => MathFn::Sigmoid,
+        UnaryOp::Erf => MathFn::Erf,
         UnaryOp::Neg
         | UnaryOp::Abs
         | UnaryOp::Sign
@@ -30,7 +31,6 @@ pub(crate) fn chunk_fn(op: UnaryOp, opts: &JitOptions) -> Option<(&'static str, 
         | UnaryOp::Square
         | UnaryOp::Reciprocal
         | UnaryOp::Relu
-        | UnaryOp::Erf
         | UnaryOp::Sin
         | UnaryOp::Cos
         | UnaryOp::Sinh

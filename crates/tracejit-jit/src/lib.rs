@@ -83,8 +83,8 @@
 //!   (ULP distances are counted in f32 values; near zero, where a result is
 //!   subnormal, the same count applies.)
 //!
-//!   On x86_64 CPUs with AVX-512F, or AVX2 and FMA, the f32 `exp`, `tanh`
-//!   and `sigmoid` of elementwise and row regions run in 512-bit or 256-bit
+//!   On x86_64 CPUs with AVX-512F, or AVX2 and FMA, the f32 `exp`, `tanh`,
+//!   `sigmoid` and `erf` of elementwise and row regions run in 512-bit or 256-bit
 //!   functions compiled by rustc (Cranelift emits 128-bit vectors only;
 //!   `TRACEJIT_JIT_AVX512=0` or [`JitOptions::avx512`] keeps them at 256
 //!   bits, and both widths compute the same bits): the kernel stores their
@@ -101,12 +101,12 @@
 //!   divisor is 0, ±inf, NaN, subnormal or too large for a normal
 //!   reciprocal divide instead, bit for bit (`tests/kernels/reductions.rs`).
 //!
-//!   [`fastmath`] offers the same f32 `exp`, `tanh` and `sigmoid` to Rust
+//!   [`fastmath`] offers the same f32 `exp`, `tanh`, `sigmoid` and `erf` to Rust
 //!   code (the `tracejit-nn` kernels use it): scalar functions and in-place
 //!   slice functions, with the constants the Cranelift and vector code share.
 //!   The in-line code, the chunk functions and `fastmath` compute the same
 //!   bits for every non-NaN result (`tests/kernels/agreement.rs`), so the exp,
-//!   tanh and sigmoid rows of the table above hold for all three. (Why
+//!   tanh, sigmoid and erf rows of the table above hold for all three. (Why
 //!   wider code pays, with figures: `examples/throughput.rs` and the
 //!   benchmark table in the README.)
 //! - f64 transcendentals and f32/f64 `expm1`, `log1p`, `sin`, `cos`, `sinh`,

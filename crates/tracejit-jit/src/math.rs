@@ -21,7 +21,7 @@
 //! - `erf`: Eigen `generic_fast_erf_float`: odd 9 / even 12 rational, `±1`
 //!   beyond |x| ≥ 3.8325.
 //!
-//! The constants of `exp`, `tanh` and `sigmoid` are declared once, in
+//! The constants of `exp`, `tanh`, `sigmoid` and `erf` are declared once, in
 //! `fastmath`, which also holds the same recipes as Rust code; the vector
 //! chunk functions (`tracejit_kernels::simd`, 256- and 512-bit) are a third form. All three compute the
 //! same bits (`tests/kernels/agreement.rs`).
@@ -37,8 +37,8 @@ use tracejit_ir::tensor::DType;
 
 use crate::clif_ops::{Emit, Mode};
 use tracejit_kernels::fastmath::{
-    EXP_MAX, EXP_MIN, EXP_NEG_LN2_HI, EXP_NEG_LN2_LO, EXP_POLY, ROUND_MAGIC, ROUND_MAGIC_BITS, TANH_CLAMP, TANH_P,
-    TANH_Q,
+    ERF_LIM, ERF_P, ERF_Q, EXP_MAX, EXP_MIN, EXP_NEG_LN2_HI, EXP_NEG_LN2_LO, EXP_POLY, ROUND_MAGIC, ROUND_MAGIC_BITS,
+    TANH_CLAMP, TANH_P, TANH_Q,
 };
 
 const F: DType = DType::F32;
@@ -245,20 +245,15 @@ impl Emit<'_, '_> {
         self.b.ins().fdiv(num, den)
     }
 
-    /// Approximate `erf(x)` for f32.
-    #[expect(clippy::approx_constant, reason = "Eigen's minimax coefficient, not exactly 2/sqrt(pi)")]
+    /// Approximate `erf(x)` for f32 (`fastmath::erf`).
     pub fn erf_f32(&mut self, mode: Mode, x: Value) -> Value {
         let a = self.b.ins().fabs(x);
-        let lim = self.c(mode, 3.832_507);
+        let lim = self.c(mode, ERF_LIM);
         let big = self.fcmp(FloatCC::LessThanOrEqual, lim, a);
         let x2 = self.b.ins().fmul(x, x);
-        let p = self.horner(mode, x2, &[2.290_506_6e-4, 3.408_291e-3, 5.095_569_5e-2, 1.852_083_2e-1, 1.128_379_1]);
+        let p = self.horner(mode, x2, &ERF_P);
         let p = self.b.ins().fmul(x, p);
-        let q = self.horner(
-            mode,
-            x2,
-            &[-1.179_160_3e-7, 2.354_796_6e-5, 1.017_962_5e-3, 1.407_047e-2, 1.109_850_5e-1, 4.974_692_5e-1, 1.0],
-        );
+        let q = self.horner(mode, x2, &ERF_Q);
         let r = self.b.ins().fdiv(p, q);
         // sign(x) as ±1.
         let ity = self.ty(DType::I32, mode);

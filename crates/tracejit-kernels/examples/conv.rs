@@ -259,6 +259,12 @@ fn resnet_layers() {
         conv_layer(&format!("resnet b8 3x3 {c}->{c} @{hw}"), &conv_geo(8, c, hw, c, 3, 1), true, false);
     }
     conv_layer("resnet b8 1x1 1024->256 @14", &conv_geo(8, 1024, 14, 256, 1, 0), true, false);
+    // And on the widest map, whose activations at batch 8 (25 MB for 256
+    // channels) come from memory.
+    conv_layer("resnet b8 3x3 64->64 @56", &conv_geo(8, 64, 56, 64, 3, 1), true, false);
+    for (cin, cout) in [(64, 256), (256, 64)] {
+        conv_layer(&format!("resnet b8 1x1 {cin}->{cout} @56"), &conv_geo(8, cin, 56, cout, 1, 0), true, false);
+    }
     for (c, hw) in [(256, 28), (512, 14)] {
         let g = Conv2dGeometry { stride: [2, 2], ..conv_geo(1, c, hw, c, 3, 1) };
         conv_layer(&format!("resnet 3x3/2 {c}->{c} @{hw}"), &g, true, false);

@@ -5,7 +5,7 @@
 //! of `cranelift-codegen` the same way).
 //!
 //! What lives here:
-//! - [`fastmath`]: tracejit's f32 `exp`, `tanh` and `sigmoid`
+//! - [`fastmath`]: tracejit's f32 `exp`, `tanh`, `sigmoid` and `erf`
 //!   approximations, scalar and over slices, with the constants every form
 //!   of them (including the JIT's in-line Cranelift code) shares;
 //! - [`simd`]: the same recipes written once over a [`simd::Lanes`] vector

@@ -1,4 +1,4 @@
-//! f32 `exp`, `tanh` and `sigmoid` over a chunk of memory, in place, with
+//! f32 `exp`, `tanh`, `sigmoid` and `erf` over a chunk of memory, in place, with
 //! 512-bit AVX-512 or 256-bit AVX2 + FMA code compiled by rustc.
 //!
 //! Why: Cranelift lowers 128-bit vectors only, and these functions are most
@@ -42,11 +42,13 @@ pub enum MathFn {
     Tanh,
     /// `1 / (1 + e^-x)` ([`crate::fastmath::sigmoid`]).
     Sigmoid,
+    /// `erf(x)` ([`crate::fastmath::erf`]).
+    Erf,
 }
 
 impl MathFn {
     /// Every function, in table order.
-    pub const ALL: [MathFn; 3] = [MathFn::Exp, MathFn::Tanh, MathFn::Sigmoid];
+    pub const ALL: [MathFn; 4] = [MathFn::Exp, MathFn::Tanh, MathFn::Sigmoid, MathFn::Erf];
 
     /// The scalar form ([`crate::fastmath`]), which the chunks match bit
     /// for bit.
@@ -55,24 +57,27 @@ impl MathFn {
             MathFn::Exp => crate::fastmath::exp,
             MathFn::Tanh => crate::fastmath::tanh,
             MathFn::Sigmoid => crate::fastmath::sigmoid,
+            MathFn::Erf => crate::fastmath::erf,
         }
     }
 }
 
-/// The exp, tanh and sigmoid chunk functions of width `w`, with their
+/// The exp, tanh, sigmoid and erf chunk functions of width `w`, with their
 /// symbol names.
 #[cfg(target_arch = "x86_64")]
-fn table(w: Width) -> [(&'static str, ChunkFn); 3] {
+fn table(w: Width) -> [(&'static str, ChunkFn); 4] {
     match w {
         Width::W16 => [
             ("tracejit_chunk_exp_f32x16", avx512::exp_chunk),
             ("tracejit_chunk_tanh_f32x16", avx512::tanh_chunk),
             ("tracejit_chunk_sigmoid_f32x16", avx512::sigmoid_chunk),
+            ("tracejit_chunk_erf_f32x16", avx512::erf_chunk),
         ],
         Width::W8 => [
             ("tracejit_chunk_exp_f32x8", avx2::exp_chunk),
             ("tracejit_chunk_tanh_f32x8", avx2::tanh_chunk),
             ("tracejit_chunk_sigmoid_f32x8", avx2::sigmoid_chunk),
+            ("tracejit_chunk_erf_f32x8", avx2::erf_chunk),
         ],
     }
 }
@@ -87,6 +92,7 @@ pub fn chunk_fn(f: MathFn, isa: Isa) -> Option<(&'static str, ChunkFn)> {
             MathFn::Exp => t[0],
             MathFn::Tanh => t[1],
             MathFn::Sigmoid => t[2],
+            MathFn::Erf => t[3],
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -142,6 +148,17 @@ pub fn sigmoid_in_place(v: &mut [f32]) {
     sigmoid_in_place_with(v, Isa::native());
 }
 
+/// `v[i] = erf(v[i])` for every element ([`erf_in_place_with`] to choose
+/// the vector code).
+pub fn erf_in_place(v: &mut [f32]) {
+    erf_in_place_with(v, Isa::native());
+}
+
+/// [`erf_in_place`] with the vector code `isa` allows.
+pub fn erf_in_place_with(v: &mut [f32], isa: Isa) {
+    apply(v, MathFn::Erf, isa);
+}
+
 /// [`exp_in_place`] with the vector code `isa` allows (the same bits at
 /// every width).
 pub fn exp_in_place_with(v: &mut [f32], isa: Isa) {
@@ -172,8 +189,8 @@ fn apply(v: &mut [f32], f: MathFn, isa: Isa) {
 pub mod recipes {
     use super::lanes::Lanes;
     use crate::fastmath::{
-        EXP_MAX, EXP_MIN, EXP_NEG_LN2_HI, EXP_NEG_LN2_LO, EXP_POLY, ROUND_MAGIC, ROUND_MAGIC_BITS, TANH_CLAMP, TANH_P,
-        TANH_Q,
+        ERF_LIM, ERF_P, ERF_Q, EXP_MAX, EXP_MIN, EXP_NEG_LN2_HI, EXP_NEG_LN2_LO, EXP_POLY, ROUND_MAGIC,
+        ROUND_MAGIC_BITS, TANH_CLAMP, TANH_P, TANH_Q,
     };
 
     /// `x < lo ? lo : x`, then `hi < y ? hi : y` (NaN kept): `maxps` /
@@ -245,6 +262,32 @@ pub mod recipes {
         }
     }
 
+    /// `math::erf_f32`, `fastmath::erf`.
+    #[inline(always)]
+    unsafe fn erf<V: Lanes>(x: V) -> V {
+        // SAFETY: the caller's features.
+        unsafe {
+            let x2 = x.mul(x);
+            let mut p = V::splat(ERF_P[0]);
+            for c in &ERF_P[1..] {
+                p = p.fma(x2, V::splat(*c));
+            }
+            let p = x.mul(p);
+            let mut q = V::splat(ERF_Q[0]);
+            for c in &ERF_Q[1..] {
+                q = q.fma(x2, V::splat(*c));
+            }
+            let r = p.div(q);
+            // ±1 where `ERF_LIM <= |x|`, which for floats is `|x| > the
+            // float below ERF_LIM`: that difference is negative exactly
+            // then (a difference of two floats is 0 only when they are
+            // equal), and NaN (never selected) for a NaN `x`.
+            let below = V::splat(f32::from_bits(ERF_LIM.to_bits() - 1));
+            let s = x.where_negative(V::splat(-1.0), V::splat(1.0));
+            below.sub(x.abs()).where_negative(s, r)
+        }
+    }
+
     /// One of the recipes, as a type: a closure would be compiled without
     /// the entry point's target features and stay an out-of-line call.
     pub trait Recipe {
@@ -260,6 +303,15 @@ pub mod recipes {
     pub struct Tanh;
     /// [`sigmoid`].
     pub struct Sigmoid;
+    /// [`erf`].
+    pub struct Erf;
+    impl Recipe for Erf {
+        #[inline(always)]
+        unsafe fn at<V: Lanes>(x: V) -> V {
+            // SAFETY: forwarded.
+            unsafe { erf(x) }
+        }
+    }
     impl Recipe for Exp {
         #[inline(always)]
         unsafe fn at<V: Lanes>(x: V) -> V {
@@ -315,12 +367,13 @@ macro_rules! entry_points {
         #[cfg(target_arch = "x86_64")]
         #[doc = concat!("The chunk functions compiled for ", $cpu, ".")]
         pub mod $module {
-            use super::recipes::{apply, Exp, Sigmoid, Tanh};
+            use super::recipes::{apply, Erf, Exp, Sigmoid, Tanh};
             use std::arch::x86_64::*;
 
             entry_points!(@one exp_chunk, Exp, $v, $features, $cpu);
             entry_points!(@one tanh_chunk, Tanh, $v, $features, $cpu);
             entry_points!(@one sigmoid_chunk, Sigmoid, $v, $features, $cpu);
+            entry_points!(@one erf_chunk, Erf, $v, $features, $cpu);
         }
     };
     (@one $name:ident, $recipe:ident, $v:ty, $features:literal, $cpu:literal) => {
@@ -427,6 +480,8 @@ mod tests {
                             x.exp()
                         } else if op == MathFn::Tanh {
                             x.tanh()
+                        } else if op == MathFn::Erf {
+                            libm::erf(x)
                         } else {
                             1.0 / (1.0 + (-x).exp())
                         };

@@ -236,6 +236,13 @@ pub fn sweep_inputs() -> Vec<f32> {
         3.8325,
         8.017734,
     ]);
+    // erf's saturation edge and the floats either side of it, where the
+    // vector code's select (a difference against the float below) must
+    // match the in-line compare.
+    let lim = tracejit_jit::fastmath::ERF_LIM.to_bits();
+    for bits in [lim - 1, lim, lim + 1] {
+        xs.extend([f32::from_bits(bits), -f32::from_bits(bits)]);
+    }
     xs
 }
 

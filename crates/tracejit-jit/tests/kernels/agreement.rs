@@ -1,4 +1,4 @@
-//! One implementation of f32 `exp`, `tanh` and `sigmoid`: the JIT's in-line
+//! One implementation of f32 `exp`, `tanh`, `sigmoid` and `erf`: the JIT's in-line
 //! Cranelift code (vector loop and scalar tail), the staged AVX2 chunk
 //! functions, and `tracejit_jit::fastmath` (scalar and in-place slice
 //! forms, which the `tracejit-nn` kernels call) must agree **bit for bit**
@@ -97,4 +97,9 @@ fn tanh_agrees_bitwise() {
 #[test]
 fn sigmoid_agrees_bitwise() {
     check(UnaryOp::Sigmoid, fastmath::sigmoid, simd::sigmoid_in_place);
+}
+
+#[test]
+fn erf_agrees_bitwise() {
+    check(UnaryOp::Erf, fastmath::erf, simd::erf_in_place);
 }

@@ -1,0 +1,61 @@
+//! The row kernels (softmax, log-softmax) on inputs large enough to run in
+//! parts on the pool (`per_row` over `par::collect`): against the body,
+//! with NaN and infinite rows among them and rows cut at odd lengths, and
+//! the same bits at 1, 2 and 3 threads (each row is computed alone).
+
+use tracejit_kernels::{Isa, Target};
+use tracejit_nn::composite;
+use tracejit_tensor::Storage;
+use tracejit_trace::Tensor;
+
+/// `[rows, n]` values with a NaN, an infinity of each sign in other rows.
+fn input(rows: usize, n: usize, seed: u64) -> Tensor {
+    let mut v = Tensor::randn(&[rows, n], seed).to_vec::<f32>().unwrap();
+    v[n + 3] = f32::NAN;
+    v[5 * n + 1] = f32::INFINITY;
+    v[(rows - 2) * n] = f32::NEG_INFINITY;
+    Tensor::from_vec(v, &[rows, n])
+}
+
+#[test]
+fn large_row_kernels_match_their_bodies_at_any_thread_count() {
+    for name in ["tracejit.nn.softmax", "tracejit.nn.log_softmax"] {
+        let c = tracejit_nn::declared().iter().find(|c| c.name() == name).expect("declared");
+        let native = c.native().expect("a native kernel");
+        // 300 rows of 257 and 600 of 128: above the pool's 65,536 values,
+        // parts of whole rows.
+        for (rows, n) in [(300usize, 257usize), (600, 128)] {
+            let x = input(rows, n, rows as u64);
+            let expected = c.run_body(std::slice::from_ref(&x), 0);
+            let values = [x.storage().expect("eager").clone()];
+            let run = |threads: usize| -> Vec<Tensor> {
+                Target::host()
+                    .with_threads(threads)
+                    .enter(|| (native.run)(&values, Isa::native()).into_iter().map(Tensor::from_raw_storage).collect())
+            };
+            let one = run(1);
+            composite::compare_outputs(std::slice::from_ref(&x), &expected, &one)
+                .unwrap_or_else(|d| panic!("{name} [{rows}, {n}]: {d}"));
+            let bits =
+                |t: &[Tensor]| -> Vec<u32> { t[0].to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect() };
+            for threads in [2, 3] {
+                assert!(bits(&one) == bits(&run(threads)), "{name} [{rows}, {n}]: bits differ at {threads} threads");
+            }
+            // The NaN row is NaN throughout; the other rows are finite.
+            let y = one[0].to_vec::<f32>().unwrap();
+            assert!(y[n..2 * n].iter().all(|v| v.is_nan()), "{name}: the NaN row");
+            assert!(y[2 * n..3 * n].iter().all(|v| v.is_finite()), "{name}: a plain row");
+        }
+    }
+}
+
+#[test]
+fn an_empty_input_and_rows_of_zero_length_give_empty_outputs() {
+    let c = tracejit_nn::declared().iter().find(|c| c.name() == "tracejit.nn.softmax").expect("declared");
+    let native = c.native().expect("a native kernel");
+    for shape in [&[0usize, 4][..], &[3, 0]] {
+        let x = Storage::from_vec(Vec::<f32>::new(), shape).unwrap();
+        let y = (native.run)(&[x], Isa::native());
+        assert_eq!(y[0].shape(), shape);
+    }
+}
