@@ -199,6 +199,6 @@ pub fn tune_malloc() -> bool {
     malloc::tune_once()
 }
 /// The thread pool and thread count, and the f32 approximations of `exp`,
-/// `tanh` and `sigmoid` the kernels share: they live in the kernel crate
+/// `tanh`, `sigmoid` and `erf` the kernels share: they live in the kernel crate
 /// (`tracejit-kernels`) under both this crate and the composites.
 pub use tracejit_kernels::{fastmath, simd, threads, Target};

@@ -148,17 +148,6 @@ pub fn sigmoid_in_place(v: &mut [f32]) {
     sigmoid_in_place_with(v, Isa::native());
 }
 
-/// `v[i] = erf(v[i])` for every element ([`erf_in_place_with`] to choose
-/// the vector code).
-pub fn erf_in_place(v: &mut [f32]) {
-    erf_in_place_with(v, Isa::native());
-}
-
-/// [`erf_in_place`] with the vector code `isa` allows.
-pub fn erf_in_place_with(v: &mut [f32], isa: Isa) {
-    apply(v, MathFn::Erf, isa);
-}
-
 /// [`exp_in_place`] with the vector code `isa` allows (the same bits at
 /// every width).
 pub fn exp_in_place_with(v: &mut [f32], isa: Isa) {
@@ -173,6 +162,17 @@ pub fn tanh_in_place_with(v: &mut [f32], isa: Isa) {
 /// [`sigmoid_in_place`] with the vector code `isa` allows.
 pub fn sigmoid_in_place_with(v: &mut [f32], isa: Isa) {
     apply(v, MathFn::Sigmoid, isa);
+}
+
+/// `v[i] = erf(v[i])` for every element ([`erf_in_place_with`] to choose
+/// the vector code).
+pub fn erf_in_place(v: &mut [f32]) {
+    erf_in_place_with(v, Isa::native());
+}
+
+/// [`erf_in_place`] with the vector code `isa` allows.
+pub fn erf_in_place_with(v: &mut [f32], isa: Isa) {
+    apply(v, MathFn::Erf, isa);
 }
 
 fn apply(v: &mut [f32], f: MathFn, isa: Isa) {
@@ -401,6 +401,7 @@ mod tests {
             (crate::fastmath::exp as fn(f32) -> f32, exp_in_place as fn(&mut [f32])),
             (crate::fastmath::tanh, tanh_in_place),
             (crate::fastmath::sigmoid, sigmoid_in_place),
+            (crate::fastmath::erf, erf_in_place),
         ] {
             let mut v = xs.clone();
             slice(&mut v);

@@ -159,14 +159,12 @@ fn exp_shifted(row: &[f32], m: f32, o: &mut [f32], isa: Isa) -> f32 {
     sum(o)
 }
 
-/// Runs `f(row, out_row)` over the rows of the last axis of the
-/// kernel's first input, into a fresh output of its shape.
 /// `f(row, out_row)` for each row along the last axis of `inputs[0]`, into
 /// a new f32 array of its shape: rows in parts on the pool when there are
 /// many (an attention's softmax over `[32, 12, 128, 128]` scores took
-/// 18-25 ms of W15's call on one thread, its 25 MB output zero-filled
-/// first), the output not filled before `f` writes it. Each row is
-/// computed alone, so the bits do not depend on the parts.
+/// 18-25 ms of W15's call on one thread, its 25 MB output zero-filled as a
+/// whole first); each row is zeroed in the cache just before `f` writes
+/// it. Each row is computed alone, so the bits do not depend on the parts.
 fn per_row(inputs: &[Storage], f: impl Fn(&[f32], &mut [f32]) + Sync) -> Vec<Storage> {
     let (shape, x) = data(&inputs[0]);
     let n = rows(&shape);

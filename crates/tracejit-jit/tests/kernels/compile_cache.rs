@@ -13,8 +13,9 @@ use std::time::{Duration, SystemTime};
 use tracejit_ir::tensor::{kernels, Storage};
 use tracejit_ir::Graph;
 
-/// Region bodies of several kinds: staged chunk calls (`tanh`), in-line
-/// polynomials with vector constants (`erf`, `exp` unstaged in f64),
+/// Region bodies of several kinds: staged chunk calls (`tanh`, and `erf`
+/// where the CPU has vector code), in-line polynomials with vector
+/// constants (`exp` unstaged in f64),
 /// element helpers (`sin` f64, `log1p`), row and column reductions, casts
 /// and selects.
 const REGIONS: [&str; 7] = [

@@ -1,12 +1,14 @@
-//! The row kernels (softmax, log-softmax) on inputs large enough to run in
-//! parts on the pool (`per_row` over `par::collect`): against the body,
-//! with NaN and infinite rows among them and rows cut at odd lengths, and
-//! the same bits at 1, 2 and 3 threads (each row is computed alone).
+//! The row kernels (softmax, log-softmax, layer norm) on inputs large
+//! enough to run in parts on the pool (`per_row` over `par::collect`):
+//! against the body, with NaN and infinite rows among them and rows of odd
+//! lengths, the work split at 2 and 3 threads, and the same bits at 1, 2
+//! and 3 threads (each row is computed alone).
 
+use tracejit_kernels::threads::pool_dispatches;
 use tracejit_kernels::{Isa, Target};
 use tracejit_nn::composite;
 use tracejit_tensor::Storage;
-use tracejit_trace::Tensor;
+use tracejit_trace::{DType, Tensor};
 
 /// `[rows, n]` values with a NaN, an infinity of each sign in other rows.
 fn input(rows: usize, n: usize, seed: u64) -> Tensor {
@@ -17,35 +19,49 @@ fn input(rows: usize, n: usize, seed: u64) -> Tensor {
     Tensor::from_vec(v, &[rows, n])
 }
 
+/// `name`'s kernel on `inputs` against its body, and at 2 and 3 threads
+/// split over the pool with the one-thread bits; returns the one-thread
+/// result.
+fn check(name: &str, inputs: &[Tensor]) -> Vec<f32> {
+    let c = tracejit_nn::declared().iter().find(|c| c.name() == name).expect("declared");
+    let native = c.native().expect("a native kernel");
+    let shape = inputs[0].shape().to_vec();
+    let expected = c.run_body(inputs, 0);
+    let values: Vec<Storage> = inputs.iter().map(|t| t.storage().expect("eager").clone()).collect();
+    // The result at `threads` threads, and whether the pool ran parts of it.
+    let run = |threads: usize| -> (Vec<Tensor>, bool) {
+        Target::host().with_threads(threads).enter(|| {
+            let before = pool_dispatches();
+            let out = (native.run)(&values, Isa::native()).into_iter().map(Tensor::from_raw_storage).collect();
+            (out, pool_dispatches() > before)
+        })
+    };
+    let (one, _) = run(1);
+    composite::compare_outputs(inputs, &expected, &one).unwrap_or_else(|d| panic!("{name} {shape:?}: {d}"));
+    let bits = |t: &[Tensor]| -> Vec<u32> { t[0].to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect() };
+    for threads in [2, 3] {
+        let (many, split) = run(threads);
+        assert!(split, "{name} {shape:?}: {threads} threads did not split the rows");
+        assert!(bits(&one) == bits(&many), "{name} {shape:?}: bits differ at {threads} threads");
+    }
+    one[0].to_vec::<f32>().unwrap()
+}
+
 #[test]
 fn large_row_kernels_match_their_bodies_at_any_thread_count() {
-    for name in ["tracejit.nn.softmax", "tracejit.nn.log_softmax"] {
-        let c = tracejit_nn::declared().iter().find(|c| c.name() == name).expect("declared");
-        let native = c.native().expect("a native kernel");
-        // 300 rows of 257 and 600 of 128: above the pool's 65,536 values,
-        // parts of whole rows.
-        for (rows, n) in [(300usize, 257usize), (600, 128)] {
-            let x = input(rows, n, rows as u64);
-            let expected = c.run_body(std::slice::from_ref(&x), 0);
-            let values = [x.storage().expect("eager").clone()];
-            let run = |threads: usize| -> Vec<Tensor> {
-                Target::host()
-                    .with_threads(threads)
-                    .enter(|| (native.run)(&values, Isa::native()).into_iter().map(Tensor::from_raw_storage).collect())
-            };
-            let one = run(1);
-            composite::compare_outputs(std::slice::from_ref(&x), &expected, &one)
-                .unwrap_or_else(|d| panic!("{name} [{rows}, {n}]: {d}"));
-            let bits =
-                |t: &[Tensor]| -> Vec<u32> { t[0].to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect() };
-            for threads in [2, 3] {
-                assert!(bits(&one) == bits(&run(threads)), "{name} [{rows}, {n}]: bits differ at {threads} threads");
-            }
-            // The NaN row is NaN throughout; the other rows are finite.
-            let y = one[0].to_vec::<f32>().unwrap();
+    // 300 rows of 257 and 600 of 128: above the pool's 65,536 values,
+    // parts of whole rows.
+    for (rows, n) in [(300usize, 257usize), (600, 128)] {
+        let x = input(rows, n, rows as u64);
+        for name in ["tracejit.nn.softmax", "tracejit.nn.log_softmax"] {
+            let y = check(name, std::slice::from_ref(&x));
+            // The NaN row is NaN throughout; a plain row is finite.
             assert!(y[n..2 * n].iter().all(|v| v.is_nan()), "{name}: the NaN row");
             assert!(y[2 * n..3 * n].iter().all(|v| v.is_finite()), "{name}: a plain row");
         }
+        let (gamma, beta) = (Tensor::randn(&[n], 7), Tensor::randn(&[n], 8));
+        let y = check("tracejit.nn.layer_norm", &[x, gamma, beta, Tensor::full(&[], 1e-5, DType::F32)]);
+        assert!(y[n..2 * n].iter().all(|v| v.is_nan()), "layer_norm: the NaN row");
     }
 }
 

@@ -180,6 +180,14 @@ proptest! {
                   raw in raw_values(), keepdims in any::<bool>()) {
         for op in ReduceOp::ALL {
             for dtype in DTYPES.into_iter().filter(|&d| op.result_dtype(d).is_some()) {
+                // A product of 25 integers in [-4, 4] can overflow i32, and
+                // tract (the oracle) panics on that in a debug build: halved,
+                // |product| <= 2^25.
+                let raw: Vec<f64> = if op == ReduceOp::Prod && dtype == DType::I32 {
+                    raw.iter().map(|v| v / 2.0).collect()
+                } else {
+                    raw.clone()
+                };
                 for axes in [vec![], vec![0], vec![1], vec![-1], vec![0, 1]] {
                     // NaN propagation through reductions is runtime-specific.
                     let x = tensor(dtype, &[rows, cols], &raw, false);
