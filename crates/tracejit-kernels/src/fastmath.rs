@@ -90,6 +90,13 @@ fn clamp_keep_nan(x: f32, lo: f32, hi: f32) -> f32 {
     }
 }
 
+/// The polynomial `coeffs` (highest degree first) at `x` by Horner's
+/// rule, each step one fused multiply-add.
+#[inline(always)]
+fn horner(x: f32, coeffs: &[f32]) -> f32 {
+    coeffs[1..].iter().fold(coeffs[0], |p, &c| p.mul_add(x, c))
+}
+
 /// `2^e` for `e` in the normal exponent range (wrapping otherwise, which
 /// only happens for a NaN input, whose result is NaN anyway).
 #[inline(always)]
@@ -127,9 +134,7 @@ pub fn tanh(x: f32) -> f32 {
     let x = clamp_keep_nan(x, -TANH_CLAMP, TANH_CLAMP);
     let x2 = x * x;
     let x3 = x2 * x;
-    let p = TANH_P[1..].iter().fold(TANH_P[0], |p, &c| p.mul_add(x2, c));
-    let q = TANH_Q[1..].iter().fold(TANH_Q[0], |q, &c| q.mul_add(x2, c));
-    x3.mul_add(p, x) / q
+    x3.mul_add(horner(x2, &TANH_P), x) / horner(x2, &TANH_Q)
 }
 
 /// `1 / (1 + e^-x)`, at most 2 ULP from the correctly rounded result.
@@ -145,12 +150,11 @@ pub fn sigmoid(x: f32) -> f32 {
 #[inline(always)]
 pub fn erf(x: f32) -> f32 {
     let x2 = x * x;
-    let p = x * ERF_P[1..].iter().fold(ERF_P[0], |p, &c| p.mul_add(x2, c));
-    let q = ERF_Q[1..].iter().fold(ERF_Q[0], |q, &c| q.mul_add(x2, c));
+    let r = x * horner(x2, &ERF_P) / horner(x2, &ERF_Q);
     if ERF_LIM <= x.abs() {
         1.0f32.copysign(x)
     } else {
-        p / q
+        r
     }
 }
 

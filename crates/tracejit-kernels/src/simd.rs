@@ -231,6 +231,14 @@ pub mod recipes {
         }
     }
 
+    /// The polynomial `coeffs` (highest degree first) at `x` by Horner's
+    /// rule, one FMA a step (`math`'s `horner`, `fastmath::horner`).
+    #[inline(always)]
+    unsafe fn horner<V: Lanes>(x: V, coeffs: &[f32]) -> V {
+        // SAFETY: the caller's features.
+        unsafe { coeffs[1..].iter().fold(V::splat(coeffs[0]), |p, &c| p.fma(x, V::splat(c))) }
+    }
+
     /// `math::tanh_f32`, `fastmath::tanh`.
     #[inline(always)]
     unsafe fn tanh<V: Lanes>(x: V) -> V {
@@ -239,15 +247,7 @@ pub mod recipes {
             let x = clamp(x, -TANH_CLAMP, TANH_CLAMP);
             let x2 = x.mul(x);
             let x3 = x2.mul(x);
-            let mut p = V::splat(TANH_P[0]);
-            for c in &TANH_P[1..] {
-                p = p.fma(x2, V::splat(*c));
-            }
-            let mut q = V::splat(TANH_Q[0]);
-            for c in &TANH_Q[1..] {
-                q = q.fma(x2, V::splat(*c));
-            }
-            x3.fma(p, x).div(q)
+            x3.fma(horner(x2, &TANH_P), x).div(horner(x2, &TANH_Q))
         }
     }
 
@@ -268,16 +268,7 @@ pub mod recipes {
         // SAFETY: the caller's features.
         unsafe {
             let x2 = x.mul(x);
-            let mut p = V::splat(ERF_P[0]);
-            for c in &ERF_P[1..] {
-                p = p.fma(x2, V::splat(*c));
-            }
-            let p = x.mul(p);
-            let mut q = V::splat(ERF_Q[0]);
-            for c in &ERF_Q[1..] {
-                q = q.fma(x2, V::splat(*c));
-            }
-            let r = p.div(q);
+            let r = x.mul(horner(x2, &ERF_P)).div(horner(x2, &ERF_Q));
             // ±1 where `ERF_LIM <= |x|`, which for floats is `|x| > the
             // float below ERF_LIM`: that difference is negative exactly
             // then (a difference of two floats is 0 only when they are
@@ -305,13 +296,6 @@ pub mod recipes {
     pub struct Sigmoid;
     /// [`erf`].
     pub struct Erf;
-    impl Recipe for Erf {
-        #[inline(always)]
-        unsafe fn at<V: Lanes>(x: V) -> V {
-            // SAFETY: forwarded.
-            unsafe { erf(x) }
-        }
-    }
     impl Recipe for Exp {
         #[inline(always)]
         unsafe fn at<V: Lanes>(x: V) -> V {
@@ -331,6 +315,13 @@ pub mod recipes {
         unsafe fn at<V: Lanes>(x: V) -> V {
             // SAFETY: forwarded.
             unsafe { sigmoid(x) }
+        }
+    }
+    impl Recipe for Erf {
+        #[inline(always)]
+        unsafe fn at<V: Lanes>(x: V) -> V {
+            // SAFETY: forwarded.
+            unsafe { erf(x) }
         }
     }
 
