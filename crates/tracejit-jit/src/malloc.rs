@@ -27,31 +27,41 @@
 //! call against 10.9 with the top kept, its first product 3.7 against
 //! 2.2 ms; the timed medians, whose calls reuse one layout, moved within
 //! the noise). So the trim
-//! threshold is set too, to 64 MiB. What it costs: up to that much freed
-//! memory stays mapped, as after any warm-up. Opt out with
+//! threshold is set too, to 128 MiB (four times the mmap threshold where
+//! glibc's own would stop at two: see the reservation below, which it must
+//! keep). What it costs: up to that much freed memory stays mapped, as
+//! after any warm-up. Opt out with
 //! `TRACEJIT_MALLOC_TUNING=0`; a threshold the user set
 //! (`MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_`, or
 //! `GLIBC_TUNABLES` naming `mmap_threshold` or `trim_threshold`) is left
 //! alone, and then so is the other.
 //!
-//! When it sets the thresholds it also reserves the next 56 MiB of the
-//! calling thread's heap for transparent huge pages (two blocks of 28 MiB,
-//! advised as `tracejit_kernels::pages` advises large buffers, then freed,
-//! which the raised trim threshold keeps in the heap unbacked). A compiled
-//! call's first run faults its buffers in from fresh heap: W10's loaded
-//! artifact took 20,116 page faults on its first call against 977 on a
-//! steady one, and 8,900 with the reservation, which brought its first
-//! call from a median 1.41x of a steady call to 1.24x (the Xeon, twelve
-//! alternating fresh processes each, 236 -> 200 ms). What it costs:
-//! address space, and
-//! memory in 2 MiB steps as those 56 MiB are used. Off with
-//! `TRACEJIT_HUGE_PAGES=0` (or with the malloc tuning).
+//! When it sets the thresholds it also reserves the next 112 MiB of the
+//! calling thread's heap for transparent huge pages (four blocks of 28
+//! MiB, advised as `tracejit_kernels::pages` advises large buffers, then
+//! freed, which the raised trim threshold keeps in the heap unbacked). A
+//! compiled call's first run faults its buffers in from fresh heap: W10's
+//! loaded artifact took 20,116 page faults on its first call against 977
+//! on a steady one; 8,900 with a reservation of 56 MiB under a 64 MiB trim
+//! threshold, which brought its first call from a median 1.41x of a steady
+//! call to 1.24x; and 1,575 with these 112 MiB under 128 MiB, its steady
+//! calls 30-80 faults instead of 977 (the steady call's temporaries at the
+//! heap's top no longer given back and faulted in again), the first call
+//! 1.11-1.12x of a steady one where the 56 MiB gave 1.16-1.20x (the Xeon,
+//! one thread, six alternating sittings of five fresh processes: 98-102
+//! against 104-107 ms, steady calls alike at 87-91 ms). What it costs:
+//! address space, and memory in 2 MiB steps as those 112 MiB are used.
+//! On a thread other than the main one glibc serves malloc from an arena
+//! of heaps of 64 MiB each: there the blocks that needed a heap of their
+//! own are unmapped with it when freed, and about 56 MiB stay reserved.
+//! Off with `TRACEJIT_HUGE_PAGES=0` (or with the malloc tuning).
 
 /// The threshold set: glibc's `DEFAULT_MMAP_THRESHOLD_MAX` on 64-bit.
 pub(crate) const MMAP_THRESHOLD: usize = 32 << 20;
-/// The trim threshold set with it: twice the mmap threshold, what glibc's
-/// own adjustment would give.
-pub(crate) const TRIM_THRESHOLD: usize = 2 * MMAP_THRESHOLD;
+/// The trim threshold set with it: four times the mmap threshold (glibc's
+/// own adjustment would give twice), above the [`RESERVE_BLOCKS`] of the
+/// heap reservation, which a lower one would hand back at once.
+pub(crate) const TRIM_THRESHOLD: usize = 4 * MMAP_THRESHOLD;
 
 /// Sets glibc's mmap threshold to [`MMAP_THRESHOLD`] the first time it is
 /// called (see the module), unless opted out or set by the user; true when
@@ -84,19 +94,24 @@ fn set_threshold(bytes: usize) -> bool {
 }
 
 /// Bytes of each block [`reserve_heap`] takes: below the mmap threshold,
-/// so they come from the heap, two of them under the trim threshold, so
-/// the heap keeps them when they are freed.
+/// so they come from the heap.
 const RESERVE_BLOCK: usize = 28 << 20;
 
-/// Grows the calling thread's heap by two [`RESERVE_BLOCK`]s asked
-/// transparent huge pages and frees them again, so that the next 56 MiB
-/// of buffers the heap serves are faulted in 2 MiB at a time (see the
+/// How many blocks [`reserve_heap`] takes: together under the trim
+/// threshold, so the heap keeps them when they are freed.
+const RESERVE_BLOCKS: usize = 4;
+const _: () = assert!(RESERVE_BLOCK < MMAP_THRESHOLD && RESERVE_BLOCKS * RESERVE_BLOCK < TRIM_THRESHOLD);
+
+/// Grows the calling thread's heap by [`RESERVE_BLOCKS`] blocks of
+/// [`RESERVE_BLOCK`] bytes asked transparent huge pages and frees them
+/// again, so that the next 112 MiB of buffers the heap serves are
+/// faulted in 2 MiB at a time (see the
 /// module); the blocks' addresses, for tests. Nothing is written but
 /// malloc's headers: the memory stays unbacked until used.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn reserve_heap() -> Vec<usize> {
-    let mut blocks = Vec::with_capacity(2);
-    for _ in 0..2 {
+    let mut blocks = Vec::with_capacity(RESERVE_BLOCKS);
+    for _ in 0..RESERVE_BLOCKS {
         // SAFETY: a plain allocation, freed below.
         let p = unsafe { libc::malloc(RESERVE_BLOCK) };
         if p.is_null() {
@@ -137,16 +152,23 @@ mod tests {
     fn the_heap_reservation_is_marked_for_huge_pages() {
         let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
         let blocks = super::reserve_heap();
-        assert_eq!(blocks.len(), 2, "two blocks reserved");
+        assert_eq!(blocks.len(), super::RESERVE_BLOCKS, "every block reserved");
         if !tracejit_kernels::pages::enabled() || !(thp.contains("[always]") || thp.contains("[madvise]")) {
             return;
         }
+        // Off the main thread (as here: libtest's threads) the blocks come
+        // from an arena whose heaps hold 64 MiB each; a block that needed
+        // a heap of its own was unmapped with it when freed. Every block
+        // still mapped must carry the advice.
+        let mut mapped = 0;
         for &b in &blocks {
             // A 2 MiB page inside the block (the advice covers only those).
             let inner = (b + (4 << 20)) / (2 << 20) * (2 << 20);
-            let flags = vm_flags(inner).unwrap_or_default();
+            let Some(flags) = vm_flags(inner) else { continue };
+            mapped += 1;
             assert!(flags.split_whitespace().any(|f| f == "hg"), "{inner:#x} not advised: VmFlags{flags}");
         }
+        assert!(mapped >= 1, "no reserved block is still mapped: {blocks:x?}");
     }
 
     #[test]
