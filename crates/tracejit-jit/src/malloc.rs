@@ -37,30 +37,30 @@
 //! alone, and then so is the other.
 //!
 //! When it sets the thresholds it also reserves the next 112 MiB of the
-//! calling thread's heap for transparent huge pages (four blocks of 28
-//! MiB, advised as `tracejit_kernels::pages` advises large buffers, then
-//! freed, which the raised trim threshold keeps in the heap unbacked). A
-//! compiled call's first run faults its buffers in from fresh heap: W10's
-//! loaded artifact took 20,116 page faults on its first call against 977
-//! on a steady one; 8,900 with a reservation of 56 MiB under a 64 MiB trim
-//! threshold, which brought its first call from a median 1.41x of a steady
-//! call to 1.24x; and 1,575 with these 112 MiB under 128 MiB, its steady
-//! calls 30-80 faults instead of 977 (the steady call's temporaries at the
-//! heap's top no longer given back and faulted in again), the first call
-//! 1.11-1.12x of a steady one where the 56 MiB gave 1.16-1.20x (the Xeon,
-//! one thread, six alternating sittings of five fresh processes: 98-102
-//! against 104-107 ms, steady calls alike at 87-91 ms). What it costs:
-//! address space, and memory in 2 MiB steps as those 112 MiB are used.
-//! On a thread other than the main one glibc serves malloc from an arena
-//! of heaps of 64 MiB each: there the blocks that needed a heap of their
-//! own are unmapped with it when freed, and about 56 MiB stay reserved.
+//! calling thread's heap for transparent huge pages: four blocks of 28 MiB,
+//! advised as `tracejit_kernels::pages` advises large buffers, then freed,
+//! which the raised trim threshold keeps in the heap unbacked. A compiled
+//! call's first run faults its buffers in from fresh heap: W10's loaded
+//! artifact took 20,116 page faults on its first call against 978 on a
+//! steady one. With these 112 MiB it takes 1,575 and its steady calls
+//! 30-80 (their temporaries at the heap's top are no longer given back and
+//! faulted in again); the first call is 1.11-1.12x a steady one against
+//! 1.16-1.20x with a reservation of 56 MiB under a 64 MiB trim threshold,
+//! which took 8,900 faults (the Xeon, one thread, six alternating rounds of
+//! five fresh processes: 98-102 against 104-107 ms, steady calls alike at
+//! 87-91 ms). What it costs: address space, and memory in 2 MiB steps as
+//! those 112 MiB are used. On a thread other than the main one glibc
+//! serves malloc from an arena of heaps of 64 MiB each: there the blocks
+//! that needed a heap of their own are unmapped with it when freed, and
+//! about 56 MiB stay reserved.
 //! Off with `TRACEJIT_HUGE_PAGES=0` (or with the malloc tuning).
 
 /// The threshold set: glibc's `DEFAULT_MMAP_THRESHOLD_MAX` on 64-bit.
 pub(crate) const MMAP_THRESHOLD: usize = 32 << 20;
 /// The trim threshold set with it: four times the mmap threshold (glibc's
-/// own adjustment would give twice), above the [`RESERVE_BLOCKS`] of the
-/// heap reservation, which a lower one would hand back at once.
+/// own adjustment would give twice), above the heap reservation's
+/// `RESERVE_BLOCKS × RESERVE_BLOCK` (112 MiB), which a lower one would hand
+/// back as soon as it is freed.
 pub(crate) const TRIM_THRESHOLD: usize = 4 * MMAP_THRESHOLD;
 
 /// Sets glibc's mmap threshold to [`MMAP_THRESHOLD`] the first time it is
@@ -85,8 +85,6 @@ pub(crate) fn tune_once() -> bool {
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn set_threshold(bytes: usize) -> bool {
     let Ok(bytes) = i32::try_from(bytes) else { return false };
-    // SAFETY: `mallopt` takes a parameter and a value and only changes
-    // malloc's settings; it is thread-safe (it takes the arena's lock).
     let Ok(trim) = i32::try_from(TRIM_THRESHOLD) else { return false };
     // SAFETY: `mallopt` takes a parameter and a value and only changes
     // malloc's settings; it is thread-safe (it takes the arena's lock).
@@ -104,34 +102,43 @@ const _: () = assert!(RESERVE_BLOCK < MMAP_THRESHOLD && RESERVE_BLOCKS * RESERVE
 
 /// Grows the calling thread's heap by [`RESERVE_BLOCKS`] blocks of
 /// [`RESERVE_BLOCK`] bytes asked transparent huge pages and frees them
-/// again, so that the next 112 MiB of buffers the heap serves are
-/// faulted in 2 MiB at a time (see the
-/// module); the blocks' addresses, for tests. Nothing is written but
-/// malloc's headers: the memory stays unbacked until used.
+/// again, so that the next 112 MiB of buffers the heap serves are faulted
+/// in 2 MiB at a time (see the module). Nothing is written but malloc's
+/// headers: the memory stays unbacked until used.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn reserve_heap() -> Vec<usize> {
+fn reserve_heap() {
+    release(advised_blocks());
+}
+
+/// The blocks of [`reserve_heap`], allocated and advised (their
+/// addresses; fewer where `malloc` failed).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn advised_blocks() -> Vec<usize> {
     let mut blocks = Vec::with_capacity(RESERVE_BLOCKS);
     for _ in 0..RESERVE_BLOCKS {
-        // SAFETY: a plain allocation, freed below.
+        // SAFETY: a plain allocation, freed by `release`.
         let p = unsafe { libc::malloc(RESERVE_BLOCK) };
         if p.is_null() {
             break;
         }
         tracejit_kernels::pages::advise_inside(p.cast(), RESERVE_BLOCK);
-        blocks.push(p);
+        blocks.push(p as usize);
     }
-    let addresses = blocks.iter().map(|&p| p as usize).collect();
+    blocks
+}
+
+/// Frees [`advised_blocks`]'s blocks, the last first (so that each joins
+/// the free space at the heap's top).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn release(blocks: Vec<usize>) {
     for p in blocks.into_iter().rev() {
-        // SAFETY: allocated above with `malloc`, freed once.
-        unsafe { libc::free(p) };
+        // SAFETY: allocated by `advised_blocks` with `malloc`, freed once.
+        unsafe { libc::free(p as *mut libc::c_void) };
     }
-    addresses
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn reserve_heap() -> Vec<usize> {
-    Vec::new()
-}
+fn reserve_heap() {}
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn set_threshold(_bytes: usize) -> bool {
@@ -151,24 +158,26 @@ mod tests {
     #[test]
     fn the_heap_reservation_is_marked_for_huge_pages() {
         let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
-        let blocks = super::reserve_heap();
-        assert_eq!(blocks.len(), super::RESERVE_BLOCKS, "every block reserved");
+        // The flags are read while the blocks are held: once freed, a
+        // block that needed a heap (or, before the thresholds are set, a
+        // mapping) of its own is unmapped, and its addresses may serve
+        // another test's allocation.
+        let blocks = super::advised_blocks();
+        let flags: Vec<(usize, Option<String>)> = blocks
+            .iter()
+            // A 2 MiB page inside the block (the advice covers only those).
+            .map(|&b| (b + (4 << 20)) / (2 << 20) * (2 << 20))
+            .map(|inner| (inner, vm_flags(inner)))
+            .collect();
+        super::release(blocks);
+        assert_eq!(flags.len(), super::RESERVE_BLOCKS, "every block reserved");
         if !tracejit_kernels::pages::enabled() || !(thp.contains("[always]") || thp.contains("[madvise]")) {
             return;
         }
-        // Off the main thread (as here: libtest's threads) the blocks come
-        // from an arena whose heaps hold 64 MiB each; a block that needed
-        // a heap of its own was unmapped with it when freed. Every block
-        // still mapped must carry the advice.
-        let mut mapped = 0;
-        for &b in &blocks {
-            // A 2 MiB page inside the block (the advice covers only those).
-            let inner = (b + (4 << 20)) / (2 << 20) * (2 << 20);
-            let Some(flags) = vm_flags(inner) else { continue };
-            mapped += 1;
-            assert!(flags.split_whitespace().any(|f| f == "hg"), "{inner:#x} not advised: VmFlags{flags}");
+        for (inner, f) in flags {
+            let f = f.unwrap_or_default();
+            assert!(f.split_whitespace().any(|w| w == "hg"), "{inner:#x} not advised: VmFlags {f}");
         }
-        assert!(mapped >= 1, "no reserved block is still mapped: {blocks:x?}");
     }
 
     #[test]
