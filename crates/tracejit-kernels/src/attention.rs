@@ -48,6 +48,8 @@ mod reference;
 mod tests;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests_bf16;
+#[cfg(test)]
+mod tests_bias;
 mod vector;
 
 use crate::Isa;
@@ -106,6 +108,26 @@ impl Problem {
 pub struct Mask<'a> {
     /// The flags.
     pub data: &'a [bool],
+    /// Distance between problems.
+    pub batch_stride: usize,
+    /// Distance between queries.
+    pub row_stride: usize,
+    /// Distance between keys.
+    pub col_stride: usize,
+}
+
+/// Values added to the scaled scores before the softmax, read at
+/// `data[b·batch_stride + i·row_stride + j·col_stride]` for problem `b`,
+/// query `i`, key `j` (a stride of 0 broadcasts that axis): PyTorch's float
+/// `attn_mask`, and what models exported to ONNX add for padding (`0` for a
+/// key to attend, a large negative number or `-inf` for one to skip). It
+/// applies before the causal rule and a [`Mask`]; a `-inf` bias weighs its
+/// pair 0 as a mask does, except that a query whose scores all become
+/// `-inf` this way gets NaN, as in the plain formula.
+#[derive(Clone, Copy, Debug)]
+pub struct Bias<'a> {
+    /// The values.
+    pub data: &'a [f32],
     /// Distance between problems.
     pub batch_stride: usize,
     /// Distance between queries.
@@ -211,7 +233,7 @@ pub fn forward(
     let q = Operand { data: q, starts: &qs, row_stride: p.d };
     let k = Operand { data: k, starts: &ks, row_stride: p.d };
     let v = Operand { data: v, starts: &vs, row_stride: p.dv };
-    forward_on(Path::of(isa), p, q, k, v, mask, out, lse);
+    forward_on(Path::of(isa), p, q, k, v, mask, None, out, lse);
 }
 
 /// [`forward`] with `q`, `k` and `v` read in place from views
@@ -233,7 +255,46 @@ pub fn forward_strided(
     lse: &mut [f32],
     isa: Isa,
 ) {
-    forward_on(Path::of(isa), p, q, k, v, mask, out, lse);
+    forward_on(Path::of(isa), p, q, k, v, mask, None, out, lse);
+}
+
+/// [`forward_strided`] with a [`Bias`] added to the scaled scores:
+/// `softmax(q·kᵀ·scale + bias, masked)·v`. The bias is read once per key
+/// when it does not depend on the query (`row_stride` 0, a padding bias),
+/// else once per pair. The accuracy is [`forward`]'s, the bias counted
+/// among a score's terms.
+///
+/// ```
+/// use tracejit_kernels::attention::{forward_strided_biased, Bias, Operand, Problem};
+/// use tracejit_kernels::Isa;
+///
+/// fn rows(data: &[f32]) -> Operand<'_> {
+///     Operand { data, starts: &[0], row_stride: 1 }
+/// }
+/// let p = Problem { batch: 1, tq: 1, tk: 3, d: 1, dv: 1, scale: 1.0, causal: false };
+/// let (q, k, v) = ([0.0f32], [1.0f32, 2.0, 3.0], [10.0f32, 20.0, 30.0]);
+/// // The last key is padding.
+/// let bias = Bias { data: &[0.0, 0.0, f32::NEG_INFINITY], batch_stride: 0, row_stride: 0, col_stride: 1 };
+/// let (mut out, mut lse) = ([0.0f32], [0.0f32]);
+/// forward_strided_biased(&p, rows(&q), rows(&k), rows(&v), None, Some(&bias), &mut out, &mut lse, Isa::native());
+/// assert!((out[0] - 15.0).abs() < 1e-5);
+/// ```
+///
+/// # Panics
+/// As [`forward_strided`], and if the bias is too short for its strides.
+#[allow(clippy::too_many_arguments, reason = "the operands of one attention call")]
+pub fn forward_strided_biased(
+    p: &Problem,
+    q: Operand<'_>,
+    k: Operand<'_>,
+    v: Operand<'_>,
+    mask: Option<&Mask<'_>>,
+    bias: Option<&Bias<'_>>,
+    out: &mut [f32],
+    lse: &mut [f32],
+    isa: Isa,
+) {
+    forward_on(Path::of(isa), p, q, k, v, mask, bias, out, lse);
 }
 
 /// [`forward_strided`] for mixed precision: the two products (`q·kᵀ` and
@@ -284,7 +345,27 @@ pub fn forward_strided_bf16(
     lse: &mut [f32],
     isa: Isa,
 ) {
-    forward_on(Path::of_bf16(isa), p, q, k, v, mask, out, lse);
+    forward_on(Path::of_bf16(isa), p, q, k, v, mask, None, out, lse);
+}
+
+/// [`forward_strided_bf16`] with a [`Bias`], as [`forward_strided_biased`]
+/// (the bias added in f32).
+///
+/// # Panics
+/// As [`forward_strided_biased`].
+#[allow(clippy::too_many_arguments, reason = "the operands of one attention call")]
+pub fn forward_strided_bf16_biased(
+    p: &Problem,
+    q: Operand<'_>,
+    k: Operand<'_>,
+    v: Operand<'_>,
+    mask: Option<&Mask<'_>>,
+    bias: Option<&Bias<'_>>,
+    out: &mut [f32],
+    lse: &mut [f32],
+    isa: Isa,
+) {
+    forward_on(Path::of_bf16(isa), p, q, k, v, mask, bias, out, lse);
 }
 
 /// [`forward`] on a given path (the tests force each one).
@@ -296,11 +377,12 @@ fn forward_on(
     k: Operand<'_>,
     v: Operand<'_>,
     mask: Option<&Mask<'_>>,
+    bias: Option<&Bias<'_>>,
     out: &mut [f32],
     lse: &mut [f32],
 ) {
     const NAME: &str = "attention::forward";
-    let x = inputs(NAME, p, q, k, v, mask);
+    let x = inputs(NAME, p, q, k, v, mask, bias);
     check_len(NAME, "out", out.len(), &[("batch", p.batch), ("tq", p.tq), ("dv", p.dv)]);
     check_len(NAME, "lse", lse.len(), &[("batch", p.batch), ("tq", p.tq)]);
     let work = p.pairs() * (p.d + p.dv) as u64;
@@ -408,7 +490,7 @@ fn backward_on(
     g: Grads<'_>,
 ) {
     const NAME: &str = "attention::backward";
-    let x = inputs(NAME, p, q, k, v, mask);
+    let x = inputs(NAME, p, q, k, v, mask, None);
     let (rows_out, rows_q, rows_k) = (
         [("batch", p.batch), ("tq", p.tq), ("dv", p.dv)],
         [("batch", p.batch), ("tq", p.tq), ("d", p.d)],
@@ -445,7 +527,7 @@ fn backward_on(
 /// The causal rule and mask of `p`.
 fn rule<'a>(p: &Problem, mask: Option<&'a Mask<'a>>) -> Rule<'a> {
     let off = p.tk as isize - p.tq as isize;
-    Rule { tq: p.tq, tk: p.tk, causal: p.causal, off, mask }
+    Rule { tq: p.tq, tk: p.tk, causal: p.causal, off, mask, bias: None }
 }
 
 /// The inputs, checked against the problem.
@@ -456,14 +538,18 @@ fn inputs<'a>(
     k: Operand<'a>,
     v: Operand<'a>,
     mask: Option<&'a Mask<'a>>,
+    bias: Option<&'a Bias<'a>>,
 ) -> Inputs<'a> {
     check_operand(name, "q", &q, &[("batch", p.batch), ("tq", p.tq), ("d", p.d)]);
     check_operand(name, "k", &k, &[("batch", p.batch), ("tk", p.tk), ("d", p.d)]);
     check_operand(name, "v", &v, &[("batch", p.batch), ("tk", p.tk), ("dv", p.dv)]);
     if let Some(m) = mask {
-        check_mask(name, p, m);
+        check_strides(name, "mask", p, m.data.len(), [m.batch_stride, m.row_stride, m.col_stride]);
     }
-    Inputs { p: *p, rule: rule(p, mask), q, k, v }
+    if let Some(b) = bias {
+        check_strides(name, "bias", p, b.data.len(), [b.batch_stride, b.row_stride, b.col_stride]);
+    }
+    Inputs { p: *p, rule: Rule { bias, ..rule(p, mask) }, q, k, v }
 }
 
 /// Panics unless `len` is the product of `dims`, naming the function, the
@@ -506,24 +592,19 @@ fn check_operand(name: &str, what: &str, x: &Operand<'_>, dims: &[(&str, usize);
     }
 }
 
-/// Panics unless the mask's largest index is inside its data.
-fn check_mask(name: &str, p: &Problem, m: &Mask<'_>) {
+/// Panics unless the largest index of a mask or bias (`what`, `len`
+/// values at `strides`) is inside its data.
+fn check_strides(name: &str, what: &str, p: &Problem, len: usize, strides: [usize; 3]) {
     if p.batch == 0 || p.tq == 0 || p.tk == 0 {
         return;
     }
-    let last = [(p.batch, m.batch_stride), (p.tq, m.row_stride), (p.tk, m.col_stride)]
+    let last = [(p.batch, strides[0]), (p.tq, strides[1]), (p.tk, strides[2])]
         .iter()
         .try_fold(0usize, |at, &(n, s)| (n - 1).checked_mul(s).and_then(|x| at.checked_add(x)));
-    if last.is_none_or(|last| last >= m.data.len()) {
+    if last.is_none_or(|last| last >= len) {
         panic!(
-            "{name}: mask of {} values is too short for batch {} × tq {} × tk {} at strides ({}, {}, {})",
-            m.data.len(),
-            p.batch,
-            p.tq,
-            p.tk,
-            m.batch_stride,
-            m.row_stride,
-            m.col_stride
+            "{name}: {what} of {len} values is too short for batch {} × tq {} × tk {} at strides ({}, {}, {})",
+            p.batch, p.tq, p.tk, strides[0], strides[1], strides[2]
         );
     }
 }

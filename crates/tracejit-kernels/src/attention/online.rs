@@ -26,6 +26,7 @@ use super::copy::{pack, unpack, zero};
 use super::kernel::{panels, staircase, Bcast, Rows, MAX_VECTORS};
 use super::plan::{group_end, group_first, Carve, Inputs, OutPtr, BLOCK, TILE};
 use super::vector::Vector;
+use super::Bias;
 
 /// A forward call as its tasks see it.
 pub(super) struct ForwardCall<'a> {
@@ -237,6 +238,10 @@ pub(super) unsafe fn normalize<V: Vector>(x: &Inputs<'_>, tile: Tile, s: &Scratc
 #[inline(always)]
 unsafe fn mask<V: Vector>(x: &Inputs<'_>, tile: Tile, s: &Scratch, j0: usize, hi: &[usize]) {
     let (rule, l) = (&x.rule, V::LANES);
+    if let Some(bias) = rule.bias {
+        // SAFETY: forwarded.
+        unsafe { add_bias::<V>(bias, tile, s, j0, hi) };
+    }
     if !rule.causal && rule.mask.is_none() {
         return;
     }
@@ -272,6 +277,44 @@ unsafe fn mask<V: Vector>(x: &Inputs<'_>, tile: Tile, s: &Scratch, j0: usize, hi
     if key_mask {
         // SAFETY: as above.
         unsafe { key_mask_block::<V>(x, tile, s, j0, hi) };
+    }
+}
+
+/// Adds the caller's bias to the block's scores `[j0, hi[v])` (before the
+/// causal rule and the mask, which then set their pairs to `-inf`
+/// whatever the bias): a row of keys a vector at a time when the bias does
+/// not depend on the query, else pair by pair. Lanes past the tile's
+/// queries get a value too and are never stored.
+///
+/// # Safety
+/// As [`block`]; the bias covers the problem ([`super::check_strides`]).
+#[inline(always)]
+unsafe fn add_bias<V: Vector>(bias: &Bias<'_>, tile: Tile, s: &Scratch, j0: usize, hi: &[usize]) {
+    let l = V::LANES;
+    let base = tile.b * bias.batch_stride;
+    // SAFETY: rows `[j0, hi[v])` of vector `v` of the block, lanes `< TILE`;
+    // the bias at indices within the problem.
+    unsafe {
+        if bias.row_stride == 0 {
+            let end = hi.iter().take(tile.nv).copied().max().unwrap_or(j0);
+            for j in j0..end {
+                let add = V::splat(*bias.data.get_unchecked(base + j * bias.col_stride));
+                let row = s.st.add((j - j0) * TILE);
+                for (v, &h) in hi.iter().enumerate().take(tile.nv) {
+                    if j < h {
+                        V::load(row.add(v * l)).add(add).store(row.add(v * l));
+                    }
+                }
+            }
+        } else {
+            for lane in 0..tile.nq {
+                let (i, end) = (tile.i0 + lane, hi[lane / l]);
+                let at = base + i * bias.row_stride;
+                for j in j0..end {
+                    *s.st.add((j - j0) * TILE + lane) += *bias.data.get_unchecked(at + j * bias.col_stride);
+                }
+            }
+        }
     }
 }
 

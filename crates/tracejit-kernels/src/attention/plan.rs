@@ -3,7 +3,7 @@
 
 use std::cell::Cell;
 
-use super::{Mask, Operand, Problem};
+use super::{Bias, Mask, Operand, Problem};
 
 /// Rows of a task's own tile, the vector side of its products (queries in
 /// the forward and the `dq` pass, keys in the `dk`/`dv` pass); a multiple
@@ -46,6 +46,9 @@ pub(super) struct Rule<'a> {
     /// `tk - tq`: the causal diagonal's offset.
     pub off: isize,
     pub mask: Option<&'a Mask<'a>>,
+    /// Added to the scaled scores before the rule and the mask (forward
+    /// only).
+    pub bias: Option<&'a Bias<'a>>,
 }
 
 impl Rule<'_> {
@@ -73,12 +76,12 @@ impl Rule<'_> {
     ///
     /// # Safety
     /// `b`, `i` and `j` are within the problem, whose mask was checked to
-    /// cover it ([`super::check_mask`]).
+    /// cover it ([`super::check_strides`]).
     #[inline(always)]
     pub unsafe fn allowed(&self, b: usize, i: usize, j: usize) -> bool {
         match self.mask {
             None => true,
-            // SAFETY: the caller's indices; `check_mask` bounded the
+            // SAFETY: the caller's indices; `check_strides` bounded the
             // largest index.
             Some(m) => unsafe { *m.data.get_unchecked(b * m.batch_stride + i * m.row_stride + j * m.col_stride) },
         }

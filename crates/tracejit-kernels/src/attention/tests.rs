@@ -140,7 +140,7 @@ fn run_on(path: Path, c: &Case, mask: Option<&Mask<'_>>, spread: bool) -> Run {
     let (q, k, v) = (lay(&c.q, p.tq, p.d), lay(&c.k, p.tk, p.d), lay(&c.v, p.tk, p.dv));
     let mut out = vec![7.0f32; p.batch * p.tq * p.dv];
     let mut lse = vec![7.0f32; p.batch * p.tq];
-    forward_on(path, p, q.operand(), k.operand(), v.operand(), mask, &mut out, &mut lse);
+    forward_on(path, p, q.operand(), k.operand(), v.operand(), mask, None, &mut out, &mut lse);
     let (mut dq, mut dk, mut dv) = (vec![7.0f32; c.q.len()], vec![7.0f32; c.k.len()], vec![7.0f32; c.v.len()]);
     let g = Grads { dq: &mut dq, dk: &mut dk, dv: &mut dv };
     let (o, dout) = (lay(&out, p.tq, p.dv), lay(&c.dout, p.tq, p.dv));

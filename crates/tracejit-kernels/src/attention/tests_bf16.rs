@@ -27,7 +27,7 @@ fn forward(path: Path, c: &Case, mask: Option<&Mask<'_>>, spread: bool) -> (Vec<
     let lay = |x: &[f32], rows: usize, cols: usize| Spread::laid(x, p.batch, rows, cols, spread);
     let (q, k, v) = (lay(&c.q, p.tq, p.d), lay(&c.k, p.tk, p.d), lay(&c.v, p.tk, p.dv));
     let (mut out, mut lse) = (vec![7.0f32; p.batch * p.tq * p.dv], vec![7.0f32; p.batch * p.tq]);
-    forward_on(path, p, q.operand(), k.operand(), v.operand(), mask, &mut out, &mut lse);
+    forward_on(path, p, q.operand(), k.operand(), v.operand(), mask, None, &mut out, &mut lse);
     (out, lse)
 }
 
