@@ -254,11 +254,12 @@ fn bad_arguments_are_errors_naming_them() {
     });
     let e = f.call((q.clone(), k)).unwrap_err().to_string();
     assert!(e.contains("differ in width") && e.contains("attention.rs"), "{e}");
-    let bad_mask = Tensor::zeros(&[4, 4], DType::F32);
+    // A float mask must have q's dtype (it is added to the scores).
+    let bad_mask = Tensor::zeros(&[4, 4], DType::F64);
     let g =
         function(move |q: Tensor| tracejit::nn::scaled_dot_product_attention(&q, &q, &q, Some(&bad_mask), false, None));
     let e = g.call(q).unwrap_err().to_string();
-    assert!(e.contains("mask is f32, expected bool"), "{e}");
+    assert!(e.contains("mask is f64, expected bool (true = attend) or q's f32"), "{e}");
 }
 
 /// q, k and v as W10 makes them: slices of one fused projection

@@ -9,6 +9,7 @@
 mod common;
 
 mod attention;
+mod attention_float_mask;
 mod checkpoint;
 mod composite;
 mod control_flow;

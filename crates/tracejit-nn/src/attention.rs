@@ -49,8 +49,12 @@ pub(crate) static ATTENTION_GRAD: Composite = Composite::new(
 /// Attention over the last two axes: `softmax(q·kᵀ·scale + mask)·v`.
 ///
 /// Shapes: `q [.., Tq, d]`, `k [.., Tk, d]`, `v [.., Tk, dv]`, result
-/// `[.., Tq, dv]`; the leading axes (batch, heads) broadcast. `mask` is
-/// bool, `true` = attend, broadcast to `[.., Tq, Tk]`. Under `causal`,
+/// `[.., Tq, dv]`; the leading axes (batch, heads) broadcast. `mask`
+/// broadcasts to `[.., Tq, Tk]` and is either bool, `true` = attend, or of
+/// `q`'s float dtype, added to the scaled scores (PyTorch's float
+/// `attn_mask`; what models exported to ONNX add for padding: 0 to attend,
+/// a large negative number or `-inf` to skip, and a query whose scores
+/// all become `-inf` so gets NaN, as in the formula). Under `causal`,
 /// query `i` sees key `j` only when `j ≤ i + (Tk − Tq)`: aligned
 /// bottom-right, so the queries at the end of a KV cache see every
 /// earlier key, and `Tq = Tk` gives the usual lower triangle. Both rules
@@ -58,13 +62,16 @@ pub(crate) static ATTENTION_GRAD: Composite = Composite::new(
 /// `scale` defaults to `1/√d`.
 ///
 /// f32 runs the flash-attention kernel (tiles of 64 queries and keys,
+/// a float mask added as the scores are made;
 /// online softmax; the backward recomputes each tile's probabilities from
 /// the forward's log-sum-exp), eagerly and inside compiled functions, on
 /// the thread pool by (batch·head, tile); it agrees with the plain
 /// formula to about 1e-5 relative to the magnitudes summed. bf16 and f16
 /// run it on their values widened to f32, each result rounded back; f64
 /// runs a kernel of its own that holds one row of scores per query. No
-/// path holds the `[Tq, Tk]` scores.
+/// path holds the `[Tq, Tk]` scores, except an f64 call with a float mask
+/// and the gradient of a call with a float mask (which includes the
+/// mask's): they run the formula.
 ///
 /// ```
 /// use tracejit_trace::{DType, Tensor};
@@ -83,7 +90,7 @@ pub(crate) static ATTENTION_GRAD: Composite = Composite::new(
 ///
 /// # Panics
 /// On ranks below 2, float dtypes that differ, `q` and `k` widths or `k`
-/// and `v` lengths that differ, a mask that is not bool, or shapes that do
+/// and `v` lengths that differ, a mask neither bool nor of `q`'s dtype, or shapes that do
 /// not broadcast (naming the argument and the caller's line); when `d` is
 /// unknown in the trace and no `scale` is given.
 #[track_caller]
@@ -137,8 +144,12 @@ fn check_arguments(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) {
     if !fits(kd[kd.len() - 2], vd[vd.len() - 2]) {
         fail(format!("k {} and v {} differ in length (the second-last axis)", k.tensor_type(), v.tensor_type()));
     }
-    if let Some(m) = mask.filter(|m| m.dtype() != DType::Bool) {
-        fail(format!("mask is {}, expected bool (true = attend)", m.dtype()));
+    if let Some(m) = mask.filter(|m| m.dtype() != DType::Bool && m.dtype() != q.dtype()) {
+        fail(format!(
+            "mask is {}, expected bool (true = attend) or q's {} (added to the scores)",
+            m.dtype(),
+            q.dtype()
+        ));
     }
 }
 
@@ -148,9 +159,24 @@ fn has_mask(inputs: &[Tensor], without: usize) -> bool {
     inputs.len() == without + 1
 }
 
-/// `q·kᵀ·scale`.
-fn scores(q: &Tensor, k: &Tensor, scale: &Tensor) -> Tensor {
-    q.matmul(&k.t()) * scale
+/// The optional last input of either composite (after `without` inputs)
+/// as `(bool mask, float bias)`: a bool one masks, a float one is added
+/// to the scores.
+fn mask_and_bias(inputs: &[Tensor], without: usize) -> (Option<&Tensor>, Option<&Tensor>) {
+    match inputs.get(without).filter(|_| has_mask(inputs, without)) {
+        Some(m) if m.dtype() == DType::Bool => (Some(m), None),
+        Some(b) => (None, Some(b)),
+        None => (None, None),
+    }
+}
+
+/// `q·kᵀ·scale`, plus the float mask if any.
+fn scores(q: &Tensor, k: &Tensor, scale: &Tensor, bias: Option<&Tensor>) -> Tensor {
+    let s = q.matmul(&k.t()) * scale;
+    match bias {
+        Some(b) => s + b,
+        None => s,
+    }
 }
 
 /// Which pairs count, broadcastable to `s` (`[.., Tq, Tk]`): the mask and,
@@ -231,8 +257,8 @@ fn probabilities(s: &Tensor, allowed: Option<&Tensor>) -> (Tensor, Tensor) {
 /// The forward body: `(out, lse)`.
 fn forward_body(a: &[Tensor]) -> Vec<Tensor> {
     let (q, k, v, scale, causal) = (&a[0], &a[1], &a[2], &a[3], &a[4]);
-    let mask = has_mask(a, 5).then(|| &a[5]);
-    let s = scores(q, k, scale);
+    let (mask, bias) = mask_and_bias(a, 5);
+    let s = scores(q, k, scale, bias);
     let allowed = allowed(&s, causal, mask);
     let (p, lse) = probabilities(&s, allowed.as_ref());
     vec![p.matmul(v), lse]
@@ -257,10 +283,17 @@ fn sum_to(t: Tensor, like: &Tensor) -> Tensor {
 /// the cotangent `dout`, and `dlse` when the log-sum-exp has a cotangent
 /// too (only when the composite is differentiated directly).
 fn backward_body(a: &[Tensor], dlse: Option<&Tensor>) -> [Tensor; 3] {
+    let ([dq, dk, dv], _) = backward_body_with_scores(a, dlse);
+    [dq, dk, dv]
+}
+
+/// [`backward_body`] and the scores' gradient `dS` (`[.., Tq, Tk]`), which
+/// is a float mask's gradient before it is summed to the mask's shape.
+fn backward_body_with_scores(a: &[Tensor], dlse: Option<&Tensor>) -> ([Tensor; 3], Tensor) {
     let (q, k, v, scale, causal) = (&a[0], &a[1], &a[2], &a[3], &a[4]);
     let (out, lse, dout) = (&a[5], &a[6], &a[7]);
-    let mask = has_mask(a, 8).then(|| &a[8]);
-    let s = scores(q, k, scale);
+    let (mask, bias) = mask_and_bias(a, 8);
+    let s = scores(q, k, scale, bias);
     let p = (&s - &lse.expand_dims(-1)).exp();
     let p = match allowed(&s, causal, mask) {
         Some(allowed) => Tensor::select(&allowed, &p, &Tensor::zeros(&[], s.dtype())),
@@ -276,7 +309,7 @@ fn backward_body(a: &[Tensor], dlse: Option<&Tensor>) -> [Tensor; 3] {
     let ds = &p * &centred;
     let dq = ds.matmul(k) * scale;
     let dk = ds.t().matmul(q) * scale;
-    [sum_to(dq, q), sum_to(dk, k), sum_to(dv, v)]
+    ([sum_to(dq, q), sum_to(dk, k), sum_to(dv, v)], ds)
 }
 
 /// The forward's backward kernel: the gradient composite (its native
@@ -291,6 +324,13 @@ fn backward(inputs: &[Tensor], outputs: &[Tensor], cts: &[Option<Tensor>]) -> Ve
     let mut args: Vec<Tensor> = inputs[..5].to_vec();
     args.extend([outputs[0].clone(), outputs[1].clone(), dout]);
     args.extend(inputs[5..].iter().cloned());
+    if let (_, Some(bias)) = mask_and_bias(inputs, 5) {
+        // A float mask has a gradient of its own, `dS` summed to its
+        // shape: the formula gives it with the others.
+        let ([dq, dk, dv], ds) = backward_body_with_scores(&args, cts[1].as_ref());
+        let dbias = sum_to(ds, bias);
+        return vec![Some(dq), Some(dk), Some(dv), None, None, Some(dbias)];
+    }
     let [dq, dk, dv] = match &cts[1] {
         Some(dlse) => backward_body(&args, Some(dlse)),
         None => {

@@ -194,7 +194,39 @@ pub(crate) fn attention() -> Vec<(Vec<Tensor>, u32)> {
             }
             (args, 0)
         })
+        .chain(float_masks())
         .collect()
+}
+
+/// `(q, k, v, scale, causal, mask)` with float masks added to the scores:
+/// a padding bias per key of each batch row (0, a large negative number,
+/// `-inf` on the last keys) over heads with the causal rule, and random
+/// values per pair in f32 and f64.
+fn float_masks() -> Vec<(Vec<Tensor>, u32)> {
+    let mut out = Vec::new();
+    for (i, (lead, [tq, tk, d], mask, dtype, causal)) in [
+        (&[2usize, 3][..], [6usize, 6, 4], &[2usize, 1, 1, 6][..], DType::F32, true),
+        (&[2], [5, 7, 3], &[5, 7], DType::F32, false),
+        (&[2], [3, 4, 2], &[2, 3, 4], DType::F64, false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 160 + 4 * i as u64;
+        let shape = |t: usize| [lead, &[t, d]].concat();
+        let q = values(&shape(tq), dtype, seed, false);
+        let k = values(&shape(tk), dtype, seed + 1, false);
+        let v = values(&shape(tk), dtype, seed + 2, false);
+        let bias = if i == 0 {
+            let pad = [0.0, 0.0, 0.0, 0.0, -10_000.0, 0.0, 0.0, 0.0, 0.0, 0.0, -3.0e38, f32::NEG_INFINITY];
+            Tensor::from_vec(pad.to_vec(), mask).cast(dtype)
+        } else {
+            values(mask, dtype, seed + 3, false)
+        };
+        let scale = Tensor::full(&[], 1.0 / (d as f64).sqrt(), dtype);
+        out.push((vec![q, k, v, scale, Tensor::scalar(causal), bias], 0));
+    }
+    out
 }
 
 /// `(q, k, v, scale, causal, out, lse, dout[, mask])` from the forward's

@@ -8,14 +8,15 @@
 
 use std::borrow::Cow;
 
-use tracejit_kernels::attention::{self, Mask, Operand, Problem};
+use tracejit_kernels::attention::{self, Bias, Mask, Operand, Problem};
 use tracejit_kernels::Isa;
 use tracejit_tensor::{kernels, DType, ReduceOp, Storage, StorageElement};
 use tracejit_trace::TensorSpec;
 
 /// `q, k, v` of rank ≥ 2, `scale` a scalar and then `extra` operands of
 /// rank ≥ 1 (the backward's `out`, `lse`, `dout`), all of one float dtype
-/// among `dtypes`; `causal` a bool scalar; then an optional bool mask.
+/// among `dtypes`; `causal` a bool scalar; then an optional bool mask (the
+/// backward kernel has no float one).
 fn accepts_with(s: &[TensorSpec], extra: usize, dtypes: &[DType]) -> bool {
     let base = 5 + extra;
     if s.len() != base && s.len() != base + 1 {
@@ -35,8 +36,13 @@ fn accepts_with(s: &[TensorSpec], extra: usize, dtypes: &[DType]) -> bool {
 
 /// The forward kernel's arguments (see [`accepts_with`]): f32, bf16 and
 /// f16 (through the f32 kernel, each result rounded), f64 (its own tiled
-/// kernel, [`super::wide`]).
+/// kernel, [`super::wide`]); a float mask (added to the scores) of `q`'s
+/// dtype on the f32 kernel only.
 pub(super) fn forward_accepts(s: &[TensorSpec]) -> bool {
+    if let Some(bias) = s.get(5).filter(|m| m.dtype() != DType::Bool) {
+        let low = [DType::F32, DType::BF16, DType::F16];
+        return s.len() == 6 && bias.dtype() == s[0].dtype() && accepts_with(&s[..5], 0, &low);
+    }
     accepts_with(s, 0, &[DType::F32, DType::BF16, DType::F16, DType::F64])
 }
 
@@ -188,6 +194,12 @@ impl<'a> Held<'a> {
 /// only when they are not all 1; its own query and key axes kept, with
 /// stride 0 where they are 1.
 pub(super) fn mask_of<'a>(m: &'a Storage, g: &Geometry) -> (Cow<'a, [bool]>, [usize; 3]) {
+    strided_of(m, g)
+}
+
+/// A bool mask's flags or a float mask's values (f32), laid out as
+/// [`mask_of`] says.
+fn strided_of<'a, T: StorageElement>(m: &'a Storage, g: &Geometry) -> (Cow<'a, [T]>, [usize; 3]) {
     let p = &g.problem;
     let mut shape = m.shape().to_vec();
     while shape.len() < 2 {
@@ -203,9 +215,9 @@ pub(super) fn mask_of<'a>(m: &'a Storage, g: &Geometry) -> (Cow<'a, [bool]>, [us
     );
     let lead_ones = shape[..shape.len() - 2].iter().all(|&d| d == 1);
     let flat = if lead_ones { kernels::reshape(m, &[mq * mk]) } else { kernels::broadcast_to(m, &g.shape(&[mq, mk])) };
-    let flags: Vec<bool> = flat.to_vec::<bool>().expect("a bool mask");
+    let values: Vec<T> = flat.to_vec::<T>().expect("the predicate accepted the mask's dtype");
     let strides = [if lead_ones { 0 } else { mq * mk }, if mq == 1 { 0 } else { mk }, if mk == 1 { 0 } else { 1 }];
-    (Cow::Owned(flags), strides)
+    (Cow::Owned(values), strides)
 }
 
 fn storage(v: Vec<f32>, shape: &[usize]) -> Storage {
@@ -215,20 +227,31 @@ fn storage(v: Vec<f32>, shape: &[usize]) -> Storage {
 /// The forward: `(out [.., Tq, dv], lse [.., Tq])`.
 pub(super) fn forward(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
     match inputs[0].dtype() {
-        DType::F32 => forward_with(inputs, isa, attention::forward_strided),
+        DType::F32 => forward_with(inputs, isa, attention::forward_strided_biased),
         DType::F64 => super::wide::forward(inputs),
-        low => widened(inputs, low, |w| forward_with(w, isa, attention::forward_strided)),
+        low => widened(inputs, low, |w| forward_with(w, isa, attention::forward_strided_biased)),
     }
 }
 
 /// The forward with `q·kᵀ` and `P·v` on bf16 operands, f32 accumulation
-/// (`attention::forward_strided_bf16`): the kernel under mixed precision.
+/// (`attention::forward_strided_bf16_biased`): the kernel under mixed
+/// precision.
 pub(super) fn forward_bf16(inputs: &[Storage], isa: Isa) -> Vec<Storage> {
-    forward_with(inputs, isa, attention::forward_strided_bf16)
+    forward_with(inputs, isa, attention::forward_strided_bf16_biased)
 }
 
 /// The kernel crate's forward entry points.
-type ForwardFn = fn(&Problem, Operand<'_>, Operand<'_>, Operand<'_>, Option<&Mask<'_>>, &mut [f32], &mut [f32], Isa);
+type ForwardFn = fn(
+    &Problem,
+    Operand<'_>,
+    Operand<'_>,
+    Operand<'_>,
+    Option<&Mask<'_>>,
+    Option<&Bias<'_>>,
+    &mut [f32],
+    &mut [f32],
+    Isa,
+);
 
 /// The forward through `run`.
 fn forward_with(inputs: &[Storage], isa: Isa, run: ForwardFn) -> Vec<Storage> {
@@ -237,12 +260,15 @@ fn forward_with(inputs: &[Storage], isa: Isa, run: ForwardFn) -> Vec<Storage> {
     let q = Held::of(&inputs[0], &g.shape(&[p.tq, p.d]));
     let k = Held::of(&inputs[1], &g.shape(&[p.tk, p.d]));
     let v = Held::of(&inputs[2], &g.shape(&[p.tk, p.dv]));
-    let mask = inputs.get(5).map(|m| mask_of(m, &g));
+    let last = inputs.get(5);
+    let mask = last.filter(|m| m.dtype() == DType::Bool).map(|m| mask_of(m, &g));
     let mask = mask.as_ref().map(|(data, [b, r, c])| Mask { data, batch_stride: *b, row_stride: *r, col_stride: *c });
+    let bias = last.filter(|m| m.dtype() != DType::Bool).map(|m| strided_of::<f32>(m, &g));
+    let bias = bias.as_ref().map(|(data, [b, r, c])| Bias { data, batch_stride: *b, row_stride: *r, col_stride: *c });
     let mut out = vec![0.0f32; p.batch * p.tq * p.dv];
     let mut lse = vec![0.0f32; p.batch * p.tq];
     let (q, k, v) = (q.operand(), k.operand(), v.operand());
-    run(&p, q, k, v, mask.as_ref(), &mut out, &mut lse, isa);
+    run(&p, q, k, v, mask.as_ref(), bias.as_ref(), &mut out, &mut lse, isa);
     vec![storage(out, &g.shape(&[p.tq, p.dv])), storage(lse, &g.shape(&[p.tq]))]
 }
 
