@@ -3,7 +3,8 @@
 //! - against ONNX Runtime's embeddings of the same ids (the fixture in
 //!   `tests/data/minilm_onnx/`, made by `scripts/make_minilm_onnx_reference.py`
 //!   from PyTorch's export): each component within `1e-3 · (|ort| + rms)`,
-//!   as the importer's other real-model tests compare; the JIT runs the model;
+//!   as the importer's other real-model tests compare; the JIT runs the model,
+//!   each layer's attention on the flash-attention kernel;
 //! - against this crate's native BERT (`SentenceEncoder` over the model's
 //!   own `model.safetensors`, the same weights): the two paths are different
 //!   graphs (the file's ONNX ops against tracejit's composites) over the
@@ -65,7 +66,12 @@ fn imported_embeddings() -> Vec<f32> {
     let model = onnx::import(onnx_file()).unwrap();
     let out = model.run(&[fixture("input_ids"), fixture("attention_mask")]).unwrap();
     assert_eq!(out[0].shape(), [4, 384]);
-    assert_eq!(model.function().concrete_functions()[0].executor_kind(), "jit");
+    let cf = &model.function().concrete_functions()[0];
+    assert_eq!(cf.executor_kind(), "jit");
+    // The six layers' attention, written out as MatMul, Mul, Add, Softmax
+    // and MatMul in the file, runs as the flash-attention kernel.
+    let graph = cf.optimized_graph().to_string();
+    assert_eq!(graph.matches("kernel[\"tracejit.nn.scaled_dot_product_attention\"]").count(), 6, "{graph}");
     out[0].to_vec::<f32>().unwrap()
 }
 

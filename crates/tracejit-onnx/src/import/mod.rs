@@ -58,6 +58,7 @@
 //! [`Error::Malformed`]: crate::Error::Malformed
 //! [`Error::Input`]: crate::Error::Input
 
+mod attention_chain;
 mod functions;
 mod model;
 mod node;

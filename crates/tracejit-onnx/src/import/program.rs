@@ -16,6 +16,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use tracejit_trace::{Tensor, Variable};
 
+use super::attention_chain::{self, Chain};
 use super::functions::Library;
 use super::node::Node;
 use super::ops::{self, OpDef};
@@ -67,6 +68,9 @@ pub(crate) struct Program {
     pub static_captures: Vec<String>,
     /// The opsets it was prepared under (its subgraphs are evaluated so).
     pub opsets: Opsets,
+    /// Attention written out as nodes, by the index of its last node
+    /// ([`attention_chain`]).
+    pub attention: HashMap<usize, Chain>,
 }
 
 /// The default domain under its two spellings.
@@ -124,7 +128,8 @@ impl Program {
         let needed = trace_time_values(&nodes);
         let (constants, variables) = split_initializers(graph, &needed)?;
         let static_inputs = inputs.iter().map(|n| needed.contains(n)).collect();
-        let outputs = graph.output.iter().map(|o| o.name().to_string()).collect();
+        let outputs: Vec<String> = graph.output.iter().map(|o| o.name().to_string()).collect();
+        let attention = attention_chain::find(&nodes, &outputs, opset);
         let opsets = opsets.clone();
         let static_captures = captures.iter().filter(|c| needed.contains(*c)).cloned().collect();
         Ok(Program {
@@ -139,6 +144,7 @@ impl Program {
             captures,
             static_captures,
             opsets,
+            attention,
         })
     }
 
@@ -167,7 +173,13 @@ impl Program {
         for (name, t) in self.inputs.iter().zip(inputs) {
             env.insert(name, t);
         }
-        for spec in &self.nodes {
+        for (index, spec) in self.nodes.iter().enumerate() {
+            if let Some(chain) = self.attention.get(&index) {
+                if let Some(t) = chain.run(&mut |n| self.lookup(&mut env, &vars, n))? {
+                    env.insert(&spec.outputs[0], t);
+                    continue;
+                }
+            }
             let mut args = Vec::with_capacity(spec.inputs.len());
             for name in &spec.inputs {
                 args.push(match name.as_str() {

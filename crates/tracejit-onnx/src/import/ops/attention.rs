@@ -8,14 +8,15 @@
 //! the total length), `nonpad_kv_seqlen`, `softmax_precision` and the
 //! optional `qk_matmul_output` with its `qk_matmul_output_mode`.
 //!
-//! What only allows or forbids pairs (no mask, a boolean mask, causality,
-//! `nonpad_kv_seqlen`) runs `tracejit::nn::scaled_dot_product_attention`,
-//! whose flash kernel never holds the `[Tq, Tk]` scores; an additive mask,
-//! a softcap, a requested `qk_matmul_output` or a softmax precision the
-//! kernel does not compute in need the scores, so they run the spec's
-//! pattern as a composition (`Q·√scale`, `K·√scale`, MatMul, softcap, add
-//! the bias, Softmax, MatMul). Both give a query that sees no key NaN, as
-//! ONNX's reference does (a softmax over nothing but -inf).
+//! Masks (none, a boolean or an additive one, causality,
+//! `nonpad_kv_seqlen`) run `tracejit::nn::scaled_dot_product_attention`,
+//! whose flash kernel never holds the `[Tq, Tk]` scores (an additive mask
+//! with the forbidden pairs' -inf added to it); a softcap, a requested
+//! `qk_matmul_output` or a softmax precision the kernel does not compute
+//! in need the scores, so they run the spec's pattern as a composition
+//! (`Q·√scale`, `K·√scale`, MatMul, softcap, add the bias, Softmax,
+//! MatMul). Both give a query that sees no key NaN, as ONNX's reference
+//! does (a softmax over nothing but -inf).
 //!
 //! Grouped-query attention never copies key/value heads: the query's heads
 //! are split as `[batch, kv_heads, group, ..]` against keys and values of
@@ -98,11 +99,9 @@ pub(crate) fn attention(n: &mut Node) -> OpResult {
     let g = Grouping { kvh, group: qh / kvh };
 
     // The flash kernel fits when the scores are not wanted and nothing but
-    // allowing / forbidding pairs happens to them.
-    let additive = n.opt_input(3).is_some_and(|m| m.dtype() != DType::Bool);
+    // a mask (allowing / forbidding pairs, or added) happens to them.
     let fused = !n.wants(3)
         && set.softcap.is_none()
-        && !additive
         && set.precision.is_none_or(|p| {
             p == io.q.dtype() || (p == DType::F32 && io.q.dtype().is_float() && io.q.dtype() != DType::F64)
         });
@@ -407,6 +406,18 @@ fn nan_where_nothing_seen(y: Tensor, allowed: &Tensor) -> Tensor {
 fn fused_attention(io: &Operands, masks: &Masks, g: &Grouping, scale: f64) -> Tensor {
     let allowed = masks.allowed.as_ref().map(|a| g.mask(a));
     let (q, k, v) = (g.query(&io.q), g.key(&io.k), g.key(&io.v));
+    if let Some(m) = &masks.additive {
+        // One float mask for the kernel: the additive one plus -inf where
+        // a pair is not allowed, as the composition's bias (a query left
+        // with only -inf scores gets NaN from the kernel, as ONNX's does).
+        let dtype = io.q.dtype();
+        let (zero, neg_inf) = (Tensor::zeros(&[], dtype), Tensor::full(&[], f64::NEG_INFINITY, dtype));
+        let bias = match &allowed {
+            Some(a) => g.mask(m) + Tensor::select(a, &zero, &neg_inf),
+            None => g.mask(m),
+        };
+        return tracejit_nn::scaled_dot_product_attention(&q, &k, &v, Some(&bias), masks.causal_flag, Some(scale));
+    }
     let y = tracejit_nn::scaled_dot_product_attention(&q, &k, &v, allowed.as_ref(), masks.causal_flag, Some(scale));
     match &allowed {
         Some(a) => nan_where_nothing_seen(y, a),

@@ -7,6 +7,7 @@
 //! ONNX's own suite is `crate::conformance` (it needs the test data).
 
 mod attention;
+mod attention_chain;
 mod builder;
 mod control;
 mod conv3d;
