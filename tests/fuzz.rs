@@ -508,6 +508,43 @@ fn onnx_seeds() -> Vec<Vec<u8>> {
         ..Default::default()
     };
     seeds.push(hand.encode_to_vec());
+    // Attention written out as nodes, which the importer matches as a
+    // chain when it prepares the graph (mutations break the chain's
+    // arity, names and consumers).
+    let attr_i = |name: &str, i: i64| pb::AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(pb::attribute_proto::AttributeType::Int as i32),
+        i: Some(i),
+        ..Default::default()
+    };
+    let mut softmax = node("Softmax", &["a"], "p");
+    softmax.attribute.push(attr_i("axis", -1));
+    let chain = pb::ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![pb::OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        graph: Some(pb::GraphProto {
+            name: Some("chain".into()),
+            node: vec![
+                node("MatMul", &["q", "kt"], "s"),
+                node("Div", &["s", "c"], "sd"),
+                node("Add", &["sd", "m"], "a"),
+                softmax,
+                node("MatMul", &["p", "v"], "y"),
+            ],
+            input: vec![info("q", &[2, 3, 4]), info("kt", &[2, 4, 5]), info("v", &[2, 5, 3]), info("m", &[2, 1, 5])],
+            output: vec![info("y", &[2, 3, 3])],
+            initializer: vec![pb::TensorProto {
+                name: Some("c".into()),
+                dims: vec![],
+                data_type: Some(1),
+                float_data: vec![2.0],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    seeds.push(chain.encode_to_vec());
     for s in &seeds {
         tracejit::onnx::import_bytes(s).expect("every seed imports");
     }

@@ -56,14 +56,19 @@ pub(crate) fn find(nodes: &[NodeSpec], graph_outputs: &[String], opset: i64) -> 
     for o in graph_outputs {
         *reads.entry(o).or_default() += 1;
     }
-    // The node producing `name`, when `name` is read once and is its op's.
+    // The node producing `name`, when `name` is read once and is its op's
+    // only output, and the op has its arity (a malformed file's node may
+    // not: it is refused when it runs, not here).
     let only = |name: &str, op: &str| -> Option<&NodeSpec> {
         let n = &nodes[*producer.get(name)?];
-        (n.op_type == op && reads.get(name) == Some(&1) && n.outputs.len() == 1).then_some(n)
+        let arity = if op == "Softmax" { 1 } else { 2 };
+        let fits = n.inputs.len() == arity && n.inputs.iter().all(|i| !i.is_empty());
+        (n.op_type == op && fits && reads.get(name) == Some(&1) && n.outputs.len() == 1).then_some(n)
     };
     let mut chains = HashMap::new();
     for (i, last) in nodes.iter().enumerate() {
-        if last.op_type != "MatMul" || last.inputs.len() != 2 {
+        let named = |names: &[String]| names.iter().all(|n| !n.is_empty());
+        if last.op_type != "MatMul" || last.inputs.len() != 2 || !named(&last.inputs) || !named(&last.outputs) {
             continue;
         }
         let Some(softmax) = only(&last.inputs[0], "Softmax") else { continue };
@@ -98,9 +103,7 @@ type Scores = ((String, String), Option<(String, bool)>);
 
 /// The scores behind `name`, if it is a chain's product (scaled or not).
 fn scaled_product<'a>(name: &str, only: &impl Fn(&str, &str) -> Option<&'a NodeSpec>) -> Option<Scores> {
-    let product = |name: &str| {
-        only(name, "MatMul").filter(|m| m.inputs.len() == 2).map(|m| (m.inputs[0].clone(), m.inputs[1].clone()))
-    };
+    let product = |name: &str| only(name, "MatMul").map(|m| (m.inputs[0].clone(), m.inputs[1].clone()));
     if let Some(div) = only(name, "Div") {
         return product(&div.inputs[0]).map(|p| (p, Some((div.inputs[1].clone(), true))));
     }
