@@ -326,3 +326,29 @@ fn views_of_a_fused_projection_give_the_bits_of_contiguous_copies() {
     }
     assert_eq!(differ(&compiled, &copied), None, "compiled");
 }
+
+/// `v` with leading axes `q` and `k` lack: the output takes them, the
+/// log-sum-exp (the backward's input) keeps the scores' shape, eager,
+/// compiled and through the gradient.
+#[test]
+fn values_with_more_leading_axes_than_the_scores() {
+    let (q, k, v) = (Tensor::randn(&[5, 4], 1), Tensor::randn(&[6, 4], 2), Tensor::randn(&[2, 6, 3], 3));
+    let f64 = |t: &Tensor| t.cast(DType::F64);
+    let want = tracejit::nn::softmax(&(f64(&q).matmul(&f64(&k).t()) * 0.5), -1).matmul(&f64(&v));
+    let eager = tracejit::nn::scaled_dot_product_attention(&q, &k, &v, None, false, None);
+    let f = function(|(q, k, v): (Tensor, Tensor, Tensor)| {
+        let tape = GradientTape::new();
+        tape.watch(&q);
+        let y = tracejit::nn::scaled_dot_product_attention(&q, &k, &v, None, false, None);
+        let g = tape.gradient(&y.sum_all(), &[&q]).unwrap().remove(0).unwrap();
+        (y, g)
+    });
+    let (compiled, dq) = f.call((q.clone(), k.clone(), v.clone())).unwrap();
+    assert_eq!(f.concrete_functions()[0].executor_kind(), "jit");
+    assert_eq!(dq.shape(), &[5, 4]);
+    for y in [&eager, &compiled] {
+        assert_eq!(y.shape(), &[2, 5, 3]);
+        let (a, b) = (f64s(y), f64s(&want));
+        assert!(a.iter().zip(&b).all(|(x, w)| (x - w).abs() < 1e-5 * (1.0 + w.abs())), "{a:?} vs {b:?}");
+    }
+}

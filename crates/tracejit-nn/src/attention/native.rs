@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use tracejit_kernels::attention::{self, Bias, Mask, Operand, Problem};
 use tracejit_kernels::Isa;
-use tracejit_tensor::{kernels, DType, ReduceOp, Storage, StorageElement};
+use tracejit_tensor::{kernels, DType, ReduceOp, SliceSpec, Storage, StorageElement};
 use tracejit_trace::TensorSpec;
 
 /// `q, k, v` of rank ≥ 2, `scale` a scalar and then `extra` operands of
@@ -101,6 +101,34 @@ impl Geometry {
     /// `lead ++ tail`.
     pub(super) fn shape(&self, tail: &[usize]) -> Vec<usize> {
         self.lead.iter().chain(tail).copied().collect()
+    }
+
+    /// The log-sum-exp `[lead.., tq]` computed per problem, in the body's
+    /// shape: the scores' leading axes (q's, k's and the mask's) without
+    /// the ones only `v` brings, along which every problem's is the same
+    /// (the first is kept).
+    pub(super) fn lse_as_body(&self, lse: Storage, a: &[Storage], mask: Option<&Storage>) -> Storage {
+        let lead = |s: &[usize]| s[..s.len().saturating_sub(2)].to_vec();
+        let mut scores = broadcast(&lead(a[0].shape()), &lead(a[1].shape()));
+        if let Some(m) = mask.map(|m| m.shape()).filter(|m| m.len() > 2) {
+            scores = broadcast(&scores, &m[..m.len() - 2]);
+        }
+        if scores == self.lead {
+            return lse;
+        }
+        let extra = self.lead.len() - scores.len();
+        let specs: Vec<SliceSpec> = (0..=self.lead.len())
+            .map(|i| match i.checked_sub(extra).and_then(|j| scores.get(j)) {
+                Some(&d) if i < self.lead.len() && d != self.lead[i] => {
+                    SliceSpec { start: Some(0), stop: Some(1), step: 1 }
+                }
+                None if i < extra => SliceSpec { start: Some(0), stop: Some(1), step: 1 },
+                _ => SliceSpec::FULL,
+            })
+            .collect();
+        let first = kernels::slice(&lse, &specs);
+        let shape: Vec<usize> = scores.iter().copied().chain([self.problem.tq]).collect();
+        kernels::reshape(&first.to_standard(), &shape)
     }
 }
 
@@ -269,7 +297,8 @@ fn forward_with(inputs: &[Storage], isa: Isa, run: ForwardFn) -> Vec<Storage> {
     let mut lse = vec![0.0f32; p.batch * p.tq];
     let (q, k, v) = (q.operand(), k.operand(), v.operand());
     run(&p, q, k, v, mask.as_ref(), bias.as_ref(), &mut out, &mut lse, isa);
-    vec![storage(out, &g.shape(&[p.tq, p.dv])), storage(lse, &g.shape(&[p.tq]))]
+    let lse = g.lse_as_body(storage(lse, &g.shape(&[p.tq])), inputs, last);
+    vec![storage(out, &g.shape(&[p.tq, p.dv])), lse]
 }
 
 /// The backward: `(dq, dk, dv)` in the shapes of `q`, `k` and `v` (summed

@@ -108,7 +108,8 @@ pub(super) fn forward(inputs: &[Storage]) -> Vec<Storage> {
             lse[b * p.tq + i] = z.ln() + m;
         }
     }
-    vec![storage(out, &g.shape(&[p.tq, p.dv])), storage(lse, &g.shape(&[p.tq]))]
+    let lse = g.lse_as_body(storage(lse, &g.shape(&[p.tq])), inputs, inputs.get(5));
+    vec![storage(out, &g.shape(&[p.tq, p.dv])), lse]
 }
 
 /// The backward: `(dq, dk, dv)` in the shapes of `q`, `k` and `v`, from
