@@ -12,7 +12,8 @@
 //! evaluated, [`Chain::run`] computes that `MatMul`'s output from the
 //! chain's operands, or declines when they do not fit (a non-float dtype,
 //! dtypes that differ, a softmax axis that is not the last, a scale that is
-//! not one number, shapes the kernel does not take), and the nodes run as
+//! not one number, shapes the kernel does not take or that the scale or
+//! the mask would widen), and the nodes run as
 //! written. The nodes before the last one have run by then; their results
 //! are read by nothing and leave the trace with the dead code. The result
 //! is the formula's up to rounding: the kernel scales `Q·Kᵀ` by `1/c` where
@@ -35,6 +36,11 @@ pub(crate) struct Chain {
     v: String,
     /// The scalar the scores are divided (`true`) or multiplied by.
     scale: Option<(String, bool)>,
+    /// Whether a `Constant` node gives the scale: its number goes to the
+    /// kernel. Another scale (an initializer, which is a Variable, or a
+    /// computed value) scales the queries as a tensor, so that a tape
+    /// watching it still gets its gradient.
+    scale_constant: bool,
     /// The additive mask.
     bias: Option<String>,
     /// The `Softmax` node's axis attribute, if given.
@@ -92,7 +98,10 @@ pub(crate) fn find(nodes: &[NodeSpec], graph_outputs: &[String], opset: i64) -> 
             },
         };
         let ((q, kt), scale) = scores;
-        chains.insert(i, Chain { q, kt, v: last.inputs[1].clone(), scale, bias, axis });
+        let scale_constant = scale
+            .as_ref()
+            .is_some_and(|(name, _)| producer.get(name.as_str()).is_some_and(|&p| nodes[p].op_type == "Constant"));
+        chains.insert(i, Chain { q, kt, v: last.inputs[1].clone(), scale, scale_constant, bias, axis });
     }
     chains
 }
@@ -136,25 +145,30 @@ impl Chain {
         if qs[qs.len() - 1] != d || vs[vs.len() - 2] != tk {
             return Ok(None);
         }
-        let Some(lead) = broadcast(&[&qs[..qs.len() - 2], &ks[..ks.len() - 2], &vs[..vs.len() - 2]]) else {
+        // The Softmax's input: the scores of Q and Kᵀ alone (V's leading
+        // axes join only at the last MatMul), which neither the scale nor
+        // the mask may widen (the kernel's result has the operands' axes).
+        let Some(lead) = broadcast(&[&qs[..qs.len() - 2], &ks[..ks.len() - 2]]) else {
             return Ok(None);
         };
         let scores: Vec<usize> = lead.iter().copied().chain([qs[qs.len() - 2], tk]).collect();
-        // The mask must not widen the scores (the kernel's result has the
-        // operands' leading axes).
-        if bias.as_ref().is_some_and(|b| broadcast(&[&scores, b.shape()]).as_deref() != Some(&scores)) {
+        let widens = |t: &Tensor| broadcast(&[&scores, t.shape()]).as_deref() != Some(&scores);
+        if bias.as_ref().is_some_and(widens) || scale.as_ref().is_some_and(|(s, _)| widens(s)) {
+            return Ok(None);
+        }
+        if broadcast(&[&lead, &vs[..vs.len() - 2]]).is_none() {
             return Ok(None);
         }
         let rank = scores.len() as i64;
         if self.axis.is_some_and(|a| a != -1 && a != rank - 1) {
             return Ok(None);
         }
-        // A known scale goes to the kernel; one computed by the graph (a
-        // Variable, say) scales the queries.
         let (q, factor) = match &scale {
             None => (q, 1.0),
-            Some((s, divide)) if s.rank() == 0 || s.shape().iter().all(|&n| n == 1) => {
-                let known = (!s.is_symbolic()).then(|| s.cast(DType::F64).to_vec::<f64>().ok()).flatten();
+            Some((s, divide)) if s.shape().iter().all(|&n| n == 1) => {
+                let known = (self.scale_constant && !s.is_symbolic())
+                    .then(|| s.cast(DType::F64).to_vec::<f64>().ok())
+                    .flatten();
                 match known {
                     Some(c) if *divide => (q, 1.0 / c[0]),
                     Some(c) => (q, c[0]),

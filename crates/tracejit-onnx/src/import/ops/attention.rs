@@ -11,7 +11,8 @@
 //! Masks (none, a boolean or an additive one, causality,
 //! `nonpad_kv_seqlen`) run `tracejit::nn::scaled_dot_product_attention`,
 //! whose flash kernel never holds the `[Tq, Tk]` scores (an additive mask
-//! with the forbidden pairs' -inf added to it); a softcap, a requested
+//! with the forbidden pairs' -inf added to it; f64 with an additive mask
+//! runs that function's formula, which does); a softcap, a requested
 //! `qk_matmul_output` or a softmax precision the kernel does not compute
 //! in need the scores, so they run the spec's pattern as a composition
 //! (`Q·√scale`, `K·√scale`, MatMul, softcap, add the bias, Softmax,
@@ -335,7 +336,11 @@ impl Masks {
         // (j <= i + Tk - Tq): the same rule exactly when Tk = past + Tq.
         let mut causal_flag = false;
         if set.causal {
-            if fused && allowed.is_none() && tk == io.past + tq {
+            // With an additive mask the rule is its -inf, added, as in
+            // ONNX's reference: a NaN or +inf of the mask at a forbidden
+            // pair still makes its row NaN (the kernel's rule would
+            // overwrite it).
+            if fused && allowed.is_none() && additive.is_none() && tk == io.past + tq {
                 causal_flag = true;
             } else {
                 let i = Tensor::arange(0.0, tq as f64, 1.0, DType::I64).reshape(&[1, 1, tq as i64, 1]);

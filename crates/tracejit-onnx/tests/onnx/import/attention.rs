@@ -390,8 +390,10 @@ proptest! {
 /// The cases that pin what the random ones may miss: causality after a
 /// cache with more queries than new keys (the kernel's bottom-right rule
 /// would differ), grouped heads with a per-head mask, a row that sees
-/// nothing through the fused path, and causality on the composed path
-/// (with a float mask, with a softcap) where the kernel's rule would fit.
+/// nothing through the fused path, causality with a float mask on the
+/// fused path (folded into the mask as -inf), and causality on the
+/// composed path (the scores asked for, a softcap) where the kernel's rule
+/// would fit.
 #[test]
 fn pinned_cases() {
     let base = Case {
@@ -418,6 +420,7 @@ fn pinned_cases() {
     run_case(&Case { mask: MaskKind::Short, causal: false, three_d: true, ..base.clone() }).unwrap();
     run_case(&Case { mask: MaskKind::Bool, causal: false, past: 0, seed: 3, ..base.clone() }).unwrap();
     run_case(&Case { nonpad: true, past: 0, causal: false, seed: 0, ..base.clone() }).unwrap();
+    run_case(&Case { tq: 3, tk: 3, past: 0, mask: MaskKind::Float, ..base.clone() }).unwrap();
     run_case(&Case { tq: 3, tk: 3, past: 0, mask: MaskKind::Float, mode: Some(2), ..base.clone() }).unwrap();
     run_case(&Case { tq: 3, tk: 3, past: 0, softcap: Some(0.5), ..base }).unwrap();
 }

@@ -233,3 +233,105 @@ fn a_softmax_over_flattened_axes_is_left_alone() {
     let want = p.matmul(&feeds[2]).to_vec::<f32>().unwrap();
     assert!(y.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5), "{y:?} vs {want:?}");
 }
+
+/// `MatMul(Q, Kᵀ)`, `Mul` by `c`, `Add` of `M` (when given), `Softmax`
+/// over `axis`, `MatMul` with `V`, at opset `opset`, on the given inputs.
+fn chain(feeds: &[Tensor], c: &Tensor, opset: i64, axis: i64) -> Vec<u8> {
+    let names = ["Q", "KT", "V", "M"];
+    let mut nodes =
+        vec![node("MatMul", "qk", &["Q", "KT"], &["s"], vec![]), node("Mul", "scale", &["s", "c"], &["ss"], vec![])];
+    let logits = if feeds.len() == 4 {
+        nodes.push(node("Add", "mask", &["ss", "M"], &["a"], vec![]));
+        "a"
+    } else {
+        "ss"
+    };
+    nodes.push(node("Softmax", "softmax", &[logits], &["p"], vec![attr_i("axis", axis)]));
+    nodes.push(node("MatMul", "pv", &["p", "V"], &["Y"], vec![]));
+    let inputs = feeds.iter().zip(names).map(|(t, n)| fixed(n, DType::F32, t.shape())).collect();
+    model(nodes, inputs, vec![value("Y", elem(DType::F32), &[])], vec![init("c", c)], opset)
+}
+
+/// The nodes' formula evaluated eagerly in f64 (softmax over the last axis).
+fn eager_chain(feeds: &[Tensor], c: &Tensor) -> Tensor {
+    let f = |t: &Tensor| t.cast(DType::F64);
+    let mut s = f(&feeds[0]).matmul(&f(&feeds[1])) * f(c);
+    if feeds.len() == 4 {
+        s = s + f(&feeds[3]);
+    }
+    tracejit_nn::softmax(&s, -1).matmul(&f(&feeds[2]))
+}
+
+/// Imports and runs `bytes`: the output, and whether the kernel ran.
+fn run(bytes: &[u8], feeds: &[Tensor]) -> (Tensor, bool) {
+    let model = import_bytes(bytes).unwrap();
+    let y = model.run(feeds).unwrap().remove(0);
+    let cf = &model.function().concrete_functions()[0];
+    assert_eq!(cf.executor_kind(), "jit", "{:?}", cf.jit_error());
+    (y, cf.optimized_graph().to_string().contains("scaled_dot_product_attention"))
+}
+
+fn assert_close(got: &Tensor, want: &Tensor) {
+    assert_eq!(got.shape(), want.shape());
+    let (g, w) = (got.cast(DType::F64).to_vec::<f64>().unwrap(), want.to_vec::<f64>().unwrap());
+    for (n, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "element {n}: {a} vs {b}");
+    }
+}
+
+/// Rank-3 operands with a per-pair mask, K and V broadcast over the batch
+/// with a `[1]` scale, and rank-2 Q and Kᵀ against a batched V: the kernel
+/// runs, with the nodes' values.
+#[test]
+fn other_ranks_masks_and_broadcasts_run_the_kernel() {
+    let third = Tensor::from_vec(vec![1.0f32 / 3.0], &[1]);
+    let cases: [(Vec<Tensor>, Tensor); 3] = [
+        (
+            vec![
+                Tensor::randn(&[2, 5, 4], 1),
+                Tensor::randn(&[2, 4, 6], 2),
+                Tensor::randn(&[2, 6, 3], 3),
+                Tensor::randn(&[5, 6], 4),
+            ],
+            Tensor::from_vec(vec![0.5f32], &[]),
+        ),
+        (
+            vec![
+                Tensor::randn(&[2, 3, 5, 4], 5),
+                Tensor::randn(&[1, 3, 4, 70], 6),
+                Tensor::randn(&[1, 3, 70, 3], 7),
+                Tensor::randn(&[2, 1, 1, 70], 8),
+            ],
+            third,
+        ),
+        (
+            vec![Tensor::randn(&[5, 4], 9), Tensor::randn(&[4, 6], 10), Tensor::randn(&[2, 6, 3], 11)],
+            Tensor::from_vec(vec![0.7f32], &[]),
+        ),
+    ];
+    for (feeds, c) in &cases {
+        let (y, fused) = run(&chain(feeds, c, 17, -1), feeds);
+        assert!(fused, "{:?}", feeds.iter().map(|t| t.shape().to_vec()).collect::<Vec<_>>());
+        assert_close(&y, &eager_chain(feeds, c));
+    }
+}
+
+/// Chains the kernel would change run as written: a scale with more axes
+/// than the scores (it widens the result), and opset 11's Softmax along an
+/// axis past the scores' last (Q and Kᵀ of rank 2, V batched: a softmax
+/// over single elements, so every weight is 1).
+#[test]
+fn chains_the_kernel_would_change_run_as_written() {
+    let feeds = vec![Tensor::randn(&[2, 5, 4], 1), Tensor::randn(&[2, 4, 6], 2), Tensor::randn(&[2, 6, 3], 3)];
+    let wide = Tensor::from_vec(vec![0.5f32], &[1, 1, 1, 1]);
+    let (y, fused) = run(&chain(&feeds, &wide, 17, -1), &feeds);
+    assert!(!fused);
+    assert_eq!(y.shape(), &[1, 2, 5, 3]);
+    assert_close(&y.reshape(&[2, 5, 3]), &eager_chain(&feeds, &Tensor::from_vec(vec![0.5f32], &[])));
+
+    let feeds = vec![Tensor::randn(&[3, 2], 4), Tensor::randn(&[2, 4], 5), Tensor::randn(&[2, 4, 3], 6)];
+    let (y, fused) = run(&chain(&feeds, &Tensor::from_vec(vec![1.0f32], &[]), 11, 2), &feeds);
+    assert!(!fused);
+    let sums = feeds[2].cast(DType::F64).sum(&[1], true).broadcast_to(&[2, 3, 3]);
+    assert_close(&y, &sums);
+}
