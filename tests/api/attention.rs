@@ -130,7 +130,7 @@ proptest! {
 }
 
 /// The kernel ran: the compiled graph holds it, forward and backward.
-fn kernels_in(cf: &ConcreteFunction) -> Vec<String> {
+pub(crate) fn kernels_in(cf: &ConcreteFunction) -> Vec<String> {
     cf.optimized_graph()
         .nodes()
         .filter_map(|(_, n)| match &n.op {

@@ -10,6 +10,8 @@
 use proptest::prelude::*;
 use tracejit::prelude::*;
 
+use super::attention::kernels_in;
+
 /// `softmax(q·kᵀ·scale + bias, causal)·v` in f64 for `[batch, t, w]`
 /// operands and a bias indexed by `bias(b, i, j)`.
 fn reference(
@@ -48,17 +50,6 @@ fn reference(
 
 fn f64s(t: &Tensor) -> Vec<f64> {
     t.cast(DType::F64).to_vec::<f64>().unwrap()
-}
-
-/// The compiled graph's kernels.
-fn kernels_in(cf: &ConcreteFunction) -> Vec<String> {
-    cf.optimized_graph()
-        .nodes()
-        .filter_map(|(_, n)| match &n.op {
-            tracejit::ir::Op::Kernel { name, .. } => Some(name.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 /// A mask value: mostly in [-3, 3], some padding values (-10000, -inf),

@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 
-use tracejit_tensor::DType;
+use tracejit_tensor::{kernels, DType};
 use tracejit_trace::Tensor;
 
 use super::program::NodeSpec;
@@ -185,17 +185,5 @@ impl Chain {
 
 /// The numpy broadcast of `shapes`, if they broadcast.
 fn broadcast(shapes: &[&[usize]]) -> Option<Vec<usize>> {
-    let n = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
-    let mut out = vec![1usize; n];
-    for s in shapes {
-        for (i, &d) in s.iter().enumerate() {
-            let o = &mut out[n - s.len() + i];
-            if *o == 1 {
-                *o = d;
-            } else if d != 1 && d != *o {
-                return None;
-            }
-        }
-    }
-    Some(out)
+    shapes.iter().try_fold(Vec::new(), |acc, s| kernels::broadcast_shapes(&acc, s))
 }
