@@ -166,6 +166,15 @@ fn conv_layer(name: &str, g: &Conv2dGeometry, relu: bool, backward_data: bool) -
         if wanted(&format!("{name} forward")) {
             println!("  {name:<36} largest difference between the two kernels: {diff:e}");
         }
+        // Channels last (x read as [n, h, w, c], y written so), weights
+        // warm and out of the caches.
+        line(&format!("{name} forward, channels last"), macs, "G MAC/s", || {
+            conv::forward_channels_last_with_filter(g, &x, &filter, Some(&b), relu, black_box(&mut y2), isa)
+        });
+        line(&format!("{name} forward, channels last, weights cold"), macs, "G MAC/s", || {
+            turn = (turn + 1) % cold.len();
+            conv::forward_channels_last_with_filter(g, &x, &cold[turn], Some(&b), relu, black_box(&mut y2), isa)
+        });
     }
     let mut backward = 0.0;
     if backward_data {

@@ -171,7 +171,16 @@ pub(super) struct Walk<'a> {
     pub bias: Option<&'a [f32]>,
     /// Whether relu follows.
     pub relu: bool,
+    /// Channels last: `x` and `y` are `[batch, h, w, channels]` (else NCHW).
+    pub channels_last: bool,
+    /// Pixel ranges each block is cut into, one task each.
+    pub parts: usize,
 }
+
+/// Pixels (images · output pixels) per task at the least when a block's
+/// map is cut into ranges for the pool: a range's tiles then still reuse
+/// each chunk of weights from the level-1 cache many times over.
+const PART_PIXELS: usize = 384;
 
 /// The zero-padded copy's (height, width) when `g` has padding.
 fn panel_hw(g: &Conv2dGeometry) -> Option<[usize; 2]> {
@@ -179,7 +188,11 @@ fn panel_hw(g: &Conv2dGeometry) -> Option<[usize; 2]> {
 }
 
 /// `y = conv(x, w) + bias` (then relu) from `filter` (packed for `g` on
-/// `path`); `y` overwritten.
+/// `path`); `y` overwritten. With `channels_last`, `x` is `[batch, in_h,
+/// in_w, in_channels]` and `y` `[batch, out_h, out_w, out_channels]`: the
+/// same tiles and sums, the taps' offsets and the stores changed (a tile's
+/// channels of a pixel are adjacent, stored as vectors).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     path: Path,
     g: &Conv2dGeometry,
@@ -188,6 +201,7 @@ pub(super) fn run(
     bias: Option<&[f32]>,
     relu: bool,
     y: &mut [f32],
+    channels_last: bool,
 ) {
     let lanes =
         lanes_of(path).unwrap_or_else(|| panic!("conv2d: a packed filter runs on vector code, which {path:?} is not"));
@@ -213,21 +227,41 @@ pub(super) fn run(
         "conv2d: an image of {} x {ph} x {pw} values is too large for the channel-lane kernel",
         g.in_channels
     );
-    let mut offs = Vec::with_capacity(filter.taps);
-    for ic in 0..g.in_channels {
-        for kh in 0..g.kernel[0] {
-            for kw in 0..g.kernel[1] {
-                offs.push(((ic * ph + kh * g.dilation[0]) * pw + kw * g.dilation[1]) as u32);
-            }
-        }
-    }
-    let bases = (0..plane).map(|p| ((p / ow_n * g.stride[0]) * pw + p % ow_n * g.stride[1]) as u32).collect();
+    let (offs, bases) = offsets(g, [ph, pw], channels_last);
     let chunk = (CHUNK_BYTES / 4 / filter.width).max(1);
     let panel_len = g.in_channels * ph * pw;
     let out_len = g.out_channels * plane;
-    let walk = Walk { filter, offs, bases, chunk, plane, panel_len, out_len, bias, relu };
+    let mut walk = Walk { filter, offs, bases, chunk, plane, panel_len, out_len, bias, relu, channels_last, parts: 1 };
     let group = (GROUP_BYTES / (4 * panel_len).max(1)).clamp(1, g.batch);
+    // Channels last, a block's map is cut into ranges of pixels when there
+    // are fewer blocks than threads could take (a 64-channel layer is one
+    // block); the NCHW layout keeps one task per block.
+    if channels_last {
+        walk.parts = (group * plane / PART_PIXELS).clamp(1, 8);
+    }
     PANELS.with(|cell| run_groups(g, x, &walk, group, lanes, &mut cell.borrow_mut(), y));
+}
+
+/// The panel offset of each tap (in the filter's order: input channel,
+/// kernel row, kernel column) and of each output pixel's window, for
+/// panels of `[ph, pw]` pixels in either layout.
+fn offsets(g: &Conv2dGeometry, [ph, pw]: [usize; 2], channels_last: bool) -> (Vec<u32>, Vec<u32>) {
+    let c = g.in_channels;
+    // The distance between adjacent pixels of a row, between rows, and
+    // between channels.
+    let (px, row, ch) = if channels_last { (c, pw * c, 1) } else { (1, pw, ph * pw) };
+    let mut offs = Vec::with_capacity(c * g.kernel[0] * g.kernel[1]);
+    for ic in 0..c {
+        for kh in 0..g.kernel[0] {
+            for kw in 0..g.kernel[1] {
+                offs.push((ic * ch + kh * g.dilation[0] * row + kw * g.dilation[1] * px) as u32);
+            }
+        }
+    }
+    let ow_n = g.out_w();
+    let bases =
+        (0..g.out_h() * ow_n).map(|p| ((p / ow_n * g.stride[0]) * row + p % ow_n * g.stride[1] * px) as u32).collect();
+    (offs, bases)
 }
 
 thread_local! {
@@ -257,27 +291,44 @@ fn run_groups(
         let x_group = &x[n0 * image_len..][..images * image_len];
         // Without padding the images are their own panels.
         let panels: &[f32] = if panel_hw(g).is_some() {
-            fill_panels(g, x_group, images, [ph, pw], padded);
+            fill_panels(g, x_group, images, [ph, pw], walk.channels_last, padded);
             padded
         } else {
             x_group
         };
         let y_group = SendPtr(out.get().wrapping_add(n0 * out_len));
-        let blocks = filter.blocks();
-        run_tasks(blocks, filter.taps * plane * images * filter.width * blocks, &|b| {
+        let (blocks, parts) = (filter.blocks(), walk.parts);
+        run_tasks(blocks * parts, filter.taps * plane * images * filter.width * blocks, &|t| {
             // SAFETY: the group's outputs are `images · out_len` values of
-            // `y` from `y_group`; task `b` writes the channels of block `b`
-            // only; `lanes` is the path's, which the CPU has.
-            unsafe { super::cvec_tiles::task(lanes, walk, panels, images, b, y_group.get()) }
+            // `y` from `y_group`; task `t` writes the channels of block `t /
+            // parts` at its part of the pixels only; `lanes` is the path's,
+            // which the CPU has.
+            unsafe { super::cvec_tiles::task(lanes, walk, panels, images, (t / parts, t % parts), y_group.get()) }
         });
     }
 }
 
-/// Writes the channels of `images` images from `x` into `panels`, each
-/// zero-padded to `hw`, one after another.
-fn fill_panels(g: &Conv2dGeometry, x: &[f32], images: usize, [ph, pw]: [usize; 2], panels: &mut Vec<f32>) {
+/// Writes `images` images from `x` into `panels`, each zero-padded to
+/// `hw`, one after another, in `x`'s layout.
+fn fill_panels(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    images: usize,
+    [ph, pw]: [usize; 2],
+    channels_last: bool,
+    panels: &mut Vec<f32>,
+) {
     panels.clear();
     panels.resize(images * g.in_channels * ph * pw, 0.0);
+    if channels_last {
+        let (c, row) = (g.in_channels, g.in_w * g.in_channels);
+        for r in 0..images * g.in_h {
+            let (n, h) = (r / g.in_h, r % g.in_h);
+            let dst = ((n * ph + h + g.pad[0]) * pw + g.pad[1]) * c;
+            panels[dst..][..row].copy_from_slice(&x[r * row..][..row]);
+        }
+        return;
+    }
     for c in 0..images * g.in_channels {
         for r in 0..g.in_h {
             let src = &x[(c * g.in_h + r) * g.in_w..][..g.in_w];

@@ -5,6 +5,7 @@
 //! accumulators are registers.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::cvec::Walk;
 use super::panel::with_scratch;
@@ -16,19 +17,28 @@ const B_MAX: usize = 6;
 /// Most channels per block (4 vectors of 16).
 const WIDTH_MAX: usize = 64;
 
-/// Runs block `block` of a group of `images` images: every output channel
-/// of the block at every pixel, into `y`'s planes.
+/// Runs part `part` of block `block` of a group of `images` images: every
+/// output channel of the block at the part's pixels (the group's pixels
+/// cut into `walk.parts` near-equal ranges), into `y`.
 ///
 /// # Safety
 /// The CPU has `lanes` (16: AVX-512F; 8: AVX2 and FMA), the filter was
 /// packed at `lanes`; `panels` are the images' (padded) inputs `walk` was
 /// made for, `walk.panel_len` values each; `y` points at the images'
 /// `out_len` writable outputs each.
-pub(super) unsafe fn task(lanes: usize, walk: &Walk, panels: &[f32], images: usize, block: usize, y: *mut f32) {
+pub(super) unsafe fn task(
+    lanes: usize,
+    walk: &Walk,
+    panels: &[f32],
+    images: usize,
+    (block, part): (usize, usize),
+    y: *mut f32,
+) {
     let (width, _, taps) = walk.sizes();
-    let pixels = images * walk.plane;
+    let all = images * walk.plane;
+    let pixels = part * all / walk.parts..(part + 1) * all / walk.parts;
     // Partial sums between chunks, when there is more than one.
-    let scratch_len = if taps > walk.chunk { pixels * width } else { 0 };
+    let scratch_len = if taps > walk.chunk { pixels.len() * width } else { 0 };
     // The vector code is in the entry points, not in this closure: a
     // closure is compiled without their target features.
     with_scratch(scratch_len, |scratch| {
@@ -45,14 +55,14 @@ pub(super) unsafe fn task(lanes: usize, walk: &Walk, panels: &[f32], images: usi
 
 /// [`task`] at 16 lanes.
 #[target_feature(enable = "avx512f")]
-unsafe fn task_w16(walk: &Walk, panels: &[f32], pixels: usize, block: usize, y: *mut f32, scratch: &mut [f32]) {
+unsafe fn task_w16(walk: &Walk, panels: &[f32], pixels: Range<usize>, block: usize, y: *mut f32, scratch: &mut [f32]) {
     // SAFETY: forwarded from the caller.
     unsafe { run::<__m512, 4>(walk, panels, pixels, block, y, scratch) }
 }
 
 /// [`task`] at 8 lanes.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn task_w8(walk: &Walk, panels: &[f32], pixels: usize, block: usize, y: *mut f32, scratch: &mut [f32]) {
+unsafe fn task_w8(walk: &Walk, panels: &[f32], pixels: Range<usize>, block: usize, y: *mut f32, scratch: &mut [f32]) {
     // SAFETY: forwarded from the caller.
     unsafe { run::<__m256, 2>(walk, panels, pixels, block, y, scratch) }
 }
@@ -60,8 +70,11 @@ unsafe fn task_w8(walk: &Walk, panels: &[f32], pixels: usize, block: usize, y: *
 /// Where a tile's sums go after a chunk.
 #[derive(Clone, Copy)]
 struct Sink {
-    /// Partial sums `[pixel][width]` between chunks.
+    /// Partial sums `[pixel][width]` between chunks, from the task's first
+    /// pixel.
     scratch: *mut f32,
+    /// The task's first pixel.
+    first: usize,
     /// Whether the sums start from `scratch` (a chunk after the first).
     resume: bool,
     /// Whether this is the last chunk: the sums are finished into `y`.
@@ -79,14 +92,14 @@ struct Sink {
 ///
 /// # Safety
 /// As [`task`], with `V`'s features enabled; `A · V::LANES` is the
-/// filter's width; `pixels` is the group's pixels (`images · plane`);
-/// `scratch` holds `pixels · width` values when there is more than one
-/// chunk.
+/// filter's width; `pixels` lie among the group's (`images · plane`);
+/// `scratch` holds `pixels.len() · width` values when there is more than
+/// one chunk.
 #[inline(always)]
 unsafe fn run<V: Lanes, const A: usize>(
     walk: &Walk,
     panels: &[f32],
-    pixels: usize,
+    pixels: Range<usize>,
     block: usize,
     y: *mut f32,
     scratch: &mut [f32],
@@ -100,6 +113,7 @@ unsafe fn run<V: Lanes, const A: usize>(
             let taps = c * walk.chunk..((c + 1) * walk.chunk).min(taps);
             let sink = Sink {
                 scratch: scratch.as_mut_ptr(),
+                first: pixels.start,
                 resume: c > 0,
                 last: c + 1 == chunks,
                 y,
@@ -112,7 +126,8 @@ unsafe fn run<V: Lanes, const A: usize>(
             // Near-equal tiles of at most B_MAX pixels: a 7x7 map is tiles
             // of 6 and 5 pixels, not eight of 6 and one of 1 (a tile of
             // one pixel runs its FMAs at a quarter of the rate).
-            let tiles = pixels.div_ceil(B_MAX);
+            let (start, count) = (pixels.start, pixels.len());
+            let tiles = count.div_ceil(B_MAX);
             // The first tile of a chunk fetches the next chunk's weights (or
             // the next block's first, which follow) into the level-2 cache,
             // a tap at a time, while it computes: a model's weights come
@@ -120,7 +135,7 @@ unsafe fn run<V: Lanes, const A: usize>(
             // map with its weights out of the caches: 2.30 -> 2.02 ms).
             for i in 0..tiles {
                 let sink = Sink { prefetch: (i == 0).then_some(walk.chunk * width), ..sink };
-                let (p0, n) = (i * pixels / tiles, (i + 1) * pixels / tiles - i * pixels / tiles);
+                let (p0, n) = (start + i * count / tiles, (i + 1) * count / tiles - i * count / tiles);
                 // SAFETY: pixels p0..p0 + n of the map; the caller's rest.
                 unsafe {
                     match n {
@@ -161,20 +176,27 @@ unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
         // Each pixel's image and place in it: its window's start in the
         // panels, and its output's offset from the start of a channel's
         // plane in the first image.
-        let at = |b: usize| ((p0 + b) / walk.plane, (p0 + b) % walk.plane);
+        // One division for the tile, then steps (a tile of 1×1 taps is
+        // a few hundred cycles: two divisions a pixel were a tenth of it).
+        let (img0, q0) = (p0 / walk.plane, p0 % walk.plane);
+        let at = |b: usize| {
+            let q = q0 + b;
+            if q < walk.plane {
+                (img0, q)
+            } else {
+                (img0 + q / walk.plane, q % walk.plane)
+            }
+        };
+        let places: [(usize, usize); B] = std::array::from_fn(at);
         let srcs: [*const f32; B] = std::array::from_fn(|b| {
-            let (img, q) = at(b);
-            panels.as_ptr().add(img * walk.panel_len + walk.bases[q] as usize)
+            panels.as_ptr().add(places[b].0 * walk.panel_len + walk.bases[places[b].1] as usize)
         });
-        let dsts: [usize; B] = std::array::from_fn(|b| {
-            let (img, q) = at(b);
-            img * walk.out_len + q
-        });
+        let dsts: [usize; B] = std::array::from_fn(|b| places[b].0 * walk.out_len + places[b].1);
         let mut acc = [[V::zero(); A]; B];
         if sink.resume {
             for (b, row) in acc.iter_mut().enumerate() {
                 for (a, v) in row.iter_mut().enumerate() {
-                    *v = V::load(sink.scratch.add((p0 + b) * width + a * V::LANES));
+                    *v = V::load(sink.scratch.add((p0 - sink.first + b) * width + a * V::LANES));
                 }
             }
         }
@@ -185,10 +207,13 @@ unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
         if !sink.last {
             for (b, row) in acc.iter().enumerate() {
                 for (a, v) in row.iter().enumerate() {
-                    v.store(sink.scratch.add((p0 + b) * width + a * V::LANES));
+                    v.store(sink.scratch.add((p0 - sink.first + b) * width + a * V::LANES));
                 }
             }
             return;
+        }
+        if walk.channels_last {
+            return store_channels_last::<V, A, B>(walk, &acc, p0, sink);
         }
         let mut sums = [0.0f32; B_MAX * WIDTH_MAX];
         for (b, row) in acc.iter().enumerate() {
@@ -202,6 +227,49 @@ unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
             let dst = sink.y.add(o * walk.plane);
             for (b, &d) in dsts.iter().enumerate() {
                 *dst.add(d) = walk.finish(o, sums[b * width + j]);
+            }
+        }
+    }
+}
+
+/// A tile's finished sums into channels-last `y`: each pixel's `A`
+/// vectors of channels are adjacent there, so whole vectors take the bias
+/// and relu and are stored; the lanes past the last channel (a last block
+/// of fewer channels) are written one by one.
+///
+/// # Safety
+/// As [`tile`]; `y` holds the group's `images · plane · out_c` values.
+#[inline(always)]
+unsafe fn store_channels_last<V: Lanes, const A: usize, const B: usize>(
+    walk: &Walk,
+    acc: &[[V; A]; B],
+    p0: usize,
+    sink: Sink,
+) {
+    let (_, out_c, _) = walk.sizes();
+    let whole = ((out_c - sink.oc0) / V::LANES).min(A);
+    // SAFETY: pixel `p0 + b`'s channels `oc0..oc0 + width.min(out_c -
+    // oc0)` are in `y`; the bias has `out_c` values.
+    unsafe {
+        for (b, row) in acc.iter().enumerate() {
+            let dst = sink.y.add((p0 + b) * out_c + sink.oc0);
+            for (a, &v) in row.iter().enumerate() {
+                let o = a * V::LANES;
+                if a < whole {
+                    let v = match walk.bias {
+                        Some(bias) => v.add(V::load(bias.as_ptr().add(sink.oc0 + o))),
+                        None => v,
+                    };
+                    // `vmaxps 0, v` is `v` when `v` is NaN, and keeps -0.
+                    let v = if walk.relu { V::zero().max(v) } else { v };
+                    v.store(dst.add(o));
+                } else if o < out_c - sink.oc0 {
+                    let mut lanes = [0.0f32; 16];
+                    v.store(lanes.as_mut_ptr());
+                    for (j, &s) in lanes[..V::LANES.min(out_c - sink.oc0 - o)].iter().enumerate() {
+                        *dst.add(o + j) = walk.finish(sink.oc0 + o + j, s);
+                    }
+                }
             }
         }
     }

@@ -1,0 +1,157 @@
+//! The channels-last forward against the f64 reference (the NCHW one with
+//! its operands transposed) on every path this CPU has: the channel-lane
+//! kernel's shapes (partial blocks, partial tiles, chunks, strides,
+//! dilation, asymmetric padding), maps cut into pixel ranges for the pool,
+//! grouped convolutions (through NCHW), non-finite values, the bits at 1-3
+//! threads, and a filter packed once against one packed per call.
+
+use super::tests::{assert_close, geo, paths, reference, same_bits_for_threads, Rng};
+use super::*;
+
+/// `[batch, channels, pixels]` values as `[batch, pixels, channels]`.
+fn to_last(v: &[f32], batch: usize, channels: usize, pixels: usize) -> Vec<f32> {
+    let mut out = vec![0.0; v.len()];
+    for n in 0..batch {
+        for c in 0..channels {
+            for p in 0..pixels {
+                out[(n * pixels + p) * channels + c] = v[(n * channels + c) * pixels + p];
+            }
+        }
+    }
+    out
+}
+
+/// `g`'s forward with channels last on `path`: `x` given NCHW, `y` NCHW.
+fn run(path: Path, g: &Conv2dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, relu: bool) -> Vec<f32> {
+    let x_last = to_last(x, g.batch, g.in_channels, g.in_h * g.in_w);
+    let mut y = vec![f32::NAN; g.y_len()];
+    match cvec::pack(path, g, w) {
+        Some(filter) => cvec::run(path, g, &x_last, &filter, bias, relu, &mut y, true),
+        None => through_nchw(path, g, &x_last, w, bias, relu, &mut y),
+    }
+    // Back to NCHW, to compare with the reference.
+    let (plane, c) = (g.out_h() * g.out_w(), g.out_channels);
+    let mut y_nchw = vec![0.0; y.len()];
+    for n in 0..g.batch {
+        for p in 0..plane {
+            for o in 0..c {
+                y_nchw[(n * c + o) * plane + p] = y[(n * plane + p) * c + o];
+            }
+        }
+    }
+    y_nchw
+}
+
+fn shapes() -> Vec<Conv2dGeometry> {
+    vec![
+        // 3×3 pad 1 on a 7×7 map; channels ending in partial blocks at
+        // both widths; taps over several chunks; batch 3.
+        geo(1, 32, 64, 1, [7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        geo(3, 48, 70, 1, [5, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        // Stride 2, asymmetric padding, a 3×5 kernel, 17 channels; dilation.
+        geo(2, 6, 17, 1, [11, 13], [3, 5], [2, 2], [1, 1], [0, 2, 1, 1]),
+        geo(1, 5, 9, 1, [12, 20], [3, 3], [1, 3], [2, 2], [2, 1, 2, 0]),
+        // No padding (x read in place): 1×1 at stride 2, a 2×2; three
+        // input channels (an image's first layer).
+        geo(2, 40, 33, 1, [9, 7], [1, 1], [2, 2], [1, 1], [0; 4]),
+        geo(1, 3, 5, 1, [6, 6], [2, 2], [1, 1], [1, 1], [0; 4]),
+        geo(1, 3, 16, 1, [15, 15], [7, 7], [2, 2], [1, 1], [3, 3, 3, 3]),
+        // One output pixel; one output channel; one input channel.
+        geo(2, 7, 3, 1, [3, 3], [3, 3], [1, 1], [1, 1], [0; 4]),
+        geo(1, 4, 1, 1, [5, 4], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        geo(1, 1, 8, 1, [4, 5], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        // Maps cut into several pixel ranges (a 40×40 map of 16 channels:
+        // one block, four ranges per image), padded and not.
+        geo(2, 24, 16, 1, [40, 40], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        geo(1, 20, 24, 1, [45, 41], [1, 1], [1, 1], [1, 1], [0; 4]),
+        // Grouped and depthwise: through NCHW.
+        geo(2, 8, 12, 4, [6, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        geo(1, 6, 6, 6, [5, 5], [3, 3], [2, 2], [1, 1], [1, 0, 1, 0]),
+    ]
+}
+
+#[test]
+fn channels_last_forward_matches_the_reference() {
+    let mut rng = Rng(0x5eed_c1a5);
+    for g in shapes() {
+        assert_eq!(g.validate(), Ok(()), "{g:?}");
+        let (x, w, b) = (rng.vec(g.x_len()), rng.vec(g.w_len()), rng.vec(g.out_channels));
+        for (bias, relu) in [(None, false), (Some(&b[..]), true), (Some(&b[..]), false)] {
+            let (want, mag) = reference(&g, &x, &w, bias, relu);
+            let taps = g.in_channels / g.groups * g.kernel[0] * g.kernel[1];
+            for path in paths() {
+                let y = run(path, &g, &x, &w, bias, relu);
+                assert_close(&format!("{path:?} {g:?} relu {relu}"), &y, &want, &mag, taps);
+            }
+        }
+    }
+}
+
+/// The public entry point: packed per call or beforehand, the same bits;
+/// NaN and infinities in `x` reach exactly the outputs whose windows hold
+/// them (relu keeps NaN).
+#[test]
+fn channels_last_entry_points_agree_and_propagate_nan() {
+    let mut rng = Rng(0x0dd_5eed);
+    for g in [
+        geo(1, 30, 20, 1, [7, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        geo(2, 9, 18, 1, [8, 8], [3, 3], [2, 2], [1, 1], [0; 4]),
+    ] {
+        let mut x = rng.vec(g.x_len());
+        x[5] = f32::NAN;
+        x[g.x_len() / 2] = f32::INFINITY;
+        x[g.x_len() - 3] = f32::NEG_INFINITY;
+        let (w, b) = (rng.vec(g.w_len()), rng.vec(g.out_channels));
+        for relu in [false, true] {
+            let (want, mag) = reference(&g, &x, &w, Some(&b), relu);
+            assert!(want.iter().any(|v| v.is_nan()));
+            for path in paths() {
+                let y = run(path, &g, &x, &w, Some(&b), relu);
+                assert_close(&format!("{path:?} {g:?} relu {relu}"), &y, &want, &mag, 270);
+            }
+            let isa = Isa::native();
+            let x_last = to_last(&x, g.batch, g.in_channels, g.in_h * g.in_w);
+            let mut per_call = vec![0.0; g.y_len()];
+            forward_channels_last(&g, &x_last, &w, Some(&b), relu, &mut per_call, isa);
+            if let Some(filter) = PackedFilter::new(&g, &w, isa) {
+                let mut packed = vec![0.0; g.y_len()];
+                forward_channels_last_with_filter(&g, &x_last, &filter, Some(&b), relu, &mut packed, isa);
+                assert!(per_call.iter().zip(&packed).all(|(a, b)| a.to_bits() == b.to_bits()), "{g:?}");
+            }
+        }
+    }
+}
+
+/// Relu of a NaN stays NaN in the vector stores, as in the scalar ones,
+/// and of a negative sum is +0.
+#[test]
+fn channels_last_relu_keeps_nan() {
+    let g = geo(1, 1, 16, 1, [1, 2], [1, 1], [1, 1], [1, 1], [0; 4]);
+    let (x, w) = ([f32::NAN, -2.0], [1.0f32; 16]);
+    for path in paths() {
+        let y = run(path, &g, &x, &w, None, true);
+        for o in 0..16 {
+            assert!(y[o * 2].is_nan(), "{path:?} channel {o}");
+            assert_eq!(y[o * 2 + 1].to_bits(), 0.0f32.to_bits(), "{path:?} channel {o}");
+        }
+    }
+}
+
+#[test]
+fn channels_last_bits_do_not_depend_on_threads() {
+    let mut rng = Rng(0x0f0f_4321);
+    // One block of 16 channels on a 32×32 map: several pixel ranges.
+    let g = geo(2, 40, 16, 1, [32, 32], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]);
+    let (x, w, b) = (rng.vec(g.x_len()), rng.vec(g.w_len()), rng.vec(g.out_channels));
+    for path in paths() {
+        same_bits_for_threads(&format!("{path:?}"), || run(path, &g, &x, &w, Some(&b), true));
+    }
+}
+
+#[test]
+#[should_panic(expected = "conv::forward: y holds 10 values, the geometry needs 12")]
+fn channels_last_forward_panics_on_a_short_output() {
+    let g = geo(1, 2, 3, 1, [2, 2], [1, 1], [1, 1], [1, 1], [0; 4]);
+    let mut y = vec![0.0; 10];
+    forward_channels_last(&g, &[0.0; 8], &[0.0; 6], None, false, &mut y, Isa::native());
+}
