@@ -258,6 +258,9 @@ fn resnet_layers() {
     for (cin, cout) in [(64, 256), (256, 64)] {
         conv_layer(&format!("resnet 1x1 {cin}->{cout} @56"), &conv_geo(1, cin, 56, cout, 1, 0), true, false);
     }
+    // The stem: 7x7 stride 2 over the image's three channels.
+    let stem = Conv2dGeometry { stride: [2, 2], ..conv_geo(1, 3, 224, 64, 7, 3) };
+    conv_layer("resnet stem 7x7/2 3->64 @224", &stem, true, false);
     // The narrow maps' 1x1 products and strided 3x3s.
     for (cin, cout, hw) in [(256, 1024, 14), (1024, 256, 14), (512, 2048, 7), (2048, 512, 7)] {
         let name = format!("resnet 1x1 {cin}->{cout} @{hw}");

@@ -35,10 +35,13 @@
 use crate::{Isa, Width};
 use fast::Pass;
 
+mod channels_last;
 mod fast;
 mod general;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+
+pub use channels_last::max_forward_channels_last;
 #[cfg(test)]
 mod tests;
 
@@ -175,7 +178,11 @@ fn takes(v: f32, m: f32) -> bool {
 /// `out`, planes of `len` values, in chunks over the pool when the call
 /// is large (`values`: the values it reads and writes).
 fn each_plane(g: &Pool2dGeometry, out: &mut [f32], len: usize, values: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
-    let count = g.batch * g.channels;
+    each_part(g.batch * g.channels, out, len, values, f)
+}
+
+/// [`each_plane`] over any `count` parts of `len` values each.
+fn each_part(count: usize, out: &mut [f32], len: usize, values: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
     if count == 0 || len == 0 {
         return;
     }

@@ -299,11 +299,17 @@ fn run_groups(
         let y_group = SendPtr(out.get().wrapping_add(n0 * out_len));
         let (blocks, parts) = (filter.blocks(), walk.parts);
         run_tasks(blocks * parts, filter.taps * plane * images * filter.width * blocks, &|t| {
+            // Part-major: a part's inputs stay in the level-2 cache while
+            // every block passes over them, and its outputs are written
+            // one contiguous range (block-major, ResNet's 1×1 64 -> 256
+            // layer on a 56×56 map wrote 256 of every 1024 bytes per pass:
+            // 0.85 against 0.76 ms).
+            let (block, part) = (t % blocks, t / blocks);
             // SAFETY: the group's outputs are `images · out_len` values of
-            // `y` from `y_group`; task `t` writes the channels of block `t /
-            // parts` at its part of the pixels only; `lanes` is the path's,
-            // which the CPU has.
-            unsafe { super::cvec_tiles::task(lanes, walk, panels, images, (t / parts, t % parts), y_group.get()) }
+            // `y` from `y_group`; task `t` writes the channels of `block`
+            // at `part` of the pixels only; `lanes` is the path's, which
+            // the CPU has.
+            unsafe { super::cvec_tiles::task(lanes, walk, panels, images, (block, part), y_group.get()) }
         });
     }
 }

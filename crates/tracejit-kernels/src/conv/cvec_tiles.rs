@@ -213,7 +213,7 @@ unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
             return;
         }
         if walk.channels_last {
-            return store_channels_last::<V, A, B>(walk, &acc, p0, sink);
+            return store_channels_last::<V, A, B>(walk, acc, p0, sink);
         }
         let mut sums = [0.0f32; B_MAX * WIDTH_MAX];
         for (b, row) in acc.iter().enumerate() {
@@ -242,31 +242,48 @@ unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
 #[inline(always)]
 unsafe fn store_channels_last<V: Lanes, const A: usize, const B: usize>(
     walk: &Walk,
-    acc: &[[V; A]; B],
+    acc: [[V; A]; B],
     p0: usize,
     sink: Sink,
 ) {
     let (_, out_c, _) = walk.sizes();
-    let whole = ((out_c - sink.oc0) / V::LANES).min(A);
-    // SAFETY: pixel `p0 + b`'s channels `oc0..oc0 + width.min(out_c -
-    // oc0)` are in `y`; the bias has `out_c` values.
+    let room = out_c - sink.oc0;
+    // SAFETY: pixel `p0 + b`'s channels `oc0..oc0 + width.min(room)` are
+    // in `y`; the bias has `out_c` values.
     unsafe {
-        for (b, row) in acc.iter().enumerate() {
+        if room >= A * V::LANES {
+            // A whole block: straight-line adds, maxes and stores. No bias
+            // adds +0 as `finish` does (a sum of -0 stores +0 either way).
+            let bias: [V; A] = std::array::from_fn(|a| match walk.bias {
+                Some(bias) => V::load(bias.as_ptr().add(sink.oc0 + a * V::LANES)),
+                None => V::zero(),
+            });
+            let dst = sink.y.add(p0 * out_c + sink.oc0);
+            // `vmaxps 0, v` is `v` when `v` is NaN.
+            if walk.relu {
+                for (b, row) in acc.into_iter().enumerate() {
+                    for (a, v) in row.into_iter().enumerate() {
+                        V::zero().max(v.add(bias[a])).store(dst.add(b * out_c + a * V::LANES));
+                    }
+                }
+            } else {
+                for (b, row) in acc.into_iter().enumerate() {
+                    for (a, v) in row.into_iter().enumerate() {
+                        v.add(bias[a]).store(dst.add(b * out_c + a * V::LANES));
+                    }
+                }
+            }
+            return;
+        }
+        // The last block of fewer channels: lane by lane.
+        for (b, row) in acc.into_iter().enumerate() {
             let dst = sink.y.add((p0 + b) * out_c + sink.oc0);
-            for (a, &v) in row.iter().enumerate() {
+            for (a, v) in row.into_iter().enumerate() {
                 let o = a * V::LANES;
-                if a < whole {
-                    let v = match walk.bias {
-                        Some(bias) => v.add(V::load(bias.as_ptr().add(sink.oc0 + o))),
-                        None => v,
-                    };
-                    // `vmaxps 0, v` is `v` when `v` is NaN, and keeps -0.
-                    let v = if walk.relu { V::zero().max(v) } else { v };
-                    v.store(dst.add(o));
-                } else if o < out_c - sink.oc0 {
+                if o < room {
                     let mut lanes = [0.0f32; 16];
                     v.store(lanes.as_mut_ptr());
-                    for (j, &s) in lanes[..V::LANES.min(out_c - sink.oc0 - o)].iter().enumerate() {
+                    for (j, &s) in lanes[..V::LANES.min(room - o)].iter().enumerate() {
                         *dst.add(o + j) = walk.finish(sink.oc0 + o + j, s);
                     }
                 }

@@ -44,6 +44,16 @@ pub(crate) fn row_major<T: Clone>(v: ArrayView<'_, T, IxDyn>) -> Vec<T> {
         return v.iter().cloned().collect();
     }
     let mut out = Vec::with_capacity(v.len());
+    if let Some(t) = Transposed::of(&v) {
+        let dst: *mut T = out.as_mut_ptr();
+        // SAFETY: `t` writes each of the `v.len()` slots once (the
+        // capacity), from `v`'s elements; the length is set after.
+        unsafe {
+            t.copy(v.as_ptr(), |i, x: &T| dst.add(i).write(x.clone()));
+            out.set_len(v.len());
+        }
+        return out;
+    }
     runs(&v, |run| match run {
         Run::Slice(s) => out.extend_from_slice(s),
         Run::Strided(start, len, stride) => {
@@ -66,6 +76,11 @@ pub fn write_row_major<T: Copy>(v: ArrayView<'_, T, IxDyn>, out: &mut [T]) {
         out.iter_mut().zip(v.iter()).for_each(|(o, x)| *o = *x);
         return;
     }
+    if let Some(t) = Transposed::of(&v) {
+        // SAFETY: `t`'s indices are below `v.len()`, its reads `v`'s.
+        unsafe { t.copy(v.as_ptr(), |i, x: &T| out[i] = *x) };
+        return;
+    }
     let mut at = 0;
     runs(&v, |run| match run {
         Run::Slice(s) => {
@@ -80,6 +95,74 @@ pub fn write_row_major<T: Copy>(v: ArrayView<'_, T, IxDyn>, out: &mut [T]) {
             at += len;
         }
     });
+}
+
+/// A view that is a batch of transposed matrices once its size-1 axes
+/// are dropped and its contiguous axes merged: element `(b, r, c)` of the
+/// row-major result at `b·batch_stride + r + c·col_stride` (an NCHW value
+/// seen channels last, or back). Copied in square tiles, so that reads
+/// and writes both stay in a few cache lines: element by element, each
+/// read of a channels-last view of a `[1, 3, 224, 224]` image fell on a
+/// line of its own.
+struct Transposed {
+    batch: usize,
+    batch_stride: isize,
+    rows: usize,
+    cols: usize,
+    col_stride: isize,
+}
+
+impl Transposed {
+    /// Tile side.
+    const TILE: usize = 32;
+
+    fn of<T>(v: &ArrayView<'_, T, IxDyn>) -> Option<Transposed> {
+        // (size, stride) outermost first, size-1 axes dropped, and an axis
+        // merged into the next when they are contiguous together.
+        let mut axes: Vec<(usize, isize)> = Vec::new();
+        for (&n, &s) in v.shape().iter().zip(v.strides()).filter(|(&n, _)| n > 1) {
+            match axes.last_mut() {
+                Some(last) if last.1 == n as isize * s => *last = (last.0 * n, s),
+                _ => axes.push((n, s)),
+            }
+        }
+        let (batch, batch_stride, rows, cols) = match axes[..] {
+            [(r, 1), (c, cs)] if cs > 1 => (1, 0, r, (c, cs)),
+            [(b, bs), (r, 1), (c, cs)] if cs > 1 => (b, bs, r, (c, cs)),
+            _ => return None,
+        };
+        // Only worth it for matrices past a tile in both directions.
+        (rows >= 4 && cols.0 >= 2 && rows * cols.0 >= 1024).then_some(Transposed {
+            batch,
+            batch_stride,
+            rows,
+            cols: cols.0,
+            col_stride: cols.1,
+        })
+    }
+
+    /// Calls `put(i, x)` for every element `x` of the view at `base`, `i`
+    /// its row-major index, tile by tile.
+    ///
+    /// # Safety
+    /// `base` is the view's first element and the view is the one `of`
+    /// read.
+    unsafe fn copy<T>(&self, base: *const T, mut put: impl FnMut(usize, &T)) {
+        let (t, (rows, cols)) = (Self::TILE, (self.rows, self.cols));
+        for b in 0..self.batch {
+            for r0 in (0..rows).step_by(t) {
+                for c0 in (0..cols).step_by(t) {
+                    for c in c0..(c0 + t).min(cols) {
+                        let col = b as isize * self.batch_stride + c as isize * self.col_stride;
+                        for r in r0..(r0 + t).min(rows) {
+                            // SAFETY: (b, r, c) is an element of the view.
+                            put((b * rows + r) * cols + c, unsafe { &*base.offset(col + r as isize) });
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// One innermost run of a view: contiguous, or `len` values `stride`
@@ -554,6 +637,41 @@ mod row_major_tests {
                 write_row_major(b, &mut written);
                 prop_assert_eq!(written, want);
             }
+        }
+    }
+
+    proptest! {
+        /// Views large enough for the tiled copy of batched transposes
+        /// (an NCHW value seen channels last and back, any permutation of
+        /// four axes, size-1 axes, a broadcast batch) read back in the
+        /// order `iter` gives.
+        #[test]
+        fn tiled_transposes_are_iter_order(
+            dims in prop::collection::vec(1usize..40, 4),
+            perm_seed in 0usize..24,
+            broadcast: bool,
+        ) {
+            let n: usize = dims.iter().product();
+            let a = ArrayD::from_shape_vec(IxDyn(&dims), (0..n as i64).collect()).unwrap();
+            let mut perm: Vec<usize> = (0..4).collect();
+            let mut s = perm_seed;
+            for i in (1..4).rev() {
+                perm.swap(i, s % (i + 1));
+                s /= i + 1;
+            }
+            let v = a.view().permuted_axes(IxDyn(&perm));
+            let v = if broadcast {
+                let mut shape = vec![2usize];
+                shape.extend(v.shape());
+                v.broadcast(IxDyn(&shape)).unwrap().into_dyn()
+            } else {
+                v
+            };
+            let want: Vec<i64> = v.iter().copied().collect();
+            prop_assert_eq!(row_major(v.clone()), want.clone());
+            let mut written = vec![-1i64; want.len()];
+            write_row_major(v, &mut written);
+            prop_assert_eq!(written, want);
         }
     }
 }
