@@ -465,3 +465,65 @@ fn a_kept_filter_follows_its_variable() {
     }
     assert!(kept(&f), "the new weights are packed and kept");
 }
+
+/// A ResNet-like inference chain (convolution, batch norm as a per-channel
+/// multiply-add, relu, max pool, a bottleneck with a projected shortcut,
+/// a mean over the map): compiled, it runs channels last where the CPU has
+/// vector code (the optimized graph holds no NCHW convolution), and agrees
+/// with the reference loops; a training step of the same network stays
+/// NCHW.
+#[test]
+fn inference_chains_run_channels_last() {
+    let mut rng_seed = 40;
+    let mut param = |shape: &[usize]| {
+        rng_seed += 1;
+        data(shape, rng_seed)
+    };
+    let (w1, s1, t1) = (param(&[8, 3, 3, 3]), param(&[8, 1, 1]), param(&[8, 1, 1]));
+    let (w2, w3, b3, wp) = (param(&[4, 8, 1, 1]), param(&[16, 4, 3, 3]), param(&[16]), param(&[16, 8, 1, 1]));
+    let net = move |x: &Tensor| {
+        let y = (&(&conv2d(x, &w1, None, Conv2dOptions::default().padding(1)) * &s1) + &t1).relu();
+        let y = max_pool2d(&y, [3, 3], [2, 2], [1, 1]);
+        let z = conv2d(&y, &w2, None, Conv2dOptions::default()).relu();
+        let z = conv2d(&z, &w3, Some(&b3), Conv2dOptions::default().padding(1));
+        let z = (&z + &conv2d(&y, &wp, None, Conv2dOptions::default())).relu();
+        z.mean(&[2, 3], true).reshape(&[-1, 16])
+    };
+    let infer = {
+        let net = net.clone();
+        move |x: Tensor| net(&x)
+    };
+    let f = function(infer.clone());
+    let reference = function(infer).jit(false);
+    for (batch, hw) in [(1, 9), (3, 8)] {
+        let x = data(&[batch, 3, hw, hw], 50 + hw as u64);
+        // Each output sums 16 · 9 products of values below 4 in size, over
+        // three layers: a bound of 2 · taps · ε · Σ|terms| per layer.
+        let tol = 2.0 * 144.0 * f32::EPSILON * 4096.0;
+        assert_near(
+            &format!("batch {batch}"),
+            &vals(&f.call(x.clone()).unwrap()),
+            &vals(&reference.call(x).unwrap()),
+            tol,
+        );
+    }
+    let cf = &f.concrete_functions()[0];
+    assert_eq!(cf.executor_kind(), "jit", "the JIT runs the function: {:?}", cf.jit_error());
+    let listing = cf.optimized_graph().to_string();
+    if tracejit::Target::current().isa.width().is_some() {
+        assert!(listing.contains("conv2d_nhwc") && !listing.contains("conv2d["), "{listing}");
+        assert!(listing.contains("max_pool2d_nhwc"), "{listing}");
+    } else {
+        assert!(!listing.contains("conv2d_nhwc"), "{listing}");
+    }
+    // A training step differentiates the network: its graph stays NCHW.
+    let train = function(move |x: Tensor| {
+        let tape = GradientTape::new();
+        tape.watch(&x);
+        let loss = net(&x).sum_all();
+        tape.gradient(&loss, &[&x]).unwrap()[0].clone().unwrap()
+    });
+    train.call(data(&[2, 3, 8, 8], 60)).unwrap();
+    let listing = train.concrete_functions()[0].optimized_graph().to_string();
+    assert!(listing.contains("conv2d_backward_data") && !listing.contains("nhwc"), "{listing}");
+}

@@ -188,10 +188,15 @@ fn spatial_attrs(op: &tracejit_tensor::SpatialOp) -> String {
     let pool =
         |p: &tracejit_tensor::Pool2dAttrs| format!("kernel={:?}, stride={:?}, pads={:?}", p.kernel, p.stride, p.pad);
     match op {
-        S::Conv2d { conv: c, bias, relu } => format!("{}, bias={bias}, relu={relu}", conv(c)),
+        S::Conv2d { conv: c, bias, relu } | S::Conv2dNhwc { conv: c, bias, relu } => {
+            format!("{}, bias={bias}, relu={relu}", conv(c))
+        }
         S::Conv2dBackwardData { conv: c, input_hw } => format!("{}, input_hw={input_hw:?}", conv(c)),
         S::Conv2dBackwardFilter { conv: c, kernel, bias } => format!("{}, kernel={kernel:?}, bias={bias}", conv(c)),
-        S::MaxPool2d { pool: p } | S::MaxPool2dBackward { pool: p } | S::AvgPool2d { pool: p } => pool(p),
+        S::MaxPool2d { pool: p }
+        | S::MaxPool2dNhwc { pool: p }
+        | S::MaxPool2dBackward { pool: p }
+        | S::AvgPool2d { pool: p } => pool(p),
         S::AvgPool2dBackward { pool: p, input_hw } => format!("{}, input_hw={input_hw:?}", pool(p)),
     }
 }

@@ -234,12 +234,12 @@ fn spatial_terms(op: &tracejit_tensor::SpatialOp, a: &TensorType, b: &TensorType
     let d = |t: &TensorType, i: usize| t.dims.get(i).copied().flatten().unwrap_or(1024) as f64;
     match op {
         // x, w: w's [in/g, kh, kw] per output.
-        S::Conv2d { .. } => d(b, 1) * d(b, 2) * d(b, 3) + 1.0,
+        S::Conv2d { .. } | S::Conv2dNhwc { .. } => d(b, 1) * d(b, 2) * d(b, 3) + 1.0,
         // dy, w: [out/g, kh, kw] per input value.
         S::Conv2dBackwardData { conv, .. } => d(b, 0) / conv.groups.max(1) as f64 * d(b, 2) * d(b, 3),
         // x, dy: images times output pixels.
         S::Conv2dBackwardFilter { .. } => d(b, 0) * d(b, 2) * d(b, 3),
-        S::MaxPool2d { .. } | S::MaxPool2dBackward { .. } => 0.0,
+        S::MaxPool2d { .. } | S::MaxPool2dNhwc { .. } | S::MaxPool2dBackward { .. } => 0.0,
         S::AvgPool2d { pool } | S::AvgPool2dBackward { pool, .. } => (pool.kernel[0] * pool.kernel[1]) as f64 + 1.0,
     }
 }

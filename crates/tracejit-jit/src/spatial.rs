@@ -43,6 +43,11 @@ pub(crate) fn kernel_name(op: &SpatialOp) -> &'static str {
         SpatialOp::MaxPool2dBackward { .. } => "max_pool2d_backward",
         SpatialOp::AvgPool2d { .. } => "avg_pool2d",
         SpatialOp::AvgPool2dBackward { .. } => "avg_pool2d_backward",
+        SpatialOp::Conv2dNhwc { relu: true, bias: true, .. } => "conv2d_nhwc+bias+relu (channel lanes)",
+        SpatialOp::Conv2dNhwc { relu: true, .. } => "conv2d_nhwc+relu (channel lanes)",
+        SpatialOp::Conv2dNhwc { bias: true, .. } => "conv2d_nhwc+bias (channel lanes)",
+        SpatialOp::Conv2dNhwc { .. } => "conv2d_nhwc (channel lanes)",
+        SpatialOp::MaxPool2dNhwc { .. } => "max_pool2d_nhwc",
     }
 }
 
@@ -112,9 +117,11 @@ impl KeptFilter {
     /// The filter of `w` (whose values are `values`) for `g` on `isa`: the
     /// kept one while `w` is the same buffer, else packed now and kept if
     /// this buffer was seen by the call before. `None` where the geometry
-    /// does not take the channel-lane kernel, or the step does not keep.
-    fn get(&self, g: &Conv2dGeometry, w: &Storage, values: &[f32], isa: Isa) -> Option<Arc<Kept>> {
-        if !conv::prefers_packed_filter(g, isa) {
+    /// does not take the channel-lane kernel (NCHW: where it is not the
+    /// faster forward; channels last: where it cannot run), or the step
+    /// does not keep.
+    fn get(&self, g: &Conv2dGeometry, w: &Storage, values: &[f32], isa: Isa, last: bool) -> Option<Arc<Kept>> {
+        if !last && !conv::prefers_packed_filter(g, isa) {
             return None;
         }
         let mut st = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -157,7 +164,12 @@ impl KeptFilter {
 pub(crate) fn step_name(op: &SpatialOp, kept: Option<&KeptFilter>) -> String {
     let name = kernel_name(op);
     match kept {
-        Some(k) if k.holds_filter() => format!("{} (channel lanes, filter kept)", name.trim_end_matches(" (direct)")),
+        Some(k) if k.holds_filter() => {
+            format!(
+                "{} (channel lanes, filter kept)",
+                name.trim_end_matches(" (direct)").trim_end_matches(" (channel lanes)")
+            )
+        }
         _ => name.to_string(),
     }
 }
@@ -198,12 +210,32 @@ pub(crate) fn run_kept(
         SpatialOp::Conv2d { conv, bias, relu } => {
             let g = conv_geometry(&conv, owned[0].shape(), owned[1].shape());
             let (mut y, ys) = out(&[g.batch, g.out_channels, g.out_h(), g.out_w()]);
-            match kept.and_then(|k| k.get(&g, args[1], s[1], isa)) {
+            match kept.and_then(|k| k.get(&g, args[1], s[1], isa, false)) {
                 Some(k) => {
                     conv::forward_with_filter(&g, s[0], &k.filter, bias.then(|| s[2]), relu, slice_mut(&mut y), isa)
                 }
                 None => conv::forward(&g, s[0], s[1], bias.then(|| s[2]), relu, slice_mut(&mut y), isa),
             }
+            vec![finish(y, &ys)]
+        }
+        SpatialOp::Conv2dNhwc { conv, bias, relu } => {
+            let x = owned[0].shape();
+            let g = conv_geometry(&conv, &[x[0], x[3], x[1], x[2]], owned[1].shape());
+            let (mut y, ys) = out(&[g.batch, g.out_h(), g.out_w(), g.out_channels]);
+            let b = bias.then(|| s[2]);
+            match kept.and_then(|k| k.get(&g, args[1], s[1], isa, true)) {
+                Some(k) => {
+                    conv::forward_channels_last_with_filter(&g, s[0], &k.filter, b, relu, slice_mut(&mut y), isa)
+                }
+                None => conv::forward_channels_last(&g, s[0], s[1], b, relu, slice_mut(&mut y), isa),
+            }
+            vec![finish(y, &ys)]
+        }
+        SpatialOp::MaxPool2dNhwc { pool: p } => {
+            let x = owned[0].shape();
+            let g = pool_geometry(&p, &[x[0], x[3], x[1], x[2]]);
+            let (mut y, ys) = out(&[g.batch, g.out_h(), g.out_w(), g.channels]);
+            pool2d::max_forward_channels_last(&g, s[0], slice_mut(&mut y));
             vec![finish(y, &ys)]
         }
         SpatialOp::Conv2dBackwardData { conv, input_hw } => {

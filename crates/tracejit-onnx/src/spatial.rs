@@ -1,5 +1,6 @@
 //! Export of the spatial ops: `conv2d` as ONNX `Conv` (its bias as the
-//! third input, a fused relu as a `Relu` after it), `max_pool2d` as
+//! third input, a fused relu as a `Relu` after it; the channels-last form
+//! between two `Transpose`s), `max_pool2d` as
 //! `MaxPool`, `avg_pool2d` as `AveragePool` with `count_include_pad = 0`,
 //! all with explicit `pads` in ONNX's order (begins, then ends:
 //! top, left, bottom, right) and floor-mode output sizes (`ceil_mode = 0`).
@@ -73,6 +74,16 @@ pub(crate) fn emit(b: &mut Body, op: &SpatialOp, ins: &[String], out: &str) -> R
                 "AveragePool"
             };
             b.to(out, kind, &refs[..1], attrs);
+        }
+        SpatialOp::Conv2dNhwc { .. } | SpatialOp::MaxPool2dNhwc { .. } => {
+            // ONNX's Conv and MaxPool are NCHW: the image transposed in,
+            // the result transposed out.
+            let x = b.op("Transpose", &refs[..1], vec![attr_ints("perm", &[0, 3, 1, 2])]);
+            let mut first = ins.to_vec();
+            first[0] = x;
+            let y = b.fresh("nchw");
+            emit(b, &op.channels_first(), &first, &y)?;
+            b.to(out, "Transpose", &[&y], vec![attr_ints("perm", &[0, 2, 3, 1])]);
         }
         SpatialOp::Conv2dBackwardData { .. }
         | SpatialOp::Conv2dBackwardFilter { .. }

@@ -103,6 +103,13 @@ fn out_size(n: usize, pads: usize, k: usize, stride: usize, dilation: usize) -> 
 /// | `max_pool2d`, `avg_pool2d` | x `[N, C, H, W]` | y `[N, C, oh, ow]` |
 /// | `max_pool2d_backward` | x, dy | dx (each `dy` at its window's first maximum) |
 /// | `avg_pool2d_backward` | dy | dx `[N, C, input_hw]` |
+/// | `conv2d_nhwc` | x `[N, H, W, C]`, w, bias `[O]` if `bias` | y `[N, oh, ow, O]` (`max(y, 0)` if `relu`) |
+/// | `max_pool2d_nhwc` | x `[N, H, W, C]` | y `[N, oh, ow, C]` |
+///
+/// The channels-last forms compute exactly what their NCHW forms compute
+/// on the transposed operands; the optimizer's layout pass makes them for
+/// inference graphs (chains of convolutions then keep channels last
+/// between them), and they have no gradient rule of their own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SpatialOp {
     /// Convolution, with the bias added and relu applied in its output
@@ -160,6 +167,22 @@ pub enum SpatialOp {
         /// The forward input's (height, width).
         input_hw: [usize; 2],
     },
+    /// [`SpatialOp::Conv2d`] with channels last: x `[N, H, W, C]`, y `[N,
+    /// oh, ow, O]`; the weights stay `[O, C/g, kh, kw]`.
+    Conv2dNhwc {
+        /// Strides, dilations, padding, groups.
+        conv: Conv2dAttrs,
+        /// A third input, the bias, is added per output channel.
+        bias: bool,
+        /// The result goes through `max(y, 0)`.
+        relu: bool,
+    },
+    /// [`SpatialOp::MaxPool2d`] with channels last: x `[N, H, W, C]`, y
+    /// `[N, oh, ow, C]`.
+    MaxPool2dNhwc {
+        /// Window, stride, padding.
+        pool: Pool2dAttrs,
+    },
 }
 
 impl SpatialOp {
@@ -173,11 +196,27 @@ impl SpatialOp {
             SpatialOp::MaxPool2dBackward { .. } => "max_pool2d_backward",
             SpatialOp::AvgPool2d { .. } => "avg_pool2d",
             SpatialOp::AvgPool2dBackward { .. } => "avg_pool2d_backward",
+            SpatialOp::Conv2dNhwc { .. } => "conv2d_nhwc",
+            SpatialOp::MaxPool2dNhwc { .. } => "max_pool2d_nhwc",
         }
     }
 
+    /// The NCHW form of a channels-last op (itself for the others).
+    pub fn channels_first(&self) -> SpatialOp {
+        match *self {
+            SpatialOp::Conv2dNhwc { conv, bias, relu } => SpatialOp::Conv2d { conv, bias, relu },
+            SpatialOp::MaxPool2dNhwc { pool } => SpatialOp::MaxPool2d { pool },
+            op => op,
+        }
+    }
+
+    /// Whether the op takes and gives channels-last tensors.
+    pub fn is_channels_last(&self) -> bool {
+        matches!(self, SpatialOp::Conv2dNhwc { .. } | SpatialOp::MaxPool2dNhwc { .. })
+    }
+
     /// Every name, for parsers.
-    pub const NAMES: [&'static str; 7] = [
+    pub const NAMES: [&'static str; 9] = [
         "conv2d",
         "conv2d_backward_data",
         "conv2d_backward_filter",
@@ -185,16 +224,21 @@ impl SpatialOp {
         "max_pool2d_backward",
         "avg_pool2d",
         "avg_pool2d_backward",
+        "conv2d_nhwc",
+        "max_pool2d_nhwc",
     ];
 
     /// How many inputs it takes.
     pub fn num_inputs(&self) -> usize {
         match self {
-            SpatialOp::Conv2d { bias, .. } => 2 + usize::from(*bias),
+            SpatialOp::Conv2d { bias, .. } | SpatialOp::Conv2dNhwc { bias, .. } => 2 + usize::from(*bias),
             SpatialOp::Conv2dBackwardData { .. }
             | SpatialOp::Conv2dBackwardFilter { .. }
             | SpatialOp::MaxPool2dBackward { .. } => 2,
-            SpatialOp::MaxPool2d { .. } | SpatialOp::AvgPool2d { .. } | SpatialOp::AvgPool2dBackward { .. } => 1,
+            SpatialOp::MaxPool2d { .. }
+            | SpatialOp::MaxPool2dNhwc { .. }
+            | SpatialOp::AvgPool2d { .. }
+            | SpatialOp::AvgPool2dBackward { .. } => 1,
         }
     }
 
@@ -203,6 +247,8 @@ impl SpatialOp {
         match self {
             SpatialOp::Conv2dBackwardFilter { bias, .. } => 1 + usize::from(*bias),
             SpatialOp::Conv2d { .. }
+            | SpatialOp::Conv2dNhwc { .. }
+            | SpatialOp::MaxPool2dNhwc { .. }
             | SpatialOp::Conv2dBackwardData { .. }
             | SpatialOp::MaxPool2d { .. }
             | SpatialOp::MaxPool2dBackward { .. }

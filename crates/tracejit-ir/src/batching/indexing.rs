@@ -227,10 +227,11 @@ pub(super) fn random<E: BatchEmitter>(
 /// gradient) and so cannot fold the batch into it.
 fn spatial_data_inputs(sp: &SpatialOp, n_inputs: usize) -> Option<Vec<usize>> {
     match sp {
-        SpatialOp::Conv2d { .. } | SpatialOp::Conv2dBackwardData { .. } => Some(vec![0]),
-        SpatialOp::MaxPool2d { .. } | SpatialOp::AvgPool2d { .. } | SpatialOp::AvgPool2dBackward { .. } => {
-            Some(vec![0])
-        }
+        SpatialOp::Conv2d { .. } | SpatialOp::Conv2dNhwc { .. } | SpatialOp::Conv2dBackwardData { .. } => Some(vec![0]),
+        SpatialOp::MaxPool2d { .. }
+        | SpatialOp::MaxPool2dNhwc { .. }
+        | SpatialOp::AvgPool2d { .. }
+        | SpatialOp::AvgPool2dBackward { .. } => Some(vec![0]),
         SpatialOp::MaxPool2dBackward { .. } => Some((0..n_inputs).collect()),
         SpatialOp::Conv2dBackwardFilter { .. } => None,
     }

@@ -15,6 +15,9 @@ use crate::TensorType;
 
 /// The output types of a spatial op.
 pub(super) fn spatial(op: &SpatialOp, inputs: &[TensorType]) -> Result<Outputs, String> {
+    if op.is_channels_last() {
+        return channels_last(op, inputs);
+    }
     match *op {
         SpatialOp::Conv2d { conv, bias, .. } => {
             let (x, w) = (&inputs[0], &inputs[1]);
@@ -88,6 +91,7 @@ pub(super) fn spatial(op: &SpatialOp, inputs: &[TensorType]) -> Result<Outputs, 
             expect_dy(dy, &[x.dims[0], x.dims[1], hw[0], hw[1]])?;
             Ok(smallvec![x.clone()])
         }
+        SpatialOp::Conv2dNhwc { .. } | SpatialOp::MaxPool2dNhwc { .. } => unreachable!("taken above"),
         SpatialOp::AvgPool2dBackward { pool, input_hw } => {
             let dy = &inputs[0];
             float("dy", dy)?;
@@ -101,6 +105,23 @@ pub(super) fn spatial(op: &SpatialOp, inputs: &[TensorType]) -> Result<Outputs, 
             Ok(smallvec![x])
         }
     }
+}
+
+/// A channels-last op's types: its NCHW form's rule on the image with its
+/// axes moved (`[N, H, W, C]` read as `[N, C, H, W]`), the result's moved
+/// back.
+fn channels_last(op: &SpatialOp, inputs: &[TensorType]) -> Result<Outputs, String> {
+    let x = &inputs[0];
+    if x.rank() != 4 {
+        return Err(format!("x must be of rank 4 (NHWC), got {x}"));
+    }
+    let mut args = inputs.to_vec();
+    args[0] = TensorType { dtype: x.dtype, dims: smallvec![x.dims[0], x.dims[3], x.dims[1], x.dims[2]] };
+    let mut outs = spatial(&op.channels_first(), &args)?;
+    for y in outs.iter_mut() {
+        y.dims = smallvec![y.dims[0], y.dims[2], y.dims[3], y.dims[1]];
+    }
+    Ok(outs)
 }
 
 fn dim(d: Dim) -> String {

@@ -15,11 +15,14 @@ pub(super) fn spatial_op(name: &str, c: &mut Cursor<'_>) -> Result<Option<Spatia
     }
     c.expect("[")?;
     let op = match name {
-        "conv2d" => {
+        "conv2d" | "conv2d_nhwc" => {
             let conv = conv_attrs(c)?;
             let bias = flag(c, "bias")?;
             let relu = flag(c, "relu")?;
-            SpatialOp::Conv2d { conv, bias, relu }
+            match name {
+                "conv2d" => SpatialOp::Conv2d { conv, bias, relu },
+                _ => SpatialOp::Conv2dNhwc { conv, bias, relu },
+            }
         }
         "conv2d_backward_data" => {
             let conv = conv_attrs(c)?;
@@ -33,6 +36,7 @@ pub(super) fn spatial_op(name: &str, c: &mut Cursor<'_>) -> Result<Option<Spatia
             SpatialOp::Conv2dBackwardFilter { conv, kernel, bias }
         }
         "max_pool2d" => SpatialOp::MaxPool2d { pool: pool_attrs(c)? },
+        "max_pool2d_nhwc" => SpatialOp::MaxPool2dNhwc { pool: pool_attrs(c)? },
         "max_pool2d_backward" => SpatialOp::MaxPool2dBackward { pool: pool_attrs(c)? },
         "avg_pool2d" => SpatialOp::AvgPool2d { pool: pool_attrs(c)? },
         _ => {

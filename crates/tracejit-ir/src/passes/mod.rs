@@ -24,6 +24,7 @@
 //! | `sparse_update` | [`SparseUpdate`] | `assign(w, w - lr · scatter_add(0, ids, rows))` becomes `assign_sub`, which the JIT runs in place on the named rows |
 //! | `dce` | [`Dce`] | drops nodes that neither reach an output nor have side effects |
 //! | `auto_mixed_precision` | [`AutoMixedPrecision`] | with [`PassContext::mixed_precision`] set: products and convolutions read bf16-rounded operands, accumulate in f32 |
+//! | `channels_last` | [`ChannelsLast`] | with [`PassContext::channels_last`] set: an inference graph's chains of convolutions keep their activations `[N, H, W, C]` |
 //! | `fusion` | [`Fusion`] | groups elementwise chains and reductions into `Op::Fused` regions |
 //!
 //! Nodes cannot be removed from a graph's arena, so a pass that deletes or
@@ -45,6 +46,7 @@ use std::sync::Arc;
 
 use crate::{ExternalKernel, Graph, Op, TensorType};
 
+mod channels_last;
 mod const_fold;
 mod conv_relu;
 mod cse;
@@ -60,6 +62,7 @@ mod select;
 mod simplify;
 mod sparse_update;
 
+pub use channels_last::ChannelsLast;
 pub use const_fold::ConstantFolding;
 pub use conv_relu::ConvRelu;
 pub use cse::Cse;
@@ -205,6 +208,11 @@ pub struct PassContext {
     /// `mixed_precision`. Off by default; `tracejit::quantize::dynamic`
     /// turns it on.
     pub int8_products: bool,
+    /// `channels_last` keeps inference graphs' chains of convolutions
+    /// channels last (`conv2d_nhwc`). Off by default; a JIT function's
+    /// pipeline sets it where the CPU has the vector code its kernels
+    /// need.
+    pub channels_last: bool,
 }
 
 impl PassContext {
@@ -221,6 +229,7 @@ impl PassContext {
             dump_prefix: None,
             mixed_precision: None,
             int8_products: false,
+            channels_last: false,
         }
     }
 

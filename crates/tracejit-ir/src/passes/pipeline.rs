@@ -10,6 +10,7 @@
 //! hoist                         a counted loop's input projection, before the loop
 //! fixpoint "simplify" (cap 8):  const_fold, simplify, cse, conv_relu, sparse_update, dce
 //! auto_mixed_precision          products in bf16 with f32 accumulation (when asked)
+//! channels_last                 inference convolutions keep [N, H, W, C] (when asked)
 //! fusion                        elementwise/reduction regions
 //! ```
 //!
@@ -30,8 +31,8 @@ use std::time::{Duration, Instant};
 use cranelift_entity::EntityRef;
 
 use crate::passes::{
-    AcceptRegion, AutoMixedPrecision, ConstantFolding, ConvRelu, Cse, Dce, Fusion, HoistLoopProducts, Inline, Pass,
-    PassContext, SelectImplementation, Simplify, SparseUpdate, DEFAULT_FOLD_LIMIT,
+    AcceptRegion, AutoMixedPrecision, ChannelsLast, ConstantFolding, ConvRelu, Cse, Dce, Fusion, HoistLoopProducts,
+    Inline, Pass, PassContext, SelectImplementation, Simplify, SparseUpdate, DEFAULT_FOLD_LIMIT,
 };
 use crate::{verify, Graph, IrError, NodeId};
 
@@ -267,6 +268,7 @@ impl Pipeline {
                 max_iterations: 8,
             },
             Stage::pass(AutoMixedPrecision),
+            Stage::pass(ChannelsLast),
             Stage::pass(Fusion::default()),
         ])
     }
@@ -509,6 +511,7 @@ mod tests {
                 "sparse_update",
                 "dce",
                 "auto_mixed_precision",
+                "channels_last",
                 "fusion"
             ]
         );

@@ -15,7 +15,8 @@
 //!   `; option: test_kernels` gives the selector the test registry, which
 //!   has `tracejit.test.double` (x * 2 + 100) for f32 inputs;
 //!   `; option: mixed_precision` has `auto_mixed_precision` round to bf16;
-//!   `; option: int8_products` has it put products against weights in int8.
+//!   `; option: int8_products` has it put products against weights in int8;
+//!   `; option: channels_last` lets `channels_last` run.
 //! - `; check: <line>` — some output line after the previous match equals
 //!   `<line>`; `; nextln: <line>` — the line right after the previous match
 //!   equals it; `; end` — no output line follows the previous match. Lines
@@ -47,8 +48,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tracejit_ir::passes::{
-    AutoMixedPrecision, ConstantFolding, ConvRelu, Cse, Dce, Fusion, HoistLoopProducts, Inline, KernelRegistry, Pass,
-    PassContext, Pipeline, SelectImplementation, Simplify, SparseUpdate,
+    AutoMixedPrecision, ChannelsLast, ConstantFolding, ConvRelu, Cse, Dce, Fusion, HoistLoopProducts, Inline,
+    KernelRegistry, Pass, PassContext, Pipeline, SelectImplementation, Simplify, SparseUpdate,
 };
 use tracejit_ir::{verify, Graph};
 
@@ -82,6 +83,7 @@ fn passes() -> Vec<Box<dyn Pass>> {
         Box::new(AutoMixedPrecision),
         Box::new(ConvRelu),
         Box::new(HoistLoopProducts),
+        Box::new(ChannelsLast),
     ]
 }
 
@@ -108,6 +110,8 @@ struct FileTest {
     mixed_precision: bool,
     /// `auto_mixed_precision` puts products against weights in int8.
     int8_products: bool,
+    /// `channels_last` runs (its context flag).
+    channels_last: bool,
     /// Each check with its 1-based line in the file.
     checks: Vec<(usize, Directive)>,
 }
@@ -121,6 +125,7 @@ impl FileTest {
             multi_pass_regions: false,
             mixed_precision: false,
             int8_products: false,
+            channels_last: false,
             checks: Vec::new(),
         };
         for (i, line) in text.lines().enumerate() {
@@ -136,9 +141,10 @@ impl FileTest {
                     "multi_pass_regions" => file.multi_pass_regions = true,
                     "mixed_precision" => file.mixed_precision = true,
                     "int8_products" => file.int8_products = true,
+                    "channels_last" => file.channels_last = true,
                     _ => fail(
                         "unknown option (keep_composites, test_kernels, multi_pass_regions, mixed_precision, \
-                         int8_products)",
+                         int8_products, channels_last)",
                     ),
                 }
             } else if let Some(pattern) = directive.strip_prefix("check:") {
@@ -170,6 +176,7 @@ impl FileTest {
             cx.mixed_precision = Some(tracejit_ir::tensor::DType::BF16);
         }
         cx.int8_products = self.int8_products;
+        cx.channels_last = self.channels_last;
         if let Some(k) = self.kernels() {
             cx = cx.with_kernels(k);
         }

@@ -8,6 +8,7 @@
 mod autodiff;
 mod autodiff_unknown;
 mod batching;
+mod channels_last;
 mod common;
 mod filetests;
 mod infer;

@@ -32,7 +32,11 @@ impl SchedulePass for KeptFilters {
             s.steps.iter().enumerate().flat_map(|(i, st)| st.outputs.iter().map(move |&o| (o, i))).collect();
         let mut changed = 0;
         for i in 0..s.steps.len() {
-            let StepKind::Spatial(op @ SpatialOp::Conv2d { .. }, None) = &s.steps[i].kind else { continue };
+            let StepKind::Spatial(op @ (SpatialOp::Conv2d { .. } | SpatialOp::Conv2dNhwc { .. }), None) =
+                &s.steps[i].kind
+            else {
+                continue;
+            };
             if source(s, &producer, s.steps[i].inputs[1]) == RhsSource::Weight {
                 let op = *op;
                 s.steps[i].kind = StepKind::Spatial(op, Some(Arc::new(KeptFilter::default())));

@@ -474,6 +474,14 @@ pub fn spatial(op: &SpatialOp, inputs: &[&Storage]) -> Vec<Storage> {
         SpatialOp::MaxPool2dBackward { pool } => vec![pool::max_backward(pool, inputs[0], inputs[1])],
         SpatialOp::AvgPool2d { pool } => vec![pool::avg_forward(pool, inputs[0])],
         SpatialOp::AvgPool2dBackward { pool, input_hw } => vec![pool::avg_backward(pool, input_hw, inputs[0])],
+        // Channels last: the NCHW op on the transposed input, its result
+        // transposed back (the oracle of the channels-last kernels).
+        SpatialOp::Conv2dNhwc { .. } | SpatialOp::MaxPool2dNhwc { .. } => {
+            let x = transpose(inputs[0], &[0, 3, 1, 2]);
+            let mut args = inputs.to_vec();
+            args[0] = &x;
+            spatial(&op.channels_first(), &args).iter().map(|y| transpose(y, &[0, 2, 3, 1])).collect()
+        }
     }
 }
 

@@ -103,6 +103,11 @@ impl<A: Nest, R: Nest> Function<A, R> {
             // would reject a bigger one); `OptimizationOptions::accept_region`
             // still overrides.
             cx = cx.with_region_acceptor(Arc::new(tracejit_jit::supports));
+            // Channels-last convolutions run on the channel-lane kernels,
+            // which need vector code (AVX2 or AVX-512); without it they
+            // would go through NCHW with two transposes each.
+            let target = self.config.target.unwrap_or_else(tracejit_kernels::Target::current);
+            cx.channels_last = target.isa.width().is_some();
         }
         Ok((pipeline, cx))
     }

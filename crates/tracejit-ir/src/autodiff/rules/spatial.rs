@@ -124,7 +124,36 @@ pub(super) fn spatial_vjp<E: Emitter>(
             let Some(g) = g else { return Ok(vec![None]) };
             vec![Some(spatial(b, SpatialOp::AvgPool2d { pool }, &[g])?.remove(0))]
         }
+        SpatialOp::Conv2dNhwc { .. } | SpatialOp::MaxPool2dNhwc { .. } => {
+            channels_last_vjp(b, op, sp, inputs, outputs, cotangents, wanted)?
+        }
     })
+}
+
+/// A channels-last op's cotangents: the NCHW op's rule on the transposed
+/// image, output and cotangent, the image's cotangent transposed back
+/// (the weights' and bias's have no layout).
+fn channels_last_vjp<E: Emitter>(
+    b: &mut B<'_, E>,
+    op: &Op,
+    sp: &SpatialOp,
+    inputs: &[E::Value],
+    outputs: &[E::Value],
+    cotangents: &[Option<E::Value>],
+    wanted: &[bool],
+) -> R<Vec<Option<E::Value>>> {
+    const TO_FIRST: [usize; 4] = [0, 3, 1, 2];
+    let first =
+        |b: &mut B<'_, E>, v: &E::Value| b.op(Op::Transpose { perm: TO_FIRST.to_vec() }, std::slice::from_ref(v));
+    let mut ins = inputs.to_vec();
+    ins[0] = first(b, &inputs[0])?;
+    let outs = outputs.iter().map(|y| first(b, y)).collect::<R<Vec<_>>>()?;
+    let cots = cotangents.iter().map(|c| c.as_ref().map(|c| first(b, c)).transpose()).collect::<R<Vec<_>>>()?;
+    let mut grads = spatial_vjp(b, op, &sp.channels_first(), &ins, &outs, &cots, wanted)?;
+    if let Some(Some(dx)) = grads.first_mut() {
+        *dx = b.op(Op::Transpose { perm: vec![0, 2, 3, 1] }, std::slice::from_ref(dx))?;
+    }
+    Ok(grads)
 }
 
 /// `g` (of `x`'s shape) read at each window's maximum of `x`, the
