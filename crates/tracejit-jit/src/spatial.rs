@@ -121,7 +121,8 @@ impl KeptFilter {
     /// faster forward; channels last: where it cannot run), or the step
     /// does not keep.
     fn get(&self, g: &Conv2dGeometry, w: &Storage, values: &[f32], isa: Isa, last: bool) -> Option<Arc<Kept>> {
-        if !last && !conv::prefers_packed_filter(g, isa) {
+        let takes = if last { conv::channels_last_is_native(g, isa) } else { conv::prefers_packed_filter(g, isa) };
+        if !takes {
             return None;
         }
         let mut st = self.0.lock().unwrap_or_else(|p| p.into_inner());

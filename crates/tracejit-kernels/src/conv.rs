@@ -318,6 +318,13 @@ impl PackedFilter {
     }
 }
 
+/// Whether the channels-last forward runs `g` on the channel-lane kernel
+/// (else through NCHW): one group, vector code, and an image whose padded
+/// copy the kernel's 32-bit offsets address.
+pub fn channels_last_is_native(g: &Conv2dGeometry, isa: Isa) -> bool {
+    g.groups == 1 && cvec::lanes_of(Path::of(isa)).is_some() && cvec::offsets_fit(g)
+}
+
 /// Whether [`forward_with_filter`] is the faster forward for `g` on
 /// `isa` (see the module): where it is, a caller holding the layer's
 /// weights across calls packs them once ([`PackedFilter::new`]).
@@ -381,7 +388,7 @@ pub fn forward_channels_last(
     check_forward(g, x, y, bias);
     check_len("forward_channels_last", "w", w.len(), g.w_len());
     let path = Path::of(isa);
-    match cvec::pack(path, g, w) {
+    match cvec::pack(path, g, w).filter(|_| cvec::offsets_fit(g)) {
         Some(filter) => cvec::run(path, g, x, &filter, bias, relu, y, true),
         None => through_nchw(path, g, x, w, bias, relu, y),
     }
@@ -392,7 +399,9 @@ pub fn forward_channels_last(
 /// of a layer is shared by both layouts.
 ///
 /// # Panics
-/// As [`forward_with_filter`].
+/// As [`forward_with_filter`], and for an image whose padded copy holds
+/// more than `u32::MAX` values ([`forward_channels_last`] goes through
+/// NCHW there).
 pub fn forward_channels_last_with_filter(
     g: &Conv2dGeometry,
     x: &[f32],

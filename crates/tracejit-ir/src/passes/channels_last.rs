@@ -22,11 +22,16 @@
 //!
 //! A chain must hold two convolutions at least (a lone convolution, with
 //! or without its pool, would pay two transposes to gain little: W11's
-//! layer stays NCHW), and a graph that holds gradients
-//! of convolutions or pools (a training step, whose backward ops read the
-//! forward's activations NCHW) is left alone. Values are those of the NCHW
-//! graph, transposed: every op computes what it computed before, on the
-//! same numbers in the same order, so results keep their bits.
+//! layer stays NCHW), and a graph that holds filter or pool gradients (a
+//! training step, whose backward ops read the forward's activations NCHW)
+//! is left alone; a transposed convolution (`conv2d_backward_data` alone,
+//! ONNX's `ConvTranspose`) does not stop it. Values are those of the NCHW
+//! graph, transposed: each op computes what it computed before on the
+//! same numbers, so the interpreter (whose channels-last ops are the NCHW
+//! loops between transposes) gives the same bits. Compiled, a convolution
+//! may take another kernel than its NCHW form took (the channel-lane one
+//! always) and a mean over the map another summation order: results then
+//! differ by rounding only, within the ops' error bounds.
 
 use std::collections::{HashMap, HashSet};
 
@@ -94,8 +99,7 @@ impl Plan {
             matches!(
                 n.op,
                 Op::Spatial(
-                    SpatialOp::Conv2dBackwardData { .. }
-                        | SpatialOp::Conv2dBackwardFilter { .. }
+                    SpatialOp::Conv2dBackwardFilter { .. }
                         | SpatialOp::MaxPool2dBackward { .. }
                         | SpatialOp::AvgPool2dBackward { .. }
                 )
@@ -220,6 +224,10 @@ fn rewrite(g: &Graph, plan: &Plan) -> Option<Graph> {
     for (id, n) in g.nodes() {
         if !converted(id) {
             nchw_read.extend(n.inputs.iter().map(|v| v.node));
+        } else if matches!(n.op, Op::Spatial(_)) {
+            // A convolution's weights and bias (computed from a converted
+            // value, in a graph of dynamic weights) are read as they are.
+            nchw_read.extend(n.inputs.iter().skip(1).map(|v| v.node));
         }
     }
     let mut rw = Rewriter::new(g);
@@ -236,9 +244,9 @@ fn rewrite(g: &Graph, plan: &Plan) -> Option<Graph> {
         let mut inputs = Vec::with_capacity(n.inputs.len());
         for (i, &v) in n.inputs.iter().enumerate() {
             let new = match last.get(&v) {
-                Some(&l) => l,
                 // A convolution's weights and bias keep their layout.
-                None if matches!(n.op, Op::Spatial(_)) && i > 0 => rw.value(v),
+                _ if matches!(n.op, Op::Spatial(_)) && i > 0 => rw.value(v),
+                Some(&l) => l,
                 None => to_last(&mut rw, &mut adapted, g, v, n.location)?,
             };
             inputs.push(new);

@@ -245,3 +245,27 @@ fn channels_last_gradients_match_the_nchw_ones() {
     let (want, got) = (interpret(&want, &args).unwrap(), interpret(&got, &args).unwrap());
     assert_same_bits(&want, &got);
 }
+
+/// A convolution whose weights are computed from a channels-last value
+/// (dynamic weights) reads them NCHW, and a graph with a transposed
+/// convolution (`conv2d_backward_data` alone, no filter gradient) is
+/// still converted.
+#[test]
+fn dynamic_weights_stay_nchw_and_transposed_convolutions_do_not_block() {
+    let mut g = Graph::new("dynamic");
+    let x = g.add_param(f32t(&[1, 4, 3, 3]));
+    let x2 = g.add_param(f32t(&[2, 4, 5, 5]));
+    let w0 = g.add_constant(f32s(&[4, 4, 1, 1], 1));
+    let w1 = g.add_constant(f32s(&[4, 4, 3, 3], 2));
+    let y = node(&mut g, Op::Spatial(SpatialOp::Conv2d { conv: conv(1, 0), bias: false, relu: false }), &[x, w0]);
+    let z = node(&mut g, Op::Spatial(SpatialOp::Conv2d { conv: conv(1, 1), bias: false, relu: false }), &[y, w1]);
+    let r = node(&mut g, Op::Unary(UnaryOp::Relu), &[z]);
+    // r [1, 4, 3, 3] as the weights of one output channel over 4 inputs.
+    let q = node(&mut g, Op::Spatial(SpatialOp::Conv2d { conv: conv(1, 1), bias: false, relu: false }), &[x2, r]);
+    let up = node(&mut g, Op::Spatial(SpatialOp::Conv2dBackwardData { conv: conv(1, 1), input_hw: [3, 3] }), &[z, w1]);
+    g.outputs = vec![q, up];
+    let opt = run_pass(&g);
+    assert_eq!(ops_in(&opt, "conv2d_nhwc"), 3, "{opt:#}");
+    let args = vec![special(f32s(&[1, 4, 3, 3], 3)), f32s(&[2, 4, 5, 5], 4)];
+    assert_same_bits(&interpret(&g, &args).unwrap(), &interpret(&opt, &args).unwrap());
+}

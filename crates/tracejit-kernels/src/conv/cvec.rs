@@ -18,13 +18,16 @@
 //! chunk kept in a scratch `[pixel][channel]` between chunks (the first
 //! tile of a chunk prefetches the next chunk's weights: a model's weights
 //! come from memory); after the last chunk the tile adds the bias, applies
-//! relu and stores its pixels of each channel into `y`'s NCHW planes. A
-//! map is cut into near-equal tiles of at most 6 pixels (a 7×7 map into
-//! tiles of 6 and 5, not eight of 6 and one of 1).
+//! relu and stores its pixels of each channel into `y`'s NCHW planes, or,
+//! channels last (`x [n, h, w, c]`, `y [n, oh, ow, o]`: the same tiles with
+//! the taps' offsets of that layout), each pixel's channels as whole
+//! vectors. A map is cut into near-equal tiles of at most 6 pixels (a 7×7
+//! map into tiles of 6 and 5, not eight of 6 and one of 1).
 //!
-//! Tasks are (image, block of channels), fixed by the geometry; each
-//! output value is one tile's sum over the taps in their order, so the
-//! bits do not depend on the thread count. Padding is multiplied as zeros,
+//! Tasks are (block of channels, range of pixels) per group of images,
+//! fixed by the geometry (NCHW: one range); each output value is one
+//! tile's sum over the taps in their order, so the bits do not depend on
+//! the thread count. Padding is multiplied as zeros,
 //! and NaN and infinities in `x` reach exactly the outputs whose windows
 //! hold them, as on the module's other paths.
 
@@ -135,6 +138,13 @@ pub(super) fn prefers(path: Path, g: &Conv2dGeometry) -> bool {
         && 2 * g.out_channels >= vecs_for(lanes) * lanes
         && g.in_channels * ph * pw * 4 <= PANEL_MAX_BYTES
         && shape_suits
+}
+
+/// Whether an image's padded copy is addressed by the kernel's 32-bit
+/// offsets.
+pub(super) fn offsets_fit(g: &Conv2dGeometry) -> bool {
+    let [ph, pw] = panel_hw(g).unwrap_or([g.in_h, g.in_w]);
+    g.in_channels.checked_mul(ph).and_then(|v| v.checked_mul(pw)).is_some_and(|v| v <= u32::MAX as usize)
 }
 
 /// Whether packing the filter in every call still pays (each weight is
