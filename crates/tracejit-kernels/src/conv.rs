@@ -418,26 +418,20 @@ pub fn forward_channels_last_with_filter(
 /// The channels-last forward where the channel-lane kernel does not run
 /// (no vector code, several groups): `x` to NCHW, [`forward_on`], `y` back.
 fn through_nchw(path: Path, g: &Conv2dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, relu: bool, y: &mut [f32]) {
-    let x_nchw = to_channels_first(x, g.batch, g.in_h * g.in_w, g.in_channels);
+    let x_nchw = swap_inner(x, g.batch, g.in_h * g.in_w, g.in_channels);
     let mut y_nchw = vec![0.0; y.len()];
     forward_on(path, g, &x_nchw, w, bias, relu, &mut y_nchw);
-    let (plane, c) = (g.out_h() * g.out_w(), g.out_channels);
-    for (n, image) in y_nchw.chunks_exact(c * plane.max(1)).enumerate().take(g.batch) {
-        for (o, channel) in image.chunks_exact(plane.max(1)).enumerate() {
-            for (p, &v) in channel.iter().enumerate() {
-                y[(n * plane + p) * c + o] = v;
-            }
-        }
-    }
+    y.copy_from_slice(&swap_inner(&y_nchw, g.batch, g.out_channels, g.out_h() * g.out_w()));
 }
 
-/// `[batch, pixels, channels]` values as `[batch, channels, pixels]`.
-fn to_channels_first(x: &[f32], batch: usize, pixels: usize, channels: usize) -> Vec<f32> {
+/// `[batch, a, b]` values as `[batch, b, a]`: channels last to first
+/// (`a` pixels, `b` channels) or back.
+pub(super) fn swap_inner(x: &[f32], batch: usize, a: usize, b: usize) -> Vec<f32> {
     let mut out = vec![0.0; x.len()];
     for n in 0..batch {
-        for p in 0..pixels {
-            for c in 0..channels {
-                out[(n * channels + c) * pixels + p] = x[(n * pixels + p) * channels + c];
+        for i in 0..a {
+            for j in 0..b {
+                out[(n * b + j) * a + i] = x[(n * a + i) * b + j];
             }
         }
     }

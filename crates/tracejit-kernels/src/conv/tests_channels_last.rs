@@ -8,38 +8,16 @@
 use super::tests::{assert_close, geo, paths, reference, same_bits_for_threads, Rng};
 use super::*;
 
-/// `[batch, channels, pixels]` values as `[batch, pixels, channels]`.
-fn to_last(v: &[f32], batch: usize, channels: usize, pixels: usize) -> Vec<f32> {
-    let mut out = vec![0.0; v.len()];
-    for n in 0..batch {
-        for c in 0..channels {
-            for p in 0..pixels {
-                out[(n * pixels + p) * channels + c] = v[(n * channels + c) * pixels + p];
-            }
-        }
-    }
-    out
-}
-
 /// `g`'s forward with channels last on `path`: `x` given NCHW, `y` NCHW.
 fn run(path: Path, g: &Conv2dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, relu: bool) -> Vec<f32> {
-    let x_last = to_last(x, g.batch, g.in_channels, g.in_h * g.in_w);
+    let x_last = swap_inner(x, g.batch, g.in_channels, g.in_h * g.in_w);
     let mut y = vec![f32::NAN; g.y_len()];
     match cvec::pack(path, g, w) {
         Some(filter) => cvec::run(path, g, &x_last, &filter, bias, relu, &mut y, true),
         None => through_nchw(path, g, &x_last, w, bias, relu, &mut y),
     }
     // Back to NCHW, to compare with the reference.
-    let (plane, c) = (g.out_h() * g.out_w(), g.out_channels);
-    let mut y_nchw = vec![0.0; y.len()];
-    for n in 0..g.batch {
-        for p in 0..plane {
-            for o in 0..c {
-                y_nchw[(n * c + o) * plane + p] = y[(n * plane + p) * c + o];
-            }
-        }
-    }
-    y_nchw
+    swap_inner(&y, g.batch, g.out_h() * g.out_w(), g.out_channels)
 }
 
 fn shapes() -> Vec<Conv2dGeometry> {
@@ -110,7 +88,7 @@ fn channels_last_entry_points_agree_and_propagate_nan() {
                 assert_close(&format!("{path:?} {g:?} relu {relu}"), &y, &want, &mag, 270);
             }
             let isa = Isa::native();
-            let x_last = to_last(&x, g.batch, g.in_channels, g.in_h * g.in_w);
+            let x_last = swap_inner(&x, g.batch, g.in_channels, g.in_h * g.in_w);
             let mut per_call = vec![0.0; g.y_len()];
             forward_channels_last(&g, &x_last, &w, Some(&b), relu, &mut per_call, isa);
             if let Some(filter) = PackedFilter::new(&g, &w, isa) {
