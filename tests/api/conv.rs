@@ -513,6 +513,10 @@ fn inference_chains_run_channels_last() {
     if tracejit::Target::current().isa.width().is_some() {
         assert!(listing.contains("conv2d_nhwc") && !listing.contains("conv2d["), "{listing}");
         assert!(listing.contains("max_pool2d_nhwc"), "{listing}");
+        // The batch norm and relu move into the first convolution, the
+        // residual add and relu into the main branch's last.
+        assert!(listing.contains("scale=true, bias=true, relu=true"), "{listing}");
+        assert!(listing.contains("bias=true, residual=true, relu=true"), "{listing}");
     } else {
         assert!(!listing.contains("conv2d_nhwc"), "{listing}");
     }

@@ -188,8 +188,13 @@ fn spatial_attrs(op: &tracejit_tensor::SpatialOp) -> String {
     let pool =
         |p: &tracejit_tensor::Pool2dAttrs| format!("kernel={:?}, stride={:?}, pads={:?}", p.kernel, p.stride, p.pad);
     match op {
-        S::Conv2d { conv: c, bias, relu } | S::Conv2dNhwc { conv: c, bias, relu } => {
-            format!("{}, bias={bias}, relu={relu}", conv(c))
+        S::Conv2d { conv: c, bias, relu } => format!("{}, bias={bias}, relu={relu}", conv(c)),
+        // The epilogue's scale and residual only when there (the parser
+        // takes them as false when left out).
+        S::Conv2dNhwc { conv: c, scale, bias, residual, relu } => {
+            let scale = if *scale { "scale=true, " } else { "" };
+            let residual = if *residual { ", residual=true" } else { "" };
+            format!("{}, {scale}bias={bias}{residual}, relu={relu}", conv(c))
         }
         S::Conv2dBackwardData { conv: c, input_hw } => format!("{}, input_hw={input_hw:?}", conv(c)),
         S::Conv2dBackwardFilter { conv: c, kernel, bias } => format!("{}, kernel={kernel:?}, bias={bias}", conv(c)),

@@ -234,7 +234,11 @@ fn spatial_terms(op: &tracejit_tensor::SpatialOp, a: &TensorType, b: &TensorType
     let d = |t: &TensorType, i: usize| t.dims.get(i).copied().flatten().unwrap_or(1024) as f64;
     match op {
         // x, w: w's [in/g, kh, kw] per output.
-        S::Conv2d { .. } | S::Conv2dNhwc { .. } => d(b, 1) * d(b, 2) * d(b, 3) + 1.0,
+        S::Conv2d { .. } => d(b, 1) * d(b, 2) * d(b, 3) + 1.0,
+        // The epilogue's product and residual add round once more each.
+        S::Conv2dNhwc { scale, residual, .. } => {
+            d(b, 1) * d(b, 2) * d(b, 3) + 1.0 + f64::from(u8::from(*scale) + u8::from(*residual))
+        }
         // dy, w: [out/g, kh, kw] per input value.
         S::Conv2dBackwardData { conv, .. } => d(b, 0) / conv.groups.max(1) as f64 * d(b, 2) * d(b, 3),
         // x, dy: images times output pixels.

@@ -43,10 +43,28 @@ pub(crate) fn kernel_name(op: &SpatialOp) -> &'static str {
         SpatialOp::MaxPool2dBackward { .. } => "max_pool2d_backward",
         SpatialOp::AvgPool2d { .. } => "avg_pool2d",
         SpatialOp::AvgPool2dBackward { .. } => "avg_pool2d_backward",
-        SpatialOp::Conv2dNhwc { relu: true, bias: true, .. } => "conv2d_nhwc+bias+relu (channel lanes)",
-        SpatialOp::Conv2dNhwc { relu: true, .. } => "conv2d_nhwc+relu (channel lanes)",
-        SpatialOp::Conv2dNhwc { bias: true, .. } => "conv2d_nhwc+bias (channel lanes)",
-        SpatialOp::Conv2dNhwc { .. } => "conv2d_nhwc (channel lanes)",
+        &SpatialOp::Conv2dNhwc { scale, bias, residual, relu, .. } => {
+            // Every epilogue's name, indexed by its steps as bits.
+            const NAMES: [&str; 16] = [
+                "conv2d_nhwc (channel lanes)",
+                "conv2d_nhwc+scale (channel lanes)",
+                "conv2d_nhwc+bias (channel lanes)",
+                "conv2d_nhwc+scale+bias (channel lanes)",
+                "conv2d_nhwc+residual (channel lanes)",
+                "conv2d_nhwc+scale+residual (channel lanes)",
+                "conv2d_nhwc+bias+residual (channel lanes)",
+                "conv2d_nhwc+scale+bias+residual (channel lanes)",
+                "conv2d_nhwc+relu (channel lanes)",
+                "conv2d_nhwc+scale+relu (channel lanes)",
+                "conv2d_nhwc+bias+relu (channel lanes)",
+                "conv2d_nhwc+scale+bias+relu (channel lanes)",
+                "conv2d_nhwc+residual+relu (channel lanes)",
+                "conv2d_nhwc+scale+residual+relu (channel lanes)",
+                "conv2d_nhwc+bias+residual+relu (channel lanes)",
+                "conv2d_nhwc+scale+bias+residual+relu (channel lanes)",
+            ];
+            NAMES[usize::from(scale) | usize::from(bias) << 1 | usize::from(residual) << 2 | usize::from(relu) << 3]
+        }
         SpatialOp::MaxPool2dNhwc { .. } => "max_pool2d_nhwc",
     }
 }
@@ -219,17 +237,19 @@ pub(crate) fn run_kept(
             }
             vec![finish(y, &ys)]
         }
-        SpatialOp::Conv2dNhwc { conv, bias, relu } => {
+        SpatialOp::Conv2dNhwc { conv, relu, .. } => {
             let x = owned[0].shape();
             let g = conv_geometry(&conv, &[x[0], x[3], x[1], x[2]], owned[1].shape());
             let (mut y, ys) = out(&[g.batch, g.out_h(), g.out_w(), g.out_channels]);
-            let b = bias.then(|| s[2]);
-            match kept.and_then(|k| k.get(&g, args[1], s[1], isa, true)) {
-                Some(k) => {
-                    conv::forward_channels_last_with_filter(&g, s[0], &k.filter, b, relu, slice_mut(&mut y), isa)
-                }
-                None => conv::forward_channels_last(&g, s[0], s[1], b, relu, slice_mut(&mut y), isa),
-            }
+            let e = op.conv_epilogue();
+            let at = |i: Option<usize>| i.map(|i| s[i]);
+            let epi = match e {
+                Some(e) => conv::Epilogue { scale: at(e.scale), bias: at(e.bias), residual: at(e.residual), relu },
+                None => conv::Epilogue::bias_relu((args.len() > 2).then(|| s[2]), relu),
+            };
+            let kept = kept.and_then(|k| k.get(&g, args[1], s[1], isa, true));
+            let filter = kept.as_ref().map(|k| &k.filter);
+            conv::forward_channels_last_fused(&g, s[0], s[1], filter, epi, slice_mut(&mut y), isa);
             vec![finish(y, &ys)]
         }
         SpatialOp::MaxPool2dNhwc { pool: p } => {

@@ -67,6 +67,7 @@
 
 use crate::Isa;
 
+mod channels_last;
 mod cvec;
 #[cfg(target_arch = "x86_64")]
 mod cvec_tiles;
@@ -300,6 +301,9 @@ pub fn forward(g: &Conv2dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, r
     forward_on(Path::of(isa), g, x, w, bias, relu, y)
 }
 
+pub use channels_last::{
+    forward_channels_last, forward_channels_last_fused, forward_channels_last_with_filter, Epilogue,
+};
 pub use cvec::PackedFilter;
 
 impl PackedFilter {
@@ -350,92 +354,7 @@ pub fn forward_with_filter(
     isa: Isa,
 ) {
     check_forward(g, x, y, bias);
-    cvec::run(Path::of(isa), g, x, filter, bias, relu, y, false);
-}
-
-/// [`forward`] with channels last: `x [batch, in_h, in_w, in_channels]`
-/// and `y [batch, out_h, out_w, out_channels]` (overwritten), the weights
-/// and bias as in [`forward`]. With vector code and one group it is the
-/// channel-lane kernel, whose tiles then store a pixel's channels as whole
-/// vectors and read each tap's inputs in place; the weights are packed in
-/// this call ([`forward_channels_last_with_filter`] takes them packed
-/// once). Otherwise `x` is transposed to NCHW, convolved by [`forward`]
-/// and the result transposed back. A chain of convolutions kept channels
-/// last between them transposes nothing and writes no NCHW plane.
-///
-/// ```
-/// use tracejit_kernels::{conv, Isa};
-///
-/// // Two channels of one 1x2 image, [h, w, c] order; a 1x1 kernel summing them.
-/// let g = conv::Conv2dGeometry { batch: 1, in_channels: 2, in_h: 1, in_w: 2, out_channels: 1,
-///     kernel: [1, 1], stride: [1, 1], dilation: [1, 1], pad: [0; 4], groups: 1 };
-/// let mut y = [0.0; 2];
-/// conv::forward_channels_last(&g, &[1.0, 10.0, 2.0, 20.0], &[1.0, 1.0], None, false, &mut y, Isa::native());
-/// assert_eq!(y, [11.0, 22.0]);
-/// ```
-///
-/// # Panics
-/// As [`forward`].
-pub fn forward_channels_last(
-    g: &Conv2dGeometry,
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    relu: bool,
-    y: &mut [f32],
-    isa: Isa,
-) {
-    check_forward(g, x, y, bias);
-    check_len("forward_channels_last", "w", w.len(), g.w_len());
-    let path = Path::of(isa);
-    match cvec::pack(path, g, w).filter(|_| cvec::offsets_fit(g)) {
-        Some(filter) => cvec::run(path, g, x, &filter, bias, relu, y, true),
-        None => through_nchw(path, g, x, w, bias, relu, y),
-    }
-}
-
-/// [`forward_channels_last`] from weights packed beforehand
-/// ([`PackedFilter::new`] with the same geometry and `isa`): the packing
-/// of a layer is shared by both layouts.
-///
-/// # Panics
-/// As [`forward_with_filter`], and for an image whose padded copy holds
-/// more than `u32::MAX` values ([`forward_channels_last`] goes through
-/// NCHW there).
-pub fn forward_channels_last_with_filter(
-    g: &Conv2dGeometry,
-    x: &[f32],
-    filter: &PackedFilter,
-    bias: Option<&[f32]>,
-    relu: bool,
-    y: &mut [f32],
-    isa: Isa,
-) {
-    check_forward(g, x, y, bias);
-    cvec::run(Path::of(isa), g, x, filter, bias, relu, y, true);
-}
-
-/// The channels-last forward where the channel-lane kernel does not run
-/// (no vector code, several groups): `x` to NCHW, [`forward_on`], `y` back.
-fn through_nchw(path: Path, g: &Conv2dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, relu: bool, y: &mut [f32]) {
-    let x_nchw = swap_inner(x, g.batch, g.in_h * g.in_w, g.in_channels);
-    let mut y_nchw = vec![0.0; y.len()];
-    forward_on(path, g, &x_nchw, w, bias, relu, &mut y_nchw);
-    y.copy_from_slice(&swap_inner(&y_nchw, g.batch, g.out_channels, g.out_h() * g.out_w()));
-}
-
-/// `[batch, a, b]` values as `[batch, b, a]`: channels last to first
-/// (`a` pixels, `b` channels) or back.
-pub(super) fn swap_inner(x: &[f32], batch: usize, a: usize, b: usize) -> Vec<f32> {
-    let mut out = vec![0.0; x.len()];
-    for n in 0..batch {
-        for i in 0..a {
-            for j in 0..b {
-                out[(n * b + j) * a + i] = x[(n * a + i) * b + j];
-            }
-        }
-    }
-    out
+    cvec::run(Path::of(isa), g, x, filter, Epilogue::bias_relu(bias, relu), y, false);
 }
 
 /// The forward's checks of the geometry and of `x`, `y` and `bias`.
@@ -462,7 +381,7 @@ pub(crate) fn forward_on(
     check_len("forward", "w", w.len(), g.w_len());
     if cvec::prefers(path, g) && cvec::packing_pays(g) {
         let filter = cvec::pack(path, g, w).expect("cvec::prefers takes packable geometries");
-        return cvec::run(path, g, x, &filter, bias, relu, y, false);
+        return cvec::run(path, g, x, &filter, Epilogue::bias_relu(bias, relu), y, false);
     }
     if forward_gemm::prefers(path, g) {
         return forward_gemm::run(path, g, x, w, bias, relu, y);
@@ -518,7 +437,7 @@ pub(crate) fn backward_data_on(path: Path, g: &Conv2dGeometry, dy: &[f32], w: &[
     }
     if let Some(t) = transposed(g).filter(|t| cvec::prefers(path, t) && cvec::packing_pays(t)) {
         let filter = cvec::pack(path, &t, &flipped).expect("cvec::prefers takes packable geometries");
-        return cvec::run(path, &t, dy, &filter, None, false, dx, false);
+        return cvec::run(path, &t, dy, &filter, Epilogue::default(), dx, false);
     }
     let shape = engine::Shape {
         batch: g.batch,

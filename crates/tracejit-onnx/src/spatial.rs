@@ -1,6 +1,7 @@
 //! Export of the spatial ops: `conv2d` as ONNX `Conv` (its bias as the
 //! third input, a fused relu as a `Relu` after it; the channels-last form
-//! between two `Transpose`s), `max_pool2d` as
+//! between two `Transpose`s, its epilogue as `Mul`, `Add`, `Add`, `Relu`
+//! after them), `max_pool2d` as
 //! `MaxPool`, `avg_pool2d` as `AveragePool` with `count_include_pad = 0`,
 //! all with explicit `pads` in ONNX's order (begins, then ends:
 //! top, left, bottom, right) and floor-mode output sizes (`ceil_mode = 0`).
@@ -79,11 +80,29 @@ pub(crate) fn emit(b: &mut Body, op: &SpatialOp, ins: &[String], out: &str) -> R
             // ONNX's Conv and MaxPool are NCHW: the image transposed in,
             // the result transposed out.
             let x = b.op("Transpose", &refs[..1], vec![attr_ints("perm", &[0, 3, 1, 2])]);
-            let mut first = ins.to_vec();
+            let first_op = op.channels_first();
+            let mut first = ins[..first_op.num_inputs()].to_vec();
             first[0] = x;
             let y = b.fresh("nchw");
-            emit(b, &op.channels_first(), &first, &y)?;
-            b.to(out, "Transpose", &[&y], vec![attr_ints("perm", &[0, 2, 3, 1])]);
+            emit(b, &first_op, &first, &y)?;
+            let Some(e) = op.conv_epilogue() else {
+                b.to(out, "Transpose", &[&y], vec![attr_ints("perm", &[0, 2, 3, 1])]);
+                return Ok(());
+            };
+            // The epilogue channels last, as its ops: a `[C]` operand
+            // broadcasts over the last axis.
+            let mut v = b.op("Transpose", &[&y], vec![attr_ints("perm", &[0, 2, 3, 1])]);
+            let steps =
+                [(e.scale, "Mul"), (e.bias, "Add"), (e.residual, "Add"), (e.relu.then_some(usize::MAX), "Relu")];
+            let steps: Vec<_> = steps.into_iter().filter_map(|(at, kind)| at.map(|i| (i, kind))).collect();
+            for (k, &(i, kind)) in steps.iter().enumerate() {
+                let operands: Vec<&str> = if kind == "Relu" { vec![&v] } else { vec![&v, &refs[i]] };
+                if k + 1 == steps.len() {
+                    b.to(out, kind, &operands, vec![]);
+                } else {
+                    v = b.op(kind, &operands, vec![]);
+                }
+            }
         }
         SpatialOp::Conv2dBackwardData { .. }
         | SpatialOp::Conv2dBackwardFilter { .. }
@@ -97,4 +116,65 @@ pub(crate) fn emit(b: &mut Body, op: &SpatialOp, ins: &[String], out: &str) -> R
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+    use tracejit_ir::tensor::Storage;
+    use tracejit_ir::{interpret, Graph};
+    use tracejit_trace::Tensor;
+
+    use crate::{emit, pb};
+
+    /// A channels-last convolution with every epilogue step (and one
+    /// without), exported, read back by the importer (which ONNX's own
+    /// backend tests check) and run: the same values as the interpreter.
+    #[test]
+    fn channels_last_epilogues_export_as_their_ops() {
+        let text = "graph block(%0: f32[2, 6, 5, 3], %1: f32[4, 3, 3, 3], %2: f32[4], %3: f32[4], \
+                    %4: f32[2, 6, 5, 4], %5: f32[4, 4, 3, 3]) -> (%7) {\n  \
+                    %6 = conv2d_nhwc[stride=[1, 1], dilation=[1, 1], pads=[1, 1, 1, 1], groups=1, scale=true, \
+                    bias=true, residual=true, relu=true] %0, %1, %2, %3, %4 : f32[2, 6, 5, 4]\n  \
+                    %7 = conv2d_nhwc[stride=[1, 1], dilation=[1, 1], pads=[0, 0, 0, 0], groups=1, scale=true, \
+                    bias=false, relu=false] %6, %5, %2 : f32[2, 4, 3, 4]\n}\n";
+        let g = Graph::parse(text).unwrap_or_else(|e| panic!("{e}"));
+        let inputs: Vec<String> = (0..6).map(|i| format!("in{i}")).collect();
+        let mut state = emit::ModelState::default();
+        let body = emit::emit_graph(&g, emit::Scope::Main, &inputs, &["out".into()], &mut state).unwrap().body;
+        let types = g.param_types();
+        let graph = pb::GraphProto {
+            node: body.nodes,
+            initializer: body.initializers,
+            input: inputs.iter().zip(&types).map(|(n, t)| emit::value_info(n, t, |_| None)).collect(),
+            output: vec![emit::value_info("out", &g.output_types()[0], |_| None)],
+            ..pb::GraphProto::default()
+        };
+        let model = pb::ModelProto {
+            ir_version: Some(crate::IR_VERSION),
+            opset_import: vec![emit::opset("", crate::OPSET)],
+            graph: Some(graph),
+            ..pb::ModelProto::default()
+        };
+        let imported = crate::import::import_bytes(&model.encode_to_vec()).unwrap();
+        let args: Vec<Storage> = types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let shape = t.shape().unwrap();
+                let n: usize = shape.iter().product();
+                let v = (0..n).map(|j| ((j * 37 + i * 11) % 23) as f32 / 11.5 - 1.0).collect::<Vec<_>>();
+                Storage::from_vec(v, &shape).unwrap()
+            })
+            .collect();
+        let want = interpret(&g, &args).unwrap().remove(0).to_vec::<f32>().unwrap();
+        let tensors: Vec<Tensor> = args.into_iter().map(Tensor::from).collect();
+        let got = imported.run(&tensors).unwrap().remove(0).to_vec::<f32>().unwrap();
+        assert_eq!(got.len(), want.len());
+        // The importer's convolution sums in another order: 27 and 4
+        // terms of size below 4 in two layers.
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() <= 1e-4, "[{i}] {a} vs {b}");
+        }
+    }
 }

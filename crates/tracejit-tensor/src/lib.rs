@@ -38,7 +38,7 @@ pub use limits::{byte_size, check_allocation, element_count, PROBE_BYTES};
 pub use ops::{
     ArgReduceOp, BinaryKind, BinaryOp, Cost, Exactness, RandomDist, ReduceKind, ReduceOp, SliceSpec, UnaryKind, UnaryOp,
 };
-pub use spatial::{Conv2dAttrs, Pool2dAttrs, SpatialOp};
+pub use spatial::{Conv2dAttrs, ConvEpilogue, Pool2dAttrs, SpatialOp};
 pub use storage::{Storage, StorageElement};
 
 /// The 16-bit float element types of [`DType::BF16`] and [`DType::F16`].

@@ -168,12 +168,25 @@ pub enum SpatialOp {
         input_hw: [usize; 2],
     },
     /// [`SpatialOp::Conv2d`] with channels last: x `[N, H, W, C]`, y `[N,
-    /// oh, ow, O]`; the weights stay `[O, C/g, kh, kw]`.
+    /// oh, ow, O]`; the weights stay `[O, C/g, kh, kw]`. Its epilogue can
+    /// hold what a ResNet block does to a convolution's sums before the
+    /// next convolution reads them: `y = relu(conv · scale + bias +
+    /// residual)`, each step present or not and rounded as its own
+    /// elementwise op (`mul`, `add`, `add`, `relu`) would round it. Inputs:
+    /// x, w, then the scale `[O]`, the bias `[O]` and the residual (y's
+    /// shape) that are present, in that order.
     Conv2dNhwc {
         /// Strides, dilations, padding, groups.
         conv: Conv2dAttrs,
-        /// A third input, the bias, is added per output channel.
+        /// An input of one factor per output channel multiplies the sums
+        /// (a batch norm's scale).
+        scale: bool,
+        /// An input of one term per output channel is added (after the
+        /// scale).
         bias: bool,
+        /// An input of the result's shape is added (after the bias): a
+        /// residual connection.
+        residual: bool,
         /// The result goes through `max(y, 0)`.
         relu: bool,
     },
@@ -201,12 +214,34 @@ impl SpatialOp {
         }
     }
 
-    /// The NCHW form of a channels-last op (itself for the others).
+    /// The NCHW form of a channels-last op (itself for the others). A
+    /// `conv2d_nhwc` with a scale or a residual has none (`conv2d` has no
+    /// such epilogue): its NCHW form is the bare convolution, to which
+    /// the caller applies the epilogue ([`SpatialOp::conv_epilogue`]).
     pub fn channels_first(&self) -> SpatialOp {
         match *self {
-            SpatialOp::Conv2dNhwc { conv, bias, relu } => SpatialOp::Conv2d { conv, bias, relu },
+            SpatialOp::Conv2dNhwc { conv, scale: false, bias, residual: false, relu } => {
+                SpatialOp::Conv2d { conv, bias, relu }
+            }
+            SpatialOp::Conv2dNhwc { conv, .. } => SpatialOp::Conv2d { conv, bias: false, relu: false },
             SpatialOp::MaxPool2dNhwc { pool } => SpatialOp::MaxPool2d { pool },
             op => op,
+        }
+    }
+
+    /// A `conv2d_nhwc`'s epilogue beyond what its NCHW form
+    /// ([`SpatialOp::channels_first`]) computes, as the input index of
+    /// the scale, bias and residual (those present) and whether relu
+    /// ends it; `None` for any other op, and for a convolution whose NCHW
+    /// form is all of it.
+    pub fn conv_epilogue(&self) -> Option<ConvEpilogue> {
+        match *self {
+            SpatialOp::Conv2dNhwc { scale, bias, residual, relu, .. } if scale || residual => {
+                let mut next = 2..;
+                let mut take = |on: bool| on.then(|| next.next().expect("unbounded"));
+                Some(ConvEpilogue { scale: take(scale), bias: take(bias), residual: take(residual), relu })
+            }
+            _ => None,
         }
     }
 
@@ -231,7 +266,10 @@ impl SpatialOp {
     /// How many inputs it takes.
     pub fn num_inputs(&self) -> usize {
         match self {
-            SpatialOp::Conv2d { bias, .. } | SpatialOp::Conv2dNhwc { bias, .. } => 2 + usize::from(*bias),
+            SpatialOp::Conv2d { bias, .. } => 2 + usize::from(*bias),
+            SpatialOp::Conv2dNhwc { scale, bias, residual, .. } => {
+                2 + usize::from(*scale) + usize::from(*bias) + usize::from(*residual)
+            }
             SpatialOp::Conv2dBackwardData { .. }
             | SpatialOp::Conv2dBackwardFilter { .. }
             | SpatialOp::MaxPool2dBackward { .. } => 2,
@@ -256,4 +294,19 @@ impl SpatialOp {
             | SpatialOp::AvgPool2dBackward { .. } => 1,
         }
     }
+}
+
+/// Where a `conv2d_nhwc`'s epilogue finds its operands
+/// ([`SpatialOp::conv_epilogue`]): input indices, in the order the steps
+/// run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConvEpilogue {
+    /// The per-channel factor's input.
+    pub scale: Option<usize>,
+    /// The per-channel term's input.
+    pub bias: Option<usize>,
+    /// The residual's input (the result's shape).
+    pub residual: Option<usize>,
+    /// Whether relu ends it.
+    pub relu: bool,
 }

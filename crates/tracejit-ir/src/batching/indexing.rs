@@ -227,7 +227,11 @@ pub(super) fn random<E: BatchEmitter>(
 /// gradient) and so cannot fold the batch into it.
 fn spatial_data_inputs(sp: &SpatialOp, n_inputs: usize) -> Option<Vec<usize>> {
     match sp {
-        SpatialOp::Conv2d { .. } | SpatialOp::Conv2dNhwc { .. } | SpatialOp::Conv2dBackwardData { .. } => Some(vec![0]),
+        SpatialOp::Conv2d { .. } | SpatialOp::Conv2dBackwardData { .. } => Some(vec![0]),
+        // A residual is of the result's shape: it carries N too.
+        SpatialOp::Conv2dNhwc { .. } => {
+            Some(std::iter::once(0).chain(sp.conv_epilogue().and_then(|e| e.residual)).collect())
+        }
         SpatialOp::MaxPool2d { .. }
         | SpatialOp::MaxPool2dNhwc { .. }
         | SpatialOp::AvgPool2d { .. }
@@ -247,6 +251,12 @@ pub(super) fn spatial<E: BatchEmitter>(
     args: &[Batched<E::Value>],
     size: Option<usize>,
 ) -> Outs<E::Value> {
+    if let Some(ep) = sp.conv_epilogue() {
+        let mapped = |i: Option<usize>| i.is_some_and(|i| args[i].1.is_some());
+        if args[1].1.is_some() || mapped(ep.scale) || mapped(ep.bias) {
+            return epilogue_as_ops(e, sp, ep, args, size);
+        }
+    }
     let Some(data) = spatial_data_inputs(sp, args.len()) else {
         return super::grouped::spatial(e, sp, args, size);
     };
@@ -283,4 +293,44 @@ pub(super) fn spatial<E: BatchEmitter>(
         result.push((emit1(e, Op::Reshape { shape }, &[out])?, Some(0)));
     }
     Ok(result)
+}
+
+/// A `conv2d_nhwc` epilogue whose weights, scale or bias differ per
+/// example: the bare convolution per example (its own rule), then the
+/// epilogue's ops on the batched result, each example's `[C]` operand
+/// broadcast over its own `[N, H, W]`.
+fn epilogue_as_ops<E: BatchEmitter>(
+    e: &mut E,
+    sp: &SpatialOp,
+    ep: tracejit_tensor::ConvEpilogue,
+    args: &[Batched<E::Value>],
+    size: Option<usize>,
+) -> Outs<E::Value> {
+    let SpatialOp::Conv2dNhwc { conv, .. } = *sp else { unreachable!("an epilogue is a conv2d_nhwc's") };
+    let bare = SpatialOp::Conv2dNhwc { conv, scale: false, bias: false, residual: false, relu: false };
+    let (y, b) = spatial(e, &bare, &args[..2], size)?.remove(0);
+    let size = size.or_else(|| b.and_then(|b| e.value_type(&y).dims[b]));
+    let mut y = materialize(e, y, b, size)?;
+    for (at, op) in [(ep.scale, BinaryOp::Mul), (ep.bias, BinaryOp::Add), (ep.residual, BinaryOp::Add)] {
+        let Some(i) = at else { continue };
+        let (v, vb) = args[i].clone();
+        let v = match vb {
+            // `[B, C]` -> `[B, 1, 1, 1, C]`; a residual is `[B, N, H, W, C]`.
+            Some(vb) if at != ep.residual => {
+                let v = to_front(e, v, vb)?;
+                emit1(
+                    e,
+                    Op::Reshape { shape: vec![-1, 1, 1, 1, e.value_type(&v).dims[1].map_or(-1, |c| c as i64)] },
+                    &[v],
+                )?
+            }
+            Some(vb) => to_front(e, v, vb)?,
+            None => v,
+        };
+        y = emit1(e, Op::Binary(op), &[y, v])?;
+    }
+    if ep.relu {
+        y = emit1(e, Op::Unary(tracejit_tensor::UnaryOp::Relu), &[y])?;
+    }
+    Ok(vec![(y, Some(0))])
 }

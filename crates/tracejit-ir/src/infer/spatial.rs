@@ -115,13 +115,43 @@ fn channels_last(op: &SpatialOp, inputs: &[TensorType]) -> Result<Outputs, Strin
     if x.rank() != 4 {
         return Err(format!("x must be of rank 4 (NHWC), got {x}"));
     }
-    let mut args = inputs.to_vec();
+    let first = op.channels_first();
+    let mut args = inputs[..first.num_inputs()].to_vec();
     args[0] = TensorType { dtype: x.dtype, dims: smallvec![x.dims[0], x.dims[3], x.dims[1], x.dims[2]] };
-    let mut outs = spatial(&op.channels_first(), &args)?;
+    let mut outs = spatial(&first, &args)?;
     for y in outs.iter_mut() {
         y.dims = smallvec![y.dims[0], y.dims[2], y.dims[3], y.dims[1]];
     }
+    if let Some(e) = op.conv_epilogue() {
+        check_epilogue(e, inputs, &outs[0])?;
+    }
     Ok(outs)
+}
+
+/// A `conv2d_nhwc` epilogue's operands: f32 or f64 as x (bf16 and f16
+/// would round once where the ops it stands for round at every step),
+/// the scale and bias `[O]`, the residual of the result's shape.
+fn check_epilogue(e: tracejit_tensor::ConvEpilogue, inputs: &[TensorType], y: &TensorType) -> Result<(), String> {
+    if !matches!(y.dtype, DType::F32 | DType::F64) {
+        return Err(format!("a scale or residual epilogue computes in f32 or f64, got x {}", inputs[0]));
+    }
+    for (name, at) in [("scale", e.scale), ("bias", e.bias)] {
+        let Some(t) = at.map(|i| &inputs[i]) else { continue };
+        if t.dtype != y.dtype || t.rank() != 1 || !agree(t.dims[0], y.dims[3]) {
+            return Err(format!(
+                "the {name} must be {}[{}] (one per output channel), got {t}",
+                y.dtype,
+                dim(y.dims[3])
+            ));
+        }
+    }
+    if let Some(r) = e.residual.map(|i| &inputs[i]) {
+        let same = r.rank() == 4 && r.dims.iter().zip(&y.dims).all(|(&a, &b)| agree(a, b));
+        if r.dtype != y.dtype || !same {
+            return Err(format!("the residual must be of the result's type {y}, got {r}"));
+        }
+    }
+    Ok(())
 }
 
 fn dim(d: Dim) -> String {

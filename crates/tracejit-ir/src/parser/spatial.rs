@@ -15,14 +15,16 @@ pub(super) fn spatial_op(name: &str, c: &mut Cursor<'_>) -> Result<Option<Spatia
     }
     c.expect("[")?;
     let op = match name {
-        "conv2d" | "conv2d_nhwc" => {
+        "conv2d" => {
             let conv = conv_attrs(c)?;
             let bias = flag(c, "bias")?;
             let relu = flag(c, "relu")?;
-            match name {
-                "conv2d" => SpatialOp::Conv2d { conv, bias, relu },
-                _ => SpatialOp::Conv2dNhwc { conv, bias, relu },
-            }
+            SpatialOp::Conv2d { conv, bias, relu }
+        }
+        "conv2d_nhwc" => {
+            let conv = conv_attrs(c)?;
+            let [scale, bias, residual, relu] = epilogue_flags(c)?;
+            SpatialOp::Conv2dNhwc { conv, scale, bias, residual, relu }
         }
         "conv2d_backward_data" => {
             let conv = conv_attrs(c)?;
@@ -83,6 +85,30 @@ fn pair(c: &mut Cursor<'_>, key: &str) -> Result<[usize; 2], ParseError> {
     c.expect(",")?;
     c.key(key)?;
     sizes::<2>(c)
+}
+
+/// A `conv2d_nhwc`'s `, scale=.., bias=.., residual=.., relu=..` in that
+/// order, `scale` and `residual` optional (false when left out, as the
+/// printer leaves them out).
+fn epilogue_flags(c: &mut Cursor<'_>) -> Result<[bool; 4], ParseError> {
+    const NAMES: [&str; 4] = ["scale", "bias", "residual", "relu"];
+    let mut flags = [None; 4];
+    let mut next = 0;
+    while c.eat(",") {
+        let key = c.word("a flag")?;
+        let Some(i) = NAMES[next..].iter().position(|&n| n == key).map(|p| p + next) else {
+            return Err(c.invalid(format!("expected one of {:?} (in that order), got `{key}`", &NAMES[next..])));
+        };
+        c.expect("=")?;
+        flags[i] = Some(c.number("`true` or `false`")?);
+        next = i + 1;
+    }
+    for i in [1, 3] {
+        if flags[i].is_none() {
+            return Err(c.invalid(format!("`{}=` is missing", NAMES[i])));
+        }
+    }
+    Ok(flags.map(|f| f.unwrap_or(false)))
 }
 
 /// `, key=true` or `, key=false`.

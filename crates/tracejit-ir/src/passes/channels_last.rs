@@ -252,9 +252,13 @@ fn rewrite(g: &Graph, plan: &Plan) -> Option<Graph> {
             inputs.push(new);
         }
         let op = match &n.op {
-            Op::Spatial(SpatialOp::Conv2d { conv, bias, relu }) => {
-                Op::Spatial(SpatialOp::Conv2dNhwc { conv: *conv, bias: *bias, relu: *relu })
-            }
+            Op::Spatial(SpatialOp::Conv2d { conv, bias, relu }) => Op::Spatial(SpatialOp::Conv2dNhwc {
+                conv: *conv,
+                scale: false,
+                bias: *bias,
+                residual: false,
+                relu: *relu,
+            }),
             Op::Spatial(SpatialOp::MaxPool2d { pool }) => Op::Spatial(SpatialOp::MaxPool2dNhwc { pool: *pool }),
             Op::Reduce { op, axes, keepdims } => {
                 let mut axes: Vec<usize> = axes.iter().map(|&a| last_axis(a)).collect();

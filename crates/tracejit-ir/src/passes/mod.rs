@@ -25,6 +25,7 @@
 //! | `dce` | [`Dce`] | drops nodes that neither reach an output nor have side effects |
 //! | `auto_mixed_precision` | [`AutoMixedPrecision`] | with [`PassContext::mixed_precision`] set: products and convolutions read bf16-rounded operands, accumulate in f32 |
 //! | `channels_last` | [`ChannelsLast`] | with [`PassContext::channels_last`] set: an inference graph's chains of convolutions keep their activations `[N, H, W, C]` |
+//! | `conv_epilogue` | [`FuseConvEpilogue`] | a channels-last convolution's per-channel scale and shift, residual add and relu move into its store |
 //! | `fusion` | [`Fusion`] | groups elementwise chains and reductions into `Op::Fused` regions |
 //!
 //! Nodes cannot be removed from a graph's arena, so a pass that deletes or
@@ -48,6 +49,7 @@ use crate::{ExternalKernel, Graph, Op, TensorType};
 
 mod channels_last;
 mod const_fold;
+mod conv_epilogue;
 mod conv_relu;
 mod cse;
 mod dce;
@@ -64,6 +66,7 @@ mod sparse_update;
 
 pub use channels_last::ChannelsLast;
 pub use const_fold::ConstantFolding;
+pub use conv_epilogue::FuseConvEpilogue;
 pub use conv_relu::ConvRelu;
 pub use cse::Cse;
 pub use dce::Dce;

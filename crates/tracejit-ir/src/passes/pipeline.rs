@@ -11,6 +11,7 @@
 //! fixpoint "simplify" (cap 8):  const_fold, simplify, cse, conv_relu, sparse_update, dce
 //! auto_mixed_precision          products in bf16 with f32 accumulation (when asked)
 //! channels_last                 inference convolutions keep [N, H, W, C] (when asked)
+//! conv_epilogue                 their batch norms, residual adds and relus into their stores
 //! fusion                        elementwise/reduction regions
 //! ```
 //!
@@ -31,8 +32,8 @@ use std::time::{Duration, Instant};
 use cranelift_entity::EntityRef;
 
 use crate::passes::{
-    AcceptRegion, AutoMixedPrecision, ChannelsLast, ConstantFolding, ConvRelu, Cse, Dce, Fusion, HoistLoopProducts,
-    Inline, Pass, PassContext, SelectImplementation, Simplify, SparseUpdate, DEFAULT_FOLD_LIMIT,
+    AcceptRegion, AutoMixedPrecision, ChannelsLast, ConstantFolding, ConvRelu, Cse, Dce, FuseConvEpilogue, Fusion,
+    HoistLoopProducts, Inline, Pass, PassContext, SelectImplementation, Simplify, SparseUpdate, DEFAULT_FOLD_LIMIT,
 };
 use crate::{verify, Graph, IrError, NodeId};
 
@@ -269,6 +270,7 @@ impl Pipeline {
             },
             Stage::pass(AutoMixedPrecision),
             Stage::pass(ChannelsLast),
+            Stage::pass(FuseConvEpilogue),
             Stage::pass(Fusion::default()),
         ])
     }
@@ -512,6 +514,7 @@ mod tests {
                 "dce",
                 "auto_mixed_precision",
                 "channels_last",
+                "conv_epilogue",
                 "fusion"
             ]
         );

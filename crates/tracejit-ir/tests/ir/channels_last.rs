@@ -17,11 +17,11 @@ fn conv(stride: usize, pad: usize) -> Conv2dAttrs {
     Conv2dAttrs { stride: [stride; 2], dilation: [1, 1], pad: [pad; 4], groups: 1 }
 }
 
-fn ops_in(g: &Graph, name: &str) -> usize {
+pub(crate) fn ops_in(g: &Graph, name: &str) -> usize {
     g.nodes().filter(|(_, n)| n.op.name() == name).count()
 }
 
-fn run_pass(g: &Graph) -> Graph {
+pub(crate) fn run_pass(g: &Graph) -> Graph {
     let mut out = g.clone();
     let cx = PassContext { channels_last: true, ..PassContext::new("test") };
     ChannelsLast.run(&mut out, &cx);
@@ -31,7 +31,7 @@ fn run_pass(g: &Graph) -> Graph {
 
 /// Asserts the two result lists are equal bit for bit (any NaN equal to
 /// any NaN).
-fn assert_same_bits(want: &[Storage], got: &[Storage]) {
+pub(crate) fn assert_same_bits(want: &[Storage], got: &[Storage]) {
     assert_eq!(want.len(), got.len());
     for (i, (w, g)) in want.iter().zip(got).enumerate() {
         assert_eq!(w.shape(), g.shape(), "output {i}");
@@ -49,7 +49,11 @@ fn channels_last_ops_round_trip_and_infer() {
     let w = g.add_param(f32t(&[6, 4, 3, 3]));
     let b = g.add_param(f32t(&[6]));
     let c = Conv2dAttrs { stride: [2, 1], dilation: [1, 1], pad: [1, 1, 1, 1], groups: 1 };
-    let y = node(&mut g, Op::Spatial(SpatialOp::Conv2dNhwc { conv: c, bias: true, relu: true }), &[x, w, b]);
+    let y = node(
+        &mut g,
+        Op::Spatial(SpatialOp::Conv2dNhwc { conv: c, scale: false, bias: true, residual: false, relu: true }),
+        &[x, w, b],
+    );
     let pool = Pool2dAttrs { kernel: [3, 3], stride: [2, 2], pad: [1, 1, 1, 1] };
     let m = node(&mut g, Op::Spatial(SpatialOp::MaxPool2dNhwc { pool }), &[y]);
     g.outputs = vec![y, m];
@@ -59,7 +63,7 @@ fn channels_last_ops_round_trip_and_infer() {
     assert_eq!((out[0].to_string(), out[1].to_string()), ("f32[?, 5, 8, 6]".into(), "f32[?, 3, 4, 6]".into()));
     // The channels are the last axis: weights for 9 input channels do not fit.
     let bad = infer(
-        &Op::Spatial(SpatialOp::Conv2dNhwc { conv: c, bias: false, relu: false }),
+        &Op::Spatial(SpatialOp::Conv2dNhwc { conv: c, scale: false, bias: false, residual: false, relu: false }),
         &[f32t(&[1, 4, 8, 9]), f32t(&[6, 4, 3, 3])],
         None,
     );
@@ -72,14 +76,14 @@ fn channels_last_ops_round_trip_and_infer() {
 /// multiply-add) and relu, a max pool, `blocks` residual blocks (1×1,
 /// 3×3, 1×1, the shortcut a projection when `project`), an average or a
 /// mean over the map, flattened into a product.
-struct Net {
-    batch: usize,
-    channels: usize,
-    hw: usize,
-    blocks: usize,
-    project: bool,
-    mean: bool,
-    seed: u64,
+pub(crate) struct Net {
+    pub(crate) batch: usize,
+    pub(crate) channels: usize,
+    pub(crate) hw: usize,
+    pub(crate) blocks: usize,
+    pub(crate) project: bool,
+    pub(crate) mean: bool,
+    pub(crate) seed: u64,
 }
 
 /// Constants of a graph under construction, each from its own seed.
@@ -117,7 +121,7 @@ impl Consts {
 }
 
 impl Net {
-    fn build(&self) -> (Graph, Vec<Storage>) {
+    pub(crate) fn build(&self) -> (Graph, Vec<Storage>) {
         let (n, c, hw) = (self.batch, self.channels, self.hw);
         let mut g = Graph::new("net");
         let x = g.add_param(f32t(&[n as i64, 3, hw as i64, hw as i64]));
@@ -156,7 +160,7 @@ impl Net {
 }
 
 /// Some NaN and infinities among the values.
-fn special(s: Storage) -> Storage {
+pub(crate) fn special(s: Storage) -> Storage {
     let mut v = s.to_vec::<f32>().unwrap();
     let len = v.len();
     for (k, x) in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY].into_iter().enumerate() {

@@ -48,8 +48,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tracejit_ir::passes::{
-    AutoMixedPrecision, ChannelsLast, ConstantFolding, ConvRelu, Cse, Dce, Fusion, HoistLoopProducts, Inline,
-    KernelRegistry, Pass, PassContext, Pipeline, SelectImplementation, Simplify, SparseUpdate,
+    AutoMixedPrecision, ChannelsLast, ConstantFolding, ConvRelu, Cse, Dce, FuseConvEpilogue, Fusion, HoistLoopProducts,
+    Inline, KernelRegistry, Pass, PassContext, Pipeline, SelectImplementation, Simplify, SparseUpdate,
 };
 use tracejit_ir::{verify, Graph};
 
@@ -84,6 +84,7 @@ fn passes() -> Vec<Box<dyn Pass>> {
         Box::new(ConvRelu),
         Box::new(HoistLoopProducts),
         Box::new(ChannelsLast),
+        Box::new(FuseConvEpilogue),
     ]
 }
 

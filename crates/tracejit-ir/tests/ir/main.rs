@@ -10,6 +10,7 @@ mod autodiff_unknown;
 mod batching;
 mod channels_last;
 mod common;
+mod conv_epilogue;
 mod filetests;
 mod infer;
 mod interp;

@@ -17,8 +17,10 @@
 //! while every tile of the map passes over them, the partial sums of a
 //! chunk kept in a scratch `[pixel][channel]` between chunks (the first
 //! tile of a chunk prefetches the next chunk's weights: a model's weights
-//! come from memory); after the last chunk the tile adds the bias, applies
-//! relu and stores its pixels of each channel into `y`'s NCHW planes, or,
+//! come from memory); after the last chunk the tile applies its epilogue
+//! (the bias and relu; channels last also a per-channel scale and a
+//! residual, see [`super::Epilogue`]) and stores its pixels of each
+//! channel into `y`'s NCHW planes, or,
 //! channels last (`x [n, h, w, c]`, `y [n, oh, ow, o]`: the same tiles with
 //! the taps' offsets of that layout), each pixel's channels as whole
 //! vectors. A map is cut into near-equal tiles of at most 6 pixels (a 7×7
@@ -31,7 +33,7 @@
 //! and NaN and infinities in `x` reach exactly the outputs whose windows
 //! hold them, as on the module's other paths.
 
-use super::{run_tasks, Conv2dGeometry, Path, SendPtr};
+use super::{run_tasks, Conv2dGeometry, Epilogue, Path, SendPtr};
 
 /// Bytes of one chunk of a block's weights: they stay in the level-1 cache
 /// (48 KiB on the Xeon, 32 on Zen 3 and 4) beside a few lines of the panel.
@@ -177,10 +179,9 @@ pub(super) struct Walk<'a> {
     pub panel_len: usize,
     /// Values per image's output (`out_c · plane`).
     pub out_len: usize,
-    /// The bias, if any.
-    pub bias: Option<&'a [f32]>,
-    /// Whether relu follows.
-    pub relu: bool,
+    /// What each sum takes before it is stored: scale, bias, residual,
+    /// relu.
+    pub epi: Epilogue<'a>,
     /// Channels last: `x` and `y` are `[batch, h, w, channels]` (else NCHW).
     pub channels_last: bool,
     /// Pixel ranges each block is cut into, one task each.
@@ -197,8 +198,9 @@ fn panel_hw(g: &Conv2dGeometry) -> Option<[usize; 2]> {
     (g.pad != [0; 4]).then(|| [g.in_h + g.pad[0] + g.pad[2], g.in_w + g.pad[1] + g.pad[3]])
 }
 
-/// `y = conv(x, w) + bias` (then relu) from `filter` (packed for `g` on
-/// `path`); `y` overwritten. With `channels_last`, `x` is `[batch, in_h,
+/// `y = epi(conv(x, w))` (see [`Epilogue`]: `conv + bias`, then relu, in
+/// the NCHW uses) from `filter` (packed for `g` on `path`); `y`
+/// overwritten. With `channels_last`, `x` is `[batch, in_h,
 /// in_w, in_channels]` and `y` `[batch, out_h, out_w, out_channels]`: the
 /// same tiles and sums, the taps' offsets and the stores changed (a tile's
 /// channels of a pixel are adjacent, stored as vectors).
@@ -208,8 +210,7 @@ pub(super) fn run(
     g: &Conv2dGeometry,
     x: &[f32],
     filter: &PackedFilter,
-    bias: Option<&[f32]>,
-    relu: bool,
+    epi: Epilogue<'_>,
     y: &mut [f32],
     channels_last: bool,
 ) {
@@ -241,7 +242,7 @@ pub(super) fn run(
     let chunk = (CHUNK_BYTES / 4 / filter.width).max(1);
     let panel_len = g.in_channels * ph * pw;
     let out_len = g.out_channels * plane;
-    let mut walk = Walk { filter, offs, bases, chunk, plane, panel_len, out_len, bias, relu, channels_last, parts: 1 };
+    let mut walk = Walk { filter, offs, bases, chunk, plane, panel_len, out_len, epi, channels_last, parts: 1 };
     let group = (GROUP_BYTES / (4 * panel_len).max(1)).clamp(1, g.batch);
     // Channels last, a block's map is cut into ranges of pixels when there
     // are fewer blocks than threads could take (a 64-channel layer is one
@@ -307,6 +308,9 @@ fn run_groups(
             x_group
         };
         let y_group = SendPtr(out.get().wrapping_add(n0 * out_len));
+        // The residual's values sit where the outputs they join do.
+        let r_group = walk.epi.residual.map_or(std::ptr::null(), |r| r[n0 * out_len..].as_ptr());
+        let r_group = SendPtr(r_group.cast_mut());
         let (blocks, parts) = (filter.blocks(), walk.parts);
         run_tasks(blocks * parts, filter.taps * plane * images * filter.width * blocks, &|t| {
             // Part-major: a part's inputs stay in the level-2 cache while
@@ -319,7 +323,7 @@ fn run_groups(
             // `y` from `y_group`; task `t` writes the channels of `block`
             // at `part` of the pixels only; `lanes` is the path's, which
             // the CPU has.
-            unsafe { super::cvec_tiles::task(lanes, walk, panels, images, (block, part), y_group.get()) }
+            unsafe { super::cvec_tiles::task(lanes, walk, panels, images, (block, part), y_group.get(), r_group.get()) }
         });
     }
 }
@@ -354,16 +358,16 @@ fn fill_panels(
 }
 
 impl Walk<'_> {
-    /// The stored value of output channel `o` from its sum `acc`: plus the
-    /// bias, then relu (NaN stays NaN, as in the other paths).
+    /// The stored value of output channel `o` from its sum `acc`, the
+    /// residual's value there at `r` (null: none).
+    ///
+    /// # Safety
+    /// A non-null `r` is readable.
     #[inline(always)]
-    pub fn finish(&self, o: usize, acc: f32) -> f32 {
-        let v = acc + self.bias.map_or(0.0, |b| b[o]);
-        if self.relu && v < 0.0 {
-            0.0
-        } else {
-            v
-        }
+    pub unsafe fn finish(&self, o: usize, acc: f32, r: *const f32) -> f32 {
+        // SAFETY: forwarded from the caller.
+        let r = (!r.is_null()).then(|| unsafe { *r });
+        self.epi.apply(o, acc, r)
     }
 
     /// The packed filter's (width, out_c, taps).

@@ -25,7 +25,10 @@ const WIDTH_MAX: usize = 64;
 /// The CPU has `lanes` (16: AVX-512F; 8: AVX2 and FMA), the filter was
 /// packed at `lanes`; `panels` are the images' (padded) inputs `walk` was
 /// made for, `walk.panel_len` values each; `y` points at the images'
-/// `out_len` writable outputs each.
+/// `out_len` writable outputs each, and a non-null `r` as many readable
+/// values of the residual (`walk.epi.residual` from the group's first
+/// image).
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn task(
     lanes: usize,
     walk: &Walk,
@@ -33,6 +36,7 @@ pub(super) unsafe fn task(
     images: usize,
     (block, part): (usize, usize),
     y: *mut f32,
+    r: *mut f32,
 ) {
     let (width, _, taps) = walk.sizes();
     let all = images * walk.plane;
@@ -45,9 +49,9 @@ pub(super) unsafe fn task(
         // SAFETY: forwarded from the caller.
         unsafe {
             if lanes == 16 {
-                task_w16(walk, panels, pixels, block, y, scratch)
+                task_w16(walk, panels, pixels, block, [y, r], scratch)
             } else {
-                task_w8(walk, panels, pixels, block, y, scratch)
+                task_w8(walk, panels, pixels, block, [y, r], scratch)
             }
         }
     })
@@ -55,16 +59,30 @@ pub(super) unsafe fn task(
 
 /// [`task`] at 16 lanes.
 #[target_feature(enable = "avx512f")]
-unsafe fn task_w16(walk: &Walk, panels: &[f32], pixels: Range<usize>, block: usize, y: *mut f32, scratch: &mut [f32]) {
+unsafe fn task_w16(
+    walk: &Walk,
+    panels: &[f32],
+    pixels: Range<usize>,
+    block: usize,
+    yr: [*mut f32; 2],
+    scratch: &mut [f32],
+) {
     // SAFETY: forwarded from the caller.
-    unsafe { run::<__m512, 4>(walk, panels, pixels, block, y, scratch) }
+    unsafe { run::<__m512, 4>(walk, panels, pixels, block, yr, scratch) }
 }
 
 /// [`task`] at 8 lanes.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn task_w8(walk: &Walk, panels: &[f32], pixels: Range<usize>, block: usize, y: *mut f32, scratch: &mut [f32]) {
+unsafe fn task_w8(
+    walk: &Walk,
+    panels: &[f32],
+    pixels: Range<usize>,
+    block: usize,
+    yr: [*mut f32; 2],
+    scratch: &mut [f32],
+) {
     // SAFETY: forwarded from the caller.
-    unsafe { run::<__m256, 2>(walk, panels, pixels, block, y, scratch) }
+    unsafe { run::<__m256, 2>(walk, panels, pixels, block, yr, scratch) }
 }
 
 /// Where a tile's sums go after a chunk.
@@ -81,6 +99,8 @@ struct Sink {
     last: bool,
     /// The image's output planes.
     y: *mut f32,
+    /// The residual's values, laid out as `y`'s (null: none).
+    r: *const f32,
     /// The block's first output channel.
     oc0: usize,
     /// Distance (in values) from a tap's weights to those to fetch into
@@ -101,7 +121,7 @@ unsafe fn run<V: Lanes, const A: usize>(
     panels: &[f32],
     pixels: Range<usize>,
     block: usize,
-    y: *mut f32,
+    [y, r]: [*mut f32; 2],
     scratch: &mut [f32],
 ) {
     let (width, _, taps) = walk.sizes();
@@ -117,6 +137,7 @@ unsafe fn run<V: Lanes, const A: usize>(
                 resume: c > 0,
                 last: c + 1 == chunks,
                 y,
+                r,
                 oc0: block * width,
                 prefetch: None,
             };
@@ -226,19 +247,21 @@ unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
             let o = sink.oc0 + j;
             let dst = sink.y.add(o * walk.plane);
             for (b, &d) in dsts.iter().enumerate() {
-                *dst.add(d) = walk.finish(o, sums[b * width + j]);
+                let r = if sink.r.is_null() { sink.r } else { sink.r.add(o * walk.plane + d) };
+                *dst.add(d) = walk.finish(o, sums[b * width + j], r);
             }
         }
     }
 }
 
 /// A tile's finished sums into channels-last `y`: each pixel's `A`
-/// vectors of channels are adjacent there, so whole vectors take the bias
-/// and relu and are stored; the lanes past the last channel (a last block
-/// of fewer channels) are written one by one.
+/// vectors of channels are adjacent there (and in the residual), so whole
+/// vectors take the epilogue and are stored; the lanes past the last
+/// channel (a last block of fewer channels) are written one by one.
 ///
 /// # Safety
-/// As [`tile`]; `y` holds the group's `images · plane · out_c` values.
+/// As [`tile`]; `y` (and a non-null residual) holds the group's `images ·
+/// plane · out_c` values.
 #[inline(always)]
 unsafe fn store_channels_last<V: Lanes, const A: usize, const B: usize>(
     walk: &Walk,
@@ -248,43 +271,54 @@ unsafe fn store_channels_last<V: Lanes, const A: usize, const B: usize>(
 ) {
     let (_, out_c, _) = walk.sizes();
     let room = out_c - sink.oc0;
+    let epi = &walk.epi;
     // SAFETY: pixel `p0 + b`'s channels `oc0..oc0 + width.min(room)` are
-    // in `y`; the bias has `out_c` values.
+    // in `y` and the residual; the scale and bias have `out_c` values.
     unsafe {
         if room >= A * V::LANES {
-            // A whole block: straight-line adds, maxes and stores. No bias
-            // adds +0 as `finish` does (a sum of -0 stores +0 either way).
-            let bias: [V; A] = std::array::from_fn(|a| match walk.bias {
-                Some(bias) => V::load(bias.as_ptr().add(sink.oc0 + a * V::LANES)),
-                None => V::zero(),
-            });
-            let dst = sink.y.add(p0 * out_c + sink.oc0);
-            // `vmaxps 0, v` is `v` when `v` is NaN.
-            if walk.relu {
-                for (b, row) in acc.into_iter().enumerate() {
-                    for (a, v) in row.into_iter().enumerate() {
-                        V::zero().max(v.add(bias[a])).store(dst.add(b * out_c + a * V::LANES));
+            // A whole block: straight-line products, adds, maxes and
+            // stores, each rounded as the graph's own op rounds it; a
+            // missing step is skipped (so a product's -0 stays -0, as the
+            // ops keep it; a sum of products from +0 is never -0).
+            let per_channel = |p: Option<&[f32]>, or: f32| -> [V; A] {
+                std::array::from_fn(|a| match p {
+                    Some(p) => V::load(p.as_ptr().add(sink.oc0 + a * V::LANES)),
+                    None => V::splat(or),
+                })
+            };
+            let (scale, bias) = (per_channel(epi.scale, 1.0), per_channel(epi.bias, 0.0));
+            let at = p0 * out_c + sink.oc0;
+            let (dst, res) = (sink.y.add(at), if sink.r.is_null() { sink.r } else { sink.r.add(at) });
+            for (b, row) in acc.into_iter().enumerate() {
+                for (a, v) in row.into_iter().enumerate() {
+                    let i = b * out_c + a * V::LANES;
+                    let mut v = if epi.scale.is_some() { v.mul(scale[a]) } else { v };
+                    if epi.bias.is_some() {
+                        v = v.add(bias[a]);
                     }
-                }
-            } else {
-                for (b, row) in acc.into_iter().enumerate() {
-                    for (a, v) in row.into_iter().enumerate() {
-                        v.add(bias[a]).store(dst.add(b * out_c + a * V::LANES));
+                    if !res.is_null() {
+                        v = v.add(V::load(res.add(i)));
                     }
+                    // `vmaxps 0, v` is `v` when `v` is NaN.
+                    if epi.relu {
+                        v = V::zero().max(v);
+                    }
+                    v.store(dst.add(i));
                 }
             }
             return;
         }
         // The last block of fewer channels: lane by lane.
         for (b, row) in acc.into_iter().enumerate() {
-            let dst = sink.y.add((p0 + b) * out_c + sink.oc0);
+            let at = (p0 + b) * out_c + sink.oc0;
             for (a, v) in row.into_iter().enumerate() {
                 let o = a * V::LANES;
                 if o < room {
                     let mut lanes = [0.0f32; 16];
                     v.store(lanes.as_mut_ptr());
                     for (j, &s) in lanes[..V::LANES.min(room - o)].iter().enumerate() {
-                        *dst.add(o + j) = walk.finish(sink.oc0 + o + j, s);
+                        let r = if sink.r.is_null() { sink.r } else { sink.r.add(at + o + j) };
+                        *sink.y.add(at + o + j) = walk.finish(sink.oc0 + o + j, s, r);
                     }
                 }
             }

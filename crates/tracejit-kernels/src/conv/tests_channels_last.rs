@@ -5,16 +5,22 @@
 //! grouped convolutions (through NCHW), non-finite values, the bits at 1-3
 //! threads, and a filter packed once against one packed per call.
 
+use super::channels_last::{swap_inner, through_nchw};
 use super::tests::{assert_close, geo, paths, reference, same_bits_for_threads, Rng};
 use super::*;
 
 /// `g`'s forward with channels last on `path`: `x` given NCHW, `y` NCHW.
 fn run(path: Path, g: &Conv2dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, relu: bool) -> Vec<f32> {
+    run_fused(path, g, x, w, Epilogue::bias_relu(bias, relu))
+}
+
+/// [`run`] with any epilogue (a residual given channels last).
+fn run_fused(path: Path, g: &Conv2dGeometry, x: &[f32], w: &[f32], epi: Epilogue<'_>) -> Vec<f32> {
     let x_last = swap_inner(x, g.batch, g.in_channels, g.in_h * g.in_w);
     let mut y = vec![f32::NAN; g.y_len()];
     match cvec::pack(path, g, w) {
-        Some(filter) => cvec::run(path, g, &x_last, &filter, bias, relu, &mut y, true),
-        None => through_nchw(path, g, &x_last, w, bias, relu, &mut y),
+        Some(filter) => cvec::run(path, g, &x_last, &filter, epi, &mut y, true),
+        None => through_nchw(path, g, &x_last, w, epi, &mut y),
     }
     // Back to NCHW, to compare with the reference.
     swap_inner(&y, g.batch, g.out_h() * g.out_w(), g.out_channels)
@@ -132,4 +138,54 @@ fn channels_last_forward_panics_on_a_short_output() {
     let g = geo(1, 2, 3, 1, [2, 2], [1, 1], [1, 1], [1, 1], [0; 4]);
     let mut y = vec![0.0; 10];
     forward_channels_last(&g, &[0.0; 8], &[0.0; 6], None, false, &mut y, Isa::native());
+}
+
+/// Every combination of scale, bias, residual and relu on every path:
+/// the fused stores give what the epilogue's steps give applied one after
+/// another to the same kernel's plain sums (the sums are the same tiles'),
+/// bit for bit up to the sign of a zero; NaN and infinities in the scale
+/// and the residual reach their outputs. The NCHW fallback (several
+/// groups) and partial blocks take the scalar steps.
+#[test]
+fn channels_last_epilogue_is_its_steps_in_order() {
+    let mut rng = Rng(0xe91_1095);
+    for g in [
+        geo(2, 24, 70, 1, [5, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        geo(1, 16, 64, 1, [40, 40], [1, 1], [1, 1], [1, 1], [0; 4]),
+        geo(2, 8, 12, 4, [6, 7], [3, 3], [2, 2], [1, 1], [1, 0, 1, 0]),
+    ] {
+        let (x, w) = (rng.vec(g.x_len()), rng.vec(g.w_len()));
+        let (mut scale, bias, mut residual) = (rng.vec(g.out_channels), rng.vec(g.out_channels), rng.vec(g.y_len()));
+        scale[1] = f32::INFINITY;
+        residual[3] = f32::NAN;
+        residual[g.y_len() - 2] = f32::NEG_INFINITY;
+        for mask in 0..16 {
+            let epi = Epilogue {
+                scale: (mask & 1 != 0).then_some(&scale[..]),
+                bias: (mask & 2 != 0).then_some(&bias[..]),
+                residual: (mask & 4 != 0).then_some(&residual[..]),
+                relu: mask & 8 != 0,
+            };
+            for path in paths() {
+                // `run_fused` gives NCHW; the residual is channels last.
+                let plane = g.out_h() * g.out_w();
+                let last = |y: Vec<f32>| swap_inner(&y, g.batch, g.out_channels, plane);
+                let plain = last(run_fused(path, &g, &x, &w, Epilogue::default()));
+                let fused = last(run_fused(path, &g, &x, &w, epi));
+                for (i, (&p, &f)) in plain.iter().zip(&fused).enumerate() {
+                    let want = epi.apply(i % g.out_channels, p, epi.residual.map(|r| r[i]));
+                    assert!(want == f || (want.is_nan() && f.is_nan()), "{path:?} {g:?} {mask}: [{i}] {f} vs {want}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "conv::forward: residual holds 11 values, the geometry needs 12")]
+fn channels_last_forward_panics_on_a_short_residual() {
+    let g = geo(1, 2, 3, 1, [2, 2], [1, 1], [1, 1], [1, 1], [0; 4]);
+    let (mut y, r) = (vec![0.0; 12], vec![0.0; 11]);
+    let epi = Epilogue { residual: Some(&r), ..Epilogue::default() };
+    forward_channels_last_fused(&g, &[0.0; 8], &[0.0; 6], None, epi, &mut y, Isa::native());
 }

@@ -40,7 +40,7 @@ fn vector_paths() -> Vec<Path> {
 fn run(path: Path, g: &Conv2dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, relu: bool) -> Vec<f32> {
     let filter = cvec::pack(path, g, w).expect("one group on a vector path");
     let mut y = vec![f32::NAN; g.y_len()];
-    cvec::run(path, g, x, &filter, bias, relu, &mut y, false);
+    cvec::run(path, g, x, &filter, Epilogue::bias_relu(bias, relu), &mut y, false);
     y
 }
 

@@ -478,11 +478,32 @@ pub fn spatial(op: &SpatialOp, inputs: &[&Storage]) -> Vec<Storage> {
         // transposed back (the oracle of the channels-last kernels).
         SpatialOp::Conv2dNhwc { .. } | SpatialOp::MaxPool2dNhwc { .. } => {
             let x = transpose(inputs[0], &[0, 3, 1, 2]);
-            let mut args = inputs.to_vec();
+            let first = op.channels_first();
+            let mut args = inputs[..first.num_inputs()].to_vec();
             args[0] = &x;
-            spatial(&op.channels_first(), &args).iter().map(|y| transpose(y, &[0, 2, 3, 1])).collect()
+            let ys: Vec<Storage> = spatial(&first, &args).iter().map(|y| transpose(y, &[0, 2, 3, 1])).collect();
+            match op.conv_epilogue() {
+                Some(e) => vec![conv_epilogue(e, &ys[0], inputs)],
+                None => ys,
+            }
         }
     }
+}
+
+/// A `conv2d_nhwc`'s epilogue on its bare convolution `y`: the elementwise
+/// ops it stands for, one after another (a `[C]` operand broadcasts over
+/// the channels-last axis), so the bits are theirs.
+fn conv_epilogue(e: crate::ConvEpilogue, y: &Storage, inputs: &[&Storage]) -> Storage {
+    let mut y = y.clone();
+    for (at, op) in [(e.scale, BinaryOp::Mul), (e.bias, BinaryOp::Add), (e.residual, BinaryOp::Add)] {
+        if let Some(i) = at {
+            y = binary(op, &y, inputs[i]);
+        }
+    }
+    if e.relu {
+        y = unary(UnaryOp::Relu, &y);
+    }
+    y
 }
 
 /// The Philox stream a random op reads from `state` (see [`random`]), for

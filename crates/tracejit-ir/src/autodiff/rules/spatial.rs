@@ -124,6 +124,9 @@ pub(super) fn spatial_vjp<E: Emitter>(
             let Some(g) = g else { return Ok(vec![None]) };
             vec![Some(spatial(b, SpatialOp::AvgPool2d { pool }, &[g])?.remove(0))]
         }
+        SpatialOp::Conv2dNhwc { .. } if sp.conv_epilogue().is_some() => {
+            epilogue_vjp(b, op, sp, inputs, outputs, cotangents, wanted)?
+        }
         SpatialOp::Conv2dNhwc { .. } | SpatialOp::MaxPool2dNhwc { .. } => {
             channels_last_vjp(b, op, sp, inputs, outputs, cotangents, wanted)?
         }
@@ -154,6 +157,56 @@ fn channels_last_vjp<E: Emitter>(
         *dx = b.op(Op::Transpose { perm: vec![0, 2, 3, 1] }, std::slice::from_ref(dx))?;
     }
     Ok(grads)
+}
+
+/// The cotangents of a `conv2d_nhwc` with a scale or residual epilogue,
+/// `y = relu(c · s + b + r)` on the bare convolution `c`: through relu
+/// (1 where y > 0), `r`'s is `g`, `b`'s and `s`'s are sums over the
+/// batch and the map (of `g`, of `g · c` with `c` computed again), and
+/// `c`'s, `g · s`, goes through the bare convolution's rule.
+fn epilogue_vjp<E: Emitter>(
+    b: &mut B<'_, E>,
+    op: &Op,
+    sp: &SpatialOp,
+    inputs: &[E::Value],
+    outputs: &[E::Value],
+    cotangents: &[Option<E::Value>],
+    wanted: &[bool],
+) -> R<Vec<Option<E::Value>>> {
+    let (Some(e), SpatialOp::Conv2dNhwc { conv, .. }) = (sp.conv_epilogue(), sp) else {
+        unreachable!("called for epilogues only")
+    };
+    let mut out = vec![None; inputs.len()];
+    let Some(mut g) = cotangents.first().cloned().flatten() else { return Ok(out) };
+    let want = |i: usize| wanted.get(i).copied().unwrap_or(true);
+    if e.relu {
+        let zero = b.k(&outputs[0], 0.0);
+        let live = b.bin(BinaryOp::Gt, &outputs[0], &zero)?;
+        g = b.mask(&live, &g)?;
+    }
+    let over_map = |b: &mut B<'_, E>, v: E::Value| {
+        b.op(Op::Reduce { op: ReduceOp::Sum, axes: vec![0, 1, 2], keepdims: false }, &[v])
+    };
+    if let Some(i) = e.residual {
+        out[i] = Some(g.clone());
+    }
+    if let Some(i) = e.bias.filter(|&i| want(i)) {
+        out[i] = Some(over_map(b, g.clone())?);
+    }
+    let bare = SpatialOp::Conv2dNhwc { conv: *conv, scale: false, bias: false, residual: false, relu: false };
+    if let Some(i) = e.scale {
+        if want(i) {
+            let c = b.op(Op::Spatial(bare), &inputs[..2])?;
+            let gc = b.mul(&g, &c)?;
+            out[i] = Some(over_map(b, gc)?);
+        }
+        g = b.mul(&g, &inputs[i])?;
+    }
+    let grads = channels_last_vjp(b, op, &bare, &inputs[..2], &[], &[Some(g)], &wanted[..2.min(wanted.len())])?;
+    for (o, d) in out.iter_mut().zip(grads) {
+        *o = d;
+    }
+    Ok(out)
 }
 
 /// `g` (of `x`'s shape) read at each window's maximum of `x`, the
