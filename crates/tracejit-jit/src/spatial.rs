@@ -243,6 +243,15 @@ pub(crate) fn run_kept(
             let (mut y, ys) = out(&[g.batch, g.out_h(), g.out_w(), g.out_channels]);
             let e = op.conv_epilogue();
             let at = |i: Option<usize>| i.map(|i| s[i]);
+            // Sizes the type rule could not know (an unknown dim on both
+            // sides) that differ now: the ops' own rules (broadcasting).
+            if let Some(e) = e {
+                let o = g.out_channels;
+                let fits = |i: Option<usize>, n: usize| i.is_none_or(|i| s[i].len() == n);
+                if !(fits(e.scale, o) && fits(e.bias, o) && fits(e.residual, g.batch * g.out_h() * g.out_w() * o)) {
+                    return kernels::spatial(op, args);
+                }
+            }
             let epi = match e {
                 Some(e) => conv::Epilogue { scale: at(e.scale), bias: at(e.bias), residual: at(e.residual), relu },
                 None => conv::Epilogue::bias_relu((args.len() > 2).then(|| s[2]), relu),

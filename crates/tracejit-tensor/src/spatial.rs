@@ -103,13 +103,16 @@ fn out_size(n: usize, pads: usize, k: usize, stride: usize, dilation: usize) -> 
 /// | `max_pool2d`, `avg_pool2d` | x `[N, C, H, W]` | y `[N, C, oh, ow]` |
 /// | `max_pool2d_backward` | x, dy | dx (each `dy` at its window's first maximum) |
 /// | `avg_pool2d_backward` | dy | dx `[N, C, input_hw]` |
-/// | `conv2d_nhwc` | x `[N, H, W, C]`, w, bias `[O]` if `bias` | y `[N, oh, ow, O]` (`max(y, 0)` if `relu`) |
+/// | `conv2d_nhwc` | x `[N, H, W, C]`, w, scale `[O]` if `scale`, bias `[O]` if `bias`, residual `[N, oh, ow, O]` if `residual` | y `[N, oh, ow, O]`: `conv · scale + bias + residual`, then `max(y, 0)` if `relu` |
 /// | `max_pool2d_nhwc` | x `[N, H, W, C]` | y `[N, oh, ow, C]` |
 ///
 /// The channels-last forms compute exactly what their NCHW forms compute
-/// on the transposed operands; the optimizer's layout pass makes them for
-/// inference graphs (chains of convolutions then keep channels last
-/// between them), and they have no gradient rule of their own.
+/// on the transposed operands, a `conv2d_nhwc`'s scale and residual then
+/// as the elementwise ops they stand for; the optimizer's layout pass
+/// makes them for inference graphs (chains of convolutions then keep
+/// channels last between them) and its epilogue pass gives convolutions
+/// their batch norms, residual adds and relus. Their gradients are the
+/// NCHW rules' on transposed operands (with the epilogue's own steps).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SpatialOp {
     /// Convolution, with the bias added and relu applied in its output

@@ -295,10 +295,12 @@ pub(super) fn spatial<E: BatchEmitter>(
     Ok(result)
 }
 
-/// A `conv2d_nhwc` epilogue whose weights, scale or bias differ per
-/// example: the bare convolution per example (its own rule), then the
-/// epilogue's ops on the batched result, each example's `[C]` operand
-/// broadcast over its own `[N, H, W]`.
+/// A `conv2d_nhwc` epilogue whose scale or bias differ per example (or
+/// its weights, which the bare convolution's rule then refuses, as it
+/// refuses them without an epilogue): the bare convolution (per example
+/// when its image is, else once), then the epilogue's ops on the batched
+/// result, each example's `[C]` operand broadcast over its own `[N, H,
+/// W]`.
 fn epilogue_as_ops<E: BatchEmitter>(
     e: &mut E,
     sp: &SpatialOp,
@@ -308,7 +310,12 @@ fn epilogue_as_ops<E: BatchEmitter>(
 ) -> Outs<E::Value> {
     let SpatialOp::Conv2dNhwc { conv, .. } = *sp else { unreachable!("an epilogue is a conv2d_nhwc's") };
     let bare = SpatialOp::Conv2dNhwc { conv, scale: false, bias: false, residual: false, relu: false };
-    let (y, b) = spatial(e, &bare, &args[..2], size)?.remove(0);
+    let (y, b) = if args[..2].iter().all(|(_, b)| b.is_none()) {
+        let xw: Vec<E::Value> = args[..2].iter().map(|(v, _)| v.clone()).collect();
+        (emit1(e, Op::Spatial(bare), &xw)?, None)
+    } else {
+        spatial(e, &bare, &args[..2], size)?.remove(0)
+    };
     let size = size.or_else(|| b.and_then(|b| e.value_type(&y).dims[b]));
     let mut y = materialize(e, y, b, size)?;
     for (at, op) in [(ep.scale, BinaryOp::Mul), (ep.bias, BinaryOp::Add), (ep.residual, BinaryOp::Add)] {
@@ -318,11 +325,7 @@ fn epilogue_as_ops<E: BatchEmitter>(
             // `[B, C]` -> `[B, 1, 1, 1, C]`; a residual is `[B, N, H, W, C]`.
             Some(vb) if at != ep.residual => {
                 let v = to_front(e, v, vb)?;
-                emit1(
-                    e,
-                    Op::Reshape { shape: vec![-1, 1, 1, 1, e.value_type(&v).dims[1].map_or(-1, |c| c as i64)] },
-                    &[v],
-                )?
+                insert_units(e, v, 1, 3)?
             }
             Some(vb) => to_front(e, v, vb)?,
             None => v,

@@ -146,7 +146,10 @@ fn check_epilogue(e: tracejit_tensor::ConvEpilogue, inputs: &[TensorType], y: &T
         }
     }
     if let Some(r) = e.residual.map(|i| &inputs[i]) {
-        let same = r.rank() == 4 && r.dims.iter().zip(&y.dims).all(|(&a, &b)| agree(a, b));
+        // Unknown only where the result's is too: a residual that would
+        // broadcast the result wider has no place here.
+        let same =
+            r.rank() == 4 && r.dims.iter().zip(&y.dims).all(|(&a, &b)| agree(a, b) && (a.is_some() || b.is_none()));
         if r.dtype != y.dtype || !same {
             return Err(format!("the residual must be of the result's type {y}, got {r}"));
         }

@@ -18,12 +18,14 @@
 //!   residual);
 //! - `relu`.
 //!
-//! Each step keeps the result's type (no broadcast grows it), and no node
-//! of the chain is a graph output, has control inputs or is waited for.
-//! The fused op computes each step on the same operands in the same order
-//! with the same rounding, so the interpreter's bits are those of the
-//! ops (`mul` and `add` are commutative bit for bit, so the operand order
-//! does not matter); compiled, relu keeps a -0 the `relu` op makes +0.
+//! Each step keeps the result's type (no broadcast grows it); no value
+//! before the chain's last is a graph output, and no node of it has
+//! control inputs or is waited for. The fused op computes each step on
+//! the same operands in the same order with the same rounding, so the
+//! interpreter's values are those of the ops, signed zeros included
+//! (`mul` and `add` commute, up to which NaN's payload a sum of two NaN
+//! keeps, which no pass promises); compiled, relu keeps a -0 the `relu`
+//! op makes +0.
 
 use std::collections::{HashMap, HashSet};
 

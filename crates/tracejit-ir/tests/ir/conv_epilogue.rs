@@ -142,6 +142,10 @@ fn the_epilogue_parses_checks_its_operands_and_refuses_bf16() {
     assert!(e.to_string().contains("the scale must be f32[6]"), "{e}");
     let e = infer(&op(false, true), &[x.clone(), w.clone(), f32t(&[2, 4, 5, 5])], None).unwrap_err();
     assert!(e.to_string().contains("the residual must be of the result's type"), "{e}");
+    // A residual of an unknown batch where the result's is known could
+    // broadcast it wider.
+    let e = infer(&op(false, true), &[x.clone(), w.clone(), f32t(&[-1, 4, 5, 6])], None).unwrap_err();
+    assert!(e.to_string().contains("the residual must be"), "{e}");
     let bf = |d: &[i64]| TensorType::known(DType::BF16, &d.iter().map(|&v| v as usize).collect::<Vec<_>>());
     let e = infer(&op(true, false), &[bf(&[2, 4, 5, 3]), bf(&[6, 3, 3, 3]), bf(&[6])], None).unwrap_err();
     assert!(e.to_string().contains("computes in f32 or f64"), "{e}");
@@ -227,9 +231,15 @@ fn batched_epilogues_match_the_examples() {
         g
     };
     let shapes: Vec<Vec<usize>> = g.params.iter().map(|&p| g.node(p).outputs[0].shape().unwrap()).collect();
-    // x and the residual per example; then the scale and bias too (the
-    // epilogue as ops after the bare convolution).
-    for in_axes in [vec![Some(0), None, None, None, Some(0)], vec![Some(0), None, Some(0), Some(0), None]] {
+    // x and the residual per example; the scale and bias too (the
+    // epilogue as ops after the bare convolution); the scale or the bias
+    // and residual alone (one bare convolution for all).
+    for in_axes in [
+        vec![Some(0), None, None, None, Some(0)],
+        vec![Some(0), None, Some(0), Some(0), None],
+        vec![None, None, Some(0), None, None],
+        vec![None, None, None, Some(0), Some(0)],
+    ] {
         let n = 3;
         let inputs: Vec<Storage> = shapes
             .iter()
