@@ -303,7 +303,7 @@ fn run_groups(
         // Without padding the images are their own panels.
         let panels: &[f32] = if panel_hw(g).is_some() {
             fill_panels(g, x_group, images, [ph, pw], walk.channels_last, padded);
-            padded
+            &padded[..images * walk.panel_len]
         } else {
             x_group
         };
@@ -329,7 +329,10 @@ fn run_groups(
 }
 
 /// Writes `images` images from `x` into `panels`, each zero-padded to
-/// `hw`, one after another, in `x`'s layout.
+/// `hw`, one after another, in `x`'s layout. Every value of the images'
+/// panels is written once, as padding or as an input: the buffer (kept
+/// between calls) is not cleared first, which wrote a large layer's
+/// panels twice.
 fn fill_panels(
     g: &Conv2dGeometry,
     x: &[f32],
@@ -338,21 +341,24 @@ fn fill_panels(
     channels_last: bool,
     panels: &mut Vec<f32>,
 ) {
-    panels.clear();
-    panels.resize(images * g.in_channels * ph * pw, 0.0);
-    if channels_last {
-        let (c, row) = (g.in_channels, g.in_w * g.in_channels);
-        for r in 0..images * g.in_h {
-            let (n, h) = (r / g.in_h, r % g.in_h);
-            let dst = ((n * ph + h + g.pad[0]) * pw + g.pad[1]) * c;
-            panels[dst..][..row].copy_from_slice(&x[r * row..][..row]);
-        }
-        return;
+    let len = images * g.in_channels * ph * pw;
+    if panels.len() < len {
+        panels.resize(len, 0.0);
     }
-    for c in 0..images * g.in_channels {
-        for r in 0..g.in_h {
-            let src = &x[(c * g.in_h + r) * g.in_w..][..g.in_w];
-            panels[(c * ph + r + g.pad[0]) * pw + g.pad[1]..][..g.in_w].copy_from_slice(src);
+    // Channels last a panel row is `pw` pixels of `c` values; NCHW it is
+    // `pw` values of one channel's plane.
+    let (c, planes) = if channels_last { (g.in_channels, images) } else { (1, images * g.in_channels) };
+    let (row, left) = (g.in_w * c, g.pad[1] * c);
+    for (p, plane) in panels[..len].chunks_exact_mut(ph * pw * c).take(planes).enumerate() {
+        for (h, dst) in plane.chunks_exact_mut(pw * c).enumerate() {
+            match h.checked_sub(g.pad[0]).filter(|&r| r < g.in_h) {
+                Some(r) => {
+                    dst[..left].fill(0.0);
+                    dst[left..left + row].copy_from_slice(&x[(p * g.in_h + r) * row..][..row]);
+                    dst[left + row..].fill(0.0);
+                }
+                None => dst.fill(0.0),
+            }
         }
     }
 }
