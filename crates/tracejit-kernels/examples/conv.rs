@@ -175,6 +175,20 @@ fn conv_layer(name: &str, g: &Conv2dGeometry, relu: bool, backward_data: bool) -
             turn = (turn + 1) % cold.len();
             conv::forward_channels_last_with_filter(g, &x, &cold[turn], Some(&b), relu, black_box(&mut y2), isa)
         });
+        // A ResNet block's last convolution: batch norm's scale and shift,
+        // the shortcut added, relu; the shortcut read from memory.
+        let (scale, residual) = (values(g.out_channels, 9), values(ylen, 10));
+        let epi = conv::Epilogue { scale: Some(&scale), bias: Some(&b), residual: Some(&residual), relu };
+        line(&format!("{name} forward, channels last, residual"), macs, "G MAC/s", || {
+            conv::forward_channels_last_fused(g, &x, &w, Some(&filter), epi, black_box(&mut y2), isa)
+        });
+        // The same, written over the shortcut (as a compiled model does
+        // when the shortcut dies there); the values grow, staying finite.
+        let mut y3 = residual.clone();
+        let own = conv::Epilogue { residual: None, ..epi };
+        line(&format!("{name} forward, channels last, onto residual"), macs, "G MAC/s", || {
+            conv::forward_channels_last_onto(g, &x, &w, Some(&filter), own, black_box(&mut y3), isa)
+        });
     }
     let mut backward = 0.0;
     if backward_data {

@@ -302,7 +302,8 @@ pub fn forward(g: &Conv2dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, r
 }
 
 pub use channels_last::{
-    forward_channels_last, forward_channels_last_fused, forward_channels_last_with_filter, Epilogue,
+    forward_channels_last, forward_channels_last_fused, forward_channels_last_onto, forward_channels_last_with_filter,
+    Epilogue,
 };
 pub use cvec::PackedFilter;
 

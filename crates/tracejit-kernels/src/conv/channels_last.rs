@@ -182,6 +182,66 @@ pub fn forward_channels_last_fused(
     through_nchw(path, g, x, w, epi, y)
 }
 
+/// [`forward_channels_last_fused`] with the residual in `y` itself: `y`
+/// holds the shortcut on entry and `epi(conv(x, w)) + y` replaces it, the
+/// residual step taking its place in the epilogue's order (after the
+/// bias, before relu). A compiled model writes a block's last convolution
+/// over its dying shortcut this way: each output line is read and
+/// written once, where a separate residual costs a third stream (the
+/// output's lines fetched before they are written).
+///
+/// ```
+/// use tracejit_kernels::{conv, Isa};
+///
+/// let g = conv::Conv2dGeometry { batch: 1, in_channels: 1, in_h: 1, in_w: 3, out_channels: 1,
+///     kernel: [1, 1], stride: [1, 1], dilation: [1, 1], pad: [0; 4], groups: 1 };
+/// let epi = conv::Epilogue { scale: Some(&[2.0]), bias: Some(&[1.0]), residual: None, relu: true };
+/// let mut y = [0.0, -5.0, 10.0]; // the shortcut
+/// conv::forward_channels_last_onto(&g, &[1.0, 1.0, 1.0], &[1.0], None, epi, &mut y, Isa::native());
+/// assert_eq!(y, [3.0, 0.0, 13.0]);
+/// ```
+///
+/// # Panics
+/// As [`forward_channels_last_fused`], and when `epi` has a residual of
+/// its own.
+pub fn forward_channels_last_onto(
+    g: &Conv2dGeometry,
+    x: &[f32],
+    w: &[f32],
+    filter: Option<&PackedFilter>,
+    epi: Epilogue<'_>,
+    y: &mut [f32],
+    isa: Isa,
+) {
+    assert!(epi.residual.is_none(), "conv2d: forward_channels_last_onto takes its residual from y, not the epilogue");
+    check_forward(g, x, y, epi.bias);
+    check_len("forward_channels_last_onto", "w", w.len(), g.w_len());
+    epi.check(g);
+    onto_on(Path::of(isa), g, x, w, filter, epi, y)
+}
+
+/// [`forward_channels_last_onto`] on `path`, its operands checked.
+pub(super) fn onto_on(
+    path: Path,
+    g: &Conv2dGeometry,
+    x: &[f32],
+    w: &[f32],
+    filter: Option<&PackedFilter>,
+    epi: Epilogue<'_>,
+    y: &mut [f32],
+) {
+    if cvec::offsets_fit(g) {
+        if let Some(filter) = filter {
+            return cvec::run_onto(path, g, x, filter, epi, y);
+        }
+        if let Some(filter) = cvec::pack(path, g, w) {
+            return cvec::run_onto(path, g, x, &filter, epi, y);
+        }
+    }
+    let shortcut = y.to_vec();
+    through_nchw(path, g, x, w, Epilogue { residual: Some(&shortcut), ..epi }, y)
+}
+
 /// The channels-last forward where the channel-lane kernel does not run
 /// (no vector code, several groups): `x` to NCHW, [`forward_on`] (with
 /// the bias and relu when that is the whole epilogue), `y` back, and the

@@ -184,6 +184,8 @@ pub(super) struct Walk<'a> {
     pub epi: Epilogue<'a>,
     /// Channels last: `x` and `y` are `[batch, h, w, channels]` (else NCHW).
     pub channels_last: bool,
+    /// The residual is `y`'s own values on entry (`epi` has none).
+    pub onto: bool,
     /// Pixel ranges each block is cut into, one task each.
     pub parts: usize,
 }
@@ -204,7 +206,6 @@ fn panel_hw(g: &Conv2dGeometry) -> Option<[usize; 2]> {
 /// in_w, in_channels]` and `y` `[batch, out_h, out_w, out_channels]`: the
 /// same tiles and sums, the taps' offsets and the stores changed (a tile's
 /// channels of a pixel are adjacent, stored as vectors).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     path: Path,
     g: &Conv2dGeometry,
@@ -213,6 +214,37 @@ pub(super) fn run(
     epi: Epilogue<'_>,
     y: &mut [f32],
     channels_last: bool,
+) {
+    run_on(path, g, x, filter, epi, y, channels_last, false)
+}
+
+/// [`run`] channels last with the residual in `y` on entry (`epi` has
+/// none of its own): each tile reads a vector of the shortcut and writes
+/// its output over it, the same values in the same order, so no value is
+/// read after it was overwritten.
+pub(super) fn run_onto(
+    path: Path,
+    g: &Conv2dGeometry,
+    x: &[f32],
+    filter: &PackedFilter,
+    epi: Epilogue<'_>,
+    y: &mut [f32],
+) {
+    debug_assert!(epi.residual.is_none());
+    run_on(path, g, x, filter, epi, y, true, true)
+}
+
+/// [`run`], the residual in `y` when `onto`.
+#[allow(clippy::too_many_arguments)]
+fn run_on(
+    path: Path,
+    g: &Conv2dGeometry,
+    x: &[f32],
+    filter: &PackedFilter,
+    epi: Epilogue<'_>,
+    y: &mut [f32],
+    channels_last: bool,
+    onto: bool,
 ) {
     let lanes =
         lanes_of(path).unwrap_or_else(|| panic!("conv2d: a packed filter runs on vector code, which {path:?} is not"));
@@ -242,7 +274,7 @@ pub(super) fn run(
     let chunk = (CHUNK_BYTES / 4 / filter.width).max(1);
     let panel_len = g.in_channels * ph * pw;
     let out_len = g.out_channels * plane;
-    let mut walk = Walk { filter, offs, bases, chunk, plane, panel_len, out_len, epi, channels_last, parts: 1 };
+    let mut walk = Walk { filter, offs, bases, chunk, plane, panel_len, out_len, epi, channels_last, onto, parts: 1 };
     let group = (GROUP_BYTES / (4 * panel_len).max(1)).clamp(1, g.batch);
     // Channels last, a block's map is cut into ranges of pixels when there
     // are fewer blocks than threads could take (a 64-channel layer is one
@@ -309,8 +341,14 @@ fn run_groups(
         };
         let y_group = SendPtr(out.get().wrapping_add(n0 * out_len));
         // The residual's values sit where the outputs they join do.
-        let r_group = walk.epi.residual.map_or(std::ptr::null(), |r| r[n0 * out_len..].as_ptr());
-        let r_group = SendPtr(r_group.cast_mut());
+        // Onto `y`: the residual is the output's own buffer, read through
+        // the same pointer the tiles write through.
+        let r_group = match walk.epi.residual {
+            _ if walk.onto => y_group.get(),
+            Some(r) => r[n0 * out_len..].as_ptr().cast_mut(),
+            None => std::ptr::null_mut(),
+        };
+        let r_group = SendPtr(r_group);
         let (blocks, parts) = (filter.blocks(), walk.parts);
         run_tasks(blocks * parts, filter.taps * plane * images * filter.width * blocks, &|t| {
             // Part-major: a part's inputs stay in the level-2 cache while

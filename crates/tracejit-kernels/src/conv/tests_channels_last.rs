@@ -5,7 +5,7 @@
 //! grouped convolutions (through NCHW), non-finite values, the bits at 1-3
 //! threads, and a filter packed once against one packed per call.
 
-use super::channels_last::{swap_inner, through_nchw};
+use super::channels_last::{onto_on, swap_inner, through_nchw};
 use super::tests::{assert_close, geo, paths, reference, same_bits_for_threads, Rng};
 use super::*;
 
@@ -176,9 +176,34 @@ fn channels_last_epilogue_is_its_steps_in_order() {
                     let want = epi.apply(i % g.out_channels, p, epi.residual.map(|r| r[i]));
                     assert!(want == f || (want.is_nan() && f.is_nan()), "{path:?} {g:?} {mask}: [{i}] {f} vs {want}");
                 }
+                // The residual in `y` on entry: the same values, from
+                // `y`'s own buffer (with and without a filter packed
+                // beforehand).
+                if let Some(r) = epi.residual {
+                    let x_last = swap_inner(&x, g.batch, g.in_channels, g.in_h * g.in_w);
+                    let own = Epilogue { residual: None, ..epi };
+                    let packed = cvec::pack(path, &g, &w);
+                    for filter in [None, packed.as_ref()] {
+                        let mut y = r.to_vec();
+                        onto_on(path, &g, &x_last, &w, filter, own, &mut y);
+                        for (i, (&o, &f)) in y.iter().zip(&fused).enumerate() {
+                            let same = o.to_bits() == f.to_bits() || (o.is_nan() && f.is_nan());
+                            assert!(same, "{path:?} {g:?} {mask} onto y: [{i}] {o} vs {f}");
+                        }
+                    }
+                }
             }
         }
     }
+}
+
+#[test]
+#[should_panic(expected = "takes its residual from y, not the epilogue")]
+fn channels_last_onto_refuses_a_second_residual() {
+    let g = geo(1, 2, 3, 1, [2, 2], [1, 1], [1, 1], [1, 1], [0; 4]);
+    let (mut y, r) = (vec![0.0; 12], vec![0.0; 12]);
+    let epi = Epilogue { residual: Some(&r), ..Epilogue::default() };
+    forward_channels_last_onto(&g, &[0.0; 8], &[0.0; 6], None, epi, &mut y, Isa::native());
 }
 
 #[test]
