@@ -531,3 +531,47 @@ fn inference_chains_run_channels_last() {
     let listing = train.concrete_functions()[0].optimized_graph().to_string();
     assert!(listing.contains("conv2d_backward_data") && !listing.contains("nhwc"), "{listing}");
 }
+
+/// A block's last convolution writes its output over the shortcut when
+/// the shortcut dies there (the profile names the step in place of its
+/// residual), and not when the shortcut is read again afterwards; both
+/// agree with the reference loops.
+#[test]
+fn a_dying_shortcut_is_written_over() {
+    let (w1, w2, w3) = (data(&[8, 8, 3, 3], 70), data(&[8, 8, 1, 1], 71), data(&[8, 8, 1, 1], 72));
+    let (s, t) = (data(&[8, 1, 1], 73), data(&[8, 1, 1], 74));
+    let block = move |x: &Tensor| {
+        let a = conv2d(x, &w1, None, Conv2dOptions::default().padding(1)).relu();
+        let b = conv2d(&a, &w2, None, Conv2dOptions::default()).relu();
+        let y = (&(&(&conv2d(&b, &w3, None, Conv2dOptions::default()) * &s) + &t) + &a).relu();
+        (a, y)
+    };
+    let dies = {
+        let block = block.clone();
+        move |x: Tensor| block(&x).1.mean(&[2, 3], false)
+    };
+    let kept = move |x: Tensor| {
+        let (a, y) = block(&x);
+        &y.mean(&[2, 3], false) + &a.mean(&[2, 3], false)
+    };
+    // Per layer |error| <= 2 · taps · ε · Σ|terms|; the last layer's terms
+    // sum to at most 8 · 8 · 72 (72 taps of values in [-1, 1) first).
+    let tol = 2.0 * 72.0 * f32::EPSILON * 4608.0;
+    let x = data(&[2, 8, 6, 5], 75);
+    let vector = tracejit::Target::current().isa.width().is_some();
+    let cases = [
+        ("dies", function(dies.clone()), function(dies).jit(false), vector),
+        ("read again", function(kept.clone()), function(kept).jit(false), false),
+    ];
+    for (name, f, reference, in_place) in cases {
+        let want = vals(&reference.call(x.clone()).unwrap());
+        for call in 0..2 {
+            assert_near(&format!("{name}, call {call}"), &vals(&f.call(x.clone()).unwrap()), &want, tol);
+        }
+        let cf = &f.concrete_functions()[0];
+        let profile = cf.profile(std::slice::from_ref(&x), 1).unwrap().expect("the JIT ran");
+        let over =
+            profile.steps.iter().any(|s| s.what.contains("residual+relu") && s.what.contains("(in place of input"));
+        assert_eq!(over, in_place, "{name}: {:#?}", profile.steps.iter().map(|s| &s.what).collect::<Vec<_>>());
+    }
+}

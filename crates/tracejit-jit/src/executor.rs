@@ -431,7 +431,7 @@ impl Executable {
                 },
                 StepKind::External(op) => outs.extend(tracejit_ir::eval_kernel(op, &args, self.target.isa)),
                 StepKind::Spatial(op, kept) => {
-                    outs.extend(crate::spatial::run_kept(op, &args, self.target.isa, pool, kept.as_deref()))
+                    outs.extend(crate::spatial::run_kept(op, &args, self.target.isa, pool, kept.as_deref(), alias))
                 }
                 StepKind::Primitive(op, fast) => {
                     // The fast path lowering chose, when its run-time guard

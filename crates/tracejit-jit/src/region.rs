@@ -43,8 +43,8 @@ mod output;
 
 pub(crate) use crate::pool::BufPool;
 pub(crate) use epilogue::Product;
-use output::{data_ptr, OutBuf};
-pub(crate) use output::{same_shape, unique_mut_ptr};
+use output::OutBuf;
+pub(crate) use output::{data_ptr, same_shape, unique_mut_ptr};
 
 /// A compiled kernel and its scratch plan, shared through the cache.
 pub(crate) struct Kernel {

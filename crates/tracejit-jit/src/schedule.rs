@@ -349,9 +349,12 @@ impl Schedule {
             }
             if let Some(p) = s.in_place {
                 let frees_it = s.inputs.get(p).is_some_and(|x| s.frees.contains(x));
-                let writes =
-                    matches!(s.kind, StepKind::Region(_) | StepKind::Primitive(tracejit_ir::Op::DynamicUpdateSlice, _))
-                        && (p == 0 || matches!(s.kind, StepKind::Region(_)));
+                let writes = match &s.kind {
+                    StepKind::Region(_) => true,
+                    StepKind::Primitive(tracejit_ir::Op::DynamicUpdateSlice, _) => p == 0,
+                    StepKind::Spatial(op, _) => op.conv_epilogue().and_then(|e| e.residual) == Some(p),
+                    _ => false,
+                };
                 if !frees_it || !writes {
                     return Err(format!("step {i} writes in place over input {p}, which it does not free"));
                 }

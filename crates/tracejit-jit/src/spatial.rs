@@ -27,7 +27,7 @@ use tracejit_kernels::conv::{self, Conv2dGeometry};
 use tracejit_kernels::pool2d::{self, Pool2dGeometry};
 use tracejit_kernels::Isa;
 
-use crate::region::BufPool;
+use crate::region::{data_ptr, same_shape, BufPool};
 
 /// The kernel that runs `op` on f32 operands, for listings and profiles.
 pub(crate) fn kernel_name(op: &SpatialOp) -> &'static str {
@@ -196,24 +196,29 @@ pub(crate) fn step_name(op: &SpatialOp, kept: Option<&KeptFilter>) -> String {
 /// Runs `op` on `args` (checked against its type rule), its outputs'
 /// buffers from `pool`.
 pub(crate) fn run(op: &SpatialOp, args: &[&Storage], isa: Isa, pool: &mut BufPool) -> Vec<Storage> {
-    run_kept(op, args, isa, pool, None)
+    run_kept(op, args, isa, pool, None, None)
 }
 
 /// [`run`] for a step that may keep its packed filter (a convolution by
 /// a variable's value or a constant).
+///
+/// `onto` is the operand (and its buffer's address, taken while it was
+/// unique) a channels-last convolution may write its output over: its
+/// residual, dying at this step (the `in_place` pass).
 pub(crate) fn run_kept(
     op: &SpatialOp,
     args: &[&Storage],
     isa: Isa,
     pool: &mut BufPool,
     kept: Option<&KeptFilter>,
+    onto: Option<(usize, i64)>,
 ) -> Vec<Storage> {
     // bf16 / f16: the f32 kernels on the widened operands, each result
     // rounded once (the reference kernels' rule, at the fast kernels' speed).
     if let Some(low) = args.iter().map(|a| a.dtype()).find(|d| d.is_low_precision()) {
         let wide: Vec<Storage> = args.iter().map(|a| kernels::cast(a, DType::F32)).collect();
         let refs: Vec<&Storage> = wide.iter().collect();
-        return run_kept(op, &refs, isa, pool, None).iter().map(|r| kernels::cast(r, low)).collect();
+        return run_kept(op, &refs, isa, pool, None, None).iter().map(|r| kernels::cast(r, low)).collect();
     }
     // Empty tensors (a batch of 0) have nothing to compute, and the fast
     // kernels take positive sizes only.
@@ -240,7 +245,7 @@ pub(crate) fn run_kept(
         SpatialOp::Conv2dNhwc { conv, relu, .. } => {
             let x = owned[0].shape();
             let g = conv_geometry(&conv, &[x[0], x[3], x[1], x[2]], owned[1].shape());
-            let (mut y, ys) = out(&[g.batch, g.out_h(), g.out_w(), g.out_channels]);
+            let y_shape = [g.batch, g.out_h(), g.out_w(), g.out_channels];
             let e = op.conv_epilogue();
             let at = |i: Option<usize>| i.map(|i| s[i]);
             // Sizes the type rule could not know (an unknown dim on both
@@ -258,6 +263,25 @@ pub(crate) fn run_kept(
             };
             let kept = kept.and_then(|k| k.get(&g, args[1], s[1], isa, true));
             let filter = kept.as_ref().map(|k| &k.filter);
+            // Over the dying residual: the buffer the executor found unique
+            // (no other value, view or slot shares it, so `x`, `w` and the
+            // vectors lie elsewhere), still that buffer and of `y`'s shape.
+            if let Some((p, ptr)) = onto.filter(|&(p, ptr)| {
+                epi.residual.is_some()
+                    && e.and_then(|e| e.residual) == Some(p)
+                    && args[p].is_standard_layout()
+                    && data_ptr(args[p]) == ptr
+                    && same_shape(args[p].shape(), &y_shape)
+            }) {
+                let epi = conv::Epilogue { residual: None, ..epi };
+                // SAFETY: `ptr` addresses the residual's `y_len` f32 values,
+                // which nothing else reads or writes during this call (the
+                // residual's slice in `s` is not used again).
+                let y = unsafe { std::slice::from_raw_parts_mut(ptr as *mut f32, y_shape.iter().product()) };
+                conv::forward_channels_last_onto(&g, s[0], s[1], filter, epi, y, isa);
+                return vec![args[p].clone()];
+            }
+            let (mut y, ys) = out(&y_shape);
             conv::forward_channels_last_fused(&g, s[0], s[1], filter, epi, slice_mut(&mut y), isa);
             vec![finish(y, &ys)]
         }

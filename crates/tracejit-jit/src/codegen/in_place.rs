@@ -1,4 +1,5 @@
-//! `in_place`: a region (or a `dynamic_update_slice`) may write its output over an input that dies at
+//! `in_place`: a region (or a `dynamic_update_slice`, or a channels-last
+//! convolution over its residual) may write its output over an input that dies at
 //! its step, when that input is an intermediate (the caller's inputs and
 //! constants are never unique at run time) and the region allows it
 //! (`CompiledRegion::may_write_in_place`: same shape and dtype, read
@@ -32,6 +33,16 @@ impl SchedulePass for InPlace {
                     let x = st.inputs[p];
                     st.frees.contains(&x) && !lent.contains(&x) && r.may_write_in_place(p)
                 });
+            } else if let StepKind::Spatial(op, _) = &st.kind {
+                // A convolution's residual that dies here: the output is
+                // written over it (each tile reads a vector of it and
+                // stores its output there), unless it is also another
+                // operand.
+                let Some(p) = op.conv_epilogue().and_then(|e| e.residual) else { continue };
+                let x = st.inputs[p];
+                let own =
+                    st.frees.contains(&x) && !lent.contains(&x) && st.inputs.iter().filter(|&&y| y == x).count() == 1;
+                st.in_place = own.then_some(p);
             } else if let StepKind::Primitive(tracejit_ir::Op::DynamicUpdateSlice, fast) = &mut st.kind {
                 // The updated buffer dies here and is not also the update:
                 // the window is written into it (`executor::windows`).
@@ -46,6 +57,6 @@ impl SchedulePass for InPlace {
             }
             marked += usize::from(st.in_place.is_some());
         }
-        PassResult::count(marked, "regions write in place")
+        PassResult::count(marked, "steps write in place")
     }
 }

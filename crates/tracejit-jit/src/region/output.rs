@@ -112,7 +112,7 @@ impl OutBuf {
     }
 }
 
-pub(super) fn data_ptr(s: &Storage) -> i64 {
+pub(crate) fn data_ptr(s: &Storage) -> i64 {
     tracejit_ir::tensor::with_array!(s, a => a.as_ptr() as i64)
 }
 

@@ -1,7 +1,7 @@
 //! Filetests of the schedule passes: each `tests/schedule/*.tj` file holds
 //! a graph and, after a `; schedule:` line, what the JIT makes of it:
 //! every codegen pass that changed something (`pass in_place on f: 2
-//! regions write in place`), then the final schedule listing
+//! steps write in place`), then the final schedule listing
 //! (`Executable::schedule_listing`). A change to any schedule pass shows
 //! as a text diff here, as `tests/lowering` shows a region's lowering.
 //!
