@@ -171,6 +171,19 @@ fn conv_layer(name: &str, g: &Conv2dGeometry, relu: bool, backward_data: bool) -
         line(&format!("{name} forward, channels last"), macs, "G MAC/s", || {
             conv::forward_channels_last_with_filter(g, &x, &filter, Some(&b), relu, black_box(&mut y2), isa)
         });
+        let mut ya = vec![0.0f32; ylen + 16];
+        let off = ya.as_ptr().align_offset(64);
+        line(&format!("{name} forward, channels last, aligned"), macs, "G MAC/s", || {
+            conv::forward_channels_last_with_filter(
+                g,
+                &x,
+                &filter,
+                Some(&b),
+                relu,
+                black_box(&mut ya[off..off + ylen]),
+                isa,
+            )
+        });
         line(&format!("{name} forward, channels last, weights cold"), macs, "G MAC/s", || {
             turn = (turn + 1) % cold.len();
             conv::forward_channels_last_with_filter(g, &x, &cold[turn], Some(&b), relu, black_box(&mut y2), isa)
@@ -275,6 +288,7 @@ fn resnet_layers() {
     // The stem: 7x7 stride 2 over the image's three channels.
     let stem = Conv2dGeometry { stride: [2, 2], ..conv_geo(1, 3, 224, 64, 7, 3) };
     conv_layer("resnet stem 7x7/2 3->64 @224", &stem, true, false);
+    conv_layer("resnet b8 stem 7x7/2 3->64 @224", &Conv2dGeometry { batch: 8, ..stem }, true, false);
     // The narrow maps' 1x1 products and strided 3x3s.
     for (cin, cout, hw) in [(256, 1024, 14), (1024, 256, 14), (512, 2048, 7), (2048, 512, 7)] {
         let name = format!("resnet 1x1 {cin}->{cout} @{hw}");
@@ -294,6 +308,7 @@ fn resnet_layers() {
     for (c, hw) in [(256, 28), (512, 14)] {
         let g = Conv2dGeometry { stride: [2, 2], ..conv_geo(1, c, hw, c, 3, 1) };
         conv_layer(&format!("resnet 3x3/2 {c}->{c} @{hw}"), &g, true, false);
+        conv_layer(&format!("resnet b8 3x3/2 {c}->{c} @{hw}"), &Conv2dGeometry { batch: 8, ..g }, true, false);
     }
     let g =
         Pool2dGeometry { batch: 1, channels: 64, in_h: 112, in_w: 112, kernel: [3, 3], stride: [2, 2], pad: [1; 4] };
@@ -301,6 +316,22 @@ fn resnet_layers() {
     let mut y = vec![0.0; 64 * g.out_h() * g.out_w()];
     line("resnet max pool 3x3/2 [1,64,112,112]", x.len(), "G elem/s", || {
         pool2d::max_forward(&g, &x, black_box(&mut y), Isa::native())
+    });
+    line("resnet max pool 3x3/2 [1,64,112,112] channels last", x.len(), "G elem/s", || {
+        pool2d::max_forward_channels_last(&g, &x, black_box(&mut y))
+    });
+    // W14b's stem pool, and its head's global average over the last block.
+    let g8 = Pool2dGeometry { batch: 8, ..g };
+    let (x8, mut y8) = (values(8 * x.len(), 6), vec![0.0; 8 * y.len()]);
+    line("resnet b8 max pool 3x3/2 [8,64,112,112] channels last", x8.len(), "G elem/s", || {
+        pool2d::max_forward_channels_last(&g8, &x8, black_box(&mut y8))
+    });
+    let head =
+        Pool2dGeometry { batch: 8, channels: 2048, in_h: 7, in_w: 7, kernel: [7, 7], stride: [1, 1], pad: [0; 4] };
+    let xh = values(8 * 2048 * 49, 7);
+    let mut yh = vec![0.0; 8 * 2048];
+    line("resnet b8 global avg pool [8,2048,7,7] channels last", xh.len(), "G elem/s", || {
+        pool2d::avg_forward_channels_last(&head, &xh, black_box(&mut yh), Isa::current())
     });
 }
 

@@ -41,7 +41,7 @@ mod general;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 
-pub use channels_last::max_forward_channels_last;
+pub use channels_last::{avg_forward_channels_last, max_forward_channels_last};
 #[cfg(test)]
 mod tests;
 
