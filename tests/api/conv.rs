@@ -575,3 +575,47 @@ fn a_dying_shortcut_is_written_over() {
         assert_eq!(over, in_place, "{name}: {:#?}", profile.steps.iter().map(|s| &s.what).collect::<Vec<_>>());
     }
 }
+
+/// Pools at the head of a channels-last chain (a global average as
+/// ResNet's, a padded 2x2 average and a strided max, each taking the
+/// NCHW view of the convolution's channels-last output) agree with the
+/// reference loops, at odd sizes and with NaN and infinities in the input.
+#[test]
+fn pools_of_channels_last_outputs_agree_with_the_reference() {
+    let (w, s, t) = (data(&[19, 3, 3, 3], 80), data(&[19, 1, 1], 81), data(&[19, 1, 1], 82));
+    let w2 = data(&[19, 19, 1, 1], 85);
+    let head = move |x: Tensor| {
+        let y = (&(&conv2d(&x, &w, None, Conv2dOptions::default().padding(1)) * &s) + &t).relu();
+        let y = conv2d(&y, &w2, None, Conv2dOptions::default()).relu();
+        let global = avg_pool2d(&y, [5, 7], [1, 1], [0, 0]).reshape(&[-1]);
+        let local = avg_pool2d(&y, [2, 2], [1, 1], [1, 1]).reshape(&[-1]);
+        let max = max_pool2d(&y, [3, 2], [2, 1], [1, 0]).reshape(&[-1]);
+        Tensor::concat(&[&global, &local, &max], 0)
+    };
+    let f = function(head.clone());
+    let reference = function(head).jit(false);
+    // Each pooled value is a mean or max of the second convolution's
+    // outputs: per layer |error| <= 2 · taps · ε · Σ|terms|, the first's
+    // terms summing to at most 27 (27 products of values below 1), the
+    // second's to 19 · 28.
+    let tol = 2.0 * 27.0 * f32::EPSILON * 19.0 * 28.0;
+    for (batch, seed) in [(1, 83), (3, 84)] {
+        let mut x = vals(&data(&[batch, 3, 5, 7], seed));
+        x[4] = f32::NAN;
+        x[11] = f32::INFINITY;
+        let x = Tensor::from_vec(x, &[batch, 3, 5, 7]);
+        let (got, want) = (vals(&f.call(x.clone()).unwrap()), vals(&reference.call(x).unwrap()));
+        for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.is_nan(), r.is_nan(), "batch {batch}, value {i}: {g} vs {r}");
+            assert!(g.is_nan() || g.is_finite() == r.is_finite() && (g.is_finite() || g == r), "value {i}: {g} vs {r}");
+        }
+        let finite = |v: &[f32]| v.iter().map(|x| if x.is_finite() { *x } else { 0.0 }).collect::<Vec<_>>();
+        assert_near(&format!("batch {batch}"), &finite(&got), &finite(&want), tol);
+    }
+    let cf = &f.concrete_functions()[0];
+    assert_eq!(cf.executor_kind(), "jit", "the JIT runs the function: {:?}", cf.jit_error());
+    let listing = cf.optimized_graph().to_string();
+    if tracejit::Target::current().isa.width().is_some() {
+        assert!(listing.contains("conv2d_nhwc") && listing.contains("avg_pool2d"), "{listing}");
+    }
+}
