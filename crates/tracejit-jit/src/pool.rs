@@ -88,12 +88,18 @@ fn whole_buffer(s: Storage) -> Option<Storage> {
         ($($v:ident),*) => {
             match s {
                 $(Storage::$v(a) => {
-                    a.as_slice_memory_order()?;
+                    // The elements' lowest address: the first logical
+                    // element only where no stride is negative.
+                    let lo = a.as_slice_memory_order()?.as_ptr() as usize;
                     let len = a.len();
                     // Unique: `into_owned` takes the buffer as it is. The
                     // elements may start inside it ([`aligned_f32`]).
-                    let (v, at) = a.into_owned().into_raw_vec_and_offset();
-                    let at = at.unwrap_or(0);
+                    let (v, _) = a.into_owned().into_raw_vec_and_offset();
+                    let size = std::mem::size_of_val(v.first()?);
+                    let at = lo.checked_sub(v.as_ptr() as usize)? / size;
+                    if at + len > v.len() {
+                        return None;
+                    }
                     let flat = ndarray::ArcArray::from_vec(v).slice_move(ndarray::s![at..at + len]);
                     Some(Storage::$v(flat.into_dyn()))
                 })*
@@ -433,7 +439,8 @@ mod tests {
             let a = aligned_f32(shape);
             assert_eq!(a.shape(), shape);
             assert!(a.is_standard_layout() && a.iter().all(|&v| v == 0.0));
-            assert_eq!(a.as_ptr() as usize % ALIGN_BYTES, 0, "{shape:?}");
+            // (An empty array's pointer addresses nothing.)
+            assert!(a.is_empty() || (a.as_ptr() as usize).is_multiple_of(ALIGN_BYTES), "{shape:?}");
         }
         let mut a = aligned_f32(&[6, 10]);
         a.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32);
@@ -446,6 +453,16 @@ mod tests {
         let Some(Storage::F32(b)) = pool.take(F, &[60]) else { panic!("the buffer was not kept") };
         assert_eq!(b.as_ptr() as usize, start);
         assert_eq!(b.iter().copied().collect::<Vec<_>>(), (0..60).map(|i| i as f32).collect::<Vec<_>>());
+        // A view with a reversed axis (its first element at its highest
+        // row): the same memory, from its lowest address.
+        let mut c = aligned_f32(&[4, 5]);
+        c.iter_mut().enumerate().for_each(|(i, v)| *v = i as f32);
+        let start = c.as_ptr() as usize;
+        c.invert_axis(ndarray::Axis(0));
+        pool.give_if_unique(Storage::F32(c));
+        let Some(Storage::F32(d)) = pool.take(F, &[20]) else { panic!("the reversed buffer was not kept") };
+        assert_eq!(d.as_ptr() as usize, start);
+        assert_eq!(d.iter().copied().collect::<Vec<_>>(), (0..20).map(|i| i as f32).collect::<Vec<_>>());
     }
 
     /// `n` MiB of f32, in elements.
