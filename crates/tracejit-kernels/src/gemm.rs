@@ -5,7 +5,9 @@
 //! ([`crate::threads::run_gemm_blocks`]), each one single-threaded call of
 //! the `gemm` crate's driver; f32 blocks pick the crate's 16-lane
 //! (AVX-512F) or 8-lane (AVX2) micro-kernels by operand layout
-//! ([`micro`]), f64 blocks take the crate's own choice. Results match a
+//! ([`micro`]), or a batch of at most 8 rows through `[out, in]` weights
+//! runs as dot products (`dots`); f64 blocks take the crate's own choice.
+//! Results match a
 //! plain triple loop within the usual `k·ε·Σ|aᵢbᵢ|` bound and keep their
 //! bits for every thread count.
 
@@ -13,6 +15,8 @@ use ndarray::ArrayView2;
 
 use crate::Isa;
 
+#[cfg(target_arch = "x86_64")]
+mod dots;
 mod micro;
 mod transpose;
 

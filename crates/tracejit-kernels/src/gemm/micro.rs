@@ -66,7 +66,7 @@ impl<T: Copy + 'static> Product<T> {
     /// The crate's canonical form (as `gemm::gemm` builds it): destination
     /// column-major, then every stride the kernels walk positive. The same
     /// product.
-    fn canonical(self) -> Self {
+    pub(super) fn canonical(self) -> Self {
         let mut p = if self.dst_cs.abs() < self.dst_rs.abs() {
             Product {
                 whole_m: self.whole_n,
@@ -183,6 +183,20 @@ impl Product<f32> {
     /// As [`Product::run_crate`].
     pub(crate) unsafe fn run_with(self, force: Option<Kernels>, isa: Isa) {
         let p = self.canonical();
+        // A short side and both operands along `k`: dot products.
+        #[cfg(target_arch = "x86_64")]
+        if force != Some(Kernels::Crate) && p.dots() {
+            use std::arch::is_x86_feature_detected as has;
+            let wide = force.unwrap_or(Kernels::Wide) == Kernels::Wide && (force.is_some() || isa.avx512_allowed());
+            if wide && has!("avx512f") {
+                // SAFETY: forwarded; the CPU has AVX-512F and `dots` holds.
+                return unsafe { p.dots_w16() };
+            }
+            if has!("avx2") && has!("fma") {
+                // SAFETY: as above, with AVX2 and FMA.
+                return unsafe { p.dots_w8() };
+            }
+        }
         if force != Some(Kernels::Crate) && p.repacks() {
             let mut p = p;
             return SCRATCH.with(|cell| match cell.try_borrow_mut() {
