@@ -464,14 +464,19 @@ impl Executable {
                         Op::While { cancel, .. } => cancel.as_ref(),
                         _ => None,
                     };
-                    match split.as_ref().and_then(|s| s.run(*carried, &owned, cancel)) {
-                        Some(out) => outs.extend(out),
+                    let mut run = || match split.as_ref().and_then(|s| s.run(*carried, &owned, cancel)) {
+                        Some(out) => Ok(out),
                         None => {
                             let mut shared = Shared { subs, pool };
                             let out = tracejit_ir::control::run_while(*carried, &owned, &mut shared, cancel);
-                            outs.extend(out.map_err(|e| e.at(g.node(step.node).location))?)
+                            out.map_err(|e| e.at(g.node(step.node).location))
                         }
-                    }
+                    };
+                    // A loop that may run in blocks of rows runs its
+                    // products as its blocks do, whole or not (the blocks'
+                    // few rows would take the dot-product path).
+                    let out = if split.is_some() { tracejit_kernels::gemm::without_dot_products(run) } else { run() };
+                    outs.extend(out?)
                 }
                 StepKind::Read(var) => {
                     let v =

@@ -20,6 +20,43 @@ mod dots;
 mod micro;
 mod transpose;
 
+/// The most rows (of `x` in `x · wᵀ`, the weights `w` stored `[out, in]`)
+/// of an f32 product that runs as dot products (`dots`), whose sums round
+/// otherwise than the other paths'.
+pub const DOT_ROWS: usize = 8;
+
+thread_local! {
+    /// How many [`without_dot_products`] calls this thread is inside.
+    static NO_DOTS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` with no product on this thread taking the dot-product path
+/// (every product rounds as it would with more than [`DOT_ROWS`] rows):
+/// for a caller that cuts a product's rows into blocks and needs the
+/// whole's bits, as the JIT runs a loop by blocks of its batch rows on
+/// some thread counts and whole on others.
+///
+/// ```
+/// let inside = tracejit_kernels::gemm::without_dot_products(|| 42);
+/// assert_eq!(inside, 42);
+/// ```
+pub fn without_dot_products<R>(f: impl FnOnce() -> R) -> R {
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            NO_DOTS.with(|d| d.set(d.get() - 1));
+        }
+    }
+    NO_DOTS.with(|d| d.set(d.get() + 1));
+    let _leave = Leave;
+    f()
+}
+
+/// Whether products on this thread may take the dot-product path.
+fn dots_allowed() -> bool {
+    NO_DOTS.with(|d| d.get() == 0)
+}
+
 /// The element types of [`product`]: f32 and f64.
 pub trait GemmFloat: Copy + Default + Send + Sync + 'static {
     /// `C = A·B` (or `C += A·B` with `accumulate`) for strided row/column

@@ -170,14 +170,17 @@ impl Split {
                 })
                 .collect();
             let mut bufs = BufPool::checkout(&pools[t]);
-            // A block's kernels stay on its thread.
+            // A block's kernels stay on its thread, its products round as
+            // the whole loop's (no dot products for its few rows).
             let out = crate::threads::serial(|| {
-                tracejit_ir::control::run_while(
-                    carried,
-                    &inputs,
-                    &mut Shared { subs: &exes[t], pool: &mut bufs },
-                    cancel,
-                )
+                tracejit_kernels::gemm::without_dot_products(|| {
+                    tracejit_ir::control::run_while(
+                        carried,
+                        &inputs,
+                        &mut Shared { subs: &exes[t], pool: &mut bufs },
+                        cancel,
+                    )
+                })
             });
             bufs.checkin(&pools[t]);
             *results[t].lock().unwrap_or_else(|e| e.into_inner()) = Some(out);

@@ -29,7 +29,7 @@ use crate::simd::Lanes;
 
 /// The most columns (canonical `n`, the batch's rows) a product of this
 /// kind has.
-pub(super) const MAX_N: usize = 8;
+pub(super) const MAX_N: usize = super::DOT_ROWS;
 
 /// The least `k` (the vectors' axis): below one vector of 16 every value
 /// is a tail.
@@ -40,7 +40,12 @@ impl Product<f32> {
     /// [`MAX_N`] columns in the whole product (so that its thread blocks
     /// decide as it does), both operands contiguous along `k`.
     pub(super) fn dots(&self) -> bool {
-        self.whole_n <= MAX_N && self.n <= MAX_N && self.k >= MIN_K && self.lhs_cs == 1 && self.rhs_rs == 1
+        self.whole_n <= MAX_N
+            && self.n <= MAX_N
+            && self.k >= MIN_K
+            && self.lhs_cs == 1
+            && self.rhs_rs == 1
+            && super::dots_allowed()
     }
 
     /// The product as dot products in 512-bit code (16 lanes).
@@ -245,9 +250,9 @@ mod tests {
         }
     }
 
-    /// The layer's layout takes this path up to 8 rows and not at 9 or
-    /// with the weights stored `[in, out]`; a block of the product decides
-    /// as the whole.
+    /// The layer's layout takes this path up to 8 rows and not at 9, with
+    /// the weights stored `[in, out]` or inside `without_dot_products`; a
+    /// block of the product decides as the whole.
     #[test]
     fn the_path_is_chosen_by_the_whole_product() {
         let (x, w, mut y) = ([0f32; 4], [0f32; 4], [0f32; 4]);
@@ -276,5 +281,8 @@ mod tests {
         assert!(product(8, 4, 2048, 1).canonical().dots(), "a block of a batch of 8");
         assert!(!product(9, 4, 2048, 1).canonical().dots(), "a block of a batch of 9");
         assert!(!product(8, 8, 1, 1000).canonical().dots(), "weights stored [in, out]");
+        let inside = crate::gemm::without_dot_products(|| product(8, 8, 2048, 1).canonical().dots());
+        assert!(!inside, "inside without_dot_products");
+        assert!(product(8, 8, 2048, 1).canonical().dots(), "after it");
     }
 }
