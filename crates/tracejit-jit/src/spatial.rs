@@ -417,16 +417,12 @@ fn pool_channels_last_view(op: &SpatialOp, x: &Storage, isa: Isa, pool: &mut Buf
         // One pixel per image: `[n, 1, 1, c]` is `[n, c, 1, 1]`.
         run(slice_mut(&mut y));
     } else {
+        // Pooled channels last, then copied to NCHW (the output is the
+        // smaller side) by the tensor crate's tiled transposition.
         let mut last = vec![0.0f32; n * oh * ow * c];
         run(&mut last);
-        let out = slice_mut(&mut y);
-        for (img, src) in last.chunks_exact(oh * ow * c).enumerate() {
-            for (px, v) in src.chunks_exact(c).enumerate() {
-                for (ch, &v) in v.iter().enumerate() {
-                    out[(img * c + ch) * oh * ow + px] = v;
-                }
-            }
-        }
+        let view = ndarray::ArrayView4::from_shape((n, oh, ow, c), &last).expect("the pool's output shape");
+        kernels::write_row_major(view.permuted_axes([0, 3, 1, 2]).into_dyn(), slice_mut(&mut y));
     }
     Some(finish(y, &ys))
 }
