@@ -221,6 +221,9 @@ unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
                 }
             }
         }
+        if sink.last && walk.channels_last {
+            fetch_outputs::<B>(width, walk.sizes().1, p0, sink);
+        }
         let acc = match sink.prefetch {
             Some(ahead) => accumulate::<V, A, B, true>(offs, w, &srcs, acc, ahead),
             None => accumulate::<V, A, B, false>(offs, w, &srcs, acc, 0),
@@ -250,6 +253,39 @@ unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
                 let r = if sink.r.is_null() { sink.r } else { sink.r.add(o * walk.plane + d) };
                 *dst.add(d) = walk.finish(o, sums[b * width + j], r);
             }
+        }
+    }
+}
+
+/// Asks for the lines a channels-last tile will store (for writing) and,
+/// when the residual is a tensor of its own, the lines it will read,
+/// before the tile's last chunk of FMAs: they arrive while it computes.
+/// Each pixel's `width` channels are a run of lines, pixels `out_c`
+/// values apart, a pattern the hardware's prefetchers did not follow
+/// (ResNet's 1×1 64 -> 256 layer at batch 8 with its shortcut added: the
+/// shortcut's misses took it from 10.0 to 15.9 ms on a Zen 4 core).
+///
+/// # Safety
+/// None needed: prefetches never fault, wherever they point; the
+/// addresses are computed with wrapping arithmetic.
+#[inline(always)]
+unsafe fn fetch_outputs<const B: usize>(width: usize, out_c: usize, p0: usize, sink: Sink) {
+    let run = width.min(out_c - sink.oc0) * 4;
+    let separate = !sink.r.is_null() && !std::ptr::eq(sink.r, sink.y.cast_const());
+    for b in 0..B {
+        let at = (p0 + b) * out_c + sink.oc0;
+        let (dst, res) = (sink.y.wrapping_add(at) as *const i8, sink.r.wrapping_add(at) as *const i8);
+        // Every line the run touches, the first one possibly partial.
+        let mut off = 0;
+        while off < run + 63 {
+            // SAFETY: a hint; see the function's doc.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_ET0>(dst.wrapping_add(off));
+                if separate {
+                    _mm_prefetch::<_MM_HINT_T0>(res.wrapping_add(off));
+                }
+            }
+            off += 64;
         }
     }
 }
