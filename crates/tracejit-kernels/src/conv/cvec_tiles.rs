@@ -276,9 +276,12 @@ unsafe fn fetch_outputs<const B: usize>(width: usize, out_c: usize, p0: usize, s
     for b in 0..B {
         let at = (p0 + b) * out_c + sink.oc0;
         let (dst, res) = (sink.y.wrapping_add(at) as *const i8, sink.r.wrapping_add(at) as *const i8);
-        // Every line the run touches, the first one possibly partial.
+        // Every line the run touches and no other (the next block's
+        // channels are another task's), the first one possibly partial.
+        let lead = dst as usize % 64;
+        let (dst, res) = (dst.wrapping_sub(lead), res.wrapping_sub(lead));
         let mut off = 0;
-        while off < run + 63 {
+        while off < lead + run {
             // SAFETY: a hint; see the function's doc.
             unsafe {
                 _mm_prefetch::<_MM_HINT_ET0>(dst.wrapping_add(off));
