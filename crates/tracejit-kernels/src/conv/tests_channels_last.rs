@@ -132,6 +132,24 @@ fn channels_last_bits_do_not_depend_on_threads() {
     }
 }
 
+/// Panels large enough that their padded copy is shared among the pool's
+/// threads (three images of 57×43×32 values: several row ranges): the
+/// reference's values and the same bits at 1-3 threads.
+#[test]
+fn channels_last_panels_filled_by_several_threads() {
+    let mut rng = Rng(0x0f11_9a4e);
+    let g = geo(3, 32, 16, 1, [56, 40], [3, 3], [1, 1], [1, 1], [1, 2, 0, 1]);
+    let (x, w, b) = (rng.vec(g.x_len()), rng.vec(g.w_len()), rng.vec(g.out_channels));
+    let (want, mag) = reference(&g, &x, &w, Some(&b), true);
+    for path in paths() {
+        same_bits_for_threads(&format!("{path:?}"), || {
+            let y = run(path, &g, &x, &w, Some(&b), true);
+            assert_close(&format!("{path:?} {g:?}"), &y, &want, &mag, 32 * 9);
+            y
+        });
+    }
+}
+
 #[test]
 #[should_panic(expected = "conv::forward: y holds 10 values, the geometry needs 12")]
 fn channels_last_forward_panics_on_a_short_output() {

@@ -96,6 +96,24 @@ fn channel_lane_bits_do_not_depend_on_threads() {
     }
 }
 
+/// NCHW panels large enough that their padded copy is shared among the
+/// pool's threads (two images of 40 planes of 50×44): the reference's
+/// values and the same bits at 1-3 threads.
+#[test]
+fn channel_lane_panels_filled_by_several_threads() {
+    let mut rng = Rng(0x0f11_1234);
+    let g = geo(2, 40, 24, 1, [48, 42], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]);
+    let (x, w, b) = (rng.vec(g.x_len()), rng.vec(g.w_len()), rng.vec(g.out_channels));
+    let (want, mag) = reference(&g, &x, &w, Some(&b), false);
+    for path in vector_paths() {
+        same_bits_for_threads(&format!("{path:?}"), || {
+            let y = run(path, &g, &x, &w, Some(&b), false);
+            assert_close(&format!("{path:?} {g:?}"), &y, &want, &mag, 40 * 9);
+            y
+        });
+    }
+}
+
 /// The routing the module documents: narrow maps at 16 lanes, every kernel
 /// larger than 1×1 at 8; the forward takes the kernel (packing per call)
 /// where the map is large enough, with the same bits as a filter packed
