@@ -332,9 +332,12 @@ fn run_groups(
         let images = group.min(g.batch - n0);
         let image_len = g.in_channels * g.in_h * g.in_w;
         let x_group = &x[n0 * image_len..][..images * image_len];
+        // The group's multiply-adds: whether its tasks (and its panel
+        // copy) go to the pool.
+        let (blocks, parts) = (filter.blocks(), walk.parts);
+        let work = filter.taps * plane * images * filter.width * blocks;
         // Without padding the images are their own panels.
         let panels: &[f32] = if panel_hw(g).is_some() {
-            let work = filter.taps * plane * images * filter.width * filter.blocks();
             fill_panels(g, x_group, images, [ph, pw], walk.channels_last, padded, work);
             &padded[..images * walk.panel_len]
         } else {
@@ -350,8 +353,7 @@ fn run_groups(
             None => std::ptr::null_mut(),
         };
         let r_group = SendPtr(r_group);
-        let (blocks, parts) = (filter.blocks(), walk.parts);
-        run_tasks(blocks * parts, filter.taps * plane * images * filter.width * blocks, &|t| {
+        run_tasks(blocks * parts, work, &|t| {
             // Part-major: a part's inputs stay in the level-2 cache while
             // every block passes over them, and its outputs are written
             // one contiguous range (block-major, ResNet's 1×1 64 -> 256

@@ -277,7 +277,9 @@ unsafe fn fetch_outputs<const B: usize>(width: usize, out_c: usize, p0: usize, s
         let at = (p0 + b) * out_c + sink.oc0;
         let (dst, res) = (sink.y.wrapping_add(at) as *const i8, sink.r.wrapping_add(at) as *const i8);
         // Every line the run touches and no other (the next block's
-        // channels are another task's), the first one possibly partial.
+        // channels are another task's), the first one possibly partial;
+        // the residual's at the same offsets (exact when both buffers
+        // are equally aligned, as the executor's are).
         let lead = dst as usize % 64;
         let (dst, res) = (dst.wrapping_sub(lead), res.wrapping_sub(lead));
         let mut off = 0;
