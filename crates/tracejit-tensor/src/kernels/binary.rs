@@ -32,10 +32,10 @@ pub(crate) fn zip_map<A: Element, B: Element, R: Element>(
         .unwrap_or_else(|| panic!("{name}: shapes {:?} and {:?} cannot be broadcast together", a.shape(), b.shape()));
     let av = a.broadcast(IxDyn(&shape)).expect("broadcast shape checked");
     let bv = b.broadcast(IxDyn(&shape)).expect("broadcast shape checked");
-    if shape.last().is_some_and(|&n| n >= 8) {
-        return by_rows(&shape, av, bv, f);
-    }
-    Zip::from(av).and(bv).map_collect(|&x, &y| f(x, y))
+    // Rows of any length: a `Zip` fallback for short rows was a third of
+    // every instance's machine code (one per op and dtype) for no measured
+    // gain. Rank 0 has the same shape on both sides and took the flat path.
+    by_rows(&shape, av, bv, f)
 }
 
 /// One operand of a row of [`by_rows`]: its elements, or one value
@@ -105,12 +105,12 @@ pub(crate) fn binary(op: BinaryOp, a: &Storage, b: &Storage) -> Storage {
         (Storage::F64(x), Storage::F64(y)) => binary_num(op, x, y),
         (Storage::I32(x), Storage::I32(y)) => binary_num(op, x, y),
         (Storage::I64(x), Storage::I64(y)) => binary_num(op, x, y),
-        (Storage::I8(x), Storage::I8(y)) => binary_num(op, x, y),
-        (Storage::U8(x), Storage::U8(y)) => binary_num(op, x, y),
-        (Storage::I16(x), Storage::I16(y)) => binary_num(op, x, y),
-        (Storage::U16(x), Storage::U16(y)) => binary_num(op, x, y),
-        (Storage::U32(x), Storage::U32(y)) => binary_num(op, x, y),
         (Storage::U64(x), Storage::U64(y)) => binary_num(op, x, y),
+        (Storage::I8(_), Storage::I8(_))
+        | (Storage::U8(_), Storage::U8(_))
+        | (Storage::I16(_), Storage::I16(_))
+        | (Storage::U16(_), Storage::U16(_))
+        | (Storage::U32(_), Storage::U32(_)) => super::in_compute(&[a, b], |w| vec![binary(op, w[0], w[1])]).remove(0),
         (Storage::Bool(x), Storage::Bool(y)) => binary_bool(op, x, y),
         (Storage::BF16(_), Storage::BF16(_)) | (Storage::F16(_), Storage::F16(_)) => {
             super::in_f32(&[a, b], |w| vec![binary(op, w[0], w[1])]).remove(0)
@@ -251,20 +251,32 @@ pub(crate) fn cast(x: &Storage, to: DType) -> Storage {
 }
 
 fn cast_t<T: Cast>(a: &ArcArray<T, IxDyn>, to: DType) -> Storage {
+    // Each of the 13 x 13 conversions is one flat loop over the elements in
+    // row-major order (a view copied to that order first): ndarray's `mapv`
+    // over an arbitrary layout, instantiated per pair, was a sixth of this
+    // crate's machine code.
+    let standard = a.as_standard_layout();
+    let x = standard.as_slice().expect("standard layout is contiguous");
+    let shape = a.shape();
+    macro_rules! flat {
+        ($f:path) => {
+            Storage::from_vec(par::map_flat(x, $f), shape).expect("one result per element")
+        };
+    }
     match to {
-        DType::F32 => Storage::from_array(a.mapv(T::cast_f32)),
-        DType::F64 => Storage::from_array(a.mapv(T::cast_f64)),
-        DType::I32 => Storage::from_array(a.mapv(T::cast_i32)),
-        DType::I64 => Storage::from_array(a.mapv(T::cast_i64)),
-        DType::Bool => Storage::from_array(a.mapv(T::cast_bool)),
-        DType::BF16 => Storage::from_array(a.mapv(T::cast_bf16)),
-        DType::F16 => Storage::from_array(a.mapv(T::cast_f16)),
-        DType::I8 => Storage::from_array(a.mapv(T::cast_i8)),
-        DType::U8 => Storage::from_array(a.mapv(T::cast_u8)),
-        DType::I16 => Storage::from_array(a.mapv(T::cast_i16)),
-        DType::U16 => Storage::from_array(a.mapv(T::cast_u16)),
-        DType::U32 => Storage::from_array(a.mapv(T::cast_u32)),
-        DType::U64 => Storage::from_array(a.mapv(T::cast_u64)),
+        DType::F32 => flat!(T::cast_f32),
+        DType::F64 => flat!(T::cast_f64),
+        DType::I32 => flat!(T::cast_i32),
+        DType::I64 => flat!(T::cast_i64),
+        DType::Bool => flat!(T::cast_bool),
+        DType::BF16 => flat!(T::cast_bf16),
+        DType::F16 => flat!(T::cast_f16),
+        DType::I8 => flat!(T::cast_i8),
+        DType::U8 => flat!(T::cast_u8),
+        DType::I16 => flat!(T::cast_i16),
+        DType::U16 => flat!(T::cast_u16),
+        DType::U32 => flat!(T::cast_u32),
+        DType::U64 => flat!(T::cast_u64),
     }
 }
 

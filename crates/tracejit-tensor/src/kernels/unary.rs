@@ -17,12 +17,10 @@ pub(crate) fn unary(op: UnaryOp, x: &Storage) -> Storage {
         Storage::F64(a) => unary_float(op, a),
         Storage::I32(a) => unary_int(op, a),
         Storage::I64(a) => unary_int(op, a),
-        Storage::I8(a) => unary_int(op, a),
-        Storage::U8(a) => unary_int(op, a),
-        Storage::I16(a) => unary_int(op, a),
-        Storage::U16(a) => unary_int(op, a),
-        Storage::U32(a) => unary_int(op, a),
         Storage::U64(a) => unary_int(op, a),
+        Storage::I8(_) | Storage::U8(_) | Storage::I16(_) | Storage::U16(_) | Storage::U32(_) => {
+            super::in_compute_1(x, |w| unary(op, w))
+        }
         Storage::Bool(a) => {
             assert!(op == UnaryOp::LogicalNot, "result_dtype accepts only logical_not on bool, not {}", op.name());
             Storage::from_array(a.mapv(|b| !b))
