@@ -54,7 +54,7 @@ impl EntryKey {
             target: crate::jit::target_description(opts)?,
             unroll: opts.unroll,
             stage: opts.stage,
-            avx512: opts.avx512(),
+            avx512: runs_avx512(opts),
             words: key.words().to_vec(),
         })
     }
@@ -105,13 +105,13 @@ impl EntryKey {
         if self.identity != ours {
             return Ok(Some(format!("compiled by `{}`, this is `{ours}`", self.identity)));
         }
-        if (self.unroll, self.stage, self.avx512) != (opts.unroll, opts.stage, opts.avx512()) {
+        if (self.unroll, self.stage, self.avx512) != (opts.unroll, opts.stage, runs_avx512(opts)) {
             return Ok(Some(format!(
                 "compiled with avx512={} stage={} unroll={:?}, this process uses avx512={} stage={} unroll={:?}",
                 self.avx512,
                 self.stage,
                 self.unroll,
-                opts.avx512(),
+                runs_avx512(opts),
                 opts.stage,
                 opts.unroll
             )));
@@ -122,6 +122,14 @@ impl EntryKey {
         }
         Ok(None)
     }
+}
+
+/// Whether kernels compiled under `opts` in this process use 512-bit code:
+/// allowed *and* on this CPU. The policy alone would key an AVX2 host's
+/// native kernels apart from its `Target::avx2()` ones, which are the same
+/// code, and a cache filled under one would miss under the other.
+fn runs_avx512(opts: &JitOptions) -> bool {
+    opts.isa().width() == Some(tracejit_kernels::Width::W16)
 }
 
 /// An entry: the key and the code image, checksummed.
@@ -232,7 +240,10 @@ mod tests {
         let mut k = key();
         k.identity = "tracejit 0.0.1 codegen 0 cranelift 0.1".into();
         assert!(k.mismatch(&JitOptions::default()).unwrap().unwrap().contains("compiled by `tracejit 0.0.1"));
-        let k = key();
+        // Code that used 512-bit registers (compiled on an AVX-512 host)
+        // never fits the AVX2 target, whatever this host is.
+        let mut k = key();
+        k.avx512 = true;
         let avx2 = JitOptions::default().for_target(tracejit_kernels::Target::avx2());
         assert!(k.mismatch(&avx2).unwrap().unwrap().contains("compiled with avx512=true"));
         let mut k = key();
