@@ -10,7 +10,8 @@
 //! the order here and still run many independent chains at once:
 //!
 //! - reduced axes last (a row reduction): sixteen rows fold side by side,
-//!   each in its own accumulator; a row's max or min, which has the same
+//!   each in its own accumulator (f32 sums and products in the lanes of
+//!   AVX registers, [`super::fold_rows_f32`]); a row's max or min, which has the same
 //!   value in any order, is found in vector lanes, and only the rows
 //!   whose bits could depend on the order (a NaN, a zero extreme) fold
 //!   again in order;
@@ -22,6 +23,7 @@
 //! Every output sees its elements in the same order as the reference's
 //! fold, so the bits are the same.
 
+use super::fold_rows_f32::{self, Combine};
 use super::num::Num;
 use super::par;
 use crate::ReduceOp;
@@ -72,9 +74,17 @@ pub(super) fn reduce_adjacent<T: Num>(op: ReduceOp, flat: &[T], shape: &[usize],
 /// [`reduce_adjacent`] of whole blocks of `n × inner` elements.
 fn reduce_blocks<T: Num>(op: ReduceOp, flat: &[T], n: usize, inner: usize) -> Vec<T> {
     let mut out = Vec::with_capacity(flat.len() / n);
+    // f32 row sums and products: eight rows to a vector register, same bits.
+    let simd = inner == 1
+        && match op {
+            ReduceOp::Sum | ReduceOp::Mean => fold_rows_f32::fold_rows(Combine::Add, 0.0, flat, n, &mut out),
+            ReduceOp::Prod => fold_rows_f32::fold_rows(Combine::Mul, 1.0, flat, n, &mut out),
+            ReduceOp::Max | ReduceOp::Min => false,
+        };
     // One instance per op, so that the step is inlined and vectorized (a
     // function pointer would block both).
     match op {
+        _ if simd => {}
         ReduceOp::Sum | ReduceOp::Mean => fold_all(Some(T::ZERO), T::plus, flat, n, inner, &mut out),
         ReduceOp::Prod => fold_all(Some(T::ONE), T::times, flat, n, inner, &mut out),
         ReduceOp::Max if inner == 1 => {

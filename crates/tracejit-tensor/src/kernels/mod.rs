@@ -226,6 +226,7 @@ macro_rules! with_dtype {
 mod binary;
 mod conv;
 mod fold;
+mod fold_rows_f32;
 mod index;
 mod low_precision;
 mod matmul;
