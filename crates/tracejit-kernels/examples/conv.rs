@@ -290,7 +290,7 @@ fn resnet_layers() {
     conv_layer("resnet stem 7x7/2 3->64 @224", &stem, true, false);
     conv_layer("resnet b8 stem 7x7/2 3->64 @224", &Conv2dGeometry { batch: 8, ..stem }, true, false);
     // The narrow maps' 1x1 products and strided 3x3s.
-    for (cin, cout, hw) in [(256, 1024, 14), (1024, 256, 14), (512, 2048, 7), (2048, 512, 7)] {
+    for (cin, cout, hw) in [(512, 256, 28), (256, 1024, 14), (1024, 256, 14), (512, 2048, 7), (2048, 512, 7)] {
         let name = format!("resnet 1x1 {cin}->{cout} @{hw}");
         conv_layer(&name, &conv_geo(1, cin, hw, cout, 1, 0), true, false);
     }
