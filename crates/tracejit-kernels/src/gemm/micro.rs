@@ -151,6 +151,47 @@ const REPACK_MIN_N: usize = 8;
 /// ([`Product::repacks`]).
 const REPACK_TALL_N: usize = 256;
 
+/// The canonical `n` of a whole product from which a row-major lhs is
+/// repacked for the 16-lane kernels on a CPU with full-rate 512-bit FMAs
+/// ([`Product::repacks`]).
+const REPACK_WIDE_N: usize = 64;
+
+/// Whether this CPU runs 512-bit FMAs at the full rate (twice the 256-bit
+/// rate): AVX-512F on any CPU but an AMD Zen 4 (family 19h), whose 512-bit
+/// operations take two passes through 256-bit units. Known CPU models, not
+/// a timing, so that a process's products round the same way every run.
+pub(crate) fn full_rate_512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static FULL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *FULL.get_or_init(|| {
+            use std::arch::x86_64::__cpuid;
+            // Leaves 0 and 1 exist on every x86-64 CPU.
+            let (vendor, sig) = (__cpuid(0), __cpuid(1));
+            let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+            full_rate_for(avx512, [vendor.ebx, vendor.edx, vendor.ecx], sig.eax)
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// A CPUID vendor string as leaf 0 returns it, in `ebx`, `edx`, `ecx`.
+fn vendor_words(s: &[u8; 12]) -> [u32; 3] {
+    let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    [word(0), word(1), word(2)]
+}
+
+/// [`full_rate_512`] of a CPU with (or without) AVX-512F, the vendor
+/// string of CPUID leaf 0 (`ebx`, `edx`, `ecx`) and the signature of leaf 1
+/// (`eax`).
+fn full_rate_for(avx512: bool, vendor: [u32; 3], signature: u32) -> bool {
+    let amd = vendor == vendor_words(b"AuthenticAMD");
+    let base = (signature >> 8) & 0xf;
+    let family = if base == 0xf { base + ((signature >> 20) & 0xff) } else { base };
+    avx512 && !(amd && family == 0x19)
+}
+
 /// The largest repacking buffer (in values, 16 MiB) a thread keeps
 /// between products; a larger one is freed after its product.
 const KEEP_SCRATCH: usize = 1 << 22;
@@ -197,7 +238,7 @@ impl Product<f32> {
                 return unsafe { p.dots_w8() };
             }
         }
-        if force != Some(Kernels::Crate) && p.repacks() {
+        if force != Some(Kernels::Crate) && p.repacks(isa.avx512_allowed() && full_rate_512()) {
             let mut p = p;
             return SCRATCH.with(|cell| match cell.try_borrow_mut() {
                 Ok(mut lines) => {
@@ -246,14 +287,23 @@ impl Product<f32> {
     /// against 4.0; W10's backward `dy · wᵀ` products); the copy is
     /// `1/rows` of the product's work on any CPU.
     ///
+    /// And from [`REPACK_WIDE_N`] rows when the copied operand goes to
+    /// the 16-lane kernels on a CPU that runs 512-bit FMAs at full rate
+    /// (`wide`, [`full_rate_512`]): there the 8-lane kernels the row-major
+    /// layout takes run at half the 16-lane rate (an AMD Zen 5, one core,
+    /// `examples/gemm_layouts`: 64×512×512 `a·bᵀ` 332 -> 191 µs,
+    /// 64×784×512 511 -> 298, W6's step 1,246 -> 1,120 µs), where on a
+    /// Zen 4, which splits 512-bit operations in two, they tie (64×512×512
+    /// 373 vs 376) or the copy loses (64×256×1024 429 vs 376).
+    ///
     /// The same answer for a product and each of its thread blocks, so
     /// that results keep their bits whatever the thread count: a split
     /// axis has blocks over 64 wide (`threads::GemmBlocks`), on the same
-    /// side of every threshold here as the whole, and the tall rule reads
+    /// side of every threshold here as the whole, and the tall rules read
     /// the whole product's rows.
-    fn repacks(&self) -> bool {
+    fn repacks(&self, wide: bool) -> bool {
         let thin = (REPACK_MIN_N..64).contains(&self.n);
-        let tall = self.whole_n >= REPACK_TALL_N;
+        let tall = self.whole_n >= REPACK_TALL_N || (wide && self.whole_n >= REPACK_WIDE_N);
         let aliasing = self.lhs_rs.unsigned_abs().is_multiple_of(1024);
         self.lhs_cs == 1
             && self.lhs_rs != 1
@@ -502,8 +552,30 @@ mod tests {
             alpha: 0.0,
             beta: 1.0,
         };
-        assert!(product(1024, 1024).canonical().repacks());
-        assert!(product(1024, 128).canonical().repacks(), "a 128-row block of a tall product");
-        assert!(!product(128, 128).canonical().repacks(), "a product of 128 rows keeps the crate's packing");
+        for wide in [false, true] {
+            assert!(product(1024, 1024).canonical().repacks(wide));
+            assert!(product(1024, 128).canonical().repacks(wide), "a 128-row block of a tall product");
+        }
+        assert!(!product(128, 128).canonical().repacks(false), "a product of 128 rows keeps the crate's packing");
+        // For the 16-lane kernels at full rate, from 64 rows, and every
+        // block of such a product alike.
+        assert!(product(128, 128).canonical().repacks(true));
+        assert!(product(128, 64).canonical().repacks(true), "a 64-row block of a 128-row product");
+        assert!(product(64, 64).canonical().repacks(true));
+    }
+
+    /// Only an AMD Zen 4 among AVX-512 CPUs is taken for half-rate 512-bit
+    /// FMAs, and a CPU without AVX-512 never repacks for 16 lanes.
+    #[test]
+    fn only_zen_4_runs_512_bits_at_half_rate() {
+        let (amd, intel) = (super::vendor_words(b"AuthenticAMD"), super::vendor_words(b"GenuineIntel"));
+        // CPUID 1 eax: base family 0xf plus the extended family.
+        let (zen3, zen4, zen5) = (0x00a2_0f10, 0x00a1_0f11, 0x00b4_0f40);
+        assert!(!super::full_rate_for(true, amd, zen4));
+        assert!(super::full_rate_for(true, amd, zen5));
+        assert!(!super::full_rate_for(false, amd, zen3));
+        // Family 6, as every recent Intel core.
+        assert!(super::full_rate_for(true, intel, 0x000c_06f2));
+        assert!(!super::full_rate_for(false, intel, 0x000c_06f2));
     }
 }
