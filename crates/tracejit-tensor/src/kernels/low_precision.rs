@@ -5,18 +5,12 @@
 
 use crate::{DType, Storage};
 
-use super::cast;
-
 /// Runs a float kernel on bf16/f16 inputs the way JAX on CPU does: each
 /// 16-bit input widened (exactly) to f32, `f` computed in f32, and every
 /// f32 result rounded back to the inputs' dtype once (to nearest even).
 /// Results of other dtypes (bool predicates, i64 indices) pass through.
 pub(crate) fn in_f32(inputs: &[&Storage], f: impl FnOnce(&[&Storage]) -> Vec<Storage>) -> Vec<Storage> {
-    let low = inputs.iter().map(|s| s.dtype()).find(|d| d.is_low_precision()).expect("a 16-bit float input");
-    let wide: Vec<Storage> =
-        inputs.iter().map(|s| if s.dtype().is_low_precision() { cast(s, DType::F32) } else { (*s).clone() }).collect();
-    let refs: Vec<&Storage> = wide.iter().collect();
-    f(&refs).into_iter().map(|r| if r.dtype() == DType::F32 { cast(&r, low) } else { r }).collect()
+    super::widened(inputs, DType::is_low_precision, |_| DType::F32, f)
 }
 
 /// [`in_f32`] for a kernel of one input and one output.

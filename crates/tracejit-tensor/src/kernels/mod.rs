@@ -236,7 +236,7 @@ pub mod par;
 mod pool;
 mod random;
 pub(crate) use low_precision::{in_f32, in_f32_1};
-use narrow_int::{in_compute, in_compute_1};
+use narrow_int::{in_compute, in_compute_1, widened};
 mod reduce;
 pub mod scalar;
 mod scan;

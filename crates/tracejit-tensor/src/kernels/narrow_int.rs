@@ -11,20 +11,32 @@
 //! for u64 (which has no wider compute dtype).
 
 use super::cast;
-use crate::Storage;
+use crate::{DType, Storage};
 
 /// `f` computed with every narrow-integer input widened (exactly) to its
 /// compute dtype, and every result of that compute dtype wrapped back to
 /// the narrow dtype once. Results of other dtypes (a comparison's bool)
 /// pass through.
 pub(crate) fn in_compute(inputs: &[&Storage], f: impl FnOnce(&[&Storage]) -> Vec<Storage>) -> Vec<Storage> {
-    let narrow = inputs.iter().map(|s| s.dtype()).find(|d| d.is_narrow_int()).expect("a narrow integer input");
-    let wide: Vec<Storage> = inputs
-        .iter()
-        .map(|s| if s.dtype().is_narrow_int() { cast(s, s.dtype().compute()) } else { (*s).clone() })
-        .collect();
-    let refs: Vec<&Storage> = wide.iter().collect();
-    f(&refs).into_iter().map(|r| if r.dtype() == narrow.compute() { cast(&r, narrow) } else { r }).collect()
+    widened(inputs, DType::is_narrow_int, DType::compute, f)
+}
+
+/// `f` on `inputs` with each input of a dtype `narrow` picks cast to
+/// `wide` of it, and each result of the first such input's wide dtype cast
+/// back to that narrow dtype; other inputs and results pass through. The
+/// one widen-compute-narrow step of [`in_compute`] and of bf16/f16's
+/// `in_f32`.
+pub(crate) fn widened(
+    inputs: &[&Storage],
+    narrow: impl Fn(DType) -> bool,
+    wide: impl Fn(DType) -> DType,
+    f: impl FnOnce(&[&Storage]) -> Vec<Storage>,
+) -> Vec<Storage> {
+    let first = inputs.iter().map(|s| s.dtype()).find(|&d| narrow(d)).expect("an input of the narrow dtypes");
+    let widened: Vec<Storage> =
+        inputs.iter().map(|s| if narrow(s.dtype()) { cast(s, wide(s.dtype())) } else { (*s).clone() }).collect();
+    let refs: Vec<&Storage> = widened.iter().collect();
+    f(&refs).into_iter().map(|r| if r.dtype() == wide(first) { cast(&r, first) } else { r }).collect()
 }
 
 /// [`in_compute`] for a kernel of one input and one output.
