@@ -32,6 +32,9 @@ fn shapes() -> Vec<Conv2dGeometry> {
         // both widths; taps over several chunks; batch 3.
         geo(1, 32, 64, 1, [7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
         geo(3, 48, 70, 1, [5, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        // Padded copies whose pixels are a cache line wider than their 32
+        // or 64 channels (the level-1 sets), two images a group, stride 2.
+        geo(2, 64, 40, 1, [6, 5], [3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
         // Stride 2, asymmetric padding, a 3×5 kernel, 17 channels; dilation.
         geo(2, 6, 17, 1, [11, 13], [3, 5], [2, 2], [1, 1], [0, 2, 1, 1]),
         geo(1, 5, 9, 1, [12, 20], [3, 3], [1, 3], [2, 2], [2, 1, 2, 0]),
@@ -80,6 +83,7 @@ fn channels_last_entry_points_agree_and_propagate_nan() {
     for g in [
         geo(1, 30, 20, 1, [7, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
         geo(2, 9, 18, 1, [8, 8], [3, 3], [2, 2], [1, 1], [0; 4]),
+        geo(2, 32, 20, 1, [5, 6], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
     ] {
         let mut x = rng.vec(g.x_len());
         x[5] = f32::NAN;
