@@ -284,13 +284,13 @@ fn run_on(
         return;
     }
     let [ph, pw] = panel_hw(g).unwrap_or([g.in_h, g.in_w]);
+    let pitch = pixel_pitch(g, channels_last);
     // Offsets within an image's panel are kept as u32.
     assert!(
-        pixel_pitch(g, channels_last) * ph * pw <= u32::MAX as usize,
+        pitch * ph * pw <= u32::MAX as usize,
         "conv2d: an image of {} x {ph} x {pw} values is too large for the channel-lane kernel",
         g.in_channels
     );
-    let pitch = pixel_pitch(g, channels_last);
     let (offs, bases) = offsets(g, [ph, pw], channels_last, pitch);
     let chunk = (CHUNK_BYTES / 4 / filter.width).max(1);
     let panel_len = pitch * ph * pw;
