@@ -265,7 +265,10 @@ pub(crate) fn mvn(n: &mut Node) -> OpResult {
     one(d / (sd + scalar_like(x, 1e-9)))
 }
 
-/// `LpNormalization` along `axis` (p = 1 or 2).
+/// `LpNormalization` along `axis` (p = 1 or 2). A slice whose norm is 0
+/// (all zeros) gives zeros, as ONNX's reference does, not `0 / 0`: it is
+/// divided by 1 instead, which also keeps NaN out of the gradient of the
+/// branch not taken.
 pub(crate) fn lp_norm(n: &mut Node) -> OpResult {
     let x = n.input(0)?;
     let axis = normalize_axis(n.attr_i("axis", -1)?, x.rank())? as i64;
@@ -274,7 +277,9 @@ pub(crate) fn lp_norm(n: &mut Node) -> OpResult {
         2 => x.square().sum(&[axis], true).sqrt(),
         p => return Err(format!("p = {p} is not 1 or 2")),
     };
-    one(x / norm)
+    let zero = norm.eq(scalar_like(x, 0.0));
+    let safe = Tensor::select(&zero, &scalar_like(x, 1.0), &norm);
+    one(x / safe)
 }
 
 /// `LRN` across channels: `x / (bias + alpha / size · Σ x²)^beta` over a

@@ -497,3 +497,48 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// `LpNormalization` (p = 1, 2) along any axis against an f64 loop,
+    /// slices of zeros giving zeros (ONNX's reference: 0, not 0 / 0). The
+    /// norm sums `k` terms, each rounded once, then a square root and the
+    /// division: within (k + 3) ulps of the result relative to |x| / norm.
+    #[test]
+    fn lp_normalization_matches_f64_with_zero_slices(shape in prop::collection::vec(1usize..5, 1..4), axis_pick in 0usize..3,
+                                                     p in 1i64..3, zeroed in 0usize..3, seed in 0u64..1000) {
+        let axis = axis_pick % shape.len();
+        let bytes = model(
+            vec![node("LpNormalization", "lp", &["x"], &["y"], vec![attr_i("axis", axis as i64), attr_i("p", p)])],
+            vec![fixed("x", DType::F32, &shape)],
+            vec![fixed("y", DType::F32, &shape)],
+            vec![],
+            22,
+        );
+        let model = import_bytes(&bytes).unwrap();
+        // The slice through element 0 along `axis`, and `zeroed` others, all zeros.
+        let strides: Vec<usize> = (0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect();
+        let (k, stride) = (shape[axis], strides[axis]);
+        let mut v = f32s(&floats(&shape, seed, false));
+        let n = v.len();
+        for z in 0..=zeroed {
+            let start = (z * 7919 + seed as usize) % n;
+            let base = start - (start / stride % k) * stride;
+            for j in 0..k {
+                v[base + j * stride] = 0.0;
+            }
+        }
+        let y = f32s(&model.run(&[Tensor::from_vec(v.clone(), &shape)]).unwrap().remove(0));
+        assert_jit(&model);
+        let eps = f32::EPSILON as f64;
+        for i in 0..n {
+            let base = i - (i / stride % k) * stride;
+            let norm = (0..k).map(|j| v[base + j * stride] as f64).map(|x| if p == 1 { x.abs() } else { x * x }).sum::<f64>();
+            let norm = if p == 1 { norm } else { norm.sqrt() };
+            let want = if norm == 0.0 { 0.0 } else { v[i] as f64 / norm };
+            let tol = (k as f64 + 3.0) * eps * want.abs();
+            prop_assert!((y[i] as f64 - want).abs() <= tol, "{shape:?} axis {axis} p {p} at {i}: {} vs {want}", y[i]);
+        }
+    }
+}
