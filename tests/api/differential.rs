@@ -232,6 +232,7 @@ proptest! {
             UnaryOp::Cos => xs[0].cos(),
             UnaryOp::Sinh => xs[0].sinh(),
             UnaryOp::Cosh => xs[0].cosh(),
+            UnaryOp::Atan => xs[0].atan(),
             UnaryOp::Softplus => xs[0].softplus(),
             UnaryOp::Floor => xs[0].floor(),
             UnaryOp::Ceil => xs[0].ceil(),

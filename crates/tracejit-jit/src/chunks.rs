@@ -35,6 +35,7 @@ pub(crate) fn chunk_fn(op: UnaryOp, opts: &JitOptions) -> Option<(&'static str, 
         | UnaryOp::Cos
         | UnaryOp::Sinh
         | UnaryOp::Cosh
+        | UnaryOp::Atan
         | UnaryOp::Softplus
         | UnaryOp::Floor
         | UnaryOp::Ceil

@@ -430,7 +430,7 @@ impl<'a, 'b> Emit<'a, 'b> {
             Erf if t == DType::F32 => self.erf_f32(mode, x),
             // f64 transcendentals and the rest of the library functions are
             // computed by the reference's own element rule.
-            Exp | Expm1 | Log | Log1p | Tanh | Sigmoid | Erf | Sin | Cos | Sinh | Cosh | Softplus => {
+            Exp | Expm1 | Log | Log1p | Tanh | Sigmoid | Erf | Sin | Cos | Sinh | Cosh | Atan | Softplus => {
                 self.unary_helper(op, t, mode, x)
             }
             LogicalNot => unreachable!("logical_not does not take floats"),
@@ -472,7 +472,7 @@ impl<'a, 'b> Emit<'a, 'b> {
             IsNan => self.ki(DType::Bool, mode, 0),
             IsFinite => self.ki(DType::Bool, mode, 1),
             Exp | Expm1 | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Tanh | Sigmoid | Erf | Sin | Cos | Sinh | Cosh
-            | Softplus | LogicalNot => unreachable!("{} does not take integers", op.name()),
+            | Atan | Softplus | LogicalNot => unreachable!("{} does not take integers", op.name()),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Rust helpers called from generated code, one element per call, for the
 //! element functions the kernels do not compute in-line (f64
 //! transcendentals, `expm1`, `log1p`, `sin`, `cos`, `sinh`, `cosh`,
-//! `softplus`, `pow`, float `rem`, integer `pow`).
+//! `atan`, `softplus`, `pow`, float `rem`, integer `pow`).
 //!
 //! There is one helper per element type and arity, not one per op: the op is
 //! the helper's first argument (its index in `UnaryOp::ALL` or

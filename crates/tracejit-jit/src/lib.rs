@@ -110,7 +110,7 @@
 //!   wider code pays, with figures: `examples/throughput.rs` and the
 //!   benchmark table in the README.)
 //! - f64 transcendentals and f32/f64 `expm1`, `log1p`, `sin`, `cos`, `sinh`,
-//!   `cosh`, `softplus`, `pow`
+//!   `cosh`, `atan`, `softplus`, `pow`
 //!   and float `rem` call a Rust helper per element (the same `std`/`libm`
 //!   function as the reference), so they are exact.
 //! - Reductions: integer reductions and `max`/`min` are exact (`max`/`min`

@@ -214,6 +214,7 @@ fn unary(b: &mut Body, u: UnaryOp, x: &str, d: DType, out: &str) {
         UnaryOp::Erf => same(b, "Erf"),
         UnaryOp::Sin => same(b, "Sin"),
         UnaryOp::Cos => same(b, "Cos"),
+        UnaryOp::Atan => same(b, "Atan"),
         UnaryOp::Sinh if d == DType::F64 => sinh_f64(b, x, out),
         UnaryOp::Sinh => same(b, "Sinh"),
         UnaryOp::Cosh if d == DType::F64 => {

@@ -117,6 +117,8 @@ macro_rules! for_each_unary_op {
             Sinh sinh: Float, Expensive, Exact;
             /// Hyperbolic cosine.
             Cosh cosh: Float, Expensive, Exact;
+            /// Arc tangent, in radians (-pi/2..=pi/2).
+            Atan atan: Float, Expensive, Exact;
             /// `ln(1 + e^x)`, computed stably as `max(x, 0) + ln(1 + e^-|x|)`.
             Softplus softplus: Float, Expensive, Exact;
             /// Round toward -inf (identity on integers).

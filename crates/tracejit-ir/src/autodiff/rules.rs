@@ -362,6 +362,14 @@ fn unary<E: Emitter>(b: &mut B<'_, E>, u: UnaryOp, x: &E::Value, y: &E::Value, g
             let s = b.un(Sinh, x)?;
             b.mul(g, &s)?
         }
+        Atan => {
+            // d atan(x) = 1 / (1 + x²): no cancellation, and 0 (not NaN)
+            // at ±inf, as x² overflows to inf.
+            let sq = b.un(Square, x)?;
+            let one = b.k(x, 1.0);
+            let d = b.bin(BinaryOp::Add, &sq, &one)?;
+            b.div(g, &d)?
+        }
         Softplus => {
             let s = b.un(Sigmoid, x)?;
             b.mul(g, &s)?

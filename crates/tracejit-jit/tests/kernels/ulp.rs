@@ -83,7 +83,7 @@ fn erf_ulp() {
     assert!(w <= 6, "erf: {w} ULP");
 }
 
-// sinh, cosh and softplus go through the reference's element rule (a
+// sinh, cosh, atan and softplus go through the reference's element rule (a
 // helper call), so the JIT is bit-identical to the interpreter (smoke.rs);
 // these bounds are the reference's own accuracy against f64.
 
@@ -101,6 +101,12 @@ fn sinh_ulp() {
 fn cosh_ulp() {
     let w = sweep(UnaryOp::Cosh, f64::cosh);
     assert!(w <= 2, "cosh: {w} ULP");
+}
+
+#[test]
+fn atan_ulp() {
+    let w = sweep(UnaryOp::Atan, f64::atan);
+    assert!(w <= 2, "atan: {w} ULP");
 }
 
 #[test]

@@ -59,6 +59,7 @@ pub(crate) trait Float: Num {
     fn cos(self) -> Self;
     fn sinh(self) -> Self;
     fn cosh(self) -> Self;
+    fn atan(self) -> Self;
     fn softplus(self) -> Self;
     fn floor(self) -> Self;
     fn ceil(self) -> Self;
@@ -226,6 +227,10 @@ macro_rules! impl_float {
             #[inline]
             fn cosh(self) -> Self {
                 <$t>::cosh(self)
+            }
+            #[inline]
+            fn atan(self) -> Self {
+                <$t>::atan(self)
             }
             #[inline]
             fn softplus(self) -> Self {

@@ -57,6 +57,7 @@ macro_rules! float_unary_functions {
             Cos => T::cos,
             Sinh => T::sinh,
             Cosh => T::cosh,
+            Atan => T::atan,
             Softplus => T::softplus,
             Floor => T::floor,
             Ceil => T::ceil,
@@ -114,7 +115,7 @@ fn unary_int<T: Int>(op: UnaryOp, a: &ArcArray<T, IxDyn>) -> Storage {
         Square => a.mapv(Int::square),
         Relu => a.mapv(Int::relu),
         Exp | Expm1 | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Tanh | Sigmoid | Erf | Sin | Cos | Sinh | Cosh
-        | Softplus | LogicalNot => unreachable!("result_dtype rejects {} on integers", op.name()),
+        | Atan | Softplus | LogicalNot => unreachable!("result_dtype rejects {} on integers", op.name()),
     };
     // Each arm maps with its own function item, so the element function is
     // inlined and the loop vectorizes (a `fn` pointer would block both).
@@ -159,6 +160,8 @@ mod tests {
         assert!(same(&run64(Cos, &[0.0]), &[1.0]));
         assert!(same(&run64(Sinh, &[0.0, -0.0, INF, -INF, NAN]), &[0.0, -0.0, INF, -INF, NAN]));
         assert!(same(&run64(Cosh, &[0.0, INF, -INF, NAN]), &[1.0, INF, INF, NAN]));
+        let half_pi = std::f64::consts::FRAC_PI_2;
+        assert!(same(&run64(Atan, &[0.0, -0.0, INF, -INF, NAN]), &[0.0, -0.0, half_pi, -half_pi, NAN]));
         assert!(same(&run64(Softplus, &[-INF, INF, NAN, 1000.0, -1000.0]), &[0.0, INF, NAN, 1000.0, 0.0]));
         let sp = run64(Softplus, &[0.0, 2.0, -2.0]);
         assert!((sp[0] - 2f64.ln()).abs() < 1e-16);

@@ -61,6 +61,28 @@ pub(crate) fn tan(n: &mut Node) -> OpResult {
     one(x.sin() / x.cos())
 }
 
+/// `Atan`.
+pub(crate) fn atan(n: &mut Node) -> OpResult {
+    let x = float_input(n)?;
+    one(x.atan())
+}
+
+/// `Asin` as `atan(x / sqrt((1 - x)(1 + x)))`: ±pi/2 at ±1 (the quotient
+/// is infinite there), NaN past them; the factors keep `1 - x²` exact
+/// near ±1, where `1 - x·x` would cancel.
+pub(crate) fn asin(n: &mut Node) -> OpResult {
+    let x = float_input(n)?;
+    let d = ((x.neg() + 1.0) * (x.clone() + 1.0)).sqrt();
+    one((x / d).atan())
+}
+
+/// `Acos` as `2 · atan(sqrt((1 - x) / (1 + x)))`: accurate near 1, where
+/// `pi/2 - asin(x)` would cancel; pi at -1, NaN past ±1.
+pub(crate) fn acos(n: &mut Node) -> OpResult {
+    let x = float_input(n)?;
+    one(((x.neg() + 1.0) / (x.clone() + 1.0)).sqrt().atan() * 2.0)
+}
+
 /// `Asinh` as `sign(x) · ln(|x| + sqrt(x² + 1))` (odd, so no cancellation for negative x).
 pub(crate) fn asinh(n: &mut Node) -> OpResult {
     let x = float_input(n)?;
