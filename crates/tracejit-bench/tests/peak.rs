@@ -38,13 +38,15 @@ fn the_peak_is_what_the_call_holds_at_once() {
     });
     let peak = peak.unwrap();
     assert!(((1 << 20) - SLACK..(1 << 20) + SLACK).contains(&peak), "peak {peak}");
-    // Another thread's allocation counts too (less what other threads
+    // Another thread's allocation counts too, less what other threads
     // free meanwhile: the pool workers of a compiled function that ran
-    // before may drop their buffers now).
+    // before may drop their buffers now (a run under `TRACEJIT_ISA=avx2`
+    // saw 3 MiB counted as 1.98). So the allocation is large and the bound
+    // half of it: uncounted, the peak would be about 0.
     let ((), peak) = measure_peak(|| {
-        std::thread::spawn(|| drop(std::hint::black_box(vec![0u8; 3 << 20]))).join().unwrap();
+        std::thread::spawn(|| drop(std::hint::black_box(vec![0u8; 16 << 20]))).join().unwrap();
     });
-    assert!(peak.unwrap() >= (3 << 20) - SLACK, "peak {peak:?}");
+    assert!(peak.unwrap() >= 8 << 20, "peak {peak:?}");
     drop(held);
 }
 
