@@ -283,6 +283,9 @@ proptest! {
                 BinaryOp::Ge => x.ge(y),
                 BinaryOp::LogicalAnd => x.logical_and(y),
                 BinaryOp::LogicalOr => x.logical_or(y),
+                BinaryOp::BitwiseAnd => x.bitwise_and(y),
+                BinaryOp::BitwiseOr => x.bitwise_or(y),
+                BinaryOp::BitwiseXor => x.bitwise_xor(y),
             }
         });
         check(f, vec![tensor(&a, dtype, seed), tensor(&b, dtype, seed ^ 1)])?;

@@ -487,8 +487,9 @@ impl<'a, 'b> Emit<'a, 'b> {
             return match op {
                 Eq => self.icmp(IntCC::Equal, a, b),
                 Ne => self.icmp(IntCC::NotEqual, a, b),
-                LogicalAnd => self.b.ins().band(a, b),
-                LogicalOr => self.b.ins().bor(a, b),
+                LogicalAnd | BitwiseAnd => self.b.ins().band(a, b),
+                LogicalOr | BitwiseOr => self.b.ins().bor(a, b),
+                BitwiseXor => self.b.ins().bxor(a, b),
                 Add | Sub | Mul | Div | Pow | Maximum | Minimum | Rem | Lt | Le | Gt | Ge => {
                     unreachable!("{} does not take bool", op.name())
                 }
@@ -510,6 +511,7 @@ impl<'a, 'b> Emit<'a, 'b> {
                 Ge => self.fcmp(FloatCC::GreaterThanOrEqual, a, b),
                 Pow | Rem => self.binary_helper(op, t, mode, a, b),
                 LogicalAnd | LogicalOr => unreachable!("logical ops take bool"),
+                BitwiseAnd | BitwiseOr | BitwiseXor => unreachable!("bitwise ops take integers or bool"),
             };
         }
         match op {
@@ -528,6 +530,9 @@ impl<'a, 'b> Emit<'a, 'b> {
                 Mode::Scalar => self.int_div_rem_pow(op, t, a, b),
                 Mode::Vector => self.scalarize(&[(a, t), (b, t)], t, |e, xs| e.int_div_rem_pow(op, t, xs[0], xs[1])),
             },
+            BitwiseAnd => self.b.ins().band(a, b),
+            BitwiseOr => self.b.ins().bor(a, b),
+            BitwiseXor => self.b.ins().bxor(a, b),
             LogicalAnd | LogicalOr => unreachable!("logical ops take bool"),
         }
     }
@@ -578,7 +583,10 @@ impl<'a, 'b> Emit<'a, 'b> {
             | BinaryOp::Gt
             | BinaryOp::Ge
             | BinaryOp::LogicalAnd
-            | BinaryOp::LogicalOr => unreachable!("{} is lowered in-line", op.name()),
+            | BinaryOp::LogicalOr
+            | BinaryOp::BitwiseAnd
+            | BinaryOp::BitwiseOr
+            | BinaryOp::BitwiseXor => unreachable!("{} is lowered in-line", op.name()),
         }
     }
 

@@ -27,7 +27,7 @@
 //! which NaN `argmax` picks (the first here).
 
 use tracejit_ir::{Op, TensorType};
-use tracejit_tensor::{ArgReduceOp, BinaryOp, DType, ReduceOp, SliceSpec, Storage, UnaryOp};
+use tracejit_tensor::{ArgReduceOp, BinaryKind, BinaryOp, DType, ReduceOp, SliceSpec, Storage, UnaryOp};
 
 use crate::body::{attr_int, attr_ints, Body};
 use crate::tensor_proto::data_type;
@@ -47,6 +47,13 @@ pub(crate) fn lower(
     let dtype = in_types.first().map(|t| t.dtype).unwrap_or(out_ty.dtype);
     match op {
         Op::Unary(u) => unary(b, *u, x, dtype, out),
+        Op::Binary(op) if op.kind() == BinaryKind::Bitwise && dtype != DType::Bool => {
+            return Err(format!(
+                "`{}` on {dtype} needs ONNX's Bitwise ops (opset 18); the exporter writes opset {}",
+                op.name(),
+                crate::OPSET
+            ));
+        }
         Op::Binary(op) => binary(b, *op, x, &ins[1], dtype, out),
         // onnxruntime has no bool `Where`: pick with logic instead.
         Op::Select if out_ty.dtype == DType::Bool => {
@@ -298,6 +305,10 @@ fn binary(b: &mut Body, op: BinaryOp, x: &str, y: &str, d: DType, out: &str) {
         BinaryOp::Ge => same(b, "GreaterOrEqual"),
         BinaryOp::LogicalAnd => same(b, "And"),
         BinaryOp::LogicalOr => same(b, "Or"),
+        // Bool only (integers are refused above).
+        BinaryOp::BitwiseAnd => same(b, "And"),
+        BinaryOp::BitwiseOr => same(b, "Or"),
+        BinaryOp::BitwiseXor => same(b, "Xor"),
     }
 }
 

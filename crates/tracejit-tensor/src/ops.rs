@@ -39,6 +39,8 @@ pub enum BinaryKind {
     Ordering,
     /// Bool operands, bool result (`logical_and`).
     Logical,
+    /// Integer or bool operands, kept (`bitwise_and`).
+    Bitwise,
 }
 
 /// Which dtypes a reduction accepts (the result keeps the dtype).
@@ -175,6 +177,12 @@ macro_rules! for_each_binary_op {
             LogicalAnd logical_and: Logical, Cheap;
             /// Boolean or.
             LogicalOr logical_or: Logical, Cheap;
+            /// Bitwise and of integers (two's complement), or of bools.
+            BitwiseAnd bitwise_and: Bitwise, Cheap;
+            /// Bitwise or of integers (two's complement), or of bools.
+            BitwiseOr bitwise_or: Bitwise, Cheap;
+            /// Bitwise exclusive or of integers (two's complement), or of bools.
+            BitwiseXor bitwise_xor: Bitwise, Cheap;
         }
     };
 }
@@ -337,7 +345,7 @@ impl BinaryOp {
     pub fn is_comparison(self) -> bool {
         match self.kind() {
             BinaryKind::Equality | BinaryKind::Ordering => true,
-            BinaryKind::Arithmetic | BinaryKind::Logical => false,
+            BinaryKind::Arithmetic | BinaryKind::Logical | BinaryKind::Bitwise => false,
         }
     }
 
@@ -351,6 +359,7 @@ impl BinaryOp {
             BinaryKind::Equality => Some(Bool),
             BinaryKind::Ordering => input.is_numeric().then_some(Bool),
             BinaryKind::Logical => (input == Bool).then_some(Bool),
+            BinaryKind::Bitwise => (input.is_int() || input == Bool).then_some(input),
         }
     }
 

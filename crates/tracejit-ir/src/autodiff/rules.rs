@@ -430,7 +430,7 @@ fn binary<E: Emitter>(
             let h = b.mul(g, &f)?;
             (Some(g.clone()), Some(b.neg(&h)?))
         }
-        Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => (None, None),
+        Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr | BitwiseAnd | BitwiseOr | BitwiseXor => (None, None),
     })
 }
 

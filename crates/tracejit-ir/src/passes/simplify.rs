@@ -191,7 +191,10 @@ fn rule(rw: &Rewriter<'_>, op: &Op, inputs: &[ValueId]) -> Option<Rewrite> {
                 | BinaryOp::Gt
                 | BinaryOp::Ge
                 | BinaryOp::LogicalAnd
-                | BinaryOp::LogicalOr => None,
+                | BinaryOp::LogicalOr
+                | BinaryOp::BitwiseAnd
+                | BinaryOp::BitwiseOr
+                | BinaryOp::BitwiseXor => None,
             }
         }
         // neg(neg(x)) = x; no other unary op has an exact identity here.

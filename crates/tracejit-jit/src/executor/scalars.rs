@@ -34,7 +34,10 @@ fn apply(op: BinaryOp, a: Scalar, b: Scalar) -> Option<Scalar> {
                 | BinaryOp::Minimum
                 | BinaryOp::Rem
                 | BinaryOp::LogicalAnd
-                | BinaryOp::LogicalOr => return None,
+                | BinaryOp::LogicalOr
+                | BinaryOp::BitwiseAnd
+                | BinaryOp::BitwiseOr
+                | BinaryOp::BitwiseXor => return None,
             })
         };
     }
@@ -47,9 +50,15 @@ fn apply(op: BinaryOp, a: Scalar, b: Scalar) -> Option<Scalar> {
         (BinaryKind::Ordering | BinaryKind::Equality, Scalar::I32(x), Scalar::I32(y)) => compare!(x, y),
         (BinaryKind::Ordering | BinaryKind::Equality, Scalar::F32(x), Scalar::F32(y)) => compare!(x, y),
         (BinaryKind::Ordering | BinaryKind::Equality, Scalar::F64(x), Scalar::F64(y)) => compare!(x, y),
-        (BinaryKind::Arithmetic | BinaryKind::Ordering | BinaryKind::Equality | BinaryKind::Logical, _, _) => {
-            return None
-        }
+        (
+            BinaryKind::Arithmetic
+            | BinaryKind::Ordering
+            | BinaryKind::Equality
+            | BinaryKind::Logical
+            | BinaryKind::Bitwise,
+            _,
+            _,
+        ) => return None,
     })
 }
 

@@ -100,6 +100,9 @@ pub(crate) fn binary(op: BinaryOp, a: &Storage, b: &Storage) -> Storage {
     if op.result_dtype(a.dtype()).is_none() {
         panic!("{}: dtype {} is not accepted", op.name(), a.dtype());
     }
+    if op.kind() == crate::ops::BinaryKind::Bitwise && a.dtype() != crate::DType::Bool {
+        return bitwise(op, a, b);
+    }
     match (a, b) {
         (Storage::F32(x), Storage::F32(y)) => binary_num(op, x, y),
         (Storage::F64(x), Storage::F64(y)) => binary_num(op, x, y),
@@ -152,6 +155,7 @@ macro_rules! zip_arithmetic {
             Gt => return Storage::from_array(zip_map($name, $a, $b, |x, y| x > y)),
             Ge => return Storage::from_array(zip_map($name, $a, $b, |x, y| x >= y)),
             LogicalAnd | LogicalOr => unreachable!("result_dtype rejects {} on numbers", $name),
+            BitwiseAnd | BitwiseOr | BitwiseXor => unreachable!("{} is dispatched before", $name),
         }
     };
 }
@@ -165,13 +169,37 @@ fn binary_num<T: Num>(op: BinaryOp, a: &ArcArray<T, IxDyn>, b: &ArcArray<T, IxDy
     Storage::from_array(out)
 }
 
+/// A bitwise op on integers: the wide ones directly, the narrow ones in
+/// their compute dtype (sign- or zero-extended, so the low bits are the
+/// narrow result).
+fn bitwise(op: BinaryOp, a: &Storage, b: &Storage) -> Storage {
+    fn on<T: Element + std::ops::BitAnd<Output = T> + std::ops::BitOr<Output = T> + std::ops::BitXor<Output = T>>(
+        op: BinaryOp,
+        a: &ArcArray<T, IxDyn>,
+        b: &ArcArray<T, IxDyn>,
+    ) -> ArrayD<T> {
+        match op {
+            BinaryOp::BitwiseAnd => zip_map(op.name(), a, b, |x, y| x & y),
+            BinaryOp::BitwiseOr => zip_map(op.name(), a, b, |x, y| x | y),
+            _ => zip_map(op.name(), a, b, |x, y| x ^ y),
+        }
+    }
+    match (a, b) {
+        (Storage::I32(x), Storage::I32(y)) => Storage::from_array(on(op, x, y)),
+        (Storage::I64(x), Storage::I64(y)) => Storage::from_array(on(op, x, y)),
+        (Storage::U64(x), Storage::U64(y)) => Storage::from_array(on(op, x, y)),
+        _ => super::in_compute(&[a, b], |w| vec![binary(op, w[0], w[1])]).remove(0),
+    }
+}
+
 fn binary_bool(op: BinaryOp, a: &ArcArray<bool, IxDyn>, b: &ArcArray<bool, IxDyn>) -> Storage {
     use BinaryOp::*;
     let f: fn(bool, bool) -> bool = match op {
         Eq => |x, y| x == y,
         Ne => |x, y| x != y,
-        LogicalAnd => |x, y| x && y,
-        LogicalOr => |x, y| x || y,
+        LogicalAnd | BitwiseAnd => |x, y| x && y,
+        LogicalOr | BitwiseOr => |x, y| x || y,
+        BitwiseXor => |x, y| x != y,
         Add | Sub | Mul | Div | Pow | Maximum | Minimum | Rem | Lt | Le | Gt | Ge => {
             unreachable!("result_dtype rejects {} on bool", op.name())
         }
@@ -379,6 +407,28 @@ mod tests {
         assert_eq!(v::<bool>(&binary(LogicalOr, &a, &b)), vec![true, true, true, false]);
         assert_eq!(v::<bool>(&binary(Eq, &a, &b)), vec![true, false, false, true]);
         assert_eq!(v::<bool>(&binary(Ne, &a, &b)), vec![false, true, true, false]);
+    }
+
+    #[test]
+    fn bitwise_ops_on_every_integer_width_and_bool() {
+        use BinaryOp::*;
+        assert_eq!(bin32(BitwiseAnd, &[0b1100, -1, i32::MIN], &[0b1010, 7, -1]), vec![0b1000, 7, i32::MIN]);
+        assert_eq!(bin32(BitwiseOr, &[0b1100, -8, 0], &[0b1010, 7, 0]), vec![0b1110, -1, 0]);
+        assert_eq!(bin32(BitwiseXor, &[0b1100, -1, 5], &[0b1010, 0, 5]), vec![0b0110, -1, 0]);
+        // Narrow integers compute widened: the low bits are the result.
+        let (a, b) = (t(vec![0xF0u8, 0x0F, 0xAA], &[3]), t(vec![0x3Cu8, 0xFF, 0x55], &[3]));
+        assert_eq!(v::<u8>(&binary(BitwiseAnd, &a, &b)), vec![0x30, 0x0F, 0x00]);
+        assert_eq!(v::<u8>(&binary(BitwiseOr, &a, &b)), vec![0xFC, 0xFF, 0xFF]);
+        assert_eq!(v::<u8>(&binary(BitwiseXor, &a, &b)), vec![0xCC, 0xF0, 0xFF]);
+        let (a, b) = (t(vec![-128i8, -1, 127], &[3]), t(vec![-1i8, 0x0F, -128], &[3]));
+        assert_eq!(v::<i8>(&binary(BitwiseXor, &a, &b)), vec![127, -16, -1]);
+        let r = binary(BitwiseAnd, &t(vec![u64::MAX, 6], &[2]), &t(vec![1u64 << 63], &[1]));
+        assert_eq!(v::<u64>(&r), vec![1 << 63, 0]);
+        let (a, b) = (t(vec![true, true, false, false], &[4]), t(vec![true, false, true, false], &[4]));
+        assert_eq!(v::<bool>(&binary(BitwiseAnd, &a, &b)), vec![true, false, false, false]);
+        assert_eq!(v::<bool>(&binary(BitwiseOr, &a, &b)), vec![true, true, true, false]);
+        assert_eq!(v::<bool>(&binary(BitwiseXor, &a, &b)), vec![false, true, true, false]);
+        assert!(BitwiseAnd.result_dtype(crate::DType::F32).is_none());
     }
 
     #[test]

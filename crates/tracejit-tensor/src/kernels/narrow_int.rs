@@ -188,6 +188,10 @@ mod tests {
             Maximum => x.max(y),
             Minimum => x.min(y),
             Pow => pow_ref(d, x, y),
+            // Two's complement in i128 keeps the narrow value's bits.
+            BitwiseAnd => wrap(d, x & y),
+            BitwiseOr => wrap(d, x | y),
+            BitwiseXor => wrap(d, x ^ y),
             _ => unreachable!("not arithmetic: {}", op.name()),
         }
     }
@@ -202,7 +206,7 @@ mod tests {
             let (a, b) = (of(d, &xs), of(d, &ys));
             let (xi, yi): (Vec<i128>, Vec<i128>) = (xs.iter().map(|&v| v.into()).collect(), ys.iter().map(|&v| v.into()).collect());
             use BinaryOp::*;
-            for op in [Add, Sub, Mul, Div, Rem, Maximum, Minimum, Pow] {
+            for op in [Add, Sub, Mul, Div, Rem, Maximum, Minimum, Pow, BitwiseAnd, BitwiseOr, BitwiseXor] {
                 let got = binary(op, &a, &b);
                 prop_assert_eq!(got.dtype(), d);
                 let want: Vec<i128> = xi.iter().zip(&yi).map(|(&x, &y)| binary_ref(op, d, x, y)).collect();

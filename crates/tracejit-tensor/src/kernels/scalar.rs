@@ -32,7 +32,9 @@ fn binary_num<T: Num>(op: BinaryOp, a: T, b: T) -> Option<T> {
         (($op:expr, $a:expr, $b:expr) $($v:ident => $f:path,)*) => {
             match $op {
                 $($v => $f($a, $b),)*
-                Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr => return None,
+                Eq | Ne | Lt | Le | Gt | Ge | LogicalAnd | LogicalOr | BitwiseAnd | BitwiseOr | BitwiseXor => {
+                    return None
+                }
             }
         };
     }

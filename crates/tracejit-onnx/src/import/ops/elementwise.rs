@@ -131,7 +131,8 @@ macro_rules! binary {
 
 binary!(
     add => add, sub => sub, mul => mul, equal => eq, less => lt, greater => gt, less_or_equal => le,
-    greater_or_equal => ge, and => logical_and, or => logical_or, xor => ne,
+    greater_or_equal => ge, and => logical_and, or => logical_or, xor => ne, bitwise_and => bitwise_and,
+    bitwise_or => bitwise_or, bitwise_xor => bitwise_xor,
 );
 
 fn same_dtype(n: &Node, a: &Tensor, b: &Tensor) -> Result<(), String> {

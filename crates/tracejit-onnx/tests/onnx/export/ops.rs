@@ -5,7 +5,7 @@
 use crate::common;
 
 use proptest::prelude::*;
-use tracejit_tensor::{BinaryOp, DType, ReduceOp, SliceSpec, UnaryOp};
+use tracejit_tensor::{BinaryKind, BinaryOp, DType, ReduceOp, SliceSpec, UnaryOp};
 use tracejit_trace::{function, Tensor, TensorSpec};
 
 macro_rules! unary_dispatch {
@@ -147,6 +147,12 @@ proptest! {
                 let b = if op == BinaryOp::Pow && dtype.is_int() { b.abs().clamp(0.0, 3.0) } else { b };
                 let cf = function(move |(a, b): (Tensor, Tensor)| apply_binary(op, &a, &b)).name(op.name())
                     .get_concrete_function((spec(&a), spec(&b))).unwrap();
+                if op.kind() == BinaryKind::Bitwise && dtype.is_int() {
+                    // Opset 17 has no integer bitwise ops: refused, named.
+                    let e = tracejit_onnx::Exporter::new(&cf).to_model().unwrap_err().to_string();
+                    prop_assert!(e.contains(op.name()) && e.contains("opset 18"), "{e}");
+                    continue;
+                }
                 common::check(&format!("binary_{}_{}", op.name(), dtype), &cf, &[a, b], TOL);
             }
         }

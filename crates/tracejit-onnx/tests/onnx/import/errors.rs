@@ -40,7 +40,7 @@ fn an_unknown_op_is_refused_at_import_naming_it() {
 }
 
 #[test]
-fn another_domain_an_unknown_attribute_and_a_missing_primitive_are_refused() {
+fn another_domain_an_unknown_attribute_and_a_known_but_refused_op_are_refused() {
     let mut p = relu_model(17);
     p.graph.as_mut().unwrap().node[0].domain = Some("com.example".into());
     p.opset_import.push(OperatorSetIdProto { domain: Some("com.example".into()), version: Some(1) });
@@ -53,9 +53,10 @@ fn another_domain_an_unknown_attribute_and_a_missing_primitive_are_refused() {
     assert!(m.contains("attribute 'mystery'"), "{m}");
 
     let mut p = relu_model(17);
-    p.graph.as_mut().unwrap().node[0].op_type = Some("BitwiseAnd".into());
+    // An op the importer knows and refuses, with the reason.
+    p.graph.as_mut().unwrap().node[0].op_type = Some("RandomNormalLike".into());
     let m = import_proto(&p).unwrap_err().to_string();
-    assert!(m.contains("needs primitive bitwise_and"), "{m}");
+    assert!(m.contains("RandomNormalLike") && m.contains("random ops cannot match a reference draw"), "{m}");
 }
 
 #[test]
