@@ -114,8 +114,12 @@ const PANEL_MAX_BYTES: usize = 2 << 20;
 /// Most bytes of the panels of the images one pass over the weights
 /// serves: images are taken together up to this, so that a batch streams
 /// each chunk of weights from memory once per group, not once per image
-/// (ResNet-50's 7×7 stage at batch 8: groups of 6 images).
-const GROUP_BYTES: usize = 1 << 20;
+/// (ResNet-50's 7×7 stage at batch 8: groups of 3 images). Half a Zen 5
+/// core's level-2 cache: groups of up to 1 MiB left no room there for the
+/// outputs and the weights, and at two threads W14b took 188 ms against
+/// 175 (medians of eight runs, alternating) and W11 4.36 against 3.88 ms;
+/// at one thread the two tie.
+const GROUP_BYTES: usize = 512 << 10;
 
 /// Whether [`run`] is the faster forward for `g` on `path`, filter packed
 /// beforehand. Measured on a Xeon core (`examples/conv`, ResNet-50's
