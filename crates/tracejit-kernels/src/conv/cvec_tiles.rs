@@ -103,12 +103,19 @@ struct Sink {
     r: *const f32,
     /// The block's first output channel.
     oc0: usize,
-    /// Distance (in values) from a tap's weights to those to fetch into
-    /// the level-2 cache while the tile runs, if any.
-    prefetch: Option<usize>,
-    /// Or this tile's share of the next chunk's weights to fetch into the
-    /// level-2 cache (16 lanes: see [`run`]).
-    spread: Fetch,
+    /// Which weights the tile fetches into the level-2 cache while it runs.
+    prefetch: Prefetch,
+}
+
+/// The next chunk's weights a tile fetches into the level-2 cache (see
+/// [`run`]).
+#[derive(Clone, Copy)]
+enum Prefetch {
+    None,
+    /// Each tap's: those this many values past its own.
+    Ahead(usize),
+    /// The tile's share, over its first taps (16 lanes only).
+    Spread(Fetch),
 }
 
 /// The most tiles a chunk's map may have for its tiles to share the
@@ -121,7 +128,7 @@ const SPREAD_TILES_MAX: usize = 64;
 struct Fetch {
     /// The first line (any address: prefetches never fault).
     from: *const i8,
-    /// Lines from `from` (0: none).
+    /// Lines from `from`.
     lines: usize,
 }
 
@@ -156,8 +163,7 @@ unsafe fn run<V: Lanes, const A: usize>(
                 y,
                 r,
                 oc0: block * width,
-                prefetch: None,
-                spread: Fetch { from: std::ptr::null(), lines: 0 },
+                prefetch: Prefetch::None,
             };
             // SAFETY: the chunk's weights are `taps.len() · width` values.
             let w = unsafe { w.as_ptr().add(taps.start * width) };
@@ -186,13 +192,16 @@ unsafe fn run<V: Lanes, const A: usize>(
             let next = w.wrapping_add(walk.chunk * width) as *const i8;
             let spread = V::LANES >= 16 && tiles <= SPREAD_TILES_MAX;
             for i in 0..tiles {
-                let sink = if spread {
+                let prefetch = if spread {
                     let share = i * lines / tiles..(i + 1) * lines / tiles;
                     let from = next.wrapping_add(share.start * 64);
-                    Sink { spread: Fetch { from, lines: share.len() }, ..sink }
+                    Prefetch::Spread(Fetch { from, lines: share.len() })
+                } else if i == 0 {
+                    Prefetch::Ahead(walk.chunk * width)
                 } else {
-                    Sink { prefetch: (i == 0).then_some(walk.chunk * width), ..sink }
+                    Prefetch::None
                 };
+                let sink = Sink { prefetch, ..sink };
                 let (p0, n) = (start + i * count / tiles, (i + 1) * count / tiles - i * count / tiles);
                 // SAFETY: pixels p0..p0 + n of the map; the caller's rest.
                 unsafe {
@@ -262,11 +271,12 @@ unsafe fn tile<V: Lanes, const A: usize, const B: usize>(
             fetch_outputs::<B>(width, walk.sizes().1, p0, sink);
         }
         let acc = match sink.prefetch {
-            _ if V::LANES >= 16 && sink.spread.lines > 0 => {
-                accumulate_fetching::<V, A, B>(offs, w, &srcs, acc, sink.spread)
+            // The 8-lane tiles never spread: no spread code in them.
+            Prefetch::Spread(fetch) if V::LANES >= 16 && fetch.lines > 0 => {
+                accumulate_fetching::<V, A, B>(offs, w, &srcs, acc, fetch)
             }
-            Some(ahead) => accumulate::<V, A, B, true>(offs, w, &srcs, acc, ahead),
-            None => accumulate::<V, A, B, false>(offs, w, &srcs, acc, 0),
+            Prefetch::Ahead(ahead) => accumulate::<V, A, B, true>(offs, w, &srcs, acc, ahead),
+            Prefetch::None | Prefetch::Spread(_) => accumulate::<V, A, B, false>(offs, w, &srcs, acc, 0),
         };
         if !sink.last {
             for (b, row) in acc.iter().enumerate() {
