@@ -287,7 +287,21 @@ fn prepare(parts: &Parts, graph: &Graph) -> Result<Option<tracejit_jit::Executab
     }
     let opts = tracejit_jit::JitOptions::current();
     match tracejit_jit::Executable::from_optimized(graph, &opts, None) {
-        Ok(exe) => Ok(Some(exe)),
+        Ok(exe) => {
+            // A loaded artifact is typically served: what its first call
+            // would do beyond a steady one (packing the convolutions'
+            // filters, faulting in its buffers) is done here, in the load.
+            let filters = exe.prepack_filters();
+            let w = exe.warm_memory();
+            log::debug!(
+                "artifact `{}`: packed {filters} filters; warmed {} bytes of the heap, and {} bytes on each of {} workers",
+                parts.name,
+                w.caller,
+                w.per_worker,
+                w.workers
+            );
+            Ok(Some(exe))
+        }
         Err(e) => {
             log::warn!("artifact `{}`: the JIT cannot prepare it ({e}); the interpreter runs it", parts.name);
             Ok(None)

@@ -53,6 +53,7 @@ use crate::{JitError, JitOptions};
 
 mod copies;
 mod epilogue;
+mod memory;
 mod pairs;
 mod profile;
 pub(crate) mod row_blocks;

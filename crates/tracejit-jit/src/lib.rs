@@ -166,6 +166,7 @@ mod jit;
 mod kernel;
 mod loader;
 mod malloc;
+pub use malloc::Warmed;
 mod math;
 mod native;
 mod options;

@@ -27,7 +27,7 @@ use tracejit_ir::tensor::{DType, Storage};
 use crate::region::same_shape;
 
 /// Most buffers a pool keeps.
-const POOL_MAX: usize = 64;
+pub(crate) const POOL_MAX: usize = 64;
 
 /// How far above the peak of live bytes kept buffers may take a call:
 /// 10% (measured on W10's training step: the peak of live plus kept bytes

@@ -170,10 +170,48 @@ impl KeptFilter {
         Some(k)
     }
 
+    /// Packs `w` for `g` now, before the step's first call, and keeps it
+    /// as if the buffer had come back (see [`prepack`]); false where the
+    /// geometry does not take the channel-lane kernel.
+    fn prepack(&self, g: &Conv2dGeometry, w: &Storage, isa: Isa, last: bool) -> bool {
+        let takes = if last { conv::channels_last_is_native(g, isa) } else { conv::prefers_packed_filter(g, isa) };
+        let Storage::F32(a) = w else { return false };
+        let Some(values) = a.as_slice().filter(|_| takes) else { return false };
+        let Some(filter) = conv::PackedFilter::new(g, values, isa) else { return false };
+        let kept = Kept { from: w.clone(), isa, filter };
+        let id = (a.as_ptr() as usize, a.len());
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) =
+            KeptState { kept: Some(Arc::new(kept)), seen: Some(id), ..KeptState::default() };
+        true
+    }
+
     /// Whether a packed filter is held now: the step ran the channel-lane
     /// kernel.
     pub(crate) fn holds_filter(&self) -> bool {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).kept.is_some()
+    }
+}
+
+/// Packs the filter a convolution step keeps (`kept`) from the weights
+/// `w` it will be called with, its input's static shape being `x`, before
+/// its first call: for an executable prepared long before it runs (a
+/// loaded artifact), whose first call would otherwise run every layer on
+/// unpacked weights (ResNet-50's first call at twice a steady one's time
+/// on the Zen 5). The first call then finds the filter as later ones do;
+/// weights that change on every call end the keeping as they would have.
+/// False where `op` is not such a convolution or does not take the
+/// channel-lane kernel.
+pub(crate) fn prepack(op: &SpatialOp, x: &[usize], w: &Storage, isa: Isa, kept: &KeptFilter) -> bool {
+    let w_shape = w.shape();
+    if x.len() != 4 || w_shape.len() != 4 || x.contains(&0) || w_shape.contains(&0) {
+        return false;
+    }
+    match *op {
+        SpatialOp::Conv2d { conv, .. } => kept.prepack(&conv_geometry(&conv, x, w_shape), w, isa, false),
+        SpatialOp::Conv2dNhwc { conv, .. } => {
+            kept.prepack(&conv_geometry(&conv, &[x[0], x[3], x[1], x[2]], w_shape), w, isa, true)
+        }
+        _ => false,
     }
 }
 

@@ -113,6 +113,50 @@ pub fn with_capacity<T>(len: usize) -> Vec<T> {
     v
 }
 
+/// Faults in `bytes` of the calling thread's heap before the calls that
+/// will use it: blocks of at most `block` bytes are allocated, their whole
+/// 2 MiB pages advised ([`advise_inside`], where enabled), written once
+/// per 4 KiB page and freed again, the last first, so that they join the
+/// free space at the top of the thread's heap. Returns the bytes touched.
+///
+/// It helps only where the allocator keeps freed memory mapped (glibc with
+/// the trim threshold tracejit's JIT sets, `tracejit_jit::malloc`), and
+/// only on this thread's heap: the zeroing of fresh pages (and, for huge
+/// pages, the kernel's compaction, which can stall for a tenth of a
+/// second) then happens here, at a time of the program's choosing (a
+/// loaded artifact's load), instead of inside its first call. `block`
+/// must stay below the allocator's mmap threshold, or each block is a
+/// mapping of its own, unmapped when freed.
+pub fn prefault_heap(bytes: usize, block: usize) -> usize {
+    const PAGE: usize = 4096;
+    let block = block.max(PAGE);
+    let mut blocks = Vec::new();
+    let mut touched = 0;
+    while touched < bytes {
+        let len = block.min(bytes - touched).max(PAGE);
+        // SAFETY: a plain allocation, freed below.
+        let p = unsafe { libc::malloc(len) }.cast::<u8>();
+        if p.is_null() {
+            break;
+        }
+        if enabled() {
+            advise_inside(p, len);
+        }
+        for at in (0..len).step_by(PAGE) {
+            // SAFETY: `at < len`, inside the block just allocated; a
+            // volatile write so that the page is really written.
+            unsafe { p.add(at).write_volatile(0) };
+        }
+        blocks.push(p);
+        touched += len;
+    }
+    for p in blocks.into_iter().rev() {
+        // SAFETY: allocated above with `malloc`, freed once.
+        unsafe { libc::free(p.cast()) };
+    }
+    touched
+}
+
 /// The value of `field` (`"AnonHugePages"`, `"VmFlags"`, ...) for the
 /// mapping of this process that holds `addr`, from `/proc/self/smaps`:
 /// how tests see whether a buffer got huge pages. `None` where there is
@@ -150,6 +194,14 @@ mod tests {
     #[cfg(target_os = "linux")]
     fn anon_huge_kib(addr: usize) -> Option<usize> {
         mapping_field(addr, "AnonHugePages")?.trim_end_matches("kB").trim().parse().ok()
+    }
+
+    #[test]
+    fn prefault_heap_touches_what_it_is_asked() {
+        assert_eq!(prefault_heap(0, 1 << 20), 0);
+        assert_eq!(prefault_heap(3 << 20, 1 << 20), 3 << 20);
+        // A tail shorter than a block is still one block of its size.
+        assert_eq!(prefault_heap((1 << 20) + 4096, 1 << 20), (1 << 20) + 4096);
     }
 
     #[test]

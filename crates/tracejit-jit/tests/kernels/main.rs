@@ -15,6 +15,7 @@ mod agreement;
 mod compile_cache;
 mod executor;
 mod filetests;
+mod first_call;
 mod gemm;
 mod lowering;
 mod narrow_int;

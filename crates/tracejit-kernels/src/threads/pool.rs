@@ -196,6 +196,46 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// Runs `f` once on each worker thread (not on the caller), for work
+    /// that belongs to a thread rather than to a kernel: warming its heap
+    /// before a first call ([`crate::pages::prefault_heap`]). The caller
+    /// waits up to `patience` for the workers to come; one busy with
+    /// another caller's job past that is skipped. Returns how many workers
+    /// ran `f`.
+    pub fn on_each_worker(&self, f: &(dyn Fn() + Sync), patience: Duration) -> usize {
+        let caller = std::thread::current().id();
+        let deadline = Instant::now() + patience;
+        let started = AtomicUsize::new(0);
+        let ran = Mutex::new(Vec::new());
+        let tasks = self.threads;
+        self.run(tasks, &|_| {
+            // Every thread holds its task until all are claimed, so that
+            // no thread takes two while another has none.
+            started.fetch_add(1, Ordering::SeqCst);
+            while started.load(Ordering::SeqCst) < tasks && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            let me = std::thread::current().id();
+            if me == caller {
+                return;
+            }
+            let first = {
+                let mut ran = ran.lock().unwrap_or_else(|e| e.into_inner());
+                let first = !ran.contains(&me);
+                if first {
+                    ran.push(me);
+                }
+                first
+            };
+            if first {
+                f();
+            }
+        });
+        ran.into_inner().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         let _slot = self.board.slot.lock().unwrap_or_else(|e| e.into_inner());
@@ -282,6 +322,21 @@ mod tests {
         });
         assert_eq!(started.load(Ordering::SeqCst), tasks);
         threads.into_inner().unwrap().len()
+    }
+
+    /// `on_each_worker` runs once on every worker and never on the caller.
+    #[test]
+    fn on_each_worker_runs_once_per_worker() {
+        let pool = Pool::new(4).unwrap();
+        let caller = std::thread::current().id();
+        let threads = Mutex::new(Vec::new());
+        let n =
+            pool.on_each_worker(&|| threads.lock().unwrap().push(std::thread::current().id()), Duration::from_secs(20));
+        let threads = threads.into_inner().unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(threads.len(), 3);
+        assert!(!threads.contains(&caller));
+        assert_eq!(threads.iter().collect::<HashSet<_>>().len(), 3, "a worker ran it twice");
     }
 
     /// The pool's workers do join, job after job (parked or spinning),
