@@ -297,3 +297,26 @@ fn composite_functions_keep_a_bounded_cache() {
         assert!(softmax.function().concrete_functions().len() <= tracejit::nn::COMPOSITE_MAX_TRACES);
     }
 }
+
+/// A new trace takes the memory its function's other traces keep between
+/// calls: their pools are emptied (their buffers back to the allocator),
+/// and refill at their next call, with the same values.
+#[test]
+fn a_new_trace_releases_the_other_traces_buffers() {
+    // Two products whose first result dies inside the call: its buffer
+    // is kept by the pool for the next call.
+    let f = function(|(x, w): (Tensor, Tensor)| x.matmul(&w).relu().matmul(&w)).name("two_products");
+    let w = Tensor::randn(&[64, 64], 1);
+    let (a, b) = (Tensor::randn(&[32, 64], 2), Tensor::randn(&[48, 64], 3));
+    let first = f.call((a.clone(), w.clone())).unwrap().to_vec::<f32>().unwrap();
+    f.call((a.clone(), w.clone())).unwrap();
+    let cf_a = f.concrete_functions()[0].clone();
+    assert_eq!(cf_a.executor_kind(), "jit");
+    f.call((b.clone(), w.clone())).unwrap();
+    assert_eq!(f.concrete_functions().len(), 2);
+    assert_eq!(cf_a.release_buffers(), 0, "tracing the second shape released the first one's buffers");
+    // The first shape's next call allocates anew and keeps them again.
+    assert_eq!(f.call((a.clone(), w.clone())).unwrap().to_vec::<f32>().unwrap(), first);
+    assert!(cf_a.release_buffers() > 0, "its pool kept buffers again");
+    assert_eq!(f.call((a, w)).unwrap().to_vec::<f32>().unwrap(), first);
+}

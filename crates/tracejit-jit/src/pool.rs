@@ -162,6 +162,13 @@ impl BufPool {
         reshape!(F32, F64, I32, I64, Bool, BF16, F16, I8, U8, I16, U16, U32, U64)
     }
 
+    /// Gives back every buffer kept for reuse (see
+    /// `Executable::release_buffers`); returns their bytes (each counted
+    /// whole, also where a result still shares it).
+    pub(crate) fn release(&mut self) -> usize {
+        self.bufs.drain(..).map(|s| tracejit_ir::tensor::byte_size(s.dtype(), s.shape()).unwrap_or(0)).sum()
+    }
+
     /// Whether a buffer of `dtype` and `len` elements that nothing else
     /// references is here for [`BufPool::take`].
     pub(crate) fn has_free(&self, dtype: DType, len: usize) -> bool {

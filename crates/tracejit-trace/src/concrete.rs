@@ -197,6 +197,17 @@ impl ConcreteFunction {
         self.executable().map(|e| e.stats())
     }
 
+    /// Gives back the buffers the compiled function keeps between calls
+    /// for reuse (`tracejit_jit::Executable::release_buffers`), returning
+    /// their bytes; 0 when it was never compiled or the interpreter runs
+    /// it. A [`Function`](crate::Function) does this to its other traces
+    /// when it traces a new one: a function called with one shape after
+    /// another (sentence batches sorted by length) would otherwise hold
+    /// every shape's buffers and fault fresh pages for each new one.
+    pub fn release_buffers(&self) -> usize {
+        self.prepared.get().and_then(|p| p.0.as_ref()).map_or(0, |e| e.release_buffers())
+    }
+
     /// Runs this function `runs` times on eager `inputs` (flat, in the
     /// signature's order, as [`call_flat`](Self::call_flat)) and returns
     /// how long each step of the compiled schedule took: which GEMM or

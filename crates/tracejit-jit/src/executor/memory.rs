@@ -53,6 +53,19 @@ impl Executable {
         heap.total
     }
 
+    /// Gives back the buffers its pool keeps between calls, and its
+    /// subgraphs' pools, returning their bytes: for memory that another
+    /// executable is about to use, such as a function's new trace for
+    /// another shape, which then takes the heap these held instead of
+    /// fresh pages. The next call allocates anew, and its pool fills
+    /// again. A pool in use by a call now is left alone.
+    pub fn release_buffers(&self) -> usize {
+        let own = self.pool.try_lock().map_or(0, |mut p| p.release());
+        let subs: usize =
+            self.schedule.steps.iter().flat_map(|s| s.kind.subgraphs()).map(|(_, e)| e.release_buffers()).sum();
+        own + subs
+    }
+
     /// Faults in the heap a first call will use ([`crate::malloc::warm`]):
     /// [`Executable::first_call_bytes`] and a thread's share of it on the
     /// calling thread, and that share on each worker of the pool: each

@@ -91,3 +91,23 @@ fn the_first_call_takes_a_buffer_per_size_not_reused() {
     let exe = Executable::new(&g2).unwrap();
     assert_eq!(exe.first_call_bytes(), 2 * n * n * 4 + n * 4, "{}", exe.schedule_listing());
 }
+
+/// `release_buffers` empties the pool (the kept buffer of the chain's
+/// dying intermediate) and the next call refills it, with the same bits.
+#[test]
+fn released_buffers_are_allocated_anew() {
+    let n = 64;
+    let mut g = Graph::new("chain");
+    let x = param(&mut g, DType::F32, &[n, n]);
+    let a = node(&mut g, Op::MatMul, &[x, x]);
+    let b = node(&mut g, Op::MatMul, &[a, x]);
+    let c = node(&mut g, Op::MatMul, &[b, x]);
+    g.outputs.push(c);
+    let exe = Executable::new(&g).unwrap();
+    let args = [data(DType::F32, &[n, n], 5, false)];
+    let want = bits(&exe.run(&args).unwrap()[0]);
+    assert!(exe.release_buffers() >= n * n * 4, "the pool kept the dying product's buffer");
+    assert_eq!(exe.release_buffers(), 0, "nothing is left to release");
+    assert_eq!(bits(&exe.run(&args).unwrap()[0]), want);
+    assert!(exe.release_buffers() >= n * n * 4, "the call kept it again");
+}
