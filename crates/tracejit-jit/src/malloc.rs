@@ -107,34 +107,13 @@ const _: () = assert!(RESERVE_BLOCK < MMAP_THRESHOLD && RESERVE_BLOCKS * RESERVE
 /// headers: the memory stays unbacked until used.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn reserve_heap() {
-    release(advised_blocks());
+    tracejit_kernels::pages::free_heap_blocks(advised_blocks());
 }
 
-/// The blocks of [`reserve_heap`], allocated and advised (their
-/// addresses; fewer where `malloc` failed).
+/// The blocks of [`reserve_heap`], allocated and advised, untouched.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn advised_blocks() -> Vec<usize> {
-    let mut blocks = Vec::with_capacity(RESERVE_BLOCKS);
-    for _ in 0..RESERVE_BLOCKS {
-        // SAFETY: a plain allocation, freed by `release`.
-        let p = unsafe { libc::malloc(RESERVE_BLOCK) };
-        if p.is_null() {
-            break;
-        }
-        tracejit_kernels::pages::advise_inside(p.cast(), RESERVE_BLOCK);
-        blocks.push(p as usize);
-    }
-    blocks
-}
-
-/// Frees [`advised_blocks`]'s blocks, the last first (so that each joins
-/// the free space at the heap's top).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn release(blocks: Vec<usize>) {
-    for p in blocks.into_iter().rev() {
-        // SAFETY: allocated by `advised_blocks` with `malloc`, freed once.
-        unsafe { libc::free(p as *mut libc::c_void) };
-    }
+fn advised_blocks() -> Vec<(usize, usize)> {
+    tracejit_kernels::pages::heap_blocks(RESERVE_BLOCKS * RESERVE_BLOCK, RESERVE_BLOCK, false)
 }
 
 /// Most bytes [`warm`] faults in on the calling thread: the heap
@@ -215,10 +194,10 @@ mod tests {
         let flags: Vec<(usize, Option<String>)> = blocks
             .iter()
             // A 2 MiB page inside the block (the advice covers only those).
-            .map(|&b| (b + (4 << 20)) / (2 << 20) * (2 << 20))
+            .map(|&(b, _)| (b + (4 << 20)) / (2 << 20) * (2 << 20))
             .map(|inner| (inner, vm_flags(inner)))
             .collect();
-        super::release(blocks);
+        tracejit_kernels::pages::free_heap_blocks(blocks);
         assert_eq!(flags.len(), super::RESERVE_BLOCKS, "every block reserved");
         if !tracejit_kernels::pages::enabled() || !(thp.contains("[always]") || thp.contains("[madvise]")) {
             return;

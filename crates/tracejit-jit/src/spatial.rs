@@ -139,8 +139,7 @@ impl KeptFilter {
     /// faster forward; channels last: where it cannot run), or the step
     /// does not keep.
     fn get(&self, g: &Conv2dGeometry, w: &Storage, values: &[f32], isa: Isa, last: bool) -> Option<Arc<Kept>> {
-        let takes = if last { conv::channels_last_is_native(g, isa) } else { conv::prefers_packed_filter(g, isa) };
-        if !takes {
+        if !takes_packed_filter(g, isa, last) {
             return None;
         }
         let mut st = self.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -174,9 +173,8 @@ impl KeptFilter {
     /// as if the buffer had come back (see [`prepack`]); false where the
     /// geometry does not take the channel-lane kernel.
     fn prepack(&self, g: &Conv2dGeometry, w: &Storage, isa: Isa, last: bool) -> bool {
-        let takes = if last { conv::channels_last_is_native(g, isa) } else { conv::prefers_packed_filter(g, isa) };
         let Storage::F32(a) = w else { return false };
-        let Some(values) = a.as_slice().filter(|_| takes) else { return false };
+        let Some(values) = a.as_slice().filter(|_| takes_packed_filter(g, isa, last)) else { return false };
         let Some(filter) = conv::PackedFilter::new(g, values, isa) else { return false };
         let kept = Kept { from: w.clone(), isa, filter };
         let id = (a.as_ptr() as usize, a.len());
@@ -189,6 +187,17 @@ impl KeptFilter {
     /// kernel.
     pub(crate) fn holds_filter(&self) -> bool {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).kept.is_some()
+    }
+}
+
+/// Whether `g` runs on the channel-lane kernel from a packed filter:
+/// channels last (`last`) where it can run, NCHW where it is the faster
+/// forward.
+fn takes_packed_filter(g: &Conv2dGeometry, isa: Isa, last: bool) -> bool {
+    if last {
+        conv::channels_last_is_native(g, isa)
+    } else {
+        conv::prefers_packed_filter(g, isa)
     }
 }
 

@@ -113,11 +113,54 @@ pub fn with_capacity<T>(len: usize) -> Vec<T> {
     v
 }
 
+/// Blocks of the calling thread's heap, `bytes` in all in blocks of at
+/// most `block` bytes (at least a page each), their whole 2 MiB pages
+/// advised ([`advise_inside`], where enabled) and, with `touch`, written
+/// once per 4 KiB page; their addresses and lengths, fewer where `malloc`
+/// failed. Hand them to [`free_heap_blocks`]. The JIT's heap reservation
+/// (`tracejit_jit::malloc`) takes them untouched; [`prefault_heap`]
+/// touched.
+pub fn heap_blocks(bytes: usize, block: usize, touch: bool) -> Vec<(usize, usize)> {
+    const PAGE: usize = 4096;
+    let block = block.max(PAGE);
+    let mut blocks = Vec::new();
+    let mut taken = 0;
+    while taken < bytes {
+        let len = block.min(bytes - taken).max(PAGE);
+        // SAFETY: a plain allocation, freed by `free_heap_blocks`.
+        let p = unsafe { libc::malloc(len) }.cast::<u8>();
+        if p.is_null() {
+            break;
+        }
+        if enabled() {
+            advise_inside(p, len);
+        }
+        if touch {
+            for at in (0..len).step_by(PAGE) {
+                // SAFETY: `at < len`, inside the block just allocated; a
+                // volatile write so that the page is really written.
+                unsafe { p.add(at).write_volatile(0) };
+            }
+        }
+        blocks.push((p as usize, len));
+        taken += len;
+    }
+    blocks
+}
+
+/// Frees [`heap_blocks`]'s blocks, the last first, so that each joins the
+/// free space at the top of the thread's heap.
+pub fn free_heap_blocks(blocks: Vec<(usize, usize)>) {
+    for (p, _) in blocks.into_iter().rev() {
+        // SAFETY: allocated by `heap_blocks` with `malloc`, freed once.
+        unsafe { libc::free(p as *mut libc::c_void) };
+    }
+}
+
 /// Faults in `bytes` of the calling thread's heap before the calls that
-/// will use it: blocks of at most `block` bytes are allocated, their whole
-/// 2 MiB pages advised ([`advise_inside`], where enabled), written once
-/// per 4 KiB page and freed again, the last first, so that they join the
-/// free space at the top of the thread's heap. Returns the bytes touched.
+/// will use it: [`heap_blocks`] of at most `block` bytes, touched, then
+/// freed again into the free space at the top of the thread's heap.
+/// Returns the bytes touched.
 ///
 /// It helps only where the allocator keeps freed memory mapped (glibc with
 /// the trim threshold tracejit's JIT sets, `tracejit_jit::malloc`), and
@@ -128,32 +171,9 @@ pub fn with_capacity<T>(len: usize) -> Vec<T> {
 /// must stay below the allocator's mmap threshold, or each block is a
 /// mapping of its own, unmapped when freed.
 pub fn prefault_heap(bytes: usize, block: usize) -> usize {
-    const PAGE: usize = 4096;
-    let block = block.max(PAGE);
-    let mut blocks = Vec::new();
-    let mut touched = 0;
-    while touched < bytes {
-        let len = block.min(bytes - touched).max(PAGE);
-        // SAFETY: a plain allocation, freed below.
-        let p = unsafe { libc::malloc(len) }.cast::<u8>();
-        if p.is_null() {
-            break;
-        }
-        if enabled() {
-            advise_inside(p, len);
-        }
-        for at in (0..len).step_by(PAGE) {
-            // SAFETY: `at < len`, inside the block just allocated; a
-            // volatile write so that the page is really written.
-            unsafe { p.add(at).write_volatile(0) };
-        }
-        blocks.push(p);
-        touched += len;
-    }
-    for p in blocks.into_iter().rev() {
-        // SAFETY: allocated above with `malloc`, freed once.
-        unsafe { libc::free(p.cast()) };
-    }
+    let blocks = heap_blocks(bytes, block, true);
+    let touched = blocks.iter().map(|&(_, len)| len).sum();
+    free_heap_blocks(blocks);
     touched
 }
 

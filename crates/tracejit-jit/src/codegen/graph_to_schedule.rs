@@ -34,6 +34,11 @@ fn slot_table(g: &Graph) -> (HashMap<ValueId, usize>, usize) {
     (slot_of, n)
 }
 
+/// The static type of each slot's value, in [`slot_table`]'s numbering.
+pub(crate) fn slot_types(g: &Graph) -> Vec<&tracejit_ir::TensorType> {
+    g.nodes().flat_map(|(_, node)| node.outputs.iter()).collect()
+}
+
 /// A step of `kind` for `node`, its slots looked up in `slot_of`.
 fn step_for(g: &Graph, id: NodeId, kind: StepKind, slot_of: &HashMap<ValueId, usize>) -> Result<Step, JitError> {
     let node = g.node(id);

@@ -7,6 +7,7 @@ use std::collections::{HashMap, VecDeque};
 
 use tracejit_ir::tensor::Storage;
 
+use crate::codegen::graph_to_schedule::slot_types;
 use crate::schedule::{Step, StepKind};
 use crate::Executable;
 
@@ -85,16 +86,14 @@ impl Executable {
             crate::malloc::warm(bytes.saturating_add(share), if threads > 1 { share } else { 0 })
         })
     }
-}
 
-impl Executable {
     /// Packs now the filters that the convolutions by a variable's value
     /// or a constant keep (see `spatial::prepack`), in this graph and its
     /// subgraphs, from the values the variables hold now; returns how many
     /// were packed. A convolution whose input has a dim unknown here is
     /// left to pack when called.
     pub fn prepack_filters(&self) -> usize {
-        let types = slot_types(self);
+        let types = slot_types(&self.graph);
         let producer: HashMap<usize, &Step> =
             self.schedule.steps.iter().flat_map(|s| s.outputs.iter().map(move |&o| (o, s))).collect();
         let mut packed = 0;
@@ -114,12 +113,6 @@ impl Executable {
         }
         packed
     }
-}
-
-/// The static type of each slot's value, slots numbered as the schedule
-/// numbers them: every output of every node, in arena order.
-fn slot_types(exe: &Executable) -> Vec<&tracejit_ir::TensorType> {
-    exe.graph.nodes().flat_map(|(_, node)| node.outputs.iter()).collect()
 }
 
 /// The heap of [`Executable::first_call_bytes`]'s walk: the pool's freed
@@ -172,7 +165,7 @@ fn writes_new_buffers(kind: &StepKind) -> bool {
 /// The bytes of each slot's value from its static type (0 when a dim is
 /// unknown).
 fn slot_bytes(exe: &Executable) -> Vec<usize> {
-    let mut sizes: Vec<usize> = slot_types(exe)
+    let mut sizes: Vec<usize> = slot_types(&exe.graph)
         .into_iter()
         .map(|t| t.shape().and_then(|s| tracejit_ir::tensor::byte_size(t.dtype, &s)).unwrap_or(0))
         .collect();

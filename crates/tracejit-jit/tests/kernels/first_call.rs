@@ -1,5 +1,5 @@
-//! Preparing a first call before it is made: the static peak of a call's
-//! buffers, and convolution filters packed before the first call (what a
+//! Preparing a first call before it is made: the heap a first call's
+//! buffers take, and convolution filters packed before the first call (what a
 //! loaded artifact does in its load), against the interpreter and against
 //! the filter packed by a second call.
 
@@ -31,6 +31,17 @@ fn conv_graph(weights_as_argument: bool) -> (Graph, Vec<Storage>) {
 fn kept(exe: &Executable, args: &[Storage]) -> bool {
     let profile = exe.profile(args, 1).unwrap();
     profile.steps.iter().any(|s| s.what.contains("filter kept"))
+}
+
+/// `x·x`, then `(x·x)·x`, then that times `x` again, on `[n, n]`; the
+/// graph (its output not set) and the last product.
+fn chain(n: usize) -> (Graph, tracejit_ir::ValueId) {
+    let mut g = Graph::new("chain");
+    let x = param(&mut g, DType::F32, &[n, n]);
+    let a = node(&mut g, Op::MatMul, &[x, x]);
+    let b = node(&mut g, Op::MatMul, &[a, x]);
+    let c = node(&mut g, Op::MatMul, &[b, x]);
+    (g, c)
 }
 
 fn bits(s: &Storage) -> Vec<u32> {
@@ -67,18 +78,13 @@ fn a_filter_that_is_an_argument_is_left_to_the_call() {
     close_abs(&got[0], &tracejit_ir::interpret(&g, &args).unwrap()[0], 1e-3).unwrap();
 }
 
-/// `x·x`, then `(x·x)·x`, then that times `x` again: the third product
-/// takes the first one's buffer, freed by the second (the parameter is
+/// In [`chain`], the third product takes the first one's buffer, freed by the second (the parameter is
 /// the caller's), so the first call takes two buffers from the heap; a
 /// product of another size takes a third.
 #[test]
 fn the_first_call_takes_a_buffer_per_size_not_reused() {
     let n = 96;
-    let mut g = Graph::new("chain");
-    let x = param(&mut g, DType::F32, &[n, n]);
-    let a = node(&mut g, Op::MatMul, &[x, x]);
-    let b = node(&mut g, Op::MatMul, &[a, x]);
-    let c = node(&mut g, Op::MatMul, &[b, x]);
+    let (mut g, c) = chain(n);
     g.outputs.push(c);
     let exe = Executable::new(&g).unwrap();
     assert_eq!(exe.first_call_bytes(), 2 * n * n * 4, "{}", exe.schedule_listing());
@@ -97,11 +103,7 @@ fn the_first_call_takes_a_buffer_per_size_not_reused() {
 #[test]
 fn released_buffers_are_allocated_anew() {
     let n = 64;
-    let mut g = Graph::new("chain");
-    let x = param(&mut g, DType::F32, &[n, n]);
-    let a = node(&mut g, Op::MatMul, &[x, x]);
-    let b = node(&mut g, Op::MatMul, &[a, x]);
-    let c = node(&mut g, Op::MatMul, &[b, x]);
+    let (mut g, c) = chain(n);
     g.outputs.push(c);
     let exe = Executable::new(&g).unwrap();
     let args = [data(DType::F32, &[n, n], 5, false)];
