@@ -79,25 +79,30 @@ pub(crate) unsafe fn product_rows(isa: Isa, a: &Storage, b: &Storage, out: i64, 
         }
         let (sx, sy) = (x.strides(), y.strides());
         let r0 = rows.start as isize;
+        // The rows are part of a product of at least 16 (`epilogue_rows`),
+        // which never runs as dot products: a half of 8 rows through
+        // `[out, in]` weights would (and round otherwise).
         // SAFETY: the caller's contract; the rows' part of `x` and of the
         // output lie inside their buffers.
-        crate::threads::serial(|| unsafe {
-            product::<T>(
-                isa,
-                rows.len(),
-                k,
-                n,
-                x.as_ptr().offset(r0 * sx[0]),
-                sx[0],
-                sx[1],
-                y.as_ptr(),
-                sy[0],
-                sy[1],
-                (out as *mut T).add(rows.start * n),
-                n as isize,
-                1,
-                false,
-            )
+        tracejit_kernels::gemm::without_dot_products(|| {
+            crate::threads::serial(|| unsafe {
+                product::<T>(
+                    isa,
+                    rows.len(),
+                    k,
+                    n,
+                    x.as_ptr().offset(r0 * sx[0]),
+                    sx[0],
+                    sx[1],
+                    y.as_ptr(),
+                    sy[0],
+                    sy[1],
+                    (out as *mut T).add(rows.start * n),
+                    n as isize,
+                    1,
+                    false,
+                )
+            })
         });
         true
     }
