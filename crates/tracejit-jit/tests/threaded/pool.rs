@@ -260,9 +260,11 @@ proptest! {
 
     #[test]
     fn matmuls_give_the_same_bits_with_any_thread_count(
-        m in prop::sample::select(vec![1usize, 3, 4, 9, 40, 64, 65, 127, 300, 784]),
+        // 504 rows (or 400 columns) make three blocks, regrouped into two
+        // on two threads (`gemm_blocks_on`).
+        m in prop::sample::select(vec![1usize, 3, 4, 9, 40, 64, 65, 127, 300, 504, 784]),
         k in prop::sample::select(vec![1usize, 3, 5, 129, 300, 1024, 1100]),
-        n in prop::sample::select(vec![1usize, 17, 128, 255, 513, 700]),
+        n in prop::sample::select(vec![1usize, 17, 128, 255, 400, 513, 700]),
         dt in float_dtype(), seed in 0u64..1000,
         // `a · bᵀ` with `b` stored `[n, k]`: the layout whose operand the
         // GEMM may copy column-major first (per block when split).
@@ -485,6 +487,18 @@ proptest! {
             prop_assert!(b.size <= dim.div_ceil(b.count) + threads::GEMM_ROUND, "{:?}: blocks of {} for {}", b, b.size, dim);
             prop_assert_eq!(b.same_as_whole, m.min(n) >= 4 && k >= 4);
             prop_assert!(work / b.count >= threads::GEMM_BLOCK_WORK / 2, "{:?}: too little work per block", b);
+        }
+        // On t threads: the same blocks, or (blocks that give the whole's
+        // bits and do not share out) fewer, each over 64 wide, as many per
+        // thread.
+        for t in 2..=4 {
+            let on = threads::gemm_blocks_on(m, n, k, t);
+            if on != b {
+                prop_assert!(b.same_as_whole && b.count > t && !b.count.is_multiple_of(t), "{:?} -> {:?}", b, on);
+                prop_assert!(on.count.is_multiple_of(t) && on.count < b.count && on.by_rows == b.by_rows, "{:?} -> {:?}", b, on);
+                let last = dim - (on.count - 1) * on.size;
+                prop_assert!(on.size > 64 && last > 64 && last <= on.size + threads::GEMM_ROUND / 2, "{:?}: last {}", on, last);
+            }
         }
         let seen = std::sync::Mutex::new(vec![0u8; m * n]);
         set_num_threads(2);
