@@ -73,6 +73,9 @@ pub(crate) struct KernelCode {
     /// hand-written kernel (code of the binary itself).
     _mapped: Option<LoadedCode>,
     entry: *const u8,
+    /// A hand-written kernel's plan of slots (`crate::native`), passed
+    /// beside the argument block; `None`: the entry takes the block alone.
+    plan: Option<Box<[i64]>>,
 }
 
 // SAFETY: the code is immutable once mapped, and the kernel is a pure
@@ -84,9 +87,10 @@ unsafe impl Sync for KernelCode {}
 
 impl KernelCode {
     /// A hand-written kernel (`crate::native`): a Rust function with the
-    /// generated kernels' signature and argument block.
-    pub(crate) fn native(entry: *const u8) -> KernelCode {
-        KernelCode { _mapped: None, entry }
+    /// generated kernels' signature and argument block, or, with a `plan`,
+    /// taking the plan's values as a second argument.
+    pub(crate) fn native(entry: *const u8, plan: Option<Box<[i64]>>) -> KernelCode {
+        KernelCode { _mapped: None, entry, plan }
     }
 
     /// The code of an image in the wire format: parsed, checked against
@@ -95,7 +99,7 @@ impl KernelCode {
         let image = CodeImage::from_bytes(bytes).map_err(|e| e.to_string())?;
         let mapped = crate::loader::load(&image)?;
         let entry = mapped.entry();
-        Ok(KernelCode { _mapped: Some(mapped), entry })
+        Ok(KernelCode { _mapped: Some(mapped), entry, plan: None })
     }
 
     /// Runs the kernel on an argument block laid out as `kernel` documents.
@@ -105,10 +109,21 @@ impl KernelCode {
     /// Every pointer in `args` must be valid for the rows, strides and inner
     /// extent it describes, and output buffers must not alias inputs.
     pub(crate) unsafe fn call(&self, args: &[i64]) {
-        // SAFETY: `entry` is the address of a function with this signature,
-        // mapped as long as `self._mapped` (or part of the binary).
-        let f: extern "C" fn(*const i64) = unsafe { std::mem::transmute(self.entry) };
-        f(args.as_ptr());
+        match &self.plan {
+            None => {
+                // SAFETY: `entry` is the address of a function with this
+                // signature, mapped as long as `self._mapped` (or part of
+                // the binary).
+                let f: extern "C" fn(*const i64) = unsafe { std::mem::transmute(self.entry) };
+                f(args.as_ptr());
+            }
+            Some(plan) => {
+                // SAFETY: a planned kernel is a hand-written function of
+                // the binary with this signature (`crate::native`).
+                let f: extern "C" fn(*const i64, *const i64) = unsafe { std::mem::transmute(self.entry) };
+                f(args.as_ptr(), plan.as_ptr());
+            }
+        }
     }
 }
 

@@ -57,7 +57,7 @@ use crate::code_image::{CodeImage, CodeReloc, KERNEL_CONSTS};
 use crate::helpers::Helper;
 use crate::options::JitOptions;
 
-mod abi;
+pub(crate) mod abi;
 mod loops;
 mod recip;
 mod scratch_plan;

@@ -133,7 +133,12 @@
 //!   32 vector registers hold every constant of `exp`; the 256-bit loop
 //!   spills). Needs AVX2 + FMA or AVX-512F, and staging on
 //!   (`TRACEJIT_JIT_STAGE=0` keeps the generated kernel; `tests/threaded/native.rs`
-//!   compares the two).
+//!   compares the two). Likewise an f32 row layer norm (`((h - mean) ·
+//!   rsqrt(var + ε)) · γ + β` with `h` one input or the sum of two or three,
+//!   `h` returned too or not, nothing else): the three passes in 16- or
+//!   8-lane vectors, every elementwise step rounded as written, the sums in
+//!   four partials (`tests/threaded/native_layer_norm.rs`). W4 (a 1024 ×
+//!   1024 layer norm) went from 225 to 125 µs on one Zen 5 core.
 
 //!
 //! # Debugging

@@ -129,24 +129,23 @@ pub(crate) fn cached_kernel(an: &Analysis, opts: &JitOptions) -> Result<Arc<Kern
         return Ok(k.clone());
     }
     let schedule = kernel::schedule(an, opts);
-    let native = crate::native::kernel_for(an, opts);
-    let (code, entry) = match native {
-        Some((name, entry)) => {
+    let (code, native, entry) = match crate::native::kernel_for(an, opts) {
+        Some(crate::native::NativeKernel { name, entry, plan }) => {
             if opts.dump {
                 eprintln!("== kernel {}: the hand-written {name} (crate::native)", an.key);
             }
-            (jit::KernelCode::native(entry), None)
+            (jit::KernelCode::native(entry, plan), Some(name), None)
         }
         None => match crate::compile_cache::lookup(&an.key, opts) {
-            Some((code, entry)) => (code, Some(entry)),
+            Some((code, entry)) => (code, None, Some(entry)),
             None => {
                 let (code, image) = jit::compile(an, &schedule, opts)?;
                 crate::compile_cache::count_miss();
-                (code, crate::compile_cache::store(&an.key, opts, &image))
+                (code, None, crate::compile_cache::store(&an.key, opts, &image))
             }
         },
     };
-    let k = Arc::new(Kernel { code, schedule, native: native.map(|n| n.0), entry });
+    let k = Arc::new(Kernel { code, schedule, native, entry });
     Ok(cache().lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_insert(k).clone())
 }
 
@@ -254,8 +253,9 @@ impl CompiledRegion {
     }
 
     /// The name of the hand-written kernel this region runs instead of
-    /// generated code (`"row softmax (16 lanes)"`, or `"row softmax (8
-    /// lanes)"` without AVX-512F), or `None` for generated code.
+    /// generated code (`"row softmax (16 lanes)"`, `"row layer norm (16
+    /// lanes)"`, or `(8 lanes)` without AVX-512F), or `None` for generated
+    /// code.
     /// Hand-written kernels serve region shapes where Cranelift's 128-bit
     /// code falls short; they take the same arguments and split across
     /// threads the same way.

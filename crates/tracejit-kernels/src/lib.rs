@@ -12,6 +12,7 @@
 //!   trait and compiled at 8 (AVX2 + FMA) and 16 (AVX-512F) lanes, as
 //!   `extern "C"` chunk functions the JIT's kernels call;
 //! - [`softmax`]: the row softmax in 256- or 512-bit code;
+//! - [`layer_norm`]: the row layer norm (of a sum of up to three inputs) likewise;
 //! - [`gemm`]: f32/f64 products of strided matrices through the `gemm`
 //!   crate's micro-kernels, chosen per product and cut into output blocks
 //!   over the thread pool;
@@ -42,6 +43,7 @@ pub mod fastmath;
 pub mod gemm;
 pub mod int8;
 mod isa;
+pub mod layer_norm;
 pub mod pages;
 pub mod philox;
 pub mod pool2d;

@@ -20,6 +20,7 @@ mod common;
 mod epilogue;
 mod in_place;
 mod native;
+mod native_layer_norm;
 mod pairs;
 mod pool;
 mod target;
