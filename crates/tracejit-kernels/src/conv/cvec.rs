@@ -133,15 +133,25 @@ const GROUP_BYTES: usize = 512 << 10;
 /// - at 8 lanes, any kernel larger than 1×1 (the pixel-lane kernel's 4 × 3
 ///   tiles ran ResNet's 3×3 layers at 19-30 G/s, this one at 36-42; W11
 ///   27 -> 38, W12's second layer 25 -> 39), and 1×1 ones on narrow maps.
+///
+/// At 16 lanes a whole block of 64 output channels, at 8 half of one (16):
+/// on an AMD Zen 5 core a layer of 32 to 63 channels half-filled the
+/// 16-lane tiles, and in NCHW a block is one task per group of images, so
+/// it also ran on one thread: W12's second layer (5×5, 16 -> 32 on 14×14,
+/// batch 64) took 3.5 ms at one and at two threads (46 G/s), the direct
+/// kernel 1.6 and 0.85 ms; 3×3 layers of 32 channels likewise (2.2-2.5x
+/// at one thread, 4-7x at two).
 pub(super) fn prefers(path: Path, g: &Conv2dGeometry) -> bool {
     let Some(lanes) = lanes_of(path) else { return false };
     let taps = g.in_channels * g.kernel[0] * g.kernel[1];
     let [ph, pw] = panel_hw(g).unwrap_or([g.in_h, g.in_w]);
     let narrow = g.out_w() < 2 * lanes;
     let shape_suits = if lanes == 16 { narrow } else { narrow || g.kernel[0] * g.kernel[1] > 1 };
+    let block = vecs_for(lanes) * lanes;
+    let min_out = if lanes == 16 { block } else { block / 2 };
     g.groups == 1
         && taps >= 256
-        && 2 * g.out_channels >= vecs_for(lanes) * lanes
+        && g.out_channels >= min_out
         && g.in_channels * ph * pw * 4 <= PANEL_MAX_BYTES
         && shape_suits
 }

@@ -70,10 +70,12 @@ pub(super) fn shapes() -> Vec<Conv2dGeometry> {
         // Panels too large for one band: several bands per image.
         geo(1, 64, 3, 1, [16, 64], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
         geo(2, 16, 4, 1, [20, 300], [1, 1], [1, 1], [1, 1], [0; 4]),
+        // 32 output channels on a 7-wide map: the direct kernel.
+        geo(2, 64, 32, 1, [7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
         // Forward as products (`forward_gemm`): a 7-wide map, an unpadded
         // 1×1 (no im2col), a strided 1×1 in two groups, and a strided 1×1
         // with rows of 36 outputs (a projection of ResNet's).
-        geo(2, 64, 32, 1, [7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+        geo(2, 64, 64, 1, [7, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
         geo(1, 64, 40, 1, [9, 11], [1, 1], [1, 1], [1, 1], [0; 4]),
         geo(2, 128, 64, 2, [13, 13], [1, 1], [2, 2], [1, 1], [0; 4]),
         geo(1, 64, 33, 1, [7, 71], [1, 1], [2, 2], [1, 1], [0; 4]),
@@ -96,6 +98,12 @@ fn forward_products_where_lanes_idle() {
         let wide = geo(1, 64, 64, 1, [56, 56], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]);
         assert!(!forward_gemm::prefers(path, &wide), "{path:?}");
         assert!(!forward_gemm::prefers(path, &all[2]), "{path:?}");
+        // Fewer than 64 output channels on a narrow map stay direct (and
+        // off the half-filled channel-lane tiles at 16 lanes): W12's second
+        // layer, and the 7-wide map above with 32.
+        let w12 = geo(64, 16, 32, 1, [14, 14], [5, 5], [1, 1], [1, 1], [2; 4]);
+        assert!(!forward_gemm::prefers(path, &w12) && !forward_gemm::prefers(path, &all[all.len() - 5]), "{path:?}");
+        assert!(!cvec::prefers(Path::W16, &w12), "{path:?}");
     }
     // ResNet-50's 14×14 maps: products at 16 lanes, direct at 8.
     let map14 = geo(1, 256, 256, 1, [14, 14], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]);

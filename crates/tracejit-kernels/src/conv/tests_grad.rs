@@ -201,7 +201,8 @@ fn an_empty_batch_gives_zero_filter_gradients() {
 /// Stride-1 backward-data through the channel-lane kernel (the transposed
 /// convolution's geometry taking it, packing per call), against the
 /// adjoint loops: W12's second layer (8 lanes only: 16 output channels),
-/// a 3×3 on a narrow map (both widths), dilation with asymmetric padding;
+/// a 3×3 on a narrow map (both widths), dilation with asymmetric padding
+/// (8 lanes only: 40 output channels, under a 16-lane block of 64);
 /// a forward padded past its kernel's extent keeps the direct kernel.
 #[test]
 fn backward_data_takes_the_channel_lanes_where_it_pays() {
@@ -209,7 +210,7 @@ fn backward_data_takes_the_channel_lanes_where_it_pays() {
     let cases = [
         (geo(2, 16, 32, 1, [14, 14], [5, 5], [1, 1], [1, 1], [2; 4]), [true, false]),
         (geo(1, 64, 64, 1, [16, 16], [3, 3], [1, 1], [1, 1], [1; 4]), [true, true]),
-        (geo(3, 40, 32, 1, [9, 12], [3, 3], [1, 1], [2, 2], [1, 2, 3, 0]), [true, true]),
+        (geo(3, 40, 32, 1, [9, 12], [3, 3], [1, 1], [2, 2], [1, 2, 3, 0]), [true, false]),
     ];
     for (g, [w8, w16]) in cases {
         let t = transposed(&g).expect("stride 1, pads within the extent");
