@@ -89,8 +89,13 @@ impl Plan {
         // vector each (each task then transposes only its channels of dy;
         // W12's second layer as two tasks on one thread: 3.19 ms by
         // channels, 3.41 by taps), then by tap chunks.
+        // Chunks of at most 4 vectors at 16 lanes, 2 at 8: AVX2's 16
+        // registers hold a tile of 6 taps × 2 vectors, while 3 × 4 spilled
+        // (W12's second layer on one thread under `TRACEJIT_ISA=avx2`, AMD
+        // Zen 5: 5.2 ms in one chunk of 4 vectors, 1.6 in two of 2).
         let most = s.out_c.div_ceil(lanes).max(1);
-        let chunks = s.out_c.div_ceil(4 * lanes).max(threads.div_ceil(s.groups).min(most));
+        let per_task = if lanes >= 16 { 4 } else { 2 };
+        let chunks = s.out_c.div_ceil(per_task * lanes).max(threads.div_ceil(s.groups).min(most));
         let oc_chunks = split(s.out_c, chunks);
         let c = oc_chunks.iter().map(|r| r.len()).max().unwrap_or(1).div_ceil(lanes);
         let taps = s.taps();
