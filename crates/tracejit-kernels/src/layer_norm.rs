@@ -242,21 +242,18 @@ mod simd {
             // SAFETY: the caller's contract: `n` values at every pointer;
             // indices as in `sum`.
             unsafe {
-                let mean = match self.h {
-                    Some(out) => {
-                        let mut i = 0;
-                        while i + w <= n {
-                            self.h::<V>(i).store(out.add(i));
-                            i += w;
-                        }
-                        while i < n {
-                            *out.add(i) = self.h1(i);
-                            i += 1;
-                        }
-                        self.sum::<V>(|h| h, |h| h)
+                if let Some(out) = self.h {
+                    let mut i = 0;
+                    while i + w <= n {
+                        self.h::<V>(i).store(out.add(i));
+                        i += w;
                     }
-                    None => self.sum::<V>(|h| h, |h| h),
-                } / n as f32;
+                    while i < n {
+                        *out.add(i) = self.h1(i);
+                        i += 1;
+                    }
+                }
+                let mean = self.sum::<V>(|h| h, |h| h) / n as f32;
                 let m = V::splat(mean);
                 let var = self.sum::<V>(
                     |h| {

@@ -343,7 +343,7 @@ pub fn run_gemm_blocks(m: usize, n: usize, k: usize, block: &(dyn Fn(Range<usize
     let mut b = gemm_blocks(m, n, k);
     let pool = if b.count > 1 && m.saturating_mul(n).saturating_mul(k) >= gemm_threshold() { pool() } else { None };
     if let Some(p) = &pool {
-        b = gemm_blocks_on(m, n, k, p.threads());
+        b = regrouped(b, m, n, p.threads());
     }
     let dim = if b.by_rows { m } else { n };
     let part = |t: usize| {
@@ -484,7 +484,11 @@ pub fn gemm_blocks(m: usize, n: usize, k: usize) -> GemmBlocks {
 /// assert_eq!(gemm_blocks_on(64, 512, 784, 2), gemm_blocks(64, 512, 784)); // 4 blocks share out
 /// ```
 pub fn gemm_blocks_on(m: usize, n: usize, k: usize, threads: usize) -> GemmBlocks {
-    let b = gemm_blocks(m, n, k);
+    regrouped(gemm_blocks(m, n, k), m, n, threads)
+}
+
+/// [`gemm_blocks_on`] from the product's [`gemm_blocks`] `b`.
+fn regrouped(b: GemmBlocks, m: usize, n: usize, threads: usize) -> GemmBlocks {
     if !b.same_as_whole || threads < 2 || b.count <= threads || b.count.is_multiple_of(threads) {
         return b;
     }

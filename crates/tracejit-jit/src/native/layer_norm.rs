@@ -94,40 +94,23 @@ struct Matcher<'a> {
 }
 
 impl Matcher<'_> {
-    /// The operands of `id` if it is the binary `op`.
-    fn binary(&mut self, id: LNodeId, op: BinaryOp) -> Option<(LNodeId, LNodeId)> {
+    /// The operands of `id` if it is `op` with `N` of them (the node then
+    /// counted as matched).
+    fn take<const N: usize>(&mut self, id: LNodeId, op: LOp) -> Option<[LNodeId; N]> {
         let n = &self.an.nodes[id];
-        match (&n.op, &n.inputs[..]) {
-            (LOp::Binary(o), &[a, b]) if *o == op => {
-                self.seen.insert(id);
-                Some((a, b))
-            }
-            _ => None,
-        }
+        let inputs: [LNodeId; N] = n.inputs.as_slice().try_into().ok().filter(|_| n.op == op)?;
+        self.seen.insert(id);
+        Some(inputs)
     }
 
-    /// The operand of `id` if it is the unary `op`.
-    fn unary(&mut self, id: LNodeId, op: UnaryOp) -> Option<LNodeId> {
-        let n = &self.an.nodes[id];
-        match (&n.op, &n.inputs[..]) {
-            (LOp::Unary(o), &[a]) if *o == op => {
-                self.seen.insert(id);
-                Some(a)
-            }
-            _ => None,
-        }
+    /// The operands of `id` if it is the binary `op`.
+    fn binary(&mut self, id: LNodeId, op: BinaryOp) -> Option<(LNodeId, LNodeId)> {
+        self.take(id, LOp::Binary(op)).map(|[a, b]| (a, b))
     }
 
     /// The operand of `id` if it is a mean over the row.
     fn mean(&mut self, id: LNodeId) -> Option<LNodeId> {
-        let n = &self.an.nodes[id];
-        match (&n.op, &n.inputs[..]) {
-            (LOp::Reduce(ReduceOp::Mean), &[a]) => {
-                self.seen.insert(id);
-                Some(a)
-            }
-            _ => None,
-        }
+        self.take(id, LOp::Reduce(ReduceOp::Mean)).map(|[a]| a)
     }
 
     /// The input of `id` if it is a load that varies along the row.
@@ -194,8 +177,9 @@ impl Matcher<'_> {
         let sum = self.binary(y, BinaryOp::Add)?;
         let (u, beta) = self.either(sum, |m, u, b| Some((m.binary(u, BinaryOp::Mul)?, m.row_load(b)?)))?;
         let (t, gamma) = self.either(u, |m, t, g| Some((m.binary(t, BinaryOp::Mul)?, m.row_load(g)?)))?;
-        let ((d, (h, mu)), shifted) =
-            self.either(t, |m, d, r| Some(((d, m.binary(d, BinaryOp::Sub)?), m.unary(r, UnaryOp::Rsqrt)?)))?;
+        let ((d, (h, mu)), shifted) = self.either(t, |m, d, r| {
+            Some(((d, m.binary(d, BinaryOp::Sub)?), m.take::<1>(r, LOp::Unary(UnaryOp::Rsqrt))?[0]))
+        })?;
         // d = h - m, m = mean(h).
         if self.mean(mu)? != h {
             return None;

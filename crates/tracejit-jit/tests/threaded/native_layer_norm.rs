@@ -32,6 +32,16 @@ fn bin(g: &mut Graph, op: BinaryOp, a: ValueId, b: ValueId) -> ValueId {
     node(g, Op::Binary(op), &[a, b])
 }
 
+/// `d = h - mean(h)` and `r = rsqrt(mean(d · d) + eps)` over `axis`.
+fn statistics(g: &mut Graph, h: ValueId, axis: usize, eps: ValueId) -> (ValueId, ValueId) {
+    let m = mean(g, h, axis);
+    let d = bin(g, BinaryOp::Sub, h, m);
+    let sq = bin(g, BinaryOp::Mul, d, d);
+    let v = mean(g, sq, axis);
+    let ve = bin(g, BinaryOp::Add, v, eps);
+    (d, node(g, Op::Unary(UnaryOp::Rsqrt), &[ve]))
+}
+
 /// The layer norm of `form` over the last axis of inputs of dims `spec`
 /// (-1: unknown until run), `γ` and `β` of the last dim, in `dt`.
 fn layer_norm(dt: DType, spec: &[i64], form: Form) -> Graph {
@@ -42,12 +52,7 @@ fn layer_norm(dt: DType, spec: &[i64], form: Form) -> Graph {
     let beta = g.add_param(TensorType::from_spec(dt, &spec[axis..]));
     let eps = if form.eps_param { g.add_param(TensorType::from_spec(dt, &[])) } else { scalar(&mut g, dt, 1e-5) };
     let h = terms[1..].iter().fold(terms[0], |h, &t| bin(&mut g, BinaryOp::Add, h, t));
-    let m = mean(&mut g, h, axis);
-    let d = bin(&mut g, BinaryOp::Sub, h, m);
-    let sq = bin(&mut g, BinaryOp::Mul, d, d);
-    let v = mean(&mut g, sq, axis);
-    let ve = bin(&mut g, BinaryOp::Add, v, eps);
-    let r = node(&mut g, Op::Unary(UnaryOp::Rsqrt), &[ve]);
+    let (d, r) = statistics(&mut g, h, axis, eps);
     let t = bin(&mut g, BinaryOp::Mul, d, r);
     let u = bin(&mut g, BinaryOp::Mul, t, gamma);
     let y = bin(&mut g, BinaryOp::Add, u, beta);
@@ -118,13 +123,8 @@ fn only_a_whole_f32_layer_norm_gets_the_hand_written_kernel() {
     let (gamma, beta) = (param(&mut g, DType::F32, &[37]), param(&mut g, DType::F32, &[37]));
     let two = scalar(&mut g, DType::F32, 2.0);
     let h = bin(&mut g, BinaryOp::Mul, x, two);
-    let m = mean(&mut g, h, 1);
-    let d = bin(&mut g, BinaryOp::Sub, h, m);
-    let sq = bin(&mut g, BinaryOp::Mul, d, d);
-    let v = mean(&mut g, sq, 1);
     let eps = scalar(&mut g, DType::F32, 1e-5);
-    let ve = bin(&mut g, BinaryOp::Add, v, eps);
-    let r = node(&mut g, Op::Unary(UnaryOp::Rsqrt), &[ve]);
+    let (d, r) = statistics(&mut g, h, 1, eps);
     let rg = bin(&mut g, BinaryOp::Mul, r, gamma);
     let t = bin(&mut g, BinaryOp::Mul, d, rg);
     let y = bin(&mut g, BinaryOp::Add, t, beta);
