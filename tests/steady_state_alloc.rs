@@ -233,7 +233,10 @@ fn rnn_loop_allocates_no_buffer_per_iteration() {
     // body's product come from the pool. A [32, 128] f32 state per trip
     // would be 512 KiB over 32 trips; per-trip bookkeeping (the condition's and body's
     // argument and result vectors, the counter: about 1.3 KiB) stays
-    // far below that.
+    // far below that. With two threads the loop runs in two row blocks,
+    // and when the pool's worker is busy with another test this thread
+    // runs both: 64 trips' bookkeeping (a CI run counted 85,097 bytes in
+    // 399 allocations, over a bound of 32 trips).
     let f = function(|(xs, wx, wh, b): (Tensor, Tensor, Tensor, Tensor)| {
         let h0 = Tensor::zeros(&[32, 128], DType::F32);
         tracejit::fori_loop(0, 32, |t, h: Tensor| (xs.gather(&t, 0).matmul(&wx) + h.matmul(&wh) + &b).tanh(), h0)
@@ -244,7 +247,7 @@ fn rnn_loop_allocates_no_buffer_per_iteration() {
     let b = Tensor::randn(&[128], 11) * 0.1;
     let (bytes, count, out) = steady_state(&f, (xs, wx, wh, b), nbytes);
     assert!(
-        bytes <= out + BOOKKEEPING_BYTES + 32 * 2048,
+        bytes <= out + BOOKKEEPING_BYTES + 2 * 32 * 2048,
         "a steady-state call allocated {bytes} bytes in {count} allocations (outputs {out} bytes)"
     );
 }
